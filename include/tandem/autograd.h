@@ -1,0 +1,52 @@
+#pragma once
+// Reverse-mode automatic differentiation over an eagerly recorded graph.
+#include <atomic>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/tensor.h"
+
+namespace tandem {
+
+/// One recorded operation. backward maps the gradient of its output to gradients of its inputs
+/// (an undefined Tensor where an input needs none).
+struct Node {
+  using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+  std::string name;
+  uint64_t seq = 0;                         // creation order: later ops run first in backward
+  std::vector<std::shared_ptr<Node>> next;  // one per input; null where the input needs no gradient
+  BackwardFn backward;
+  std::shared_ptr<TensorImpl> leaf;         // set for the node that accumulates into a leaf's grad
+};
+
+/// Called once per leaf, the moment its gradient is final during backward.
+using GradReadyHook = std::function<void(const Tensor& leaf)>;
+
+/// Back-propagates from a scalar loss (or from grad_output for other shapes) into every leaf that
+/// requires a gradient; gradients accumulate into leaf.grad(). on_grad_ready is called per leaf as
+/// soon as its gradient will not change again in this pass. The graph is freed afterwards.
+void backward(const Tensor& loss, const GradReadyHook& on_grad_ready = {}, const Tensor& grad_output = {});
+
+/// True unless a NoGradGuard is alive on this thread.
+bool grad_enabled();
+
+/// Disables graph recording on this thread while alive (evaluation, optimizer steps).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+/// Attaches a backward function to an op's output when grad mode is on and an input needs a
+/// gradient; returns out (now carrying the graph node). Used by every differentiable op.
+Tensor record_op(Tensor out, std::initializer_list<Tensor> inputs, const char* name, Node::BackwardFn fn);
+
+}  // namespace tandem

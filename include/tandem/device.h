@@ -1,0 +1,40 @@
+#pragma once
+// Where a tensor lives.
+#include <string>
+#include <string_view>
+
+namespace tandem {
+
+enum class DeviceType : uint8_t { CPU, CUDA };
+
+/// A device: the CPU or one CUDA GPU by index.
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+
+  static Device cpu() { return {DeviceType::CPU, 0}; }
+  static Device cuda(int i = 0) { return {DeviceType::CUDA, i}; }
+  /// Parses "cpu", "cuda" or "cuda:N"; throws tandem::Error naming the text otherwise.
+  static Device parse(std::string_view s);
+
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool is_cuda() const { return type == DeviceType::CUDA; }
+  std::string str() const;
+  bool operator==(const Device& o) const { return type == o.type && (is_cpu() || index == o.index); }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+};
+
+/// Number of CUDA GPUs usable by this process: 0 without the CUDA backend or without GPUs.
+int cuda_device_count();
+/// True when at least one CUDA GPU is usable.
+inline bool cuda_available() { return cuda_device_count() > 0; }
+/// Throws tandem::Error when the device cannot be used in this process (e.g. cuda:3 on a 2-GPU node).
+void check_device(Device d);
+/// Waits until all work queued on the device is done.
+void synchronize(Device d);
+/// Sets the number of CPU threads used by kernels and BLAS (0 = all hardware threads).
+void set_num_threads(int n);
+/// The number of CPU threads kernels use.
+int num_threads();
+
+}  // namespace tandem

@@ -1,0 +1,90 @@
+#pragma once
+// Differentiable operations. Each runs on the device of its inputs and records itself for autograd.
+#include <array>
+#include <cstdint>
+
+#include "tandem/autograd.h"
+#include "tandem/random.h"
+#include "tandem/tensor.h"
+
+namespace tandem {
+
+// ---- elementwise (operands of one shape, dtype and device)
+/// a + b
+Tensor add(const Tensor& a, const Tensor& b);
+/// a - b
+Tensor sub(const Tensor& a, const Tensor& b);
+/// a * b, elementwise
+Tensor mul(const Tensor& a, const Tensor& b);
+/// a * s
+Tensor scale(const Tensor& a, double s);
+/// a + s
+Tensor add_scalar(const Tensor& a, double s);
+/// max(x, 0)
+Tensor relu(const Tensor& x);
+/// 1 / (1 + exp(-x))
+Tensor sigmoid(const Tensor& x);
+/// hyperbolic tangent
+Tensor tanh(const Tensor& x);
+/// x [N, C, ...] + b [C], b broadcast over every dimension but the second
+Tensor bias_add(const Tensor& x, const Tensor& b);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator*(const Tensor& a, double s) { return scale(a, s); }
+
+// ---- shape
+/// Same elements with another shape (one extent may be -1); a view when possible.
+Tensor reshape(const Tensor& x, const Shape& shape);
+/// Collapses dimensions start_dim.. into one: [N, C, H, W] -> [N, C*H*W] for start_dim 1.
+Tensor flatten(const Tensor& x, int64_t start_dim = 1);
+
+// ---- reductions
+/// Sum of all elements, as a one-element tensor.
+Tensor sum(const Tensor& x);
+/// Mean of all elements, as a one-element tensor.
+Tensor mean(const Tensor& x);
+
+// ---- linear algebra
+/// a [M, K] x b [K, N]
+Tensor matmul(const Tensor& a, const Tensor& b);
+/// x [N, in] x w[out, in]^T + b [out]; b may be undefined.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+
+// ---- convolution and pooling (NCHW)
+struct Conv2dOptions {
+  std::array<int, 2> stride{1, 1};
+  std::array<int, 2> padding{0, 0};
+};
+/// x [N, C, H, W] * w [K, C, R, S] + b [K] (b may be undefined).
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& opt = {});
+
+struct Pool2dOptions {
+  std::array<int, 2> kernel{2, 2};
+  std::array<int, 2> stride{2, 2};
+  std::array<int, 2> padding{0, 0};
+};
+/// Max over each window; padded positions never win.
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt = {});
+/// Mean over each window, padded positions counted as zeros.
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt = {});
+
+// ---- normalisation and regularisation
+/// Batch normalisation over N, H, W per channel. In training, batch statistics are used and the
+/// running statistics updated in place (running = (1-momentum)*running + momentum*batch, unbiased
+/// variance); in evaluation, the running statistics are used.
+Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                    Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+/// Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !training.
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+
+// ---- losses and metrics
+/// Mean over the batch of -log softmax(logits)[label]; logits [N, C], labels [N] of i32 or i64.
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
+/// Index of the largest element of each row of x [N, C], as i64 [N].
+Tensor argmax(const Tensor& x);
+/// Number of rows whose argmax equals the label, as a one-element i64 tensor on the same device.
+Tensor count_correct(const Tensor& logits, const Tensor& labels);
+
+}  // namespace tandem

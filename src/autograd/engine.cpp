@@ -1,0 +1,165 @@
+// The backward engine: dependency counting over the recorded graph, then a ready queue that runs
+// gradient accumulation into leaves first (so hooks fire as early as possible) and otherwise the
+// most recently recorded op first (reverse of forward order).
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "backend/backend.h"
+#include "core/tensor_impl.h"
+#include "tandem/autograd.h"
+
+namespace tandem {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+std::atomic<uint64_t> g_seq{0};
+
+std::shared_ptr<Node> accumulator_for(const Tensor& leaf) {
+  TensorImpl* impl = leaf.impl();
+  std::shared_ptr<Node> n = impl->grad_accumulator.lock();
+  if (!n) {
+    n = std::make_shared<Node>();
+    n->name = "AccumulateGrad";
+    n->seq = g_seq++;
+    n->leaf = leaf.impl_ptr();
+    impl->grad_accumulator = n;
+  }
+  return n;
+}
+
+Tensor add_fresh(const Tensor& a, const Tensor& b) {
+  Tensor ac = a.contiguous(), bc = b.contiguous();
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  backend::backend_for(a.device()).binary(backend::Binary::Add, ac, bc, out);
+  return out;
+}
+
+void accumulate(const std::shared_ptr<TensorImpl>& leaf_impl, Tensor g) {
+  Tensor leaf(leaf_impl);
+  TANDEM_ASSERT(g.numel() == leaf.numel(), "gradient ", g.str(), " for leaf ", leaf.str());
+  if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
+  if (g.device() != leaf.device()) g = g.to(leaf.device());
+  g = g.contiguous();
+  if (g.shape() != leaf.shape()) g = g.view(leaf.shape());
+  if (!leaf_impl->grad) {
+    // Adopt the incoming buffer when nothing else refers to it; copy otherwise.
+    bool sole = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
+    leaf_impl->grad = sole ? g.impl_ptr() : g.clone().impl_ptr();
+    return;
+  }
+  Tensor acc(leaf_impl->grad);
+  backend::backend_for(acc.device()).binary(backend::Binary::Add, acc, g, acc);
+}
+
+struct Ready {
+  Node* node;
+  bool operator<(const Ready& o) const {
+    bool a = node->leaf != nullptr, b = o.node->leaf != nullptr;
+    if (a != b) return !a;          // leaves first
+    return node->seq < o.node->seq;  // then the latest op
+  }
+};
+}  // namespace
+
+bool grad_enabled() { return t_grad_enabled; }
+
+NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
+
+Tensor record_op(Tensor out, std::initializer_list<Tensor> inputs, const char* name, Node::BackwardFn fn) {
+  if (!t_grad_enabled) return out;
+  std::vector<std::shared_ptr<Node>> next;
+  next.reserve(inputs.size());
+  bool any = false;
+  for (const Tensor& in : inputs) {
+    if (in.defined() && in.requires_grad()) {
+      any = true;
+      next.push_back(in.grad_fn() ? in.grad_fn() : accumulator_for(in));
+    } else {
+      next.push_back(nullptr);
+    }
+  }
+  if (!any) return out;
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->seq = g_seq++;
+  node->next = std::move(next);
+  node->backward = std::move(fn);
+  TANDEM_ASSERT(!out.grad_fn(), "op output already has a graph node");
+  out.impl()->grad_fn = std::move(node);
+  out.impl()->requires_grad = true;
+  return out;
+}
+
+void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tensor& grad_output) {
+  TANDEM_CHECK(loss.defined(), "backward: the loss is an undefined tensor");
+  TANDEM_CHECK(loss.requires_grad(),
+               "backward: the loss does not depend on any tensor that requires a gradient (was it computed "
+               "under NoGradGuard, or are the parameters frozen?)");
+  Tensor seed = grad_output;
+  if (!seed.defined()) {
+    TANDEM_CHECK(loss.numel() == 1, "backward: the loss must have one element, got ", loss.str(),
+                 "; pass grad_output for other shapes");
+    seed = Tensor::ones(loss.shape(), loss.dtype(), loss.device());
+  } else {
+    TANDEM_CHECK(seed.shape() == loss.shape(), "backward: grad_output ", seed.str(), " does not match ", loss.str());
+  }
+  NoGradGuard no_grad;
+
+  std::shared_ptr<Node> root = loss.grad_fn() ? loss.grad_fn() : accumulator_for(loss);
+
+  // Count, for every node reachable from the root, how many gradients it will receive.
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack{root.get()};
+  std::unordered_set<Node*> seen{root.get()};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const auto& c : n->next) {
+      if (!c) continue;
+      deps[c.get()]++;
+      if (seen.insert(c.get()).second) stack.push_back(c.get());
+    }
+  }
+
+  std::unordered_map<Node*, Tensor> pending;
+  pending[root.get()] = seed;
+  std::priority_queue<Ready> ready;
+  ready.push({root.get()});
+  while (!ready.empty()) {
+    Node* n = ready.top().node;
+    ready.pop();
+    Tensor g;
+    if (auto it = pending.find(n); it != pending.end()) {
+      g = std::move(it->second);
+      pending.erase(it);
+    }
+    if (n->leaf) {
+      if (g.defined()) accumulate(n->leaf, std::move(g));
+      if (on_grad_ready) on_grad_ready(Tensor(n->leaf));
+      continue;
+    }
+    std::vector<Tensor> grads;
+    if (g.defined()) {
+      TANDEM_CHECK(static_cast<bool>(n->backward), "backward through the graph of '", n->name,
+                   "' a second time: the graph is freed after each backward; run the forward pass again");
+      grads = n->backward(g);
+      TANDEM_ASSERT(grads.size() == n->next.size(), n->name, " returned ", grads.size(), " gradients for ",
+                    n->next.size(), " inputs");
+    }
+    n->backward = nullptr;  // frees the tensors the op saved
+    for (size_t i = 0; i < n->next.size(); ++i) {
+      Node* c = n->next[i].get();
+      if (!c) continue;
+      if (i < grads.size() && grads[i].defined()) {
+        Tensor& slot = pending[c];
+        slot = slot.defined() ? add_fresh(slot, grads[i]) : std::move(grads[i]);
+      }
+      if (--deps[c] == 0) ready.push({c});
+    }
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,143 @@
+#pragma once
+// Internal: the compute interface every device backend implements.
+//
+// Contract for every kernel below: tensors are contiguous and on the backend's device, outputs are
+// allocated by the caller with the right shape and dtype, and shapes were checked by the op layer
+// (src/ops). Floating kernels take f32 and f64 on the CPU; the CUDA backend takes f32 and rejects
+// others with a clear error. Kernels run asynchronously on the device's compute stream.
+#include <cstdint>
+
+#include "core/allocator.h"
+#include "tandem/tensor.h"
+
+namespace tandem::backend {
+
+enum class Binary { Add, Sub, Mul, Div, Max, Min };
+enum class Unary { Neg, Relu, Sigmoid, Tanh, Exp, Log, Abs, Sqrt };
+
+/// Geometry of a 2-D convolution: x [n, c, h, w], w [k, c, r, s], y [n, k, oh, ow].
+struct ConvGeom {
+  int64_t n, c, h, w, k, r, s;
+  int64_t stride_h, stride_w, pad_h, pad_w;
+  int64_t oh, ow;
+};
+
+/// Geometry of a 2-D pooling: x [n, c, h, w] -> y [n, c, oh, ow].
+struct PoolGeom {
+  int64_t n, c, h, w;
+  int64_t kh, kw, stride_h, stride_w, pad_h, pad_w;
+  int64_t oh, ow;
+};
+
+/// One tensor's share of a multi-tensor optimizer step.
+struct ParamSlot {
+  Tensor param, grad, buf0, buf1;  // buf0: momentum / Adam m; buf1: Adam v
+};
+
+struct SgdArgs {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov;
+  bool first_step;  // momentum buffers hold no history yet: initialise them with the gradient
+};
+
+struct AdamArgs {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based, for bias correction
+  bool decoupled;  // AdamW-style weight decay
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  /// Devices of this kind usable by this process.
+  virtual int device_count() = 0;
+
+  // ---- memory
+  virtual Allocator& allocator(int device) = 0;
+  /// Page-locked host memory allocator, or null when the backend has none.
+  virtual Allocator* pinned_allocator() { return nullptr; }
+  /// dst (this backend's device) <- src bytes from host memory.
+  virtual void copy_from_host(const void* src, void* dst, size_t nbytes, int device) = 0;
+  /// Host memory dst <- src bytes on this backend's device; returns once the bytes are there.
+  virtual void copy_to_host(const void* src, void* dst, size_t nbytes, int device) = 0;
+  /// Same-device bytes copy.
+  virtual void copy_bytes(const void* src, void* dst, size_t nbytes, int device) = 0;
+  virtual void synchronize(int device) = 0;
+
+  // ---- layout, conversion, fills
+  /// dst (contiguous) <- src (any strides, same device), converting between any two dtypes.
+  virtual void copy_strided(const Tensor& src, Tensor& dst) = 0;
+  virtual void fill(Tensor& t, double value) = 0;
+  /// Counter-based uniform [lo, hi) and Gaussian fills; element i uses counter offset + i.
+  virtual void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
+  virtual void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) = 0;
+
+  // ---- elementwise (out may alias an input)
+  virtual void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  virtual void unary(Unary op, const Tensor& a, Tensor& out) = 0;
+  /// out = alpha * a + beta
+  virtual void affine(const Tensor& a, double alpha, double beta, Tensor& out) = 0;
+  /// y = alpha * x + y
+  virtual void axpy(double alpha, const Tensor& x, Tensor& y) = 0;
+  /// out = grad * f'(from y) for Relu (y > 0), Sigmoid (y(1-y)), Tanh (1-y^2), given the op's output y.
+  virtual void unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) = 0;
+  /// out[n, c, s] = x[n, c, s] + b[c]; x viewed as [n, c, s].
+  virtual void bias_add(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) = 0;
+  /// out[c] = sum over n, s of g[n, c, s].
+  virtual void bias_grad(const Tensor& g, int64_t n, int64_t c, int64_t s, Tensor& out) = 0;
+  /// out (one element) = sum of all elements of x (integers summed into i64 or their own type).
+  virtual void sum(const Tensor& x, Tensor& out) = 0;
+
+  // ---- dense linear algebra, row-major: C = alpha * op(A) op(B) + beta * C
+  virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
+                    const Tensor& b, double beta, Tensor& c) = 0;
+
+  // ---- convolution (b / db may be undefined)
+  virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y) = 0;
+  virtual void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) = 0;
+  virtual void conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw,
+                                      Tensor& db) = 0;
+
+  // ---- pooling; indices (i32, shape of y) is written by the CPU max-pool and may be ignored by others
+  virtual void max_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y, Tensor& indices) = 0;
+  virtual void max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& indices,
+                                   const PoolGeom& g, Tensor& dx) = 0;
+  virtual void avg_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y) = 0;
+  virtual void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, Tensor& dx) = 0;
+
+  // ---- batch normalisation over N, H, W of x [n, c, h, w]; save_* are [c] (batch mean, 1/sqrt(var+eps))
+  virtual void batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                                        Tensor& running_var, double momentum, double eps, Tensor& y,
+                                        Tensor& save_mean, Tensor& save_invstd) = 0;
+  virtual void batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                       const Tensor& running_mean, const Tensor& running_var, double eps,
+                                       Tensor& y) = 0;
+  virtual void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                                   const Tensor& save_invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;
+
+  // ---- losses and metrics; labels are i32 or i64 [n]; a label outside [0, c) is an Input error
+  /// loss (one element) = mean_i -log softmax(logits_i)[label_i]; probs [n, c] = softmax(logits).
+  virtual void softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs) = 0;
+  /// dlogits = (probs - onehot(labels)) * dloss / n, dloss a one-element tensor.
+  virtual void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,
+                                     Tensor& dlogits) = 0;
+  /// out (i64 [n]) = argmax of each row of x [n, c] (the first maximum).
+  virtual void argmax_rows(const Tensor& x, Tensor& out) = 0;
+  /// out (i64, one element) = number of rows of logits whose argmax equals the label.
+  virtual void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out) = 0;
+  /// mask = (uniform(counter) >= p) / (1 - p), element i using counter offset + i.
+  virtual void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) = 0;
+
+  // ---- optimizers, over many tensors in one call (f32 params)
+  virtual void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) = 0;
+  virtual void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) = 0;
+};
+
+/// The backend for a device; throws tandem::Error when tandem was built without it.
+Backend& backend_for(Device d);
+Backend& cpu_backend();
+/// The CUDA backend, or null when tandem was built without CUDA (link-time choice).
+Backend* cuda_backend();
+
+}  // namespace tandem::backend

@@ -1,0 +1,26 @@
+#include "backend/backend.h"
+#include "tandem/error.h"
+
+namespace tandem::backend {
+
+Backend* make_cpu_backend();   // backend/cpu
+Backend* make_cuda_backend();  // backend/cuda, or backend/no_cuda returning null
+
+Backend& cpu_backend() {
+  static Backend* b = make_cpu_backend();
+  return *b;
+}
+
+Backend* cuda_backend() {
+  static Backend* b = make_cuda_backend();
+  return b;
+}
+
+Backend& backend_for(Device d) {
+  if (d.is_cpu()) return cpu_backend();
+  Backend* b = cuda_backend();
+  TANDEM_CHECK(b != nullptr, "device ", d.str(), " requested, but tandem was built without CUDA");
+  return *b;
+}
+
+}  // namespace tandem::backend

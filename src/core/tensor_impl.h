@@ -1,0 +1,49 @@
+#pragma once
+// Internal: what a Tensor handle points to.
+#include <cstddef>
+#include <memory>
+#include <mutex>
+
+#include "tandem/autograd.h"
+#include "tandem/tensor.h"
+
+namespace tandem {
+
+class Allocator;
+
+/// A block of memory on one device, returned to its allocator when the last user lets go.
+struct Storage {
+  void* ptr = nullptr;
+  size_t nbytes = 0;
+  Device device;
+  Allocator* allocator = nullptr;  // null: memory not owned
+  Storage(void* p, size_t n, Device d, Allocator* a) : ptr(p), nbytes(n), device(d), allocator(a) {}
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+};
+
+/// Allocates storage for nbytes on the device (from its caching allocator).
+std::shared_ptr<Storage> allocate_storage(size_t nbytes, Device device, bool pinned = false);
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  Shape strides;
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::f32;
+  // autograd
+  bool requires_grad = false;
+  std::shared_ptr<Node> grad_fn;
+  std::shared_ptr<TensorImpl> grad;
+  std::weak_ptr<Node> grad_accumulator;  // for leaves: the node that accumulates into grad
+
+  Device device() const { return storage->device; }
+  int64_t numel() const { return shape_numel(shape); }
+  void* data() const { return static_cast<char*>(storage->ptr) + offset * static_cast<int64_t>(dtype_size(dtype)); }
+};
+
+/// Row-major strides for a shape.
+Shape contiguous_strides(const Shape& shape);
+
+}  // namespace tandem

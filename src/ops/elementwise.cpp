@@ -1,0 +1,84 @@
+// Elementwise ops and bias addition.
+#include "ops/op_utils.h"
+#include "tandem/ops.h"
+
+namespace tandem {
+
+using backend::Binary;
+using backend::Unary;
+using namespace ops;
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  check_same(a, b, "add");
+  return record_op(binary_raw(Binary::Add, a, b), {a, b}, "add",
+                   [](const Tensor& g) { return std::vector<Tensor>{g, g}; });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  check_same(a, b, "sub");
+  return record_op(binary_raw(Binary::Sub, a, b), {a, b}, "sub",
+                   [](const Tensor& g) { return std::vector<Tensor>{g, affine_raw(g, -1.0, 0.0)}; });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  check_same(a, b, "mul");
+  bool need_a = a.requires_grad(), need_b = b.requires_grad();
+  Tensor sa = need_b ? a.detach() : Tensor(), sb = need_a ? b.detach() : Tensor();
+  return record_op(binary_raw(Binary::Mul, a, b), {a, b}, "mul", [sa, sb](const Tensor& g) {
+    return std::vector<Tensor>{sb.defined() ? binary_raw(Binary::Mul, g, sb) : Tensor(),
+                               sa.defined() ? binary_raw(Binary::Mul, g, sa) : Tensor()};
+  });
+}
+
+Tensor scale(const Tensor& a, double s) {
+  check_floating(a, "scale", "input");
+  return record_op(affine_raw(a, s, 0.0), {a}, "scale",
+                   [s](const Tensor& g) { return std::vector<Tensor>{affine_raw(g, s, 0.0)}; });
+}
+
+Tensor add_scalar(const Tensor& a, double s) {
+  check_floating(a, "add_scalar", "input");
+  return record_op(affine_raw(a, 1.0, s), {a}, "add_scalar",
+                   [](const Tensor& g) { return std::vector<Tensor>{g}; });
+}
+
+namespace {
+Tensor activation(const Tensor& x, Unary op, const char* name) {
+  check_floating(x, name, "input");
+  Tensor y = unary_raw(op, x);
+  Tensor saved = y.detach();  // the output, not the graph node that owns it
+  return record_op(y, {x}, name, [op, saved](const Tensor& g) {
+    Tensor gc = g.contiguous();
+    Tensor dx = empty_like(gc);
+    be(gc).unary_backward(op, gc, saved, dx);
+    return std::vector<Tensor>{dx};
+  });
+}
+}  // namespace
+
+Tensor relu(const Tensor& x) { return activation(x, Unary::Relu, "relu"); }
+Tensor sigmoid(const Tensor& x) { return activation(x, Unary::Sigmoid, "sigmoid"); }
+Tensor tanh(const Tensor& x) { return activation(x, Unary::Tanh, "tanh"); }
+
+Tensor bias_add(const Tensor& x, const Tensor& b) {
+  check_floating(x, "bias_add", "input");
+  check_dim(b, 1, "bias_add", "bias");
+  TANDEM_CHECK(x.dim() >= 2 && x.size(1) == b.size(0), "bias_add: bias ", b.str(), " does not match dimension 1 of ",
+               x.str());
+  TANDEM_CHECK(x.dtype() == b.dtype(), "bias_add: input ", x.str(), " and bias ", b.str(), " differ in dtype");
+  check_same_device(x, b, "bias_add");
+  Tensor xc = x.contiguous();
+  int64_t n = x.size(0), c = x.size(1), s = c ? x.numel() / (n * c) : 0;
+  Tensor y = empty_like(xc);
+  if (y.numel()) be(x).bias_add(xc, b.contiguous(), n, c, s, y);
+  return record_op(y, {x, b}, "bias_add", [n, c, s, need_b = b.requires_grad()](const Tensor& g) {
+    Tensor db;
+    if (need_b) {
+      db = Tensor::empty({c}, g.dtype(), g.device());
+      be(g).bias_grad(g.contiguous(), n, c, s, db);
+    }
+    return std::vector<Tensor>{g, db};
+  });
+}
+
+}  // namespace tandem

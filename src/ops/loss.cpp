@@ -1,0 +1,50 @@
+// Softmax cross-entropy and classification metrics.
+#include "ops/op_utils.h"
+#include "tandem/ops.h"
+
+namespace tandem {
+
+using namespace ops;
+
+namespace {
+void check_logits_labels(const Tensor& logits, const Tensor& labels, const char* op) {
+  check_dim(logits, 2, op, "logits");
+  check_dim(labels, 1, op, "labels");
+  TANDEM_CHECK(labels.dtype() == DType::i32 || labels.dtype() == DType::i64, op, ": labels must be i32 or i64, got ",
+               labels.str());
+  TANDEM_CHECK(labels.size(0) == logits.size(0), op, ": ", labels.size(0), " labels for ", logits.size(0),
+               " rows of logits");
+  check_same_device(logits, labels, op);
+}
+}  // namespace
+
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
+  check_logits_labels(logits, labels, "softmax_cross_entropy");
+  check_floating(logits, "softmax_cross_entropy", "logits");
+  TANDEM_CHECK(logits.size(0) > 0, "softmax_cross_entropy: empty batch");
+  Tensor lc = logits.contiguous(), yc = labels.contiguous();
+  Tensor loss = Tensor::empty({}, logits.dtype(), logits.device());
+  Tensor probs = empty_like(lc);
+  be(lc).softmax_xent_forward(lc, yc, loss, probs);
+  return record_op(loss, {logits}, "softmax_cross_entropy", [probs, yc](const Tensor& g) {
+    Tensor dlogits = empty_like(probs);
+    be(probs).softmax_xent_backward(probs, yc, g.contiguous(), dlogits);
+    return std::vector<Tensor>{dlogits};
+  });
+}
+
+Tensor argmax(const Tensor& x) {
+  check_dim(x, 2, "argmax", "input");
+  Tensor out = Tensor::empty({x.size(0)}, DType::i64, x.device());
+  if (x.size(0)) be(x).argmax_rows(x.contiguous(), out);
+  return out;
+}
+
+Tensor count_correct(const Tensor& logits, const Tensor& labels) {
+  check_logits_labels(logits, labels, "count_correct");
+  Tensor out = Tensor::empty({}, DType::i64, logits.device());
+  be(logits).count_correct(logits.contiguous(), labels.contiguous(), out);
+  return out;
+}
+
+}  // namespace tandem
