@@ -1,1 +1,39 @@
-int main() { return 0; }
+// The `tandem` executable: subcommands train, launch, bench.
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "cli/commands.h"
+#include "tandem/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tandem: data-parallel training on CPUs and GPUs"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tandem 0.1.0");
+  std::map<CLI::App*, tandem::cli::Runner> runners;
+  auto add = [&](tandem::cli::Runner (*f)(CLI::App&)) {
+    size_t before = app.get_subcommands({}).size();
+    tandem::cli::Runner r = f(app);
+    auto subs = app.get_subcommands({});
+    for (size_t i = before; i < subs.size(); ++i) runners[subs[i]] = r;
+  };
+  add(tandem::cli::add_train_command);
+  add(tandem::cli::add_launch_command);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    for (auto& [sub, run] : runners)
+      if (sub->parsed()) return run();
+    return 2;
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    return e.kind() == tandem::Error::Kind::Input ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,65 @@
+#pragma once
+// Internal: the CPU backend. Kernels are split by family across the cpu_*.cpp files.
+#include "backend/backend.h"
+
+namespace tandem::backend {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend();
+  int device_count() override { return 1; }
+  Allocator& allocator(int device) override { return *allocator_; }
+  void copy_from_host(const void* src, void* dst, size_t nbytes, int device) override;
+  void copy_to_host(const void* src, void* dst, size_t nbytes, int device) override;
+  void copy_bytes(const void* src, void* dst, size_t nbytes, int device) override;
+  void synchronize(int device) override {}
+
+  void copy_strided(const Tensor& src, Tensor& dst) override;
+  void fill(Tensor& t, double value) override;
+  void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) override;
+  void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) override;
+
+  void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) override;
+  void unary(Unary op, const Tensor& a, Tensor& out) override;
+  void affine(const Tensor& a, double alpha, double beta, Tensor& out) override;
+  void axpy(double alpha, const Tensor& x, Tensor& y) override;
+  void unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) override;
+  void bias_add(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) override;
+  void bias_grad(const Tensor& g, int64_t n, int64_t c, int64_t s, Tensor& out) override;
+  void sum(const Tensor& x, Tensor& out) override;
+
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
+            const Tensor& b, double beta, Tensor& c) override;
+
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y) override;
+  void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) override;
+  void conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw, Tensor& db) override;
+
+  void max_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y, Tensor& indices) override;
+  void max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& indices,
+                           const PoolGeom& g, Tensor& dx) override;
+  void avg_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y) override;
+  void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, Tensor& dx) override;
+
+  void batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                                Tensor& running_var, double momentum, double eps, Tensor& y, Tensor& save_mean,
+                                Tensor& save_invstd) override;
+  void batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                               const Tensor& running_var, double eps, Tensor& y) override;
+  void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                           const Tensor& save_invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override;
+
+  void softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs) override;
+  void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss, Tensor& dlogits) override;
+  void argmax_rows(const Tensor& x, Tensor& out) override;
+  void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out) override;
+  void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;
+
+  void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) override;
+  void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) override;
+
+ private:
+  std::unique_ptr<Allocator> allocator_;
+};
+
+}  // namespace tandem::backend

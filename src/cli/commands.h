@@ -1,0 +1,14 @@
+#pragma once
+// Internal: the `tandem` executable's subcommands. Each add_* registers its subcommand on the app
+// and returns the function that runs it once the command line is parsed (its exit status).
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace tandem::cli {
+
+using Runner = std::function<int()>;
+
+Runner add_train_command(CLI::App& app);
+Runner add_launch_command(CLI::App& app);
+
+}  // namespace tandem::cli
