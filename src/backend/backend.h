@@ -129,6 +129,19 @@ class Backend {
   /// mask = (uniform(counter) >= p) / (1 - p), element i using counter offset + i.
   virtual void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) = 0;
 
+  // ---- gradient compression for the distributed optimizer (f32 gradients)
+  /// dst = src * scale, clipped into [-clip, clip] when clip > 0, converted to dst's dtype (f32, f16, bf16).
+  virtual void scale_cast(const Tensor& src, Tensor& dst, double scale, double clip) = 0;
+  /// pairs (i32 [2k]) = k (index, value bits) pairs of the k largest |g| (ties: any; all distinct indices).
+  virtual void sparse_topk(const Tensor& g, int64_t k, Tensor& pairs) = 0;
+  /// pairs (i32, capacity 2 * g.numel()) = (index, value bits) of every g with |g| >= threshold, in
+  /// any order; count (i64, one element, on the device) = how many.
+  virtual void sparse_threshold(const Tensor& g, double threshold, Tensor& pairs, Tensor& count) = 0;
+  /// dense[index] += scale * value for the first n pairs (indices within one call are distinct).
+  virtual void sparse_accumulate(Tensor& dense, const Tensor& pairs, int64_t n, double scale) = 0;
+  /// dense[index] = 0 for the first n pairs.
+  virtual void sparse_zero(Tensor& dense, const Tensor& pairs, int64_t n) = 0;
+
   // ---- optimizers, over many tensors in one call (f32 params)
   virtual void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) = 0;
   virtual void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) = 0;

@@ -46,4 +46,14 @@ struct TensorImpl {
 /// Row-major strides for a shape.
 Shape contiguous_strides(const Shape& shape);
 
+/// Points t at the memory of `target` (same shape and dtype) without changing t's identity: every
+/// handle to t, and t's autograd state, now see target's storage. Used to move parameters between
+/// devices and into the flat buffers of the distributed optimizer.
+inline void rebind_storage(const Tensor& t, const Tensor& target) {
+  TensorImpl* impl = t.impl();
+  impl->storage = target.impl()->storage;
+  impl->strides = target.impl()->strides;
+  impl->offset = target.impl()->offset;
+}
+
 }  // namespace tandem

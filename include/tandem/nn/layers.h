@@ -1,0 +1,108 @@
+#pragma once
+// Standard layers.
+#include <array>
+#include <initializer_list>
+
+#include "tandem/nn/module.h"
+#include "tandem/ops.h"
+#include "tandem/random.h"
+
+namespace tandem::nn {
+
+/// 2-D convolution; weight [out, in, k, k] drawn from N(0, 2/(fan_in+fan_out)), bias zero.
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, int kernel, Generator& gen, int stride = 1, int padding = 0,
+         bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  Tensor weight, bias;
+
+ private:
+  Conv2dOptions opt_;
+};
+
+/// Fully connected layer; weight [out, in] drawn from N(0, 2/(in+out)), bias zero.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  Tensor weight, bias;
+};
+
+class MaxPool2d : public Module {
+ public:
+  MaxPool2d(int kernel, int stride = -1, int padding = 0);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+ private:
+  Pool2dOptions opt_;
+};
+
+class AvgPool2d : public Module {
+ public:
+  AvgPool2d(int kernel, int stride = -1, int padding = 0);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+ private:
+  Pool2dOptions opt_;
+};
+
+/// Batch normalisation; running statistics are buffers, so ranks can synchronise them.
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t channels, double momentum = 0.1, double eps = 1e-5);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  Tensor gamma, beta, running_mean, running_var;
+
+ private:
+  double momentum_, eps_;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return relu(x); }
+  std::string describe() const override { return "ReLU"; }
+};
+
+class Flatten : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return flatten(x, 1); }
+  std::string describe() const override { return "Flatten"; }
+};
+
+/// Drops activations with probability p in training; its generator is seeded per layer.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p, uint64_t seed = 0);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+ private:
+  double p_;
+  Generator gen_;
+};
+
+/// Runs its children in order.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  /// Appends a layer; its parameters are named by position ("3.weight").
+  template <class M>
+  std::shared_ptr<M> add(std::shared_ptr<M> m) {
+    layers_.push_back(m);
+    return register_module(std::to_string(layers_.size() - 1), m);
+  }
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  size_t size() const { return layers_.size(); }
+
+ private:
+  std::vector<ModulePtr> layers_;
+};
+
+}  // namespace tandem::nn

@@ -1,0 +1,25 @@
+#pragma once
+// Ready-made models for the trainer.
+#include <string>
+#include <vector>
+
+#include "tandem/nn/module.h"
+
+namespace tandem::nn {
+
+/// What a model is built for.
+struct ModelConfig {
+  int64_t in_channels = 1, height = 28, width = 28;
+  int64_t num_classes = 10;
+  std::vector<int64_t> hidden = {};  // mlp hidden sizes (default 512, 512)
+  uint64_t seed = 0;                  // initialisation
+};
+
+/// Builds "cnn" (the guide's: conv 20 5x5, pool, conv 50 5x5, pool, linear 500, linear 10),
+/// or "mlp" (flatten, hidden linear+relu layers, linear). Throws tandem::Error naming the valid
+/// models otherwise.
+ModulePtr make_model(const std::string& name, const ModelConfig& cfg);
+/// Names make_model accepts.
+std::vector<std::string> model_names();
+
+}  // namespace tandem::nn

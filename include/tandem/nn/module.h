@@ -1,0 +1,65 @@
+#pragma once
+// Module: a layer or model owning named parameters and buffers in a deterministic order.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tandem/tensor.h"
+
+namespace tandem::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+/// Base of every layer and model. Parameters and buffers are listed in registration order (children
+/// in the order they were registered, depth first), which is identical on every rank: the
+/// distributed optimizer relies on it.
+class Module {
+ public:
+  virtual ~Module() = default;
+  /// The layer's computation; ops record autograd as they run.
+  virtual Tensor forward(const Tensor& x) = 0;
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  /// Trainable tensors with dotted names ("conv1.weight").
+  NamedTensors named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  /// State that is not trained but must match across ranks (batch-norm running statistics).
+  NamedTensors named_buffers() const;
+  /// Number of trainable scalars.
+  int64_t num_parameters() const;
+
+  /// Switches training behaviour (dropout, batch-norm statistics) for this module and its children.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  /// Moves every parameter and buffer to the device in place: existing handles follow.
+  void to(Device device);
+  /// The device of the first parameter (CPU for a module without parameters).
+  Device device() const;
+  /// Short description, one line per layer.
+  virtual std::string describe() const;
+
+ protected:
+  /// Registers a trainable tensor (marked as requiring a gradient) and returns its handle.
+  Tensor register_parameter(std::string name, Tensor t);
+  Tensor register_buffer(std::string name, Tensor t);
+  template <class M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> m) {
+    children_.emplace_back(std::move(name), m);
+    return m;
+  }
+  /// Called after train(); layers with mode-dependent state override it.
+  virtual void on_train(bool on) {}
+
+ private:
+  void collect(const std::string& prefix, bool params, NamedTensors& out) const;
+  NamedTensors params_, buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+using ModulePtr = std::shared_ptr<Module>;
+
+}  // namespace tandem::nn

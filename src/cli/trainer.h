@@ -1,0 +1,33 @@
+#pragma once
+// Internal: the training loop behind `tandem train`.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem::cli {
+
+struct TrainConfig {
+  std::string model = "cnn";
+  std::string dataset = "fashion-mnist";
+  std::string data_dir;  // empty: the data set's default directory
+  int epochs = 10;
+  int64_t batch_size = 64;
+  std::string optimizer = "sgd";
+  double lr = 0.005;
+  double momentum = 0.9;
+  double weight_decay = 1e-5;
+  bool nesterov = false;
+  std::string device = "cpu";
+  uint64_t seed = 0;
+  std::string metrics_path;
+  int threads = 0;
+  int64_t limit_train = 0;  // 0: the whole split
+  int64_t limit_test = 0;
+  std::vector<int64_t> hidden;
+  std::string progress = "auto";  // auto | on | off
+};
+
+/// Trains and evaluates per the config, printing the guide's per-epoch lines; returns the exit status.
+int run_training(const TrainConfig& cfg);
+
+}  // namespace tandem::cli

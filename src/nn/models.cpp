@@ -1,0 +1,64 @@
+#include "tandem/nn/models.h"
+
+#include "tandem/nn/layers.h"
+
+namespace tandem::nn {
+
+namespace {
+
+/// The guide's MNIST CNN: 431,080 parameters for 1x28x28 inputs and 10 classes.
+class Cnn : public Module {
+ public:
+  explicit Cnn(const ModelConfig& cfg) {
+    Generator gen(cfg.seed);
+    TANDEM_CHECK(cfg.height >= 16 && cfg.width >= 16, "model cnn needs images of at least 16x16, got ", cfg.height,
+                 "x", cfg.width);
+    conv1_ = register_module("conv1", std::make_shared<Conv2d>(cfg.in_channels, 20, 5, gen));
+    conv2_ = register_module("conv2", std::make_shared<Conv2d>(20, 50, 5, gen));
+    int64_t h = ((cfg.height - 4) / 2 - 4) / 2, w = ((cfg.width - 4) / 2 - 4) / 2;
+    linear1_ = register_module("linear1", std::make_shared<Linear>(50 * h * w, 500, gen));
+    linear2_ = register_module("linear2", std::make_shared<Linear>(500, cfg.num_classes, gen));
+  }
+
+  Tensor forward(const Tensor& x) override {
+    Pool2dOptions pool{{2, 2}, {2, 2}, {0, 0}};
+    Tensor h = max_pool2d(relu(conv1_->forward(x)), pool);
+    h = max_pool2d(relu(conv2_->forward(h)), pool);
+    h = relu(linear1_->forward(flatten(h, 1)));
+    return linear2_->forward(h);
+  }
+
+ private:
+  std::shared_ptr<Conv2d> conv1_, conv2_;
+  std::shared_ptr<Linear> linear1_, linear2_;
+};
+
+ModulePtr make_mlp(const ModelConfig& cfg) {
+  Generator gen(cfg.seed);
+  auto seq = std::make_shared<Sequential>();
+  seq->add(std::make_shared<Flatten>());
+  int64_t in = cfg.in_channels * cfg.height * cfg.width;
+  std::vector<int64_t> hidden = cfg.hidden.empty() ? std::vector<int64_t>{512, 512} : cfg.hidden;
+  for (int64_t h : hidden) {
+    TANDEM_CHECK(h > 0, "mlp hidden sizes must be positive, got ", h);
+    seq->add(std::make_shared<Linear>(in, h, gen));
+    seq->add(std::make_shared<ReLU>());
+    in = h;
+  }
+  seq->add(std::make_shared<Linear>(in, cfg.num_classes, gen));
+  return seq;
+}
+
+}  // namespace
+
+std::vector<std::string> model_names() { return {"cnn", "mlp"}; }
+
+ModulePtr make_model(const std::string& name, const ModelConfig& cfg) {
+  TANDEM_CHECK(cfg.in_channels > 0 && cfg.height > 0 && cfg.width > 0 && cfg.num_classes > 1,
+               "invalid model input geometry");
+  if (name == "cnn") return std::make_shared<Cnn>(cfg);
+  if (name == "mlp") return make_mlp(cfg);
+  TANDEM_CHECK(false, "unknown model '", name, "' (choose cnn or mlp)");
+}
+
+}  // namespace tandem::nn

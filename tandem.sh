@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# tandem.sh: set up, build and run tandem.
+#   ./tandem.sh run    install what is missing, build, run the main job
+#   ./tandem.sh test   install what is missing, build, run the whole test suite
+#   ./tandem.sh build  install what is missing, build
+# Environment: BUILD_DIR (default build), JOBS (default: all cores), CMAKE_ARGS (extra configure flags).
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")"
+
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+PACKAGES=(cmake ninja-build g++ pkg-config zlib1g-dev libopenblas-dev libcli11-dev nlohmann-json3-dev
+          libgtest-dev libgmock-dev libgloo-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
+
+log() { printf 'tandem.sh: %s\n' "$*" >&2; }
+
+install_missing() {
+  command -v dpkg-query >/dev/null 2>&1 || { log "no dpkg: skipping package installation"; return 0; }
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  log "installing ${missing[*]}"
+  if ! { "${sudo[@]}" apt-get update -qq && \
+         DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >&2; then
+    log "could not install ${missing[*]}; continuing with what is present (optional parts are skipped)"
+  fi
+}
+
+build() {
+  install_missing
+  local gen=()
+  command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+    # shellcheck disable=SC2086
+    cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >&2
+  fi
+  cmake --build "$BUILD_DIR" -j "$JOBS" >&2
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  build)
+    build
+    ;;
+  run)
+    build
+    exec "$BUILD_DIR/bin/tandem" train --model cnn --dataset fashion-mnist --epochs 10 --batch-size 64 \
+      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 "$@"
+    ;;
+  test)
+    build
+    exec ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "$@"
+    ;;
+  *)
+    echo "usage: ./tandem.sh run|test|build [extra arguments]" >&2
+    exit 2
+    ;;
+esac
