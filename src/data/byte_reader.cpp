@@ -1,5 +1,6 @@
 #include "data/byte_reader.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>

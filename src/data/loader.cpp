@@ -1,6 +1,7 @@
 // DataLoader: a producer thread gathers, converts and queues batches; the caller uploads them.
 #include "tandem/data/loader.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -48,7 +49,10 @@ struct DataLoader::State {
   std::deque<Prepared> queue;
   std::thread worker;
 
+  std::exception_ptr worker_error;  // the worker itself failed and has stopped
+
   Prepared prepare(int64_t b, const std::vector<int64_t>& idx) const;
+  void produce();
   void run();
 };
 
@@ -80,6 +84,17 @@ Prepared DataLoader::State::prepare(int64_t b, const std::vector<int64_t>& idx) 
 }
 
 void DataLoader::State::run() {
+  try {
+    produce();
+  } catch (...) {
+    // Only bookkeeping can land here (preparation failures travel with their batch); next() reports it.
+    std::lock_guard<std::mutex> lk(mu);
+    worker_error = std::current_exception();
+    ready_cv.notify_all();
+  }
+}
+
+void DataLoader::State::produce() {
   std::unique_lock<std::mutex> lk(mu);
   for (;;) {
     work_cv.wait(lk, [&] {
@@ -182,7 +197,8 @@ bool DataLoader::next(Batch& out) {
     std::unique_lock<std::mutex> lk(s.mu);
     TANDEM_CHECK(s.started, "DataLoader::next called before start_epoch");
     if (s.consumed >= s.num_batches) return false;
-    s.ready_cv.wait(lk, [&] { return !s.queue.empty(); });
+    s.ready_cv.wait(lk, [&] { return !s.queue.empty() || s.worker_error; });
+    if (s.queue.empty()) std::rethrow_exception(s.worker_error);
     p = std::move(s.queue.front());
     s.queue.pop_front();
     ++s.consumed;
