@@ -1,0 +1,58 @@
+#pragma once
+// The data loader: shuffles, shards by rank, batches, and prepares batches on a background thread.
+#include <cstdint>
+#include <memory>
+
+#include "tandem/data/dataset.h"
+#include "tandem/device.h"
+#include "tandem/tensor.h"
+
+namespace tandem::data {
+
+/// One mini-batch.
+struct Batch {
+  Tensor x;  // f32 [B, C, H, W], pixels scaled to [0, 1], on the loader's device
+  Tensor y;  // i32 [B] on the loader's device
+};
+
+struct LoaderOptions {
+  int64_t batch_size = 64;
+  bool shuffle = true;
+  bool drop_last = false;
+  uint64_t seed = 0;
+  int rank = 0, world_size = 1;  // this process's shard
+  Device device = Device::cpu();
+  int prefetch = 2;  // batches prepared ahead by the background thread
+};
+
+/// Iterates over one rank's shard of a data set in batches. A background thread gathers and converts
+/// the next `prefetch` batches while the caller trains; next() uploads them to the device.
+/// One caller thread uses a loader at a time.
+class DataLoader {
+ public:
+  /// Validates the options, keeps handles to the data set's tensors (no pixel copy) and starts the
+  /// background thread; call start_epoch before next().
+  DataLoader(const Dataset& ds, LoaderOptions opt);
+  /// Stops the background thread cleanly, also mid-epoch.
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  /// Starts an epoch: with shuffle, a permutation of all N samples drawn from (seed, epoch) — the
+  /// same on every rank — then rank r takes the contiguous slice [r*S, (r+1)*S) of it, S = N / W
+  /// (the remainder is dropped, as the guide's data_partition does, but a different one each
+  /// epoch). Without shuffle, the slice of the data in order. Abandons any unfinished epoch.
+  void start_epoch(int64_t epoch);
+  /// The next batch of the epoch; false when the epoch is over. Rethrows a failure of preparation.
+  bool next(Batch& out);
+  /// Batches in one epoch of this rank.
+  int64_t batches_per_epoch() const;
+  /// Samples of this rank's shard delivered per epoch (without those dropped by drop_last).
+  int64_t samples_per_epoch() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace tandem::data
