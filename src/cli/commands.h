@@ -10,5 +10,6 @@ using Runner = std::function<int()>;
 
 Runner add_train_command(CLI::App& app);
 Runner add_launch_command(CLI::App& app);
+Runner add_bench_command(CLI::App& app);
 
 }  // namespace tandem::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   };
   add(tandem::cli::add_train_command);
   add(tandem::cli::add_launch_command);
+  add(tandem::cli::add_bench_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -50,6 +50,49 @@ Runner add_train_command(CLI::App& app) {
   sub->add_option("--progress", cfg->progress, "Progress bar on stderr: auto (when a terminal), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  const char* dist = "Distributed (under tandem launch, mpiexec or torchrun)";
+  sub->add_option("-d,--dist-option", cfg->dist_option,
+                  "How ranks synchronise: plain (f32 gradients), half (f16 gradients), partialUpdate (local steps, "
+                  "one chunk of the parameters averaged per step), sparseTopK, sparseThreshold")
+      ->group(dist)
+      ->capture_default_str();
+  sub->add_option("-s,--spars", cfg->spars,
+                  "sparseTopK: fraction of each bucket's gradients sent; sparseThreshold: magnitude threshold")
+      ->group(dist)
+      ->check(CLI::Range(0.0, 1e30))
+      ->capture_default_str();
+  sub->add_flag("!--no-error-feedback", cfg->error_feedback,
+                "Sparse modes: drop what was not sent instead of adding it to the next step's gradient")
+      ->group(dist);
+  sub->add_option("--clip", cfg->clip, "half: clip each gradient value into [-clip, clip] before sending (0: off)")
+      ->group(dist)
+      ->check(CLI::Range(0.0, 1e30));
+  sub->add_option("--half-dtype", cfg->half_dtype, "half: the 16-bit type sent, f16 or bf16")
+      ->group(dist)
+      ->check(CLI::IsMember({"f16", "bf16"}))
+      ->capture_default_str();
+  sub->add_option("--bucket-mb", cfg->bucket_mb, "Gradient bytes per all-reduce, in MiB")
+      ->group(dist)
+      ->check(CLI::Range(0.001, 4096.0))
+      ->capture_default_str();
+  sub->add_option("--first-bucket-mb", cfg->first_bucket_mb, "Size of the first (earliest) bucket, in MiB")
+      ->group(dist)
+      ->check(CLI::Range(0.001, 4096.0))
+      ->capture_default_str();
+  sub->add_option("--check-consistency", cfg->check_consistency,
+                  "Every N steps (and after each epoch), verify all ranks hold bit-identical parameters (0: off)")
+      ->group(dist)
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  sub->add_flag("--report-comm", cfg->report_comm, "Print bytes sent/received per step and time spent waiting")
+      ->group(dist);
+  sub->add_option("--timeout", cfg->timeout_s, "Seconds before a collective that does not complete fails")
+      ->group(dist)
+      ->check(CLI::Range(1.0, 1e6))
+      ->capture_default_str();
+  sub->footer(sub->get_footer() +
+              "\n\nDistributed: start with `tandem launch -n N -- tandem train ...` or `mpiexec --hostfile FILE tandem\n"
+              "train ...`. Each rank trains on its own 1/N of the data with --batch-size samples per step, so the\n"
+              "global batch is N x --batch-size. --lr is used as given: scaling it with N is your choice.");
   return [cfg] { return run_training(*cfg); };
 }
 

@@ -1,9 +1,11 @@
-// The training loop: data, model, optimizer, per-epoch report in the guide's format.
+// The training loop: data, model, distributed optimizer, per-epoch report in the guide's format.
+// A single process runs the same code with a one-rank communicator.
 #include "cli/trainer.h"
 
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -14,6 +16,8 @@
 #include "cli/progress.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
+#include "tandem/dist/bootstrap.h"
+#include "tandem/dist/dist_opt.h"
 #include "tandem/nn/models.h"
 #include "tandem/ops.h"
 #include "tandem/optim/optimizer.h"
@@ -34,48 +38,78 @@ data::Dataset limited(data::Dataset ds, int64_t limit) {
   return ds;
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, std::vector<Tensor> params) {
+std::shared_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, std::vector<Tensor> params) {
   if (cfg.optimizer == "adam") {
     optim::AdamOptions o;
     o.lr = cfg.lr;
     o.weight_decay = cfg.weight_decay;
-    return std::make_unique<optim::Adam>(std::move(params), o);
+    return std::make_shared<optim::Adam>(std::move(params), o);
   }
   optim::SgdOptions o;
   o.lr = cfg.lr;
   o.momentum = cfg.momentum;
   o.weight_decay = cfg.weight_decay;
   o.nesterov = cfg.nesterov;
-  return std::make_unique<optim::SGD>(std::move(params), o);
+  return std::make_shared<optim::SGD>(std::move(params), o);
 }
 
-// Running sums kept on the device so that a training step never waits for the host.
-struct EpochTotals {
-  Tensor loss_sum;     // f32 scalar
-  Tensor correct;      // i64 scalar
-  int64_t samples = 0;
+// Running sums kept on the device, so that a training step never waits for the host.
+struct Totals {
+  Tensor loss_sum;  // f32, one element
+  Tensor counts;    // i64 [2]: correct, samples
+  Tensor correct, samples;
 
-  explicit EpochTotals(Device d) : loss_sum(Tensor::zeros({}, DType::f32, d)), correct(Tensor::zeros({}, DType::i64, d)) {}
-  void add(const Tensor& loss, const Tensor& logits, const Tensor& labels) {
-    backend::Backend& b = backend::backend_for(loss_sum.device());
-    b.axpy(1.0, loss, loss_sum);
-    if (logits.defined()) {
-      Tensor c = count_correct(logits, labels);
-      b.binary(backend::Binary::Add, correct, c, correct);
-    }
-    samples += labels.size(0);
+  explicit Totals(Device d)
+      : loss_sum(Tensor::zeros({1}, DType::f32, d)), counts(Tensor::zeros({2}, DType::i64, d)) {
+    correct = counts.narrow(0, 0, 1);
+    samples = counts.narrow(0, 1, 1);
+  }
+  void add(const Tensor* loss, const Tensor& logits, const Tensor& labels, int64_t& host_samples) {
+    backend::Backend& b = backend::backend_for(counts.device());
+    if (loss) b.axpy(1.0, loss->view({1}), loss_sum);
+    Tensor c = count_correct(logits, labels).view({1});
+    b.binary(backend::Binary::Add, correct, c, correct);
+    host_samples += labels.size(0);
+  }
+  // Sums over ranks; returns {loss, correct, samples}.
+  std::array<double, 3> reduce(dist::Communicator& comm, int64_t host_samples) {
+    samples.copy_(Tensor::full({1}, static_cast<double>(host_samples), DType::i64));
+    comm.all_reduce(loss_sum)->wait();
+    comm.all_reduce(counts)->wait();
+    std::vector<int64_t> c = counts.to_vector<int64_t>();
+    return {loss_sum.item<double>(), static_cast<double>(c[0]), static_cast<double>(c[1])};
   }
 };
+
+dist::DistOptOptions dist_options(const TrainConfig& cfg) {
+  dist::DistOptOptions o;
+  o.bucket_bytes = static_cast<size_t>(cfg.bucket_mb * 1048576.0);
+  o.first_bucket_bytes = static_cast<size_t>(cfg.first_bucket_mb * 1048576.0);
+  o.half_dtype = parse_dtype(cfg.half_dtype);
+  return o;
+}
 
 }  // namespace
 
 int run_training(const TrainConfig& cfg) {
   set_num_threads(cfg.threads);
+  dist::SyncMode mode = dist::parse_sync_mode(cfg.dist_option);
+  if (mode == dist::SyncMode::SparseTopK)
+    TANDEM_CHECK(cfg.spars > 0.0 && cfg.spars <= 1.0, "--spars for sparseTopK is the fraction of gradients sent, in ",
+                 "(0, 1]; got ", cfg.spars);
+  dist::DistEnv env = dist::detect_env();
   Device device = Device::parse(cfg.device);
+  // Under a launcher, "cuda" means this process's GPU on its node.
+  if (device.is_cuda() && cfg.device == "cuda" && env.world_size > 1) device = Device::cuda(env.local_rank);
   check_device(device);
+  auto comm = dist::init_communicator(device, std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000)));
+  const int rank = comm->rank(), world = comm->size();
+  const bool lead = rank == 0;
 
   data::Dataset train_set = limited(data::load_dataset(cfg.dataset, cfg.data_dir, true), cfg.limit_train);
   data::Dataset test_set = limited(data::load_dataset(cfg.dataset, cfg.data_dir, false), cfg.limit_test);
+  TANDEM_CHECK(train_set.size() >= world && test_set.size() >= world, "the data set is too small for ", world,
+               " ranks");
 
   nn::ModelConfig mc;
   mc.in_channels = train_set.images.size(1);
@@ -86,35 +120,46 @@ int run_training(const TrainConfig& cfg) {
   mc.seed = cfg.seed;
   nn::ModulePtr model = nn::make_model(cfg.model, mc);
   model->to(device);
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, model->parameters());
+  dist::DistOpt opt(make_optimizer(cfg, model->parameters()), comm, dist_options(cfg));
+  opt.sync_parameters(*model);
 
   data::LoaderOptions lo;
   lo.batch_size = cfg.batch_size;
   lo.seed = cfg.seed;
   lo.device = device;
+  lo.rank = rank;
+  lo.world_size = world;
   data::DataLoader train_loader(train_set, lo);
   lo.shuffle = false;
   data::DataLoader test_loader(test_set, lo);
 
-  std::fprintf(stderr, "tandem: %s (%lld parameters) on %s: %lld training / %lld test samples, batch %lld, %s%s\n",
-               cfg.model.c_str(), static_cast<long long>(model->num_parameters()), cfg.dataset.c_str(),
-               static_cast<long long>(train_set.size()), static_cast<long long>(test_set.size()),
-               static_cast<long long>(cfg.batch_size), device.str().c_str(),
-               device.is_cpu() ? (", " + std::to_string(num_threads()) + " threads").c_str() : "");
-  bool progress = cfg.progress == "on" || (cfg.progress == "auto" && isatty(STDERR_FILENO));
+  if (lead) {
+    std::string where = device.is_cpu() ? "cpu, " + std::to_string(num_threads()) + " threads" : device.str();
+    if (world > 1) where += ", " + std::to_string(world) + " ranks (" + comm->backend_name() + ", " +
+                            dist::sync_mode_name(mode) + ")";
+    std::fprintf(stderr, "tandem: %s (%lld parameters) on %s: %lld training / %lld test samples, batch %lld per rank, %s\n",
+                 cfg.model.c_str(), static_cast<long long>(model->num_parameters()), cfg.dataset.c_str(),
+                 static_cast<long long>(train_set.size()), static_cast<long long>(test_set.size()),
+                 static_cast<long long>(cfg.batch_size), where.c_str());
+  }
+  bool progress = lead && (cfg.progress == "on" || (cfg.progress == "auto" && isatty(STDERR_FILENO)));
   std::ofstream metrics;
-  if (!cfg.metrics_path.empty()) {
+  if (lead && !cfg.metrics_path.empty()) {
     metrics.open(cfg.metrics_path, std::ios::app);
     TANDEM_CHECK(metrics.good(), "cannot open the metrics file '", cfg.metrics_path, "' for writing");
   }
 
+  int64_t global_step = 0;
   for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
-    std::printf("Starting Epoch %d:\n", epoch);
-    std::fflush(stdout);
+    if (lead) {
+      std::printf("Starting Epoch %d:\n", epoch);
+      std::fflush(stdout);
+    }
     auto t0 = Clock::now();
-
+    opt.reset_stats();
     model->train(true);
-    EpochTotals train(device);
+    Totals train(device);
+    int64_t train_samples = 0;
     train_loader.start_epoch(epoch);
     ProgressBar bar(progress, train_loader.batches_per_epoch(), "epoch " + std::to_string(epoch));
     data::Batch batch;
@@ -122,53 +167,70 @@ int run_training(const TrainConfig& cfg) {
     while (train_loader.next(batch)) {
       Tensor logits = model->forward(batch.x);
       Tensor loss = softmax_cross_entropy(logits, batch.y);
-      opt->zero_grad();
-      backward(loss);
-      opt->step();
-      train.add(loss.detach(), logits.detach(), batch.y);
-      bar.update(++step, train.samples);
+      opt.step(mode, loss, cfg.spars, cfg.error_feedback);
+      Tensor loss_value = loss.detach();
+      train.add(&loss_value, logits.detach(), batch.y, train_samples);
+      ++global_step;
+      if (cfg.check_consistency > 0 && global_step % cfg.check_consistency == 0) opt.check_consistency();
+      bar.update(++step, train_samples * world);
     }
     bar.finish();
     synchronize(device);
     double train_s = seconds_since(t0);
+    dist::CommStats comm_stats = opt.stats();
 
     auto t1 = Clock::now();
+    // Ranks evaluate one model: partial mode averages the parameters, every mode the buffers.
+    if (mode == dist::SyncMode::Partial)
+      opt.average_parameters();
+    else
+      opt.average_buffers();
+    if (cfg.check_consistency > 0) opt.check_consistency();
     model->eval();
-    EpochTotals test(device);
+    Totals test(device);
+    int64_t test_samples = 0;
     {
       NoGradGuard no_grad;
       test_loader.start_epoch(0);
-      while (test_loader.next(batch)) {
-        Tensor logits = model->forward(batch.x);
-        backend::Backend& b = backend::backend_for(device);
-        Tensor c = count_correct(logits, batch.y);
-        b.binary(backend::Binary::Add, test.correct, c, test.correct);
-        test.samples += batch.y.size(0);
-      }
+      while (test_loader.next(batch)) test.add(nullptr, model->forward(batch.x), batch.y, test_samples);
     }
-    double loss_sum = train.loss_sum.item<double>();
-    double train_acc = static_cast<double>(train.correct.item<int64_t>()) / std::max<int64_t>(train.samples, 1);
-    double eval_acc = static_cast<double>(test.correct.item<int64_t>()) / std::max<int64_t>(test.samples, 1);
-    double eval_s = seconds_since(t1);
-    double epoch_s = seconds_since(t0);
+    auto tr = train.reduce(*comm, train_samples);
+    auto te = test.reduce(*comm, test_samples);
+    double train_acc = tr[1] / std::max(tr[2], 1.0), eval_acc = te[1] / std::max(te[2], 1.0);
+    double eval_s = seconds_since(t1), epoch_s = seconds_since(t0);
+    TANDEM_RUNTIME_CHECK(std::isfinite(tr[0]), "the training loss became ", tr[0], " in epoch ", epoch,
+                         "; lower --lr (or check the data)");
 
-    std::printf("Training loss = %f, training accuracy = %f\n", loss_sum, train_acc);
-    std::printf("Evaluation accuracy = %f, Elapsed Time = %fs\n", eval_acc, epoch_s);
-    std::fflush(stdout);
+    if (lead) {
+      std::printf("Training loss = %f, training accuracy = %f\n", tr[0], train_acc);
+      std::printf("Evaluation accuracy = %f, Elapsed Time = %fs\n", eval_acc, epoch_s);
+      if (cfg.report_comm) {
+        double steps = std::max<double>(static_cast<double>(comm_stats.steps), 1.0);
+        std::printf("Communication (rank 0): %.3f MB sent, %.3f MB received per step; %.3fs waiting, %lld collectives\n",
+                    comm_stats.bytes_sent / steps / 1e6, comm_stats.bytes_received / steps / 1e6,
+                    comm_stats.wait_seconds, static_cast<long long>(comm_stats.collectives));
+      }
+      std::fflush(stdout);
+    }
     if (metrics.is_open()) {
       nlohmann::json j{{"epoch", epoch},
-                       {"train_loss", loss_sum},
+                       {"train_loss", tr[0]},
                        {"train_acc", train_acc},
                        {"eval_acc", eval_acc},
                        {"epoch_s", epoch_s},
                        {"train_s", train_s},
                        {"eval_s", eval_s},
-                       {"train_samples", train.samples},
-                       {"train_images_per_s", train.samples / train_s},
+                       {"train_samples", static_cast<int64_t>(tr[2])},
+                       {"train_images_per_s", tr[2] / train_s},
                        {"model", cfg.model},
                        {"dataset", cfg.dataset},
                        {"device", device.str()},
-                       {"batch_size", cfg.batch_size}};
+                       {"world_size", world},
+                       {"dist_option", dist::sync_mode_name(mode)},
+                       {"batch_size", cfg.batch_size},
+                       {"bytes_sent_per_step", comm_stats.bytes_sent / std::max<int64_t>(comm_stats.steps, 1)},
+                       {"bytes_received_per_step", comm_stats.bytes_received / std::max<int64_t>(comm_stats.steps, 1)},
+                       {"comm_wait_s", comm_stats.wait_seconds}};
       metrics << j.dump() << "\n";
       metrics.flush();
     }

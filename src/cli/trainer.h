@@ -25,6 +25,17 @@ struct TrainConfig {
   int64_t limit_test = 0;
   std::vector<int64_t> hidden;
   std::string progress = "auto";  // auto | on | off
+  // distributed training
+  std::string dist_option = "plain";  // plain | half | partialUpdate | sparseTopK | sparseThreshold
+  double spars = 0.05;
+  bool error_feedback = true;
+  double clip = 0.0;  // half: clip gradients into [-clip, clip] when positive
+  std::string half_dtype = "f16";
+  double bucket_mb = 16.0;
+  double first_bucket_mb = 1.0;
+  int64_t check_consistency = 0;  // every N steps (0: never)
+  bool report_comm = false;
+  double timeout_s = 300.0;
 };
 
 /// Trains and evaluates per the config, printing the guide's per-epoch lines; returns the exit status.

@@ -1,0 +1,18 @@
+#pragma once
+// Everything a training program needs.
+#include "tandem/autograd.h"
+#include "tandem/data/dataset.h"
+#include "tandem/data/loader.h"
+#include "tandem/device.h"
+#include "tandem/dist/bootstrap.h"
+#include "tandem/dist/communicator.h"
+#include "tandem/dist/dist_opt.h"
+#include "tandem/dtype.h"
+#include "tandem/error.h"
+#include "tandem/nn/layers.h"
+#include "tandem/nn/models.h"
+#include "tandem/nn/module.h"
+#include "tandem/ops.h"
+#include "tandem/optim/optimizer.h"
+#include "tandem/random.h"
+#include "tandem/tensor.h"

@@ -1,0 +1,117 @@
+// All-reduce sweep in the nccl-tests convention: algbw = bytes / time, busbw = algbw * 2(n-1)/n,
+// with a correctness check at every size.
+#include "cli/bench_allreduce.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "dist/raw_nccl.h"
+#include "tandem/dist/bootstrap.h"
+#include "tandem/error.h"
+
+namespace tandem::cli {
+
+int64_t parse_size(const std::string& s) {
+  TANDEM_CHECK(!s.empty(), "empty size");
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    TANDEM_CHECK(false, "invalid size '", s, "' (examples: 1024, 1K, 16M, 1G)");
+  }
+  std::string unit = s.substr(pos);
+  double mult = 1;
+  if (unit == "K" || unit == "KiB" || unit == "k") mult = 1024.0;
+  else if (unit == "M" || unit == "MiB") mult = 1048576.0;
+  else if (unit == "G" || unit == "GiB") mult = 1073741824.0;
+  else TANDEM_CHECK(unit.empty() || unit == "B", "invalid size unit in '", s, "' (use K, M or G)");
+  TANDEM_CHECK(v > 0, "size must be positive: '", s, "'");
+  return static_cast<int64_t>(v * mult);
+}
+
+void add_allreduce_options(CLI::App& app, AllReduceBenchConfig& cfg) {
+  app.add_option("--min", cfg.min_size, "Smallest message (bytes; K, M, G suffixes)")->capture_default_str();
+  app.add_option("--max", cfg.max_size, "Largest message")->capture_default_str();
+  app.add_option("--iters", cfg.iters, "Timed iterations per size")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--warmup", cfg.warmup, "Untimed iterations per size")->check(CLI::Range(0, 100000))->capture_default_str();
+  app.add_option("--device", cfg.device, "cuda (NCCL) or cpu (Gloo)")->capture_default_str();
+  app.add_flag("!--no-raw", cfg.raw, "Skip timing the raw NCCL call beside tandem's");
+  app.add_option("--json", cfg.json_path, "Append one JSON line per size to this file");
+}
+
+int run_allreduce_bench(const AllReduceBenchConfig& cfg) {
+  int64_t lo = parse_size(cfg.min_size), hi = parse_size(cfg.max_size);
+  TANDEM_CHECK(lo >= 4 && hi >= lo, "need 4 <= --min <= --max");
+  dist::DistEnv env = dist::detect_env();
+  Device device = Device::parse(cfg.device);
+  if (device.is_cuda() && cfg.device == "cuda") device = Device::cuda(env.local_rank);
+  check_device(device);
+  auto comm = dist::init_communicator(device);
+  const int rank = comm->rank(), world = comm->size();
+  const bool lead = rank == 0;
+  const double bus = world > 1 ? 2.0 * (world - 1) / world : 1.0;
+
+  std::vector<int64_t> sizes;
+  for (int64_t b = lo; b <= hi; b *= 2) sizes.push_back(b / 4 * 4);
+  std::vector<double> raw;
+  bool have_raw = cfg.raw && device.is_cuda() && world > 1;
+  if (have_raw) raw = dist::raw_nccl_allreduce_seconds(sizes, cfg.iters, cfg.warmup, device.index);
+  have_raw = have_raw && raw.size() == sizes.size();
+
+  std::ofstream json;
+  if (lead && !cfg.json_path.empty()) json.open(cfg.json_path, std::ios::app);
+  if (lead) {
+    std::printf("# tandem all-reduce, %d ranks, %s, f32, in place\n", world, comm->backend_name().c_str());
+    std::printf("%12s %12s %10s %10s %10s %12s %8s %6s\n", "bytes", "count", "time_us", "algbw", "busbw",
+                have_raw ? "raw_busbw" : "", have_raw ? "ratio" : "", "check");
+  }
+  int failures = 0;
+  for (size_t si = 0; si < sizes.size(); ++si) {
+    int64_t n = sizes[si] / 4;
+    // Element i of rank r holds (r + 1) * (i % 7 + 1): the sum is known from the ranks alone.
+    std::vector<float> host(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) host[static_cast<size_t>(i)] = static_cast<float>((rank + 1) * (i % 7 + 1));
+    Tensor buf = Tensor::from_vector(host, {n}, device);
+    comm->all_reduce(buf, dist::ReduceOp::Sum)->wait();
+    std::vector<float> got = buf.to_vector<float>();
+    const double ranks_sum = world * (world + 1) / 2.0;
+    bool ok = true;
+    for (int64_t i = 0; i < n && ok; ++i)
+      ok = got[static_cast<size_t>(i)] == static_cast<float>(ranks_sum * static_cast<double>(i % 7 + 1));
+    failures += ok ? 0 : 1;
+    // Timing uses averages, which keep the (now identical) values unchanged from one call to the next.
+    for (int i = 0; i < cfg.warmup; ++i) comm->all_reduce(buf, dist::ReduceOp::Avg)->wait();
+    synchronize(device);
+    comm->barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < cfg.iters; ++i) comm->all_reduce(buf, dist::ReduceOp::Avg)->wait();
+    synchronize(device);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / cfg.iters;
+    double algbw = static_cast<double>(sizes[si]) / dt / 1e9, busbw = algbw * bus;
+    double raw_busbw = have_raw ? static_cast<double>(sizes[si]) / raw[si] / 1e9 * bus : 0.0;
+    if (lead) {
+      if (have_raw)
+        std::printf("%12lld %12lld %10.1f %10.2f %10.2f %12.2f %8.3f %6s\n", static_cast<long long>(sizes[si]),
+                    static_cast<long long>(n), dt * 1e6, algbw, busbw, raw_busbw, busbw / raw_busbw, ok ? "ok" : "FAIL");
+      else
+        std::printf("%12lld %12lld %10.1f %10.2f %10.2f %12s %8s %6s\n", static_cast<long long>(sizes[si]),
+                    static_cast<long long>(n), dt * 1e6, algbw, busbw, "", "", ok ? "ok" : "FAIL");
+      std::fflush(stdout);
+      if (json.is_open()) {
+        nlohmann::json j{{"bytes", sizes[si]}, {"time_us", dt * 1e6}, {"algbw_GBps", algbw}, {"busbw_GBps", busbw},
+                         {"world", world},      {"backend", comm->backend_name()},         {"correct", ok}};
+        if (have_raw) j["raw_busbw_GBps"] = raw_busbw;
+        json << j.dump() << "\n";
+      }
+    }
+  }
+  TANDEM_RUNTIME_CHECK(failures == 0, failures, " message size(s) gave a wrong all-reduce result on rank ", rank);
+  return 0;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,152 @@
+// `tandem bench`: training-step throughput on synthetic data, and the all-reduce sweep.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/bench_allreduce.h"
+#include "cli/commands.h"
+#include "tandem/dist/bootstrap.h"
+#include "tandem/dist/dist_opt.h"
+#include "tandem/nn/models.h"
+#include "tandem/ops.h"
+#include "tandem/optim/optimizer.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct TrainBenchConfig {
+  std::string model = "cnn";
+  int64_t batch_size = 64;
+  int steps = 300;
+  int warmup = 20;
+  std::string device = "cpu";
+  std::string dist_option = "plain";
+  double spars = 0.05;
+  std::vector<int64_t> hidden;
+  int64_t channels = 1, height = 28, width = 28, classes = 10;
+  int threads = 0;
+  double bucket_mb = 16.0;
+};
+
+// Sum of the absolute parameter values: to verify that training steps really changed them.
+double param_checksum(nn::Module& m) {
+  double s = 0;
+  for (const Tensor& p : m.parameters())
+    for (float v : p.to_vector<float>()) s += std::fabs(static_cast<double>(v));
+  return s;
+}
+
+int run_train_bench(const TrainBenchConfig& cfg) {
+  set_num_threads(cfg.threads);
+  dist::DistEnv env = dist::detect_env();
+  Device device = Device::parse(cfg.device);
+  if (device.is_cuda() && cfg.device == "cuda" && env.world_size > 1) device = Device::cuda(env.local_rank);
+  check_device(device);
+  auto comm = dist::init_communicator(device);
+  dist::SyncMode mode = dist::parse_sync_mode(cfg.dist_option);
+
+  nn::ModelConfig mc;
+  mc.in_channels = cfg.channels;
+  mc.height = cfg.height;
+  mc.width = cfg.width;
+  mc.num_classes = cfg.classes;
+  mc.hidden = cfg.hidden;
+  nn::ModulePtr model = nn::make_model(cfg.model, mc);
+  model->to(device);
+  optim::SgdOptions so;
+  so.lr = 0.005;
+  so.momentum = 0.9;
+  so.weight_decay = 1e-5;
+  dist::DistOptOptions dopt;
+  dopt.bucket_bytes = static_cast<size_t>(cfg.bucket_mb * 1048576.0);
+  dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, dopt);
+  opt.sync_parameters(*model);
+
+  // Synthetic data, different on every rank, as in the PyTorch peer script.
+  Generator gen(1234 + static_cast<uint64_t>(comm->rank()));
+  Tensor x = Tensor::normal({cfg.batch_size, cfg.channels, cfg.height, cfg.width}, 0.0, 1.0, gen, DType::f32, device);
+  std::vector<int32_t> labels(static_cast<size_t>(cfg.batch_size));
+  for (auto& l : labels) l = static_cast<int32_t>(gen.next_below(static_cast<uint64_t>(cfg.classes)));
+  Tensor y = Tensor::from_vector(labels, {cfg.batch_size}, device);
+
+  auto step = [&] {
+    Tensor loss = softmax_cross_entropy(model->forward(x), y);
+    opt.step(mode, loss, cfg.spars, true);
+  };
+  double before = param_checksum(*model);
+  for (int i = 0; i < cfg.warmup; ++i) step();
+  synchronize(device);
+  comm->barrier();
+  opt.reset_stats();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < cfg.steps; ++i) step();
+  synchronize(device);
+  comm->barrier();
+  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double after = param_checksum(*model);
+  TANDEM_RUNTIME_CHECK(std::isfinite(after) && after != before,
+                       "benchmark steps did not change the parameters: the measurement would be meaningless");
+  const dist::CommStats& st = opt.stats();
+  if (comm->rank() == 0) {
+    nlohmann::json j{{"system", "tandem"},
+                     {"model", cfg.model},
+                     {"device", device.str()},
+                     {"world", comm->size()},
+                     {"batch_per_rank", cfg.batch_size},
+                     {"dist_option", dist::sync_mode_name(mode)},
+                     {"steps", cfg.steps},
+                     {"parameters", model->num_parameters()},
+                     {"images_per_s", std::round(cfg.batch_size * comm->size() * cfg.steps / dt)},
+                     {"ms_per_step", dt / cfg.steps * 1e3},
+                     {"bytes_sent_per_step", st.bytes_sent / std::max<int64_t>(st.steps, 1)},
+                     {"comm_wait_s_per_step", st.wait_seconds / std::max<int64_t>(st.steps, 1)},
+                     {"params_changed", true}};
+    if (device.is_cpu()) j["threads"] = num_threads();
+    std::printf("RESULT %s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: training throughput, all-reduce bandwidth");
+  bench->require_subcommand(1);
+
+  auto tc = std::make_shared<TrainBenchConfig>();
+  CLI::App* train = bench->add_subcommand("train", "Time full training steps (forward, backward, update) on "
+                                                   "synthetic data; prints RESULT {json}");
+  train->add_option("--model", tc->model, "cnn or mlp")->check(CLI::IsMember({"cnn", "mlp"}))->capture_default_str();
+  train->add_option("-b,--batch-size", tc->batch_size, "Samples per step per rank")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
+      ->capture_default_str();
+  train->add_option("--steps", tc->steps, "Timed steps")->check(CLI::Range(1, 1 << 30))->capture_default_str();
+  train->add_option("--warmup", tc->warmup, "Untimed steps first")->check(CLI::Range(0, 1 << 30))->capture_default_str();
+  train->add_option("--device", tc->device, "cpu, cuda or cuda:N")->capture_default_str();
+  train->add_option("-d,--dist-option", tc->dist_option, "plain, half, partialUpdate, sparseTopK, sparseThreshold")
+      ->capture_default_str();
+  train->add_option("-s,--spars", tc->spars, "Sparsity parameter")->capture_default_str();
+  train->add_option("--hidden", tc->hidden, "mlp hidden sizes")->delimiter(',');
+  train->add_option("--image", tc->height, "Input height and width")->check(CLI::Range(int64_t{16}, int64_t{4096}))
+      ->each([tc](const std::string&) { tc->width = tc->height; });
+  train->add_option("--channels", tc->channels, "Input channels")->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  train->add_option("--classes", tc->classes, "Classes")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  train->add_option("--threads", tc->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
+  train->add_option("--bucket-mb", tc->bucket_mb, "Gradient bucket size in MiB")->check(CLI::Range(0.001, 4096.0));
+
+  auto ac = std::make_shared<AllReduceBenchConfig>();
+  CLI::App* ar = bench->add_subcommand("allreduce", "All-reduce sweep through tandem's communicator, with a "
+                                                    "correctness check at every size (and raw NCCL beside it)");
+  add_allreduce_options(*ar, *ac);
+
+  return [bench, train, tc, ac] {
+    if (train->parsed()) return run_train_bench(*tc);
+    return run_allreduce_bench(*ac);
+  };
+}
+
+}  // namespace tandem::cli
