@@ -46,7 +46,8 @@ TEST(CudaKernels, BinaryF32) {
       Tensor a = rand_cpu({n}, 1), b = rand_cpu({n}, 2, 0.25, 2.0);
       compare(
           [&](Backend& be, Device d) {
-            Tensor x = a.to(d), y = b.to(d), o = Tensor::empty({n}, DType::f32, d);
+            // clone: on the CPU, to() returns the input itself, which the aliasing call below overwrites
+            Tensor x = a.to(d).clone(), y = b.to(d), o = Tensor::empty({n}, DType::f32, d);
             be.binary(op, x, y, o);
             be.binary(op, x, y, x);  // the output may alias an input
             return Outputs{o, x};

@@ -33,12 +33,13 @@ TEST(CudaMemory, RoundTripThroughTheDevice) {
 TEST(CudaMemory, DeviceAllocatorReusesFreedBlocks) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   Allocator& a = gpu_be().allocator(0);
-  void* p = a.allocate(3 * 1000 * 1000 + 7);
+  const size_t size = (size_t(123) << 20) + 7;  // a rounded size no other test uses
+  void* p = a.allocate(size);
   ASSERT_NE(p, nullptr);
-  a.deallocate(p, 3 * 1000 * 1000 + 7);
-  void* q = a.allocate(3 * 1000 * 1000 + 1);  // same rounded size
+  a.deallocate(p, size);
+  void* q = a.allocate(size - 6);  // the same rounded size: the cached block comes back
   EXPECT_EQ(p, q);
-  a.deallocate(q, 3 * 1000 * 1000 + 1);
+  a.deallocate(q, size - 6);
 }
 
 // Values every dtype holds without undefined conversions: non-negative, in u8's range for integer

@@ -20,8 +20,19 @@ __device__ __forceinline__ T apply_binary(T a, T b) {
   if constexpr (OP == Binary::Sub) return a - b;
   if constexpr (OP == Binary::Mul) return a * b;
   if constexpr (OP == Binary::Div) return a / b;
-  if constexpr (OP == Binary::Max) return a < b ? b : a;  // std::max: the first operand on ties and NaN
-  if constexpr (OP == Binary::Min) return b < a ? b : a;  // std::min
+  // Floats: a NaN in either operand propagates; ties give the second operand (as on the CPU).
+  if constexpr (OP == Binary::Max) {
+    if constexpr (std::is_floating_point_v<T>)
+      return (a > b || a != a) ? a : b;
+    else
+      return a > b ? a : b;
+  }
+  if constexpr (OP == Binary::Min) {
+    if constexpr (std::is_floating_point_v<T>)
+      return (a < b || a != a) ? a : b;
+    else
+      return a < b ? a : b;
+  }
 }
 
 template <Binary OP, typename T>

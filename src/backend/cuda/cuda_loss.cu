@@ -26,27 +26,28 @@ __device__ void report_label(ErrorSink sink, int64_t row, int64_t label, int64_t
   sink.rec->flag = 1;
 }
 
-// Softmax of one row into probs; returns the row's loss (the same value in every lane).
+// Softmax of one row into probs; returns the row's loss (the same value in every lane). Exponentials
+// are f32, their sum and the loss double, as on the CPU.
 template <typename L>
-__device__ float xent_row(const float* __restrict__ logits, const L* __restrict__ labels, float* __restrict__ probs,
-                          int64_t row, int64_t c, ErrorSink sink) {
+__device__ double xent_row(const float* __restrict__ logits, const L* __restrict__ labels, float* __restrict__ probs,
+                           int64_t row, int64_t c, ErrorSink sink) {
   const int lane = threadIdx.x & 31;
   const float* x = logits + row * c;
   float* p = probs + row * c;
   float mx = -INFINITY;
   for (int64_t j = lane; j < c; j += 32) mx = fmaxf(mx, x[j]);
   mx = kern::warp_max(mx);
-  float se = 0.0f;
-  for (int64_t j = lane; j < c; j += 32) se += expf(x[j] - mx);
+  double se = 0.0;
+  for (int64_t j = lane; j < c; j += 32) se += static_cast<double>(expf(x[j] - mx));
   se = kern::warp_sum(se);
-  const float inv = 1.0f / se;
+  const float inv = static_cast<float>(1.0 / se);
   for (int64_t j = lane; j < c; j += 32) p[j] = expf(x[j] - mx) * inv;
   const int64_t label = static_cast<int64_t>(labels[row]);
   if (label < 0 || label >= c) {
     if (lane == 0) report_label(sink, row, label, c);
     return NAN;
   }
-  return logf(se) - (x[label] - mx);
+  return log(se) - (static_cast<double>(x[label]) - static_cast<double>(mx));
 }
 
 // Small batches: one block does every row and the mean, in one launch.
@@ -69,7 +70,7 @@ __global__ void xent_rows_kernel(const float* __restrict__ logits, const L* __re
                                  ErrorSink sink) {
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
   for (int64_t r = thread_index() >> 5; r < n; r += warps) {
-    const float l = xent_row(logits, labels, probs, r, c, sink);
+    const double l = xent_row(logits, labels, probs, r, c, sink);
     if ((threadIdx.x & 31) == 0) row_loss[r] = l;
   }
 }
@@ -86,24 +87,36 @@ template <typename L>
 __global__ void xent_backward_kernel(const float* __restrict__ probs, const L* __restrict__ labels,
                                      const float* __restrict__ dloss, float* __restrict__ dlogits, int64_t n,
                                      int64_t c, ErrorSink sink) {
-  const float scale = dloss[0] / static_cast<float>(n);
+  const float scale = static_cast<float>(static_cast<double>(dloss[0]) / static_cast<double>(n));
   const int64_t total = n * c;
   for (int64_t i = thread_index(); i < total; i += thread_count()) {
     const int64_t row = i / c, col = i - row * c;
     const int64_t label = static_cast<int64_t>(labels[row]);
     if (col == 0 && (label < 0 || label >= c)) report_label(sink, row, label, c);
-    dlogits[i] = (probs[i] - (col == label ? 1.0f : 0.0f)) * scale;
+    const float d = probs[i] * scale;
+    dlogits[i] = col == label ? d - scale : d;
   }
 }
 
-// The first maximum of a row, reduced across the warp (every lane gets it).
+// True when candidate (v, i) precedes (best, bi) in the CPU's scan order: the first NaN if there is
+// one, else the first maximum. bi == c marks an empty candidate.
+__device__ __forceinline__ bool precedes(float v, int64_t i, float best, int64_t bi, int64_t c) {
+  if (i == c) return false;
+  if (bi == c) return true;
+  const bool vn = v != v, bn = best != best;
+  if (vn != bn) return vn;
+  if (vn || v == best) return i < bi;
+  return v > best;
+}
+
+// The CPU's argmax of a row, reduced across the warp (every lane gets it).
 __device__ int64_t row_argmax(const float* __restrict__ x, int64_t c) {
   const int lane = threadIdx.x & 31;
-  float best = -INFINITY;
-  int64_t bi = c;  // past the end: loses every comparison below
+  float best = 0.0f;
+  int64_t bi = c;
   for (int64_t j = lane; j < c; j += 32) {
     const float v = x[j];
-    if (bi == c || v > best) {
+    if (precedes(v, j, best, bi, c)) {
       best = v;
       bi = j;
     }
@@ -111,7 +124,7 @@ __device__ int64_t row_argmax(const float* __restrict__ x, int64_t c) {
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, best, o);
     const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (oi != c && (bi == c || ov > best || (ov == best && oi < bi))) {
+    if (precedes(ov, oi, best, bi, c)) {
       best = ov;
       bi = oi;
     }

@@ -1,6 +1,7 @@
 // CUDA kernels: batch normalisation over N, H, W per channel. One block owns a channel, so the
 // statistics, the running-average update and the normalisation are one launch, reductions are in
-// double and in a fixed order (deterministic), and no host synchronisation is needed.
+// double and in a fixed order (deterministic), and no host synchronisation is needed. The formulas
+// follow the CPU backend's, so both round alike.
 #include <initializer_list>
 
 #include "backend/cuda/cuda_backend.h"
@@ -26,87 +27,93 @@ struct ChannelView {
   }
 };
 
+// Two passes (the mean, then centred squares) keep the variance accurate when |mean| >> std; the
+// normalisation is y = x * scale + shift with scale and shift formed in double, as on the CPU.
 __global__ void bn_train_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
                                 const float* __restrict__ beta, float* __restrict__ running_mean,
                                 float* __restrict__ running_var, float* __restrict__ y, float* __restrict__ save_mean,
                                 float* __restrict__ save_invstd, ChannelView v, double momentum, double eps) {
   __shared__ double scratch[32];
-  __shared__ float stats[2];
+  __shared__ float affine[2];
   const int64_t m = v.n * v.s;
+  const double md = static_cast<double>(m);
   for (int64_t ch = blockIdx.x; ch < v.c; ch += gridDim.x) {
-    double sum = 0.0, sq = 0.0;
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < m; j += blockDim.x) sum += static_cast<double>(x[v.at(ch, j)]);
+    const double mean = kern::block_sum(sum, scratch) / md;
+    double sq = 0.0;
     for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
-      const double xv = x[v.at(ch, j)];
-      sum += xv;
-      sq += xv * xv;
+      const double d = static_cast<double>(x[v.at(ch, j)]) - mean;
+      sq += d * d;
     }
-    sum = kern::block_sum(sum, scratch);
-    sq = kern::block_sum(sq, scratch);
+    const double var = kern::block_sum(sq, scratch) / md;
     if (threadIdx.x == 0) {
-      const double mean = sum / static_cast<double>(m);
-      double var = sq / static_cast<double>(m) - mean * mean;
-      if (var < 0.0) var = 0.0;
       const double invstd = 1.0 / sqrt(var + eps);
       save_mean[ch] = static_cast<float>(mean);
       save_invstd[ch] = static_cast<float>(invstd);
-      const double unbiased = var * static_cast<double>(m) / static_cast<double>(m - 1);
       running_mean[ch] = static_cast<float>((1.0 - momentum) * running_mean[ch] + momentum * mean);
-      running_var[ch] = static_cast<float>((1.0 - momentum) * running_var[ch] + momentum * unbiased);
-      stats[0] = static_cast<float>(mean);
-      stats[1] = static_cast<float>(invstd);
+      running_var[ch] = static_cast<float>((1.0 - momentum) * running_var[ch] + momentum * var * md / (md - 1.0));
+      const double scale = invstd * gamma[ch];
+      affine[0] = static_cast<float>(scale);
+      affine[1] = static_cast<float>(beta[ch] - mean * scale);
     }
     __syncthreads();
-    const float mean = stats[0], invstd = stats[1], g = gamma[ch], b = beta[ch];
+    const float scale = affine[0], shift = affine[1];
     for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
       const int64_t o = v.at(ch, j);
-      y[o] = (x[o] - mean) * invstd * g + b;
+      y[o] = x[o] * scale + shift;
     }
-    __syncthreads();  // stats is rewritten for the next channel
+    __syncthreads();  // affine is rewritten for the next channel
   }
 }
 
 __global__ void bn_eval_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
                                const float* __restrict__ beta, const float* __restrict__ mean,
                                const float* __restrict__ var, float* __restrict__ y, int64_t total, int64_t c,
-                               int64_t s, float eps) {
+                               int64_t s, double eps) {
   for (int64_t i = thread_index(); i < total; i += thread_count()) {
     const int64_t ch = (i / s) % c;
-    y[i] = (x[i] - mean[ch]) / sqrtf(var[ch] + eps) * gamma[ch] + beta[ch];
+    const double scale = gamma[ch] / sqrt(static_cast<double>(var[ch]) + eps);
+    y[i] = x[i] * static_cast<float>(scale) + static_cast<float>(beta[ch] - mean[ch] * scale);
   }
 }
 
-// dbeta = sum dy, dgamma = sum dy * xhat, dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma).
+// With xhat = (x - mean) * invstd: dbeta = sum dy, dgamma = sum dy * xhat, and
+// dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma), folded into dx = dy * k + x * u + w.
 __global__ void bn_backward_kernel(const float* __restrict__ dy, const float* __restrict__ x,
                                    const float* __restrict__ gamma, const float* __restrict__ save_mean,
                                    const float* __restrict__ save_invstd, float* __restrict__ dx,
                                    float* __restrict__ dgamma, float* __restrict__ dbeta, ChannelView v) {
   __shared__ double scratch[32];
-  __shared__ float sums[2];
+  __shared__ float coef[3];
   const int64_t m = v.n * v.s;
+  const double md = static_cast<double>(m);
   for (int64_t ch = blockIdx.x; ch < v.c; ch += gridDim.x) {
-    const float mean = save_mean[ch], invstd = save_invstd[ch];
+    const double mean = save_mean[ch], invstd = save_invstd[ch];
     double sdy = 0.0, sdyx = 0.0;
     for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
       const int64_t o = v.at(ch, j);
-      const float g = dy[o];
+      const double g = dy[o];
       sdy += g;
-      sdyx += static_cast<double>(g) * static_cast<double>((x[o] - mean) * invstd);
+      sdyx += g * (static_cast<double>(x[o]) - mean);
     }
     sdy = kern::block_sum(sdy, scratch);
     sdyx = kern::block_sum(sdyx, scratch);
     if (threadIdx.x == 0) {
+      const double dg = sdyx * invstd;
       dbeta[ch] = static_cast<float>(sdy);
-      dgamma[ch] = static_cast<float>(sdyx);
-      sums[0] = static_cast<float>(sdy);
-      sums[1] = static_cast<float>(sdyx);
+      dgamma[ch] = static_cast<float>(dg);
+      const double k = gamma[ch] * invstd;
+      const double u = -k * invstd * dg / md;
+      coef[0] = static_cast<float>(k);
+      coef[1] = static_cast<float>(u);
+      coef[2] = static_cast<float>(-k * sdy / md - u * mean);
     }
     __syncthreads();
-    const float sum_dy = sums[0], sum_dyx = sums[1];
-    const float k = gamma[ch] * invstd / static_cast<float>(m), mf = static_cast<float>(m);
+    const float k = coef[0], u = coef[1], w = coef[2];
     for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
       const int64_t o = v.at(ch, j);
-      const float xhat = (x[o] - mean) * invstd;
-      dx[o] = k * (mf * dy[o] - sum_dy - xhat * sum_dyx);
+      dx[o] = dy[o] * k + x[o] * u + w;
     }
     __syncthreads();
   }
@@ -146,7 +153,7 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, 
   DeviceState& st = state_for(y);
   bn_eval_kernel<<<blocks_for(total), kBlock, 0, st.stream>>>(
       x.data<float>(), gamma.data<float>(), beta.data<float>(), running_mean.data<float>(), running_var.data<float>(),
-      y.data<float>(), total, v.c, v.s, static_cast<float>(eps));
+      y.data<float>(), total, v.c, v.s, eps);
   TANDEM_CUDA_LAUNCH_CHECK("bn_eval_kernel");
 }
 

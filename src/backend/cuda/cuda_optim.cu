@@ -29,9 +29,10 @@ struct SgdScalars {
   bool nesterov, first_step, use_momentum;
 };
 
+// p = p * shrink - step * m / (sqrt(v) * inv_sqrt_bc2 + eps), with step = lr / (1 - beta1^t) and
+// inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t): the bias-corrected update, folded as the CPU folds it.
 struct AdamScalars {
-  float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, decay_factor, bc1, bc2;
-  bool decoupled;
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, l2, shrink, step, inv_sqrt_bc2;
 };
 
 // The tensor and the element range this block updates.
@@ -51,13 +52,14 @@ __global__ void sgd_kernel(TensorTable t, SgdScalars s) {
   const float* __restrict__ g = t.g[k];
   float* __restrict__ buf = t.b0[k];
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float d = g[i] + s.weight_decay * p[i];
-    if (s.use_momentum) {
-      const float b = s.first_step ? d : s.momentum * buf[i] + s.one_minus_dampening * d;
-      buf[i] = b;
-      d = s.nesterov ? d + s.momentum * b : b;
+    const float d = g[i] + s.weight_decay * p[i];
+    if (!s.use_momentum) {
+      p[i] -= s.lr * d;
+      continue;
     }
-    p[i] -= s.lr * d;
+    const float b = s.first_step ? d : s.momentum * buf[i] + s.one_minus_dampening * d;
+    buf[i] = b;
+    p[i] -= s.lr * (s.nesterov ? d + s.momentum * b : b);
   }
 }
 
@@ -69,16 +71,12 @@ __global__ void adam_kernel(TensorTable t, AdamScalars s) {
   float* __restrict__ m = t.b0[k];
   float* __restrict__ v = t.b1[k];
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float pi = p[i], gi = g[i];
-    if (s.decoupled)
-      pi *= s.decay_factor;
-    else
-      gi += s.weight_decay * pi;
+    const float pi = p[i], gi = g[i] + s.l2 * pi;
     const float mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
     const float vi = s.beta2 * v[i] + s.one_minus_beta2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] = pi - s.lr * (mi / s.bc1) / (sqrtf(vi / s.bc2) + s.eps);
+    p[i] = pi * s.shrink - s.step * mi / (sqrtf(vi) * s.inv_sqrt_bc2 + s.eps);
   }
 }
 
@@ -159,17 +157,15 @@ void CudaBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) 
   if (dev < 0) return;
   DeviceState& st = state(dev);
   const double t = static_cast<double>(a.step);
-  const AdamScalars s{static_cast<float>(a.lr),
-                      static_cast<float>(a.beta1),
+  const AdamScalars s{static_cast<float>(a.beta1),
                       static_cast<float>(a.beta2),
                       static_cast<float>(1.0 - a.beta1),
                       static_cast<float>(1.0 - a.beta2),
                       static_cast<float>(a.eps),
-                      static_cast<float>(a.weight_decay),
-                      static_cast<float>(1.0 - a.lr * a.weight_decay),
-                      static_cast<float>(1.0 - std::pow(a.beta1, t)),
-                      static_cast<float>(1.0 - std::pow(a.beta2, t)),
-                      a.decoupled};
+                      a.decoupled ? 0.0f : static_cast<float>(a.weight_decay),
+                      a.decoupled ? static_cast<float>(1.0 - a.lr * a.weight_decay) : 1.0f,
+                      static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, t))),
+                      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, t)))};
   for_each_table(slots, count, true, true, "adam", [&](const TensorTable& tt, int64_t blocks) {
     adam_kernel<<<static_cast<unsigned>(blocks), kOptimBlock, 0, st.stream>>>(tt, s);
     TANDEM_CUDA_LAUNCH_CHECK("adam_kernel");

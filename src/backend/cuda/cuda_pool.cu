@@ -23,8 +23,8 @@ PoolArgs pool_args(const PoolGeom& g) {
   return {g.n * g.c, g.h, g.w, g.kh, g.kw, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.oh, g.ow};
 }
 
-// Max over the window's in-bounds positions; the first maximum in row-major order wins ties, and
-// padding never takes part (a window always holds an input position: the op layer keeps pad <= k/2).
+// Max over the window's in-bounds positions; the first maximum in row-major order wins ties, a NaN
+// propagates, and padding never takes part (a window always holds an input position: the op layer keeps pad <= k/2).
 __global__ void max_pool_forward_kernel(const float* __restrict__ x, float* __restrict__ y, int32_t* __restrict__ idx,
                                         PoolArgs a) {
   const int64_t total = a.planes * a.oh * a.ow;
@@ -42,7 +42,7 @@ __global__ void max_pool_forward_kernel(const float* __restrict__ x, float* __re
     for (int64_t r = hs; r < he; ++r)
       for (int64_t col = ws; col < we; ++col) {
         const float v = xp[r * a.w + col];
-        if (v > best) {
+        if (v > best || v != v) {  // a NaN wins, as on the CPU
           best = v;
           best_i = r * a.w + col;
         }
@@ -118,8 +118,8 @@ __global__ void avg_pool_backward_kernel(const float* __restrict__ dy, float* __
     const float* dp = dy + plane * a.oh * a.ow;
     float acc = 0.0f;
     for (int64_t oy = y0; oy < y1; ++oy)
-      for (int64_t ox = x0; ox < x1; ++ox) acc += dp[oy * a.ow + ox];
-    dx[i] = acc * inv;
+      for (int64_t ox = x0; ox < x1; ++ox) acc += dp[oy * a.ow + ox] * inv;
+    dx[i] = acc;
   }
 }
 
