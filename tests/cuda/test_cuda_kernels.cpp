@@ -117,6 +117,26 @@ TEST(CudaKernels, AffineAxpyAndActivationBackward) {
   }
 }
 
+TEST(CudaKernels, RejectsDtypesTheyDoNotTake) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  Tensor d64 = Tensor::zeros({8}, DType::f64, gpu()), out = Tensor::empty({8}, DType::f64, gpu());
+  auto expect_message = [](const std::function<void()>& f, const std::string& op) {
+    try {
+      f();
+      ADD_FAILURE() << op << " accepted an f64 tensor";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), Error::Kind::Input) << e.what();
+      EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("f64"), std::string::npos) << e.what();
+    }
+  };
+  expect_message([&] { gpu_be().unary(Unary::Relu, d64, out); }, "unary");
+  expect_message([&] { gpu_be().random_uniform(out, 1, 0, 0.0, 1.0); }, "random_uniform");
+  expect_message([&] { gpu_be().binary(Binary::Add, d64, d64, out); }, "binary");
+  // Conversions and fills take every dtype, f64 included.
+  EXPECT_EQ(Tensor::full({3}, 2.5, DType::f64, gpu()).to_vector<double>(), std::vector<double>(3, 2.5));
+}
+
 struct NCS {
   int64_t n, c, s;
 };

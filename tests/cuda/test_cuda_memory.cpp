@@ -1,8 +1,10 @@
 // CUDA backend: device discovery, copies, conversions between every pair of dtypes, fills, random
 // fills, the pinned allocator's reuse rule and the deferred label error.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
+#include <thread>
 
 #include "cuda/cuda_test_util.h"
 #include "tandem/ops.h"
@@ -221,6 +223,50 @@ TEST(CudaMemory, LabelOutOfRangeIsReportedAtTheNextSynchronisation) {
   Tensor loss3 = softmax_cross_entropy(logits, good);
   EXPECT_NO_THROW(synchronize(gpu()));
   EXPECT_TRUE(std::isfinite(loss3.item<float>()));
+}
+
+TEST(CudaMemory, AnotherThreadUploadsWhileThisOneComputes) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  std::atomic<int> bad{0};
+  std::thread loader([&] {
+    for (int round = 0; round < 20; ++round) {
+      std::vector<float> v(10000);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(round * 7 + static_cast<int>(i));
+      Tensor t = Tensor::from_vector(v, {10000}, gpu());
+      if (t.to_vector<float>() != v) ++bad;
+    }
+  });
+  Tensor a = rand_cpu({256, 256}, 40), b = rand_cpu({256, 256}, 41);
+  Tensor expected = Tensor::empty({256, 256});
+  cpu_be().gemm(false, false, 256, 256, 256, 1.0, a, b, 0.0, expected);
+  Tensor ag = a.to(gpu()), bg = b.to(gpu());
+  for (int i = 0; i < 50; ++i) {
+    Tensor c = Tensor::empty({256, 256}, DType::f32, gpu());
+    gpu_be().gemm(false, false, 256, 256, 256, 1.0, ag, bg, 0.0, c);
+    if (i % 10 == 0) expect_norm_close(expected, c, 1e-5, "gemm beside an uploading thread");
+  }
+  loader.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(CudaMemory, SecondDeviceComputesLikeTheCpu) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  if (tandem::cuda_device_count() < 2) GTEST_SKIP() << "fewer than two CUDA GPUs";
+  const Device d1 = Device::cuda(1);
+  Tensor x = rand_cpu({8, 3, 12, 12}, 42), w = rand_cpu({5, 3, 3, 3}, 43), b = rand_cpu({5}, 44);
+  Tensor yc = relu(conv2d(x, w, b, {{1, 1}, {1, 1}}));
+  Tensor y1 = relu(conv2d(x.to(d1), w.to(d1), b.to(d1), {{1, 1}, {1, 1}}));
+  EXPECT_EQ(y1.device(), d1);
+  expect_norm_close(yc, y1, 1e-5, "conv on cuda:1");
+  // Between devices: through cuda:0 and back.
+  Tensor y0 = y1.to(gpu());
+  EXPECT_EQ(y0.device(), gpu());
+  expect_same_bytes(y1, y0, "cuda:1 -> cuda:0");
+  Tensor logits = rand_cpu({16, 10}, 45);
+  Tensor labels = Tensor::from_vector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5}, {16});
+  expect_close(softmax_cross_entropy(logits, labels), softmax_cross_entropy(logits.to(d1), labels.to(d1)), 1e-5,
+               1e-7, "loss on cuda:1");
+  synchronize(d1);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // CUDA backend: device discovery, per-device state, memory, copies, synchronisation and GEMM.
 #include "backend/cuda/cuda_backend.h"
 
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 
@@ -163,11 +165,18 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   // cuBLAS is column-major: the row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T,
   // so the operands swap and each matrix is read as its own transpose.
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const auto* pa = static_cast<const float*>(a.data_ptr());
+  const auto* pb = static_cast<const float*>(b.data_ptr());
+  auto* pc = static_cast<float*>(c.data_ptr());
   std::lock_guard<std::mutex> lock(s.cublas_mu);
-  TANDEM_CUBLAS_CHECK(cublasSgemm_64(s.cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                     n, m, k, &al, static_cast<const float*>(b.data_ptr()), ldb,
-                                     static_cast<const float*>(a.data_ptr()), lda, &be,
-                                     static_cast<float*>(c.data_ptr()), n));
+  if (std::max({m, n, k}) <= INT_MAX) {  // the 32-bit entry point costs the host less per call
+    TANDEM_CUBLAS_CHECK(cublasSgemm(s.cublas, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                                    &al, pb, static_cast<int>(ldb), pa, static_cast<int>(lda), &be, pc,
+                                    static_cast<int>(n)));
+  } else {
+    TANDEM_CUBLAS_CHECK(cublasSgemm_64(s.cublas, op_b, op_a, n, m, k, &al, pb, ldb, pa, lda, &be, pc, n));
+  }
 }
 
 }  // namespace tandem::backend

@@ -2,6 +2,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <string>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_context.h"
@@ -58,25 +59,29 @@ bool stream_created(int device) {
          g_streams[static_cast<size_t>(device)].created.load(std::memory_order_acquire);
 }
 
+namespace {
+std::string device_name() { return t_device >= 0 ? "cuda:" + std::to_string(t_device) : std::string("no device yet"); }
+}  // namespace
+
 void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line) {
   // Reading the error clears it unless it is sticky (then the context is lost anyway).
   (void)cudaGetLastError();
   detail::throw_error(Error::Kind::Runtime,
-                      detail::cat(call, " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
-                                  ") on cuda:", t_device, " at ", file_name(file), ":", line));
+                      detail::cat(call, " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") on ",
+                                  device_name(), " at ", file_name(file), ":", line));
 }
 
 void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, int line) {
   detail::throw_error(Error::Kind::Runtime,
-                      detail::cat(call, " failed: ", cublasGetStatusName(st), " (", cublasGetStatusString(st),
-                                  ") on cuda:", t_device, " at ", file_name(file), ":", line));
+                      detail::cat(call, " failed: ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ") on ",
+                                  device_name(), " at ", file_name(file), ":", line));
 }
 
 void throw_cudnn_error(cudnnStatus_t st, const char* call, const char* file, int line) {
   char last[512] = {0};
   cudnnGetLastErrorString(last, sizeof(last));
   detail::throw_error(Error::Kind::Runtime,
-                      detail::cat(call, " failed: ", cudnnGetErrorString(st), " on cuda:", t_device, " at ",
+                      detail::cat(call, " failed: ", cudnnGetErrorString(st), " on ", device_name(), " at ",
                                   file_name(file), ":", line, last[0] ? " (" : "", last, last[0] ? ")" : ""));
 }
 
