@@ -1,0 +1,182 @@
+// CUDA backend: device discovery, per-device state, memory, copies, synchronisation and GEMM.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace tandem::backend {
+
+namespace {
+constexpr size_t kCublasWorkspace = size_t(32) << 20;  // what cuBLAS asks for on Hopper
+
+// A machine without a driver or without a GPU must see zero devices, never an exception: CPU-only
+// builds and CI link this code too.
+int count_devices() {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err == cudaSuccess) return n;
+  (void)cudaGetLastError();
+  bool expected = err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorStubLibrary;
+  if (!expected)
+    std::fprintf(stderr, "tandem: CUDA is unusable in this process (%s: %s); running without GPUs\n",
+                 cudaGetErrorName(err), cudaGetErrorString(err));
+  return 0;
+}
+}  // namespace
+
+Backend* make_cuda_backend() { return new CudaBackend(); }
+
+void require_f32(const Tensor& t, const char* op) {
+  TANDEM_CHECK(t.dtype() == DType::f32, op, ": dtype ", dtype_name(t.dtype()),
+               " is not supported on CUDA (the CUDA kernels take f32)");
+}
+
+CudaBackend::CudaBackend() : device_count_(count_devices()) {
+  for (int d = 0; d < device_count_; ++d) {
+    allocators_.push_back(std::make_unique<CachingAllocator>(
+        "cuda:" + std::to_string(d) + " memory",
+        [d](size_t n) -> void* {
+          int prev = cuda::cached_device();
+          cuda::set_device(d);
+          void* p = nullptr;
+          cudaError_t err = cudaMalloc(&p, n);
+          if (prev >= 0) cuda::set_device(prev);
+          if (err == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();  // not sticky: clear it so the retry after emptying the cache can succeed
+            return nullptr;
+          }
+          if (err != cudaSuccess) cuda::throw_cuda_error(err, "cudaMalloc", __FILE__, __LINE__);
+          return p;
+        },
+        [d](void* p) {
+          int prev = cuda::cached_device();
+          cuda::set_device(d);
+          // Kernels queued before the block was cached may still use it.
+          TANDEM_CUDA_CHECK(cudaStreamSynchronize(cuda::compute_stream(d)));
+          TANDEM_CUDA_CHECK(cudaFree(p));
+          if (prev >= 0) cuda::set_device(prev);
+        }));
+    states_.push_back(nullptr);
+  }
+  state_once_ = std::make_unique<std::once_flag[]>(static_cast<size_t>(device_count_ > 0 ? device_count_ : 1));
+  pinned_ = std::make_unique<PinnedAllocator>(device_count_);
+}
+
+Allocator& CudaBackend::allocator(int device) {
+  TANDEM_CHECK(device >= 0 && device < device_count_, "cuda:", device, " does not exist: this process sees ",
+               device_count_, " GPU(s)");
+  return *allocators_[static_cast<size_t>(device)];
+}
+
+DeviceState& CudaBackend::state(int device) {
+  TANDEM_CHECK(device >= 0 && device < device_count_, "cuda:", device, " does not exist: this process sees ",
+               device_count_, " GPU(s)");
+  cuda::set_device(device);
+  std::call_once(state_once_[static_cast<size_t>(device)], [&] {
+    auto s = std::make_unique<DeviceState>();
+    s->device = device;
+    s->stream = cuda::compute_stream(device);
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, device));
+    TANDEM_CUBLAS_CHECK(cublasCreate(&s->cublas));
+    TANDEM_CUBLAS_CHECK(cublasSetStream(s->cublas, s->stream));
+    // Default math: no TF32, so products agree with the CPU to f32 rounding.
+    TANDEM_CUBLAS_CHECK(cublasSetMathMode(s->cublas, CUBLAS_DEFAULT_MATH));
+    void* ws = allocators_[static_cast<size_t>(device)]->allocate(kCublasWorkspace);  // kept for the process
+    TANDEM_CUBLAS_CHECK(cublasSetWorkspace(s->cublas, ws, kCublasWorkspace));
+    s->errors.claim = static_cast<int*>(allocators_[static_cast<size_t>(device)]->allocate(sizeof(int)));
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(s->errors.claim, 0, sizeof(int), s->stream));
+    void* rec = nullptr;
+    TANDEM_CUDA_CHECK(cudaHostAlloc(&rec, sizeof(LabelErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(rec, 0, sizeof(LabelErrorRecord));
+    s->error_host = static_cast<LabelErrorRecord*>(rec);
+    void* dev_rec = nullptr;
+    TANDEM_CUDA_CHECK(cudaHostGetDevicePointer(&dev_rec, rec, 0));
+    s->errors.rec = static_cast<LabelErrorRecord*>(dev_rec);
+    states_[static_cast<size_t>(device)] = std::move(s);
+  });
+  return *states_[static_cast<size_t>(device)];
+}
+
+DeviceState& CudaBackend::state_for(const Tensor& t) {
+  TANDEM_ASSERT(t.device().is_cuda(), "CUDA kernel given ", t.str());
+  return state(t.device().index);
+}
+
+void CudaBackend::check_errors(int device) {
+  DeviceState& s = state(device);
+  volatile LabelErrorRecord* rec = s.error_host;
+  if (!rec->flag) return;
+  long long row = rec->row, label = rec->label, classes = rec->classes;
+  rec->flag = 0;
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(s.errors.claim, 0, sizeof(int), s.stream));
+  detail::throw_error(Error::Kind::Input,
+                      detail::cat("softmax_cross_entropy: label ", label, " in row ", row, " is outside [0, ",
+                                  classes, ") on cuda:", device, " (the loss of that step is NaN)"));
+}
+
+void CudaBackend::copy_from_host(const void* src, void* dst, size_t nbytes, int device) {
+  if (nbytes == 0) return;
+  DeviceState& s = state(device);
+  // Pageable sources are staged before the call returns; pinned ones are read later, which the
+  // pinned allocator accounts for when the block is released.
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s.stream));
+}
+
+void CudaBackend::copy_to_host(const void* src, void* dst, size_t nbytes, int device) {
+  DeviceState& s = state(device);
+  if (nbytes) TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s.stream));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  check_errors(device);
+}
+
+void CudaBackend::copy_bytes(const void* src, void* dst, size_t nbytes, int device) {
+  if (nbytes == 0 || src == dst) return;
+  DeviceState& s = state(device);
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, s.stream));
+}
+
+void CudaBackend::synchronize(int device) {
+  DeviceState& s = state(device);
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  check_errors(device);
+}
+
+void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
+                       const Tensor& b, double beta, Tensor& c) {
+  require_f32(a, "gemm");
+  require_f32(b, "gemm");
+  require_f32(c, "gemm");
+  TANDEM_ASSERT(a.numel() == m * k && b.numel() == k * n && c.numel() == m * n, "gemm shapes ", a.str(), " ",
+                b.str(), " ", c.str(), " for m=", m, " n=", n, " k=", k);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum: C = beta * C (and beta == 0 must not read C)
+    if (beta == 0.0)
+      fill(c, 0.0);
+    else
+      affine(c, beta, 0.0, c);
+    return;
+  }
+  DeviceState& s = state_for(c);
+  const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+  // cuBLAS is column-major: the row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T,
+  // so the operands swap and each matrix is read as its own transpose.
+  const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const auto* pa = static_cast<const float*>(a.data_ptr());
+  const auto* pb = static_cast<const float*>(b.data_ptr());
+  auto* pc = static_cast<float*>(c.data_ptr());
+  std::lock_guard<std::mutex> lock(s.cublas_mu);
+  if (std::max({m, n, k}) <= INT_MAX) {  // the 32-bit entry point costs the host less per call
+    TANDEM_CUBLAS_CHECK(cublasSgemm(s.cublas, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                                    &al, pb, static_cast<int>(ldb), pa, static_cast<int>(lda), &be, pc,
+                                    static_cast<int>(n)));
+  } else {
+    TANDEM_CUBLAS_CHECK(cublasSgemm_64(s.cublas, op_b, op_a, n, m, k, &al, pb, ldb, pa, lda, &be, pc, n));
+  }
+}
+
+}  // namespace tandem::backend

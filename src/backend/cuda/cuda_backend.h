@@ -1,0 +1,176 @@
+#pragma once
+// Internal: the CUDA backend. Device state, memory, copies and GEMM live in cuda_backend.cpp, the
+// pinned allocator in cuda_pinned.cpp, convolution in cuda_conv.cpp, and the kernels by family in
+// cuda_*.cu. Every kernel is queued on the device's compute stream; nothing here waits for the GPU
+// except copy_to_host and synchronize.
+#include <cublas_v2.h>
+#include <cudnn.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_context.h"
+
+namespace tandem::backend {
+
+/// A label outside [0, classes) seen by a loss kernel. Lives in host-mapped memory, so after a stream
+/// synchronisation the host reads it without another copy.
+struct LabelErrorRecord {
+  int flag;
+  int pad;
+  long long row, label, classes;
+};
+
+/// What a kernel needs to report a bad label: the claim word (device memory) elects one writer, which
+/// fills the host-mapped record.
+struct ErrorSink {
+  int* claim;
+  LabelErrorRecord* rec;
+};
+
+class ConvCache;  // cuda_conv.cpp: descriptors and algorithms per convolution geometry
+
+/// What the backend keeps per device, created on the first kernel call for that device.
+struct DeviceState {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  int sm_count = 0;
+  cublasHandle_t cublas = nullptr;
+  std::mutex cublas_mu;  // a handle must not be used by two threads at once
+  std::once_flag cudnn_once;
+  cudnnHandle_t cudnn = nullptr;
+  std::mutex cudnn_mu;  // guards the cuDNN handle and the convolution cache
+  std::unique_ptr<ConvCache> conv;
+  ErrorSink errors{};                    // device-side addresses, passed to kernels
+  LabelErrorRecord* error_host = nullptr;  // the same record, as the host sees it
+  DeviceState();
+  ~DeviceState();
+};
+
+/// Page-locked host memory for asynchronous uploads. A freed block may still be the source of copies
+/// queued on a compute stream, so it is handed out again only once the events recorded on every
+/// compute stream at its release have completed.
+class PinnedAllocator final : public Allocator {
+ public:
+  explicit PinnedAllocator(int device_count) : device_count_(device_count) {}
+  void* allocate(size_t nbytes) override;
+  void deallocate(void* p, size_t nbytes) override;
+  void release_cached() override;
+  /// Bytes held in freed blocks (ready or not).
+  size_t bytes_cached() const;
+
+ private:
+  struct Block {
+    void* ptr = nullptr;
+    size_t size = 0;
+    std::vector<cudaEvent_t> events;  // per device, created on first use
+    std::vector<bool> pending;        // recorded at the last release
+  };
+  /// True when every copy queued before the block's release has finished (throws on device errors).
+  bool ready(Block& b);
+  void free_block(Block* b);
+
+  int device_count_;
+  mutable std::mutex mu_;
+  std::unordered_map<void*, Block*> in_use_;
+  std::multimap<size_t, Block*> free_;
+  size_t cached_ = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend();
+  int device_count() override { return device_count_; }
+  Allocator& allocator(int device) override;
+  Allocator* pinned_allocator() override { return pinned_.get(); }
+  void copy_from_host(const void* src, void* dst, size_t nbytes, int device) override;
+  void copy_to_host(const void* src, void* dst, size_t nbytes, int device) override;
+  void copy_bytes(const void* src, void* dst, size_t nbytes, int device) override;
+  void synchronize(int device) override;
+
+  void copy_strided(const Tensor& src, Tensor& dst) override;
+  void fill(Tensor& t, double value) override;
+  void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) override;
+  void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) override;
+
+  void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) override;
+  void unary(Unary op, const Tensor& a, Tensor& out) override;
+  void affine(const Tensor& a, double alpha, double beta, Tensor& out) override;
+  void axpy(double alpha, const Tensor& x, Tensor& y) override;
+  void unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) override;
+  void bias_add(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) override;
+  void bias_grad(const Tensor& g, int64_t n, int64_t c, int64_t s, Tensor& out) override;
+  void sum(const Tensor& x, Tensor& out) override;
+
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
+            const Tensor& b, double beta, Tensor& c) override;
+
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y) override;
+  void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) override;
+  void conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw, Tensor& db) override;
+
+  void max_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y, Tensor& indices) override;
+  void max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& indices,
+                           const PoolGeom& g, Tensor& dx) override;
+  void avg_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y) override;
+  void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, Tensor& dx) override;
+
+  void batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                                Tensor& running_var, double momentum, double eps, Tensor& y, Tensor& save_mean,
+                                Tensor& save_invstd) override;
+  void batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                               const Tensor& running_var, double eps, Tensor& y) override;
+  void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                           const Tensor& save_invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override;
+
+  void softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs) override;
+  void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss, Tensor& dlogits) override;
+  void argmax_rows(const Tensor& x, Tensor& out) override;
+  void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out) override;
+  void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;
+
+  void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) override;
+  void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) override;
+
+  /// The device's state (handles, error record), created on first use; makes the device current.
+  DeviceState& state(int device);
+  /// The state of the tensor's device, after checking that the tensor lives on a CUDA device.
+  DeviceState& state_for(const Tensor& t);
+
+ private:
+  /// Throws the label error a kernel recorded on the device, if any (call after a stream sync).
+  void check_errors(int device);
+
+  int device_count_ = 0;
+  std::vector<std::unique_ptr<CachingAllocator>> allocators_;
+  std::unique_ptr<PinnedAllocator> pinned_;
+  std::vector<std::unique_ptr<DeviceState>> states_;
+  std::unique_ptr<std::once_flag[]> state_once_;
+};
+
+/// Temporary device memory from the caching allocator, returned on scope exit. Returning it while
+/// kernels that use it are still queued is safe: every later user runs on the same stream.
+class Scratch {
+ public:
+  Scratch(Allocator& a, size_t nbytes) : alloc_(a), nbytes_(nbytes), ptr_(nbytes ? a.allocate(nbytes) : nullptr) {}
+  ~Scratch() { alloc_.deallocate(ptr_, nbytes_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  Allocator& alloc_;
+  size_t nbytes_;
+  void* ptr_;
+};
+
+/// Throws unless t is f32 (the one floating type the CUDA kernels take).
+void require_f32(const Tensor& t, const char* op);
+
+}  // namespace tandem::backend

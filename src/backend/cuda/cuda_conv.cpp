@@ -1,0 +1,261 @@
+// CUDA backend: 2-D convolution through cuDNN. Descriptors and algorithms are made once per geometry
+// and kept in a small per-device map, so a training step does no descriptor work and no search.
+#include <array>
+#include <climits>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+
+namespace tandem::backend {
+
+namespace {
+// Workspace the algorithm search may offer; algorithms that want more are passed over.
+constexpr size_t kWorkspaceLimit = size_t(256) << 20;
+constexpr size_t kMaxPlans = 256;
+
+using GeomKey = std::array<int64_t, 13>;
+
+GeomKey key_of(const ConvGeom& g) {
+  return {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.oh, g.ow};
+}
+
+struct GeomHash {
+  size_t operator()(const GeomKey& k) const {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 0x100000001b3ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+int to_int(int64_t v, const char* what) {
+  TANDEM_CHECK(v >= 0 && v <= INT_MAX, "conv2d: ", what, " ", v, " is too large for cuDNN");
+  return static_cast<int>(v);
+}
+
+// Algorithms that may use TF32 tensor cores are skipped: results must agree with the CPU in f32.
+bool exact_math(cudnnMathType_t m) { return m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH; }
+
+template <typename Perf>
+int pick(const Perf* perf, int count) {
+  for (int i = 0; i < count; ++i)  // sorted fastest first
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kWorkspaceLimit && exact_math(perf[i].mathType))
+      return i;
+  return -1;
+}
+
+/// Search workspace, taken straight from the driver: it is used once per geometry and would
+/// otherwise sit unused in the cache. Shrinks when memory is short.
+class SearchWorkspace {
+ public:
+  SearchWorkspace() {
+    for (size_t size = kWorkspaceLimit; size >= (size_t(1) << 20); size /= 2) {
+      cudaError_t err = cudaMalloc(&ptr_, size);
+      if (err == cudaSuccess) {
+        size_ = size;
+        return;
+      }
+      if (err != cudaErrorMemoryAllocation) cuda::throw_cuda_error(err, "cudaMalloc", __FILE__, __LINE__);
+      (void)cudaGetLastError();
+      ptr_ = nullptr;
+    }
+  }
+  ~SearchWorkspace() {
+    if (ptr_) (void)cudaFree(ptr_);  // a destructor cannot throw; a failure here resurfaces at the next call
+  }
+  void* ptr() const { return ptr_; }
+  size_t size() const { return size_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+}  // namespace
+
+struct ConvPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  bool has_fwd = false, has_bwd_data = false, has_bwd_filter = false;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+
+  explicit ConvPlan(const ConvGeom& g) {
+    TANDEM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+    TANDEM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+    TANDEM_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+    TANDEM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(g.n, "batch"),
+                                                  to_int(g.c, "channels"), to_int(g.h, "height"),
+                                                  to_int(g.w, "width")));
+    TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(g.n, "batch"),
+                                                  to_int(g.k, "filters"), to_int(g.oh, "output height"),
+                                                  to_int(g.ow, "output width")));
+    TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, to_int(g.k, "filters"),
+                                                  to_int(g.c, "channels"), to_int(g.r, "kernel height"),
+                                                  to_int(g.s, "kernel width")));
+    TANDEM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, to_int(g.pad_h, "padding"), to_int(g.pad_w, "padding"),
+                                                       to_int(g.stride_h, "stride"), to_int(g.stride_w, "stride"), 1,
+                                                       1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH));
+    int n = 0, k = 0, oh = 0, ow = 0;
+    TANDEM_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &n, &k, &oh, &ow));
+    TANDEM_ASSERT(n == g.n && k == g.k && oh == g.oh && ow == g.ow, "cuDNN output shape ", n, "x", k, "x", oh, "x",
+                  ow, " differs from the geometry's ", g.n, "x", g.k, "x", g.oh, "x", g.ow);
+  }
+  ~ConvPlan() {  // destroy errors are ignored: nothing can be done about them here
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+  }
+  ConvPlan(const ConvPlan&) = delete;
+  ConvPlan& operator=(const ConvPlan&) = delete;
+};
+
+class ConvCache {
+ public:
+  ConvPlan& plan(const ConvGeom& g) {
+    GeomKey k = key_of(g);
+    auto it = plans_.find(k);
+    if (it != plans_.end()) return *it->second;
+    if (plans_.size() >= kMaxPlans) plans_.clear();  // geometries keep changing: start over rather than grow
+    return *plans_.emplace(k, std::make_unique<ConvPlan>(g)).first->second;
+  }
+
+ private:
+  std::unordered_map<GeomKey, std::unique_ptr<ConvPlan>, GeomHash> plans_;
+};
+
+DeviceState::DeviceState() = default;
+DeviceState::~DeviceState() = default;
+
+namespace {
+cudnnHandle_t cudnn_handle(DeviceState& st) {
+  std::call_once(st.cudnn_once, [&] {
+    cudnnHandle_t h = nullptr;
+    TANDEM_CUDNN_CHECK(cudnnCreate(&h));
+    TANDEM_CUDNN_CHECK(cudnnSetStream(h, st.stream));
+    st.conv = std::make_unique<ConvCache>();
+    st.cudnn = h;
+  });
+  return st.cudnn;
+}
+
+void check_conv(const ConvGeom& g, const Tensor& x, const Tensor& w, const Tensor& y, const char* op) {
+  TANDEM_ASSERT(x.numel() == g.n * g.c * g.h * g.w && w.numel() == g.k * g.c * g.r * g.s &&
+                    y.numel() == g.n * g.k * g.oh * g.ow,
+                op, ": tensors do not match the geometry");
+}
+}  // namespace
+
+void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y) {
+  require_f32(x, "conv2d");
+  require_f32(w, "conv2d");
+  require_f32(y, "conv2d");
+  check_conv(g, x, w, y, "conv2d");
+  if (y.numel() == 0) return;
+  DeviceState& st = state_for(y);
+  {
+    cudnnHandle_t h = cudnn_handle(st);
+    std::lock_guard<std::mutex> lock(st.cudnn_mu);
+    ConvPlan& p = st.conv->plan(g);
+    const float one = 1.0f, zero = 0.0f;
+    if (!p.has_fwd) {
+      SearchWorkspace ws;
+      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      int found = 0;
+      TANDEM_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv, p.y,
+                                                                y.data_ptr(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found,
+                                                                perf, ws.ptr(), ws.size()));
+      int i = pick(perf, found);
+      TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no exact f32 forward algorithm for input ", x.str(),
+                           " and weight ", w.str());
+      p.fwd = perf[i].algo;
+      p.fwd_ws = perf[i].memory;
+      p.has_fwd = true;
+    }
+    Scratch ws(allocator(st.device), p.fwd_ws);
+    TANDEM_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv, p.fwd,
+                                               ws.as<void>(), p.fwd_ws, &zero, p.y, y.data_ptr()));
+  }
+  if (b.defined()) bias_add(y, b, g.n, g.k, g.oh * g.ow, y);
+}
+
+void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) {
+  require_f32(dy, "conv2d backward");
+  require_f32(w, "conv2d backward");
+  require_f32(dx, "conv2d backward");
+  check_conv(g, dx, w, dy, "conv2d backward");
+  if (dx.numel() == 0) return;
+  DeviceState& st = state_for(dx);
+  if (dy.numel() == 0) {
+    fill(dx, 0.0);
+    return;
+  }
+  cudnnHandle_t h = cudnn_handle(st);
+  std::lock_guard<std::mutex> lock(st.cudnn_mu);
+  ConvPlan& p = st.conv->plan(g);
+  const float one = 1.0f, zero = 0.0f;
+  if (!p.has_bwd_data) {
+    SearchWorkspace ws;
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int found = 0;
+    TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+        h, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.x, dx.data_ptr(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+        &found, perf, ws.ptr(), ws.size()));
+    int i = pick(perf, found);
+    TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no exact f32 backward-data algorithm for gradient ", dy.str(),
+                         " and weight ", w.str());
+    p.bwd_data = perf[i].algo;
+    p.bwd_data_ws = perf[i].memory;
+    p.has_bwd_data = true;
+  }
+  Scratch ws(allocator(st.device), p.bwd_data_ws);
+  TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.bwd_data,
+                                                  ws.as<void>(), p.bwd_data_ws, &zero, p.x, dx.data_ptr()));
+}
+
+void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw,
+                                         Tensor& db) {
+  require_f32(dy, "conv2d backward");
+  if (db.defined()) {
+    require_f32(db, "conv2d backward");
+    bias_grad(dy, g.n, g.k, g.oh * g.ow, db);
+  }
+  if (!dw.defined()) return;
+  require_f32(x, "conv2d backward");
+  require_f32(dw, "conv2d backward");
+  check_conv(g, x, dw, dy, "conv2d backward");
+  if (dw.numel() == 0) return;
+  DeviceState& st = state_for(dw);
+  if (dy.numel() == 0) {
+    fill(dw, 0.0);
+    return;
+  }
+  cudnnHandle_t h = cudnn_handle(st);
+  std::lock_guard<std::mutex> lock(st.cudnn_mu);
+  ConvPlan& p = st.conv->plan(g);
+  const float one = 1.0f, zero = 0.0f;
+  if (!p.has_bwd_filter) {
+    SearchWorkspace ws;
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int found = 0;
+    TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+        h, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv, p.w, dw.data_ptr(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+        &found, perf, ws.ptr(), ws.size()));
+    int i = pick(perf, found);
+    TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no exact f32 backward-filter algorithm for input ", x.str(),
+                         " and gradient ", dy.str());
+    p.bwd_filter = perf[i].algo;
+    p.bwd_filter_ws = perf[i].memory;
+    p.has_bwd_filter = true;
+  }
+  Scratch ws(allocator(st.device), p.bwd_filter_ws);
+  TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv,
+                                                    p.bwd_filter, ws.as<void>(), p.bwd_filter_ws, &zero, p.w,
+                                                    dw.data_ptr()));
+}
+
+}  // namespace tandem::backend

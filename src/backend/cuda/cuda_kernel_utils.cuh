@@ -1,0 +1,49 @@
+#pragma once
+// Internal: launch geometry, grid-stride loops and reductions shared by the CUDA kernels.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace tandem::backend::kern {
+
+constexpr int kBlock = 256;
+constexpr int64_t kMaxBlocks = int64_t(1) << 16;
+
+/// Blocks for a grid-stride loop over n items: one item per thread up to a cap, past which threads loop
+/// (the grid stays far below CUDA's limits whatever n is).
+inline unsigned blocks_for(int64_t n, int block = kBlock) {
+  int64_t b = (n + block - 1) / block;
+  return static_cast<unsigned>(std::clamp<int64_t>(b, 1, kMaxBlocks));
+}
+
+__device__ __forceinline__ int64_t thread_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t thread_count() { return int64_t(blockDim.x) * gridDim.x; }
+
+/// Sum over the 32 lanes of a warp; every lane gets the result.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/// Max over the 32 lanes of a warp; every lane gets the result.
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+/// scratch holds 32 values; the block must not use it concurrently.
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T r = lane < warps ? scratch[lane] : T(0);
+  return warp_sum(r);
+}
+
+}  // namespace tandem::backend::kern

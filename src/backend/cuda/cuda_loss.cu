@@ -1,0 +1,244 @@
+// CUDA kernels: softmax cross-entropy (a warp per row), row argmax and correct-prediction counts.
+// A label outside [0, classes) cannot be reported without a host sync: the kernel records it in the
+// device's error record (synchronize and copy_to_host throw it) and the loss becomes NaN.
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernel_utils.cuh"
+
+namespace tandem::backend {
+
+namespace {
+using kern::blocks_for;
+using kern::kBlock;
+using kern::thread_count;
+using kern::thread_index;
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kFusedThreads = 1024;
+constexpr int64_t kFusedLimit = int64_t(1) << 16;  // logits elements one block handles in one launch
+
+__device__ void report_label(ErrorSink sink, int64_t row, int64_t label, int64_t classes) {
+  if (atomicCAS(sink.claim, 0, 1) != 0) return;  // another thread already reported
+  sink.rec->row = row;
+  sink.rec->label = label;
+  sink.rec->classes = classes;
+  __threadfence_system();
+  sink.rec->flag = 1;
+}
+
+// Softmax of one row into probs; returns the row's loss (the same value in every lane). Exponentials
+// are f32, their sum and the loss double, as on the CPU.
+template <typename L>
+__device__ double xent_row(const float* __restrict__ logits, const L* __restrict__ labels, float* __restrict__ probs,
+                           int64_t row, int64_t c, ErrorSink sink) {
+  const int lane = threadIdx.x & 31;
+  const float* x = logits + row * c;
+  float* p = probs + row * c;
+  float mx = -INFINITY;
+  for (int64_t j = lane; j < c; j += 32) mx = fmaxf(mx, x[j]);
+  mx = kern::warp_max(mx);
+  double se = 0.0;
+  for (int64_t j = lane; j < c; j += 32) se += static_cast<double>(expf(x[j] - mx));
+  se = kern::warp_sum(se);
+  const float inv = static_cast<float>(1.0 / se);
+  for (int64_t j = lane; j < c; j += 32) p[j] = expf(x[j] - mx) * inv;
+  const int64_t label = static_cast<int64_t>(labels[row]);
+  if (label < 0 || label >= c) {
+    if (lane == 0) report_label(sink, row, label, c);
+    return NAN;
+  }
+  return log(se) - (static_cast<double>(x[label]) - static_cast<double>(mx));
+}
+
+// Small batches: one block does every row and the mean, in one launch.
+template <typename L>
+__global__ void xent_fused_kernel(const float* __restrict__ logits, const L* __restrict__ labels,
+                                  float* __restrict__ probs, float* __restrict__ loss, int64_t n, int64_t c,
+                                  ErrorSink sink) {
+  __shared__ double scratch[32];
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  double acc = 0.0;
+  for (int64_t r = warp; r < n; r += warps) acc += xent_row(logits, labels, probs, r, c, sink);
+  if ((threadIdx.x & 31) != 0) acc = 0.0;  // each row's loss counted once, from lane 0
+  acc = kern::block_sum(acc, scratch);
+  if (threadIdx.x == 0) *loss = static_cast<float>(acc / static_cast<double>(n));
+}
+
+template <typename L>
+__global__ void xent_rows_kernel(const float* __restrict__ logits, const L* __restrict__ labels,
+                                 float* __restrict__ probs, double* __restrict__ row_loss, int64_t n, int64_t c,
+                                 ErrorSink sink) {
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t r = thread_index() >> 5; r < n; r += warps) {
+    const double l = xent_row(logits, labels, probs, r, c, sink);
+    if ((threadIdx.x & 31) == 0) row_loss[r] = l;
+  }
+}
+
+__global__ void mean_kernel(const double* __restrict__ v, int64_t n, float* __restrict__ out) {
+  __shared__ double scratch[32];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += v[i];
+  acc = kern::block_sum(acc, scratch);
+  if (threadIdx.x == 0) *out = static_cast<float>(acc / static_cast<double>(n));
+}
+
+template <typename L>
+__global__ void xent_backward_kernel(const float* __restrict__ probs, const L* __restrict__ labels,
+                                     const float* __restrict__ dloss, float* __restrict__ dlogits, int64_t n,
+                                     int64_t c, ErrorSink sink) {
+  const float scale = static_cast<float>(static_cast<double>(dloss[0]) / static_cast<double>(n));
+  const int64_t total = n * c;
+  for (int64_t i = thread_index(); i < total; i += thread_count()) {
+    const int64_t row = i / c, col = i - row * c;
+    const int64_t label = static_cast<int64_t>(labels[row]);
+    if (col == 0 && (label < 0 || label >= c)) report_label(sink, row, label, c);
+    const float d = probs[i] * scale;
+    dlogits[i] = col == label ? d - scale : d;
+  }
+}
+
+// True when candidate (v, i) precedes (best, bi) in the CPU's scan order: the first NaN if there is
+// one, else the first maximum. bi == c marks an empty candidate.
+__device__ __forceinline__ bool precedes(float v, int64_t i, float best, int64_t bi, int64_t c) {
+  if (i == c) return false;
+  if (bi == c) return true;
+  const bool vn = v != v, bn = best != best;
+  if (vn != bn) return vn;
+  if (vn || v == best) return i < bi;
+  return v > best;
+}
+
+// The CPU's argmax of a row, reduced across the warp (every lane gets it).
+__device__ int64_t row_argmax(const float* __restrict__ x, int64_t c) {
+  const int lane = threadIdx.x & 31;
+  float best = 0.0f;
+  int64_t bi = c;
+  for (int64_t j = lane; j < c; j += 32) {
+    const float v = x[j];
+    if (precedes(v, j, best, bi, c)) {
+      best = v;
+      bi = j;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (precedes(ov, oi, best, bi, c)) {
+      best = ov;
+      bi = oi;
+    }
+  }
+  return bi;
+}
+
+__global__ void argmax_kernel(const float* __restrict__ x, int64_t* __restrict__ out, int64_t n, int64_t c) {
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t r = thread_index() >> 5; r < n; r += warps) {
+    const int64_t bi = row_argmax(x + r * c, c);
+    if ((threadIdx.x & 31) == 0) out[r] = bi;
+  }
+}
+
+template <typename L>
+__global__ void count_correct_kernel(const float* __restrict__ x, const L* __restrict__ labels,
+                                     unsigned long long* __restrict__ out, int64_t n, int64_t c) {
+  __shared__ unsigned long long scratch[32];
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  unsigned long long hits = 0;
+  for (int64_t r = thread_index() >> 5; r < n; r += warps) {
+    const int64_t bi = row_argmax(x + r * c, c);
+    if ((threadIdx.x & 31) == 0 && bi == static_cast<int64_t>(labels[r])) ++hits;
+  }
+  hits = kern::block_sum(hits, scratch);
+  if (threadIdx.x == 0 && hits) atomicAdd(out, hits);  // integer sums: order does not matter
+}
+
+unsigned row_blocks(int64_t n) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, kern::kMaxBlocks));
+}
+
+template <typename F>
+void dispatch_labels(const Tensor& labels, const char* op, F&& f) {
+  if (labels.dtype() == DType::i32) return f(labels.data<int32_t>());
+  TANDEM_CHECK(labels.dtype() == DType::i64, op, ": labels must be i32 or i64, got ", labels.str());
+  f(labels.data<int64_t>());
+}
+}  // namespace
+
+void CudaBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs) {
+  require_f32(logits, "softmax_cross_entropy");
+  require_f32(loss, "softmax_cross_entropy");
+  require_f32(probs, "softmax_cross_entropy");
+  TANDEM_ASSERT(logits.dim() == 2 && labels.numel() == logits.size(0) && probs.numel() == logits.numel() &&
+                    loss.numel() == 1,
+                "softmax_cross_entropy shapes");
+  const int64_t n = logits.size(0), c = logits.size(1);
+  TANDEM_CHECK(n > 0 && c > 0, "softmax_cross_entropy: empty logits ", logits.str());
+  DeviceState& st = state_for(loss);
+  dispatch_labels(labels, "softmax_cross_entropy", [&](auto* lab) {
+    using L = std::remove_const_t<std::remove_pointer_t<decltype(lab)>>;
+    if (n * c <= kFusedLimit) {
+      xent_fused_kernel<L><<<1, kFusedThreads, 0, st.stream>>>(logits.data<float>(), lab, probs.data<float>(),
+                                                              loss.data<float>(), n, c, st.errors);
+      TANDEM_CUDA_LAUNCH_CHECK("xent_fused_kernel");
+      return;
+    }
+    Scratch row_loss(allocator(st.device), static_cast<size_t>(n) * sizeof(double));
+    xent_rows_kernel<L><<<row_blocks(n), kWarpsPerBlock * 32, 0, st.stream>>>(
+        logits.data<float>(), lab, probs.data<float>(), row_loss.as<double>(), n, c, st.errors);
+    TANDEM_CUDA_LAUNCH_CHECK("xent_rows_kernel");
+    mean_kernel<<<1, 1024, 0, st.stream>>>(row_loss.as<double>(), n, loss.data<float>());
+    TANDEM_CUDA_LAUNCH_CHECK("mean_kernel");
+  });
+}
+
+void CudaBackend::softmax_xent_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,
+                                        Tensor& dlogits) {
+  require_f32(probs, "softmax_cross_entropy backward");
+  require_f32(dloss, "softmax_cross_entropy backward");
+  require_f32(dlogits, "softmax_cross_entropy backward");
+  TANDEM_ASSERT(probs.dim() == 2 && labels.numel() == probs.size(0) && dlogits.numel() == probs.numel() &&
+                    dloss.numel() == 1,
+                "softmax_cross_entropy backward shapes");
+  const int64_t n = probs.size(0), c = probs.size(1);
+  if (n * c == 0) return;
+  DeviceState& st = state_for(dlogits);
+  dispatch_labels(labels, "softmax_cross_entropy backward", [&](auto* lab) {
+    using L = std::remove_const_t<std::remove_pointer_t<decltype(lab)>>;
+    xent_backward_kernel<L><<<blocks_for(n * c), kBlock, 0, st.stream>>>(
+        probs.data<float>(), lab, dloss.data<float>(), dlogits.data<float>(), n, c, st.errors);
+    TANDEM_CUDA_LAUNCH_CHECK("xent_backward_kernel");
+  });
+}
+
+void CudaBackend::argmax_rows(const Tensor& x, Tensor& out) {
+  require_f32(x, "argmax");
+  TANDEM_CHECK(out.dtype() == DType::i64, "argmax: output must be i64, got ", out.str());
+  TANDEM_ASSERT(x.dim() == 2 && out.numel() == x.size(0), "argmax shapes");
+  const int64_t n = x.size(0), c = x.size(1);
+  if (n == 0) return;
+  TANDEM_CHECK(c > 0, "argmax: rows of ", x.str(), " are empty");
+  DeviceState& st = state_for(out);
+  argmax_kernel<<<row_blocks(n), kWarpsPerBlock * 32, 0, st.stream>>>(x.data<float>(), out.data<int64_t>(), n, c);
+  TANDEM_CUDA_LAUNCH_CHECK("argmax_kernel");
+}
+
+void CudaBackend::count_correct(const Tensor& logits, const Tensor& labels, Tensor& out) {
+  require_f32(logits, "count_correct");
+  TANDEM_CHECK(out.dtype() == DType::i64, "count_correct: output must be i64, got ", out.str());
+  TANDEM_ASSERT(logits.dim() == 2 && labels.numel() == logits.size(0) && out.numel() == 1, "count_correct shapes");
+  const int64_t n = logits.size(0), c = logits.size(1);
+  DeviceState& st = state_for(out);
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, sizeof(int64_t), st.stream));
+  if (n == 0) return;
+  TANDEM_CHECK(c > 0, "count_correct: rows of ", logits.str(), " are empty");
+  dispatch_labels(labels, "count_correct", [&](auto* lab) {
+    using L = std::remove_const_t<std::remove_pointer_t<decltype(lab)>>;
+    count_correct_kernel<L><<<row_blocks(n), kWarpsPerBlock * 32, 0, st.stream>>>(
+        logits.data<float>(), lab, reinterpret_cast<unsigned long long*>(out.data<int64_t>()), n, c);
+    TANDEM_CUDA_LAUNCH_CHECK("count_correct_kernel");
+  });
+}
+
+}  // namespace tandem::backend

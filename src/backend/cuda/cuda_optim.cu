@@ -1,0 +1,175 @@
+// CUDA kernels: multi-tensor SGD and Adam. Per-tensor pointers and sizes travel in the kernel's
+// argument block, so one launch updates up to kMaxTensors tensors; each block updates one chunk of
+// one tensor, found from the table of first blocks.
+#include <cmath>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernel_utils.cuh"
+
+namespace tandem::backend {
+
+namespace {
+constexpr int kMaxTensors = 40;   // keeps the argument block under CUDA's classic 4 KiB
+constexpr int64_t kChunk = 8192;  // elements per block
+constexpr int kOptimBlock = 256;
+
+struct TensorTable {
+  float* p[kMaxTensors];
+  const float* g[kMaxTensors];
+  float* b0[kMaxTensors];
+  float* b1[kMaxTensors];
+  int64_t n[kMaxTensors];
+  int64_t first_block[kMaxTensors + 1];
+  int count;
+};
+
+struct SgdScalars {
+  float lr, momentum, one_minus_dampening, weight_decay;
+  bool nesterov, first_step, use_momentum;
+};
+
+// p = p * shrink - step * m / (sqrt(v) * inv_sqrt_bc2 + eps), with step = lr / (1 - beta1^t) and
+// inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t): the bias-corrected update, folded as the CPU folds it.
+struct AdamScalars {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, l2, shrink, step, inv_sqrt_bc2;
+};
+
+// The tensor and the element range this block updates.
+__device__ __forceinline__ int locate(const TensorTable& t, int64_t& begin, int64_t& end) {
+  const int64_t b = blockIdx.x;
+  int k = 0;
+  while (k + 1 < t.count && t.first_block[k + 1] <= b) ++k;
+  begin = (b - t.first_block[k]) * kChunk;
+  end = begin + kChunk < t.n[k] ? begin + kChunk : t.n[k];
+  return k;
+}
+
+__global__ void sgd_kernel(TensorTable t, SgdScalars s) {
+  int64_t begin, end;
+  const int k = locate(t, begin, end);
+  float* __restrict__ p = t.p[k];
+  const float* __restrict__ g = t.g[k];
+  float* __restrict__ buf = t.b0[k];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float d = g[i] + s.weight_decay * p[i];
+    if (!s.use_momentum) {
+      p[i] -= s.lr * d;
+      continue;
+    }
+    const float b = s.first_step ? d : s.momentum * buf[i] + s.one_minus_dampening * d;
+    buf[i] = b;
+    p[i] -= s.lr * (s.nesterov ? d + s.momentum * b : b);
+  }
+}
+
+__global__ void adam_kernel(TensorTable t, AdamScalars s) {
+  int64_t begin, end;
+  const int k = locate(t, begin, end);
+  float* __restrict__ p = t.p[k];
+  const float* __restrict__ g = t.g[k];
+  float* __restrict__ m = t.b0[k];
+  float* __restrict__ v = t.b1[k];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float pi = p[i], gi = g[i] + s.l2 * pi;
+    const float mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
+    const float vi = s.beta2 * v[i] + s.one_minus_beta2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi * s.shrink - s.step * mi / (sqrtf(vi) * s.inv_sqrt_bc2 + s.eps);
+  }
+}
+
+void check_slot(const Tensor& t, const Tensor& param, const char* op, const char* what) {
+  TANDEM_CHECK(t.defined(), op, ": ", what, " of parameter ", param.str(), " is undefined");
+  TANDEM_CHECK(t.dtype() == DType::f32 && t.device() == param.device() && t.numel() == param.numel() &&
+                   t.is_contiguous(),
+               op, ": ", what, " ", t.str(), " does not match parameter ", param.str(),
+               " (f32, same device and size, contiguous)");
+}
+
+// Fills tables of up to kMaxTensors tensors and launches one kernel per table.
+template <typename Launch>
+void for_each_table(ParamSlot* slots, int64_t count, bool two_buffers, bool with_buffer, const char* op,
+                    Launch&& launch) {
+  TensorTable t{};
+  int64_t blocks = 0;
+  auto flush = [&] {
+    if (t.count == 0) return;
+    t.first_block[t.count] = blocks;
+    launch(t, blocks);
+    t = TensorTable{};
+    blocks = 0;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const ParamSlot& s = slots[i];
+    TANDEM_CHECK(s.param.defined() && s.param.dtype() == DType::f32 && s.param.device().is_cuda() &&
+                     s.param.is_contiguous(),
+                 op, ": parameters must be contiguous f32 CUDA tensors, got ",
+                 s.param.defined() ? s.param.str() : std::string("an undefined tensor"));
+    check_slot(s.grad, s.param, op, "gradient");
+    if (with_buffer) check_slot(s.buf0, s.param, op, two_buffers ? "first moment" : "momentum buffer");
+    if (two_buffers) check_slot(s.buf1, s.param, op, "second moment");
+    const int64_t n = s.param.numel();
+    if (n == 0) continue;
+    const int k = t.count++;
+    t.p[k] = s.param.data<float>();
+    t.g[k] = s.grad.data<float>();
+    t.b0[k] = with_buffer ? s.buf0.data<float>() : nullptr;
+    t.b1[k] = two_buffers ? s.buf1.data<float>() : nullptr;
+    t.n[k] = n;
+    t.first_block[k] = blocks;
+    blocks += (n + kChunk - 1) / kChunk;
+    if (t.count == kMaxTensors || blocks > (int64_t(1) << 30)) flush();
+  }
+  flush();
+}
+
+int common_device(ParamSlot* slots, int64_t count, const char* op) {
+  int dev = -1;
+  for (int64_t i = 0; i < count; ++i) {
+    if (!slots[i].param.defined()) continue;
+    TANDEM_CHECK(slots[i].param.device().is_cuda(), op, ": parameter ", slots[i].param.str(), " is not on a GPU");
+    if (dev < 0) dev = slots[i].param.device().index;
+    TANDEM_CHECK(slots[i].param.device().index == dev, op, ": parameters on different GPUs (cuda:", dev, " and ",
+                 slots[i].param.device().str(), ")");
+  }
+  return dev;
+}
+}  // namespace
+
+void CudaBackend::sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) {
+  const int dev = common_device(slots, count, "sgd");
+  if (dev < 0) return;
+  DeviceState& st = state(dev);
+  const bool use_momentum = a.momentum != 0.0;
+  const SgdScalars s{static_cast<float>(a.lr), static_cast<float>(a.momentum), static_cast<float>(1.0 - a.dampening),
+                     static_cast<float>(a.weight_decay), a.nesterov, a.first_step, use_momentum};
+  for_each_table(slots, count, false, use_momentum, "sgd", [&](const TensorTable& t, int64_t blocks) {
+    sgd_kernel<<<static_cast<unsigned>(blocks), kOptimBlock, 0, st.stream>>>(t, s);
+    TANDEM_CUDA_LAUNCH_CHECK("sgd_kernel");
+  });
+}
+
+void CudaBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) {
+  TANDEM_CHECK(a.step >= 1, "adam: step counts from 1, got ", a.step);
+  const int dev = common_device(slots, count, "adam");
+  if (dev < 0) return;
+  DeviceState& st = state(dev);
+  const double t = static_cast<double>(a.step);
+  const AdamScalars s{static_cast<float>(a.beta1),
+                      static_cast<float>(a.beta2),
+                      static_cast<float>(1.0 - a.beta1),
+                      static_cast<float>(1.0 - a.beta2),
+                      static_cast<float>(a.eps),
+                      a.decoupled ? 0.0f : static_cast<float>(a.weight_decay),
+                      a.decoupled ? static_cast<float>(1.0 - a.lr * a.weight_decay) : 1.0f,
+                      static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, t))),
+                      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, t)))};
+  for_each_table(slots, count, true, true, "adam", [&](const TensorTable& tt, int64_t blocks) {
+    adam_kernel<<<static_cast<unsigned>(blocks), kOptimBlock, 0, st.stream>>>(tt, s);
+    TANDEM_CUDA_LAUNCH_CHECK("adam_kernel");
+  });
+}
+
+}  // namespace tandem::backend

@@ -1,0 +1,157 @@
+// The op layer on the GPU against the CPU: forward values and the gradients autograd computes.
+#include "cuda/cuda_test_util.h"
+#include "tandem/autograd.h"
+#include "tandem/ops.h"
+
+namespace tandem {
+namespace {
+
+using namespace cudatest;
+
+// Leaves on one device, copied from CPU originals, with gradients requested.
+std::vector<Tensor> leaves_on(const std::vector<Tensor>& originals, Device d) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : originals) {
+    Tensor l = t.to(d).clone();
+    l.requires_grad_();
+    out.push_back(l);
+  }
+  return out;
+}
+
+using Graph = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Builds the graph on both devices, reduces its output against fixed random weights (so every
+// gradient element matters), runs backward, and compares the outputs and every leaf's gradient.
+void compare_graph(const std::vector<Tensor>& inputs, const Graph& f, double rtol, double atol, const std::string& what,
+                   bool by_norm = false) {
+  std::vector<Tensor> lc = leaves_on(inputs, Device::cpu()), lg = leaves_on(inputs, gpu());
+  Tensor yc = f(lc), yg = f(lg);
+  ASSERT_EQ(yc.shape(), yg.shape()) << what;
+  Tensor weights = rand_cpu(yc.shape(), 4242);
+  Tensor lossc = sum(mul(yc, weights)), lossg = sum(mul(yg, weights.to(gpu())));
+  backward(lossc);
+  backward(lossg);
+  auto check = [&](const Tensor& e, const Tensor& a, const std::string& name) {
+    if (by_norm)
+      expect_norm_close(e, a, rtol, name);
+    else
+      expect_close(e, a, rtol, atol, name);
+  };
+  check(yc.detach(), yg.detach(), what + " forward");
+  ASSERT_TRUE(lc[0].grad().defined()) << what;
+  for (size_t i = 0; i < lc.size(); ++i) {
+    // Some ops differentiate only some inputs (batch norm in evaluation: only x).
+    ASSERT_EQ(lc[i].grad().defined(), lg[i].grad().defined()) << what << " input " << i;
+    if (!lc[i].grad().defined()) continue;
+    EXPECT_EQ(lg[i].grad().device(), gpu());
+    check(lc[i].grad(), lg[i].grad(), what + " gradient of input " + std::to_string(i));
+  }
+}
+
+TEST(CudaOps, Conv2d) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  struct Case {
+    Shape x, w;
+    Conv2dOptions opt;
+    bool bias;
+  };
+  for (const Case& c : {Case{{2, 3, 9, 8}, {4, 3, 3, 3}, {{1, 1}, {1, 1}}, true},
+                        Case{{3, 1, 28, 28}, {20, 1, 5, 5}, {{1, 1}, {0, 0}}, true},
+                        Case{{2, 4, 11, 10}, {5, 4, 3, 2}, {{2, 1}, {1, 0}}, false},
+                        Case{{1, 2, 7, 7}, {3, 2, 1, 1}, {{2, 2}, {0, 0}}, true}}) {
+    std::vector<Tensor> in;
+    in.reserve(3);
+    in.push_back(rand_cpu(c.x, 1));
+    in.push_back(rand_cpu(c.w, 2));
+    if (c.bias) in.push_back(rand_cpu({c.w[0]}, 3));
+    compare_graph(
+        in,
+        [&](const std::vector<Tensor>& t) { return conv2d(t[0], t[1], t.size() > 2 ? t[2] : Tensor(), c.opt); },
+        1e-4, 0.0, "conv2d " + shape_str(c.x) + " * " + shape_str(c.w), true);
+  }
+}
+
+TEST(CudaOps, Pools) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (const Pool2dOptions& opt : {Pool2dOptions{{2, 2}, {2, 2}, {0, 0}}, Pool2dOptions{{3, 3}, {2, 2}, {1, 1}},
+                                   Pool2dOptions{{3, 2}, {1, 1}, {1, 1}}}) {
+    std::vector<Tensor> in = {rand_cpu({2, 3, 9, 7}, 4)};
+    const std::string what = "pool k" + std::to_string(opt.kernel[0]) + "x" + std::to_string(opt.kernel[1]);
+    compare_graph(in, [&](const std::vector<Tensor>& t) { return max_pool2d(t[0], opt); }, 1e-6, 1e-7,
+                  "max_" + what);
+    compare_graph(in, [&](const std::vector<Tensor>& t) { return avg_pool2d(t[0], opt); }, 1e-6, 1e-7,
+                  "avg_" + what);
+  }
+}
+
+TEST(CudaOps, BatchNorm2d) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  std::vector<Tensor> in = {rand_cpu({4, 5, 6, 7}, 5, -1.0, 2.0), rand_cpu({5}, 6, 0.5, 1.5), rand_cpu({5}, 7)};
+  Tensor rm0 = rand_cpu({5}, 8), rv0 = rand_cpu({5}, 9, 0.5, 1.5);
+  for (bool training : {true, false}) {
+    Tensor rmc = rm0.clone(), rvc = rv0.clone(), rmg = rm0.to(gpu()).clone(), rvg = rv0.to(gpu()).clone();
+    compare_graph(
+        in,
+        [&](const std::vector<Tensor>& t) {
+          const bool on_gpu = t[0].device().is_cuda();
+          return batch_norm2d(t[0], t[1], t[2], on_gpu ? rmg : rmc, on_gpu ? rvg : rvc, training, 0.1, 1e-5);
+        },
+        1e-4, 1e-5, training ? "batch_norm2d training" : "batch_norm2d eval");
+    expect_close(rmc, rmg, 1e-5, 1e-6, "running mean");
+    expect_close(rvc, rvg, 1e-5, 1e-6, "running var");
+  }
+}
+
+TEST(CudaOps, LinearWithAndWithoutBias) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  std::vector<Tensor> in = {rand_cpu({64, 800}, 10), rand_cpu({500, 800}, 11), rand_cpu({500}, 12)};
+  compare_graph(in, [](const std::vector<Tensor>& t) { return relu(linear(t[0], t[1], t[2])); }, 1e-4, 0.0,
+                "linear+relu", true);
+  std::vector<Tensor> nb = {rand_cpu({7, 3}, 13), rand_cpu({5, 3}, 14)};
+  compare_graph(nb, [](const std::vector<Tensor>& t) { return linear(t[0], t[1], Tensor()); }, 1e-4, 0.0,
+                "linear without bias", true);
+}
+
+TEST(CudaOps, SoftmaxCrossEntropy) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  std::vector<int64_t> lv;
+  for (int64_t i = 0; i < 64; ++i) lv.push_back((i * 3) % 10);
+  Tensor labels = Tensor::from_vector(lv, {64});
+  std::vector<Tensor> in = {rand_cpu({64, 10}, 15, -3.0, 3.0)};
+  compare_graph(
+      in,
+      [&](const std::vector<Tensor>& t) {
+        return softmax_cross_entropy(t[0], labels.to(t[0].device()));
+      },
+      1e-5, 1e-7, "softmax_cross_entropy");
+}
+
+TEST(CudaOps, SmallCnnTrainingStep) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  // The guide's CNN in miniature: conv, relu, pool, conv, relu, pool, flatten, linear, loss.
+  std::vector<Tensor> in = {rand_cpu({8, 1, 28, 28}, 16, 0.0, 1.0), rand_cpu({6, 1, 5, 5}, 17, -0.2, 0.2),
+                            rand_cpu({6}, 18, -0.1, 0.1),           rand_cpu({10, 6, 5, 5}, 19, -0.1, 0.1),
+                            rand_cpu({10}, 20, -0.1, 0.1),          rand_cpu({10, 160}, 21, -0.1, 0.1),
+                            rand_cpu({10}, 22, -0.1, 0.1)};
+  std::vector<int32_t> lv = {0, 1, 2, 3, 4, 5, 6, 7};
+  Tensor labels = Tensor::from_vector(lv, {8});
+  std::vector<Tensor> lc = leaves_on(in, Device::cpu()), lg = leaves_on(in, gpu());
+  auto logits_of = [](const std::vector<Tensor>& t) {
+    Tensor h = max_pool2d(relu(conv2d(t[0], t[1], t[2])));
+    h = max_pool2d(relu(conv2d(h, t[3], t[4])));
+    return linear(flatten(h), t[5], t[6]);
+  };
+  Tensor logits_c = logits_of(lc), logits_g = logits_of(lg);
+  Tensor loss_c = softmax_cross_entropy(logits_c, labels), loss_g = softmax_cross_entropy(logits_g, labels.to(gpu()));
+  EXPECT_NEAR(loss_c.item<float>(), loss_g.item<float>(), 1e-5 * std::fabs(loss_c.item<float>()));
+  EXPECT_EQ(count_correct(logits_c, labels).item<int64_t>(), count_correct(logits_g, labels.to(gpu())).item<int64_t>());
+  expect_close(argmax(logits_c.detach()), argmax(logits_g.detach()), 0.0, 0.0, "cnn argmax");
+  backward(loss_c);
+  backward(loss_g);
+  for (size_t i = 0; i < lc.size(); ++i)
+    expect_norm_close(lc[i].grad(), lg[i].grad(), 1e-4, "cnn gradient " + std::to_string(i));
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,114 @@
+// Multi-tensor SGD and Adam on the GPU against the CPU backend, over several steps.
+#include "cuda/cuda_test_util.h"
+
+namespace tandem {
+namespace {
+
+using namespace cudatest;
+
+struct ParamSet {
+  std::vector<Tensor> params, bufs0, bufs1;
+};
+
+ParamSet make_set(const std::vector<int64_t>& sizes, Device d, bool with_buf0, bool with_buf1) {
+  ParamSet s;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    s.params.push_back(rand_cpu({sizes[i]}, 100 + i).to(d).clone());
+    s.bufs0.push_back(with_buf0 ? Tensor::zeros({sizes[i]}, DType::f32, d) : Tensor());
+    s.bufs1.push_back(with_buf1 ? Tensor::zeros({sizes[i]}, DType::f32, d) : Tensor());
+  }
+  return s;
+}
+
+std::vector<backend::ParamSlot> slots_for(ParamSet& s, const std::vector<Tensor>& grads) {
+  std::vector<backend::ParamSlot> out;
+  for (size_t i = 0; i < s.params.size(); ++i) out.push_back({s.params[i], grads[i], s.bufs0[i], s.bufs1[i]});
+  return out;
+}
+
+std::vector<Tensor> grads_for(const std::vector<int64_t>& sizes, int step, Device d) {
+  std::vector<Tensor> g;
+  for (size_t i = 0; i < sizes.size(); ++i) g.push_back(rand_cpu({sizes[i]}, 1000 * step + i).to(d));
+  return g;
+}
+
+void expect_sets_close(const ParamSet& c, const ParamSet& g, double rtol, double atol, const std::string& what) {
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    expect_close(c.params[i], g.params[i], rtol, atol, what + " param " + std::to_string(i));
+    if (c.bufs0[i].defined()) expect_close(c.bufs0[i], g.bufs0[i], rtol, atol, what + " buf0 " + std::to_string(i));
+    if (c.bufs1[i].defined()) expect_close(c.bufs1[i], g.bufs1[i], rtol, atol, what + " buf1 " + std::to_string(i));
+  }
+}
+
+const std::vector<int64_t> kSizes = {1, 1000, 70000, 5, 8193, 8192};
+
+std::vector<int64_t> many_sizes() {  // more tensors than one launch takes
+  std::vector<int64_t> s;
+  for (int i = 0; i < 93; ++i) s.push_back(1 + (i * 37) % 300);
+  return s;
+}
+
+TEST(CudaOptim, SgdMatchesTheCpu) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const backend::SgdArgs configs[] = {
+      {0.1, 0.9, 0.0, 1e-4, false, false},
+      {0.05, 0.9, 0.1, 0.0, true, false},
+      {0.01, 0.0, 0.0, 1e-3, false, false},
+  };
+  for (const auto& sizes : {kSizes, many_sizes()}) {
+    for (const backend::SgdArgs& cfg : configs) {
+      const bool momentum = cfg.momentum != 0.0;
+      ParamSet c = make_set(sizes, Device::cpu(), momentum, false), g = make_set(sizes, gpu(), momentum, false);
+      for (int step = 1; step <= 3; ++step) {
+        backend::SgdArgs a = cfg;
+        a.first_step = step == 1;
+        auto sc = slots_for(c, grads_for(sizes, step, Device::cpu()));
+        auto sg = slots_for(g, grads_for(sizes, step, gpu()));
+        cpu_be().sgd_step(sc.data(), static_cast<int64_t>(sc.size()), a);
+        gpu_be().sgd_step(sg.data(), static_cast<int64_t>(sg.size()), a);
+        expect_sets_close(c, g, 1e-5, 1e-6,
+                          "sgd lr=" + std::to_string(cfg.lr) + " momentum=" + std::to_string(cfg.momentum) +
+                              " nesterov=" + std::to_string(cfg.nesterov) + " step " + std::to_string(step) +
+                              " tensors " + std::to_string(sizes.size()));
+      }
+    }
+  }
+}
+
+TEST(CudaOptim, AdamMatchesTheCpu) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (const auto& sizes : {kSizes, many_sizes()}) {
+    for (bool decoupled : {false, true}) {
+      ParamSet c = make_set(sizes, Device::cpu(), true, true), g = make_set(sizes, gpu(), true, true);
+      for (int step = 1; step <= 3; ++step) {
+        backend::AdamArgs a{1e-2, 0.9, 0.999, 1e-8, 0.05, step, decoupled};
+        auto sc = slots_for(c, grads_for(sizes, step, Device::cpu()));
+        auto sg = slots_for(g, grads_for(sizes, step, gpu()));
+        cpu_be().adam_step(sc.data(), static_cast<int64_t>(sc.size()), a);
+        gpu_be().adam_step(sg.data(), static_cast<int64_t>(sg.size()), a);
+        expect_sets_close(c, g, 1e-5, 1e-6,
+                          std::string("adam ") + (decoupled ? "decoupled" : "l2") + " step " + std::to_string(step) +
+                              " tensors " + std::to_string(sizes.size()));
+      }
+    }
+  }
+}
+
+TEST(CudaOptim, RejectsMismatchedSlots) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  Tensor p = Tensor::zeros({10}, DType::f32, gpu()), g = Tensor::zeros({9}, DType::f32, gpu());
+  backend::ParamSlot slot{p, g, Tensor(), Tensor()};
+  backend::SgdArgs a{0.1, 0.0, 0.0, 0.0, false, true};
+  EXPECT_THROW(gpu_be().sgd_step(&slot, 1, a), Error);
+  Tensor p64 = Tensor::zeros({10}, DType::f64, gpu()), g64 = Tensor::zeros({10}, DType::f64, gpu());
+  backend::ParamSlot slot64{p64, g64, Tensor(), Tensor()};
+  try {
+    gpu_be().sgd_step(&slot64, 1, a);
+    ADD_FAILURE() << "an f64 parameter was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f32"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem
