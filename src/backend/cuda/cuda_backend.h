@@ -134,6 +134,12 @@ class CudaBackend final : public Backend {
   void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out) override;
   void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;
 
+  void scale_cast(const Tensor& src, Tensor& dst, double scale, double clip) override;
+  void sparse_topk(const Tensor& g, int64_t k, Tensor& pairs) override;
+  void sparse_threshold(const Tensor& g, double threshold, Tensor& pairs, Tensor& count) override;
+  void sparse_accumulate(Tensor& dense, const Tensor& pairs, int64_t n, double scale) override;
+  void sparse_zero(Tensor& dense, const Tensor& pairs, int64_t n) override;
+
   void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) override;
   void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) override;
 
