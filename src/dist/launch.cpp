@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -174,6 +175,11 @@ pid_t spawn(const std::string& path, const std::vector<std::string>& args, const
   envp.push_back(nullptr);
   const pid_t parent = getpid();
 
+  // Signals stay blocked across fork until the child has dropped the launcher's handlers: one that
+  // arrived in between would otherwise run the handler in the child and write into the launcher's pipe.
+  sigset_t all, old_mask;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old_mask);
   pid_t pid = fork();
   if (pid == 0) {
     // Its own process group: the launcher alone receives the terminal's Ctrl-C and decides what the
@@ -181,11 +187,11 @@ pid_t spawn(const std::string& path, const std::vector<std::string>& args, const
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed outright takes its ranks along
     if (getppid() != parent) _exit(126);
+    for (int sig : kHandled) signal(sig, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int sig : kHandled) signal(sig, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
     dup2(out[1], 1);
@@ -196,6 +202,7 @@ pid_t spawn(const std::string& path, const std::vector<std::string>& args, const
     _exit(127);
   }
   int fork_err = errno;
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   close(out[1]);
   close(err[1]);
   if (pid < 0) {

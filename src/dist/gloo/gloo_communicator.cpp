@@ -156,6 +156,12 @@ GlooCommunicator::GlooCommunicator(const GroupSpec& g)
     ctx_->setTimeout(g.timeout);
     StoreAdapter adapter(*g.store, g.prefix + "gloo/", g.timeout);
     ctx_->connectFullMesh(adapter, dev);
+    // A rank's side of the mesh may be complete before its peers' sides are: meeting once more here
+    // means that no rank leaves init_communicator before every connection is up.
+    gloo::BarrierOptions opts(ctx_);
+    opts.setTag(0);
+    opts.setTimeout(g.timeout);
+    gloo::barrier(opts);
   } catch (const gloo::Exception& e) {
     TANDEM_RUNTIME_CHECK(false, "gloo: rank ", g.rank, " could not connect to its peers (listening on ",
                          attr.hostname, "): ", strip_location(e.what()),
