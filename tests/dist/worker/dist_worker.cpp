@@ -145,8 +145,9 @@ void scenario_allreduce(Communicator& c) {
     for (auto& rc : cases) rc.work = c.all_reduce(rc.t, rc.op);
     for (auto& rc : cases) rc.work->wait();
     for (auto& rc : cases) {
-      EXPECT_OR_REPORT(rc.work->done(), "a waited collective does not report done()");
-      rc.check();
+      rc.check();  // reads the result back, after the device finished with it
+      // On GPUs wait() only orders the device's later work; once the result was read, it is done.
+      EXPECT_OR_REPORT(rc.work->done(), "a collective whose result was read does not report done()");
       ++checks;
     }
   }
@@ -271,13 +272,17 @@ void scenario_exit3(Communicator& c, bool stubborn) {
 // A peer that is gone (or never takes part) makes the collective fail within the timeout.
 void scenario_peer_fails(Communicator& c, bool dies) {
   Store& store = rendezvous_store();
+  Tensor t = Tensor::ones({1000}, DType::f32, g_device);
+  c.all_reduce(t)->wait();  // one that works: the connections are up, what follows is a peer gone silent
+  EXPECT_OR_REPORT(host<float>(t)[0] == c.size(), "the first all_reduce gave %g", host<float>(t)[0]);
+  if (c.rank() == 0) store.set("test/warm", "1");
   if (c.rank() == 1) {
+    store.get("test/warm", std::chrono::seconds(60));  // rank 0 is done with the first one too
     if (dies) std::_Exit(0);  // gone without a word
     store.get("test/peer_done", std::chrono::seconds(60));  // alive but never joins the collective
     return;
   }
   c.set_timeout(milliseconds(1000));
-  Tensor t = Tensor::ones({1000}, DType::f32, g_device);
   auto start = std::chrono::steady_clock::now();
   std::string error;
   try {
@@ -337,6 +342,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     auto comm = init_communicator(g_device, g_timeout);
+    g_device = comm->device();  // on GPUs: the one this rank was given (cuda:local_rank)
     if (scenario == "join") {
       std::printf("rank %d: joined %s group of %d\n", comm->rank(), comm->backend_name().c_str(), comm->size());
       comm->barrier();
