@@ -25,7 +25,7 @@ Runner add_launch_command(CLI::App& app) {
       "If a rank fails, the others are stopped and the launcher exits with that rank's status.\n"
       "Ctrl-C is forwarded to the ranks; a second Ctrl-C kills them.\n\n"
       "Example:\n"
-      "  tandem launch -n 4 -- tandem train --config mnist.json --device cuda\n"
+      "  tandem launch -n 4 -- tandem train --model cnn --dataset mnist --device cuda\n"
       "  tandem launch -n 2 --timeout 60 -- ./my_program --epochs 3");
   return [opts] { return dist::launch(*opts); };
 }

@@ -75,16 +75,22 @@ bool join(Store& store, const std::string& prefix, const DistEnv& env, const std
   info << "world_size=" << env.world_size << "\nbackend=" << backend << "\nhost=" << net::host_name()
        << "\nnetns=" << me << "\npid=" << getpid() << "\n";
   store.set(prefix + "join/" + std::to_string(env.rank), info.str());
+  store.add(prefix + "joined", 1);
 
   std::vector<int> missing;
   for (int r = 0; r < env.world_size; ++r) missing.push_back(r);
   bool single_host = true;
   auto deadline = Clock::now() + timeout;
   int delay_ms = 1;
+  int64_t seen = -1;
   for (;;) {
     if (auto a = store.try_get(prefix + "abort")) TANDEM_RUNTIME_CHECK(false, "another rank failed to join: ", *a);
+    // The announcements are read only when their count moved: a large job that waits for a late
+    // rank then costs the store two requests per rank and poll, not one per pair of ranks.
+    int64_t joined = store.add(prefix + "joined", 0);
     std::vector<int> still;
-    for (int r : missing) {
+    if (joined == seen) still = missing;
+    for (int r : joined == seen ? std::vector<int>{} : missing) {
       auto v = store.try_get(prefix + "join/" + std::to_string(r));
       if (!v) {
         still.push_back(r);
@@ -104,6 +110,7 @@ bool join(Store& store, const std::string& prefix, const DistEnv& env, const std
                        "; every rank must pass the same kind of device to init_communicator");
       if (f["netns"] != me) single_host = false;
     }
+    seen = joined;
     missing = std::move(still);
     if (missing.empty()) return single_host;
     if (Clock::now() >= deadline) {
