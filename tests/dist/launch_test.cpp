@@ -1,0 +1,181 @@
+// `tandem launch`: arguments, environment, output relay, failure and interrupt handling.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "process_util.h"
+
+using tandem::test::Proc;
+using tandem::test::ProcResult;
+using tandem::test::process_exists;
+using tandem::test::run_process;
+
+namespace {
+
+const std::string kTandem = TANDEM_BIN;
+const std::string kWorker = TANDEM_DIST_WORKER;
+
+ProcResult launch(const std::vector<std::string>& args, double timeout_s = 30) {
+  std::vector<std::string> argv = {kTandem, "launch"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, {}, timeout_s);
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(Launch, RejectsBadArgumentsWithStatus2) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  std::string not_exec = ::testing::TempDir() + "/tandem_launch_not_executable";
+  { std::ofstream(not_exec) << "#!/bin/sh\n"; }
+  chmod(not_exec.c_str(), 0644);
+  const Case cases[] = {
+      {{"-n", "0", "--", "true"}, "-n must be at least 1"},
+      {{"-n", "2"}, "no command given"},
+      {{"-n", "2", "--"}, "no command given"},
+      {{"-n", "2", "--", "./no/such/program"}, "'./no/such/program' does not exist"},
+      {{"-n", "2", "--", "no_such_program_in_path_xyz"}, "'no_such_program_in_path_xyz' was not found in PATH"},
+      {{"-n", "2", "--", not_exec}, "is not executable"},
+      {{"-n", "2", "--", "/"}, "is a directory"},
+      {{"-n", "2", "--timeout", "-3", "--", "true"}, "--timeout"},
+      {{"--", "true"}, "nprocs"},
+  };
+  for (const auto& c : cases) {
+    ProcResult r = launch(c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, c.message)) << "expected '" << c.message << "' in: " << r.output;
+  }
+}
+
+TEST(Launch, HelpExplainsTheFlags) {
+  ProcResult r = launch({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* part : {"-n", "--gpus-per-node", "--timeout", "Example", "tandem launch -n"})
+    EXPECT_TRUE(contains(r.output, part)) << part << " missing from: " << r.output;
+}
+
+TEST(Launch, GivesEachRankItsPlace) {
+  ProcResult r = launch({"-n", "3", "--gpus-per-node", "2", "--timeout", "7", "--", "sh", "-c",
+                         "echo R=$TANDEM_RANK W=$TANDEM_WORLD_SIZE L=$TANDEM_LOCAL_RANK/$TANDEM_LOCAL_SIZE "
+                         "S=${TANDEM_STORE_ADDR%:*} T=${TANDEM_TIMEOUT%%.*}"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "R=0 W=3 L=0/2 S=127.0.0.1 T=7\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 1] R=1 W=3 L=1/2 S=127.0.0.1 T=7\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 2] R=2 W=3 L=0/1 S=127.0.0.1 T=7\n")) << r.output;
+
+  r = launch({"-n", "2", "--", "sh", "-c", "echo L=$TANDEM_LOCAL_RANK/$TANDEM_LOCAL_SIZE"});
+  EXPECT_TRUE(contains(r.output, "[rank 1] L=1/2")) << r.output;  // default: every rank on one node
+}
+
+TEST(Launch, RelaysWholeLinesOnly) {
+  // Lines written in pieces, and many lines at once from every rank.
+  const char* script =
+      "printf 'first-'; sleep 0.2; printf 'half r%s\\n' $TANDEM_RANK; "
+      "i=0; while [ $i -lt 300 ]; do echo \"r$TANDEM_RANK-$i-abcdefghijklmnopqrstuvwxyz0123456789\"; "
+      "echo \"e$TANDEM_RANK-$i\" >&2; i=$((i+1)); done";
+  ProcResult r = launch({"-n", "3", "--", "sh", "-c", script});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::regex line_re(R"(^(\[rank ([12])\] )?(first-half r(\d)|r(\d)-\d+-abcdefghijklmnopqrstuvwxyz0123456789|e(\d)-\d+)$)");
+  int counted = 0;
+  for (const auto& l : lines_of(r.output)) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(l, m, line_re)) << "mixed or broken line: '" << l << "'";
+    std::string prefix_rank = m[2].matched ? m[2].str() : "0";
+    std::string body_rank = m[4].matched ? m[4].str() : m[5].matched ? m[5].str() : m[6].str();
+    EXPECT_EQ(prefix_rank, body_rank) << l;
+    ++counted;
+  }
+  EXPECT_EQ(counted, 3 * (1 + 300 + 300));
+}
+
+TEST(Launch, ExitsZeroWhenEveryRankDoes) {
+  ProcResult r = launch({"-n", "4", "--", "true"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "");
+}
+
+TEST(Launch, AFailedRankStopsTheOthers) {
+  ProcResult r = launch({"-n", "3", "--", kWorker, "exit3"}, 20);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_TRUE(contains(r.output, "tandem launch: rank 1 exited with status 3; stopped the other 2 ranks"))
+      << r.output;
+}
+
+TEST(Launch, ARankIgnoringSigtermIsKilled) {
+  ProcResult r = launch({"-n", "2", "--", kWorker, "exit3_stubborn"}, 20);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_TRUE(contains(r.output, "rank 1 exited with status 3; stopped the other rank")) << r.output;
+}
+
+TEST(Launch, ReportsARankKilledByASignal) {
+  ProcResult r = launch({"-n", "2", "--", "sh", "-c", "if [ $TANDEM_RANK = 0 ]; then kill -9 $$; fi; sleep 30"}, 20);
+  EXPECT_EQ(r.exit_code, 128 + 9) << r.output;
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_TRUE(contains(r.output, "tandem launch: rank 0 was killed by signal 9 (Killed)")) << r.output;
+}
+
+// Starts `n` sleeping ranks and returns their pids once all reported ready.
+std::vector<pid_t> wait_ready(Proc& p, int n) {
+  EXPECT_TRUE(p.read_until("ready pid=", n, 10)) << p.output();
+  std::vector<pid_t> pids;
+  std::regex re(R"(ready pid=(\d+))");
+  for (std::sregex_iterator it(p.output().begin(), p.output().end(), re), end; it != end; ++it)
+    pids.push_back(static_cast<pid_t>(std::stoi((*it)[1].str())));
+  return pids;
+}
+
+TEST(Launch, CtrlCStopsEveryRank) {
+  Proc p({kTandem, "launch", "-n", "3", "--", kWorker, "sleep"});
+  std::vector<pid_t> pids = wait_ready(p, 3);
+  ASSERT_EQ(pids.size(), 3u);
+  kill(p.pid(), SIGINT);
+  ProcResult r = p.wait(10);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.output;
+  EXPECT_TRUE(contains(r.output, "interrupted by SIGINT; stopped 3 ranks")) << r.output;
+  for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid)) << "rank process " << pid << " survived";
+}
+
+TEST(Launch, SecondCtrlCKillsRanksThatIgnoreTheFirst) {
+  Proc p({kTandem, "launch", "-n", "2", "--", kWorker, "sleep_ignore_int"});
+  std::vector<pid_t> pids = wait_ready(p, 2);
+  ASSERT_EQ(pids.size(), 2u);
+  kill(p.pid(), SIGINT);
+  usleep(300000);
+  for (pid_t pid : pids) EXPECT_TRUE(process_exists(pid));  // they ignore SIGINT
+  auto start = std::chrono::steady_clock::now();
+  kill(p.pid(), SIGINT);
+  ProcResult r = p.wait(10);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.output;
+  for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid)) << "rank process " << pid << " survived";
+}
+
+TEST(Launch, SigtermIsForwarded) {
+  Proc p({kTandem, "launch", "-n", "2", "--", kWorker, "sleep"});
+  std::vector<pid_t> pids = wait_ready(p, 2);
+  kill(p.pid(), SIGTERM);
+  ProcResult r = p.wait(10);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.output;
+  EXPECT_TRUE(contains(r.output, "interrupted by SIGTERM")) << r.output;
+  for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid));
+}
+
+}  // namespace
