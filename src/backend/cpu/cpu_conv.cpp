@@ -1,0 +1,292 @@
+// CPU backend: 2-D convolution as im2col + GEMM, one image per GEMM.
+//
+// Images are shared out among the OpenMP threads and each thread runs single-threaded GEMMs on
+// its own images: per-image GEMMs land directly in the NCHW layout (no transposes), stay in cache,
+// and need no synchronisation. When there are fewer images than threads, the images run in turn
+// and each GEMM is split across the threads instead.
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_dispatch.h"
+#include "backend/cpu/cpu_parallel.h"
+
+namespace tandem::backend {
+
+using namespace cpu;
+
+namespace {
+
+int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// Output positions o in [0, out) whose input coordinate o*stride - pad + offset lies in [0, in).
+void valid_range(int64_t in, int64_t out, int64_t stride, int64_t pad, int64_t offset, int64_t& lo, int64_t& hi) {
+  lo = std::clamp<int64_t>(-floor_div(offset - pad, stride), 0, out);  // ceil((pad - offset) / stride)
+  hi = std::clamp<int64_t>(floor_div(in - 1 + pad - offset, stride) + 1, 0, out);
+  if (hi < lo) hi = lo;
+}
+
+bool is_pointwise(const ConvGeom& g) {
+  return g.r == 1 && g.s == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 && g.pad_w == 0;
+}
+
+// col [c*r*s, oh*ow] <- the receptive fields of one image x [c, h, w]; padding reads as zero.
+template <typename T>
+void im2col(const T* x, const ConvGeom& g, T* col) {
+  const int64_t p = g.oh * g.ow;
+  for (int64_t s = 0; s < g.s; ++s) {
+    int64_t ow_lo, ow_hi;
+    valid_range(g.w, g.ow, g.stride_w, g.pad_w, s, ow_lo, ow_hi);
+    for (int64_t r = 0; r < g.r; ++r) {
+      int64_t oh_lo, oh_hi;
+      valid_range(g.h, g.oh, g.stride_h, g.pad_h, r, oh_lo, oh_hi);
+      for (int64_t c = 0; c < g.c; ++c) {
+        T* dst = col + ((c * g.r + r) * g.s + s) * p;
+        const T* plane = x + c * g.h * g.w;
+        std::memset(dst, 0, sizeof(T) * oh_lo * g.ow);
+        std::memset(dst + oh_hi * g.ow, 0, sizeof(T) * (g.oh - oh_hi) * g.ow);
+        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+          T* d = dst + oh * g.ow;
+          const T* src = plane + (oh * g.stride_h - g.pad_h + r) * g.w;  // input row; column ow*stride - pad + s
+          const int64_t off = s - g.pad_w;
+          for (int64_t ow = 0; ow < ow_lo; ++ow) d[ow] = T(0);
+          if (g.stride_w == 1) {
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) d[ow] = src[ow + off];
+          } else {
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) d[ow] = src[ow * g.stride_w + off];
+          }
+          for (int64_t ow = ow_hi; ow < g.ow; ++ow) d[ow] = T(0);
+        }
+      }
+    }
+  }
+}
+
+// dx [c, h, w] = the sum of col [c*r*s, oh*ow] scattered back over the receptive fields.
+template <typename T>
+void col2im(const T* col, const ConvGeom& g, T* dx) {
+  const int64_t p = g.oh * g.ow;
+  std::memset(dx, 0, sizeof(T) * g.c * g.h * g.w);
+  for (int64_t c = 0; c < g.c; ++c) {
+    T* plane = dx + c * g.h * g.w;
+    for (int64_t r = 0; r < g.r; ++r) {
+      int64_t oh_lo, oh_hi;
+      valid_range(g.h, g.oh, g.stride_h, g.pad_h, r, oh_lo, oh_hi);
+      for (int64_t s = 0; s < g.s; ++s) {
+        int64_t ow_lo, ow_hi;
+        valid_range(g.w, g.ow, g.stride_w, g.pad_w, s, ow_lo, ow_hi);
+        const T* src = col + ((c * g.r + r) * g.s + s) * p;
+        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+          const T* sr = src + oh * g.ow;
+          T* d = plane + (oh * g.stride_h - g.pad_h + r) * g.w;
+          const int64_t off = s - g.pad_w;
+          if (g.stride_w == 1) {
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) d[ow + off] += sr[ow];
+          } else {
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) d[ow * g.stride_w + off] += sr[ow];
+          }
+        }
+      }
+    }
+  }
+}
+
+void check_geom(const ConvGeom& g) {
+  check_blas_extent(g.k, "the output channel count");
+  check_blas_extent(g.c * g.r * g.s, "the receptive field size");
+  check_blas_extent(g.oh * g.ow, "the output plane size");
+}
+
+// Runs body(image, thread_slot, split_gemm) for every image: images shared out among the threads
+// when there are enough of them, else in turn with split_gemm set so the GEMM itself is split.
+// Returns the number of thread slots used.
+template <typename Body>
+int for_each_image(int64_t n, Body body) {
+  const int nt = max_threads();
+  if (nt > 1 && n >= nt) {
+    int used = 1;
+#pragma omp parallel num_threads(nt)
+    {
+      const int t = omp_get_thread_num(), nth = omp_get_num_threads();
+      if (t == 0) used = nth;
+      int64_t lo, hi;
+      thread_range(n, t, nth, lo, hi);
+      for (int64_t i = lo; i < hi; ++i) body(i, t, i == lo, false);
+    }
+    return used;
+  }
+  for (int64_t i = 0; i < n; ++i) body(i, 0, i == 0, true);
+  return 1;
+}
+
+int slots_for(int64_t n) {
+  const int nt = max_threads();
+  return nt > 1 && n >= nt ? nt : 1;
+}
+
+template <typename T>
+void gemm_any(bool split, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+              int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (split)
+    gemm_parallel<T>(ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc);
+  else
+    blas_gemm<T>(ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc);
+}
+
+template <typename T>
+void conv_forward(const T* x, const T* w, const T* bias, const ConvGeom& g, T* y) {
+  const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w;
+  const bool direct = is_pointwise(g);
+  Tensor col_t = direct ? Tensor() : scratch<T>(slots_for(g.n) * crs * p);
+  T* col_base = direct ? nullptr : col_t.data<T>();
+  for_each_image(g.n, [&](int64_t i, int slot, bool, bool split) {
+    const T* xn = x + i * chw;
+    const T* src = xn;
+    if (!direct) {
+      T* col = col_base + slot * crs * p;
+      im2col(xn, g, col);
+      src = col;
+    }
+    T* yn = y + i * g.k * p;
+    gemm_any<T>(split, false, false, g.k, p, crs, w, crs, src, p, T(0), yn, p);
+    if (bias) {
+      for (int64_t k = 0; k < g.k; ++k) {
+        const T bv = bias[k];
+        T* row = yn + k * p;
+        for (int64_t j = 0; j < p; ++j) row[j] += bv;
+      }
+    }
+  });
+}
+
+template <typename T>
+void conv_backward_data(const T* dy, const T* w, const ConvGeom& g, T* dx) {
+  const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w;
+  const bool direct = is_pointwise(g);
+  Tensor col_t = direct ? Tensor() : scratch<T>(slots_for(g.n) * crs * p);
+  T* col_base = direct ? nullptr : col_t.data<T>();
+  for_each_image(g.n, [&](int64_t i, int slot, bool, bool split) {
+    const T* dyn = dy + i * g.k * p;
+    T* dxn = dx + i * chw;
+    if (direct) {
+      gemm_any<T>(split, true, false, crs, p, g.k, w, crs, dyn, p, T(0), dxn, p);
+      return;
+    }
+    T* col = col_base + slot * crs * p;
+    gemm_any<T>(split, true, false, crs, p, g.k, w, crs, dyn, p, T(0), col, p);
+    col2im(col, g, dxn);
+  });
+}
+
+// dw = sum over images of dy_i col_i^T, db = sum of dy over images and positions. Each thread
+// accumulates its own images into a private partial; the partials are added at the end.
+template <typename T>
+void conv_backward_weight(const T* dy, const T* x, const ConvGeom& g, T* dw, T* db) {
+  const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w, wsize = g.k * crs;
+  if (g.n == 0) {
+    if (dw) std::fill(dw, dw + wsize, T(0));
+    if (db) std::fill(db, db + g.k, T(0));
+    return;
+  }
+  const bool direct = is_pointwise(g);
+  const int slots = slots_for(g.n);
+  Tensor col_t = (dw && !direct) ? scratch<T>(slots * crs * p) : Tensor();
+  Tensor part_t = (dw && slots > 1) ? scratch<T>(slots * wsize) : Tensor();
+  Tensor dbp_t = db ? scratch<double>(slots * g.k) : Tensor();
+  T* col_base = col_t.defined() ? col_t.data<T>() : nullptr;
+  T* part_base = part_t.defined() ? part_t.data<T>() : dw;
+  double* dbp_base = db ? dbp_t.data<double>() : nullptr;
+  if (db) std::fill(dbp_base, dbp_base + slots * g.k, 0.0);
+  const int used = for_each_image(g.n, [&](int64_t i, int slot, bool first, bool split) {
+    const T* dyn = dy + i * g.k * p;
+    if (dw) {
+      const T* src = x + i * chw;
+      if (!direct) {
+        T* col = col_base + slot * crs * p;
+        im2col(src, g, col);
+        src = col;
+      }
+      gemm_any<T>(split, false, true, g.k, crs, p, dyn, p, src, p, first ? T(0) : T(1), part_base + slot * wsize, crs);
+    }
+    if (db) {
+      double* acc = dbp_base + slot * g.k;
+      for (int64_t k = 0; k < g.k; ++k) {
+        const T* row = dyn + k * p;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < p; ++j) s += static_cast<double>(row[j]);
+        acc[k] += s;
+      }
+    }
+  });
+  if (dw && slots > 1) {
+#pragma omp parallel for if (wsize >= kParallelElems)
+    for (int64_t j = 0; j < wsize; ++j) {
+      T s = part_base[j];
+      for (int t = 1; t < used; ++t) s += part_base[t * wsize + j];
+      dw[j] = s;
+    }
+  }
+  if (db) {
+    for (int64_t k = 0; k < g.k; ++k) {
+      double s = 0.0;
+      for (int t = 0; t < used; ++t) s += dbp_base[t * g.k + k];
+      db[k] = static_cast<T>(s);
+    }
+  }
+}
+
+template <typename T>
+const T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
+}
+
+template <typename T>
+T* mut_ptr_or_null(Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+}  // namespace
+
+void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y) {
+  TANDEM_ASSERT(x.numel() == g.n * g.c * g.h * g.w && w.numel() == g.k * g.c * g.r * g.s &&
+                    y.numel() == g.n * g.k * g.oh * g.ow && (!b.defined() || b.numel() == g.k),
+                "conv2d_forward geometry does not match ", x.str(), ", ", w.str(), ", ", y.str());
+  check_geom(g);
+  ensure_blas_serial();
+  dispatch_float(x.dtype(), "conv2d", [&](auto tag) {
+    using T = decltype(tag);
+    conv_forward<T>(static_cast<const T*>(x.data_ptr()), static_cast<const T*>(w.data_ptr()), ptr_or_null<T>(b), g,
+                    static_cast<T*>(y.data_ptr()));
+  });
+}
+
+void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) {
+  TANDEM_ASSERT(dy.numel() == g.n * g.k * g.oh * g.ow && w.numel() == g.k * g.c * g.r * g.s &&
+                    dx.numel() == g.n * g.c * g.h * g.w,
+                "conv2d_backward_data geometry does not match ", dy.str(), ", ", w.str(), ", ", dx.str());
+  check_geom(g);
+  ensure_blas_serial();
+  dispatch_float(dy.dtype(), "conv2d backward", [&](auto tag) {
+    using T = decltype(tag);
+    conv_backward_data<T>(static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(w.data_ptr()), g,
+                          static_cast<T*>(dx.data_ptr()));
+  });
+}
+
+void CpuBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw,
+                                        Tensor& db) {
+  TANDEM_ASSERT(dy.numel() == g.n * g.k * g.oh * g.ow && (!dw.defined() || dw.numel() == g.k * g.c * g.r * g.s) &&
+                    (!dw.defined() || (x.defined() && x.numel() == g.n * g.c * g.h * g.w)) &&
+                    (!db.defined() || db.numel() == g.k),
+                "conv2d_backward_weight geometry does not match ", dy.str(), ", ", dw.str(), ", ", db.str());
+  if (!dw.defined() && !db.defined()) return;
+  check_geom(g);
+  ensure_blas_serial();
+  dispatch_float(dy.dtype(), "conv2d backward", [&](auto tag) {
+    using T = decltype(tag);
+    conv_backward_weight<T>(static_cast<const T*>(dy.data_ptr()), dw.defined() ? ptr_or_null<T>(x) : nullptr, g,
+                            mut_ptr_or_null<T>(dw), mut_ptr_or_null<T>(db));
+  });
+}
+
+}  // namespace tandem::backend
