@@ -5,6 +5,12 @@
 // and need no synchronisation. When there are fewer images than threads, the images run in turn
 // and each GEMM is split across the threads instead.
 #include <cstring>
+#include <vector>
+
+// The im2col rows are short (often one vector); GCC would turn each row copy into a memcpy call.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-tree-loop-distribute-patterns")
+#endif
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dispatch.h"
@@ -29,32 +35,96 @@ bool is_pointwise(const ConvGeom& g) {
   return g.r == 1 && g.s == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 && g.pad_w == 0;
 }
 
+// Valid output ranges per kernel row r ([oh_lo, oh_hi)) and column s ([ow_lo, ow_hi)): the outputs
+// whose tap reads a real input element rather than padding. Computed once per call.
+struct ColPlan {
+  std::vector<int64_t> oh_lo, oh_hi, ow_lo, ow_hi;
+  explicit ColPlan(const ConvGeom& g) : oh_lo(g.r), oh_hi(g.r), ow_lo(g.s), ow_hi(g.s) {
+    for (int64_t r = 0; r < g.r; ++r) valid_range(g.h, g.oh, g.stride_h, g.pad_h, r, oh_lo[r], oh_hi[r]);
+    for (int64_t s = 0; s < g.s; ++s) valid_range(g.w, g.ow, g.stride_w, g.pad_w, s, ow_lo[s], ow_hi[s]);
+  }
+};
+
+template <typename T>
+inline void zero_run(T* d, int64_t n) {
+  if (n > 0) std::memset(d, 0, sizeof(T) * n);
+}
+
+template <typename T>
+inline void copy_run_strided(T* __restrict d, const T* __restrict src, int64_t n, int64_t stride) {
+  for (int64_t j = 0; j < n; ++j) d[j] = src[j * stride];
+}
+
+template <typename T>
+inline void add_run_strided(T* __restrict d, const T* __restrict src, int64_t n, int64_t stride) {
+  for (int64_t j = 0; j < n; ++j) d[j * stride] += src[j];
+}
+
+// A block of rows x width elements: d[i*ds + j] (op)= s[i*ss + j]. Rows are short (the output width,
+// often 8 to 32), so common widths get a compile-time width: one or a few vector moves per row.
+template <bool Add, int W, typename T>
+void block_fixed(T* __restrict d, int64_t ds, const T* __restrict s, int64_t ss, int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i, d += ds, s += ss)
+    for (int j = 0; j < W; ++j) {
+      if constexpr (Add)
+        d[j] += s[j];
+      else
+        d[j] = s[j];
+    }
+}
+
+template <bool Add, typename T>
+void block(T* __restrict d, int64_t ds, const T* __restrict s, int64_t ss, int64_t rows, int64_t width) {
+  switch (width) {
+    case 4: return block_fixed<Add, 4>(d, ds, s, ss, rows);
+    case 8: return block_fixed<Add, 8>(d, ds, s, ss, rows);
+    case 12: return block_fixed<Add, 12>(d, ds, s, ss, rows);
+    case 16: return block_fixed<Add, 16>(d, ds, s, ss, rows);
+    case 24: return block_fixed<Add, 24>(d, ds, s, ss, rows);
+    case 32: return block_fixed<Add, 32>(d, ds, s, ss, rows);
+    default:
+      for (int64_t i = 0; i < rows; ++i, d += ds, s += ss)
+        for (int64_t j = 0; j < width; ++j) {
+          if constexpr (Add)
+            d[j] += s[j];
+          else
+            d[j] = s[j];
+        }
+  }
+}
+
 // col [c*r*s, oh*ow] <- the receptive fields of one image x [c, h, w]; padding reads as zero.
 template <typename T>
-void im2col(const T* x, const ConvGeom& g, T* col) {
-  const int64_t p = g.oh * g.ow;
-  for (int64_t s = 0; s < g.s; ++s) {
-    int64_t ow_lo, ow_hi;
-    valid_range(g.w, g.ow, g.stride_w, g.pad_w, s, ow_lo, ow_hi);
+void im2col(const T* __restrict x, const ConvGeom& g, const ColPlan& plan, T* __restrict col) {
+  const int64_t p = g.oh * g.ow, ow = g.ow, sh = g.stride_h, sw = g.stride_w;
+  T* dst = col;
+  for (int64_t c = 0; c < g.c; ++c) {
+    const T* plane = x + c * g.h * g.w;
     for (int64_t r = 0; r < g.r; ++r) {
-      int64_t oh_lo, oh_hi;
-      valid_range(g.h, g.oh, g.stride_h, g.pad_h, r, oh_lo, oh_hi);
-      for (int64_t c = 0; c < g.c; ++c) {
-        T* dst = col + ((c * g.r + r) * g.s + s) * p;
-        const T* plane = x + c * g.h * g.w;
-        std::memset(dst, 0, sizeof(T) * oh_lo * g.ow);
-        std::memset(dst + oh_hi * g.ow, 0, sizeof(T) * (g.oh - oh_hi) * g.ow);
-        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-          T* d = dst + oh * g.ow;
-          const T* src = plane + (oh * g.stride_h - g.pad_h + r) * g.w;  // input row; column ow*stride - pad + s
-          const int64_t off = s - g.pad_w;
-          for (int64_t ow = 0; ow < ow_lo; ++ow) d[ow] = T(0);
-          if (g.stride_w == 1) {
-            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) d[ow] = src[ow + off];
-          } else {
-            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) d[ow] = src[ow * g.stride_w + off];
+      const int64_t oh_lo = plan.oh_lo[r], oh_hi = plan.oh_hi[r];
+      for (int64_t s = 0; s < g.s; ++s, dst += p) {
+        const int64_t ow_lo = plan.ow_lo[s], cnt = plan.ow_hi[s] - ow_lo;
+        zero_run(dst, oh_lo * ow);
+        zero_run(dst + oh_hi * ow, (g.oh - oh_hi) * ow);
+        if (oh_lo == oh_hi) continue;
+        if (cnt == 0) {
+          zero_run(dst + oh_lo * ow, (oh_hi - oh_lo) * ow);
+          continue;
+        }
+        // First valid element of the first valid row; each further output row moves stride_h input rows.
+        const T* src = plane + (oh_lo * sh - g.pad_h + r) * g.w + ow_lo * sw + s - g.pad_w;
+        T* d = dst + oh_lo * ow;
+        const int64_t rows = oh_hi - oh_lo;
+        if (cnt < ow) {  // horizontal padding: zero the columns outside [ow_lo, ow_lo + cnt)
+          for (int64_t i = 0; i < rows; ++i) {
+            for (int64_t j = 0; j < ow_lo; ++j) d[i * ow + j] = T(0);
+            for (int64_t j = ow_lo + cnt; j < ow; ++j) d[i * ow + j] = T(0);
           }
-          for (int64_t ow = ow_hi; ow < g.ow; ++ow) d[ow] = T(0);
+        }
+        if (sw == 1) {
+          block<false>(d + ow_lo, ow, src, sh * g.w, rows, cnt);
+        } else {
+          for (int64_t i = 0; i < rows; ++i) copy_run_strided(d + i * ow + ow_lo, src + i * sh * g.w, cnt, sw);
         }
       }
     }
@@ -63,27 +133,23 @@ void im2col(const T* x, const ConvGeom& g, T* col) {
 
 // dx [c, h, w] = the sum of col [c*r*s, oh*ow] scattered back over the receptive fields.
 template <typename T>
-void col2im(const T* col, const ConvGeom& g, T* dx) {
-  const int64_t p = g.oh * g.ow;
+void col2im(const T* __restrict col, const ConvGeom& g, const ColPlan& plan, T* __restrict dx) {
+  const int64_t p = g.oh * g.ow, ow = g.ow, sh = g.stride_h, sw = g.stride_w;
   std::memset(dx, 0, sizeof(T) * g.c * g.h * g.w);
+  const T* src_row = col;
   for (int64_t c = 0; c < g.c; ++c) {
     T* plane = dx + c * g.h * g.w;
     for (int64_t r = 0; r < g.r; ++r) {
-      int64_t oh_lo, oh_hi;
-      valid_range(g.h, g.oh, g.stride_h, g.pad_h, r, oh_lo, oh_hi);
-      for (int64_t s = 0; s < g.s; ++s) {
-        int64_t ow_lo, ow_hi;
-        valid_range(g.w, g.ow, g.stride_w, g.pad_w, s, ow_lo, ow_hi);
-        const T* src = col + ((c * g.r + r) * g.s + s) * p;
-        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-          const T* sr = src + oh * g.ow;
-          T* d = plane + (oh * g.stride_h - g.pad_h + r) * g.w;
-          const int64_t off = s - g.pad_w;
-          if (g.stride_w == 1) {
-            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) d[ow + off] += sr[ow];
-          } else {
-            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) d[ow * g.stride_w + off] += sr[ow];
-          }
+      const int64_t oh_lo = plan.oh_lo[r], oh_hi = plan.oh_hi[r];
+      for (int64_t s = 0; s < g.s; ++s, src_row += p) {
+        const int64_t ow_lo = plan.ow_lo[s], cnt = plan.ow_hi[s] - ow_lo;
+        if (oh_lo == oh_hi || cnt == 0) continue;
+        T* d = plane + (oh_lo * sh - g.pad_h + r) * g.w + ow_lo * sw + s - g.pad_w;
+        const T* sr = src_row + oh_lo * ow + ow_lo;
+        if (sw == 1) {
+          block<true>(d, sh * g.w, sr, ow, oh_hi - oh_lo, cnt);
+        } else {
+          for (int64_t oh = oh_lo; oh < oh_hi; ++oh, d += sh * g.w, sr += ow) add_run_strided(d, sr, cnt, sw);
         }
       }
     }
@@ -138,12 +204,13 @@ void conv_forward(const T* x, const T* w, const T* bias, const ConvGeom& g, T* y
   const bool direct = is_pointwise(g);
   Tensor col_t = direct ? Tensor() : scratch<T>(slots_for(g.n) * crs * p);
   T* col_base = direct ? nullptr : col_t.data<T>();
+  const ColPlan plan(g);
   for_each_image(g.n, [&](int64_t i, int slot, bool, bool split) {
     const T* xn = x + i * chw;
     const T* src = xn;
     if (!direct) {
       T* col = col_base + slot * crs * p;
-      im2col(xn, g, col);
+      im2col(xn, g, plan, col);
       src = col;
     }
     T* yn = y + i * g.k * p;
@@ -164,6 +231,7 @@ void conv_backward_data(const T* dy, const T* w, const ConvGeom& g, T* dx) {
   const bool direct = is_pointwise(g);
   Tensor col_t = direct ? Tensor() : scratch<T>(slots_for(g.n) * crs * p);
   T* col_base = direct ? nullptr : col_t.data<T>();
+  const ColPlan plan(g);
   for_each_image(g.n, [&](int64_t i, int slot, bool, bool split) {
     const T* dyn = dy + i * g.k * p;
     T* dxn = dx + i * chw;
@@ -173,7 +241,7 @@ void conv_backward_data(const T* dy, const T* w, const ConvGeom& g, T* dx) {
     }
     T* col = col_base + slot * crs * p;
     gemm_any<T>(split, true, false, crs, p, g.k, w, crs, dyn, p, T(0), col, p);
-    col2im(col, g, dxn);
+    col2im(col, g, plan, dxn);
   });
 }
 
@@ -196,13 +264,14 @@ void conv_backward_weight(const T* dy, const T* x, const ConvGeom& g, T* dw, T* 
   T* part_base = part_t.defined() ? part_t.data<T>() : dw;
   double* dbp_base = db ? dbp_t.data<double>() : nullptr;
   if (db) std::fill(dbp_base, dbp_base + slots * g.k, 0.0);
+  const ColPlan plan(g);
   const int used = for_each_image(g.n, [&](int64_t i, int slot, bool first, bool split) {
     const T* dyn = dy + i * g.k * p;
     if (dw) {
       const T* src = x + i * chw;
       if (!direct) {
         T* col = col_base + slot * crs * p;
-        im2col(src, g, col);
+        im2col(src, g, plan, col);
         src = col;
       }
       gemm_any<T>(split, false, true, g.k, crs, p, dyn, p, src, p, first ? T(0) : T(1), part_base + slot * wsize, crs);
