@@ -162,31 +162,27 @@ void check_geom(const ConvGeom& g) {
   check_blas_extent(g.oh * g.ow, "the output plane size");
 }
 
-// Runs body(image, thread_slot, split_gemm) for every image: images shared out among the threads
-// when there are enough of them, else in turn with split_gemm set so the GEMM itself is split.
-// Returns the number of thread slots used.
-template <typename Body>
-int for_each_image(int64_t n, Body body) {
-  const int nt = max_threads();
-  if (nt > 1 && n >= nt) {
-    int used = 1;
-#pragma omp parallel num_threads(nt)
-    {
-      const int t = omp_get_thread_num(), nth = omp_get_num_threads();
-      if (t == 0) used = nth;
-      int64_t lo, hi;
-      thread_range(n, t, nth, lo, hi);
-      for (int64_t i = lo; i < hi; ++i) body(i, t, i == lo, false);
-    }
-    return used;
-  }
-  for (int64_t i = 0; i < n; ++i) body(i, 0, i == 0, true);
-  return 1;
-}
-
-int slots_for(int64_t n) {
+// Threads that share out the images of a batch; 1 when there are fewer images than threads, in
+// which case the images run in turn and each GEMM is split across the threads instead.
+int image_threads(int64_t n) {
   const int nt = max_threads();
   return nt > 1 && n >= nt ? nt : 1;
+}
+
+// Runs body(task, thread_slot, split_gemm) for every task in [0, count). Tasks are handed out one
+// at a time, so a thread slowed by other load on the machine does not hold the others back.
+template <typename Body>
+void for_each_task(int64_t count, int threads, Body body) {
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < count; ++i) body(i, t, false);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) body(i, 0, true);
 }
 
 template <typename T>
@@ -202,10 +198,11 @@ template <typename T>
 void conv_forward(const T* x, const T* w, const T* bias, const ConvGeom& g, T* y) {
   const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w;
   const bool direct = is_pointwise(g);
-  Tensor col_t = direct ? Tensor() : scratch<T>(slots_for(g.n) * crs * p);
+  const int threads = image_threads(g.n);
+  Tensor col_t = direct ? Tensor() : scratch<T>(threads * crs * p);
   T* col_base = direct ? nullptr : col_t.data<T>();
   const ColPlan plan(g);
-  for_each_image(g.n, [&](int64_t i, int slot, bool, bool split) {
+  for_each_task(g.n, threads, [&](int64_t i, int slot, bool split) {
     const T* xn = x + i * chw;
     const T* src = xn;
     if (!direct) {
@@ -229,10 +226,11 @@ template <typename T>
 void conv_backward_data(const T* dy, const T* w, const ConvGeom& g, T* dx) {
   const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w;
   const bool direct = is_pointwise(g);
-  Tensor col_t = direct ? Tensor() : scratch<T>(slots_for(g.n) * crs * p);
+  const int threads = image_threads(g.n);
+  Tensor col_t = direct ? Tensor() : scratch<T>(threads * crs * p);
   T* col_base = direct ? nullptr : col_t.data<T>();
   const ColPlan plan(g);
-  for_each_image(g.n, [&](int64_t i, int slot, bool, bool split) {
+  for_each_task(g.n, threads, [&](int64_t i, int slot, bool split) {
     const T* dyn = dy + i * g.k * p;
     T* dxn = dx + i * chw;
     if (direct) {
@@ -245,8 +243,9 @@ void conv_backward_data(const T* dy, const T* w, const ConvGeom& g, T* dx) {
   });
 }
 
-// dw = sum over images of dy_i col_i^T, db = sum of dy over images and positions. Each thread
-// accumulates its own images into a private partial; the partials are added at the end.
+// dw = sum over images of dy_i col_i^T, db = sum of dy over images and positions. The images are cut
+// into a fixed number of consecutive chunks, each summed into its own partial, and the partials
+// added in order: the result does not depend on which thread ran which chunk.
 template <typename T>
 void conv_backward_weight(const T* dy, const T* x, const ConvGeom& g, T* dw, T* db) {
   const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w, wsize = g.k * crs;
@@ -256,49 +255,57 @@ void conv_backward_weight(const T* dy, const T* x, const ConvGeom& g, T* dw, T* 
     return;
   }
   const bool direct = is_pointwise(g);
-  const int slots = slots_for(g.n);
-  Tensor col_t = (dw && !direct) ? scratch<T>(slots * crs * p) : Tensor();
-  Tensor part_t = (dw && slots > 1) ? scratch<T>(slots * wsize) : Tensor();
-  Tensor dbp_t = db ? scratch<double>(slots * g.k) : Tensor();
+  const int threads = image_threads(g.n);
+  // A few chunks per thread balance the load; at least four, whatever the thread count, give the
+  // same sums on 1, 2 or 4 threads.
+  const int64_t chunks = std::min<int64_t>(g.n, std::max(4, max_threads()));
+  Tensor col_t = (dw && !direct) ? scratch<T>(threads * crs * p) : Tensor();
+  Tensor part_t = (dw && chunks > 1) ? scratch<T>(chunks * wsize) : Tensor();
+  Tensor dbp_t = db ? scratch<double>(chunks * g.k) : Tensor();
   T* col_base = col_t.defined() ? col_t.data<T>() : nullptr;
   T* part_base = part_t.defined() ? part_t.data<T>() : dw;
   double* dbp_base = db ? dbp_t.data<double>() : nullptr;
-  if (db) std::fill(dbp_base, dbp_base + slots * g.k, 0.0);
   const ColPlan plan(g);
-  const int used = for_each_image(g.n, [&](int64_t i, int slot, bool first, bool split) {
-    const T* dyn = dy + i * g.k * p;
-    if (dw) {
-      const T* src = x + i * chw;
-      if (!direct) {
-        T* col = col_base + slot * crs * p;
-        im2col(src, g, plan, col);
-        src = col;
+  for_each_task(chunks, threads, [&](int64_t chunk, int slot, bool split) {
+    int64_t lo, hi;
+    thread_range(g.n, static_cast<int>(chunk), static_cast<int>(chunks), lo, hi);
+    double* acc = db ? dbp_base + chunk * g.k : nullptr;
+    if (acc) std::fill(acc, acc + g.k, 0.0);
+    for (int64_t i = lo; i < hi; ++i) {
+      const T* dyn = dy + i * g.k * p;
+      if (dw) {
+        const T* src = x + i * chw;
+        if (!direct) {
+          T* col = col_base + slot * crs * p;
+          im2col(src, g, plan, col);
+          src = col;
+        }
+        gemm_any<T>(split, false, true, g.k, crs, p, dyn, p, src, p, i == lo ? T(0) : T(1), part_base + chunk * wsize,
+                    crs);
       }
-      gemm_any<T>(split, false, true, g.k, crs, p, dyn, p, src, p, first ? T(0) : T(1), part_base + slot * wsize, crs);
-    }
-    if (db) {
-      double* acc = dbp_base + slot * g.k;
-      for (int64_t k = 0; k < g.k; ++k) {
-        const T* row = dyn + k * p;
-        double s = 0.0;
+      if (acc) {
+        for (int64_t k = 0; k < g.k; ++k) {
+          const T* row = dyn + k * p;
+          double s = 0.0;
 #pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < p; ++j) s += static_cast<double>(row[j]);
-        acc[k] += s;
+          for (int64_t j = 0; j < p; ++j) s += static_cast<double>(row[j]);
+          acc[k] += s;
+        }
       }
     }
   });
-  if (dw && slots > 1) {
+  if (dw && chunks > 1) {
 #pragma omp parallel for if (wsize >= kParallelElems)
     for (int64_t j = 0; j < wsize; ++j) {
       T s = part_base[j];
-      for (int t = 1; t < used; ++t) s += part_base[t * wsize + j];
+      for (int64_t c = 1; c < chunks; ++c) s += part_base[c * wsize + j];
       dw[j] = s;
     }
   }
   if (db) {
     for (int64_t k = 0; k < g.k; ++k) {
       double s = 0.0;
-      for (int t = 0; t < used; ++t) s += dbp_base[t * g.k + k];
+      for (int64_t c = 0; c < chunks; ++c) s += dbp_base[c * g.k + k];
       db[k] = static_cast<T>(s);
     }
   }
