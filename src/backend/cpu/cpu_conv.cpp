@@ -1,9 +1,10 @@
 // CPU backend: 2-D convolution as im2col + GEMM, one image per GEMM.
 //
-// Images are shared out among the OpenMP threads and each thread runs single-threaded GEMMs on
-// its own images: per-image GEMMs land directly in the NCHW layout (no transposes), stay in cache,
-// and need no synchronisation. When there are fewer images than threads, the images run in turn
-// and each GEMM is split across the threads instead.
+// Images are handed out to the OpenMP threads one at a time and each thread runs single-threaded
+// GEMMs with its own im2col buffer: per-image GEMMs land directly in the NCHW layout (no
+// transposes), their operands stay in cache, and the threads need no synchronisation. When there
+// are fewer images than threads, the images run in turn and each GEMM is split instead.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
