@@ -22,22 +22,39 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta, Te
   Tensor y = empty_like(xc);
   if (!training) {
     be(x).batch_norm_forward_eval(xc, gamma, beta, running_mean, running_var, eps, y);
-    Tensor sg = gamma.detach(), sv = running_var.detach();
-    // Evaluation is an affine map per channel: dx = dy * gamma / sqrt(var + eps).
-    return record_op(y, {x}, "batch_norm2d_eval", [sg, sv, eps, c](const Tensor& grad) {
-      Tensor scale_c = binary_raw(backend::Binary::Div, sg,
-                                  unary_raw(backend::Unary::Sqrt, affine_raw(sv, 1.0, eps)));
+    // Evaluation is an affine map per channel: y = (x - mean) * invstd * gamma + beta with the running
+    // statistics, so dx = dy * gamma * invstd, dgamma = sum dy * xhat, dbeta = sum dy.
+    const bool need_x = x.requires_grad(), need_g = gamma.requires_grad(), need_b = beta.requires_grad();
+    Tensor sx = need_g ? xc.detach() : Tensor();
+    Tensor sg = gamma.detach(), sm = running_mean.detach(), sv = running_var.detach();
+    return record_op(y, {x, gamma, beta}, "batch_norm2d_eval",
+                     [sx, sg, sm, sv, eps, c, need_x, need_g, need_b](const Tensor& grad) {
       Tensor dy = grad.contiguous();
-      Tensor dx = empty_like(dy);
-      int64_t n = dy.size(0), s = dy.numel() / (n * c);
-      // dx = dy * scale_c[c]: reuse bias_add on a zero tensor to broadcast, then multiply.
-      Tensor bc = Tensor::zeros(dy.shape(), dy.dtype(), dy.device());
-      be(dy).bias_add(bc, scale_c, n, c, s, bc);
-      be(dy).binary(backend::Binary::Mul, dy, bc, dx);
-      return std::vector<Tensor>{dx};
+      const int64_t n = dy.size(0), s = n * c != 0 ? dy.numel() / (n * c) : 0;
+      auto per_channel = [&](const Tensor& v) {  // v [c] broadcast to dy's shape
+        Tensor out = Tensor::zeros(dy.shape(), dy.dtype(), dy.device());
+        be(dy).bias_add(out, v, n, c, s, out);
+        return out;
+      };
+      Tensor invstd = unary_raw(backend::Unary::Sqrt, affine_raw(sv, 1.0, eps));
+      invstd = binary_raw(backend::Binary::Div, Tensor::ones({c}, dy.dtype(), dy.device()), invstd);
+      Tensor dx, dgamma, dbeta;
+      if (need_x) dx = binary_raw(backend::Binary::Mul, dy, per_channel(binary_raw(backend::Binary::Mul, sg, invstd)));
+      if (need_g) {
+        Tensor xhat = empty_like(dy);
+        be(dy).bias_add(sx, affine_raw(sm, -1.0, 0.0), n, c, s, xhat);
+        xhat = binary_raw(backend::Binary::Mul, xhat, per_channel(invstd));
+        dgamma = Tensor::empty({c}, dy.dtype(), dy.device());
+        be(dy).bias_grad(binary_raw(backend::Binary::Mul, dy, xhat), n, c, s, dgamma);
+      }
+      if (need_b) {
+        dbeta = Tensor::empty({c}, dy.dtype(), dy.device());
+        be(dy).bias_grad(dy, n, c, s, dbeta);
+      }
+      return std::vector<Tensor>{dx, dgamma, dbeta};
     });
   }
-  TANDEM_CHECK(x.numel() / c > 1, "batch_norm2d: training needs more than one value per channel, got ", x.str());
+  TANDEM_CHECK(c == 0 || x.numel() / c > 1, "batch_norm2d: training needs more than one value per channel, got ", x.str());
   Tensor save_mean = Tensor::empty({c}, x.dtype(), x.device());
   Tensor save_invstd = Tensor::empty({c}, x.dtype(), x.device());
   be(x).batch_norm_forward_train(xc, gamma, beta, running_mean, running_var, momentum, eps, y, save_mean,

@@ -1,0 +1,100 @@
+// CPU backend: dense matrix products through OpenBLAS, split across OpenMP threads.
+#include <cblas.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_dispatch.h"
+#include "backend/cpu/cpu_parallel.h"
+
+extern "C" {
+int openblas_get_num_threads(void);
+void openblas_set_num_threads(int);
+}
+
+namespace tandem::backend {
+
+namespace cpu {
+
+void ensure_blas_serial() {
+  // Cheap when already serial; tandem::set_num_threads may have raised it since the last kernel.
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+void check_blas_extent(int64_t v, const char* what) {
+  TANDEM_CHECK(v <= INT_MAX, "matrix product: ", what, " of ", v, " exceeds the BLAS limit of ", INT_MAX,
+               "; use smaller tensors or batches");
+}
+
+template <typename T>
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+               int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // BLAS rejects a zero leading dimension; the product is empty, so only beta acts
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  const CBLAS_TRANSPOSE ota = ta ? CblasTrans : CblasNoTrans, otb = tb ? CblasTrans : CblasNoTrans;
+  const auto im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ota, otb, im, in, ik, alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+                c, static_cast<int>(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, ota, otb, im, in, ik, alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+                c, static_cast<int>(ldc));
+}
+
+template <typename T>
+void gemm_parallel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                   int64_t ldb, T beta, T* c, int64_t ldc) {
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  int parts = static_cast<int>(std::min<double>(max_threads(), flops / kParallelFlops));
+  if (parts <= 1 || omp_in_parallel()) {
+    blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  // Split the longer side of c into blocks that are multiples of 16 (whole cache lines of c).
+  const bool by_cols = n >= m;
+  const int64_t len = by_cols ? n : m;
+  int64_t chunk = (len + parts - 1) / parts;
+  chunk = (chunk + 15) / 16 * 16;
+  parts = static_cast<int>((len + chunk - 1) / chunk);
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+  for (int p = 0; p < parts; ++p) {
+    const int64_t lo = p * chunk, cnt = std::min(len, lo + chunk) - lo;
+    if (by_cols)
+      blas_gemm(ta, tb, m, cnt, k, alpha, a, lda, tb ? b + lo * ldb : b + lo, ldb, beta, c + lo, ldc);
+    else
+      blas_gemm(ta, tb, cnt, n, k, alpha, ta ? a + lo : a + lo * lda, lda, b, ldb, beta, c + lo * ldc, ldc);
+  }
+}
+
+template void blas_gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                               int64_t, float, float*, int64_t);
+template void blas_gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
+                                int64_t, double, double*, int64_t);
+template void gemm_parallel<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                                   int64_t, float, float*, int64_t);
+template void gemm_parallel<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                                    const double*, int64_t, double, double*, int64_t);
+
+}  // namespace cpu
+
+void CpuBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
+                      const Tensor& b, double beta, Tensor& c) {
+  TANDEM_ASSERT(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "gemm operands ", a.str(), ", ", b.str(), ", ",
+                c.str());
+  TANDEM_ASSERT(a.numel() == m * k && b.numel() == k * n && c.numel() == m * n, "gemm extents ", m, "x", n, "x", k,
+                " for ", a.str(), ", ", b.str(), ", ", c.str());
+  for (int64_t v : {m, n, k}) cpu::check_blas_extent(v, "an extent");
+  const int64_t lda = std::max<int64_t>(1, trans_a ? m : k), ldb = std::max<int64_t>(1, trans_b ? k : n),
+                ldc = std::max<int64_t>(1, n);
+  cpu::ensure_blas_serial();
+  dispatch_float(c.dtype(), "gemm", [&](auto tag) {
+    using T = decltype(tag);
+    cpu::gemm_parallel<T>(trans_a, trans_b, m, n, k, static_cast<T>(alpha), static_cast<const T*>(a.data_ptr()), lda,
+                          static_cast<const T*>(b.data_ptr()), ldb, static_cast<T>(beta), static_cast<T*>(c.data_ptr()),
+                          ldc);
+  });
+}
+
+}  // namespace tandem::backend

@@ -1,0 +1,98 @@
+// CPU backend: fused optimizer updates over many parameter tensors in one call.
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_dispatch.h"
+#include "backend/cpu/cpu_parallel.h"
+
+namespace tandem::backend {
+
+using cpu::kParallelElems;
+
+namespace {
+
+void check_slot(const ParamSlot& s, int64_t i, bool need_buf0, bool need_buf1, const char* op) {
+  TANDEM_ASSERT(s.param.defined() && s.grad.defined(), op, ": slot ", i, " lacks a parameter or gradient");
+  TANDEM_ASSERT(s.grad.numel() == s.param.numel() && s.grad.dtype() == s.param.dtype(), op, ": slot ", i,
+                " gradient ", s.grad.str(), " does not match ", s.param.str());
+  if (need_buf0)
+    TANDEM_ASSERT(s.buf0.defined() && s.buf0.numel() == s.param.numel() && s.buf0.dtype() == s.param.dtype(), op,
+                  ": slot ", i, " first state buffer ", s.buf0.str(), " does not match ", s.param.str());
+  if (need_buf1)
+    TANDEM_ASSERT(s.buf1.defined() && s.buf1.numel() == s.param.numel() && s.buf1.dtype() == s.param.dtype(), op,
+                  ": slot ", i, " second state buffer ", s.buf1.str(), " does not match ", s.param.str());
+}
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+template <typename T>
+void sgd_one(const ParamSlot& s, const SgdArgs& a) {
+  const int64_t n = s.param.numel();
+  T* p = ptr<T>(s.param);
+  const T* g = ptr<T>(s.grad);
+  const T lr = static_cast<T>(a.lr), wd = static_cast<T>(a.weight_decay), mom = static_cast<T>(a.momentum),
+          damp = static_cast<T>(1.0 - a.dampening);
+  if (a.momentum == 0.0) {
+#pragma omp parallel for if (n >= kParallelElems)
+    for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+    return;
+  }
+  T* buf = ptr<T>(s.buf0);
+  const bool first = a.first_step, nesterov = a.nesterov;
+#pragma omp parallel for if (n >= kParallelElems)
+  for (int64_t i = 0; i < n; ++i) {
+    const T d = g[i] + wd * p[i];
+    const T b = first ? d : mom * buf[i] + damp * d;
+    buf[i] = b;
+    p[i] -= lr * (nesterov ? d + mom * b : b);
+  }
+}
+
+template <typename T>
+void adam_one(const ParamSlot& s, const AdamArgs& a) {
+  const int64_t n = s.param.numel();
+  T* p = ptr<T>(s.param);
+  const T* g = ptr<T>(s.grad);
+  T* m = ptr<T>(s.buf0);
+  T* v = ptr<T>(s.buf1);
+  const double t = static_cast<double>(a.step);
+  const T b1 = static_cast<T>(a.beta1), b2 = static_cast<T>(a.beta2);
+  const T c1 = static_cast<T>(1.0 - a.beta1), c2 = static_cast<T>(1.0 - a.beta2);
+  // lr * (m / bc1) / (sqrt(v / bc2) + eps) == step * m / (sqrt(v) * inv_sqrt_bc2 + eps)
+  const T step = static_cast<T>(a.lr / (1.0 - std::pow(a.beta1, t)));
+  const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, t)));
+  const T eps = static_cast<T>(a.eps);
+  const T l2 = a.decoupled ? T(0) : static_cast<T>(a.weight_decay);
+  const T shrink = a.decoupled ? static_cast<T>(1.0 - a.lr * a.weight_decay) : T(1);
+#pragma omp parallel for if (n >= kParallelElems)
+  for (int64_t i = 0; i < n; ++i) {
+    const T gi = g[i] + l2 * p[i];
+    const T mi = b1 * m[i] + c1 * gi;
+    const T vi = b2 * v[i] + c2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * shrink - step * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) {
+  for (int64_t i = 0; i < count; ++i) check_slot(slots[i], i, a.momentum != 0.0, false, "sgd_step");
+  for (int64_t i = 0; i < count; ++i) {
+    dispatch_float(slots[i].param.dtype(), "sgd_step", [&](auto tag) { sgd_one<decltype(tag)>(slots[i], a); });
+  }
+}
+
+void CpuBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) {
+  TANDEM_ASSERT(a.step >= 1, "adam_step: step ", a.step, " (steps count from 1)");
+  for (int64_t i = 0; i < count; ++i) check_slot(slots[i], i, true, true, "adam_step");
+  for (int64_t i = 0; i < count; ++i) {
+    dispatch_float(slots[i].param.dtype(), "adam_step", [&](auto tag) { adam_one<decltype(tag)>(slots[i], a); });
+  }
+}
+
+}  // namespace tandem::backend

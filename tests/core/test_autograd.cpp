@@ -1,0 +1,183 @@
+// The backward engine: accumulation, shared inputs, grad-ready hooks, grad mode and graph lifetime.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "tandem/autograd.h"
+#include "tandem/ops.h"
+
+namespace tandem {
+namespace {
+
+Tensor leaf(const std::vector<double>& v) {
+  Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
+  t.requires_grad_();
+  return t;
+}
+
+void expect_values(const Tensor& t, const std::vector<double>& want, double tol = 1e-12) {
+  ASSERT_TRUE(t.defined());
+  auto got = t.to_vector<double>();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
+}
+
+TEST(Autograd, GradientsAccumulateAcrossBackwardPasses) {
+  Tensor x = leaf({1.0, -2.0, 0.5});
+  backward(sum(mul(x, x)));  // 2x
+  expect_values(x.grad(), {2.0, -4.0, 1.0});
+  backward(sum(scale(x, 3.0)));  // + 3
+  expect_values(x.grad(), {5.0, -1.0, 4.0});
+  x.set_grad(Tensor());
+  backward(sum(x));
+  expect_values(x.grad(), {1.0, 1.0, 1.0});
+}
+
+TEST(Autograd, TensorUsedTwice) {
+  Tensor x = leaf({3.0, -1.0});
+  backward(sum(add(x, x)));
+  expect_values(x.grad(), {2.0, 2.0});
+  x.set_grad(Tensor());
+  backward(sum(mul(x, x)));
+  expect_values(x.grad(), {6.0, -2.0});
+  // Used at two depths of the graph: once directly, once through a chain.
+  x.set_grad(Tensor());
+  backward(sum(add(x, tanh(scale(x, 2.0)))));
+  expect_values(x.grad(), {1 + 2 * (1 - std::pow(std::tanh(6.0), 2)), 1 + 2 * (1 - std::pow(std::tanh(-2.0), 2))});
+}
+
+TEST(Autograd, AGradientOwnedByTheLeafIsNotSharedWithAnother) {
+  // add's backward hands the same gradient tensor to both inputs: accumulating into one leaf later
+  // must not change the other.
+  Tensor a = leaf({1.0, 2.0}), b = leaf({3.0, 4.0});
+  backward(sum(add(a, b)));
+  EXPECT_FALSE(a.grad().shares_storage(b.grad()));
+  backward(sum(scale(a, 5.0)));
+  expect_values(a.grad(), {6.0, 6.0});
+  expect_values(b.grad(), {1.0, 1.0});
+}
+
+TEST(Autograd, GradReadyHookFiresOncePerLeafWithItsFinalGradient) {
+  // loss = sum(tanh(a * b) * a + b): a and b are each used at two depths.
+  const std::vector<double> av{0.3, -1.2, 0.8}, bv{1.5, 0.4, -0.7};
+  Tensor a = leaf(av), b = leaf(bv), unused = leaf({1.0});
+  Tensor loss = sum(add(mul(tanh(mul(a, b)), a), b));
+  std::vector<double> da(3), db(3);
+  for (int i = 0; i < 3; ++i) {
+    const double t = std::tanh(av[i] * bv[i]);
+    da[i] = (1 - t * t) * bv[i] * av[i] + t;
+    db[i] = (1 - t * t) * av[i] * av[i] + 1;
+  }
+  std::map<TensorImpl*, int> calls;
+  backward(loss, [&](const Tensor& l) {
+    calls[l.impl()]++;
+    // The gradient must already be final when the hook runs.
+    if (l.is_same(a)) expect_values(l.grad(), da);
+    else if (l.is_same(b)) expect_values(l.grad(), db);
+    else ADD_FAILURE() << "hook called for a tensor that is not a leaf of the loss";
+  });
+  EXPECT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[a.impl()], 1);
+  EXPECT_EQ(calls[b.impl()], 1);
+  EXPECT_EQ(calls.count(unused.impl()), 0u);
+  expect_values(a.grad(), da);
+  expect_values(b.grad(), db);
+}
+
+TEST(Autograd, HookOrderFollowsReadiness) {
+  // The last layer's parameter is final long before the first one's: its hook comes first.
+  Tensor w1 = leaf({0.5, -0.5}), w2 = leaf({2.0, 1.0}), x = Tensor::from_vector<double>({1.0, 2.0}, {2});
+  Tensor loss = sum(mul(tanh(mul(x, w1)), w2));
+  std::vector<TensorImpl*> order;
+  backward(loss, [&](const Tensor& l) { order.push_back(l.impl()); });
+  ASSERT_EQ(order.size(), 2u);
+  EXPECT_EQ(order[0], w2.impl());
+  EXPECT_EQ(order[1], w1.impl());
+}
+
+TEST(Autograd, LeavesUnusedByTheLossKeepNoGradient) {
+  Tensor used = leaf({1.0, 2.0}), unused = leaf({3.0, 4.0});
+  Tensor other = mul(unused, unused);  // a graph of its own, never back-propagated
+  backward(sum(used));
+  EXPECT_TRUE(used.grad().defined());
+  EXPECT_FALSE(unused.grad().defined());
+  EXPECT_TRUE(other.requires_grad());
+}
+
+TEST(Autograd, NoGradGuard) {
+  Tensor x = leaf({1.0, 2.0});
+  EXPECT_TRUE(grad_enabled());
+  {
+    NoGradGuard guard;
+    EXPECT_FALSE(grad_enabled());
+    Tensor y = mul(x, x);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_FALSE(y.grad_fn());
+    {
+      NoGradGuard nested;
+      EXPECT_FALSE(grad_enabled());
+    }
+    EXPECT_FALSE(grad_enabled());  // the inner guard restores the outer state, not "enabled"
+    EXPECT_THROW(backward(sum(y)), Error);
+  }
+  EXPECT_TRUE(grad_enabled());
+  Tensor z = mul(x, x);
+  EXPECT_TRUE(z.requires_grad());
+  EXPECT_TRUE(z.grad_fn());
+}
+
+TEST(Autograd, BackwardTwiceThroughAFreedGraphIsAnError) {
+  Tensor x = leaf({1.0, 2.0});
+  Tensor loss = sum(mul(x, x));
+  backward(loss);
+  try {
+    backward(loss);
+    FAIL() << "second backward through a freed graph did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Autograd, LossWithoutGradientIsAnError) {
+  Tensor c = Tensor::from_vector<double>({1.0, 2.0}, {2});
+  try {
+    backward(sum(mul(c, c)));
+    FAIL() << "backward of a constant did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::Kind::Input);
+    EXPECT_NE(std::string(e.what()).find("does not depend on any tensor that requires a gradient"), std::string::npos);
+  }
+  EXPECT_THROW(backward(Tensor()), Error);
+}
+
+TEST(Autograd, NonScalarLossNeedsGradOutput) {
+  Tensor x = leaf({1.0, 2.0, 3.0});
+  Tensor y = mul(x, x);
+  EXPECT_THROW(backward(y), Error);
+  Tensor y2 = mul(x, x);
+  EXPECT_THROW(backward(y2, {}, Tensor::ones({2}, DType::f64)), Error);
+  Tensor y3 = mul(x, x);
+  backward(y3, {}, Tensor::from_vector<double>({1.0, 0.0, -1.0}, {3}));
+  expect_values(x.grad(), {2.0, 0.0, -6.0});
+}
+
+TEST(Autograd, RequiresGradOnlyForFloatingLeaves) {
+  Tensor i = Tensor::zeros({2}, DType::i32);
+  EXPECT_THROW(i.requires_grad_(), Error);
+  Tensor x = leaf({1.0});
+  Tensor y = scale(x, 2.0);
+  EXPECT_FALSE(y.is_leaf());
+  EXPECT_THROW(y.requires_grad_(), Error);
+}
+
+TEST(Autograd, GradientFlowsIntoFloat32Leaves) {
+  Tensor x = Tensor::from_vector<float>({1.f, 2.f}, {2});
+  x.requires_grad_();
+  backward(sum(mul(x, x)));
+  EXPECT_EQ(x.grad().dtype(), DType::f32);
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2.f, 4.f}));
+}
+
+}  // namespace
+}  // namespace tandem

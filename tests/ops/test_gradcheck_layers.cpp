@@ -1,0 +1,155 @@
+// Finite-difference gradient checks of the layer ops: matrix products, convolution, pooling,
+// normalisation, dropout and the loss.
+#include <algorithm>
+
+#include "gradcheck.h"
+#include "tandem/ops.h"
+
+namespace tandem::testing {
+namespace {
+
+using Ts = std::vector<Tensor>;
+
+TEST(GradCheck, Matmul) {
+  Generator gen(11);
+  Tensor a = leaf({3, 5}, gen), b = leaf({5, 4}, gen);
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return matmul(t[0], t[1]); }, {a, b}));
+  Tensor v = leaf({1, 7}, gen), m = leaf({7, 1}, gen);
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return matmul(t[0], t[1]); }, {v, m}));
+}
+
+TEST(GradCheck, LinearWithAndWithoutBias) {
+  Generator gen(12);
+  Tensor x = leaf({4, 6}, gen), w = leaf({3, 6}, gen), b = leaf({3}, gen);
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return linear(t[0], t[1], t[2]); }, {x, w, b}));
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return linear(t[0], t[1], Tensor()); }, {x, w}));
+  // A frozen weight: gradients for the input and bias only.
+  Tensor frozen = Tensor::uniform({3, 6}, -1, 1, gen, DType::f64);
+  EXPECT_TRUE(gradcheck([&](const Ts& t) { return linear(t[0], frozen, t[1]); }, {x, b}));
+}
+
+struct ConvCase {
+  Shape x, w;
+  Conv2dOptions opt;
+  bool bias;
+};
+
+TEST(GradCheck, Conv2d) {
+  const ConvCase cases[] = {
+      {{2, 3, 6, 5}, {4, 3, 3, 3}, {{1, 1}, {0, 0}}, true},
+      {{2, 2, 7, 6}, {3, 2, 3, 2}, {{2, 2}, {1, 1}}, true},   // stride 2, padding 1, non-square kernel
+      {{1, 2, 5, 6}, {2, 2, 2, 3}, {{1, 2}, {2, 1}}, false},  // mixed strides, padding 2
+      {{3, 4, 4, 4}, {2, 4, 1, 1}, {{1, 1}, {0, 0}}, true},   // pointwise
+      {{2, 1, 8, 8}, {3, 1, 5, 5}, {{1, 1}, {0, 0}}, true},   // the CNN's first layer shape, smaller
+  };
+  Generator gen(13);
+  for (const ConvCase& c : cases) {
+    Tensor x = leaf(c.x, gen), w = leaf(c.w, gen);
+    Tensor b = c.bias ? leaf({c.w[0]}, gen) : Tensor();
+    Conv2dOptions opt = c.opt;
+    if (c.bias)
+      EXPECT_TRUE(gradcheck([opt](const Ts& t) { return conv2d(t[0], t[1], t[2], opt); }, {x, w, b}))
+          << shape_str(c.x) << " * " << shape_str(c.w);
+    else
+      EXPECT_TRUE(gradcheck([opt](const Ts& t) { return conv2d(t[0], t[1], Tensor(), opt); }, {x, w}))
+          << shape_str(c.x) << " * " << shape_str(c.w);
+  }
+  // Only the bias requires a gradient: the weight gradient is skipped, the bias one still computed.
+  Tensor x = Tensor::uniform({2, 2, 5, 5}, -1, 1, gen, DType::f64), w = Tensor::uniform({3, 2, 3, 3}, -1, 1, gen, DType::f64);
+  Tensor b = leaf({3}, gen);
+  EXPECT_TRUE(gradcheck([&](const Ts& t) { return conv2d(x, w, t[0]); }, {b}));
+}
+
+// Distinct values at least 0.01 apart, shuffled: no ties, and +-eps never changes a window's maximum.
+Tensor tie_free(const Shape& shape, Generator& gen) {
+  const int64_t n = shape_numel(shape);
+  std::vector<double> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = 0.01 * static_cast<double>(i) - 0.005 * static_cast<double>(n);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(v[i], v[gen.next_below(static_cast<uint64_t>(i + 1))]);
+  Tensor t = Tensor::from_vector(v, shape);
+  t.requires_grad_();
+  return t;
+}
+
+TEST(GradCheck, MaxPool2d) {
+  Generator gen(14);
+  const Pool2dOptions opts[] = {{{2, 2}, {2, 2}, {0, 0}}, {{3, 3}, {2, 2}, {1, 1}}, {{3, 2}, {1, 2}, {1, 0}}};
+  for (const Pool2dOptions& o : opts) {
+    Tensor x = tie_free({2, 3, 7, 6}, gen);
+    EXPECT_TRUE(gradcheck1([o](const Tensor& t) { return max_pool2d(t, o); }, x));
+  }
+}
+
+TEST(GradCheck, AvgPool2dWithPadding) {
+  Generator gen(15);
+  const Pool2dOptions opts[] = {{{2, 2}, {2, 2}, {0, 0}}, {{3, 3}, {2, 2}, {1, 1}}, {{4, 3}, {1, 2}, {2, 1}}};
+  for (const Pool2dOptions& o : opts) {
+    Tensor x = leaf({2, 2, 7, 6}, gen);
+    EXPECT_TRUE(gradcheck1([o](const Tensor& t) { return avg_pool2d(t, o); }, x));
+  }
+}
+
+TEST(GradCheck, BatchNormTraining) {
+  Generator gen(16);
+  Tensor x = leaf({4, 3, 3, 2}, gen), gamma = leaf({3}, gen, 0.5, 1.5), beta = leaf({3}, gen);
+  Tensor rm = Tensor::zeros({3}, DType::f64), rv = Tensor::ones({3}, DType::f64);
+  EXPECT_TRUE(gradcheck(
+      [&](const Ts& t) { return batch_norm2d(t[0], t[1], t[2], rm, rv, true, 0.1, 1e-5); }, {x, gamma, beta}));
+}
+
+TEST(GradCheck, BatchNormEval) {
+  Generator gen(17);
+  Tensor x = leaf({3, 2, 4, 3}, gen), gamma = leaf({2}, gen, 0.5, 1.5), beta = leaf({2}, gen);
+  Tensor rm = Tensor::uniform({2}, -0.5, 0.5, gen, DType::f64), rv = Tensor::uniform({2}, 0.5, 2.0, gen, DType::f64);
+  EXPECT_TRUE(gradcheck(
+      [&](const Ts& t) { return batch_norm2d(t[0], t[1], t[2], rm, rv, false, 0.1, 1e-5); }, {x, gamma, beta}));
+}
+
+TEST(GradCheck, DropoutWithAFixedMask) {
+  Generator probe(18);
+  Tensor x = leaf({6, 7}, probe);
+  // Each call draws from a fresh generator with the same seed: the same mask every time.
+  auto f = [](const Tensor& t) {
+    Generator gen(1234);
+    return dropout(t, 0.4, true, gen);
+  };
+  EXPECT_TRUE(gradcheck1(f, x));
+  // The mask really drops something and scales the rest.
+  NoGradGuard no_grad;
+  auto y = f(x).to_vector<double>(), xv = x.to_vector<double>();
+  int64_t zeros = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (y[i] == 0.0) ++zeros;
+    else EXPECT_NEAR(y[i], xv[i] / 0.6, 1e-12);
+  }
+  EXPECT_GT(zeros, 0);
+  EXPECT_LT(zeros, static_cast<int64_t>(y.size()));
+}
+
+TEST(GradCheck, SoftmaxCrossEntropy) {
+  Generator gen(19);
+  for (DType lt : {DType::i32, DType::i64}) {
+    Tensor logits = leaf({5, 4}, gen, -2, 2);
+    Tensor labels = Tensor::from_vector<int64_t>({0, 3, 1, 1, 2}, {5}).to(lt);
+    EXPECT_TRUE(gradcheck1([&](const Tensor& t) { return softmax_cross_entropy(t, labels); }, logits));
+    // Scaled by a later op: the incoming gradient is not 1.
+    EXPECT_TRUE(gradcheck1([&](const Tensor& t) { return scale(softmax_cross_entropy(t, labels), 3.0); }, logits));
+  }
+}
+
+TEST(GradCheck, SmallNetworkEndToEnd) {
+  // conv -> relu -> max pool -> flatten -> linear -> softmax cross-entropy, every parameter at once.
+  Generator gen(20);
+  Tensor x = Tensor::uniform({2, 1, 6, 6}, -1, 1, gen, DType::f64);
+  Tensor w1 = leaf({2, 1, 3, 3}, gen), b1 = leaf({2}, gen), w2 = leaf({3, 8}, gen), b2 = leaf({3}, gen);
+  Tensor labels = Tensor::from_vector<int32_t>({2, 0}, {2});
+  EXPECT_TRUE(gradcheck(
+      [&](const Ts& t) {
+        Tensor h = max_pool2d(relu(conv2d(x, t[0], t[1])));
+        return softmax_cross_entropy(linear(flatten(h), t[2], t[3]), labels);
+      },
+      {w1, b1, w2, b2}));
+}
+
+}  // namespace
+}  // namespace tandem::testing

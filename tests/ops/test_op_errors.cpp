@@ -1,0 +1,92 @@
+// Ops reject bad shapes and arguments with a tandem::Error whose message says what is wrong.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "tandem/ops.h"
+
+namespace tandem {
+namespace {
+
+// Runs f, expecting an Input error whose message contains every one of the given fragments.
+void expect_error(const std::function<void()>& f, std::initializer_list<const char*> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error thrown; expected one mentioning '" << *fragments.begin() << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::Kind::Input) << e.what();
+    for (const char* frag : fragments)
+      EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << "'" << frag << "' missing from: " << e.what();
+  }
+}
+
+TEST(OpErrors, Elementwise) {
+  Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({3, 2}), d = Tensor::zeros({2, 3}, DType::f64);
+  expect_error([&] { add(a, b); }, {"add", "different shapes", "[2, 3]", "[3, 2]"});
+  expect_error([&] { mul(a, d); }, {"mul", "different dtypes"});
+  expect_error([&] { sub(a, Tensor()); }, {"sub", "undefined"});
+  expect_error([&] { relu(Tensor::zeros({2}, DType::i32)); }, {"relu", "floating"});
+  expect_error([&] { bias_add(a, Tensor::zeros({2})); }, {"bias_add", "does not match"});
+  expect_error([&] { bias_add(a, Tensor::zeros({3}, DType::f64)); }, {"bias_add", "dtype"});
+}
+
+TEST(OpErrors, ShapesAndReductions) {
+  Tensor a = Tensor::zeros({2, 3});
+  expect_error([&] { reshape(a, {4, 2}); }, {"view", "[4, 2]"});
+  expect_error([&] { reshape(a, {-1, -1}); }, {"more than one -1"});
+  expect_error([&] { flatten(a, 5); }, {"flatten", "start_dim"});
+  expect_error([&] { mean(Tensor::zeros({0})); }, {"mean", "empty"});
+  expect_error([&] { sum(Tensor::zeros({3}, DType::i64)); }, {"sum", "floating"});
+}
+
+TEST(OpErrors, MatrixProducts) {
+  Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4, 5});
+  expect_error([&] { matmul(a, b); }, {"matmul", "inner dimensions"});
+  expect_error([&] { matmul(Tensor::zeros({2, 3, 1}), b); }, {"matmul", "2 dimensions"});
+  expect_error([&] { linear(a, Tensor::zeros({4, 2}), Tensor()); }, {"linear", "3 features", "expects 2"});
+  expect_error([&] { linear(a, Tensor::zeros({4, 3}), Tensor::zeros({5})); }, {"linear", "bias"});
+}
+
+TEST(OpErrors, ConvolutionAndPooling) {
+  Tensor x = Tensor::zeros({1, 3, 5, 5});
+  expect_error([&] { conv2d(x, Tensor::zeros({2, 4, 3, 3}), Tensor()); }, {"conv2d", "3 channels", "expects 4"});
+  expect_error([&] { conv2d(x, Tensor::zeros({2, 3, 7, 7}), Tensor()); }, {"conv2d", "larger than the padded input"});
+  expect_error([&] { conv2d(x, Tensor::zeros({2, 3, 3, 3}), Tensor::zeros({3})); }, {"conv2d", "bias"});
+  expect_error([&] { conv2d(x, Tensor::zeros({2, 3, 3, 3}), Tensor(), {{0, 1}, {0, 0}}); }, {"stride"});
+  expect_error([&] { conv2d(Tensor::zeros({3, 5, 5}), Tensor::zeros({2, 3, 3, 3}), Tensor()); },
+               {"conv2d", "4 dimensions"});
+  expect_error([&] { max_pool2d(x, {{2, 2}, {2, 2}, {2, 2}}); }, {"max_pool2d", "padding"});
+  expect_error([&] { avg_pool2d(x, {{7, 7}, {1, 1}, {0, 0}}); }, {"avg_pool2d", "larger than"});
+  expect_error([&] { max_pool2d(x, {{2, 2}, {0, 2}, {0, 0}}); }, {"max_pool2d", "stride"});
+}
+
+TEST(OpErrors, NormalisationAndDropout) {
+  Tensor x = Tensor::zeros({2, 3, 2, 2}), g = Tensor::ones({3}), b = Tensor::zeros({3});
+  Tensor rm = Tensor::zeros({3}), rv = Tensor::ones({3}), rv_bad = Tensor::ones({4});
+  expect_error([&] { batch_norm2d(x, g, b, rm, rv_bad, true); }, {"batch_norm2d", "3 channels"});
+  Tensor one = Tensor::zeros({1, 3, 1, 1});
+  expect_error([&] { batch_norm2d(one, g, b, rm, rv, true); }, {"batch_norm2d", "more than one value"});
+  expect_error([&] { batch_norm2d(x, g, b, rm, rv, true, 0.1, 0.0); }, {"eps"});
+  Generator gen(1);
+  expect_error([&] { dropout(x, 1.0, true, gen); }, {"dropout", "outside [0, 1)"});
+  expect_error([&] { dropout(x, -0.1, true, gen); }, {"dropout"});
+}
+
+TEST(OpErrors, LossAndMetrics) {
+  Tensor logits = Tensor::zeros({3, 4});
+  expect_error([&] { softmax_cross_entropy(logits, Tensor::zeros({3})); }, {"labels must be i32 or i64"});
+  expect_error([&] { softmax_cross_entropy(logits, Tensor::zeros({2}, DType::i64)); }, {"2 labels for 3 rows"});
+  expect_error([&] { softmax_cross_entropy(logits, Tensor::from_vector<int64_t>({0, 4, 1}, {3})); },
+               {"label 4", "row 1", "[0, 4)"});
+  expect_error([&] { count_correct(logits, Tensor::from_vector<int32_t>({0, 1, -2}, {3})); }, {"label -2", "row 2"});
+  expect_error([&] { argmax(Tensor::zeros({4})); }, {"argmax", "2 dimensions"});
+}
+
+TEST(OpErrors, DevicesThatDoNotExist) {
+  const int n = cuda_device_count();
+  expect_error([&] { Tensor::zeros({2}, DType::f32, Device::cuda(n)); }, {"cuda:"});
+}
+
+}  // namespace
+}  // namespace tandem
