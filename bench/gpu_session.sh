@@ -31,9 +31,17 @@ if has tests; then
   ctest --test-dir build-gpu -L gpu --output-on-failure -j4 >"$OUT/ctest_gpu.log" 2>&1
   say "ctest -L gpu: $(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log")"
   grep -E '\(Failed\)|\(Timeout\)' "$OUT/ctest_gpu.log" | head -20 | tee -a "$OUT/summary.txt"
-  ctest --test-dir build-gpu -R 'Nccl|DistOpt' --output-on-failure >"$OUT/ctest_nccl.log" 2>&1
+  ctest --test-dir build-gpu -R 'Nccl|DistOpt|Cuda' -LE gpu --output-on-failure >"$OUT/ctest_nccl.log" 2>&1
   say "ctest nccl/distopt: $(grep -E 'tests passed|tests failed' "$OUT/ctest_nccl.log")"
   grep -E '\(Failed\)|\(Timeout\)' "$OUT/ctest_nccl.log" | head -20 | tee -a "$OUT/summary.txt"
+fi
+
+if has quickbench; then
+  for w in 1 2; do
+    $T launch -n $w -- $T bench train --model cnn -b 64 --steps 500 --device cuda 2>&1 | grep -E 'RESULT|error' \
+      | sed "s/^/tandem ${w}gpu b64: /" | tee -a "$OUT/summary.txt"
+  done
+  $T launch -n 2 -- $T bench allreduce --min 1K --max 64M --no-raw 2>&1 | tee -a "$OUT/summary.txt"
 fi
 
 if has bench; then
@@ -75,6 +83,15 @@ if has accuracy; then
       run_acc "launch2_$d" "$T" launch -n 2 -- "$T" train --model cnn -d $d -s 0.05 --check-consistency 200 --report-comm
     done
   fi
+fi
+
+if has commbound && [ "$NGPU" -ge 2 ]; then
+  # NCCL forced onto sockets: a commodity-network setting where gradient compression can pay.
+  for d in plain half sparseTopK sparseThreshold; do
+    NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$T" launch -n 2 -- "$T" bench train --model mlp \
+      --hidden 4096,4096,4096 -b 64 --steps 30 --warmup 5 -d $d -s 0.01 --device cuda 2>&1 \
+      | grep -E 'RESULT|error' | sed "s/^/sockets $d: /" | tee -a "$OUT/summary.txt"
+  done
 fi
 
 if has sanitize && [ "$NGPU" -ge 2 ]; then

@@ -1,5 +1,6 @@
 #pragma once
 // Where a tensor lives.
+#include <cstdint>
 #include <string>
 #include <string_view>
 
