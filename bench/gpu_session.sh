@@ -29,7 +29,7 @@ fi
 
 if has tests; then
   ctest --test-dir build-gpu -L gpu --output-on-failure -j4 >"$OUT/ctest_gpu.log" 2>&1
-  say "ctest -L gpu: $(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log")"
+  say "ctest -L gpu: $(grep -E 'tests passed|tests failed|Errors while' "$OUT/ctest_gpu.log")"
   grep -E '\(Failed\)|\(Timeout\)' "$OUT/ctest_gpu.log" | head -20 | tee -a "$OUT/summary.txt"
   ctest --test-dir build-gpu -R 'Nccl|DistOpt|Cuda' -LE gpu --output-on-failure >"$OUT/ctest_nccl.log" 2>&1
   say "ctest nccl/distopt: $(grep -E 'tests passed|tests failed' "$OUT/ctest_nccl.log")"
@@ -50,6 +50,8 @@ if has bench; then
       2>&1 | grep RESULT | sed "s/^/peer 1gpu b$b: /" | tee -a "$OUT/summary.txt"
     $T bench train --model cnn -b $b --steps 500 --device cuda 2>&1 | grep -E 'RESULT|error' | sed "s/^/tandem 1gpu b$b: /" \
       | tee -a "$OUT/summary.txt"
+    $T launch -n 1 -- $T bench train --model cnn -b $b --steps 500 --device cuda 2>&1 | grep -E 'RESULT|error' \
+      | sed "s/^/tandem launch-n1 b$b: /" | tee -a "$OUT/summary.txt"
     if [ "$NGPU" -ge 2 ]; then
       python3 -m torch.distributed.run --standalone --nproc_per_node=2 "$PEER/pytorch_ddp.py" --model cnn --batch $b \
         2>&1 | grep RESULT | sed "s/^/peer 2gpu b$b: /" | tee -a "$OUT/summary.txt"

@@ -40,8 +40,9 @@ double param_checksum(nn::Module& m) {
 }
 
 int run_train_bench(const TrainBenchConfig& cfg) {
-  set_num_threads(cfg.threads);
   dist::DistEnv env = dist::detect_env();
+  // Ranks sharing a machine share its cores.
+  set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env.local_size));
   Device device = Device::parse(cfg.device);
   if (device.is_cuda() && cfg.device == "cuda" && env.world_size > 1) device = Device::cuda(env.local_rank);
   check_device(device);

@@ -2,9 +2,18 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <thread>
+#include <algorithm>
 
 #include "cli/commands.h"
 #include "tandem/error.h"
+
+namespace tandem::cli {
+int default_threads_per_rank(int local_size) {
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, cores / std::max(1, local_size));
+}
+}  // namespace tandem::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"tandem: data-parallel training on CPUs and GPUs"};

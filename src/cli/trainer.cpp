@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "cli/commands.h"
 #include "cli/progress.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
@@ -92,12 +93,13 @@ dist::DistOptOptions dist_options(const TrainConfig& cfg) {
 }  // namespace
 
 int run_training(const TrainConfig& cfg) {
-  set_num_threads(cfg.threads);
   dist::SyncMode mode = dist::parse_sync_mode(cfg.dist_option);
   if (mode == dist::SyncMode::SparseTopK)
     TANDEM_CHECK(cfg.spars > 0.0 && cfg.spars <= 1.0, "--spars for sparseTopK is the fraction of gradients sent, in ",
                  "(0, 1]; got ", cfg.spars);
   dist::DistEnv env = dist::detect_env();
+  // Ranks sharing a machine share its cores.
+  set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env.local_size));
   Device device = Device::parse(cfg.device);
   // Under a launcher, "cuda" means this process's GPU on its node.
   if (device.is_cuda() && cfg.device == "cuda" && env.world_size > 1) device = Device::cuda(env.local_rank);

@@ -3,9 +3,9 @@
 // compute stream after them. A watchdog thread fails collectives that outlive the timeout and errors
 // that NCCL reports asynchronously: it aborts the communicator, and the next wait or collective throws.
 //
-// The communicator is created non-blocking, so that an initialisation that a peer never completes can
-// be abandoned too. Every NCCL call may then answer ncclInProgress: the call is finished once
-// ncclCommGetAsyncError says so, which `settle` waits for.
+// The communicator is blocking (cheap calls); its initialisation runs on a thread of its own so that one
+// a peer never completes can be abandoned after the timeout. Should a call still answer ncclInProgress,
+// `settle` waits until ncclCommGetAsyncError says it finished.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -225,15 +225,44 @@ NcclCommunicator::NcclCommunicator(const GroupSpec& g)
     std::memcpy(&id, v.data(), sizeof id);
   }
 
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
-  if (r == ncclInProgress || (r == ncclSuccess && comm_)) r = settle(Clock::now() + g.timeout);
+  // A blocking communicator keeps each collective call cheap on the host. Its initialisation cannot
+  // be interrupted, so it runs on a thread of its own and is given up on after the timeout; and all
+  // connections are made during it (NCCL_RUNTIME_CONNECT=0), so that no later call blocks on a peer.
+  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+  struct InitResult {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    ncclResult_t result = ncclSuccess;
+    ncclComm_t comm = nullptr;
+  };
+  auto init = std::make_shared<InitResult>();
+  std::thread([init, id, size = size_, rank = rank_, dev = device_] {
+    ncclComm_t c = nullptr;
+    ncclResult_t r = ncclSystemError;
+    if (cudaSetDevice(dev) == cudaSuccess) {
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 1;
+      r = ncclCommInitRankConfig(&c, size, id, rank, &config);
+    }
+    std::lock_guard<std::mutex> lock(init->mu);
+    init->result = r;
+    init->comm = c;
+    init->done = true;
+    init->cv.notify_all();
+  }).detach();
+  ncclResult_t r;
+  {
+    std::unique_lock<std::mutex> lock(init->mu);
+    bool finished = init->cv.wait_for(lock, g.timeout, [&] { return init->done; });
+    TANDEM_RUNTIME_CHECK(finished, "ncclCommInitRankConfig on rank ", rank_, " (GPU cuda:", device_,
+                         ") did not finish within ", net::format_duration(g.timeout),
+                         " (a peer may have died, or the hosts cannot reach each other; NCCL_DEBUG=INFO tells more)");
+    r = init->result;
+    comm_ = init->comm;
+  }
   if (r != ncclSuccess) {
-    std::string why = r == ncclInProgress ? "did not finish within " + net::format_duration(g.timeout) +
-                                                " (a peer may have died, or the hosts cannot reach each other; "
-                                                "NCCL_DEBUG=INFO tells more)"
-                                          : "failed: " + describe(r);
+    std::string why = "failed: " + describe(r);
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
     TANDEM_RUNTIME_CHECK(false, "ncclCommInitRankConfig on rank ", rank_, " (GPU cuda:", device_, ") ", why);
