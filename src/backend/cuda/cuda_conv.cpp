@@ -35,10 +35,26 @@ int to_int(int64_t v, const char* what) {
 // Algorithms that may use TF32 tensor cores are skipped: results must agree with the CPU in f32.
 bool exact_math(cudnnMathType_t m) { return m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH; }
 
+// FFT and non-fused Winograd algorithms trade accuracy for speed (relative errors near 1e-3 in f32,
+// far from the CPU's results): they are passed over too.
+bool accurate(cudnnConvolutionFwdAlgo_t a) {
+  return a != CUDNN_CONVOLUTION_FWD_ALGO_FFT && a != CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING &&
+         a != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool accurate(cudnnConvolutionBwdDataAlgo_t a) {
+  return a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT && a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING &&
+         a != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool accurate(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT && a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING &&
+         a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
 template <typename Perf>
 int pick(const Perf* perf, int count) {
   for (int i = 0; i < count; ++i)  // sorted fastest first
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kWorkspaceLimit && exact_math(perf[i].mathType))
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kWorkspaceLimit && exact_math(perf[i].mathType) &&
+        accurate(perf[i].algo))
       return i;
   return -1;
 }
