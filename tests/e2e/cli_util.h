@@ -1,0 +1,48 @@
+#pragma once
+// Runs the tandem executable and captures what it printed and how it ended.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace tandem::test {
+
+struct RunResult {
+  int status = -1;  // exit status, or -1 when killed by a signal
+  std::string output;  // stdout and stderr together
+};
+
+/// Runs `TANDEM_BIN args` through the shell.
+inline RunResult run_tandem(const std::string& args) {
+  RunResult r;
+  std::string cmd = std::string(TANDEM_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+inline const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
+
+inline bool have_fashion_mnist() {
+  return std::filesystem::exists(std::string(kFashionDir) + "/train-images-idx3-ubyte.gz");
+}
+
+/// Number of lines of `text` that contain `needle`.
+inline int count_lines_with(const std::string& text, const std::string& needle) {
+  int n = 0;
+  size_t pos = 0;
+  while ((pos = text.find(needle, pos)) != std::string::npos) {
+    ++n;
+    pos += needle.size();
+  }
+  return n;
+}
+
+}  // namespace tandem::test

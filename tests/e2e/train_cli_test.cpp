@@ -1,0 +1,137 @@
+// `tandem train` end to end: a short real training run, the guide's output format, and the exit
+// status and message for bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "e2e/cli_util.h"
+
+namespace fs = std::filesystem;
+using tandem::test::count_lines_with;
+using tandem::test::have_fashion_mnist;
+using tandem::test::kFashionDir;
+using tandem::test::run_tandem;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("tandem_e2e_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+double last_value(const std::string& out, const std::string& label) {
+  std::regex re(label + " = ([0-9.]+)");
+  double v = -1;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+    v = std::stod((*it)[1]);
+  return v;
+}
+
+}  // namespace
+
+TEST(TrainCli, OneEpochOnASubsetLearnsWellAboveChance) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  fs::path dir = temp_dir("train");
+  fs::path metrics = dir / "m.jsonl";
+  auto r = run_tandem("train --model cnn --dataset fashion-mnist --epochs 2 --batch-size 64 --lr 0.005 "
+                      "--momentum 0.9 --weight-decay 1e-5 --limit-train 12800 --limit-test 2000 --progress off "
+                      "--metrics " + metrics.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  // The guide's three lines per epoch, in order.
+  std::regex epoch_block(
+      "Starting Epoch 1:\nTraining loss = [0-9]+\\.[0-9]{6}, training accuracy = 0\\.[0-9]{6}\n"
+      "Evaluation accuracy = 0\\.[0-9]{6}, Elapsed Time = [0-9]+\\.[0-9]{6}s\n");
+  EXPECT_TRUE(std::regex_search(r.output, epoch_block)) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "Starting Epoch"), 2);
+  double eval = last_value(r.output, "Evaluation accuracy");
+  double train = last_value(r.output, "training accuracy");
+  EXPECT_GT(eval, 0.6) << "ten classes: chance is 0.1\n" << r.output;
+  EXPECT_GT(train, 0.5) << r.output;
+  // Loss: the sum of per-batch mean losses, 200 batches at well under log(10) each after an epoch.
+  double loss = last_value(r.output, "Training loss");
+  EXPECT_GT(loss, 10.0);
+  EXPECT_LT(loss, 200 * 2.31);
+  std::ifstream m(metrics);
+  std::string line;
+  int lines = 0;
+  while (std::getline(m, line)) {
+    ++lines;
+    EXPECT_NE(line.find("\"eval_acc\""), std::string::npos) << line;
+  }
+  EXPECT_EQ(lines, 2);
+  fs::remove_all(dir);
+}
+
+TEST(TrainCli, HelpListsTheGuideFlags) {
+  auto r = run_tandem("train --help");
+  ASSERT_EQ(r.status, 0);
+  for (const char* flag : {"--epochs", "-m", "--batch-size", "-b", "--lr", "-l", "--device", "--metrics", "--seed",
+                           "--dist-option", "--spars"})
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
+}
+
+TEST(TrainCli, UnknownFlagExitsWithStatus2) {
+  auto r = run_tandem("train --no-such-flag");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("--no-such-flag"), std::string::npos) << r.output;
+}
+
+TEST(TrainCli, InvalidValuesExitWithStatus2) {
+  for (const char* args : {"train --model resnet9000", "train --epochs 0", "train --batch-size -3",
+                           "train --lr abc", "train --dataset imagenet", "train -d sparse-everything"}) {
+    auto r = run_tandem(std::string(args) + " --limit-train 64 --limit-test 64");
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+  }
+}
+
+TEST(TrainCli, MissingDataDirectoryIsNamed) {
+  auto r = run_tandem("train --data-dir /nonexistent/tandem-data --epochs 1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/tandem-data"), std::string::npos) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "\n"), 1) << "one line:\n" << r.output;
+}
+
+TEST(TrainCli, CorruptDataFileIsNamed) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  fs::path dir = temp_dir("corrupt");
+  for (const char* f : {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"})
+    fs::copy_file(fs::path(kFashionDir) / f, dir / f);
+  {
+    std::ofstream bad(dir / "train-images-idx3-ubyte", std::ios::binary);
+    bad << "this is not an IDX file";
+  }
+  auto r = run_tandem("train --data-dir " + dir.string() + " --epochs 1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("train-images-idx3-ubyte"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+TEST(TrainCli, TruncatedDataFileIsNamed) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  fs::path dir = temp_dir("truncated");
+  for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz"})
+    fs::copy_file(fs::path(kFashionDir) / f, dir / f);
+  {
+    std::ifstream in(fs::path(kFashionDir) / "t10k-labels-idx1-ubyte.gz", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream out(dir / "t10k-labels-idx1-ubyte.gz", std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  }
+  auto r = run_tandem("train --data-dir " + dir.string() + " --epochs 1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("t10k-labels-idx1-ubyte"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+TEST(TrainCli, MissingGpuIsAnInputError) {
+  auto r = run_tandem("train --device cuda:7 --epochs 1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("cuda:7"), std::string::npos) << r.output;
+  auto bad = run_tandem("train --device tpu --epochs 1");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("tpu"), std::string::npos) << bad.output;
+}
