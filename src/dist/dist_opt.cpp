@@ -70,6 +70,7 @@ class DistOpt::Engine {
     int64_t numel = 0;
     int64_t param_offset = 0;  // in the parameter arena (registration order)
     int64_t grad_offset = 0;   // in the gradient arena (bucket order)
+    Tensor grad_view;          // its slot in the gradient arena, shaped like the parameter
     int bucket = -1;
     bool ready = false;
   };
@@ -154,13 +155,21 @@ class DistOpt::Engine {
       offset += q.numel;
     }
     for (auto& b : buckets) b.grad = grad_arena.narrow(0, b.offset, b.numel);
-    for (auto& q : params) q.tensor.set_grad(grad_arena.narrow(0, q.grad_offset, q.numel).view(q.tensor.shape()));
+    for (auto& q : params) {
+      q.grad_view = grad_arena.narrow(0, q.grad_offset, q.numel).view(q.tensor.shape());
+      q.tensor.set_grad(q.grad_view);
+    }
   }
 
   // ---- one training step
   void begin_step() {
     grad_arena.zero_();
-    for (auto& q : params) q.ready = false;
+    // zero_grad(set_to_none) drops the gradients: backward would then write fresh tensors outside
+    // the arena, and nothing this rank computed would be sent. Point them back into it.
+    for (auto& q : params) {
+      q.ready = false;
+      q.tensor.set_grad(q.grad_view);
+    }
     for (auto& b : buckets) b.pending = static_cast<int>(b.params.size());
     next_launch = 0;
     ready_order.clear();
