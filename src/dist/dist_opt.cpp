@@ -324,7 +324,8 @@ class DistOpt::Engine {
   }
 
   // After the first step the real gradient order is known: lay buckets out in that order, so each
-  // fills as early as possible. Every rank sees the same graph, hence the same order.
+  // fills as early as possible. Ranks whose graphs differ see different orders; all adopt rank 0's,
+  // since every rank must reduce the same buckets.
   void rebuild_from_observed_order() {
     rebuilt = true;
     std::vector<int> order = ready_order;
@@ -332,6 +333,14 @@ class DistOpt::Engine {
     for (int i : order) seen[static_cast<size_t>(i)] = true;
     for (size_t i = params.size(); i-- > 0;)
       if (!seen[i]) order.push_back(static_cast<int>(i));
+    if (world > 1) {
+      std::vector<int64_t> mine(order.begin(), order.end());
+      Tensor t = Tensor::from_vector(mine, {static_cast<int64_t>(mine.size())}).to(device);
+      WorkPtr w = comm().broadcast(t, 0);
+      wait(w);
+      std::vector<int64_t> agreed = t.to_vector<int64_t>();
+      order.assign(agreed.begin(), agreed.end());
+    }
     for (auto& b : buckets) b.work.reset();
     // Error feedback belongs to the parameters, not to the buckets: each parameter's residual moves
     // to its place in the new layout (the views keep the old buckets' storage alive meanwhile).
