@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 
 #include "worker_util.h"
@@ -139,6 +140,19 @@ void scenario_half(const std::shared_ptr<dist::Communicator>& comm) {
     Expect e = average(W, sizes, clipped, 1.5 * kF16Unit, f16_floor);
     expect_near("half with clipping at 3", c.drop, e.value, e.tol, &c.rounding);
   }
+  if (W > 1) {  // Half the bytes of plain mode, in as many collectives.
+    Fixture plain = make_fixture(comm, sizes, small_buckets()), half = make_fixture(comm, sizes, small_buckets());
+    GradFn one = [](int, size_t, int64_t) { return 1.0f; };
+    plain.opt->backward_and_update(known_loss(plain.params, me, one));
+    half.opt->backward_and_update_half(known_loss(half.params, me, one));
+    const dist::CommStats &p = plain.opt->stats(), &h = half.opt->stats();
+    const int64_t slack = static_cast<int64_t>(plain.opt->bucket_sizes().size());  // a byte of rounding per bucket
+    CHECK_OR_REPORT(p.collectives == h.collectives && p.collectives >= 3, "collectives: plain %lld, half %lld",
+                    static_cast<long long>(p.collectives), static_cast<long long>(h.collectives));
+    CHECK_OR_REPORT(h.bytes_sent > 0 && std::llabs(2 * h.bytes_sent - p.bytes_sent) <= 2 * slack,
+                    "bytes sent: plain %lld, half %lld", static_cast<long long>(p.bytes_sent),
+                    static_cast<long long>(h.bytes_sent));
+  }
   {  // bf16 on the wire: the same average within bf16 rounding.
     dist::DistOptOptions o = small_buckets();
     o.half_dtype = DType::bf16;
@@ -185,6 +199,19 @@ void scenario_topk(const std::shared_ptr<dist::Communicator>& comm) {
     Expect e = average(W, sizes, contrib, 2 * kF32Eps);
     expect_near(strf("sparseTopK step %d", step), c.drop, e.value, e.tol, &c.rounding);
   }
+  // The traffic of one step: per bucket, k (index, value) pairs of 8 bytes to each other rank.
+  f.opt->reset_stats();
+  GradFn ramp = [](int r, size_t, int64_t j) { return static_cast<float>((j * 7 + r) % 101) / 128.0f; };
+  f.opt->backward_and_sparse_update(known_loss(f.params, me, ramp), spars, true, false);
+  int64_t bytes = 0;
+  for (int64_t n : f.opt->bucket_sizes()) bytes += 8 * ((num * n + den - 1) / den) * (W - 1);
+  const dist::CommStats& st = f.opt->stats();
+  if (W > 1)
+    CHECK_OR_REPORT(st.steps == 1 && st.collectives == 3 && st.bytes_sent == bytes && st.bytes_received == bytes,
+                    "sparseTopK traffic: %lld steps, %lld collectives, %lld bytes sent, %lld received; expected 1, 3, "
+                    "%lld, %lld", static_cast<long long>(st.steps), static_cast<long long>(st.collectives),
+                    static_cast<long long>(st.bytes_sent), static_cast<long long>(st.bytes_received),
+                    static_cast<long long>(bytes), static_cast<long long>(bytes));
 }
 
 void scenario_threshold(const std::shared_ptr<dist::Communicator>& comm) {
