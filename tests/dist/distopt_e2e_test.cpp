@@ -55,10 +55,10 @@ bool have_dataset() {
   if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo"
 
 std::vector<std::string> train_command(const std::string& device) {
-  // One kernel thread per rank: two ranks share this machine's cores.
-  return {kTandem,         "train",          "--model",     "cnn",  "--dataset", "fashion-mnist",
-          "--epochs",      "1",              "--limit-train", "2048", "--limit-test", "512",
-          "--check-consistency", "8",        "--device",    device, "--threads", "1"};
+  return {kTandem, "train", "--model", "cnn", "--dataset", "fashion-mnist", "--epochs", "1",
+          "--limit-train", "2048", "--limit-test", "512", "--check-consistency", "8", "--device", device,
+          // One kernel thread per rank: the two ranks share this machine's cores.
+          "--threads", "1"};
 }
 
 std::vector<std::string> under_tandem_launch(const std::vector<std::string>& cmd) {

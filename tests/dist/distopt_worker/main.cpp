@@ -119,7 +119,12 @@ bool expect_near(const std::string& what, const Values& got, const Values& expec
     CHECK_OR_REPORT(false, "%s: %zu parameters, expected %zu", what.c_str(), got.size(), expected.size());
     return false;
   }
-  for (size_t i = 0; i < got.size(); ++i)
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i].size() != expected[i].size()) {
+      CHECK_OR_REPORT(false, "%s: parameter %zu has %zu values, expected %zu", what.c_str(), i, got[i].size(),
+                      expected[i].size());
+      return false;
+    }
     for (size_t j = 0; j < got[i].size(); ++j) {
       double t = tol[i][j] + (rounding ? (*rounding)[i][j] : 0.0);
       if (std::isfinite(got[i][j]) && std::fabs(got[i][j] - expected[i][j]) <= t) continue;
@@ -128,6 +133,7 @@ bool expect_near(const std::string& what, const Values& got, const Values& expec
         CHECK_OR_REPORT(false, "%s: parameter %zu element %zu is %.9g, expected %.9g (tolerance %.3g)", what.c_str(),
                         i, j, got[i][j], expected[i][j], t);
     }
+  }
   if (total_bad > 5) std::fprintf(stderr, "  ... %lld mismatches in all\n", static_cast<long long>(total_bad));
   return total_bad == 0;
 }
