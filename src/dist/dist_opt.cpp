@@ -31,6 +31,14 @@ std::string normalise(const std::string& s) {
 
 bool is_sparse(SyncMode m) { return m == SyncMode::SparseTopK || m == SyncMode::SparseThreshold; }
 
+// ceil(spars * n), clamped to [1, n]. The product is taken a hair low: spars arrives rounded to a
+// double (0.07 is 0.07000000000000000666), and 0.07 * 700 must give 49 values, not 50.
+int64_t top_k_count(double spars, int64_t n) {
+  double exact = spars * static_cast<double>(n);
+  auto k = static_cast<int64_t>(std::ceil(exact - 1e-9 * std::max(exact, 1.0)));
+  return std::clamp<int64_t>(k, 1, n);
+}
+
 }  // namespace
 
 SyncMode parse_sync_mode(const std::string& s) {
@@ -62,6 +70,7 @@ class DistOpt::Engine {
     int64_t numel = 0;
     int64_t param_offset = 0;  // in the parameter arena (registration order)
     int64_t grad_offset = 0;   // in the gradient arena (bucket order)
+    Tensor grad_view;          // its slot in the gradient arena, shaped like the parameter
     int bucket = -1;
     bool ready = false;
   };
@@ -146,13 +155,21 @@ class DistOpt::Engine {
       offset += q.numel;
     }
     for (auto& b : buckets) b.grad = grad_arena.narrow(0, b.offset, b.numel);
-    for (auto& q : params) q.tensor.set_grad(grad_arena.narrow(0, q.grad_offset, q.numel).view(q.tensor.shape()));
+    for (auto& q : params) {
+      q.grad_view = grad_arena.narrow(0, q.grad_offset, q.numel).view(q.tensor.shape());
+      q.tensor.set_grad(q.grad_view);
+    }
   }
 
   // ---- one training step
   void begin_step() {
     grad_arena.zero_();
-    for (auto& q : params) q.ready = false;
+    // zero_grad(set_to_none) drops the gradients: backward would then write fresh tensors outside
+    // the arena, and nothing this rank computed would be sent. Point them back into it.
+    for (auto& q : params) {
+      q.ready = false;
+      q.tensor.set_grad(q.grad_view);
+    }
     for (auto& b : buckets) b.pending = static_cast<int>(b.params.size());
     next_launch = 0;
     ready_order.clear();
@@ -186,7 +203,9 @@ class DistOpt::Engine {
         if (!b.staging.defined() || b.staging.dtype() != options_.half_dtype)
           b.staging = Tensor::empty({b.numel}, options_.half_dtype, device);
         // Pre-divide by the world size: the f16 sum then cannot overflow where the average would not.
-        be().scale_cast(b.grad, b.staging, 1.0 / world, clip);
+        // The kernel clips after scaling, so the bound is scaled too: each rank's gradient values are
+        // clipped into [-clip, clip] before they are averaged.
+        be().scale_cast(b.grad, b.staging, 1.0 / world, clip / world);
         b.work = comm().all_reduce(b.staging, ReduceOp::Sum);
         count_all_reduce(b.numel * static_cast<int64_t>(dtype_size(options_.half_dtype)));
         break;
@@ -203,23 +222,25 @@ class DistOpt::Engine {
       be().binary(backend::Binary::Add, b.grad, b.residual, b.grad);  // accumulated gradient
     }
     if (mode == SyncMode::SparseTopK) {
-      int64_t k = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(spars * static_cast<double>(b.numel))), 1,
-                                      b.numel);
-      if (!b.pairs.defined() || b.pairs.numel() != 2 * k) {
-        b.pairs = Tensor::empty({2 * k}, DType::i32, device);
+      int64_t k = top_k_count(spars, b.numel);
+      // The buffers may come from another spars or from threshold mode: size them for this k.
+      if (!b.pairs.defined() || b.pairs.numel() != 2 * k) b.pairs = Tensor::empty({2 * k}, DType::i32, device);
+      if (!b.all_pairs.defined() || b.all_pairs.numel() < 2 * k * world)
         b.all_pairs = Tensor::empty({2 * k * world}, DType::i32, device);
-      }
       be().sparse_topk(b.grad, k, b.pairs);
       if (corr) save_residual(b, k);
-      b.work = comm().all_gather(b.pairs, b.all_pairs);
+      Tensor out = b.all_pairs.narrow(0, 0, 2 * k * world);
+      b.work = comm().all_gather(b.pairs, out);
       b.gathered_counts.assign(static_cast<size_t>(world), k);
       int64_t bytes = 2 * k * 4;
       stats.bytes_sent += bytes * (world - 1);
       stats.bytes_received += bytes * (world - 1);
       stats.collectives++;
     } else {
-      if (!b.pairs.defined()) {
+      // Room for every value of the bucket (top-K mode may have left a smaller pair buffer).
+      if (!b.pairs.defined() || b.pairs.numel() < 2 * b.numel)
         b.pairs = Tensor::empty({2 * b.numel}, DType::i32, device);
+      if (!b.count.defined()) {
         b.count = Tensor::empty({1}, DType::i64, device);
         b.all_counts = Tensor::empty({world}, DType::i64, device);
       }
@@ -278,6 +299,8 @@ class DistOpt::Engine {
     if (world == 1) {  // nothing to exchange: the plain local step
       begin_step();
       backward(loss);
+      // Clipping changes what is applied, not only what travels: a single process clips too.
+      if (mode == SyncMode::Half && clip > 0.0) be().scale_cast(grad_arena, grad_arena, 1.0, clip);
       owner_.opt_->step();
       return;
     }
@@ -301,7 +324,8 @@ class DistOpt::Engine {
   }
 
   // After the first step the real gradient order is known: lay buckets out in that order, so each
-  // fills as early as possible. Every rank sees the same graph, hence the same order.
+  // fills as early as possible. Ranks whose graphs differ see different orders; all adopt rank 0's,
+  // since every rank must reduce the same buckets.
   void rebuild_from_observed_order() {
     rebuilt = true;
     std::vector<int> order = ready_order;
@@ -309,8 +333,31 @@ class DistOpt::Engine {
     for (int i : order) seen[static_cast<size_t>(i)] = true;
     for (size_t i = params.size(); i-- > 0;)
       if (!seen[i]) order.push_back(static_cast<int>(i));
+    if (world > 1) {
+      std::vector<int64_t> mine(order.begin(), order.end());
+      Tensor t = Tensor::from_vector(mine, {static_cast<int64_t>(mine.size())}).to(device);
+      WorkPtr w = comm().broadcast(t, 0);
+      wait(w);
+      std::vector<int64_t> agreed = t.to_vector<int64_t>();
+      order.assign(agreed.begin(), agreed.end());
+    }
     for (auto& b : buckets) b.work.reset();
+    // Error feedback belongs to the parameters, not to the buckets: each parameter's residual moves
+    // to its place in the new layout (the views keep the old buckets' storage alive meanwhile).
+    std::vector<Tensor> kept(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Param& q = params[i];
+      const Bucket& b = buckets[static_cast<size_t>(q.bucket)];
+      if (b.residual.defined()) kept[i] = b.residual.narrow(0, q.grad_offset - b.offset, q.numel);
+    }
     layout_buckets(order);
+    for (auto& b : buckets)
+      for (int i : b.params) {
+        const Param& q = params[static_cast<size_t>(i)];
+        if (!kept[static_cast<size_t>(i)].defined()) continue;
+        if (!b.residual.defined()) b.residual = Tensor::zeros({b.numel}, DType::f32, device);
+        b.residual.narrow(0, q.grad_offset - b.offset, q.numel).copy_(kept[static_cast<size_t>(i)]);
+      }
   }
 
   void average_chunk(size_t k) {
