@@ -28,7 +28,7 @@ SyncMode parse_sync_mode(const std::string& s);
 const char* sync_mode_name(SyncMode m);
 
 struct DistOptOptions {
-  size_t bucket_bytes = size_t(16) << 20;       // gradient bytes per all-reduce
+  size_t bucket_bytes = size_t(16) << 20;       // gradient bytes per all-reduce (and partial mode's chunk)
   size_t first_bucket_bytes = size_t(1) << 20;  // a small first bucket starts communication early
   DType half_dtype = DType::f16;                // f16 or bf16 for the half mode
   bool rebuild_buckets = true;                  // after the first step, order buckets as gradients arrived
