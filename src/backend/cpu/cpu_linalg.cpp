@@ -1,4 +1,4 @@
-// CPU backend: dense matrix products through OpenBLAS, split across OpenMP threads.
+// CPU backend: dense matrix products through OpenBLAS, split across the backend threads.
 #include <cblas.h>
 
 #include "backend/cpu/cpu_backend.h"
