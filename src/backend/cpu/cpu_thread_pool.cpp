@@ -44,8 +44,8 @@ struct Job {
   void* ctx = nullptr;
   int64_t count = 0;
   int max_workers = 0;             // workers allowed to join (the caller is slot 0)
-  std::atomic<int64_t> next{0};    // next task to hand out
-  std::atomic<int64_t> done{0};    // tasks finished
+  alignas(64) std::atomic<int64_t> next{0};  // next task to hand out
+  alignas(64) std::atomic<int64_t> done{0};  // tasks finished (on its own cache line: both threads bump it)
   std::atomic<bool> failed{false};
   std::exception_ptr error;        // the first task failure, rethrown by the caller
 };
