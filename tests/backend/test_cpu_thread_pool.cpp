@@ -35,12 +35,12 @@ TEST(CpuThreadPool, SpreadsWorkOverThreads) {
   ThreadScope two(2);
   std::atomic<int> distinct_slots{0};
   std::atomic<bool> seen[2] = {false, false};
-  // Tasks long enough that the second thread gets some of them.
-  parallel_tasks(64, 2, [&](int64_t, int slot) {
+  // Each task waits until both threads have taken one (or gives up after seconds): the job can only
+  // finish early if a second thread joins it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  parallel_tasks(4, 2, [&](int64_t, int slot) {
     if (!seen[slot].exchange(true)) distinct_slots++;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
-    while (std::chrono::steady_clock::now() < until) {
-    }
+    while (distinct_slots.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
   });
   EXPECT_EQ(distinct_slots.load(), 2);
 }

@@ -138,7 +138,8 @@ class Pool {
   }
 
   void worker_loop(int index) {
-    uint64_t seen = gen_.load();
+    // Ids start at 1: a new worker looks at whatever job is current, the one that started it included.
+    uint64_t seen = 0;
     for (;;) {
       seen = wait_for_job(seen);
       refs_.fetch_add(1, std::memory_order_seq_cst);
