@@ -17,7 +17,10 @@ std::vector<double> ref_gemm(bool ta, bool tb, const GemmCase& g, double alpha, 
   for (int64_t i = 0; i < g.m; ++i)
     for (int64_t j = 0; j < g.n; ++j) {
       double s = 0;
-      for (int64_t p = 0; p < g.k; ++p) s += (ta ? a[p * g.m + i] : a[i * g.k + p]) * (tb ? b[j * g.k + p] : b[p * g.n + j]);
+      for (int64_t p = 0; p < g.k; ++p) {
+        const double av = ta ? a[p * g.m + i] : a[i * g.k + p], bv = tb ? b[j * g.k + p] : b[p * g.n + j];
+        s += av * bv;
+      }
       out[i * g.n + j] = alpha * s + (beta == 0 ? 0 : beta * c[i * g.n + j]);
     }
   return out;

@@ -100,7 +100,8 @@ TEST(CpuAdam, BothWeightDecayModesOverSeveralSteps) {
 
 TEST(CpuAdam, FirstStepMovesEachElementByAboutLr) {
   // With zero state, the bias-corrected first step is lr * g / (|g| + eps): a sign step of size lr.
-  Tensor p = Tensor::from_vector<float>({0.f, 0.f, 0.f}, {3}), g = Tensor::from_vector<float>({2.f, -0.001f, 30.f}, {3});
+  Tensor p = Tensor::from_vector<float>({0.f, 0.f, 0.f}, {3});
+  Tensor g = Tensor::from_vector<float>({2.f, -0.001f, 30.f}, {3});
   Tensor m = Tensor::zeros({3}), v = Tensor::zeros({3});
   ParamSlot slot{p, g, m, v};
   cpu().adam_step(&slot, 1, AdamArgs{0.1, 0.9, 0.999, 1e-8, 0.0, 1, false});

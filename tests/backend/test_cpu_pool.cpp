@@ -91,7 +91,8 @@ TEST(CpuPool, MaxTiesPickTheFirstMaximum) {
     auto got = idx.to_vector<int32_t>();
     for (int64_t oh = 0; oh < g.oh; ++oh)
       for (int64_t ow = 0; ow < g.ow; ++ow) {
-        const int64_t ih = std::max<int64_t>(0, oh * g.stride_h - g.pad_h), iw = std::max<int64_t>(0, ow * g.stride_w - g.pad_w);
+        const int64_t ih = std::max<int64_t>(0, oh * g.stride_h - g.pad_h);
+        const int64_t iw = std::max<int64_t>(0, ow * g.stride_w - g.pad_w);
         EXPECT_EQ(got[oh * g.ow + ow], ih * 4 + iw) << name(t) << " output " << oh << "," << ow;
       }
   }

@@ -55,7 +55,8 @@ TEST(GradCheck, Conv2d) {
           << shape_str(c.x) << " * " << shape_str(c.w);
   }
   // Only the bias requires a gradient: the weight gradient is skipped, the bias one still computed.
-  Tensor x = Tensor::uniform({2, 2, 5, 5}, -1, 1, gen, DType::f64), w = Tensor::uniform({3, 2, 3, 3}, -1, 1, gen, DType::f64);
+  Tensor x = Tensor::uniform({2, 2, 5, 5}, -1, 1, gen, DType::f64);
+  Tensor w = Tensor::uniform({3, 2, 3, 3}, -1, 1, gen, DType::f64);
   Tensor b = leaf({3}, gen);
   EXPECT_TRUE(gradcheck([&](const Ts& t) { return conv2d(x, w, t[0]); }, {b}));
 }

@@ -1,6 +1,6 @@
 // CPU backend: 2-D convolution as im2col + GEMM, one image per GEMM.
 //
-// Images are handed out to the OpenMP threads one at a time and each thread runs single-threaded
+// Images are handed out to the backend's threads one at a time and each thread runs single-threaded
 // GEMMs with its own im2col buffer: per-image GEMMs land directly in the NCHW layout (no
 // transposes), their operands stay in cache, and the threads need no synchronisation. When there
 // are fewer images than threads, the images run in turn and each GEMM is split instead.
@@ -170,17 +170,12 @@ int image_threads(int64_t n) {
   return nt > 1 && n >= nt ? nt : 1;
 }
 
-// Runs body(task, thread_slot, split_gemm) for every task in [0, count). Tasks are handed out one
-// at a time, so a thread slowed by other load on the machine does not hold the others back.
+// Runs body(task, thread_slot, split_gemm) for every task in [0, count): spread over the threads,
+// or in turn with split_gemm set when there is one thread for the images.
 template <typename Body>
 void for_each_task(int64_t count, int threads, Body body) {
   if (threads > 1) {
-#pragma omp parallel num_threads(threads)
-    {
-      const int t = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < count; ++i) body(i, t, false);
-    }
+    parallel_tasks(count, threads, [&](int64_t i, int slot) { body(i, slot, false); });
     return;
   }
   for (int64_t i = 0; i < count; ++i) body(i, 0, true);
@@ -269,7 +264,7 @@ void conv_backward_weight(const T* dy, const T* x, const ConvGeom& g, T* dw, T* 
   const ColPlan plan(g);
   for_each_task(chunks, threads, [&](int64_t chunk, int slot, bool split) {
     int64_t lo, hi;
-    thread_range(g.n, static_cast<int>(chunk), static_cast<int>(chunks), lo, hi);
+    part_range(g.n, chunk, chunks, lo, hi);
     double* acc = db ? dbp_base + chunk * g.k : nullptr;
     if (acc) std::fill(acc, acc + g.k, 0.0);
     for (int64_t i = lo; i < hi; ++i) {
@@ -296,12 +291,13 @@ void conv_backward_weight(const T* dy, const T* x, const ConvGeom& g, T* dw, T* 
     }
   });
   if (dw && chunks > 1) {
-#pragma omp parallel for if (wsize >= kParallelElems)
-    for (int64_t j = 0; j < wsize; ++j) {
-      T s = part_base[j];
-      for (int64_t c = 1; c < chunks; ++c) s += part_base[c * wsize + j];
-      dw[j] = s;
-    }
+    parallel_for(wsize, grain_for(chunks), [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; ++j) {
+        T s = part_base[j];
+        for (int64_t c = 1; c < chunks; ++c) s += part_base[c * wsize + j];
+        dw[j] = s;
+      }
+    });
   }
   if (db) {
     for (int64_t k = 0; k < g.k; ++k) {

@@ -41,24 +41,27 @@ const char* unary_name(Unary op) {
 // Applies f elementwise; out may alias a or b (each element is read before it is written).
 template <typename T, typename F>
 void map2(const T* a, const T* b, T* out, int64_t n, F f) {
-#pragma omp parallel for if (n >= kParallelElems)
-  for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+  cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = f(a[i], b[i]);
+  });
 }
 
 template <typename T, typename F>
 void map1(const T* a, T* out, int64_t n, F f) {
-#pragma omp parallel for if (n >= kParallelElems)
-  for (int64_t i = 0; i < n; ++i) out[i] = f(a[i]);
+  cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = f(a[i]);
+  });
 }
 
 // Integer arithmetic wraps (as unsigned arithmetic does) instead of overflowing into undefined behaviour.
 template <typename T>
 void binary_int(Binary op, const T* a, const T* b, T* out, int64_t n) {
   using U = std::make_unsigned_t<T>;
+  auto u = [](T v) { return static_cast<U>(v); };
   switch (op) {
-    case Binary::Add: return map2(a, b, out, n, [](T x, T y) { return static_cast<T>(static_cast<U>(x) + static_cast<U>(y)); });
-    case Binary::Sub: return map2(a, b, out, n, [](T x, T y) { return static_cast<T>(static_cast<U>(x) - static_cast<U>(y)); });
-    case Binary::Mul: return map2(a, b, out, n, [](T x, T y) { return static_cast<T>(static_cast<U>(x) * static_cast<U>(y)); });
+    case Binary::Add: return map2(a, b, out, n, [u](T x, T y) { return static_cast<T>(u(x) + u(y)); });
+    case Binary::Sub: return map2(a, b, out, n, [u](T x, T y) { return static_cast<T>(u(x) - u(y)); });
+    case Binary::Mul: return map2(a, b, out, n, [u](T x, T y) { return static_cast<T>(u(x) * u(y)); });
     case Binary::Max: return map2(a, b, out, n, [](T x, T y) { return x > y ? x : y; });
     case Binary::Min: return map2(a, b, out, n, [](T x, T y) { return x < y ? x : y; });
     case Binary::Div: {
@@ -66,7 +69,7 @@ void binary_int(Binary op, const T* a, const T* b, T* out, int64_t n) {
         TANDEM_CHECK(b[i] != 0, "div: integer division by zero at element ", i, " of the divisor");
       // x / -1 is negation, which overflows for the smallest value: wrap it instead of trapping.
       return map2(a, b, out, n,
-                  [](T x, T y) { return y == T(-1) ? static_cast<T>(U(0) - static_cast<U>(x)) : static_cast<T>(x / y); });
+                  [u](T x, T y) { return y == T(-1) ? static_cast<T>(U(0) - u(x)) : static_cast<T>(x / y); });
     }
   }
 }
@@ -98,14 +101,15 @@ Acc blocked_sum(const T* x, int64_t n) {
   }
   Tensor part_t = Tensor::empty({blocks * static_cast<int64_t>(sizeof(Acc))}, DType::u8);  // any Acc, 64-byte aligned
   Acc* part = static_cast<Acc*>(part_t.data_ptr());
-#pragma omp parallel for if (n >= kParallelElems)
-  for (int64_t bl = 0; bl < blocks; ++bl) {
-    const int64_t lo = bl * kSumBlock, hi = std::min(n, lo + kSumBlock);
-    Acc acc = 0;
+  cpu::parallel_for(blocks, cpu::grain_for(kSumBlock), [&](int64_t begin, int64_t end) {
+    for (int64_t bl = begin; bl < end; ++bl) {
+      const int64_t lo = bl * kSumBlock, hi = std::min(n, lo + kSumBlock);
+      Acc acc = 0;
 #pragma omp simd reduction(+ : acc)
-    for (int64_t i = lo; i < hi; ++i) acc += static_cast<Acc>(x[i]);
-    part[bl] = acc;
-  }
+      for (int64_t i = lo; i < hi; ++i) acc += static_cast<Acc>(x[i]);
+      part[bl] = acc;
+    }
+  });
   Acc total = 0;
   for (int64_t bl = 0; bl < blocks; ++bl) total += part[bl];
   return total;
@@ -157,7 +161,8 @@ void CpuBackend::affine(const Tensor& a, double alpha, double beta, Tensor& out)
   dispatch_float(out.dtype(), "affine", [&](auto tag) {
     using T = decltype(tag);
     const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
-    map1(static_cast<const T*>(a.data_ptr()), static_cast<T*>(out.data_ptr()), n, [al, be](T v) { return al * v + be; });
+    map1(static_cast<const T*>(a.data_ptr()), static_cast<T*>(out.data_ptr()), n,
+         [al, be](T v) { return al * v + be; });
   });
 }
 
@@ -197,28 +202,29 @@ void CpuBackend::bias_add(const Tensor& x, const Tensor& b, int64_t n, int64_t c
   TANDEM_ASSERT(x.numel() == n * c * s && out.numel() == n * c * s && b.numel() == c && x.dtype() == out.dtype() &&
                     b.dtype() == out.dtype(),
                 "bias_add of ", b.str(), " to ", x.str(), " as [", n, ", ", c, ", ", s, "]");
-  const int64_t total = n * c * s;
   dispatch_float(out.dtype(), "bias_add", [&](auto tag) {
     using T = decltype(tag);
     const T* px = static_cast<const T*>(x.data_ptr());
     const T* pb = static_cast<const T*>(b.data_ptr());
     T* po = static_cast<T*>(out.data_ptr());
     if (s == 1) {  // [n, c] rows: add the bias vector to each row
-#pragma omp parallel for if (total >= kParallelElems)
-      for (int64_t i = 0; i < n; ++i) {
-        const T* xr = px + i * c;
-        T* orow = po + i * c;
-        for (int64_t j = 0; j < c; ++j) orow[j] = xr[j] + pb[j];
-      }
+      cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const T* xr = px + i * c;
+          T* orow = po + i * c;
+          for (int64_t j = 0; j < c; ++j) orow[j] = xr[j] + pb[j];
+        }
+      });
       return;
     }
-#pragma omp parallel for if (total >= kParallelElems)
-    for (int64_t r = 0; r < n * c; ++r) {
-      const T bv = pb[r % c];
-      const T* xr = px + r * s;
-      T* orow = po + r * s;
-      for (int64_t j = 0; j < s; ++j) orow[j] = xr[j] + bv;
-    }
+    cpu::parallel_for(n * c, cpu::grain_for(s), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T bv = pb[r % c];
+        const T* xr = px + r * s;
+        T* orow = po + r * s;
+        for (int64_t j = 0; j < s; ++j) orow[j] = xr[j] + bv;
+      }
+    });
   });
 }
 
@@ -241,16 +247,17 @@ void CpuBackend::bias_grad(const Tensor& g, int64_t n, int64_t c, int64_t s, Ten
       for (int64_t j = 0; j < c; ++j) po[j] = static_cast<T>(acc[j]);
       return;
     }
-#pragma omp parallel for if (n * c * s >= kParallelElems)
-    for (int64_t ch = 0; ch < c; ++ch) {
-      double acc = 0.0;
-      for (int64_t i = 0; i < n; ++i) {
-        const T* row = pg + (i * c + ch) * s;
+    cpu::parallel_for(c, cpu::grain_for(n * s), [&](int64_t begin, int64_t end) {
+      for (int64_t ch = begin; ch < end; ++ch) {
+        double acc = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+          const T* row = pg + (i * c + ch) * s;
 #pragma omp simd reduction(+ : acc)
-        for (int64_t j = 0; j < s; ++j) acc += static_cast<double>(row[j]);
+          for (int64_t j = 0; j < s; ++j) acc += static_cast<double>(row[j]);
+        }
+        po[ch] = static_cast<T>(acc);
       }
-      po[ch] = static_cast<T>(acc);
-    }
+    });
   });
 }
 

@@ -1,4 +1,4 @@
-// CPU backend: dense matrix products through OpenBLAS, split across OpenMP threads.
+// CPU backend: dense matrix products through OpenBLAS, split across the backend threads.
 #include <cblas.h>
 
 #include "backend/cpu/cpu_backend.h"
@@ -48,7 +48,7 @@ void gemm_parallel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, c
                    int64_t ldb, T beta, T* c, int64_t ldc) {
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   int parts = static_cast<int>(std::min<double>(max_threads(), flops / kParallelFlops));
-  if (parts <= 1 || omp_in_parallel()) {
+  if (parts <= 1) {
     blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
@@ -58,14 +58,13 @@ void gemm_parallel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, c
   int64_t chunk = (len + parts - 1) / parts;
   chunk = (chunk + 15) / 16 * 16;
   parts = static_cast<int>((len + chunk - 1) / chunk);
-#pragma omp parallel for num_threads(parts) schedule(static, 1)
-  for (int p = 0; p < parts; ++p) {
+  parallel_tasks(parts, parts, [&](int64_t p, int) {
     const int64_t lo = p * chunk, cnt = std::min(len, lo + chunk) - lo;
     if (by_cols)
       blas_gemm(ta, tb, m, cnt, k, alpha, a, lda, tb ? b + lo * ldb : b + lo, ldb, beta, c + lo, ldc);
     else
       blas_gemm(ta, tb, cnt, n, k, alpha, ta ? a + lo : a + lo * lda, lda, b, ldb, beta, c + lo * ldc, ldc);
-  }
+  });
 }
 
 template void blas_gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,

@@ -1,4 +1,5 @@
 // CPU backend: softmax cross-entropy and classification metrics, one row per task.
+#include <atomic>
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
@@ -54,23 +55,24 @@ void CpuBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels
       T* pr = static_cast<T*>(probs.data_ptr());
       Tensor row_loss_t = cpu::scratch<double>(n);
       double* row_loss = row_loss_t.data<double>();
-#pragma omp parallel for if (n * c >= kParallelElems)
-      for (int64_t i = 0; i < n; ++i) {
-        const T* xr = x + i * c;
-        T* pw = pr + i * c;
-        T mx = xr[0];
-        for (int64_t j = 1; j < c; ++j) mx = xr[j] > mx ? xr[j] : mx;
-        double sum = 0.0;
-        for (int64_t j = 0; j < c; ++j) {
-          const T e = std::exp(xr[j] - mx);  // <= 1: no overflow
-          pw[j] = e;
-          sum += static_cast<double>(e);
+      cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const T* xr = x + i * c;
+          T* pw = pr + i * c;
+          T mx = xr[0];
+          for (int64_t j = 1; j < c; ++j) mx = xr[j] > mx ? xr[j] : mx;
+          double sum = 0.0;
+          for (int64_t j = 0; j < c; ++j) {
+            const T e = std::exp(xr[j] - mx);  // <= 1: no overflow
+            pw[j] = e;
+            sum += static_cast<double>(e);
+          }
+          const T inv = static_cast<T>(1.0 / sum);
+          for (int64_t j = 0; j < c; ++j) pw[j] *= inv;
+          // -log softmax[label] = log(sum exp(x - max)) - (x[label] - max)
+          row_loss[i] = std::log(sum) - (static_cast<double>(xr[lab[i]]) - static_cast<double>(mx));
         }
-        const T inv = static_cast<T>(1.0 / sum);
-        for (int64_t j = 0; j < c; ++j) pw[j] *= inv;
-        // -log softmax[label] = log(sum exp(x - max)) - (x[label] - max)
-        row_loss[i] = std::log(sum) - (static_cast<double>(xr[lab[i]]) - static_cast<double>(mx));
-      }
+      });
       double total = 0.0;
       for (int64_t i = 0; i < n; ++i) total += row_loss[i];
       *static_cast<T*>(loss.data_ptr()) = static_cast<T>(total / static_cast<double>(n));
@@ -88,11 +90,12 @@ void CpuBackend::softmax_xent_backward(const Tensor& probs, const Tensor& labels
       const T* p = static_cast<const T*>(probs.data_ptr());
       T* d = static_cast<T*>(dlogits.data_ptr());
       const T scale = static_cast<T>(static_cast<double>(*static_cast<const T*>(dloss.data_ptr())) / n);
-#pragma omp parallel for if (n * c >= kParallelElems)
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < c; ++j) d[i * c + j] = p[i * c + j] * scale;
-        d[i * c + lab[i]] -= scale;
-      }
+      cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          for (int64_t j = 0; j < c; ++j) d[i * c + j] = p[i * c + j] * scale;
+          d[i * c + lab[i]] -= scale;
+        }
+      });
     });
   });
 }
@@ -105,8 +108,9 @@ void CpuBackend::argmax_rows(const Tensor& x, Tensor& out) {
     using T = decltype(tag);
     const T* px = static_cast<const T*>(x.data_ptr());
     int64_t* po = out.data<int64_t>();
-#pragma omp parallel for if (n * c >= kParallelElems)
-    for (int64_t i = 0; i < n; ++i) po[i] = row_argmax(px + i * c, c);
+    cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = row_argmax(px + i * c, c);
+    });
   });
 }
 
@@ -122,10 +126,13 @@ void CpuBackend::count_correct(const Tensor& logits, const Tensor& labels, Tenso
     dispatch_arith(logits.dtype(), "count_correct", [&](auto tag) {
       using T = decltype(tag);
       const T* px = static_cast<const T*>(logits.data_ptr());
-      int64_t hits = 0;
-#pragma omp parallel for reduction(+ : hits) if (n * c >= kParallelElems)
-      for (int64_t i = 0; i < n; ++i) hits += row_argmax(px + i * c, c) == static_cast<int64_t>(lab[i]) ? 1 : 0;
-      *out.data<int64_t>() = hits;
+      std::atomic<int64_t> hits{0};
+      cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t begin, int64_t end) {
+        int64_t local = 0;
+        for (int64_t i = begin; i < end; ++i) local += row_argmax(px + i * c, c) == static_cast<int64_t>(lab[i]);
+        hits.fetch_add(local, std::memory_order_relaxed);
+      });
+      *out.data<int64_t>() = hits.load();
     });
   });
 }

@@ -4,6 +4,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dispatch.h"
+#include "backend/cpu/cpu_parallel.h"
 #include "core/counter_rng.h"
 
 namespace tandem::backend {
@@ -63,19 +64,21 @@ void CpuBackend::copy_strided(const Tensor& src, Tensor& dst) {
       const S* s = static_cast<const S*>(src.data_ptr());
       D* d = static_cast<D*>(dst.data_ptr());
       if (contiguous) {
-#pragma omp parallel for if (n > 65536)
-        for (int64_t i = 0; i < n; ++i) d[i] = convert<S, D>(s[i]);
+        cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) d[i] = convert<S, D>(s[i]);
+        });
         return;
       }
-#pragma omp parallel for if (n > 65536)
-      for (int64_t i = 0; i < n; ++i) {
-        int64_t rem = i, off = 0;
-        for (int k = nd - 1; k >= 0; --k) {
-          off += (rem % shape[k]) * st[k];
-          rem /= shape[k];
+      cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          int64_t rem = i, off = 0;
+          for (int k = nd - 1; k >= 0; --k) {
+            off += (rem % shape[k]) * st[k];
+            rem /= shape[k];
+          }
+          d[i] = convert<S, D>(s[off]);
         }
-        d[i] = convert<S, D>(s[off]);
-      }
+      });
     });
   });
 }
@@ -86,8 +89,9 @@ void CpuBackend::fill(Tensor& t, double value) {
     using T = decltype(tag);
     T v = store_from_double<T>(value);
     T* p = static_cast<T*>(t.data_ptr());
-#pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) p[i] = v;
+    cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) p[i] = v;
+    });
   });
 }
 
@@ -96,8 +100,9 @@ void CpuBackend::random_uniform(Tensor& t, uint64_t seed, uint64_t offset, doubl
   dispatch_float(t.dtype(), "random_uniform", [&](auto tag) {
     using T = decltype(tag);
     T* p = static_cast<T*>(t.data_ptr());
-#pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(lo + (hi - lo) * rng::uniform(seed, offset + i));
+    cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) p[i] = static_cast<T>(lo + (hi - lo) * rng::uniform(seed, offset + i));
+    });
   });
 }
 
@@ -106,8 +111,9 @@ void CpuBackend::random_normal(Tensor& t, uint64_t seed, uint64_t offset, double
   dispatch_float(t.dtype(), "random_normal", [&](auto tag) {
     using T = decltype(tag);
     T* p = static_cast<T*>(t.data_ptr());
-#pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(mean + std * rng::normal(seed, offset + i));
+    cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) p[i] = static_cast<T>(mean + std * rng::normal(seed, offset + i));
+    });
   });
 }
 
@@ -118,8 +124,9 @@ void CpuBackend::dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, doub
     T* m = static_cast<T*>(mask.data_ptr());
     const T keep = static_cast<T>(1.0 / (1.0 - p));
     const float pf = static_cast<float>(p);
-#pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) m[i] = rng::uniform_f(seed, offset + i) >= pf ? keep : T(0);
+    cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) m[i] = rng::uniform_f(seed, offset + i) >= pf ? keep : T(0);
+    });
   });
 }
 

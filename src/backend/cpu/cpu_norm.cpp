@@ -49,32 +49,34 @@ template <typename T>
 void bn_train(const T* x, const T* gamma, const T* beta, T* rmean, T* rvar, double momentum, double eps, T* y,
               T* smean, T* sinvstd, const BnShape& b) {
   const double m = static_cast<double>(b.n * b.s);
-#pragma omp parallel for if (b.n * b.c * b.s >= kParallelElems)
-  for (int64_t ch = 0; ch < b.c; ++ch) {
-    // Two passes (mean, then centred squares) keep the variance accurate when |mean| >> std.
-    const double mean = channel_sum(x, b, ch, [](const T* p, int64_t j) { return static_cast<double>(p[j]); }) / m;
-    const double var = channel_sum(x, b, ch, [mean](const T* p, int64_t j) {
-                         const double d = static_cast<double>(p[j]) - mean;
-                         return d * d;
-                       }) / m;
-    const double invstd = 1.0 / std::sqrt(var + eps);
-    smean[ch] = static_cast<T>(mean);
-    sinvstd[ch] = static_cast<T>(invstd);
-    rmean[ch] = static_cast<T>((1.0 - momentum) * rmean[ch] + momentum * mean);
-    rvar[ch] = static_cast<T>((1.0 - momentum) * rvar[ch] + momentum * var * m / (m - 1.0));
-    const double scale = invstd * gamma[ch];
-    channel_affine(x, b, ch, static_cast<T>(scale), static_cast<T>(beta[ch] - mean * scale), y);
-  }
+  cpu::parallel_for(b.c, cpu::grain_for(b.n * b.s), [&](int64_t begin, int64_t end) {
+    for (int64_t ch = begin; ch < end; ++ch) {
+      // Two passes (mean, then centred squares) keep the variance accurate when |mean| >> std.
+      const double mean = channel_sum(x, b, ch, [](const T* p, int64_t j) { return static_cast<double>(p[j]); }) / m;
+      const double var = channel_sum(x, b, ch, [mean](const T* p, int64_t j) {
+                           const double d = static_cast<double>(p[j]) - mean;
+                           return d * d;
+                         }) / m;
+      const double invstd = 1.0 / std::sqrt(var + eps);
+      smean[ch] = static_cast<T>(mean);
+      sinvstd[ch] = static_cast<T>(invstd);
+      rmean[ch] = static_cast<T>((1.0 - momentum) * rmean[ch] + momentum * mean);
+      rvar[ch] = static_cast<T>((1.0 - momentum) * rvar[ch] + momentum * var * m / (m - 1.0));
+      const double scale = invstd * gamma[ch];
+      channel_affine(x, b, ch, static_cast<T>(scale), static_cast<T>(beta[ch] - mean * scale), y);
+    }
+  });
 }
 
 template <typename T>
 void bn_eval(const T* x, const T* gamma, const T* beta, const T* rmean, const T* rvar, double eps, T* y,
              const BnShape& b) {
-#pragma omp parallel for if (b.n * b.c * b.s >= kParallelElems)
-  for (int64_t ch = 0; ch < b.c; ++ch) {
-    const double scale = gamma[ch] / std::sqrt(static_cast<double>(rvar[ch]) + eps);
-    channel_affine(x, b, ch, static_cast<T>(scale), static_cast<T>(beta[ch] - rmean[ch] * scale), y);
-  }
+  cpu::parallel_for(b.c, cpu::grain_for(b.n * b.s), [&](int64_t begin, int64_t end) {
+    for (int64_t ch = begin; ch < end; ++ch) {
+      const double scale = gamma[ch] / std::sqrt(static_cast<double>(rvar[ch]) + eps);
+      channel_affine(x, b, ch, static_cast<T>(scale), static_cast<T>(beta[ch] - rmean[ch] * scale), y);
+    }
+  });
 }
 
 // With xhat = (x - mean) * invstd: dbeta = sum dy, dgamma = sum dy * xhat,
@@ -83,36 +85,37 @@ template <typename T>
 void bn_backward(const T* dy, const T* x, const T* gamma, const T* smean, const T* sinvstd, T* dx, T* dgamma,
                  T* dbeta, const BnShape& b) {
   const double m = static_cast<double>(b.n * b.s);
-#pragma omp parallel for if (b.n * b.c * b.s >= kParallelElems)
-  for (int64_t ch = 0; ch < b.c; ++ch) {
-    const double mean = smean[ch], invstd = sinvstd[ch];
-    const double sdy = channel_sum(dy, b, ch, [](const T* p, int64_t j) { return static_cast<double>(p[j]); });
-    double sdyx = 0.0;  // sum dy * (x - mean)
-    for (int64_t i = 0; i < b.n; ++i) {
-      const int64_t off = (i * b.c + ch) * b.s;
-      const T* dyp = dy + off;
-      const T* xp = x + off;
-      double part = 0.0;
+  cpu::parallel_for(b.c, cpu::grain_for(b.n * b.s), [&](int64_t begin, int64_t end) {
+    for (int64_t ch = begin; ch < end; ++ch) {
+      const double mean = smean[ch], invstd = sinvstd[ch];
+      const double sdy = channel_sum(dy, b, ch, [](const T* p, int64_t j) { return static_cast<double>(p[j]); });
+      double sdyx = 0.0;  // sum dy * (x - mean)
+      for (int64_t i = 0; i < b.n; ++i) {
+        const int64_t off = (i * b.c + ch) * b.s;
+        const T* dyp = dy + off;
+        const T* xp = x + off;
+        double part = 0.0;
 #pragma omp simd reduction(+ : part)
-      for (int64_t j = 0; j < b.s; ++j) part += static_cast<double>(dyp[j]) * (static_cast<double>(xp[j]) - mean);
-      sdyx += part;
+        for (int64_t j = 0; j < b.s; ++j) part += static_cast<double>(dyp[j]) * (static_cast<double>(xp[j]) - mean);
+        sdyx += part;
+      }
+      const double dg = sdyx * invstd;
+      dbeta[ch] = static_cast<T>(sdy);
+      dgamma[ch] = static_cast<T>(dg);
+      // dx = k * (dy - sdy/m - (x - mean) * invstd^2 * dg / m), folded into dx = dy*k + x*u + v.
+      const double k = gamma[ch] * invstd;
+      const double u = -k * invstd * dg / m;
+      const double v = -k * sdy / m - u * mean;
+      const T tk = static_cast<T>(k), tu = static_cast<T>(u), tv = static_cast<T>(v);
+      for (int64_t i = 0; i < b.n; ++i) {
+        const int64_t off = (i * b.c + ch) * b.s;
+        const T* dyp = dy + off;
+        const T* xp = x + off;
+        T* dxp = dx + off;
+        for (int64_t j = 0; j < b.s; ++j) dxp[j] = dyp[j] * tk + xp[j] * tu + tv;
+      }
     }
-    const double dg = sdyx * invstd;
-    dbeta[ch] = static_cast<T>(sdy);
-    dgamma[ch] = static_cast<T>(dg);
-    // dx = k * (dy - sdy/m - (x - mean) * invstd^2 * dg / m), folded into dx = dy*k + x*u + v.
-    const double k = gamma[ch] * invstd;
-    const double u = -k * invstd * dg / m;
-    const double v = -k * sdy / m - u * mean;
-    const T tk = static_cast<T>(k), tu = static_cast<T>(u), tv = static_cast<T>(v);
-    for (int64_t i = 0; i < b.n; ++i) {
-      const int64_t off = (i * b.c + ch) * b.s;
-      const T* dyp = dy + off;
-      const T* xp = x + off;
-      T* dxp = dx + off;
-      for (int64_t j = 0; j < b.s; ++j) dxp[j] = dyp[j] * tk + xp[j] * tu + tv;
-    }
-  }
+  });
 }
 
 template <typename T>

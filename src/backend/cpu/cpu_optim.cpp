@@ -36,19 +36,21 @@ void sgd_one(const ParamSlot& s, const SgdArgs& a) {
   const T lr = static_cast<T>(a.lr), wd = static_cast<T>(a.weight_decay), mom = static_cast<T>(a.momentum),
           damp = static_cast<T>(1.0 - a.dampening);
   if (a.momentum == 0.0) {
-#pragma omp parallel for if (n >= kParallelElems)
-    for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+    cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+    });
     return;
   }
   T* buf = ptr<T>(s.buf0);
   const bool first = a.first_step, nesterov = a.nesterov;
-#pragma omp parallel for if (n >= kParallelElems)
-  for (int64_t i = 0; i < n; ++i) {
-    const T d = g[i] + wd * p[i];
-    const T b = first ? d : mom * buf[i] + damp * d;
-    buf[i] = b;
-    p[i] -= lr * (nesterov ? d + mom * b : b);
-  }
+  cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T d = g[i] + wd * p[i];
+      const T b = first ? d : mom * buf[i] + damp * d;
+      buf[i] = b;
+      p[i] -= lr * (nesterov ? d + mom * b : b);
+    }
+  });
 }
 
 template <typename T>
@@ -67,15 +69,16 @@ void adam_one(const ParamSlot& s, const AdamArgs& a) {
   const T eps = static_cast<T>(a.eps);
   const T l2 = a.decoupled ? T(0) : static_cast<T>(a.weight_decay);
   const T shrink = a.decoupled ? static_cast<T>(1.0 - a.lr * a.weight_decay) : T(1);
-#pragma omp parallel for if (n >= kParallelElems)
-  for (int64_t i = 0; i < n; ++i) {
-    const T gi = g[i] + l2 * p[i];
-    const T mi = b1 * m[i] + c1 * gi;
-    const T vi = b2 * v[i] + c2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * shrink - step * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
-  }
+  cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T gi = g[i] + l2 * p[i];
+      const T mi = b1 * m[i] + c1 * gi;
+      const T vi = b2 * v[i] + c2 * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = p[i] * shrink - step * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    }
+  });
 }
 
 }  // namespace

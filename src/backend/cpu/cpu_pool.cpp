@@ -29,29 +29,30 @@ inline bool beats(T v, T best) {
 template <typename T>
 void max_pool_2x2(const T* x, const PoolGeom& g, T* y, int32_t* idx) {
   const int64_t planes = g.n * g.c;
-#pragma omp parallel for if (planes * g.h * g.w >= kParallelElems)
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    const T* xp = x + pl * g.h * g.w;
-    T* yp = y + pl * g.oh * g.ow;
-    int32_t* ip = idx + pl * g.oh * g.ow;
-    for (int64_t oh = 0; oh < g.oh; ++oh) {
-      const T* r0 = xp + 2 * oh * g.w;
-      const T* r1 = r0 + g.w;
-      const auto base = static_cast<int32_t>(2 * oh * g.w);
-      const auto w = static_cast<int32_t>(g.w);
-      for (int64_t ow = 0; ow < g.ow; ++ow) {
-        const auto c0 = static_cast<int32_t>(2 * ow);
-        T best = r0[2 * ow];
-        int32_t bi = base + c0;
-        const T v1 = r0[2 * ow + 1], v2 = r1[2 * ow], v3 = r1[2 * ow + 1];
-        if (beats(v1, best)) best = v1, bi = base + c0 + 1;
-        if (beats(v2, best)) best = v2, bi = base + w + c0;
-        if (beats(v3, best)) best = v3, bi = base + w + c0 + 1;
-        yp[oh * g.ow + ow] = best;
-        ip[oh * g.ow + ow] = bi;
+  cpu::parallel_for(planes, cpu::grain_for(g.h * g.w), [&](int64_t begin, int64_t end) {
+    for (int64_t pl = begin; pl < end; ++pl) {
+      const T* xp = x + pl * g.h * g.w;
+      T* yp = y + pl * g.oh * g.ow;
+      int32_t* ip = idx + pl * g.oh * g.ow;
+      for (int64_t oh = 0; oh < g.oh; ++oh) {
+        const T* r0 = xp + 2 * oh * g.w;
+        const T* r1 = r0 + g.w;
+        const auto base = static_cast<int32_t>(2 * oh * g.w);
+        const auto w = static_cast<int32_t>(g.w);
+        for (int64_t ow = 0; ow < g.ow; ++ow) {
+          const auto c0 = static_cast<int32_t>(2 * ow);
+          T best = r0[2 * ow];
+          int32_t bi = base + c0;
+          const T v1 = r0[2 * ow + 1], v2 = r1[2 * ow], v3 = r1[2 * ow + 1];
+          if (beats(v1, best)) best = v1, bi = base + c0 + 1;
+          if (beats(v2, best)) best = v2, bi = base + w + c0;
+          if (beats(v3, best)) best = v3, bi = base + w + c0 + 1;
+          yp[oh * g.ow + ow] = best;
+          ip[oh * g.ow + ow] = bi;
+        }
       }
     }
-  }
+  });
 }
 
 template <typename T>
@@ -59,89 +60,93 @@ void max_pool_forward(const T* x, const PoolGeom& g, T* y, int32_t* idx) {
   if (g.kh == 2 && g.kw == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0)
     return max_pool_2x2(x, g, y, idx);
   const int64_t planes = g.n * g.c;
-#pragma omp parallel for if (planes * g.oh * g.ow * g.kh * g.kw >= kParallelElems)
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    const T* xp = x + pl * g.h * g.w;
-    T* yp = y + pl * g.oh * g.ow;
-    int32_t* ip = idx + pl * g.oh * g.ow;
-    for (int64_t oh = 0; oh < g.oh; ++oh) {
-      int64_t h0, h1;
-      window(oh, g.stride_h, g.pad_h, g.kh, g.h, h0, h1);
-      for (int64_t ow = 0; ow < g.ow; ++ow) {
-        int64_t w0, w1;
-        window(ow, g.stride_w, g.pad_w, g.kw, g.w, w0, w1);
-        // The op layer keeps padding below half the window, so every window holds an input element.
-        int64_t bi = h0 * g.w + w0;
-        T best = xp[bi];
-        for (int64_t ih = h0; ih < h1; ++ih)
-          for (int64_t iw = w0; iw < w1; ++iw) {
-            const T v = xp[ih * g.w + iw];
-            if (beats(v, best)) best = v, bi = ih * g.w + iw;
-          }
-        yp[oh * g.ow + ow] = best;
-        ip[oh * g.ow + ow] = static_cast<int32_t>(bi);
+  cpu::parallel_for(planes, cpu::grain_for(g.oh * g.ow * g.kh * g.kw), [&](int64_t begin, int64_t end) {
+    for (int64_t pl = begin; pl < end; ++pl) {
+      const T* xp = x + pl * g.h * g.w;
+      T* yp = y + pl * g.oh * g.ow;
+      int32_t* ip = idx + pl * g.oh * g.ow;
+      for (int64_t oh = 0; oh < g.oh; ++oh) {
+        int64_t h0, h1;
+        window(oh, g.stride_h, g.pad_h, g.kh, g.h, h0, h1);
+        for (int64_t ow = 0; ow < g.ow; ++ow) {
+          int64_t w0, w1;
+          window(ow, g.stride_w, g.pad_w, g.kw, g.w, w0, w1);
+          // The op layer keeps padding below half the window, so every window holds an input element.
+          int64_t bi = h0 * g.w + w0;
+          T best = xp[bi];
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) {
+              const T v = xp[ih * g.w + iw];
+              if (beats(v, best)) best = v, bi = ih * g.w + iw;
+            }
+          yp[oh * g.ow + ow] = best;
+          ip[oh * g.ow + ow] = static_cast<int32_t>(bi);
+        }
       }
     }
-  }
+  });
 }
 
 template <typename T>
 void max_pool_backward(const T* dy, const int32_t* idx, const PoolGeom& g, T* dx) {
   const int64_t planes = g.n * g.c, in_sz = g.h * g.w, out_sz = g.oh * g.ow;
-#pragma omp parallel for if (planes * in_sz >= kParallelElems)
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    T* dxp = dx + pl * in_sz;
-    const T* dyp = dy + pl * out_sz;
-    const int32_t* ip = idx + pl * out_sz;
-    std::memset(dxp, 0, sizeof(T) * in_sz);
-    for (int64_t j = 0; j < out_sz; ++j) dxp[ip[j]] += dyp[j];
-  }
+  cpu::parallel_for(planes, cpu::grain_for(in_sz), [&](int64_t begin, int64_t end) {
+    for (int64_t pl = begin; pl < end; ++pl) {
+      T* dxp = dx + pl * in_sz;
+      const T* dyp = dy + pl * out_sz;
+      const int32_t* ip = idx + pl * out_sz;
+      std::memset(dxp, 0, sizeof(T) * in_sz);
+      for (int64_t j = 0; j < out_sz; ++j) dxp[ip[j]] += dyp[j];
+    }
+  });
 }
 
 template <typename T>
 void avg_pool_forward(const T* x, const PoolGeom& g, T* y) {
   const int64_t planes = g.n * g.c;
   const T inv = T(1) / static_cast<T>(g.kh * g.kw);  // padded positions count: the divisor is the window size
-#pragma omp parallel for if (planes * g.oh * g.ow * g.kh * g.kw >= kParallelElems)
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    const T* xp = x + pl * g.h * g.w;
-    T* yp = y + pl * g.oh * g.ow;
-    for (int64_t oh = 0; oh < g.oh; ++oh) {
-      int64_t h0, h1;
-      window(oh, g.stride_h, g.pad_h, g.kh, g.h, h0, h1);
-      for (int64_t ow = 0; ow < g.ow; ++ow) {
-        int64_t w0, w1;
-        window(ow, g.stride_w, g.pad_w, g.kw, g.w, w0, w1);
-        T s = T(0);
-        for (int64_t ih = h0; ih < h1; ++ih)
-          for (int64_t iw = w0; iw < w1; ++iw) s += xp[ih * g.w + iw];
-        yp[oh * g.ow + ow] = s * inv;
+  cpu::parallel_for(planes, cpu::grain_for(g.oh * g.ow * g.kh * g.kw), [&](int64_t begin, int64_t end) {
+    for (int64_t pl = begin; pl < end; ++pl) {
+      const T* xp = x + pl * g.h * g.w;
+      T* yp = y + pl * g.oh * g.ow;
+      for (int64_t oh = 0; oh < g.oh; ++oh) {
+        int64_t h0, h1;
+        window(oh, g.stride_h, g.pad_h, g.kh, g.h, h0, h1);
+        for (int64_t ow = 0; ow < g.ow; ++ow) {
+          int64_t w0, w1;
+          window(ow, g.stride_w, g.pad_w, g.kw, g.w, w0, w1);
+          T s = T(0);
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) s += xp[ih * g.w + iw];
+          yp[oh * g.ow + ow] = s * inv;
+        }
       }
     }
-  }
+  });
 }
 
 template <typename T>
 void avg_pool_backward(const T* dy, const PoolGeom& g, T* dx) {
   const int64_t planes = g.n * g.c;
   const T inv = T(1) / static_cast<T>(g.kh * g.kw);
-#pragma omp parallel for if (planes * g.oh * g.ow * g.kh * g.kw >= kParallelElems)
-  for (int64_t pl = 0; pl < planes; ++pl) {
-    T* dxp = dx + pl * g.h * g.w;
-    const T* dyp = dy + pl * g.oh * g.ow;
-    std::memset(dxp, 0, sizeof(T) * g.h * g.w);
-    for (int64_t oh = 0; oh < g.oh; ++oh) {
-      int64_t h0, h1;
-      window(oh, g.stride_h, g.pad_h, g.kh, g.h, h0, h1);
-      for (int64_t ow = 0; ow < g.ow; ++ow) {
-        int64_t w0, w1;
-        window(ow, g.stride_w, g.pad_w, g.kw, g.w, w0, w1);
-        const T v = dyp[oh * g.ow + ow] * inv;
-        for (int64_t ih = h0; ih < h1; ++ih)
-          for (int64_t iw = w0; iw < w1; ++iw) dxp[ih * g.w + iw] += v;
+  cpu::parallel_for(planes, cpu::grain_for(g.oh * g.ow * g.kh * g.kw), [&](int64_t begin, int64_t end) {
+    for (int64_t pl = begin; pl < end; ++pl) {
+      T* dxp = dx + pl * g.h * g.w;
+      const T* dyp = dy + pl * g.oh * g.ow;
+      std::memset(dxp, 0, sizeof(T) * g.h * g.w);
+      for (int64_t oh = 0; oh < g.oh; ++oh) {
+        int64_t h0, h1;
+        window(oh, g.stride_h, g.pad_h, g.kh, g.h, h0, h1);
+        for (int64_t ow = 0; ow < g.ow; ++ow) {
+          int64_t w0, w1;
+          window(ow, g.stride_w, g.pad_w, g.kw, g.w, w0, w1);
+          const T v = dyp[oh * g.ow + ow] * inv;
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) dxp[ih * g.w + iw] += v;
+        }
       }
     }
-  }
+  });
 }
 
 void check_pool(const PoolGeom& g, const Tensor& x, const Tensor& y) {
