@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dispatch.h"
+#include "backend/cpu/cpu_parallel.h"
 
 namespace tandem::backend {
 
@@ -40,12 +41,13 @@ void CpuBackend::scale_cast(const Tensor& src, Tensor& dst, double scale, double
       } else {
         const S* in = static_cast<const S*>(src.data_ptr());
         D* out = static_cast<D*>(dst.data_ptr());
-#pragma omp parallel for if (n > 65536)
-        for (int64_t i = 0; i < n; ++i) {
-          float v = static_cast<float>(in[i]) * s;
-          if (c > 0.0f) v = std::min(std::max(v, -c), c);
-          out[i] = D(v);
-        }
+        cpu::parallel_for(n, cpu::kParallelElems, [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) {
+            float v = static_cast<float>(in[i]) * s;
+            if (c > 0.0f) v = std::min(std::max(v, -c), c);
+            out[i] = D(v);
+          }
+        });
       }
     });
   });
