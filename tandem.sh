@@ -49,8 +49,22 @@ case "$cmd" in
     ;;
   run)
     build
-    exec "$BUILD_DIR/bin/tandem" train --model cnn --dataset fashion-mnist --epochs 10 --batch-size 64 \
-      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 "$@"
+    # The guide's job: two workers through tandem launch, on two GPUs when the machine has them,
+    # otherwise two CPU ranks over Gloo (or one process when tandem was built without Gloo).
+    T="$BUILD_DIR/bin/tandem"
+    gpus=$("$T" info | sed -n 's/^gpus: //p')
+    job=(train --model cnn --dataset fashion-mnist --epochs 10 --batch-size 64 --lr 0.005 --momentum 0.9
+         --weight-decay 1e-5)
+    if [ "${gpus:-0}" -ge 2 ]; then
+      log "2 workers on 2 GPUs"
+      exec "$T" launch -n 2 -- "$T" "${job[@]}" --device cuda "$@"
+    elif "$T" info | grep -q '^gloo: yes'; then
+      log "2 workers on the CPU (Gloo)"
+      exec "$T" launch -n 2 -- "$T" "${job[@]}" --device cpu "$@"
+    else
+      log "built without Gloo: one process"
+      exec "$T" "${job[@]}" "$@"
+    fi
     ;;
   test)
     build

@@ -6,7 +6,9 @@
 #include <algorithm>
 
 #include "cli/commands.h"
+#include "tandem/device.h"
 #include "tandem/error.h"
+#include "tandem/version.h"
 
 namespace tandem::cli {
 int default_threads_per_rank(int local_size) {
@@ -29,6 +31,14 @@ int main(int argc, char** argv) {
   add(tandem::cli::add_train_command);
   add(tandem::cli::add_launch_command);
   add(tandem::cli::add_bench_command);
+  CLI::App* info = app.add_subcommand("info", "Print the build's components and the GPUs this process sees");
+  runners[info] = [] {
+    tandem::BuildInfo b = tandem::build_info();
+    auto yn = [](bool v) { return v ? "yes" : "no"; };
+    std::printf("tandem %s\ncuda: %s\nnccl: %s\ngloo: %s\nmpi: %s\ngpus: %d\nthreads: %d\n", b.version, yn(b.cuda),
+                yn(b.nccl), yn(b.gloo), yn(b.mpi), tandem::cuda_device_count(), tandem::num_threads());
+    return 0;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
