@@ -7,6 +7,8 @@ namespace tandem::cli {
 Runner add_train_command(CLI::App& app) {
   auto cfg = std::make_shared<TrainConfig>();
   CLI::App* sub = app.add_subcommand("train", "Train a model and report loss and accuracy per epoch");
+  // A flag given twice takes its last value, so wrappers can append overrides (./tandem.sh run --epochs 2).
+  sub->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   sub->footer(
       "Example (the guide's run):\n"
       "  tandem train --model cnn --dataset fashion-mnist --epochs 10 --batch-size 64 --lr 0.005 \\\n"
@@ -45,6 +47,7 @@ Runner add_train_command(CLI::App& app) {
   sub->add_option("--limit-test", cfg->limit_test, "Use only the first N test samples (0: all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   sub->add_option("--hidden", cfg->hidden, "Hidden layer sizes of the mlp model (default 512 512)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   sub->add_option("--progress", cfg->progress, "Progress bar on stderr: auto (when a terminal), on, off")

@@ -135,3 +135,10 @@ TEST(TrainCli, MissingGpuIsAnInputError) {
   EXPECT_EQ(bad.status, 2) << bad.output;
   EXPECT_NE(bad.output.find("tpu"), std::string::npos) << bad.output;
 }
+
+TEST(TrainCli, ARepeatedFlagTakesItsLastValue) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  auto r = run_tandem("train --epochs 10 --limit-train 256 --limit-test 64 --progress off --epochs 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "Starting Epoch"), 1) << r.output;
+}
