@@ -121,7 +121,9 @@ Runner add_bench_command(CLI::App& app) {
   auto tc = std::make_shared<TrainBenchConfig>();
   CLI::App* train = bench->add_subcommand("train", "Time full training steps (forward, backward, update) on "
                                                    "synthetic data; prints RESULT {json}");
-  train->add_option("--model", tc->model, "cnn or mlp")->check(CLI::IsMember({"cnn", "mlp"}))->capture_default_str();
+  train->add_option("--model", tc->model, "cnn, mlp or resnet18/34/50/101/152")
+      ->check(CLI::IsMember(nn::model_names()))
+      ->capture_default_str();
   train->add_option("-b,--batch-size", tc->batch_size, "Samples per step per rank")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();

@@ -1,6 +1,7 @@
 // `tandem train`: flags and validation.
 #include "cli/commands.h"
 #include "cli/trainer.h"
+#include "tandem/nn/models.h"
 
 namespace tandem::cli {
 
@@ -15,8 +16,8 @@ Runner add_train_command(CLI::App& app) {
       "               --momentum 0.9 --weight-decay 1e-5 --device cuda\n"
       "Per epoch it prints 'Starting Epoch N:', 'Training loss = L, training accuracy = A' (L is the sum\n"
       "of the per-batch mean losses) and 'Evaluation accuracy = A, Elapsed Time = Ts'.");
-  sub->add_option("--model", cfg->model, "Model: cnn (the guide's MNIST CNN) or mlp")
-      ->check(CLI::IsMember({"cnn", "mlp"}))
+  sub->add_option("--model", cfg->model, "Model: cnn (the guide's MNIST CNN), mlp, resnet18/34/50/101/152")
+      ->check(CLI::IsMember(nn::model_names()))
       ->capture_default_str();
   sub->add_option("--dataset", cfg->dataset, "Data set: fashion-mnist, mnist or cifar10")
       ->check(CLI::IsMember({"fashion-mnist", "mnist", "cifar10"}))

@@ -516,7 +516,7 @@ void DistOpt::sync_parameters(nn::Module& model) {
   }
 }
 
-void DistOpt::check_consistency() {
+void DistOpt::check_consistency(bool include_buffers) {
   Engine& e = *engine_;
   std::vector<std::string> names = e.names;
   std::vector<Tensor> tensors;
@@ -524,10 +524,11 @@ void DistOpt::check_consistency() {
     tensors.push_back(e.params[i].tensor);
     if (names.size() <= i) names.push_back("parameter " + std::to_string(i));
   }
-  for (auto& [name, t] : e.buffers) {
-    tensors.push_back(t);
-    names.push_back(name);
-  }
+  if (include_buffers)
+    for (auto& [name, t] : e.buffers) {
+      tensors.push_back(t);
+      names.push_back(name);
+    }
   check_identical_values(*comm_, tensors, names);
 }
 

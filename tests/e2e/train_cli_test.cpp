@@ -142,3 +142,17 @@ TEST(TrainCli, ARepeatedFlagTakesItsLastValue) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count_lines_with(r.output, "Starting Epoch"), 1) << r.output;
 }
+
+// Batch-norm statistics legitimately differ between ranks during an epoch (each sees its own
+// samples); the per-step consistency check compares parameters, and the end-of-epoch check, after
+// the statistics are averaged, compares everything.
+TEST(TrainCli, BatchNormModelPassesConsistencyChecksOnTwoRanks) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
+  std::string bin = TANDEM_BIN;
+  auto r = run_tandem("launch -n 2 -- " + bin +
+                      " train --model resnet18 --epochs 1 --limit-train 128 --limit-test 64 --batch-size 32 "
+                      "--threads 1 --check-consistency 1 --progress off");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "Evaluation accuracy"), 1) << r.output;
+}

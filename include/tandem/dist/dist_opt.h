@@ -80,8 +80,9 @@ class DistOpt {
   void average_parameters();
   /// Averages buffers only (batch-norm running statistics).
   void average_buffers();
-  /// Throws, naming the first parameter that differs, unless all ranks hold bit-identical parameters.
-  void check_consistency();
+  /// Throws, naming the first tensor that differs, unless all ranks hold bit-identical parameters
+  /// (and buffers, with include_buffers: batch-norm statistics agree only after average_buffers()).
+  void check_consistency(bool include_buffers = true);
 
   const CommStats& stats() const;
   void reset_stats();

@@ -16,8 +16,9 @@ struct ModelConfig {
 };
 
 /// Builds "cnn" (the guide's: conv 20 5x5, pool, conv 50 5x5, pool, linear 500, linear 10),
-/// or "mlp" (flatten, hidden linear+relu layers, linear). Throws tandem::Error naming the valid
-/// models otherwise.
+/// "mlp" (flatten, hidden linear+relu layers, linear), or "resnet18" / "resnet34" / "resnet50" /
+/// "resnet101" / "resnet152" (ImageNet stem for inputs of 64 pixels and more, a 3x3 stem below).
+/// Throws tandem::Error naming the valid models otherwise.
 ModulePtr make_model(const std::string& name, const ModelConfig& cfg);
 /// Names make_model accepts.
 std::vector<std::string> model_names();
