@@ -135,7 +135,7 @@ Runner add_bench_command(CLI::App& app) {
   train->add_option("-s,--spars", tc->spars, "Sparsity parameter")->capture_default_str();
   train->add_option("--hidden", tc->hidden, "mlp hidden sizes")->delimiter(',');
   train->add_option("--image", tc->height, "Input height and width")->check(CLI::Range(int64_t{16}, int64_t{4096}))
-      ->each([tc](const std::string&) { tc->width = tc->height; });
+      ->each([tc](const std::string& v) { tc->width = std::stoll(v); });
   train->add_option("--channels", tc->channels, "Input channels")->check(CLI::Range(int64_t{1}, int64_t{4096}));
   train->add_option("--classes", tc->classes, "Classes")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   train->add_option("--threads", tc->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
