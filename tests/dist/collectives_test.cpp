@@ -21,11 +21,9 @@ const std::string kWorker = TANDEM_DIST_WORKER;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-void skip_without_gloo() {
-#if !TANDEM_TEST_WITH_GLOO
-  GTEST_SKIP() << "tandem was built without Gloo";
-#endif
-}
+// A macro: GTEST_SKIP must return from the test itself, not from a helper.
+#define SKIP_WITHOUT_GLOO() \
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo"
 
 ProcResult launch(int n, const std::string& scenario, double timeout_s = 60) {
   return run_process({kTandem, "launch", "-n", std::to_string(n), "--", kWorker, scenario}, {}, timeout_s);
@@ -40,31 +38,31 @@ void expect_every_rank(const ProcResult& r, int n, const std::string& what) {
 }
 
 TEST(GlooLaunch, AllReduceTwoRanks) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   expect_every_rank(launch(2, "allreduce"), 2, "all_reduce ok on 2 ranks");
 }
 
 TEST(GlooLaunch, AllReduceThreeRanks) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   expect_every_rank(launch(3, "allreduce"), 3, "all_reduce ok on 3 ranks");
 }
 
 TEST(GlooLaunch, GathersBroadcastBarrierTwoRanks) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   ProcResult r = launch(2, "collectives");
   for (const char* what : {"all_gather ok", "all_gatherv ok", "broadcast ok", "barrier ok"})
     expect_every_rank(r, 2, what);
 }
 
 TEST(GlooLaunch, GathersBroadcastBarrierThreeRanks) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   ProcResult r = launch(3, "collectives");
   for (const char* what : {"all_gather ok", "all_gatherv ok", "broadcast ok", "barrier ok"})
     expect_every_rank(r, 3, what);
 }
 
 TEST(GlooLaunch, APeerThatDiedFailsTheCollective) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   ProcResult r = launch(2, "peer_dies", 30);
   EXPECT_EQ(r.exit_code, 0) << r.output;  // rank 0 checked the error it got
   EXPECT_TRUE(contains(r.output, "rank 0: collective error after")) << r.output;
@@ -72,7 +70,7 @@ TEST(GlooLaunch, APeerThatDiedFailsTheCollective) {
 }
 
 TEST(GlooLaunch, APeerThatNeverJoinsTheCollectiveTimesOut) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   ProcResult r = launch(2, "peer_hangs", 30);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "collective all_reduce on rank 0 timed out after 1 s (a peer may have died)"))
@@ -81,7 +79,7 @@ TEST(GlooLaunch, APeerThatNeverJoinsTheCollectiveTimesOut) {
 }
 
 TEST(GlooMpiexec, AllCollectivesTwoRanks) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
 #if !TANDEM_TEST_WITH_MPI
   GTEST_SKIP() << "tandem was built without MPI";
 #endif
@@ -118,7 +116,7 @@ std::vector<ProcResult> run_ranks(const std::vector<std::map<std::string, std::s
 }
 
 TEST(GlooTorchrunEnv, TwoRanks) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   std::string port = std::to_string(free_port());
   std::vector<std::map<std::string, std::string>> envs;
   for (int r = 0; r < 2; ++r)
@@ -142,7 +140,7 @@ std::map<std::string, std::string> tandem_env(int rank, int world, int port, con
 }
 
 TEST(GlooJoin, MismatchedWorldSizesFailClearly) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   tandem::dist::StoreServer store(0, "127.0.0.1");
   auto results = run_ranks({tandem_env(0, 2, store.port(), "20"), tandem_env(1, 3, store.port(), "20")}, "join");
   for (const auto& r : results) {
@@ -157,7 +155,7 @@ TEST(GlooJoin, MismatchedWorldSizesFailClearly) {
 }
 
 TEST(GlooJoin, AMissingRankIsNamed) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   tandem::dist::StoreServer store(0, "127.0.0.1");
   auto results = run_ranks({tandem_env(0, 3, store.port(), "1")}, "join");
   EXPECT_EQ(results[0].exit_code, 1) << results[0].output;
@@ -166,7 +164,7 @@ TEST(GlooJoin, AMissingRankIsNamed) {
 }
 
 TEST(GlooJoin, TheSameRankTwiceFailsBoth) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   tandem::dist::StoreServer store(0, "127.0.0.1");
   auto results = run_ranks({tandem_env(0, 2, store.port(), "20"), tandem_env(0, 2, store.port(), "20")}, "join");
   for (const auto& r : results) {
@@ -177,7 +175,7 @@ TEST(GlooJoin, TheSameRankTwiceFailsBoth) {
 }
 
 TEST(GlooJoin, ByHandWithAGoodEnvironmentWorks) {
-  skip_without_gloo();
+  SKIP_WITHOUT_GLOO();
   tandem::dist::StoreServer store(0, "127.0.0.1");
   auto results = run_ranks({tandem_env(0, 2, store.port()), tandem_env(1, 2, store.port())}, "join");
   for (int r = 0; r < 2; ++r) {
