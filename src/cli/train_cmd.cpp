@@ -51,6 +51,11 @@ Runner add_train_command(CLI::App& app) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  sub->add_option("--checkpoint", cfg->checkpoint,
+                  "Save the model and optimizer to this file after every epoch (written atomically by rank 0)");
+  sub->add_flag("--resume", cfg->resume,
+                "Continue from --checkpoint when the file exists (every rank must be able to read it)")
+      ->needs("--checkpoint");
   sub->add_option("--progress", cfg->progress, "Progress bar on stderr: auto (when a terminal), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();

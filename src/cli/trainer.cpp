@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -15,6 +16,7 @@
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "tandem/checkpoint.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
 #include "tandem/dist/bootstrap.h"
@@ -123,6 +125,21 @@ int run_training(const TrainConfig& cfg) {
   nn::ModulePtr model = nn::make_model(cfg.model, mc);
   model->to(device);
   dist::DistOpt opt(make_optimizer(cfg, model->parameters()), comm, dist_options(cfg));
+  int first_epoch = 0;
+  if (cfg.resume && std::filesystem::exists(cfg.checkpoint)) {
+    auto meta = nlohmann::json::parse(checkpoint_meta(cfg.checkpoint));
+    const std::pair<const char*, const std::string*> must_match[] = {
+        {"model", &cfg.model}, {"dataset", &cfg.dataset}, {"optimizer", &cfg.optimizer}};
+    for (auto [key, value] : must_match)
+      TANDEM_CHECK(meta.value(key, std::string()) == *value, "checkpoint '", cfg.checkpoint, "' was saved with --",
+                   key, " ", meta.value(key, std::string("?")), "; resume with the same value or use another --checkpoint");
+    load_checkpoint(cfg.checkpoint, *model, &opt.optimizer());
+    first_epoch = meta.value("epoch", -1) + 1;
+    if (rank == 0)
+      std::fprintf(stderr, "tandem: resuming from '%s' at epoch %d\n", cfg.checkpoint.c_str(), first_epoch);
+  } else if (cfg.resume && rank == 0) {
+    std::fprintf(stderr, "tandem: no checkpoint at '%s' yet: starting at epoch 0\n", cfg.checkpoint.c_str());
+  }
   opt.sync_parameters(*model);
 
   data::LoaderOptions lo;
@@ -152,7 +169,7 @@ int run_training(const TrainConfig& cfg) {
   }
 
   int64_t global_step = 0;
-  for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
+  for (int epoch = first_epoch; epoch < cfg.epochs; ++epoch) {
     if (lead) {
       std::printf("Starting Epoch %d:\n", epoch);
       std::fflush(stdout);
@@ -216,6 +233,12 @@ int run_training(const TrainConfig& cfg) {
                     comm_stats.wait_seconds, static_cast<long long>(comm_stats.collectives));
       }
       std::fflush(stdout);
+    }
+    if (lead && !cfg.checkpoint.empty()) {
+      nlohmann::json meta{{"epoch", epoch},           {"model", cfg.model},         {"dataset", cfg.dataset},
+                          {"optimizer", cfg.optimizer}, {"world_size", world},        {"seed", cfg.seed},
+                          {"dist_option", dist::sync_mode_name(mode)}, {"eval_acc", eval_acc}};
+      save_checkpoint(cfg.checkpoint, *model, &opt.optimizer(), meta.dump());
     }
     if (metrics.is_open()) {
       nlohmann::json j{{"epoch", epoch},

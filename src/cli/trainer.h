@@ -36,6 +36,9 @@ struct TrainConfig {
   int64_t check_consistency = 0;  // every N steps (0: never)
   bool report_comm = false;
   double timeout_s = 300.0;
+  // checkpoints
+  std::string checkpoint;  // saved after every epoch when set
+  bool resume = false;     // continue from `checkpoint` when it exists
 };
 
 /// Trains and evaluates per the config, printing the guide's per-epoch lines; returns the exit status.

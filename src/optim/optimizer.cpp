@@ -83,13 +83,6 @@ void SGD::step() {
   steps_++;
 }
 
-std::vector<Tensor> SGD::state() const {
-  std::vector<Tensor> out;
-  for (const Tensor& m : momentum_)
-    if (m.defined()) out.push_back(m);
-  return out;
-}
-
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& opt)
     : Optimizer(std::move(params), opt.lr), opt_(opt), m_(params_.size()), v_(params_.size()), t_(params_.size()) {
   TANDEM_CHECK(opt.beta1 >= 0.0 && opt.beta1 < 1.0 && opt.beta2 >= 0.0 && opt.beta2 < 1.0,
@@ -119,16 +112,6 @@ void Adam::step() {
     });
   }
   steps_++;
-}
-
-std::vector<Tensor> Adam::state() const {
-  std::vector<Tensor> out;
-  for (size_t i = 0; i < m_.size(); ++i)
-    if (m_[i].defined()) {
-      out.push_back(m_[i]);
-      out.push_back(v_[i]);
-    }
-  return out;
 }
 
 }  // namespace tandem::optim

@@ -156,3 +156,23 @@ TEST(TrainCli, BatchNormModelPassesConsistencyChecksOnTwoRanks) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count_lines_with(r.output, "Evaluation accuracy"), 1) << r.output;
 }
+
+TEST(TrainCli, ResumingFromACheckpointMatchesAnUninterruptedRun) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  fs::path dir = temp_dir("resume");
+  std::string common = " --limit-train 640 --limit-test 128 --progress off --seed 4";
+  auto whole = run_tandem("train --epochs 3" + common);
+  ASSERT_EQ(whole.status, 0) << whole.output;
+  std::string ck = (dir / "ck.bin").string();
+  auto first = run_tandem("train --epochs 2 --checkpoint " + ck + common);
+  ASSERT_EQ(first.status, 0) << first.output;
+  auto rest = run_tandem("train --epochs 3 --resume --checkpoint " + ck + common);
+  ASSERT_EQ(rest.status, 0) << rest.output;
+  EXPECT_EQ(count_lines_with(rest.output, "Starting Epoch"), 1) << rest.output;
+  EXPECT_EQ(last_value(rest.output, "Training loss"), last_value(whole.output, "Training loss"));
+  EXPECT_EQ(last_value(rest.output, "Evaluation accuracy"), last_value(whole.output, "Evaluation accuracy"));
+  auto other = run_tandem("train --epochs 3 --resume --model mlp --checkpoint " + ck + common);
+  EXPECT_EQ(other.status, 2) << other.output;
+  EXPECT_NE(other.output.find("--model"), std::string::npos) << other.output;
+  fs::remove_all(dir);
+}

@@ -1,5 +1,6 @@
 #pragma once
 // Optimizers: apply accumulated gradients to parameters.
+#include <string>
 #include <vector>
 
 #include "tandem/tensor.h"
@@ -19,10 +20,19 @@ class Optimizer {
   const std::vector<Tensor>& params() const { return params_; }
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
-  /// Per-parameter state tensors (momentum, Adam moments) for checkpoints and rank synchronisation.
-  virtual std::vector<Tensor> state() const { return {}; }
+  /// One kind of per-parameter state ("momentum", "exp_avg", ...): entry i belongs to params()[i]
+  /// and stays undefined until that parameter's first step.
+  struct StateList {
+    std::string kind;
+    std::vector<Tensor>* tensors;
+  };
+  /// The optimizer's per-parameter state, for checkpoints.
+  virtual std::vector<StateList> state_lists() { return {}; }
+  /// Per-parameter step counts where the update depends on them (Adam's bias correction), else null.
+  virtual std::vector<int64_t>* step_counts() { return nullptr; }
   /// Steps taken so far.
   int64_t steps() const { return steps_; }
+  void set_steps(int64_t n) { steps_ = n; }
 
  protected:
   std::vector<Tensor> params_;
@@ -43,7 +53,7 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, const SgdOptions& opt);
   void step() override;
-  std::vector<Tensor> state() const override;
+  std::vector<StateList> state_lists() override { return {{"momentum", &momentum_}}; }
   const SgdOptions& options() const { return opt_; }
 
  private:
@@ -64,7 +74,8 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, const AdamOptions& opt);
   void step() override;
-  std::vector<Tensor> state() const override;
+  std::vector<StateList> state_lists() override { return {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}; }
+  std::vector<int64_t>* step_counts() override { return &t_; }
 
  private:
   AdamOptions opt_;
