@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "core/tensor_impl.h"
+#include "ops/op_utils.h"
 #include "tandem/autograd.h"
 
 namespace tandem {
@@ -27,13 +28,6 @@ std::shared_ptr<Node> accumulator_for(const Tensor& leaf) {
     impl->grad_accumulator = n;
   }
   return n;
-}
-
-Tensor add_fresh(const Tensor& a, const Tensor& b) {
-  Tensor ac = a.contiguous(), bc = b.contiguous();
-  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  backend::backend_for(a.device()).binary(backend::Binary::Add, ac, bc, out);
-  return out;
 }
 
 void accumulate(const std::shared_ptr<TensorImpl>& leaf_impl, Tensor g) {
@@ -155,7 +149,7 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
       if (!c) continue;
       if (i < grads.size() && grads[i].defined()) {
         Tensor& slot = pending[c];
-        slot = slot.defined() ? add_fresh(slot, grads[i]) : std::move(grads[i]);
+        slot = slot.defined() ? ops::binary_raw(backend::Binary::Add, slot, grads[i]) : std::move(grads[i]);
       }
       if (--deps[c] == 0) ready.push({c});
     }

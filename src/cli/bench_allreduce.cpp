@@ -1,6 +1,7 @@
 // All-reduce sweep in the nccl-tests convention: algbw = bytes / time, busbw = algbw * 2(n-1)/n,
 // with a correctness check at every size.
 #include "cli/bench_allreduce.h"
+#include "cli/commands.h"
 
 #include <chrono>
 #include <cmath>
@@ -48,9 +49,7 @@ int run_allreduce_bench(const AllReduceBenchConfig& cfg) {
   int64_t lo = parse_size(cfg.min_size), hi = parse_size(cfg.max_size);
   TANDEM_CHECK(lo >= 4 && hi >= lo, "need 4 <= --min <= --max");
   dist::DistEnv env = dist::detect_env();
-  Device device = Device::parse(cfg.device);
-  if (device.is_cuda() && cfg.device == "cuda") device = Device::cuda(env.local_rank);
-  check_device(device);
+  Device device = device_for_rank(cfg.device, env);
   auto comm = dist::init_communicator(device);
   const int rank = comm->rank(), world = comm->size();
   const bool lead = rank == 0;

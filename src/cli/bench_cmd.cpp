@@ -43,9 +43,7 @@ int run_train_bench(const TrainBenchConfig& cfg) {
   dist::DistEnv env = dist::detect_env();
   // Ranks sharing a machine share its cores.
   set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env.local_size));
-  Device device = Device::parse(cfg.device);
-  if (device.is_cuda() && cfg.device == "cuda" && env.world_size > 1) device = Device::cuda(env.local_rank);
-  check_device(device);
+  Device device = device_for_rank(cfg.device, env);
   auto comm = dist::init_communicator(device);
   dist::SyncMode mode = dist::parse_sync_mode(cfg.dist_option);
 

@@ -3,6 +3,10 @@
 // and returns the function that runs it once the command line is parsed (its exit status).
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
+
+#include "tandem/device.h"
+#include "tandem/dist/bootstrap.h"
 
 namespace tandem::cli {
 
@@ -14,5 +18,9 @@ Runner add_bench_command(CLI::App& app);
 
 /// CPU threads for one of local_size ranks on this machine: an equal share of the cores.
 int default_threads_per_rank(int local_size);
+
+/// The device named on the command line, checked; under a launcher, plain "cuda" means this rank's
+/// GPU on its node (cuda:local_rank).
+Device device_for_rank(const std::string& spec, const dist::DistEnv& env);
 
 }  // namespace tandem::cli

@@ -102,10 +102,7 @@ int run_training(const TrainConfig& cfg) {
   dist::DistEnv env = dist::detect_env();
   // Ranks sharing a machine share its cores.
   set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env.local_size));
-  Device device = Device::parse(cfg.device);
-  // Under a launcher, "cuda" means this process's GPU on its node.
-  if (device.is_cuda() && cfg.device == "cuda" && env.world_size > 1) device = Device::cuda(env.local_rank);
-  check_device(device);
+  Device device = device_for_rank(cfg.device, env);
   auto comm = dist::init_communicator(device, std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000)));
   const int rank = comm->rank(), world = comm->size();
   const bool lead = rank == 0;
