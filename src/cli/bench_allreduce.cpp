@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dist/raw_nccl.h"
-#include "tandem/dist/bootstrap.h"
+#include "distributed/raw_nccl.h"
+#include "tandem/distributed/bootstrap.h"
 #include "tandem/error.h"
 
 namespace tandem::cli {

@@ -7,8 +7,8 @@
 
 #include "cli/bench_allreduce.h"
 #include "cli/commands.h"
-#include "tandem/dist/bootstrap.h"
-#include "tandem/dist/dist_opt.h"
+#include "tandem/distributed/bootstrap.h"
+#include "tandem/distributed/dist_opt.h"
 #include "tandem/nn/models.h"
 #include "tandem/ops.h"
 #include "tandem/optim/optimizer.h"

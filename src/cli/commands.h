@@ -6,7 +6,7 @@
 #include <string>
 
 #include "tandem/device.h"
-#include "tandem/dist/bootstrap.h"
+#include "tandem/distributed/bootstrap.h"
 
 namespace tandem::cli {
 

@@ -2,7 +2,7 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "tandem/dist/launch.h"
+#include "tandem/distributed/launch.h"
 
 namespace tandem::cli {
 

@@ -1,0 +1,13 @@
+// Built without MPI: a job started by mpiexec cannot learn its ranks.
+#include "distributed/group.h"
+#include "tandem/error.h"
+
+namespace tandem::dist::detail {
+
+MpiJob mpi_bootstrap(std::string (*)(bool)) {
+  TANDEM_CHECK(false, "tandem was built without MPI, but this process was started by mpiexec (MPI variables such as "
+               "OMPI_COMM_WORLD_SIZE are set); rebuild with -DTANDEM_MPI=ON where MPI is installed, or start the job "
+               "with `tandem launch` or torchrun");
+}
+
+}  // namespace tandem::dist::detail
