@@ -49,15 +49,18 @@ Tensor mean(const Tensor& x);
 // ---- linear algebra
 /// a [M, K] x b [K, N]
 Tensor matmul(const Tensor& a, const Tensor& b);
-/// x [N, in] x w[out, in]^T + b [out]; b may be undefined.
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+/// x [N, in] x w[out, in]^T + b [out]; b may be undefined; relu fuses max(., 0). Mixed precision as
+/// conv2d.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu = false);
 
 // ---- convolution and pooling (NCHW)
 struct Conv2dOptions {
   std::array<int, 2> stride{1, 1};
   std::array<int, 2> padding{0, 0};
+  bool relu = false;  // max(., 0) fused into the convolution's output
 };
-/// x [N, C, H, W] * w [K, C, R, S] + b [K] (b may be undefined).
+/// x [N, C, H, W] * w [K, C, R, S] + b [K] (b may be undefined). Under a PrecisionScope of bf16 / f16 on
+/// CUDA, x and w are taken in 16-bit (the output is 16-bit; gradients return in x's and w's types).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& opt = {});
 
 struct Pool2dOptions {
@@ -76,6 +79,12 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt = {});
 /// variance); in evaluation, the running statistics are used.
 Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                     Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+/// Batch normalisation fused with a residual and a ReLU: max(batch_norm2d(x) + residual, 0) with relu,
+/// batch_norm2d(x) + residual without (residual may be undefined). x may be 16-bit with f32 parameters
+/// on CUDA (statistics in f32 or better).
+Tensor batch_norm2d_act(const Tensor& x, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
+                        Tensor& running_mean, Tensor& running_var, bool training, bool relu, double momentum = 0.1,
+                        double eps = 1e-5);
 /// Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 

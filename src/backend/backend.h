@@ -3,8 +3,11 @@
 //
 // Contract for every kernel below: tensors are contiguous and on the backend's device, outputs are
 // allocated by the caller with the right shape and dtype, and shapes were checked by the op layer
-// (src/ops). Floating kernels take f32 and f64 on the CPU; the CUDA backend takes f32 and rejects
-// others with a clear error. Kernels run asynchronously on the device's compute stream.
+// (src/ops). Floating kernels take f32 and f64 on the CPU; the CUDA backend takes f32, and f16 / bf16
+// where a comment says so (arithmetic in f32), and rejects others with a clear error. 4-D activations
+// are NCHW, or NHWC (channels last) where a geometry's `nhwc` says so; the CPU takes NCHW only.
+// Kernels run asynchronously on the device's compute stream. Whether f32 convolutions and products may
+// use TF32 tensor cores follows current_precision() (tandem/precision.h) at the call.
 #include <cstdint>
 
 #include "core/allocator.h"
@@ -15,18 +18,30 @@ namespace tandem::backend {
 enum class Binary { Add, Sub, Mul, Div, Max, Min };
 enum class Unary { Neg, Relu, Sigmoid, Tanh, Exp, Log, Abs, Sqrt };
 
-/// Geometry of a 2-D convolution: x [n, c, h, w], w [k, c, r, s], y [n, k, oh, ow].
+/// Geometry of a 2-D convolution: x [n, c, h, w], w [k, c, r, s], y [n, k, oh, ow]. With nhwc, x, y
+/// (and their gradients) are stored n, h, w, c and w is stored k, r, s, c.
 struct ConvGeom {
   int64_t n, c, h, w, k, r, s;
   int64_t stride_h, stride_w, pad_h, pad_w;
   int64_t oh, ow;
+  bool nhwc = false;
 };
 
-/// Geometry of a 2-D pooling: x [n, c, h, w] -> y [n, c, oh, ow].
+/// Geometry of a 2-D pooling: x [n, c, h, w] -> y [n, c, oh, ow]; with nhwc both are stored n, h, w, c.
 struct PoolGeom {
   int64_t n, c, h, w;
   int64_t kh, kw, stride_h, stride_w, pad_h, pad_w;
   int64_t oh, ow;
+  bool nhwc = false;
+};
+
+/// A batch normalisation over N, H, W per channel, fused with an optional residual z and ReLU:
+/// y = bn(x) + z, then max(y, 0) with relu.
+struct BnArgs {
+  double momentum = 0.1;  // running = (1 - momentum) * running + momentum * batch (unbiased variance)
+  double eps = 1e-5;
+  bool relu = false;
+  bool nhwc = false;  // x, z, y and their gradients stored n, h, w, c
 };
 
 /// One tensor's share of a multi-tensor optimizer step.
@@ -82,39 +97,53 @@ class Backend {
   virtual void axpy(double alpha, const Tensor& x, Tensor& y) = 0;
   /// out = grad * f'(from y) for Relu (y > 0), Sigmoid (y(1-y)), Tanh (1-y^2), given the op's output y.
   virtual void unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) = 0;
-  /// out[n, c, s] = x[n, c, s] + b[c]; x viewed as [n, c, s].
+  /// out[n, c, s] = x[n, c, s] + b[c]; x viewed as [n, c, s]. CUDA: x, out f32/f16/bf16, b f32 or x's type.
   virtual void bias_add(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) = 0;
-  /// out[c] = sum over n, s of g[n, c, s].
+  /// out[c] = sum over n, s of g[n, c, s]. CUDA: g f32/f16/bf16, out f32 or g's type.
   virtual void bias_grad(const Tensor& g, int64_t n, int64_t c, int64_t s, Tensor& out) = 0;
+  /// out = max(x + b[c], 0) over x viewed as [n, c, s]; b may be undefined (ReLU only). Types as bias_add.
+  virtual void bias_relu(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) = 0;
+  /// dx = dy where y > 0, else 0; and, when db is defined, db[c] = sum over n, s of dx. Types as bias_grad.
+  virtual void relu_bias_grad(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, int64_t s, Tensor& dx,
+                              Tensor& db) = 0;
   /// out (one element) = sum of all elements of x (integers summed into i64 or their own type).
   virtual void sum(const Tensor& x, Tensor& out) = 0;
 
-  // ---- dense linear algebra, row-major: C = alpha * op(A) op(B) + beta * C
+  // ---- dense linear algebra, row-major: C = alpha * op(A) op(B) + beta * C (CUDA: f32, f16, bf16; 16-bit
+  // operands accumulate in f32)
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
                     const Tensor& b, double beta, Tensor& c) = 0;
 
-  // ---- convolution (b / db may be undefined)
-  virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y) = 0;
+  // ---- convolution (b / db may be undefined; b and db f32 or the data's type). CUDA: f32, f16, bf16.
+  /// y = conv(x, w) + b, then max(y, 0) when relu.
+  virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y,
+                              bool relu = false) = 0;
   virtual void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) = 0;
   virtual void conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw,
                                       Tensor& db) = 0;
 
-  // ---- pooling; indices (i32, shape of y) is written by the CPU max-pool and may be ignored by others
+  // ---- pooling; indices (i32, shape of y) is written by the CPU max-pool and may be ignored by others.
+  // CUDA: f32, f16, bf16, NCHW or NHWC.
   virtual void max_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y, Tensor& indices) = 0;
   virtual void max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& indices,
                                    const PoolGeom& g, Tensor& dx) = 0;
   virtual void avg_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y) = 0;
   virtual void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, Tensor& dx) = 0;
 
-  // ---- batch normalisation over N, H, W of x [n, c, h, w]; save_* are [c] (batch mean, 1/sqrt(var+eps))
-  virtual void batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                                        Tensor& running_var, double momentum, double eps, Tensor& y,
+  // ---- batch normalisation over N, H, W of x [n, c, h, w], see BnArgs; z (the residual) may be undefined.
+  // save_* are [c] (batch mean, 1/sqrt(var+eps)). gamma, beta, running statistics and save_* have x's dtype
+  // on the CPU; on CUDA they are f32 and x, z, y f32, f16 or bf16.
+  virtual void batch_norm_forward_train(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                        Tensor& running_mean, Tensor& running_var, const BnArgs& a, Tensor& y,
                                         Tensor& save_mean, Tensor& save_invstd) = 0;
-  virtual void batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                       const Tensor& running_mean, const Tensor& running_var, double eps,
+  virtual void batch_norm_forward_eval(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                       const Tensor& running_mean, const Tensor& running_var, const BnArgs& a,
                                        Tensor& y) = 0;
-  virtual void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
-                                   const Tensor& save_invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;
+  /// y is the forward output (its sign masks dy under relu; may be undefined without relu); dz (defined only
+  /// when a residual was added) receives the gradient of z, which is dy after the mask.
+  virtual void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
+                                   const Tensor& save_mean, const Tensor& save_invstd, const BnArgs& a, Tensor& dx,
+                                   Tensor& dz, Tensor& dgamma, Tensor& dbeta) = 0;
 
   // ---- losses and metrics; labels are i32 or i64 [n]; a label outside [0, c) is an Input error
   /// loss (one element) = mean_i -log softmax(logits_i)[label_i]; probs [n, c] = softmax(logits).

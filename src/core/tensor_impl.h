@@ -46,6 +46,17 @@ struct TensorImpl {
 /// Row-major strides for a shape.
 Shape contiguous_strides(const Shape& shape);
 
+/// A view of t's storage with the given shape, strides and element offset (no autograd history).
+inline Tensor as_strided(const Tensor& t, const Shape& shape, const Shape& strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t.impl()->storage;
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = t.dtype();
+  return Tensor(std::move(impl));
+}
+
 /// Points t at the memory of `target` (same shape and dtype) without changing t's identity: every
 /// handle to t, and t's autograd state, now see target's storage. Used to move parameters between
 /// devices and into the flat buffers of the distributed optimizer.

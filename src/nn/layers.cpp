@@ -19,8 +19,8 @@ Pool2dOptions pool_options(int kernel, int stride, int padding) {
 }  // namespace
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int kernel, Generator& gen, int stride, int padding,
-               bool with_bias)
-    : opt_{{stride, stride}, {padding, padding}} {
+               bool with_bias, bool relu)
+    : opt_{{stride, stride}, {padding, padding}, relu} {
   TANDEM_CHECK(in_channels > 0 && out_channels > 0 && kernel > 0, "Conv2d: channels and kernel must be positive");
   int64_t k2 = static_cast<int64_t>(kernel) * kernel;
   weight = register_parameter(
@@ -32,18 +32,20 @@ Tensor Conv2d::forward(const Tensor& x) { return conv2d(x, weight, bias, opt_); 
 
 std::string Conv2d::describe() const {
   return detail::cat("Conv2d(", weight.size(1), " -> ", weight.size(0), ", ", weight.size(2), "x", weight.size(3),
-                     ", stride ", opt_.stride[0], ", padding ", opt_.padding[0], ")");
+                     ", stride ", opt_.stride[0], ", padding ", opt_.padding[0], opt_.relu ? ", ReLU" : "", ")");
 }
 
-Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool with_bias) {
+Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool with_bias, bool relu) : relu_(relu) {
   TANDEM_CHECK(in_features > 0 && out_features > 0, "Linear: feature counts must be positive");
   weight = register_parameter("weight", gaussian_init({out_features, in_features}, in_features, out_features, gen));
   if (with_bias) bias = register_parameter("bias", Tensor::zeros({out_features}));
 }
 
-Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias, relu_); }
 
-std::string Linear::describe() const { return detail::cat("Linear(", weight.size(1), " -> ", weight.size(0), ")"); }
+std::string Linear::describe() const {
+  return detail::cat("Linear(", weight.size(1), " -> ", weight.size(0), relu_ ? ", ReLU" : "", ")");
+}
 
 MaxPool2d::MaxPool2d(int kernel, int stride, int padding) : opt_(pool_options(kernel, stride, padding)) {}
 Tensor MaxPool2d::forward(const Tensor& x) { return max_pool2d(x, opt_); }
@@ -67,6 +69,10 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double momentum, double eps) : moment
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
   return batch_norm2d(x, gamma, beta, running_mean, running_var, is_training(), momentum_, eps_);
+}
+
+Tensor BatchNorm2d::forward_act(const Tensor& x, const Tensor& residual, bool relu) {
+  return batch_norm2d_act(x, residual, gamma, beta, running_mean, running_var, is_training(), relu, momentum_, eps_);
 }
 
 std::string BatchNorm2d::describe() const { return detail::cat("BatchNorm2d(", gamma.size(0), ")"); }

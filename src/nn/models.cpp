@@ -14,18 +14,19 @@ class Cnn : public Module {
     Generator gen(cfg.seed);
     TANDEM_CHECK(cfg.height >= 16 && cfg.width >= 16, "model cnn needs images of at least 16x16, got ", cfg.height,
                  "x", cfg.width);
-    conv1_ = register_module("conv1", std::make_shared<Conv2d>(cfg.in_channels, 20, 5, gen));
-    conv2_ = register_module("conv2", std::make_shared<Conv2d>(20, 50, 5, gen));
+    // Each ReLU is fused into the layer before it.
+    conv1_ = register_module("conv1", std::make_shared<Conv2d>(cfg.in_channels, 20, 5, gen, 1, 0, true, true));
+    conv2_ = register_module("conv2", std::make_shared<Conv2d>(20, 50, 5, gen, 1, 0, true, true));
     int64_t h = ((cfg.height - 4) / 2 - 4) / 2, w = ((cfg.width - 4) / 2 - 4) / 2;
-    linear1_ = register_module("linear1", std::make_shared<Linear>(50 * h * w, 500, gen));
+    linear1_ = register_module("linear1", std::make_shared<Linear>(50 * h * w, 500, gen, true, true));
     linear2_ = register_module("linear2", std::make_shared<Linear>(500, cfg.num_classes, gen));
   }
 
   Tensor forward(const Tensor& x) override {
     Pool2dOptions pool{{2, 2}, {2, 2}, {0, 0}};
-    Tensor h = max_pool2d(relu(conv1_->forward(x)), pool);
-    h = max_pool2d(relu(conv2_->forward(h)), pool);
-    h = relu(linear1_->forward(flatten(h, 1)));
+    Tensor h = max_pool2d(conv1_->forward(x), pool);
+    h = max_pool2d(conv2_->forward(h), pool);
+    h = linear1_->forward(flatten(h, 1));
     return linear2_->forward(h);
   }
 
@@ -43,7 +44,7 @@ ModulePtr make_mlp(const ModelConfig& cfg) {
   for (int64_t h : hidden) {
     TANDEM_CHECK(h > 0, "mlp hidden sizes must be positive, got ", h);
     seq->add(std::make_shared<Linear>(in, h, gen));
-    seq->add(std::make_shared<ReLU>());
+    seq->add(std::make_shared<ReLU>());  // a module of its own: parameter names count layers
     in = h;
   }
   seq->add(std::make_shared<Linear>(in, cfg.num_classes, gen));

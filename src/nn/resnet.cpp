@@ -9,7 +9,8 @@ namespace tandem::nn {
 
 namespace {
 
-Tensor bn_relu(BatchNorm2d& bn, const Tensor& x) { return relu(bn.forward(x)); }
+// Batch normalisation, ReLU and the residual add run fused: one pass over the activation each way.
+Tensor bn_relu(BatchNorm2d& bn, const Tensor& x) { return bn.forward_act(x, Tensor(), true); }
 
 class BasicBlock : public Module {
  public:
@@ -25,9 +26,8 @@ class BasicBlock : public Module {
   }
   Tensor forward(const Tensor& x) override {
     Tensor h = bn_relu(*bn1_, conv1_->forward(x));
-    h = bn2_->forward(conv2_->forward(h));
     Tensor skip = down_conv_ ? down_bn_->forward(down_conv_->forward(x)) : x;
-    return relu(add(h, skip));
+    return bn2_->forward_act(conv2_->forward(h), skip, true);
   }
   std::string describe() const override { return "BasicBlock"; }
 
@@ -55,9 +55,8 @@ class Bottleneck : public Module {
   Tensor forward(const Tensor& x) override {
     Tensor h = bn_relu(*bn1_, conv1_->forward(x));
     h = bn_relu(*bn2_, conv2_->forward(h));
-    h = bn3_->forward(conv3_->forward(h));
     Tensor skip = down_conv_ ? down_bn_->forward(down_conv_->forward(x)) : x;
-    return relu(add(h, skip));
+    return bn3_->forward_act(conv3_->forward(h), skip, true);
   }
   std::string describe() const override { return "Bottleneck"; }
 
@@ -96,7 +95,7 @@ class ResNet : public Module {
   }
 
   Tensor forward(const Tensor& x) override {
-    Tensor h = relu(stem_bn_->forward(stem_conv_->forward(x)));
+    Tensor h = bn_relu(*stem_bn_, stem_conv_->forward(x));
     if (imagenet_stem_) h = max_pool2d(h, Pool2dOptions{{3, 3}, {2, 2}, {1, 1}});
     for (auto& s : stages_) h = s->forward(h);
     int kh = static_cast<int>(h.size(2)), kw = static_cast<int>(h.size(3));

@@ -1,4 +1,5 @@
-// Convolution and pooling (NCHW).
+// Convolution and pooling: NCHW semantics whatever the storage order (see ops/layout.h).
+#include "ops/layout.h"
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
 
@@ -10,8 +11,13 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   check_dim(x, 4, "conv2d", "input");
   check_dim(w, 4, "conv2d", "weight");
   check_floating(x, "conv2d", "input");
-  TANDEM_CHECK(x.dtype() == w.dtype(), "conv2d: input ", x.str(), " and weight ", w.str(), " differ in dtype");
+  check_floating(w, "conv2d", "weight");
   check_same_device(x, w, "conv2d");
+  const Precision prec = current_precision();
+  const DType cdt = compute_dtype(x.device(), prec, x.dtype());
+  const bool mixed = compute_dtype(x.device(), prec, DType::f64) != DType::f64;  // 16-bit copies are made here
+  TANDEM_CHECK(x.dtype() == w.dtype() || mixed, "conv2d: input ", x.str(), " and weight ", w.str(),
+               " differ in dtype");
   TANDEM_CHECK(x.size(1) == w.size(1), "conv2d: input ", x.str(), " has ", x.size(1), " channels, the weight ",
                w.str(), " expects ", w.size(1));
   TANDEM_CHECK(opt.stride[0] >= 1 && opt.stride[1] >= 1, "conv2d: stride must be at least 1");
@@ -28,23 +34,41 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   TANDEM_CHECK(eh >= 0 && ew >= 0, "conv2d: kernel ", g.r, "x", g.s, " larger than the padded input ", x.str());
   g.oh = eh / g.stride_h + 1;
   g.ow = ew / g.stride_w + 1;
-  Tensor xc = x.contiguous(), wc = w.contiguous();
-  Tensor y = Tensor::empty({g.n, g.k, g.oh, g.ow}, x.dtype(), x.device());
-  if (y.numel()) be(x).conv2d_forward(xc, wc, b.defined() ? b.contiguous() : Tensor(), g, y);
+  g.nhwc = conv_channels_last(x.device(), prec, g.c, g.k, strictly_channels_last(x));
+  // Under a mixed precision the 16-bit copies of input and weight are made here (with the change of
+  // storage order, in one pass each); gradients go back in the types of x and w.
+  Tensor xc = to_dense(x, cdt, g.nhwc), wc = to_dense(w, cdt, g.nhwc);
+  Tensor y = g.nhwc ? empty_channels_last({g.n, g.k, g.oh, g.ow}, cdt, x.device())
+                    : Tensor::empty({g.n, g.k, g.oh, g.ow}, cdt, x.device());
+  if (y.numel()) be(x).conv2d_forward(xc, wc, b.defined() ? b.contiguous() : Tensor(), g, y, opt.relu);
   bool need_x = x.requires_grad(), need_w = w.requires_grad(), need_b = b.defined() && b.requires_grad();
   Tensor sx = need_w ? xc.detach() : Tensor(), sw = need_x ? wc.detach() : Tensor();
-  Shape wshape = w.shape();
-  return record_op(y, {x, w, b}, "conv2d", [g, sx, sw, need_b, need_w, wshape](const Tensor& grad) {
-    Tensor dy = grad.contiguous();
+  Tensor sy = opt.relu ? y.detach() : Tensor();
+  const DType x_dtype = x.dtype(), w_dtype = w.dtype();
+  const Shape wshape = w.shape();
+  return record_op(y, {x, w, b}, "conv2d",
+                   [g, sx, sw, sy, need_b, need_w, wshape, prec, cdt, x_dtype, w_dtype](const Tensor& grad) {
+    PrecisionScope scope(prec);
+    Tensor dy = to_dense(grad, cdt, g.nhwc);
     Tensor dx, dw, db;
-    if (sw.defined()) {
-      dx = Tensor::empty({g.n, g.c, g.h, g.w}, dy.dtype(), dy.device());
-      be(dy).conv2d_backward_data(dy, sw, g, dx);
+    if (need_b) db = Tensor::empty({g.k}, w_dtype, dy.device());
+    if (sy.defined()) {  // the fused ReLU: mask the gradient first (and sum it for the bias on the way)
+      Tensor masked = empty_dense_like(dy);
+      const int64_t rows = g.nhwc ? g.n * g.oh * g.ow : g.n, plane = g.nhwc ? 1 : g.oh * g.ow;
+      be(dy).relu_bias_grad(dy, sy, rows, g.k, plane, masked, db);
+      dy = masked;
     }
-    if (need_w || need_b) {
-      if (need_w) dw = Tensor::empty(wshape, dy.dtype(), dy.device());
-      if (need_b) db = Tensor::empty({g.k}, dy.dtype(), dy.device());
-      be(dy).conv2d_backward_weight(dy, sx, g, dw, db);
+    if (sw.defined()) {
+      dx = g.nhwc ? empty_channels_last({g.n, g.c, g.h, g.w}, cdt, dy.device())
+                  : Tensor::empty({g.n, g.c, g.h, g.w}, cdt, dy.device());
+      be(dy).conv2d_backward_data(dy, sw, g, dx);
+      if (x_dtype != cdt) dx = to_dense(dx, x_dtype, g.nhwc);
+    }
+    if (need_w || (need_b && !sy.defined())) {
+      Tensor no_bias;
+      if (need_w) dw = g.nhwc ? empty_channels_last(wshape, cdt, dy.device()) : Tensor::empty(wshape, cdt, dy.device());
+      be(dy).conv2d_backward_weight(dy, sx, g, dw, sy.defined() ? no_bias : db);
+      if (need_w) dw = to_dense(dw, w_dtype, false);
     }
     return std::vector<Tensor>{dx, dw, db};
   });
@@ -69,16 +93,24 @@ backend::PoolGeom pool_geom(const Tensor& x, const Pool2dOptions& opt, const cha
 }
 }  // namespace
 
+namespace {
+// A pooling output or input gradient of the given shape in the layout the geometry says.
+Tensor pool_tensor(const backend::PoolGeom& g, const Shape& shape, DType dtype, Device d) {
+  return g.nhwc ? empty_channels_last(shape, dtype, d) : Tensor::empty(shape, dtype, d);
+}
+}  // namespace
+
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
   backend::PoolGeom g = pool_geom(x, opt, "max_pool2d");
-  Tensor xc = x.contiguous();
-  Tensor y = Tensor::empty({g.n, g.c, g.oh, g.ow}, x.dtype(), x.device());
-  Tensor idx = Tensor::empty({g.n, g.c, g.oh, g.ow}, DType::i32, x.device());
+  g.nhwc = x.device().is_cuda() && strictly_channels_last(x);  // pooling keeps a channels-last input so
+  Tensor xc = g.nhwc ? x : x.contiguous();
+  Tensor y = pool_tensor(g, {g.n, g.c, g.oh, g.ow}, x.dtype(), x.device());
+  Tensor idx = pool_tensor(g, {g.n, g.c, g.oh, g.ow}, DType::i32, x.device());
   if (y.numel()) be(x).max_pool2d_forward(xc, g, y, idx);
   Tensor sx = xc.detach(), sy = y.detach();
   return record_op(y, {x}, "max_pool2d", [g, sx, sy, idx](const Tensor& grad) {
-    Tensor dy = grad.contiguous();
-    Tensor dx = Tensor::empty({g.n, g.c, g.h, g.w}, dy.dtype(), dy.device());
+    Tensor dy = to_dense(grad, sy.dtype(), g.nhwc);
+    Tensor dx = pool_tensor(g, {g.n, g.c, g.h, g.w}, dy.dtype(), dy.device());
     be(dy).max_pool2d_backward(dy, sx, sy, idx, g, dx);
     return std::vector<Tensor>{dx};
   });
@@ -86,11 +118,13 @@ Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt) {
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt) {
   backend::PoolGeom g = pool_geom(x, opt, "avg_pool2d");
-  Tensor y = Tensor::empty({g.n, g.c, g.oh, g.ow}, x.dtype(), x.device());
-  if (y.numel()) be(x).avg_pool2d_forward(x.contiguous(), g, y);
-  return record_op(y, {x}, "avg_pool2d", [g](const Tensor& grad) {
-    Tensor dy = grad.contiguous();
-    Tensor dx = Tensor::empty({g.n, g.c, g.h, g.w}, dy.dtype(), dy.device());
+  g.nhwc = x.device().is_cuda() && strictly_channels_last(x);
+  Tensor y = pool_tensor(g, {g.n, g.c, g.oh, g.ow}, x.dtype(), x.device());
+  if (y.numel()) be(x).avg_pool2d_forward(g.nhwc ? x : x.contiguous(), g, y);
+  const DType dtype = x.dtype();
+  return record_op(y, {x}, "avg_pool2d", [g, dtype](const Tensor& grad) {
+    Tensor dy = to_dense(grad, dtype, g.nhwc);
+    Tensor dx = pool_tensor(g, {g.n, g.c, g.h, g.w}, dy.dtype(), dy.device());
     be(dy).avg_pool2d_backward(dy, g, dx);
     return std::vector<Tensor>{dx};
   });

@@ -1,4 +1,5 @@
 // Elementwise ops and bias addition.
+#include "ops/layout.h"
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
 
@@ -48,8 +49,8 @@ Tensor activation(const Tensor& x, Unary op, const char* name) {
   Tensor y = unary_raw(op, x);
   Tensor saved = y.detach();  // the output, not the graph node that owns it
   return record_op(y, {x}, name, [op, saved](const Tensor& g) {
-    Tensor gc = g.contiguous();
-    Tensor dx = empty_like(gc);
+    Tensor gc = to_dense(g, saved.dtype(), strictly_channels_last(saved));
+    Tensor dx = empty_dense_like(gc);
     be(gc).unary_backward(op, gc, saved, dx);
     return std::vector<Tensor>{dx};
   });

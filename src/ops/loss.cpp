@@ -22,28 +22,32 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
   check_logits_labels(logits, labels, "softmax_cross_entropy");
   check_floating(logits, "softmax_cross_entropy", "logits");
   TANDEM_CHECK(logits.size(0) > 0, "softmax_cross_entropy: empty batch");
-  Tensor lc = logits.contiguous(), yc = labels.contiguous();
-  Tensor loss = Tensor::empty({}, logits.dtype(), logits.device());
+  // 16-bit logits (mixed precision) are taken in f32: the softmax and the loss stay f32.
+  const bool half = logits.dtype() == DType::f16 || logits.dtype() == DType::bf16;
+  Tensor lc = half ? logits.to(DType::f32) : logits.contiguous(), yc = labels.contiguous();
+  Tensor loss = Tensor::empty({}, lc.dtype(), logits.device());
   Tensor probs = empty_like(lc);
   be(lc).softmax_xent_forward(lc, yc, loss, probs);
-  return record_op(loss, {logits}, "softmax_cross_entropy", [probs, yc](const Tensor& g) {
+  const DType in_dtype = logits.dtype();
+  return record_op(loss, {logits}, "softmax_cross_entropy", [probs, yc, in_dtype](const Tensor& g) {
     Tensor dlogits = empty_like(probs);
-    be(probs).softmax_xent_backward(probs, yc, g.contiguous(), dlogits);
-    return std::vector<Tensor>{dlogits};
+    be(probs).softmax_xent_backward(probs, yc, g.contiguous().to(probs.dtype()), dlogits);
+    return std::vector<Tensor>{dlogits.to(in_dtype)};
   });
 }
 
 Tensor argmax(const Tensor& x) {
   check_dim(x, 2, "argmax", "input");
   Tensor out = Tensor::empty({x.size(0)}, DType::i64, x.device());
-  if (x.size(0)) be(x).argmax_rows(x.contiguous(), out);
+  if (x.size(0)) be(x).argmax_rows(x.dtype() == DType::f16 || x.dtype() == DType::bf16 ? x.to(DType::f32) : x.contiguous(), out);
   return out;
 }
 
 Tensor count_correct(const Tensor& logits, const Tensor& labels) {
   check_logits_labels(logits, labels, "count_correct");
   Tensor out = Tensor::empty({}, DType::i64, logits.device());
-  be(logits).count_correct(logits.contiguous(), labels.contiguous(), out);
+  const bool half = logits.dtype() == DType::f16 || logits.dtype() == DType::bf16;
+  be(logits).count_correct(half ? logits.to(DType::f32) : logits.contiguous(), labels.contiguous(), out);
   return out;
 }
 

@@ -1,5 +1,7 @@
 #include "ops/op_utils.h"
 
+#include "ops/layout.h"
+
 namespace tandem::ops {
 
 void check_defined(const Tensor& t, const char* op, const char* what) {
@@ -28,23 +30,26 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
   TANDEM_CHECK(a.device() == b.device(), op, ": tensors on different devices (", a.str(), " and ", b.str(), ")");
 }
 
+// Elementwise kernels see flat arrays: operands in one storage order (channels-last when either is,
+// else contiguous) give an output in that order.
 Tensor binary_raw(backend::Binary op, const Tensor& a, const Tensor& b) {
-  Tensor ac = a.contiguous(), bc = b.contiguous();
-  Tensor out = empty_like(ac);
+  const bool cl = strictly_channels_last(a) || strictly_channels_last(b);
+  Tensor ac = to_dense(a, a.dtype(), cl), bc = to_dense(b, b.dtype(), cl);
+  Tensor out = empty_dense_like(ac);
   if (out.numel()) be(a).binary(op, ac, bc, out);
   return out;
 }
 
 Tensor unary_raw(backend::Unary op, const Tensor& a) {
-  Tensor ac = a.contiguous();
-  Tensor out = empty_like(ac);
+  Tensor ac = is_dense(a) ? a : a.contiguous();
+  Tensor out = empty_dense_like(ac);
   if (out.numel()) be(a).unary(op, ac, out);
   return out;
 }
 
 Tensor affine_raw(const Tensor& a, double alpha, double beta) {
-  Tensor ac = a.contiguous();
-  Tensor out = empty_like(ac);
+  Tensor ac = is_dense(a) ? a : a.contiguous();
+  Tensor out = empty_dense_like(ac);
   if (out.numel()) be(a).affine(ac, alpha, beta, out);
   return out;
 }

@@ -28,6 +28,14 @@ Stats channel_stats(const std::vector<double>& x, int64_t n, int64_t c, int64_t 
 struct BnCase {
   int64_t n, c, h, w;
 };
+backend::BnArgs bn_args(double momentum, double eps, bool relu = false) {
+  backend::BnArgs a;
+  a.momentum = momentum;
+  a.eps = eps;
+  a.relu = relu;
+  return a;
+}
+
 const BnCase kCases[] = {{4, 3, 5, 5}, {2, 1, 1, 3}, {8, 17, 3, 2}, {16, 8, 12, 12}};
 
 TEST(CpuBatchNorm, TrainingForward) {
@@ -41,7 +49,7 @@ TEST(CpuBatchNorm, TrainingForward) {
       Tensor rm = rand_tensor({t.c}, dt, gen), rv = rand_tensor({t.c}, dt, gen, 0.5, 1.5);
       auto vx = values(x), vg = values(gamma), vb = values(beta), vrm = values(rm), vrv = values(rv);
       Tensor y = Tensor::empty(x.shape(), dt), sm = Tensor::empty({t.c}, dt), si = Tensor::empty({t.c}, dt);
-      cpu().batch_norm_forward_train(x, gamma, beta, rm, rv, momentum, eps, y, sm, si);
+      cpu().batch_norm_forward_train(x, Tensor(), gamma, beta, rm, rv, bn_args(momentum, eps), y, sm, si);
 
       Stats st = channel_stats(vx, t.n, t.c, s);
       const double m = static_cast<double>(t.n * s);
@@ -72,7 +80,7 @@ TEST(CpuBatchNorm, EvalUsesRunningStatistics) {
     Tensor rm = rand_tensor({4}, dt, gen), rv = rand_tensor({4}, dt, gen, 0.1, 2.0);
     auto vx = values(x), vg = values(gamma), vb = values(beta), vrm = values(rm), vrv = values(rv);
     Tensor y = Tensor::empty(x.shape(), dt);
-    cpu().batch_norm_forward_eval(x, gamma, beta, rm, rv, eps, y);
+    cpu().batch_norm_forward_eval(x, Tensor(), gamma, beta, rm, rv, bn_args(0.1, eps), y);
     std::vector<double> want(vx.size());
     for (size_t i = 0; i < vx.size(); ++i) {
       const int64_t ch = (i / 10) % 4;
@@ -93,9 +101,10 @@ TEST(CpuBatchNorm, Backward) {
       Tensor gamma = rand_tensor({t.c}, dt, gen, 0.5, 1.5), beta = rand_tensor({t.c}, dt, gen);
       Tensor rm = Tensor::zeros({t.c}, dt), rv = Tensor::ones({t.c}, dt);
       Tensor y = Tensor::empty(x.shape(), dt), sm = Tensor::empty({t.c}, dt), si = Tensor::empty({t.c}, dt);
-      cpu().batch_norm_forward_train(x, gamma, beta, rm, rv, 0.1, eps, y, sm, si);
+      cpu().batch_norm_forward_train(x, Tensor(), gamma, beta, rm, rv, bn_args(0.1, eps), y, sm, si);
       Tensor dx = Tensor::empty(x.shape(), dt), dg = Tensor::empty({t.c}, dt), db = Tensor::empty({t.c}, dt);
-      cpu().batch_norm_backward(dy, x, gamma, sm, si, dx, dg, db);
+      Tensor no_dz;
+      cpu().batch_norm_backward(dy, x, y, gamma, sm, si, bn_args(0.1, eps), dx, no_dz, dg, db);
 
       auto vx = values(x), vdy = values(dy), vg = values(gamma);
       Stats st = channel_stats(vx, t.n, t.c, s);

@@ -10,6 +10,7 @@ namespace {
 
 using namespace cudatest;
 using backend::Backend;
+using backend::BnArgs;
 using backend::Binary;
 using backend::Unary;
 using Outputs = std::vector<Tensor>;
@@ -352,9 +353,9 @@ TEST(CudaKernels, BatchNorm) {
         [&](Backend& be, Device d) {
           Tensor rm = rm0.to(d).clone(), rv = rv0.to(d).clone(), y = Tensor::empty(x.shape(), DType::f32, d);
           Tensor sm = Tensor::empty({s.c}, DType::f32, d), si = Tensor::empty({s.c}, DType::f32, d);
-          be.batch_norm_forward_train(x.to(d), gamma.to(d), beta.to(d), rm, rv, 0.1, 1e-5, y, sm, si);
+          be.batch_norm_forward_train(x.to(d), Tensor(), gamma.to(d), beta.to(d), rm, rv, BnArgs{}, y, sm, si);
           Tensor ye = Tensor::empty(x.shape(), DType::f32, d);
-          be.batch_norm_forward_eval(x.to(d), gamma.to(d), beta.to(d), rm, rv, 1e-5, ye);
+          be.batch_norm_forward_eval(x.to(d), Tensor(), gamma.to(d), beta.to(d), rm, rv, BnArgs{}, ye);
           return Outputs{y, sm, si, rm, rv, ye};
         },
         1e-5, 1e-5, what + " forward");
@@ -362,10 +363,11 @@ TEST(CudaKernels, BatchNorm) {
         [&](Backend& be, Device d) {
           Tensor rm = rm0.to(d).clone(), rv = rv0.to(d).clone(), y = Tensor::empty(x.shape(), DType::f32, d);
           Tensor sm = Tensor::empty({s.c}, DType::f32, d), si = Tensor::empty({s.c}, DType::f32, d);
-          be.batch_norm_forward_train(x.to(d), gamma.to(d), beta.to(d), rm, rv, 0.1, 1e-5, y, sm, si);
+          be.batch_norm_forward_train(x.to(d), Tensor(), gamma.to(d), beta.to(d), rm, rv, BnArgs{}, y, sm, si);
           Tensor dx = Tensor::empty(x.shape(), DType::f32, d), dg = Tensor::empty({s.c}, DType::f32, d),
                  db = Tensor::empty({s.c}, DType::f32, d);
-          be.batch_norm_backward(dy.to(d), x.to(d), gamma.to(d), sm, si, dx, dg, db);
+          Tensor no_dz;
+          be.batch_norm_backward(dy.to(d), x.to(d), y, gamma.to(d), sm, si, BnArgs{}, dx, no_dz, dg, db);
           return Outputs{dg, db};
         },
         1e-5, 1e-5 * std::sqrt(m), what + " dgamma/dbeta");
@@ -373,10 +375,11 @@ TEST(CudaKernels, BatchNorm) {
         [&](Backend& be, Device d) {
           Tensor rm = rm0.to(d).clone(), rv = rv0.to(d).clone(), y = Tensor::empty(x.shape(), DType::f32, d);
           Tensor sm = Tensor::empty({s.c}, DType::f32, d), si = Tensor::empty({s.c}, DType::f32, d);
-          be.batch_norm_forward_train(x.to(d), gamma.to(d), beta.to(d), rm, rv, 0.1, 1e-5, y, sm, si);
+          be.batch_norm_forward_train(x.to(d), Tensor(), gamma.to(d), beta.to(d), rm, rv, BnArgs{}, y, sm, si);
           Tensor dx = Tensor::empty(x.shape(), DType::f32, d), dg = Tensor::empty({s.c}, DType::f32, d),
                  db = Tensor::empty({s.c}, DType::f32, d);
-          be.batch_norm_backward(dy.to(d), x.to(d), gamma.to(d), sm, si, dx, dg, db);
+          Tensor no_dz;
+          be.batch_norm_backward(dy.to(d), x.to(d), y, gamma.to(d), sm, si, BnArgs{}, dx, no_dz, dg, db);
           return Outputs{dx};
         },
         1e-4, 2e-5, what + " dx");

@@ -9,11 +9,12 @@
 
 namespace tandem::nn {
 
-/// 2-D convolution; weight [out, in, k, k] drawn from N(0, 2/(fan_in+fan_out)), bias zero.
+/// 2-D convolution; weight [out, in, k, k] drawn from N(0, 2/(fan_in+fan_out)), bias zero. With relu, a
+/// ReLU is fused into the output.
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, int kernel, Generator& gen, int stride = 1, int padding = 0,
-         bool bias = true);
+         bool bias = true, bool relu = false);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
   Tensor weight, bias;
@@ -22,13 +23,17 @@ class Conv2d : public Module {
   Conv2dOptions opt_;
 };
 
-/// Fully connected layer; weight [out, in] drawn from N(0, 2/(in+out)), bias zero.
+/// Fully connected layer; weight [out, in] drawn from N(0, 2/(in+out)), bias zero. With relu, a ReLU is
+/// fused into the output.
 class Linear : public Module {
  public:
-  Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias = true);
+  Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias = true, bool relu = false);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
   Tensor weight, bias;
+
+ private:
+  bool relu_;
 };
 
 class MaxPool2d : public Module {
@@ -56,6 +61,8 @@ class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t channels, double momentum = 0.1, double eps = 1e-5);
   Tensor forward(const Tensor& x) override;
+  /// max(bn(x) + residual, 0) with relu, bn(x) + residual without, in one pass (residual may be undefined).
+  Tensor forward_act(const Tensor& x, const Tensor& residual, bool relu);
   std::string describe() const override;
   Tensor gamma, beta, running_mean, running_var;
 

@@ -26,12 +26,16 @@ class CpuBackend final : public Backend {
   void unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) override;
   void bias_add(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) override;
   void bias_grad(const Tensor& g, int64_t n, int64_t c, int64_t s, Tensor& out) override;
+  void bias_relu(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) override;
+  void relu_bias_grad(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, int64_t s, Tensor& dx,
+                      Tensor& db) override;
   void sum(const Tensor& x, Tensor& out) override;
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
             const Tensor& b, double beta, Tensor& c) override;
 
-  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y) override;
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y,
+                      bool relu = false) override;
   void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) override;
   void conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw, Tensor& db) override;
 
@@ -41,13 +45,15 @@ class CpuBackend final : public Backend {
   void avg_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y) override;
   void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, Tensor& dx) override;
 
-  void batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                                Tensor& running_var, double momentum, double eps, Tensor& y, Tensor& save_mean,
-                                Tensor& save_invstd) override;
-  void batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-                               const Tensor& running_var, double eps, Tensor& y) override;
-  void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
-                           const Tensor& save_invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override;
+  void batch_norm_forward_train(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                Tensor& running_mean, Tensor& running_var, const BnArgs& a, Tensor& y,
+                                Tensor& save_mean, Tensor& save_invstd) override;
+  void batch_norm_forward_eval(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                               const Tensor& running_mean, const Tensor& running_var, const BnArgs& a,
+                               Tensor& y) override;
+  void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
+                           const Tensor& save_mean, const Tensor& save_invstd, const BnArgs& a, Tensor& dx,
+                           Tensor& dz, Tensor& dgamma, Tensor& dbeta) override;
 
   void softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs) override;
   void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss, Tensor& dlogits) override;

@@ -320,7 +320,9 @@ T* mut_ptr_or_null(Tensor& t) {
 
 }  // namespace
 
-void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y) {
+void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y,
+                                bool relu) {
+  TANDEM_ASSERT(!g.nhwc, "the CPU backend takes NCHW convolutions only");
   TANDEM_ASSERT(x.numel() == g.n * g.c * g.h * g.w && w.numel() == g.k * g.c * g.r * g.s &&
                     y.numel() == g.n * g.k * g.oh * g.ow && (!b.defined() || b.numel() == g.k),
                 "conv2d_forward geometry does not match ", x.str(), ", ", w.str(), ", ", y.str());
@@ -331,9 +333,11 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
     conv_forward<T>(static_cast<const T*>(x.data_ptr()), static_cast<const T*>(w.data_ptr()), ptr_or_null<T>(b), g,
                     static_cast<T*>(y.data_ptr()));
   });
+  if (relu) unary(Unary::Relu, y, y);
 }
 
 void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) {
+  TANDEM_ASSERT(!g.nhwc, "the CPU backend takes NCHW inputs only");
   TANDEM_ASSERT(dy.numel() == g.n * g.k * g.oh * g.ow && w.numel() == g.k * g.c * g.r * g.s &&
                     dx.numel() == g.n * g.c * g.h * g.w,
                 "conv2d_backward_data geometry does not match ", dy.str(), ", ", w.str(), ", ", dx.str());
@@ -348,6 +352,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const C
 
 void CpuBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw,
                                         Tensor& db) {
+  TANDEM_ASSERT(!g.nhwc, "the CPU backend takes NCHW inputs only");
   TANDEM_ASSERT(dy.numel() == g.n * g.k * g.oh * g.ow && (!dw.defined() || dw.numel() == g.k * g.c * g.r * g.s) &&
                     (!dw.defined() || (x.defined() && x.numel() == g.n * g.c * g.h * g.w)) &&
                     (!db.defined() || db.numel() == g.k),

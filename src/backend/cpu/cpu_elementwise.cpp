@@ -261,6 +261,20 @@ void CpuBackend::bias_grad(const Tensor& g, int64_t n, int64_t c, int64_t s, Ten
   });
 }
 
+void CpuBackend::bias_relu(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) {
+  if (b.defined())
+    bias_add(x, b, n, c, s, out);
+  else if (!out.is_same(x))
+    copy_bytes(x.data_ptr(), out.data_ptr(), x.nbytes(), 0);
+  unary(Unary::Relu, out, out);
+}
+
+void CpuBackend::relu_bias_grad(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, int64_t s, Tensor& dx,
+                                Tensor& db) {
+  unary_backward(Unary::Relu, dy, y, dx);
+  if (db.defined()) bias_grad(dx, n, c, s, db);
+}
+
 void CpuBackend::sum(const Tensor& x, Tensor& out) {
   TANDEM_ASSERT(out.numel() == 1, "sum into ", out.str());
   const int64_t n = x.numel();

@@ -129,33 +129,58 @@ T* mp(Tensor& t) {
 
 }  // namespace
 
-void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                          Tensor& running_mean, Tensor& running_var, double momentum, double eps,
-                                          Tensor& y, Tensor& save_mean, Tensor& save_invstd) {
+namespace {
+// The fused tail of a forward pass: y += z, then max(y, 0).
+void add_and_relu(CpuBackend& be, const Tensor& z, bool relu, Tensor& y) {
+  if (z.defined()) be.binary(Binary::Add, y, z, y);
+  if (relu) be.unary(Unary::Relu, y, y);
+}
+
+void check_layout(const BnArgs& a) {
+  TANDEM_ASSERT(!a.nhwc, "the CPU backend takes NCHW batch-norm inputs only");
+}
+}  // namespace
+
+void CpuBackend::batch_norm_forward_train(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                          Tensor& running_mean, Tensor& running_var, const BnArgs& a, Tensor& y,
+                                          Tensor& save_mean, Tensor& save_invstd) {
+  check_layout(a);
   const BnShape b = bn_shape(x);
   TANDEM_ASSERT(b.n * b.s > 1, "batch norm training needs more than one value per channel, got ", x.str());
   dispatch_float(x.dtype(), "batch_norm2d", [&](auto tag) {
     using T = decltype(tag);
-    bn_train<T>(cp<T>(x), cp<T>(gamma), cp<T>(beta), mp<T>(running_mean), mp<T>(running_var), momentum, eps, mp<T>(y),
-                mp<T>(save_mean), mp<T>(save_invstd), b);
+    bn_train<T>(cp<T>(x), cp<T>(gamma), cp<T>(beta), mp<T>(running_mean), mp<T>(running_var), a.momentum, a.eps,
+                mp<T>(y), mp<T>(save_mean), mp<T>(save_invstd), b);
   });
+  add_and_relu(*this, z, a.relu, y);
 }
 
-void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                         const Tensor& running_mean, const Tensor& running_var, double eps, Tensor& y) {
+void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                         const Tensor& running_mean, const Tensor& running_var, const BnArgs& a,
+                                         Tensor& y) {
+  check_layout(a);
   const BnShape b = bn_shape(x);
   dispatch_float(x.dtype(), "batch_norm2d", [&](auto tag) {
     using T = decltype(tag);
-    bn_eval<T>(cp<T>(x), cp<T>(gamma), cp<T>(beta), cp<T>(running_mean), cp<T>(running_var), eps, mp<T>(y), b);
+    bn_eval<T>(cp<T>(x), cp<T>(gamma), cp<T>(beta), cp<T>(running_mean), cp<T>(running_var), a.eps, mp<T>(y), b);
   });
+  add_and_relu(*this, z, a.relu, y);
 }
 
-void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
-                                     const Tensor& save_invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
+                                     const Tensor& save_mean, const Tensor& save_invstd, const BnArgs& a, Tensor& dx,
+                                     Tensor& dz, Tensor& dgamma, Tensor& dbeta) {
+  check_layout(a);
   const BnShape b = bn_shape(x);
+  Tensor g = dy;
+  if (a.relu) {  // the gradient below the ReLU: dy where the output was positive
+    g = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    unary_backward(Unary::Relu, dy, y, g);
+  }
+  if (dz.defined()) copy_bytes(g.data_ptr(), dz.data_ptr(), g.nbytes(), 0);
   dispatch_float(x.dtype(), "batch_norm2d backward", [&](auto tag) {
     using T = decltype(tag);
-    bn_backward<T>(cp<T>(dy), cp<T>(x), cp<T>(gamma), cp<T>(save_mean), cp<T>(save_invstd), mp<T>(dx), mp<T>(dgamma),
+    bn_backward<T>(cp<T>(g), cp<T>(x), cp<T>(gamma), cp<T>(save_mean), cp<T>(save_invstd), mp<T>(dx), mp<T>(dgamma),
                    mp<T>(dbeta), b);
   });
 }

@@ -163,6 +163,7 @@ void check_indices(const PoolGeom& g, const Tensor& indices, const Tensor& y) {
 }  // namespace
 
 void CpuBackend::max_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y, Tensor& indices) {
+  TANDEM_ASSERT(!g.nhwc, "the CPU backend takes NCHW inputs only");
   check_pool(g, x, y);
   check_indices(g, indices, y);
   dispatch_float(x.dtype(), "max_pool2d", [&](auto tag) {
@@ -174,6 +175,7 @@ void CpuBackend::max_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& 
 
 void CpuBackend::max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& indices,
                                      const PoolGeom& g, Tensor& dx) {
+  TANDEM_ASSERT(!g.nhwc, "the CPU backend takes NCHW inputs only");
   check_pool(g, dx, dy);
   check_indices(g, indices, dy);
   dispatch_float(dy.dtype(), "max_pool2d backward", [&](auto tag) {
@@ -184,6 +186,7 @@ void CpuBackend::max_pool2d_backward(const Tensor& dy, const Tensor& x, const Te
 }
 
 void CpuBackend::avg_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y) {
+  TANDEM_ASSERT(!g.nhwc, "the CPU backend takes NCHW inputs only");
   check_pool(g, x, y);
   dispatch_float(x.dtype(), "avg_pool2d", [&](auto tag) {
     using T = decltype(tag);
@@ -192,6 +195,7 @@ void CpuBackend::avg_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& 
 }
 
 void CpuBackend::avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, Tensor& dx) {
+  TANDEM_ASSERT(!g.nhwc, "the CPU backend takes NCHW inputs only");
   check_pool(g, dx, dy);
   dispatch_float(dy.dtype(), "avg_pool2d backward", [&](auto tag) {
     using T = decltype(tag);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_check.h"
+#include "tandem/precision.h"
 
 namespace tandem::backend {
 
@@ -147,9 +148,10 @@ void CudaBackend::synchronize(int device) {
 
 void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
                        const Tensor& b, double beta, Tensor& c) {
-  require_f32(a, "gemm");
-  require_f32(b, "gemm");
-  require_f32(c, "gemm");
+  TANDEM_CHECK(a.dtype() == b.dtype() && a.dtype() == c.dtype(), "gemm: ", a.str(), ", ", b.str(), " and ", c.str(),
+               " differ in dtype");
+  TANDEM_CHECK(c.dtype() == DType::f32 || c.dtype() == DType::f16 || c.dtype() == DType::bf16, "gemm: dtype ",
+               dtype_name(c.dtype()), " is not supported on CUDA (use f32, f16 or bf16)");
   TANDEM_ASSERT(a.numel() == m * k && b.numel() == k * n && c.numel() == m * n, "gemm shapes ", a.str(), " ",
                 b.str(), " ", c.str(), " for m=", m, " n=", n, " k=", k);
   if (m == 0 || n == 0) return;
@@ -166,17 +168,30 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   // so the operands swap and each matrix is read as its own transpose.
   const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const auto* pa = static_cast<const float*>(a.data_ptr());
-  const auto* pb = static_cast<const float*>(b.data_ptr());
-  auto* pc = static_cast<float*>(c.data_ptr());
+  const bool small = std::max({m, n, k}) <= INT_MAX;  // the 32-bit entry points cost the host less per call
   std::lock_guard<std::mutex> lock(s.cublas_mu);
-  if (std::max({m, n, k}) <= INT_MAX) {  // the 32-bit entry point costs the host less per call
-    TANDEM_CUBLAS_CHECK(cublasSgemm(s.cublas, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                                    &al, pb, static_cast<int>(ldb), pa, static_cast<int>(lda), &be, pc,
-                                    static_cast<int>(n)));
-  } else {
-    TANDEM_CUBLAS_CHECK(cublasSgemm_64(s.cublas, op_b, op_a, n, m, k, &al, pb, ldb, pa, lda, &be, pc, n));
+  if (c.dtype() == DType::f32 && current_precision() != Precision::tf32) {  // exact f32
+    const auto* pa = static_cast<const float*>(a.data_ptr());
+    const auto* pb = static_cast<const float*>(b.data_ptr());
+    auto* pc = static_cast<float*>(c.data_ptr());
+    if (small)
+      TANDEM_CUBLAS_CHECK(cublasSgemm(s.cublas, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                                      static_cast<int>(k), &al, pb, static_cast<int>(ldb), pa, static_cast<int>(lda),
+                                      &be, pc, static_cast<int>(n)));
+    else
+      TANDEM_CUBLAS_CHECK(cublasSgemm_64(s.cublas, op_b, op_a, n, m, k, &al, pb, ldb, pa, lda, &be, pc, n));
+    return;
   }
+  // TF32 tensor cores for f32 data; 16-bit data with f32 accumulation.
+  const cudaDataType_t t = c.dtype() == DType::f32 ? CUDA_R_32F : c.dtype() == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+  const cublasComputeType_t compute = c.dtype() == DType::f32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  if (small)
+    TANDEM_CUBLAS_CHECK(cublasGemmEx(s.cublas, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                                     &al, b.data_ptr(), t, static_cast<int>(ldb), a.data_ptr(), t, static_cast<int>(lda),
+                                     &be, c.data_ptr(), t, static_cast<int>(n), compute, CUBLAS_GEMM_DEFAULT));
+  else
+    TANDEM_CUBLAS_CHECK(cublasGemmEx_64(s.cublas, op_b, op_a, n, m, k, &al, b.data_ptr(), t, ldb, a.data_ptr(), t, lda,
+                                        &be, c.data_ptr(), t, n, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace tandem::backend

@@ -1,10 +1,13 @@
-// CUDA backend: 2-D convolution through cuDNN. Descriptors and algorithms are made once per geometry
-// and kept in a small per-device map, so a training step does no descriptor work and no search.
+// CUDA backend: 2-D convolution through cuDNN. Descriptors and algorithms are made once per geometry,
+// element type, layout and math mode, and kept in a small per-device map, so a training step does no
+// descriptor work and no search. Exact f32 uses FMA kernels only (accurate, and deterministic where
+// cuDNN offers such an algorithm); TF32 and 16-bit data let cuDNN pick any tensor-core kernel.
 #include <array>
 #include <climits>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "tandem/precision.h"
 
 namespace tandem::backend {
 
@@ -13,10 +16,27 @@ namespace {
 constexpr size_t kWorkspaceLimit = size_t(256) << 20;
 constexpr size_t kMaxPlans = 256;
 
-using GeomKey = std::array<int64_t, 13>;
+using GeomKey = std::array<int64_t, 16>;
 
-GeomKey key_of(const ConvGeom& g) {
-  return {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.oh, g.ow};
+/// How a convolution may compute: its element type and whether f32 may use TF32 tensor cores.
+struct ConvMath {
+  DType dtype = DType::f32;
+  bool tf32 = false;
+  bool exact() const { return dtype == DType::f32 && !tf32; }
+};
+
+GeomKey key_of(const ConvGeom& g, const ConvMath& m) {
+  return {g.n,      g.c,      g.h,     g.w,  g.k,          g.r,    g.s, g.stride_h, g.stride_w, g.pad_h, g.pad_w,
+          g.oh,     g.ow,     g.nhwc, static_cast<int64_t>(m.dtype), m.tf32};
+}
+
+cudnnDataType_t cudnn_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::f16: return CUDNN_DATA_HALF;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    default: TANDEM_CHECK(false, "conv2d: dtype ", dtype_name(t), " is not supported on CUDA (use f32, f16 or bf16)");
+  }
 }
 
 struct GeomHash {
@@ -32,8 +52,12 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// Algorithms that may use TF32 tensor cores are skipped: results must agree with the CPU in f32.
-bool exact_math(cudnnMathType_t m) { return m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH; }
+// Exact f32 skips algorithms that may use TF32 tensor cores: results must agree with the CPU. No mode
+// lets cuDNN convert f32 data to f16.
+bool math_allowed(cudnnMathType_t m, const ConvMath& cm) {
+  if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
+  return !cm.exact() || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+}
 
 // FFT and non-fused Winograd algorithms trade accuracy for speed (relative errors near 1e-3 in f32,
 // far from the CPU's results): they are passed over too.
@@ -50,12 +74,19 @@ bool accurate(cudnnConvolutionBwdFilterAlgo_t a) {
          a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
+// The fastest usable algorithm (the list comes sorted fastest first); exact f32 also prefers a
+// deterministic one, so that repeated runs and replays agree bit for bit.
 template <typename Perf>
-int pick(const Perf* perf, int count) {
-  for (int i = 0; i < count; ++i)  // sorted fastest first
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kWorkspaceLimit && exact_math(perf[i].mathType) &&
-        accurate(perf[i].algo))
-      return i;
+int pick(const Perf* perf, int count, const ConvMath& cm) {
+  auto usable = [&](const Perf& p) {
+    return p.status == CUDNN_STATUS_SUCCESS && p.memory <= kWorkspaceLimit && math_allowed(p.mathType, cm) &&
+           (!cm.exact() || accurate(p.algo));
+  };
+  if (cm.exact())
+    for (int i = 0; i < count; ++i)
+      if (usable(perf[i]) && perf[i].determinism == CUDNN_DETERMINISTIC) return i;
+  for (int i = 0; i < count; ++i)
+    if (usable(perf[i])) return i;
   return -1;
 }
 
@@ -95,26 +126,27 @@ struct ConvPlan {
   cudnnConvolutionFwdAlgo_t fwd{};
   cudnnConvolutionBwdDataAlgo_t bwd_data{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  cudnnMathType_t fwd_math{}, bwd_data_math{}, bwd_filter_math{};
   size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+  ConvMath math;
 
-  explicit ConvPlan(const ConvGeom& g) {
+  ConvPlan(const ConvGeom& g, const ConvMath& m) : math(m) {
+    const cudnnDataType_t dt = cudnn_type(m.dtype);
+    const cudnnTensorFormat_t fmt = g.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     TANDEM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
     TANDEM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
     TANDEM_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
     TANDEM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
-    TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(g.n, "batch"),
-                                                  to_int(g.c, "channels"), to_int(g.h, "height"),
-                                                  to_int(g.w, "width")));
-    TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(g.n, "batch"),
-                                                  to_int(g.k, "filters"), to_int(g.oh, "output height"),
-                                                  to_int(g.ow, "output width")));
-    TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, to_int(g.k, "filters"),
-                                                  to_int(g.c, "channels"), to_int(g.r, "kernel height"),
-                                                  to_int(g.s, "kernel width")));
+    TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, fmt, dt, to_int(g.n, "batch"), to_int(g.c, "channels"),
+                                                  to_int(g.h, "height"), to_int(g.w, "width")));
+    TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, fmt, dt, to_int(g.n, "batch"), to_int(g.k, "filters"),
+                                                  to_int(g.oh, "output height"), to_int(g.ow, "output width")));
+    TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, dt, fmt, to_int(g.k, "filters"), to_int(g.c, "channels"),
+                                                  to_int(g.r, "kernel height"), to_int(g.s, "kernel width")));
     TANDEM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, to_int(g.pad_h, "padding"), to_int(g.pad_w, "padding"),
                                                        to_int(g.stride_h, "stride"), to_int(g.stride_w, "stride"), 1,
                                                        1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, CUDNN_FMA_MATH));
+    TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, m.exact() ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
     int n = 0, k = 0, oh = 0, ow = 0;
     TANDEM_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &n, &k, &oh, &ow));
     TANDEM_ASSERT(n == g.n && k == g.k && oh == g.oh && ow == g.ow, "cuDNN output shape ", n, "x", k, "x", oh, "x",
@@ -132,12 +164,12 @@ struct ConvPlan {
 
 class ConvCache {
  public:
-  ConvPlan& plan(const ConvGeom& g) {
-    GeomKey k = key_of(g);
+  ConvPlan& plan(const ConvGeom& g, const ConvMath& m) {
+    GeomKey k = key_of(g, m);
     auto it = plans_.find(k);
     if (it != plans_.end()) return *it->second;
     if (plans_.size() >= kMaxPlans) plans_.clear();  // geometries keep changing: start over rather than grow
-    return *plans_.emplace(k, std::make_unique<ConvPlan>(g)).first->second;
+    return *plans_.emplace(k, std::make_unique<ConvPlan>(g, m)).first->second;
   }
 
  private:
@@ -145,7 +177,9 @@ class ConvCache {
 };
 
 DeviceState::DeviceState() = default;
-DeviceState::~DeviceState() = default;
+DeviceState::~DeviceState() {
+  if (reduce_counters) (void)cudaFree(reduce_counters);  // at exit the runtime may be gone: nothing to do then
+}
 
 namespace {
 cudnnHandle_t cudnn_handle(DeviceState& st) {
@@ -159,24 +193,29 @@ cudnnHandle_t cudnn_handle(DeviceState& st) {
   return st.cudnn;
 }
 
-void check_conv(const ConvGeom& g, const Tensor& x, const Tensor& w, const Tensor& y, const char* op) {
+// Checks shapes and that the data tensors share one floating type; returns the math to use.
+ConvMath check_conv(const ConvGeom& g, const Tensor& x, const Tensor& w, const Tensor& y, const char* op) {
   TANDEM_ASSERT(x.numel() == g.n * g.c * g.h * g.w && w.numel() == g.k * g.c * g.r * g.s &&
                     y.numel() == g.n * g.k * g.oh * g.ow,
                 op, ": tensors do not match the geometry");
+  TANDEM_CHECK(x.dtype() == w.dtype() && x.dtype() == y.dtype(), op, ": ", x.str(), ", ", w.str(), " and ", y.str(),
+               " differ in dtype");
+  cudnn_type(x.dtype());  // throws for types cuDNN convolutions do not take here
+  return {x.dtype(), x.dtype() == DType::f32 && current_precision() == Precision::tf32};
 }
+
+const char* math_name(const ConvMath& m) { return m.exact() ? "exact f32" : m.tf32 ? "TF32" : dtype_name(m.dtype); }
 }  // namespace
 
-void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y) {
-  require_f32(x, "conv2d");
-  require_f32(w, "conv2d");
-  require_f32(y, "conv2d");
-  check_conv(g, x, w, y, "conv2d");
+void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y,
+                                 bool relu) {
+  const ConvMath math = check_conv(g, x, w, y, "conv2d");
   if (y.numel() == 0) return;
   DeviceState& st = state_for(y);
   {
     cudnnHandle_t h = cudnn_handle(st);
     std::lock_guard<std::mutex> lock(st.cudnn_mu);
-    ConvPlan& p = st.conv->plan(g);
+    ConvPlan& p = st.conv->plan(g, math);
     const float one = 1.0f, zero = 0.0f;
     if (!p.has_fwd) {
       SearchWorkspace ws;
@@ -185,25 +224,29 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
       TANDEM_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv, p.y,
                                                                 y.data_ptr(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found,
                                                                 perf, ws.ptr(), ws.size()));
-      int i = pick(perf, found);
-      TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no exact f32 forward algorithm for input ", x.str(),
-                           " and weight ", w.str());
+      int i = pick(perf, found, math);
+      TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no ", math_name(math), " forward algorithm for input ",
+                           x.str(), " and weight ", w.str());
       p.fwd = perf[i].algo;
+      p.fwd_math = perf[i].mathType;
       p.fwd_ws = perf[i].memory;
       p.has_fwd = true;
     }
+    TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.fwd_math));
     Scratch ws(allocator(st.device), p.fwd_ws);
     TANDEM_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv, p.fwd,
                                                ws.as<void>(), p.fwd_ws, &zero, p.y, y.data_ptr()));
   }
-  if (b.defined()) bias_add(y, b, g.n, g.k, g.oh * g.ow, y);
+  // Channels-last output is [n * oh * ow, k] rows for the bias.
+  const int64_t n = g.nhwc ? g.n * g.oh * g.ow : g.n, s = g.nhwc ? 1 : g.oh * g.ow;
+  if (relu)
+    bias_relu(y, b, n, g.k, s, y);
+  else if (b.defined())
+    bias_add(y, b, n, g.k, s, y);
 }
 
 void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) {
-  require_f32(dy, "conv2d backward");
-  require_f32(w, "conv2d backward");
-  require_f32(dx, "conv2d backward");
-  check_conv(g, dx, w, dy, "conv2d backward");
+  const ConvMath math = check_conv(g, dx, w, dy, "conv2d backward");
   if (dx.numel() == 0) return;
   DeviceState& st = state_for(dx);
   if (dy.numel() == 0) {
@@ -212,7 +255,7 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
   }
   cudnnHandle_t h = cudnn_handle(st);
   std::lock_guard<std::mutex> lock(st.cudnn_mu);
-  ConvPlan& p = st.conv->plan(g);
+  ConvPlan& p = st.conv->plan(g, math);
   const float one = 1.0f, zero = 0.0f;
   if (!p.has_bwd_data) {
     SearchWorkspace ws;
@@ -221,13 +264,15 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
     TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
         h, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.x, dx.data_ptr(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
         &found, perf, ws.ptr(), ws.size()));
-    int i = pick(perf, found);
-    TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no exact f32 backward-data algorithm for gradient ", dy.str(),
-                         " and weight ", w.str());
+    int i = pick(perf, found, math);
+    TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no ", math_name(math), " backward-data algorithm for gradient ",
+                         dy.str(), " and weight ", w.str());
     p.bwd_data = perf[i].algo;
+    p.bwd_data_math = perf[i].mathType;
     p.bwd_data_ws = perf[i].memory;
     p.has_bwd_data = true;
   }
+  TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_data_math));
   Scratch ws(allocator(st.device), p.bwd_data_ws);
   TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.bwd_data,
                                                   ws.as<void>(), p.bwd_data_ws, &zero, p.x, dx.data_ptr()));
@@ -235,15 +280,14 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
 
 void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw,
                                          Tensor& db) {
-  require_f32(dy, "conv2d backward");
   if (db.defined()) {
-    require_f32(db, "conv2d backward");
-    bias_grad(dy, g.n, g.k, g.oh * g.ow, db);
+    if (g.nhwc)
+      bias_grad(dy, g.n * g.oh * g.ow, g.k, 1, db);
+    else
+      bias_grad(dy, g.n, g.k, g.oh * g.ow, db);
   }
   if (!dw.defined()) return;
-  require_f32(x, "conv2d backward");
-  require_f32(dw, "conv2d backward");
-  check_conv(g, x, dw, dy, "conv2d backward");
+  const ConvMath math = check_conv(g, x, dw, dy, "conv2d backward");
   if (dw.numel() == 0) return;
   DeviceState& st = state_for(dw);
   if (dy.numel() == 0) {
@@ -252,7 +296,7 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
   }
   cudnnHandle_t h = cudnn_handle(st);
   std::lock_guard<std::mutex> lock(st.cudnn_mu);
-  ConvPlan& p = st.conv->plan(g);
+  ConvPlan& p = st.conv->plan(g, math);
   const float one = 1.0f, zero = 0.0f;
   if (!p.has_bwd_filter) {
     SearchWorkspace ws;
@@ -261,13 +305,15 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
     TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
         h, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv, p.w, dw.data_ptr(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
         &found, perf, ws.ptr(), ws.size()));
-    int i = pick(perf, found);
-    TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no exact f32 backward-filter algorithm for input ", x.str(),
-                         " and gradient ", dy.str());
+    int i = pick(perf, found, math);
+    TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no ", math_name(math), " backward-filter algorithm for input ",
+                         x.str(), " and gradient ", dy.str());
     p.bwd_filter = perf[i].algo;
+    p.bwd_filter_math = perf[i].mathType;
     p.bwd_filter_ws = perf[i].memory;
     p.has_bwd_filter = true;
   }
+  TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_filter_math));
   Scratch ws(allocator(st.device), p.bwd_filter_ws);
   TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv,
                                                     p.bwd_filter, ws.as<void>(), p.bwd_filter_ws, &zero, p.w,

@@ -164,10 +164,10 @@ __global__ void normal_kernel(float* __restrict__ p, int64_t n, uint64_t seed, u
     p[i] = static_cast<float>(fma(std, rng::normal(seed, offset + static_cast<uint64_t>(i)), mean));
 }
 
-__global__ void dropout_kernel(float* __restrict__ m, int64_t n, uint64_t seed, uint64_t offset, float p,
-                               float keep) {
+template <typename T>
+__global__ void dropout_kernel(T* __restrict__ m, int64_t n, uint64_t seed, uint64_t offset, float p, float keep) {
   for (int64_t i = thread_index(); i < n; i += thread_count())
-    m[i] = rng::uniform_f(seed, offset + static_cast<uint64_t>(i)) >= p ? keep : 0.0f;
+    m[i] = kern::from_float<T>(rng::uniform_f(seed, offset + static_cast<uint64_t>(i)) >= p ? keep : 0.0f);
 }
 
 // The host value of a fill, converted as the CPU backend converts it, as raw bits.
@@ -271,13 +271,15 @@ void CudaBackend::random_normal(Tensor& t, uint64_t seed, uint64_t offset, doubl
 }
 
 void CudaBackend::dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) {
-  require_f32(mask, "dropout");
   const int64_t n = mask.numel();
   if (n == 0) return;
   DeviceState& st = state_for(mask);
   const float keep = static_cast<float>(1.0 / (1.0 - p));
-  dropout_kernel<<<blocks_for(n), kBlock, 0, st.stream>>>(static_cast<float*>(mask.data_ptr()), n, seed, offset,
-                                                           static_cast<float>(p), keep);
+  kern::dispatch_float(mask.dtype(), "dropout", [&](auto tag) {
+    using T = decltype(tag);
+    dropout_kernel<<<blocks_for(n), kBlock, 0, st.stream>>>(static_cast<T*>(mask.data_ptr()), n, seed, offset,
+                                                             static_cast<float>(p), keep);
+  });
   TANDEM_CUDA_LAUNCH_CHECK("dropout_kernel");
 }
 

@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_channel.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernel_utils.cuh"
 
@@ -10,7 +11,9 @@ namespace tandem::backend {
 
 namespace {
 using kern::blocks_for;
+using kern::from_float;
 using kern::kBlock;
+using kern::to_float;
 using kern::thread_count;
 using kern::thread_index;
 
@@ -37,7 +40,12 @@ __device__ __forceinline__ T apply_binary(T a, T b) {
 
 template <Binary OP, typename T>
 __global__ void binary_kernel(const T* a, const T* b, T* out, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count()) out[i] = apply_binary<OP>(a[i], b[i]);
+  for (int64_t i = thread_index(); i < n; i += thread_count()) {
+    if constexpr (std::is_integral_v<T> || std::is_same_v<T, float>)
+      out[i] = apply_binary<OP>(a[i], b[i]);
+    else
+      out[i] = from_float<T>(apply_binary<OP>(to_float(a[i]), to_float(b[i])));
+  }
 }
 
 template <Unary OP>
@@ -52,77 +60,93 @@ __device__ __forceinline__ float apply_unary(float x) {
   if constexpr (OP == Unary::Sqrt) return sqrtf(x);
 }
 
-template <Unary OP>
-__global__ void unary_kernel(const float* a, float* out, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count()) out[i] = apply_unary<OP>(a[i]);
+template <Unary OP, typename T>
+__global__ void unary_kernel(const T* a, T* out, int64_t n) {
+  for (int64_t i = thread_index(); i < n; i += thread_count()) out[i] = from_float<T>(apply_unary<OP>(to_float(a[i])));
 }
 
-template <Unary OP>
-__global__ void unary_backward_kernel(const float* g, const float* y, float* out, int64_t n) {
+template <Unary OP, typename T>
+__global__ void unary_backward_kernel(const T* g, const T* y, T* out, int64_t n) {
   for (int64_t i = thread_index(); i < n; i += thread_count()) {
-    const float yi = y[i];
-    if constexpr (OP == Unary::Relu) out[i] = yi > 0.0f ? g[i] : 0.0f;
-    if constexpr (OP == Unary::Sigmoid) out[i] = g[i] * yi * (1.0f - yi);
-    if constexpr (OP == Unary::Tanh) out[i] = g[i] * (1.0f - yi * yi);
+    const float yi = to_float(y[i]), gi = to_float(g[i]);
+    if constexpr (OP == Unary::Relu) out[i] = from_float<T>(yi > 0.0f ? gi : 0.0f);
+    if constexpr (OP == Unary::Sigmoid) out[i] = from_float<T>(gi * yi * (1.0f - yi));
+    if constexpr (OP == Unary::Tanh) out[i] = from_float<T>(gi * (1.0f - yi * yi));
   }
 }
 
-__global__ void affine_kernel(const float* a, float alpha, float beta, float* out, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count()) out[i] = fmaf(alpha, a[i], beta);
+template <typename T>
+__global__ void affine_kernel(const T* a, float alpha, float beta, T* out, int64_t n) {
+  for (int64_t i = thread_index(); i < n; i += thread_count()) out[i] = from_float<T>(fmaf(alpha, to_float(a[i]), beta));
 }
 
-__global__ void axpy_kernel(float alpha, const float* x, float* y, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count()) y[i] = fmaf(alpha, x[i], y[i]);
+template <typename T>
+__global__ void axpy_kernel(float alpha, const T* x, T* y, int64_t n) {
+  for (int64_t i = thread_index(); i < n; i += thread_count())
+    y[i] = from_float<T>(fmaf(alpha, to_float(x[i]), to_float(y[i])));
 }
 
-__global__ void bias_add_rows_kernel(const float* x, const float* b, float* out, int64_t total, int64_t c) {
-  for (int64_t i = thread_index(); i < total; i += thread_count()) out[i] = x[i] + b[i % c];
-}
+// out = x + b[c] (B: the bias type, f32 or T), then max(., 0) with RELU; b may be null (ReLU only).
+template <typename T, typename B, bool RELU>
+struct BiasOp {
+  const T* x;
+  const B* b;
+  T* out;
+  template <typename I>
+  __device__ __forceinline__ void operator()(I i, I ch) const {
+    float v = to_float(x[i]);
+    if (b) v += to_float(b[ch]);
+    if (RELU) v = v > 0.0f ? v : 0.0f;
+    out[i] = from_float<T>(v);
+  }
+};
 
-__global__ void bias_add_planes_kernel(const float* x, const float* b, float* out, int64_t total, int64_t c,
-                                       int64_t s) {
-  for (int64_t i = thread_index(); i < total; i += thread_count()) out[i] = x[i] + b[(i / s) % c];
-}
-
-// out[c] = sum over rows of g [n, c]: a block covers 32 columns, its 8 thread rows stride over n.
-constexpr int kColTile = 32, kRowThreads = 8;
-__global__ void bias_grad_rows_kernel(const float* g, float* out, int64_t n, int64_t c) {
-  __shared__ double part[kRowThreads][kColTile + 1];
-  for (int64_t col0 = int64_t(blockIdx.x) * kColTile; col0 < c; col0 += int64_t(gridDim.x) * kColTile) {
-    const int64_t col = col0 + threadIdx.x;
-    double acc = 0.0;
-    if (col < c)
-      for (int64_t r = threadIdx.y; r < n; r += kRowThreads) acc += g[r * c + col];
-    part[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < c) {
-      double t = 0.0;
-      for (int k = 0; k < kRowThreads; ++k) t += part[k][threadIdx.x];
-      out[col] = static_cast<float>(t);
+// Sum per channel of g (masked by y > 0 with RELU, the mask written to dx when dx is not null).
+template <typename T, bool RELU>
+struct BiasGradElem {
+  const T *g, *y;
+  T* dx;
+  template <typename I>
+  __device__ __forceinline__ void operator()(I off, I, double (&s)[1]) const {
+    float v = to_float(g[off]);
+    if (RELU) {
+      v = to_float(y[off]) > 0.0f ? v : 0.0f;
+      if (dx) dx[off] = from_float<T>(v);
     }
-    __syncthreads();
+    s[0] += v;
   }
-}
+};
 
-// out[c] = sum over n and s of g [n, c, s]: a block per channel.
-__global__ void bias_grad_planes_kernel(const float* g, float* out, int64_t n, int64_t c, int64_t s) {
-  __shared__ double scratch[32];
-  const int64_t per_channel = n * s;
-  for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
-    double acc = 0.0;
-    for (int64_t j = threadIdx.x; j < per_channel; j += blockDim.x) {
-      const int64_t img = j / s;
-      acc += g[(img * c + ch) * s + (j - img * s)];
-    }
-    acc = kern::block_sum(acc, scratch);
-    if (threadIdx.x == 0) out[ch] = static_cast<float>(acc);
+template <typename O>
+struct StoreSum {
+  O* out;
+  __device__ __forceinline__ void operator()(int64_t ch, const double (&t)[1]) const {
+    out[ch] = from_float<O>(static_cast<float>(t[0]));
   }
-}
+};
+
+template <typename T>
+struct ReluMaskOp {
+  const T *g, *y;
+  T* dx;
+  template <typename I>
+  __device__ __forceinline__ void operator()(I i, I) const {
+    dx[i] = to_float(y[i]) > 0.0f ? g[i] : from_float<T>(0.0f);
+  }
+};
 
 // Floats are summed in double, integers in int64; a single-block grid writes the result directly,
 // a larger one leaves one partial per block for sum_finish_kernel (a fixed order: deterministic).
 template <typename T>
-using SumAcc = std::conditional_t<std::is_floating_point_v<T>, double, long long>;
+using SumAcc = std::conditional_t<std::is_integral_v<T>, long long, double>;
+
+template <typename T>
+__device__ __forceinline__ SumAcc<T> sum_value(T v) {
+  if constexpr (std::is_integral_v<T> || std::is_same_v<T, float>)
+    return static_cast<SumAcc<T>>(v);
+  else
+    return static_cast<double>(to_float(v));
+}
 
 constexpr int kSumBlocks = 1024;
 
@@ -130,7 +154,7 @@ template <typename T, typename Out>
 __global__ void sum_kernel(const T* x, int64_t n, SumAcc<T>* partial, Out* out) {
   __shared__ SumAcc<T> scratch[32];
   SumAcc<T> acc = 0;
-  for (int64_t i = thread_index(); i < n; i += thread_count()) acc += static_cast<SumAcc<T>>(x[i]);
+  for (int64_t i = thread_index(); i < n; i += thread_count()) acc += sum_value(x[i]);
   acc = kern::block_sum(acc, scratch);
   if (threadIdx.x != 0) return;
   if (gridDim.x == 1)
@@ -185,123 +209,198 @@ void CudaBackend::binary(Binary op, const Tensor& a, const Tensor& b, Tensor& ou
   const int64_t n = out.numel();
   if (n == 0) return;
   DeviceState& st = state_for(out);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    launch_binary(op, static_cast<const T*>(a.data_ptr()), static_cast<const T*>(b.data_ptr()),
+                  static_cast<T*>(out.data_ptr()), n, st.stream);
+  };
   switch (out.dtype()) {
-    case DType::f32:
-      return launch_binary(op, a.data<float>(), b.data<float>(), out.data<float>(), n, st.stream);
-    case DType::i32:
-      return launch_binary(op, a.data<int32_t>(), b.data<int32_t>(), out.data<int32_t>(), n, st.stream);
-    case DType::i64:
-      return launch_binary(op, a.data<int64_t>(), b.data<int64_t>(), out.data<int64_t>(), n, st.stream);
-    default:
-      TANDEM_CHECK(false, "binary: dtype ", dtype_name(out.dtype()), " is not supported on CUDA (use f32, i32 or i64)");
+    case DType::i32: return run(int32_t{});
+    case DType::i64: return run(int64_t{});
+    default: return kern::dispatch_float(out.dtype(), "binary", run);
   }
 }
 
 void CudaBackend::unary(Unary op, const Tensor& a, Tensor& out) {
-  require_f32(a, "unary");
-  require_f32(out, "unary");
+  TANDEM_CHECK(a.dtype() == out.dtype(), "unary: input ", a.str(), " and output ", out.str(), " differ in dtype");
   TANDEM_ASSERT(a.numel() == out.numel(), "unary ", a.str(), " ", out.str());
   const int64_t n = out.numel();
   if (n == 0) return;
   DeviceState& st = state_for(out);
-  const float* x = a.data<float>();
-  float* y = out.data<float>();
   const unsigned g = blocks_for(n);
-  switch (op) {
-    case Unary::Neg: unary_kernel<Unary::Neg><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-    case Unary::Relu: unary_kernel<Unary::Relu><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-    case Unary::Sigmoid: unary_kernel<Unary::Sigmoid><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-    case Unary::Tanh: unary_kernel<Unary::Tanh><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-    case Unary::Exp: unary_kernel<Unary::Exp><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-    case Unary::Log: unary_kernel<Unary::Log><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-    case Unary::Abs: unary_kernel<Unary::Abs><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-    case Unary::Sqrt: unary_kernel<Unary::Sqrt><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-  }
+  kern::dispatch_float(a.dtype(), "unary", [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = static_cast<const T*>(a.data_ptr());
+    T* y = static_cast<T*>(out.data_ptr());
+    switch (op) {
+      case Unary::Neg: unary_kernel<Unary::Neg><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
+      case Unary::Relu: unary_kernel<Unary::Relu><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
+      case Unary::Sigmoid: unary_kernel<Unary::Sigmoid><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
+      case Unary::Tanh: unary_kernel<Unary::Tanh><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
+      case Unary::Exp: unary_kernel<Unary::Exp><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
+      case Unary::Log: unary_kernel<Unary::Log><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
+      case Unary::Abs: unary_kernel<Unary::Abs><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
+      case Unary::Sqrt: unary_kernel<Unary::Sqrt><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
+    }
+  });
   TANDEM_CUDA_LAUNCH_CHECK("unary_kernel");
 }
 
 void CudaBackend::affine(const Tensor& a, double alpha, double beta, Tensor& out) {
-  require_f32(a, "affine");
-  require_f32(out, "affine");
+  TANDEM_CHECK(a.dtype() == out.dtype(), "affine: input ", a.str(), " and output ", out.str(), " differ in dtype");
   TANDEM_ASSERT(a.numel() == out.numel(), "affine ", a.str(), " ", out.str());
   const int64_t n = out.numel();
   if (n == 0) return;
   DeviceState& st = state_for(out);
-  affine_kernel<<<blocks_for(n), kBlock, 0, st.stream>>>(a.data<float>(), static_cast<float>(alpha),
-                                                          static_cast<float>(beta), out.data<float>(), n);
+  kern::dispatch_float(a.dtype(), "affine", [&](auto tag) {
+    using T = decltype(tag);
+    affine_kernel<<<blocks_for(n), kBlock, 0, st.stream>>>(static_cast<const T*>(a.data_ptr()),
+                                                            static_cast<float>(alpha), static_cast<float>(beta),
+                                                            static_cast<T*>(out.data_ptr()), n);
+  });
   TANDEM_CUDA_LAUNCH_CHECK("affine_kernel");
 }
 
 void CudaBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
-  require_f32(x, "axpy");
-  require_f32(y, "axpy");
+  TANDEM_CHECK(x.dtype() == y.dtype(), "axpy: ", x.str(), " and ", y.str(), " differ in dtype");
   TANDEM_ASSERT(x.numel() == y.numel(), "axpy ", x.str(), " ", y.str());
   const int64_t n = y.numel();
   if (n == 0) return;
   DeviceState& st = state_for(y);
-  axpy_kernel<<<blocks_for(n), kBlock, 0, st.stream>>>(static_cast<float>(alpha), x.data<float>(), y.data<float>(), n);
+  kern::dispatch_float(y.dtype(), "axpy", [&](auto tag) {
+    using T = decltype(tag);
+    axpy_kernel<<<blocks_for(n), kBlock, 0, st.stream>>>(static_cast<float>(alpha), static_cast<const T*>(x.data_ptr()),
+                                                          static_cast<T*>(y.data_ptr()), n);
+  });
   TANDEM_CUDA_LAUNCH_CHECK("axpy_kernel");
 }
 
 void CudaBackend::unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) {
-  require_f32(grad, "unary_backward");
-  require_f32(y, "unary_backward");
-  require_f32(out, "unary_backward");
+  TANDEM_CHECK(grad.dtype() == out.dtype() && y.dtype() == out.dtype(), "unary_backward: ", grad.str(), ", ",
+               y.str(), " and ", out.str(), " differ in dtype");
   TANDEM_ASSERT(grad.numel() == out.numel() && y.numel() == out.numel(), "unary_backward shapes");
   const int64_t n = out.numel();
   if (n == 0) return;
   DeviceState& st = state_for(out);
   const unsigned g = blocks_for(n);
-  const float *gp = grad.data<float>(), *yp = y.data<float>();
-  float* op_ = out.data<float>();
-  switch (op) {
-    case Unary::Relu: unary_backward_kernel<Unary::Relu><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
-    case Unary::Sigmoid: unary_backward_kernel<Unary::Sigmoid><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
-    case Unary::Tanh: unary_backward_kernel<Unary::Tanh><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
-    default:
-      TANDEM_CHECK(false, "unary_backward: only relu, sigmoid and tanh are differentiated from their output");
-  }
+  kern::dispatch_float(out.dtype(), "unary_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T *gp = static_cast<const T*>(grad.data_ptr()), *yp = static_cast<const T*>(y.data_ptr());
+    T* op_ = static_cast<T*>(out.data_ptr());
+    switch (op) {
+      case Unary::Relu: unary_backward_kernel<Unary::Relu><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
+      case Unary::Sigmoid: unary_backward_kernel<Unary::Sigmoid><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
+      case Unary::Tanh: unary_backward_kernel<Unary::Tanh><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
+      default:
+        TANDEM_CHECK(false, "unary_backward: only relu, sigmoid and tanh are differentiated from their output");
+    }
+  });
   TANDEM_CUDA_LAUNCH_CHECK("unary_backward_kernel");
 }
 
+namespace {
+// Checks the operands of a per-channel map: out like x, a bias of c values in f32 or x's type.
+void check_bias(const Tensor& x, const Tensor& b, const Tensor& out, int64_t n, int64_t c, int64_t s, const char* op) {
+  TANDEM_CHECK(x.dtype() == out.dtype(), op, ": input ", x.str(), " and output ", out.str(), " differ in dtype");
+  TANDEM_CHECK(!b.defined() || b.dtype() == x.dtype() || b.dtype() == DType::f32, op, ": bias ", b.str(),
+               " must be f32 or of the input's dtype ", dtype_name(x.dtype()));
+  TANDEM_ASSERT(x.numel() == n * c * s && out.numel() == n * c * s && (!b.defined() || b.numel() == c), op, " ",
+                x.str(), " as [", n, ", ", c, ", ", s, "]");
+}
+
+template <bool RELU>
+void launch_bias(const Tensor& x, const Tensor& b, const chan::Layout& l, Tensor& out, cudaStream_t stream) {
+  kern::dispatch_float(x.dtype(), RELU ? "bias_relu" : "bias_add", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = static_cast<const T*>(x.data_ptr());
+    T* po = static_cast<T*>(out.data_ptr());
+    if (b.defined() && b.dtype() == DType::f32)
+      chan::map(l, stream, BiasOp<T, float, RELU>{px, b.data<float>(), po});
+    else
+      chan::map(l, stream, BiasOp<T, T, RELU>{px, b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr, po});
+  });
+}
+
+template <bool RELU>
+void launch_bias_grad(CudaBackend& be, int device, const Tensor& g, const Tensor& y, const chan::Layout& l,
+                      Tensor* dx, Tensor& db) {
+  kern::dispatch_float(g.dtype(), "bias_grad", [&](auto tag) {
+    using T = decltype(tag);
+    const BiasGradElem<T, RELU> elem{static_cast<const T*>(g.data_ptr()),
+                                     y.defined() ? static_cast<const T*>(y.data_ptr()) : nullptr,
+                                     dx ? static_cast<T*>(dx->data_ptr()) : nullptr};
+    if (db.dtype() == DType::f32)
+      chan::reduce<1>(be, device, l, elem, StoreSum<float>{db.data<float>()});
+    else
+      chan::reduce<1>(be, device, l, elem, StoreSum<T>{static_cast<T*>(db.data_ptr())});
+  });
+}
+}  // namespace
+
 void CudaBackend::bias_add(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) {
-  require_f32(x, "bias_add");
-  require_f32(b, "bias_add");
-  require_f32(out, "bias_add");
-  const int64_t total = n * c * s;
-  TANDEM_ASSERT(x.numel() == total && out.numel() == total && b.numel() == c, "bias_add ", x.str(), " + ", b.str(),
-                " as [", n, ", ", c, ", ", s, "]");
-  if (total == 0) return;
-  DeviceState& st = state_for(out);
-  if (s == 1)
-    bias_add_rows_kernel<<<blocks_for(total), kBlock, 0, st.stream>>>(x.data<float>(), b.data<float>(),
-                                                                      out.data<float>(), total, c);
-  else
-    bias_add_planes_kernel<<<blocks_for(total), kBlock, 0, st.stream>>>(x.data<float>(), b.data<float>(),
-                                                                        out.data<float>(), total, c, s);
-  TANDEM_CUDA_LAUNCH_CHECK("bias_add_kernel");
+  check_bias(x, b, out, n, c, s, "bias_add");
+  if (n * c * s == 0) return;
+  launch_bias<false>(x, b, chan::layout_of(n, c, s, false), out, state_for(out).stream);
+}
+
+void CudaBackend::bias_relu(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) {
+  check_bias(x, b, out, n, c, s, "bias_relu");
+  if (n * c * s == 0) return;
+  launch_bias<true>(x, b, chan::layout_of(n, c, s, false), out, state_for(out).stream);
 }
 
 void CudaBackend::bias_grad(const Tensor& g, int64_t n, int64_t c, int64_t s, Tensor& out) {
-  require_f32(g, "bias_grad");
-  require_f32(out, "bias_grad");
-  TANDEM_ASSERT(g.numel() == n * c * s && out.numel() == c, "bias_grad ", g.str(), " -> ", out.str());
+  check_bias(g, out, g, n, c, s, "bias_grad");
   if (c == 0) return;
   DeviceState& st = state_for(out);
   if (n * s == 0) {
     TANDEM_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), st.stream));
     return;
   }
-  if (s == 1) {
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((c + kColTile - 1) / kColTile, kern::kMaxBlocks));
-    bias_grad_rows_kernel<<<blocks, dim3(kColTile, kRowThreads), 0, st.stream>>>(g.data<float>(), out.data<float>(),
-                                                                                 n, c);
-  } else {
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(c, kern::kMaxBlocks));
-    bias_grad_planes_kernel<<<blocks, kBlock, 0, st.stream>>>(g.data<float>(), out.data<float>(), n, c, s);
-  }
-  TANDEM_CUDA_LAUNCH_CHECK("bias_grad_kernel");
+  launch_bias_grad<false>(*this, st.device, g, Tensor(), chan::layout_of(n, c, s, false), nullptr, out);
 }
+
+void CudaBackend::relu_bias_grad(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, int64_t s, Tensor& dx,
+                                 Tensor& db) {
+  TANDEM_CHECK(dy.dtype() == y.dtype() && dy.dtype() == dx.dtype(), "relu_bias_grad: ", dy.str(), ", ", y.str(),
+               " and ", dx.str(), " differ in dtype");
+  if (db.defined()) check_bias(dy, db, dx, n, c, s, "relu_bias_grad");
+  const chan::Layout l = chan::layout_of(n, c, s, false);
+  if (l.total() == 0) {
+    if (db.defined() && c) TANDEM_CUDA_CHECK(cudaMemsetAsync(db.data_ptr(), 0, db.nbytes(), state_for(db).stream));
+    return;
+  }
+  DeviceState& st = state_for(dx);
+  if (db.defined()) {
+    launch_bias_grad<true>(*this, st.device, dy, y, l, &dx, db);
+    return;
+  }
+  kern::dispatch_float(dy.dtype(), "relu_bias_grad", [&](auto tag) {
+    using T = decltype(tag);
+    chan::map(l, st.stream, ReluMaskOp<T>{static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(y.data_ptr()),
+                                          static_cast<T*>(dx.data_ptr())});
+  });
+}
+
+namespace chan {
+unsigned* reduce_counters(CudaBackend& be, int device, int64_t needed) {
+  DeviceState& st = be.state(device);
+  if (needed > st.reduce_counter_count) {
+    // Grows rarely (a wider layer than any before); queued reductions may still use the old array.
+    if (st.reduce_counters) {
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+      TANDEM_CUDA_CHECK(cudaFree(st.reduce_counters));
+      st.reduce_counters = nullptr;
+      st.reduce_counter_count = 0;
+    }
+    const int64_t count = std::max<int64_t>(needed, 4096);
+    TANDEM_CUDA_CHECK(cudaMalloc(&st.reduce_counters, static_cast<size_t>(count) * sizeof(unsigned)));
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(st.reduce_counters, 0, static_cast<size_t>(count) * sizeof(unsigned), st.stream));
+    st.reduce_counter_count = count;
+  }
+  return st.reduce_counters;
+}
+}  // namespace chan
 
 void CudaBackend::sum(const Tensor& x, Tensor& out) {
   TANDEM_ASSERT(out.numel() == 1, "sum into ", out.str());
@@ -320,8 +419,15 @@ void CudaBackend::sum(const Tensor& x, Tensor& out) {
     case DType::i64:
       TANDEM_CHECK(out.dtype() == DType::i64, "sum: an i64 tensor sums into i64, not ", dtype_name(out.dtype()));
       return launch_sum(x.data<int64_t>(), n, out.data<int64_t>(), alloc, st.stream);
+    case DType::f16:
+    case DType::bf16:
+      TANDEM_CHECK(out.dtype() == DType::f32, "sum: a 16-bit tensor sums into f32, not ", dtype_name(out.dtype()));
+      return kern::dispatch_float(x.dtype(), "sum", [&](auto tag) {
+        using T = decltype(tag);
+        launch_sum(static_cast<const T*>(x.data_ptr()), n, out.data<float>(), alloc, st.stream);
+      });
     default:
-      TANDEM_CHECK(false, "sum: dtype ", dtype_name(x.dtype()), " is not supported on CUDA (use f32, i32 or i64)");
+      TANDEM_CHECK(false, "sum: dtype ", dtype_name(x.dtype()), " is not supported on CUDA (use f32, f16, bf16, i32 or i64)");
   }
 }
 

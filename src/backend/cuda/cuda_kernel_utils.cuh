@@ -1,9 +1,15 @@
 #pragma once
 // Internal: launch geometry, grid-stride loops and reductions shared by the CUDA kernels.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
+
+#include "tandem/dtype.h"
+#include "tandem/error.h"
 
 namespace tandem::backend::kern {
 
@@ -44,6 +50,40 @@ __device__ __forceinline__ T block_sum(T v, T* scratch) {
   __syncthreads();
   T r = lane < warps ? scratch[lane] : T(0);
   return warp_sum(r);
+}
+
+/// Floating element types a kernel may store: f32, f16, bf16. Arithmetic happens in float.
+template <typename T>
+__device__ __forceinline__ float to_float(T v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __half>)
+    return __half2float(v);
+  else
+    return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float f) {
+  if constexpr (std::is_same_v<T, float>)
+    return f;
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(f);
+  else
+    return __float2bfloat16_rn(f);
+}
+
+/// Calls f with a value of the device type stored by a floating dtype (f32, f16, bf16); throws naming
+/// op for any other dtype.
+template <typename F>
+void dispatch_float(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f16: return f(__half{});
+    case DType::bf16: return f(__nv_bfloat16{});
+    default:
+      TANDEM_CHECK(false, op, ": dtype ", dtype_name(t), " is not supported on CUDA (use f32, f16 or bf16)");
+  }
 }
 
 }  // namespace tandem::backend::kern

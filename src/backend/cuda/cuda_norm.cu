@@ -1,173 +1,234 @@
-// CUDA kernels: batch normalisation over N, H, W per channel. One block owns a channel, so the
-// statistics, the running-average update and the normalisation are one launch, reductions are in
-// double and in a fixed order (deterministic), and no host synchronisation is needed. The formulas
-// follow the CPU backend's, so both round alike.
+// CUDA kernels: batch normalisation over N, H, W per channel, for NCHW and NHWC storage and f32 / f16 /
+// bf16 activations (statistics in double, parameters f32), fused with an optional residual add and
+// ReLU. Training forward is one reduction launch (sums of x and x^2; the last block of each channel
+// turns them into the statistics, updates the running averages and forms the per-channel affine map)
+// and one elementwise launch; backward likewise (sums of g and g * x, then dx). See cuda_channel.cuh.
 #include <initializer_list>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_channel.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernel_utils.cuh"
 
 namespace tandem::backend {
 
 namespace {
-using kern::blocks_for;
-using kern::kBlock;
-using kern::thread_count;
-using kern::thread_index;
+using kern::from_float;
+using kern::to_float;
 
-constexpr int kNormBlock = 512;
-
-struct ChannelView {
-  int64_t n, c, s;
-  /// Offset of element j (in [0, n*s)) of channel ch.
-  __device__ __forceinline__ int64_t at(int64_t ch, int64_t j) const {
-    const int64_t img = j / s;
-    return (img * c + ch) * s + (j - img * s);
+template <typename T>
+struct StatsElem {
+  const T* x;
+  template <typename I>
+  __device__ __forceinline__ void operator()(I off, I, double (&s)[2]) const {
+    const double v = to_float(x[off]);
+    s[0] += v;
+    s[1] += v * v;
   }
 };
 
-// Two passes (the mean, then centred squares) keep the variance accurate when |mean| >> std; the
-// normalisation is y = x * scale + shift with scale and shift formed in double, as on the CPU.
-__global__ void bn_train_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
-                                const float* __restrict__ beta, float* __restrict__ running_mean,
-                                float* __restrict__ running_var, float* __restrict__ y, float* __restrict__ save_mean,
-                                float* __restrict__ save_invstd, ChannelView v, double momentum, double eps) {
-  __shared__ double scratch[32];
-  __shared__ float affine[2];
-  const int64_t m = v.n * v.s;
-  const double md = static_cast<double>(m);
-  for (int64_t ch = blockIdx.x; ch < v.c; ch += gridDim.x) {
-    double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < m; j += blockDim.x) sum += static_cast<double>(x[v.at(ch, j)]);
-    const double mean = kern::block_sum(sum, scratch) / md;
-    double sq = 0.0;
-    for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
-      const double d = static_cast<double>(x[v.at(ch, j)]) - mean;
-      sq += d * d;
-    }
-    const double var = kern::block_sum(sq, scratch) / md;
-    if (threadIdx.x == 0) {
-      const double invstd = 1.0 / sqrt(var + eps);
-      save_mean[ch] = static_cast<float>(mean);
-      save_invstd[ch] = static_cast<float>(invstd);
-      running_mean[ch] = static_cast<float>((1.0 - momentum) * running_mean[ch] + momentum * mean);
-      running_var[ch] = static_cast<float>((1.0 - momentum) * running_var[ch] + momentum * var * md / (md - 1.0));
-      const double scale = invstd * gamma[ch];
-      affine[0] = static_cast<float>(scale);
-      affine[1] = static_cast<float>(beta[ch] - mean * scale);
-    }
-    __syncthreads();
-    const float scale = affine[0], shift = affine[1];
-    for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
-      const int64_t o = v.at(ch, j);
-      y[o] = x[o] * scale + shift;
-    }
-    __syncthreads();  // affine is rewritten for the next channel
+struct StatsFinish {
+  const float *gamma, *beta;
+  float *running_mean, *running_var, *save_mean, *save_invstd, *scale, *shift;
+  double m, momentum, eps;
+  __device__ __forceinline__ void operator()(int64_t ch, const double (&t)[2]) const {
+    const double mean = t[0] / m;
+    double var = t[1] / m - mean * mean;
+    if (var < 0.0) var = 0.0;  // rounding when the spread is tiny against the mean
+    const double invstd = 1.0 / sqrt(var + eps);
+    save_mean[ch] = static_cast<float>(mean);
+    save_invstd[ch] = static_cast<float>(invstd);
+    running_mean[ch] = static_cast<float>((1.0 - momentum) * running_mean[ch] + momentum * mean);
+    running_var[ch] = static_cast<float>((1.0 - momentum) * running_var[ch] + momentum * var * m / (m - 1.0));
+    const double sc = invstd * gamma[ch];
+    scale[ch] = static_cast<float>(sc);
+    shift[ch] = static_cast<float>(beta[ch] - mean * sc);
   }
+};
+
+// y = x * scale[c] + shift[c] (+ z), then max(., 0) with relu.
+template <typename T, bool RELU>
+struct ApplyOp {
+  const T *x, *z;
+  T* y;
+  const float *scale, *shift;
+  template <typename I>
+  __device__ __forceinline__ void operator()(I i, I ch) const {
+    float v = fmaf(to_float(x[i]), scale[ch], shift[ch]);
+    if (z) v += to_float(z[i]);
+    if (RELU) v = v > 0.0f ? v : 0.0f;
+    y[i] = from_float<T>(v);
+  }
+};
+
+// Evaluation: the affine map from the running statistics, formed in double as on the CPU.
+template <typename T, bool RELU>
+struct EvalOp {
+  const T *x, *z;
+  T* y;
+  const float *gamma, *beta, *mean, *var;
+  double eps;
+  template <typename I>
+  __device__ __forceinline__ void operator()(I i, I ch) const {
+    const double sc = gamma[ch] / sqrt(static_cast<double>(var[ch]) + eps);
+    float v = to_float(x[i]) * static_cast<float>(sc) + static_cast<float>(beta[ch] - mean[ch] * sc);
+    if (z) v += to_float(z[i]);
+    if (RELU) v = v > 0.0f ? v : 0.0f;
+    y[i] = from_float<T>(v);
+  }
+};
+
+// The gradient below the fused ReLU: dy where the output was positive.
+template <typename T, bool RELU>
+__device__ __forceinline__ float masked(const T* dy, const T* y, int64_t i) {
+  if (RELU) return to_float(y[i]) > 0.0f ? to_float(dy[i]) : 0.0f;
+  return to_float(dy[i]);
 }
 
-__global__ void bn_eval_kernel(const float* __restrict__ x, const float* __restrict__ gamma,
-                               const float* __restrict__ beta, const float* __restrict__ mean,
-                               const float* __restrict__ var, float* __restrict__ y, int64_t total, int64_t c,
-                               int64_t s, double eps) {
-  for (int64_t i = thread_index(); i < total; i += thread_count()) {
-    const int64_t ch = (i / s) % c;
-    const double scale = gamma[ch] / sqrt(static_cast<double>(var[ch]) + eps);
-    y[i] = x[i] * static_cast<float>(scale) + static_cast<float>(beta[ch] - mean[ch] * scale);
+template <typename T, bool RELU>
+struct GradElem {
+  const T *dy, *y, *x;
+  template <typename I>
+  __device__ __forceinline__ void operator()(I off, I, double (&s)[2]) const {
+    const double g = masked<T, RELU>(dy, y, off);
+    s[0] += g;
+    s[1] += g * static_cast<double>(to_float(x[off]));
   }
-}
+};
 
-// With xhat = (x - mean) * invstd: dbeta = sum dy, dgamma = sum dy * xhat, and
-// dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma), folded into dx = dy * k + x * u + w.
-__global__ void bn_backward_kernel(const float* __restrict__ dy, const float* __restrict__ x,
-                                   const float* __restrict__ gamma, const float* __restrict__ save_mean,
-                                   const float* __restrict__ save_invstd, float* __restrict__ dx,
-                                   float* __restrict__ dgamma, float* __restrict__ dbeta, ChannelView v) {
-  __shared__ double scratch[32];
-  __shared__ float coef[3];
-  const int64_t m = v.n * v.s;
-  const double md = static_cast<double>(m);
-  for (int64_t ch = blockIdx.x; ch < v.c; ch += gridDim.x) {
+// With xhat = (x - mean) * invstd: dbeta = sum g, dgamma = sum g * xhat, and
+// dx = gamma * invstd / m * (m * g - dbeta - xhat * dgamma), folded into dx = g * k + x * u + w.
+struct GradFinish {
+  const float *gamma, *save_mean, *save_invstd;
+  float *dgamma, *dbeta, *k, *u, *w;
+  double m;
+  __device__ __forceinline__ void operator()(int64_t ch, const double (&t)[2]) const {
     const double mean = save_mean[ch], invstd = save_invstd[ch];
-    double sdy = 0.0, sdyx = 0.0;
-    for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
-      const int64_t o = v.at(ch, j);
-      const double g = dy[o];
-      sdy += g;
-      sdyx += g * (static_cast<double>(x[o]) - mean);
-    }
-    sdy = kern::block_sum(sdy, scratch);
-    sdyx = kern::block_sum(sdyx, scratch);
-    if (threadIdx.x == 0) {
-      const double dg = sdyx * invstd;
-      dbeta[ch] = static_cast<float>(sdy);
-      dgamma[ch] = static_cast<float>(dg);
-      const double k = gamma[ch] * invstd;
-      const double u = -k * invstd * dg / md;
-      coef[0] = static_cast<float>(k);
-      coef[1] = static_cast<float>(u);
-      coef[2] = static_cast<float>(-k * sdy / md - u * mean);
-    }
-    __syncthreads();
-    const float k = coef[0], u = coef[1], w = coef[2];
-    for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
-      const int64_t o = v.at(ch, j);
-      dx[o] = dy[o] * k + x[o] * u + w;
-    }
-    __syncthreads();
+    const double sdy = t[0], dg = (t[1] - mean * t[0]) * invstd;
+    dbeta[ch] = static_cast<float>(sdy);
+    dgamma[ch] = static_cast<float>(dg);
+    const double kk = gamma[ch] * invstd;
+    const double uu = -kk * invstd * dg / m;
+    k[ch] = static_cast<float>(kk);
+    u[ch] = static_cast<float>(uu);
+    w[ch] = static_cast<float>(-kk * sdy / m - uu * mean);
   }
-}
+};
 
-ChannelView channel_view(const Tensor& x) {
+template <typename T, bool RELU>
+struct GradApply {
+  const T *dy, *y, *x;
+  T *dx, *dz;
+  const float *k, *u, *w;
+  template <typename I>
+  __device__ __forceinline__ void operator()(I i, I ch) const {
+    const float g = masked<T, RELU>(dy, y, i);
+    dx[i] = from_float<T>(g * k[ch] + to_float(x[i]) * u[ch] + w[ch]);
+    if (dz) dz[i] = from_float<T>(g);
+  }
+};
+
+chan::Layout layout(const Tensor& x, bool nhwc) {
   TANDEM_ASSERT(x.dim() >= 2, "batch norm of ", x.str());
   const int64_t n = x.size(0), c = x.size(1);
-  return {n, c, c ? x.numel() / (n * c) : 0};
+  return chan::layout_of(n, c, n * c ? x.numel() / (n * c) : 0, nhwc);
 }
 
-unsigned channel_blocks(int64_t c) { return static_cast<unsigned>(std::min<int64_t>(c, kern::kMaxBlocks)); }
+void check_params(std::initializer_list<const Tensor*> params, int64_t c, const char* op) {
+  for (const Tensor* t : params)
+    TANDEM_CHECK(t->dtype() == DType::f32 && t->numel() == c, op, ": parameter ", t->str(),
+                 " must be f32 with one value per channel (", c, ") on CUDA");
+}
+
+void check_like(std::initializer_list<const Tensor*> ts, const Tensor& x, const char* op) {
+  for (const Tensor* t : ts)
+    TANDEM_CHECK(!t->defined() || (t->dtype() == x.dtype() && t->numel() == x.numel()), op, ": ", t->str(),
+                 " does not match the input ", x.str());
+}
+
+template <typename T>
+const T* ptr(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
+}
+template <typename T>
+T* mptr(Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
 }  // namespace
 
-void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                           Tensor& running_mean, Tensor& running_var, double momentum, double eps,
-                                           Tensor& y, Tensor& save_mean, Tensor& save_invstd) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &gamma, &beta, &running_mean, &running_var, &y, &save_mean, &save_invstd})
-    require_f32(*t, "batch_norm2d");
-  const ChannelView v = channel_view(x);
-  TANDEM_CHECK(v.n * v.s > 1, "batch_norm2d: training needs more than one value per channel, got ", x.str());
-  if (v.c == 0) return;
+void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                           Tensor& running_mean, Tensor& running_var, const BnArgs& a, Tensor& y,
+                                           Tensor& save_mean, Tensor& save_invstd) {
+  const chan::Layout l = layout(x, a.nhwc);
+  check_params({&gamma, &beta, &running_mean, &running_var, &save_mean, &save_invstd}, l.c, "batch_norm2d");
+  check_like({&z, &y}, x, "batch_norm2d");
+  const int64_t m = l.n * l.s;
+  TANDEM_CHECK(m > 1, "batch_norm2d: training needs more than one value per channel, got ", x.str());
+  if (l.c == 0) return;
   DeviceState& st = state_for(y);
-  bn_train_kernel<<<channel_blocks(v.c), kNormBlock, 0, st.stream>>>(
-      x.data<float>(), gamma.data<float>(), beta.data<float>(), running_mean.data<float>(), running_var.data<float>(),
-      y.data<float>(), save_mean.data<float>(), save_invstd.data<float>(), v, momentum, eps);
-  TANDEM_CUDA_LAUNCH_CHECK("bn_train_kernel");
+  Scratch affine(allocator(st.device), static_cast<size_t>(2 * l.c) * sizeof(float));
+  float* scale = affine.as<float>();
+  float* shift = scale + l.c;
+  kern::dispatch_float(x.dtype(), "batch_norm2d", [&](auto tag) {
+    using T = decltype(tag);
+    chan::reduce<2>(*this, st.device, l, StatsElem<T>{ptr<T>(x)},
+                    StatsFinish{gamma.data<float>(), beta.data<float>(), running_mean.data<float>(),
+                                running_var.data<float>(), save_mean.data<float>(), save_invstd.data<float>(), scale,
+                                shift, static_cast<double>(m), a.momentum, a.eps});
+    if (a.relu)
+      chan::map(l, st.stream, ApplyOp<T, true>{ptr<T>(x), ptr<T>(z), mptr<T>(y), scale, shift});
+    else
+      chan::map(l, st.stream, ApplyOp<T, false>{ptr<T>(x), ptr<T>(z), mptr<T>(y), scale, shift});
+  });
 }
 
-void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                          const Tensor& running_mean, const Tensor& running_var, double eps,
+void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                          const Tensor& running_mean, const Tensor& running_var, const BnArgs& a,
                                           Tensor& y) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &gamma, &beta, &running_mean, &running_var, &y}) require_f32(*t, "batch_norm2d");
-  const ChannelView v = channel_view(x);
-  const int64_t total = x.numel();
-  if (total == 0) return;
+  const chan::Layout l = layout(x, a.nhwc);
+  check_params({&gamma, &beta, &running_mean, &running_var}, l.c, "batch_norm2d");
+  check_like({&z, &y}, x, "batch_norm2d");
+  if (l.total() == 0) return;
   DeviceState& st = state_for(y);
-  bn_eval_kernel<<<blocks_for(total), kBlock, 0, st.stream>>>(
-      x.data<float>(), gamma.data<float>(), beta.data<float>(), running_mean.data<float>(), running_var.data<float>(),
-      y.data<float>(), total, v.c, v.s, eps);
-  TANDEM_CUDA_LAUNCH_CHECK("bn_eval_kernel");
+  kern::dispatch_float(x.dtype(), "batch_norm2d", [&](auto tag) {
+    using T = decltype(tag);
+    auto run = [&](auto op) { chan::map(l, st.stream, op); };
+    if (a.relu)
+      run(EvalOp<T, true>{ptr<T>(x), ptr<T>(z), mptr<T>(y), gamma.data<float>(), beta.data<float>(),
+                          running_mean.data<float>(), running_var.data<float>(), a.eps});
+    else
+      run(EvalOp<T, false>{ptr<T>(x), ptr<T>(z), mptr<T>(y), gamma.data<float>(), beta.data<float>(),
+                           running_mean.data<float>(), running_var.data<float>(), a.eps});
+  });
 }
 
-void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
-                                      const Tensor& save_invstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&dy, &x, &gamma, &save_mean, &save_invstd, &dx, &dgamma, &dbeta})
-    require_f32(*t, "batch_norm2d backward");
-  const ChannelView v = channel_view(x);
-  if (v.c == 0) return;
+void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
+                                      const Tensor& save_mean, const Tensor& save_invstd, const BnArgs& a, Tensor& dx,
+                                      Tensor& dz, Tensor& dgamma, Tensor& dbeta) {
+  const chan::Layout l = layout(x, a.nhwc);
+  check_params({&gamma, &save_mean, &save_invstd, &dgamma, &dbeta}, l.c, "batch_norm2d backward");
+  check_like({&dy, &dx, &dz}, x, "batch_norm2d backward");
+  TANDEM_ASSERT(!a.relu || (y.defined() && y.numel() == x.numel() && y.dtype() == x.dtype()),
+                "batch_norm2d backward: a fused ReLU needs the forward output");
+  if (l.c == 0) return;
   DeviceState& st = state_for(dx);
-  bn_backward_kernel<<<channel_blocks(v.c), kNormBlock, 0, st.stream>>>(
-      dy.data<float>(), x.data<float>(), gamma.data<float>(), save_mean.data<float>(), save_invstd.data<float>(),
-      dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(), v);
-  TANDEM_CUDA_LAUNCH_CHECK("bn_backward_kernel");
+  Scratch coef(allocator(st.device), static_cast<size_t>(3 * l.c) * sizeof(float));
+  float* k = coef.as<float>();
+  float *u = k + l.c, *w = u + l.c;
+  const GradFinish finish{gamma.data<float>(), save_mean.data<float>(), save_invstd.data<float>(), dgamma.data<float>(),
+                          dbeta.data<float>(), k, u, w, static_cast<double>(l.n * l.s)};
+  kern::dispatch_float(x.dtype(), "batch_norm2d backward", [&](auto tag) {
+    using T = decltype(tag);
+    auto run = [&](auto relu) {
+      constexpr bool R = decltype(relu)::value;
+      chan::reduce<2>(*this, st.device, l, GradElem<T, R>{ptr<T>(dy), ptr<T>(y), ptr<T>(x)}, finish);
+      chan::map(l, st.stream, GradApply<T, R>{ptr<T>(dy), ptr<T>(y), ptr<T>(x), mptr<T>(dx), mptr<T>(dz), k, u, w});
+    };
+    if (a.relu)
+      run(std::true_type{});
+    else
+      run(std::false_type{});
+  });
 }
 
 }  // namespace tandem::backend

@@ -1,7 +1,9 @@
-// CUDA kernels: 2-D max and average pooling (NCHW) and their backward passes. The backward passes
-// gather (each input element sums the windows that cover it), so they need no atomics and add in the
-// same order as a forward-order scatter.
+// CUDA kernels: 2-D max and average pooling and their backward passes, for NCHW and NHWC (channels
+// last) storage and f32 / f16 / bf16 elements (compared and summed in f32). The backward passes gather
+// (each input element sums the windows that cover it), so they need no atomics and add in the same
+// order as a forward-order scatter. Index arithmetic is 32-bit whenever the tensors allow it.
 #include <cfloat>
+#include <climits>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -11,115 +13,152 @@ namespace tandem::backend {
 
 namespace {
 using kern::blocks_for;
+using kern::from_float;
 using kern::kBlock;
-using kern::thread_count;
-using kern::thread_index;
+using kern::to_float;
 
+template <typename I>
 struct PoolArgs {
-  int64_t planes, h, w, kh, kw, sh, sw, ph, pw, oh, ow;
+  I n, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow;
 };
 
-PoolArgs pool_args(const PoolGeom& g) {
-  return {g.n * g.c, g.h, g.w, g.kh, g.kw, g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.oh, g.ow};
+template <typename I>
+PoolArgs<I> pool_args(const PoolGeom& g) {
+  return {static_cast<I>(g.n),  static_cast<I>(g.c),        static_cast<I>(g.h),        static_cast<I>(g.w),
+          static_cast<I>(g.kh), static_cast<I>(g.kw),       static_cast<I>(g.stride_h), static_cast<I>(g.stride_w),
+          static_cast<I>(g.pad_h), static_cast<I>(g.pad_w), static_cast<I>(g.oh),       static_cast<I>(g.ow)};
+}
+
+// Splits a flat index over an [n, c, rows, cols] tensor (stored NCHW or NHWC) into the spatial position
+// and the offset of (row 0, col 0) of its plane, plus the step between neighbouring spatial positions.
+template <bool NHWC, typename I>
+__device__ __forceinline__ void split_index(I i, I c, I rows, I cols, I& row, I& col, I& base, I& step) {
+  if constexpr (NHWC) {
+    const I ch = i % c;
+    I t = i / c;
+    col = t % cols;
+    t /= cols;
+    row = t % rows;
+    const I img = t / rows;
+    base = img * rows * cols * c + ch;
+    step = c;
+  } else {
+    col = i % cols;
+    const I t = i / cols;
+    row = t % rows;
+    base = (t / rows) * rows * cols;
+    step = 1;
+  }
+}
+
+template <typename I>
+__device__ __forceinline__ I grid_index() {
+  return static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+}
+template <typename I>
+__device__ __forceinline__ I grid_stride() {
+  return static_cast<I>(blockDim.x) * static_cast<I>(gridDim.x);
 }
 
 // Max over the window's in-bounds positions; the first maximum in row-major order wins ties, a NaN
-// propagates, and padding never takes part (a window always holds an input position: the op layer keeps pad <= k/2).
-__global__ void max_pool_forward_kernel(const float* __restrict__ x, float* __restrict__ y, int32_t* __restrict__ idx,
-                                        PoolArgs a) {
-  const int64_t total = a.planes * a.oh * a.ow;
-  for (int64_t i = thread_index(); i < total; i += thread_count()) {
-    const int64_t ox = i % a.ow;
-    const int64_t t = i / a.ow;
-    const int64_t oy = t % a.oh;
-    const int64_t plane = t / a.oh;
-    const int64_t h0 = oy * a.sh - a.ph, w0 = ox * a.sw - a.pw;
-    const int64_t hs = h0 < 0 ? 0 : h0, ws = w0 < 0 ? 0 : w0;
-    const int64_t he = h0 + a.kh < a.h ? h0 + a.kh : a.h, we = w0 + a.kw < a.w ? w0 + a.kw : a.w;
-    const float* xp = x + plane * a.h * a.w;
-    int64_t best_i = hs * a.w + ws;
-    float best = xp[best_i];
-    for (int64_t r = hs; r < he; ++r)
-      for (int64_t col = ws; col < we; ++col) {
-        const float v = xp[r * a.w + col];
+// propagates, and padding never takes part (a window always holds an input position: the op layer keeps
+// pad <= k/2). indices holds the winner's row * w + col.
+template <typename T, bool NHWC, typename I>
+__global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int32_t* __restrict__ idx,
+                                        PoolArgs<I> a) {
+  const I total = a.n * a.c * a.oh * a.ow;
+  for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
+    I oy, ox, obase, ostep;
+    split_index<NHWC>(i, a.c, a.oh, a.ow, oy, ox, obase, ostep);
+    // The input plane of this output: same image and channel.
+    const I xbase = NHWC ? (obase / (a.oh * a.ow * a.c)) * a.h * a.w * a.c + obase % a.c
+                         : (obase / (a.oh * a.ow)) * a.h * a.w;
+    const I h0 = oy * a.sh - a.ph, w0 = ox * a.sw - a.pw;
+    const I hs = h0 < 0 ? 0 : h0, ws = w0 < 0 ? 0 : w0;
+    const I he = h0 + a.kh < a.h ? h0 + a.kh : a.h, we = w0 + a.kw < a.w ? w0 + a.kw : a.w;
+    I best_i = hs * a.w + ws;
+    float best = to_float(x[xbase + best_i * ostep]);
+    for (I r = hs; r < he; ++r)
+      for (I col = ws; col < we; ++col) {
+        const float v = to_float(x[xbase + (r * a.w + col) * ostep]);
         if (v > best || v != v) {  // a NaN wins, as on the CPU
           best = v;
           best_i = r * a.w + col;
         }
       }
-    y[i] = best;
+    y[i] = from_float<T>(best);
     idx[i] = static_cast<int32_t>(best_i);
   }
 }
 
 // First and one-past-last output index along one axis whose window covers input position p.
-__device__ __forceinline__ void covering(int64_t p, int64_t pad, int64_t k, int64_t stride, int64_t out,
-                                         int64_t& first, int64_t& last) {
-  const int64_t q = p + pad;
+template <typename I>
+__device__ __forceinline__ void covering(I p, I pad, I k, I stride, I out, I& first, I& last) {
+  const I q = p + pad;
   first = q < k ? 0 : (q - k) / stride + 1;
   last = q / stride + 1;
   if (last > out) last = out;
 }
 
-__global__ void max_pool_backward_kernel(const float* __restrict__ dy, const int32_t* __restrict__ idx,
-                                         float* __restrict__ dx, PoolArgs a) {
-  const int64_t total = a.planes * a.h * a.w;
-  for (int64_t i = thread_index(); i < total; i += thread_count()) {
-    const int64_t col = i % a.w;
-    const int64_t t = i / a.w;
-    const int64_t row = t % a.h;
-    const int64_t plane = t / a.h;
-    int64_t y0, y1, x0, x1;
+template <typename T, bool NHWC, typename I>
+__global__ void max_pool_backward_kernel(const T* __restrict__ dy, const int32_t* __restrict__ idx,
+                                         T* __restrict__ dx, PoolArgs<I> a) {
+  const I total = a.n * a.c * a.h * a.w;
+  for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
+    I row, col, base, step;
+    split_index<NHWC>(i, a.c, a.h, a.w, row, col, base, step);
+    const I obase = NHWC ? (base / (a.h * a.w * a.c)) * a.oh * a.ow * a.c + base % a.c
+                         : (base / (a.h * a.w)) * a.oh * a.ow;
+    I y0, y1, x0, x1;
     covering(row, a.ph, a.kh, a.sh, a.oh, y0, y1);
     covering(col, a.pw, a.kw, a.sw, a.ow, x0, x1);
     const int32_t self = static_cast<int32_t>(row * a.w + col);
-    const int64_t base = plane * a.oh * a.ow;
     float acc = 0.0f;
-    for (int64_t oy = y0; oy < y1; ++oy)
-      for (int64_t ox = x0; ox < x1; ++ox) {
-        const int64_t o = base + oy * a.ow + ox;
-        if (idx[o] == self) acc += dy[o];
+    for (I oy = y0; oy < y1; ++oy)
+      for (I ox = x0; ox < x1; ++ox) {
+        const I o = obase + (oy * a.ow + ox) * step;
+        if (idx[o] == self) acc += to_float(dy[o]);
       }
-    dx[i] = acc;
+    dx[i] = from_float<T>(acc);
   }
 }
 
 // Mean over the window with padding counted as zeros: the divisor is always kh * kw.
-__global__ void avg_pool_forward_kernel(const float* __restrict__ x, float* __restrict__ y, PoolArgs a) {
-  const int64_t total = a.planes * a.oh * a.ow;
+template <typename T, bool NHWC, typename I>
+__global__ void avg_pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, PoolArgs<I> a) {
+  const I total = a.n * a.c * a.oh * a.ow;
   const float inv = 1.0f / static_cast<float>(a.kh * a.kw);
-  for (int64_t i = thread_index(); i < total; i += thread_count()) {
-    const int64_t ox = i % a.ow;
-    const int64_t t = i / a.ow;
-    const int64_t oy = t % a.oh;
-    const int64_t plane = t / a.oh;
-    const int64_t h0 = oy * a.sh - a.ph, w0 = ox * a.sw - a.pw;
-    const int64_t hs = h0 < 0 ? 0 : h0, ws = w0 < 0 ? 0 : w0;
-    const int64_t he = h0 + a.kh < a.h ? h0 + a.kh : a.h, we = w0 + a.kw < a.w ? w0 + a.kw : a.w;
-    const float* xp = x + plane * a.h * a.w;
+  for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
+    I oy, ox, obase, step;
+    split_index<NHWC>(i, a.c, a.oh, a.ow, oy, ox, obase, step);
+    const I xbase = NHWC ? (obase / (a.oh * a.ow * a.c)) * a.h * a.w * a.c + obase % a.c
+                         : (obase / (a.oh * a.ow)) * a.h * a.w;
+    const I h0 = oy * a.sh - a.ph, w0 = ox * a.sw - a.pw;
+    const I hs = h0 < 0 ? 0 : h0, ws = w0 < 0 ? 0 : w0;
+    const I he = h0 + a.kh < a.h ? h0 + a.kh : a.h, we = w0 + a.kw < a.w ? w0 + a.kw : a.w;
     float acc = 0.0f;
-    for (int64_t r = hs; r < he; ++r)
-      for (int64_t col = ws; col < we; ++col) acc += xp[r * a.w + col];
-    y[i] = acc * inv;
+    for (I r = hs; r < he; ++r)
+      for (I col = ws; col < we; ++col) acc += to_float(x[xbase + (r * a.w + col) * step]);
+    y[i] = from_float<T>(acc * inv);
   }
 }
 
-__global__ void avg_pool_backward_kernel(const float* __restrict__ dy, float* __restrict__ dx, PoolArgs a) {
-  const int64_t total = a.planes * a.h * a.w;
+template <typename T, bool NHWC, typename I>
+__global__ void avg_pool_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, PoolArgs<I> a) {
+  const I total = a.n * a.c * a.h * a.w;
   const float inv = 1.0f / static_cast<float>(a.kh * a.kw);
-  for (int64_t i = thread_index(); i < total; i += thread_count()) {
-    const int64_t col = i % a.w;
-    const int64_t t = i / a.w;
-    const int64_t row = t % a.h;
-    const int64_t plane = t / a.h;
-    int64_t y0, y1, x0, x1;
+  for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
+    I row, col, base, step;
+    split_index<NHWC>(i, a.c, a.h, a.w, row, col, base, step);
+    const I obase = NHWC ? (base / (a.h * a.w * a.c)) * a.oh * a.ow * a.c + base % a.c
+                         : (base / (a.h * a.w)) * a.oh * a.ow;
+    I y0, y1, x0, x1;
     covering(row, a.ph, a.kh, a.sh, a.oh, y0, y1);
     covering(col, a.pw, a.kw, a.sw, a.ow, x0, x1);
-    const float* dp = dy + plane * a.oh * a.ow;
     float acc = 0.0f;
-    for (int64_t oy = y0; oy < y1; ++oy)
-      for (int64_t ox = x0; ox < x1; ++ox) acc += dp[oy * a.ow + ox] * inv;
-    dx[i] = acc;
+    for (I oy = y0; oy < y1; ++oy)
+      for (I ox = x0; ox < x1; ++ox) acc += to_float(dy[obase + (oy * a.ow + ox) * step]) * inv;
+    dx[i] = from_float<T>(acc);
   }
 }
 
@@ -129,63 +168,96 @@ void check_pool(const PoolGeom& g, const char* op) {
                 op, ": pooling geometry");
   TANDEM_CHECK(g.h * g.w <= INT32_MAX, op, ": planes of more than 2^31 elements are not supported");
 }
+
+// Runs launch(T{}, nhwc tag, index tag) for the tensors' element type, layout and the narrowest index
+// type that holds every offset.
+template <typename F>
+void dispatch_pool(const PoolGeom& g, DType t, const char* op, F&& launch) {
+  const int64_t biggest = g.n * g.c * std::max(g.h * g.w, g.oh * g.ow);
+  kern::dispatch_float(t, op, [&](auto tag) {
+    auto with_index = [&](auto itag) {
+      if (g.nhwc)
+        launch(tag, std::true_type{}, itag);
+      else
+        launch(tag, std::false_type{}, itag);
+    };
+    if (biggest < (INT_MAX >> 1))  // room for the grid stride past the last index
+      with_index(int32_t{});
+    else
+      with_index(int64_t{});
+  });
+}
 }  // namespace
 
 void CudaBackend::max_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y, Tensor& indices) {
-  require_f32(x, "max_pool2d");
-  require_f32(y, "max_pool2d");
+  TANDEM_CHECK(x.dtype() == y.dtype(), "max_pool2d: input ", x.str(), " and output ", y.str(), " differ in dtype");
   TANDEM_CHECK(indices.dtype() == DType::i32, "max_pool2d: indices must be i32, got ", indices.str());
   check_pool(g, "max_pool2d");
-  const PoolArgs a = pool_args(g);
-  const int64_t total = a.planes * a.oh * a.ow;
-  TANDEM_ASSERT(y.numel() == total && indices.numel() == total && x.numel() == a.planes * a.h * a.w, "max_pool2d shapes");
+  const int64_t total = g.n * g.c * g.oh * g.ow;
+  TANDEM_ASSERT(y.numel() == total && indices.numel() == total && x.numel() == g.n * g.c * g.h * g.w,
+                "max_pool2d shapes");
   if (total == 0) return;
   DeviceState& st = state_for(y);
-  max_pool_forward_kernel<<<blocks_for(total), kBlock, 0, st.stream>>>(x.data<float>(), y.data<float>(),
-                                                                      indices.data<int32_t>(), a);
+  dispatch_pool(g, x.dtype(), "max_pool2d", [&](auto tag, auto nhwc, auto itag) {
+    using T = decltype(tag);
+    using I = decltype(itag);
+    max_pool_forward_kernel<T, decltype(nhwc)::value, I><<<blocks_for(total), kBlock, 0, st.stream>>>(
+        static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), indices.data<int32_t>(), pool_args<I>(g));
+  });
   TANDEM_CUDA_LAUNCH_CHECK("max_pool_forward_kernel");
 }
 
 void CudaBackend::max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& indices,
                                       const PoolGeom& g, Tensor& dx) {
-  require_f32(dy, "max_pool2d backward");
-  require_f32(dx, "max_pool2d backward");
+  TANDEM_CHECK(dy.dtype() == dx.dtype(), "max_pool2d backward: gradients ", dy.str(), " and ", dx.str(),
+               " differ in dtype");
   TANDEM_CHECK(indices.dtype() == DType::i32, "max_pool2d backward: indices must be i32, got ", indices.str());
   check_pool(g, "max_pool2d backward");
-  const PoolArgs a = pool_args(g);
-  const int64_t total = a.planes * a.h * a.w;
-  TANDEM_ASSERT(dx.numel() == total && dy.numel() == a.planes * a.oh * a.ow && indices.numel() == dy.numel(),
+  const int64_t total = g.n * g.c * g.h * g.w;
+  TANDEM_ASSERT(dx.numel() == total && dy.numel() == g.n * g.c * g.oh * g.ow && indices.numel() == dy.numel(),
                 "max_pool2d backward shapes");
   if (total == 0) return;
   DeviceState& st = state_for(dx);
-  max_pool_backward_kernel<<<blocks_for(total), kBlock, 0, st.stream>>>(dy.data<float>(), indices.data<int32_t>(),
-                                                                       dx.data<float>(), a);
+  dispatch_pool(g, dx.dtype(), "max_pool2d backward", [&](auto tag, auto nhwc, auto itag) {
+    using T = decltype(tag);
+    using I = decltype(itag);
+    max_pool_backward_kernel<T, decltype(nhwc)::value, I><<<blocks_for(total), kBlock, 0, st.stream>>>(
+        static_cast<const T*>(dy.data_ptr()), indices.data<int32_t>(), static_cast<T*>(dx.data_ptr()),
+        pool_args<I>(g));
+  });
   TANDEM_CUDA_LAUNCH_CHECK("max_pool_backward_kernel");
 }
 
 void CudaBackend::avg_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y) {
-  require_f32(x, "avg_pool2d");
-  require_f32(y, "avg_pool2d");
+  TANDEM_CHECK(x.dtype() == y.dtype(), "avg_pool2d: input ", x.str(), " and output ", y.str(), " differ in dtype");
   check_pool(g, "avg_pool2d");
-  const PoolArgs a = pool_args(g);
-  const int64_t total = a.planes * a.oh * a.ow;
-  TANDEM_ASSERT(y.numel() == total && x.numel() == a.planes * a.h * a.w, "avg_pool2d shapes");
+  const int64_t total = g.n * g.c * g.oh * g.ow;
+  TANDEM_ASSERT(y.numel() == total && x.numel() == g.n * g.c * g.h * g.w, "avg_pool2d shapes");
   if (total == 0) return;
   DeviceState& st = state_for(y);
-  avg_pool_forward_kernel<<<blocks_for(total), kBlock, 0, st.stream>>>(x.data<float>(), y.data<float>(), a);
+  dispatch_pool(g, x.dtype(), "avg_pool2d", [&](auto tag, auto nhwc, auto itag) {
+    using T = decltype(tag);
+    using I = decltype(itag);
+    avg_pool_forward_kernel<T, decltype(nhwc)::value, I><<<blocks_for(total), kBlock, 0, st.stream>>>(
+        static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), pool_args<I>(g));
+  });
   TANDEM_CUDA_LAUNCH_CHECK("avg_pool_forward_kernel");
 }
 
 void CudaBackend::avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, Tensor& dx) {
-  require_f32(dy, "avg_pool2d backward");
-  require_f32(dx, "avg_pool2d backward");
+  TANDEM_CHECK(dy.dtype() == dx.dtype(), "avg_pool2d backward: gradients ", dy.str(), " and ", dx.str(),
+               " differ in dtype");
   check_pool(g, "avg_pool2d backward");
-  const PoolArgs a = pool_args(g);
-  const int64_t total = a.planes * a.h * a.w;
-  TANDEM_ASSERT(dx.numel() == total && dy.numel() == a.planes * a.oh * a.ow, "avg_pool2d backward shapes");
+  const int64_t total = g.n * g.c * g.h * g.w;
+  TANDEM_ASSERT(dx.numel() == total && dy.numel() == g.n * g.c * g.oh * g.ow, "avg_pool2d backward shapes");
   if (total == 0) return;
   DeviceState& st = state_for(dx);
-  avg_pool_backward_kernel<<<blocks_for(total), kBlock, 0, st.stream>>>(dy.data<float>(), dx.data<float>(), a);
+  dispatch_pool(g, dx.dtype(), "avg_pool2d backward", [&](auto tag, auto nhwc, auto itag) {
+    using T = decltype(tag);
+    using I = decltype(itag);
+    avg_pool_backward_kernel<T, decltype(nhwc)::value, I><<<blocks_for(total), kBlock, 0, st.stream>>>(
+        static_cast<const T*>(dy.data_ptr()), static_cast<T*>(dx.data_ptr()), pool_args<I>(g));
+  });
   TANDEM_CUDA_LAUNCH_CHECK("avg_pool_backward_kernel");
 }
 
