@@ -1,5 +1,6 @@
 #pragma once
 // Where a tensor lives.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -33,6 +34,20 @@ inline bool cuda_available() { return cuda_device_count() > 0; }
 void check_device(Device d);
 /// Waits until all work queued on the device is done.
 void synchronize(Device d);
+/// Memory held through a device's caching allocator, in bytes (sizes as rounded by the allocator).
+struct MemoryStats {
+  size_t in_use = 0;       // held by live tensors now
+  size_t peak_in_use = 0;  // the most held at once since the last reset_peak_memory
+  size_t cached = 0;       // freed and kept for reuse
+};
+MemoryStats memory_stats(Device d);
+/// Starts a new peak measurement at the current use.
+void reset_peak_memory(Device d);
+
+/// Marks the start (on) or end of the work an external GPU profiler records when told to wait for it
+/// (Nsight Compute's --profile-from-start off); does nothing on the CPU.
+void profile_range(Device d, bool on);
+
 /// Sets the number of CPU threads used by kernels and BLAS (0 = all hardware threads).
 void set_num_threads(int n);
 /// The number of CPU threads kernels use.

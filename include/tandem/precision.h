@@ -43,4 +43,9 @@ class PrecisionScope {
 /// The precision of the innermost PrecisionScope on this thread (f32 outside any).
 Precision current_precision();
 
+/// When on, GPU kernels are chosen among those that give the same bits on every run (cuDNN offers
+/// faster ones that add in a varying order); off by default. Affects convolutions chosen afterwards.
+void set_deterministic_algorithms(bool on);
+bool deterministic_algorithms();
+
 }  // namespace tandem

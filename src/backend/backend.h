@@ -79,6 +79,8 @@ class Backend {
   /// Same-device bytes copy.
   virtual void copy_bytes(const void* src, void* dst, size_t nbytes, int device) = 0;
   virtual void synchronize(int device) = 0;
+  /// Starts or stops the range an external profiler (Nsight Compute's --profile-from-start off) records.
+  virtual void profile_range(bool on) {}
 
   // ---- layout, conversion, fills
   /// dst (contiguous) <- src (any strides, same device), converting between any two dtypes.

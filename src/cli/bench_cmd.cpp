@@ -12,6 +12,7 @@
 #include "tandem/nn/models.h"
 #include "tandem/ops.h"
 #include "tandem/optim/optimizer.h"
+#include "tandem/precision.h"
 
 namespace tandem::cli {
 
@@ -29,6 +30,8 @@ struct TrainBenchConfig {
   int64_t channels = 1, height = 28, width = 28, classes = 10;
   int threads = 0;
   double bucket_mb = 16.0;
+  std::string precision;  // empty: the device's default
+  bool profile = false;   // mark the timed steps for a profiler
 };
 
 // Sum of the absolute parameter values: to verify that training steps really changed them.
@@ -71,8 +74,13 @@ int run_train_bench(const TrainBenchConfig& cfg) {
   for (auto& l : labels) l = static_cast<int32_t>(gen.next_below(static_cast<uint64_t>(cfg.classes)));
   Tensor y = Tensor::from_vector(labels, {cfg.batch_size}, device);
 
+  const Precision precision = cfg.precision.empty() ? default_precision(device) : parse_precision(cfg.precision);
   auto step = [&] {
-    Tensor loss = softmax_cross_entropy(model->forward(x), y);
+    Tensor loss;
+    {
+      PrecisionScope scope(precision);
+      loss = softmax_cross_entropy(model->forward(x), y);
+    }
     opt.step(mode, loss, cfg.spars, true);
   };
   double before = param_checksum(*model);
@@ -80,9 +88,12 @@ int run_train_bench(const TrainBenchConfig& cfg) {
   synchronize(device);
   comm->barrier();
   opt.reset_stats();
+  reset_peak_memory(device);
+  if (cfg.profile) profile_range(device, true);
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < cfg.steps; ++i) step();
   synchronize(device);
+  if (cfg.profile) profile_range(device, false);
   comm->barrier();
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double after = param_checksum(*model);
@@ -96,6 +107,7 @@ int run_train_bench(const TrainBenchConfig& cfg) {
                      {"world", comm->size()},
                      {"batch_per_rank", cfg.batch_size},
                      {"dist_option", dist::sync_mode_name(mode)},
+                     {"precision", precision_name(precision)},
                      {"steps", cfg.steps},
                      {"parameters", model->num_parameters()},
                      {"images_per_s", std::round(cfg.batch_size * comm->size() * cfg.steps / dt)},
@@ -104,6 +116,7 @@ int run_train_bench(const TrainBenchConfig& cfg) {
                      {"comm_wait_s_per_step", st.wait_seconds / std::max<int64_t>(st.steps, 1)},
                      {"params_changed", true}};
     if (device.is_cpu()) j["threads"] = num_threads();
+    if (device.is_cuda()) j["peak_memory_mib"] = std::round(memory_stats(device).peak_in_use / 1048576.0);
     std::printf("RESULT %s\n", j.dump().c_str());
     std::fflush(stdout);
   }
@@ -138,6 +151,11 @@ Runner add_bench_command(CLI::App& app) {
   train->add_option("--classes", tc->classes, "Classes")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   train->add_option("--threads", tc->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
   train->add_option("--bucket-mb", tc->bucket_mb, "Gradient bucket size in MiB")->check(CLI::Range(0.001, 4096.0));
+  train->add_option("--precision", tc->precision,
+                    "f32 (exact), tf32, bf16 or f16 (mixed precision); default tf32 on CUDA, f32 on the CPU")
+      ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
+  train->add_flag("--profile", tc->profile,
+                  "Record only the timed steps under a profiler started with --profile-from-start off (ncu)");
 
   auto ac = std::make_shared<AllReduceBenchConfig>();
   CLI::App* ar = bench->add_subcommand("allreduce", "All-reduce sweep through tandem's communicator, with a "

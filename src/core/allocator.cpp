@@ -1,5 +1,7 @@
 #include "core/allocator.h"
 
+#include <algorithm>
+
 #include "tandem/error.h"
 
 namespace tandem {
@@ -26,6 +28,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
       free_.erase(it);
       cached_ -= size;
       in_use_ += size;
+      peak_ = std::max(peak_, in_use_);
       return p;
     }
   }
@@ -38,6 +41,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
                        " bytes in use); try a smaller --batch-size");
   std::lock_guard<std::mutex> lock(mu_);
   in_use_ += size;
+  peak_ = std::max(peak_, in_use_);
   return p;
 }
 
@@ -63,6 +67,16 @@ void CachingAllocator::release_cached() {
 size_t CachingAllocator::bytes_in_use() const {
   std::lock_guard<std::mutex> lock(mu_);
   return in_use_;
+}
+
+size_t CachingAllocator::peak_bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_ = in_use_;
 }
 
 size_t CachingAllocator::bytes_cached() const {

@@ -34,6 +34,9 @@ class CachingAllocator : public Allocator {
   static size_t round_size(size_t nbytes);
   size_t bytes_in_use() const;
   size_t bytes_cached() const;
+  /// The most bytes in use at once since construction or the last reset_peak().
+  size_t peak_bytes_in_use() const;
+  void reset_peak();
 
  private:
   std::string name_;
@@ -42,6 +45,7 @@ class CachingAllocator : public Allocator {
   mutable std::mutex mu_;
   std::multimap<size_t, void*> free_;  // rounded size -> block
   size_t in_use_ = 0;
+  size_t peak_ = 0;
   size_t cached_ = 0;
 };
 

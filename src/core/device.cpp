@@ -46,6 +46,29 @@ void check_device(Device d) {
 
 void synchronize(Device d) { backend::backend_for(d).synchronize(d.index); }
 
+namespace {
+CachingAllocator* caching_allocator(Device d) {
+  check_device(d);
+  return dynamic_cast<CachingAllocator*>(&backend::backend_for(d).allocator(d.index));
+}
+}  // namespace
+
+void profile_range(Device d, bool on) { backend::backend_for(d).profile_range(on); }
+
+MemoryStats memory_stats(Device d) {
+  MemoryStats m;
+  if (CachingAllocator* a = caching_allocator(d)) {
+    m.in_use = a->bytes_in_use();
+    m.peak_in_use = a->peak_bytes_in_use();
+    m.cached = a->bytes_cached();
+  }
+  return m;
+}
+
+void reset_peak_memory(Device d) {
+  if (CachingAllocator* a = caching_allocator(d)) a->reset_peak();
+}
+
 void set_num_threads(int n) {
   if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
   if (n <= 0) n = 1;

@@ -1,5 +1,6 @@
 #include "tandem/precision.h"
 
+#include <atomic>
 #include <cctype>
 #include <string>
 
@@ -9,6 +10,7 @@ namespace tandem {
 
 namespace {
 thread_local Precision t_precision = Precision::f32;
+std::atomic<bool> g_deterministic{false};
 }  // namespace
 
 Precision parse_precision(std::string_view s) {
@@ -45,5 +47,8 @@ PrecisionScope::PrecisionScope(Precision p) : prev_(t_precision) { t_precision =
 PrecisionScope::~PrecisionScope() { t_precision = prev_; }
 
 Precision current_precision() { return t_precision; }
+
+void set_deterministic_algorithms(bool on) { g_deterministic.store(on); }
+bool deterministic_algorithms() { return g_deterministic.load(); }
 
 }  // namespace tandem

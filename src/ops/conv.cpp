@@ -34,7 +34,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   TANDEM_CHECK(eh >= 0 && ew >= 0, "conv2d: kernel ", g.r, "x", g.s, " larger than the padded input ", x.str());
   g.oh = eh / g.stride_h + 1;
   g.ow = ew / g.stride_w + 1;
-  g.nhwc = conv_channels_last(x.device(), prec, g.c, g.k, strictly_channels_last(x));
+  g.nhwc = conv_channels_last(x.device(), prec, g.k);
   // Under a mixed precision the 16-bit copies of input and weight are made here (with the change of
   // storage order, in one pass each); gradients go back in the types of x and w.
   Tensor xc = to_dense(x, cdt, g.nhwc), wc = to_dense(w, cdt, g.nhwc);

@@ -1,5 +1,6 @@
 #include "ops/layout.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -51,22 +52,20 @@ DType compute_dtype(Device d, Precision p, DType fallback) {
 }
 
 namespace {
-// -1: choose per convolution; 0 / 1: forced by TANDEM_CHANNELS_LAST.
-int forced_channels_last() {
-  static const int v = [] {
-    const char* e = std::getenv("TANDEM_CHANNELS_LAST");
-    if (!e || !*e) return -1;
-    return std::strcmp(e, "0") == 0 ? 0 : 1;
-  }();
-  return v;
+int initial_channels_last() {
+  const char* e = std::getenv("TANDEM_CHANNELS_LAST");
+  if (!e || !*e) return -1;
+  return std::strcmp(e, "0") == 0 ? 0 : 1;
 }
+std::atomic<int> g_force{initial_channels_last()};
 }  // namespace
 
-bool conv_channels_last(Device d, Precision p, int64_t c, int64_t k, bool input_channels_last) {
-  if (!d.is_cuda() || p == Precision::f32) return false;
-  if (int f = forced_channels_last(); f >= 0) return f == 1;
-  // Tensor-core kernels want channel counts in multiples of 8; an input already channels-last stays so.
-  return k % 8 == 0 && (c % 8 == 0 || input_channels_last);
+void force_channels_last(int mode) { g_force.store(mode < 0 ? -1 : mode > 0 ? 1 : 0); }
+
+bool conv_channels_last(Device d, Precision p, int64_t k) {
+  if (!d.is_cuda()) return false;
+  if (int f = g_force.load(); f >= 0) return f == 1;
+  return p != Precision::f32 && k % 8 == 0;
 }
 
 }  // namespace tandem::ops

@@ -31,9 +31,12 @@ inline Tensor like_layout(const Tensor& t, const Tensor& like) {
 /// The element type convolutions and matrix products compute in on the device at precision p: the 16-bit
 /// type of a mixed precision on CUDA, else `fallback` (the inputs' own type).
 DType compute_dtype(Device d, Precision p, DType fallback);
-/// Whether a convolution from c to k channels on device d at precision p keeps its data channels-last.
-/// TANDEM_CHANNELS_LAST=1 / 0 in the environment forces the choice for every convolution under tf32,
-/// bf16 and f16 (exact f32 always stays NCHW).
-bool conv_channels_last(Device d, Precision p, int64_t c, int64_t k, bool input_channels_last);
+/// Whether a convolution to k output channels on CUDA device d at precision p keeps its data
+/// channels-last: under tf32, bf16 and f16 when k suits tensor cores (a multiple of 8); exact f32 stays
+/// NCHW. TANDEM_CHANNELS_LAST=1 / 0 in the environment, or force_channels_last, overrides the choice for
+/// every CUDA convolution, exact f32 included.
+bool conv_channels_last(Device d, Precision p, int64_t k);
+/// -1: choose per convolution (the default, or TANDEM_CHANNELS_LAST's value when set); 0 / 1: force.
+void force_channels_last(int mode);
 
 }  // namespace tandem::ops

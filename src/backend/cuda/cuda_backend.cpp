@@ -1,6 +1,8 @@
 // CUDA backend: device discovery, per-device state, memory, copies, synchronisation and GEMM.
 #include "backend/cuda/cuda_backend.h"
 
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -139,6 +141,8 @@ void CudaBackend::copy_bytes(const void* src, void* dst, size_t nbytes, int devi
   DeviceState& s = state(device);
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, s.stream));
 }
+
+void CudaBackend::profile_range(bool on) { TANDEM_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop()); }
 
 void CudaBackend::synchronize(int device) {
   DeviceState& s = state(device);

@@ -94,6 +94,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(const void* src, void* dst, size_t nbytes, int device) override;
   void copy_bytes(const void* src, void* dst, size_t nbytes, int device) override;
   void synchronize(int device) override;
+  void profile_range(bool on) override;
 
   void copy_strided(const Tensor& src, Tensor& dst) override;
   void fill(Tensor& t, double value) override;

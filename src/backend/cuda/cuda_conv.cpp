@@ -1,7 +1,7 @@
 // CUDA backend: 2-D convolution through cuDNN. Descriptors and algorithms are made once per geometry,
 // element type, layout and math mode, and kept in a small per-device map, so a training step does no
-// descriptor work and no search. Exact f32 uses FMA kernels only (accurate, and deterministic where
-// cuDNN offers such an algorithm); TF32 and 16-bit data let cuDNN pick any tensor-core kernel.
+// descriptor work and no search. Exact f32 uses FMA kernels only; TF32 and 16-bit data let cuDNN pick
+// tensor-core kernels.
 #include <array>
 #include <climits>
 
@@ -26,8 +26,8 @@ struct ConvMath {
 };
 
 GeomKey key_of(const ConvGeom& g, const ConvMath& m) {
-  return {g.n,      g.c,      g.h,     g.w,  g.k,          g.r,    g.s, g.stride_h, g.stride_w, g.pad_h, g.pad_w,
-          g.oh,     g.ow,     g.nhwc, static_cast<int64_t>(m.dtype), m.tf32};
+  return {g.n,  g.c,  g.h,    g.w,  g.k,  g.r,  g.s,  g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.oh, g.ow,
+          g.nhwc, static_cast<int64_t>(m.dtype) * 2 + m.tf32, deterministic_algorithms()};
 }
 
 cudnnDataType_t cudnn_type(DType t) {
@@ -60,7 +60,7 @@ bool math_allowed(cudnnMathType_t m, const ConvMath& cm) {
 }
 
 // FFT and non-fused Winograd algorithms trade accuracy for speed (relative errors near 1e-3 in f32,
-// far from the CPU's results): they are passed over too.
+// far from the CPU's results, and worse in 16-bit): they are passed over in every precision.
 bool accurate(cudnnConvolutionFwdAlgo_t a) {
   return a != CUDNN_CONVOLUTION_FWD_ALGO_FFT && a != CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING &&
          a != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
@@ -74,19 +74,17 @@ bool accurate(cudnnConvolutionBwdFilterAlgo_t a) {
          a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
-// The fastest usable algorithm (the list comes sorted fastest first); exact f32 also prefers a
-// deterministic one, so that repeated runs and replays agree bit for bit.
+// The fastest usable algorithm (the list comes sorted fastest first); under deterministic_algorithms()
+// only one that gives the same bits on every run.
 template <typename Perf>
 int pick(const Perf* perf, int count, const ConvMath& cm) {
-  auto usable = [&](const Perf& p) {
-    return p.status == CUDNN_STATUS_SUCCESS && p.memory <= kWorkspaceLimit && math_allowed(p.mathType, cm) &&
-           (!cm.exact() || accurate(p.algo));
-  };
-  if (cm.exact())
-    for (int i = 0; i < count; ++i)
-      if (usable(perf[i]) && perf[i].determinism == CUDNN_DETERMINISTIC) return i;
-  for (int i = 0; i < count; ++i)
-    if (usable(perf[i])) return i;
+  const bool deterministic = deterministic_algorithms();
+  for (int i = 0; i < count; ++i) {
+    const Perf& p = perf[i];
+    if (p.status == CUDNN_STATUS_SUCCESS && p.memory <= kWorkspaceLimit && math_allowed(p.mathType, cm) &&
+        accurate(p.algo) && (!deterministic || p.determinism == CUDNN_DETERMINISTIC))
+      return i;
+  }
   return -1;
 }
 

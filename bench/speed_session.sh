@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# GPU speed session: builds tandem on a GPU machine, runs the GPU tests, then times tandem next to the
+# PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
+# prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
+#   bench/speed_session.sh [build] [tests] [cnn] [resnet] [memory] [profile]   (default: build tests cnn resnet)
+# COMMIT labels the figures; PROFILE lists "model batch precision" triples separated by ';'.
+# Expects the peer scripts in .data/peer (a copy of the shared bench folder).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/tandem-speed}
+mkdir -p "$OUT"
+PEER=$PWD/.data/peer
+T=$PWD/build-gpu/bin/tandem
+stages=${*:-build tests cnn resnet}
+has() { [[ " $stages " == *" $1 "* ]]; }
+say() { echo "$*" | tee -a "$OUT/summary.txt"; }
+say "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) commit ${COMMIT:-?}; stages: $stages"
+
+if has build; then
+  t0=$SECONDS
+  if ! { cmake -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DTANDEM_NCCL=ON -DTANDEM_MPI=ON \
+           -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build-gpu -j16; } >"$OUT/build.log" 2>&1; then
+    tail -40 "$OUT/build.log"; exit 1
+  fi
+  say "build: $((SECONDS - t0)) s"
+fi
+
+if has tests; then
+  t0=$SECONDS
+  ctest --test-dir build-gpu -L gpu --output-on-failure -j4 >"$OUT/ctest_gpu.log" 2>&1
+  say "ctest -L gpu ($((SECONDS - t0)) s): $(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log")"
+  grep -E '\(Failed\)|\(Timeout\)|\(SEGFAULT\)|\(Subprocess aborted\)' "$OUT/ctest_gpu.log" | head -20 | tee -a "$OUT/summary.txt"
+fi
+
+peer() {  # label, then peer flags
+  local label=$1; shift
+  python3 -m torch.distributed.run --standalone --nproc_per_node=1 "$PEER/pytorch_ddp.py" "$@" 2>"$OUT/peer_err.log" \
+    | grep RESULT | sed "s/^/$label: /" | tee -a "$OUT/summary.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || tail -3 "$OUT/peer_err.log"
+}
+tan() {  # label, then tandem bench flags
+  local label=$1; shift
+  "$T" bench train --device cuda "$@" >"$OUT/tandem_run.log" 2>&1
+  local rc=$?
+  grep RESULT "$OUT/tandem_run.log" | sed "s/^/$label: /" | tee -a "$OUT/summary.txt"
+  [ $rc -eq 0 ] || { say "$label: rc $rc"; tail -5 "$OUT/tandem_run.log" | tee -a "$OUT/summary.txt"; }
+}
+
+if has cnn; then
+  peer "peer cnn b64 graph" --model cnn --batch 64 --cuda-graph --steps 500
+  tan "tandem cnn b64 tf32" --model cnn -b 64 --steps 500
+  for b in 512 2048; do
+    peer "peer cnn b$b graph" --model cnn --batch $b --cuda-graph --steps 300
+    peer "peer cnn b$b graph no-tf32" --model cnn --batch $b --cuda-graph --no-tf32 --steps 300
+    tan "tandem cnn b$b tf32" --model cnn -b $b --steps 300
+    tan "tandem cnn b$b f32" --model cnn -b $b --steps 300 --precision f32
+  done
+fi
+
+RN=(--model resnet50 --image 224 --channels 3 --classes 1000 --steps 30 --warmup 8)
+if has resnet; then
+  peer "peer rn50 b128 channels-last" --model resnet50 --batch 128 --channels-last --steps 30
+  tan "tandem rn50 b128 tf32" "${RN[@]}" -b 128 --precision tf32
+  peer "peer rn50 b128 no-tf32" --model resnet50 --batch 128 --no-tf32 --steps 30
+  tan "tandem rn50 b128 f32" "${RN[@]}" -b 128 --precision f32
+  peer "peer rn50 b256 bf16 graph" --model resnet50 --batch 256 --bf16 --cuda-graph --steps 30
+  tan "tandem rn50 b256 bf16" "${RN[@]}" -b 256 --precision bf16
+  TANDEM_CHANNELS_LAST=1 tan "tandem rn50 b256 bf16 all-NHWC" "${RN[@]}" -b 256 --precision bf16
+  tan "tandem rn50 b256 f16" "${RN[@]}" -b 256 --precision f16
+fi
+
+if has memory; then
+  python3 bench/peer_profile.py --peer "$PEER/pytorch_ddp.py" --model resnet50 --batch 256 --bf16 --memory 2>&1 \
+    | grep PEAK | sed 's/^/peer rn50 b256 bf16: /' | tee -a "$OUT/summary.txt"
+fi
+
+if has profile; then
+  IFS=';' read -ra cfgs <<<"${PROFILE:-resnet50 256 bf16;resnet50 128 tf32;cnn 2048 tf32}"
+  for cfg in "${cfgs[@]}"; do
+    set -- $cfg
+    python3 bench/kernel_profile.py --model "$1" --batch "$2" --precision "$3" --tandem "$T" \
+      --peer "$PEER/pytorch_ddp.py" --out "$OUT" --top 22 >"$OUT/profile_$1_$3.txt" 2>&1
+    cat "$OUT/profile_$1_$3.txt"
+  done
+fi
+say "# done"

@@ -1,0 +1,248 @@
+// Precision modes and channels-last storage on CUDA, at the op level: every op chain runs on the GPU
+// at f32, tf32, bf16 and f16 and is compared with the CPU's exact f32 (forward values and gradients, by
+// relative L2 norm with a tolerance per precision). Also the wide per-channel reductions, their
+// determinism, and a few mixed-precision training steps of a residual network.
+#include <cmath>
+#include <functional>
+
+#include "backend/backend.h"
+#include "cuda/cuda_test_util.h"
+#include "ops/layout.h"
+#include "tandem/nn/models.h"
+#include "tandem/ops.h"
+#include "tandem/optim/optimizer.h"
+#include "tandem/precision.h"
+
+namespace tandem {
+namespace {
+
+using namespace cudatest;
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+const Precision kPrecisions[] = {Precision::f32, Precision::tf32, Precision::bf16, Precision::f16};
+
+// Relative L2 error allowed against exact f32 for values of about unit size.
+double tolerance(Precision p) {
+  switch (p) {
+    case Precision::f32: return 1e-4;
+    case Precision::tf32: return 5e-3;
+    case Precision::f16: return 1e-2;
+    case Precision::bf16: return 4e-2;
+  }
+  return 0;
+}
+
+struct RunResult {
+  Tensor out;
+  std::vector<Tensor> grads;
+};
+
+// f on copies of the inputs on device d at precision p; backward of a fixed weighting of the output.
+RunResult run(const Fn& f, const std::vector<Tensor>& inputs, Device d, Precision p) {
+  std::vector<Tensor> in;
+  for (const Tensor& t : inputs) {
+    Tensor c = t.to(d).clone();
+    if (is_floating(c.dtype())) c.requires_grad_();
+    in.push_back(c);
+  }
+  Tensor out;
+  {
+    PrecisionScope scope(p);
+    out = f(in);
+  }
+  Generator gen(4242);
+  Tensor w = Tensor::uniform(out.shape(), -1.0, 1.0, gen).to(d).to(out.dtype());
+  backward(out, {}, w);
+  RunResult r{out.to(DType::f32), {}};
+  for (const Tensor& t : in)
+    if (t.requires_grad()) r.grads.push_back(t.grad());
+  return r;
+}
+
+void compare_with_cpu(const Fn& f, const std::vector<Tensor>& inputs, const std::string& what) {
+  const RunResult ref = run(f, inputs, Device::cpu(), Precision::f32);
+  for (Precision p : kPrecisions) {
+    const RunResult got = run(f, inputs, gpu(), p);
+    const std::string name = what + " at " + precision_name(p);
+    expect_norm_close(ref.out, got.out, tolerance(p), name + " output");
+    ASSERT_EQ(ref.grads.size(), got.grads.size());
+    for (size_t i = 0; i < ref.grads.size(); ++i) {
+      EXPECT_EQ(got.grads[i].dtype(), inputs[i].dtype()) << name << ": gradient " << i << " changed type";
+      expect_norm_close(ref.grads[i], got.grads[i], tolerance(p), name + " gradient " + std::to_string(i));
+    }
+  }
+}
+
+TEST(CudaPrecision, ConvolutionInEveryPrecisionAndLayout) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  struct Case {
+    Shape x, w;
+    int stride, pad;
+    bool relu;
+  };
+  // 16 -> 32 channels runs channels-last under tf32/bf16/f16; 3 -> 20 stays NCHW.
+  for (const Case& c : {Case{{4, 16, 12, 12}, {32, 16, 3, 3}, 1, 1, true}, Case{{4, 16, 12, 12}, {32, 16, 1, 1}, 2, 0, false},
+                        Case{{3, 3, 17, 15}, {20, 3, 5, 5}, 1, 0, true}, Case{{2, 8, 9, 9}, {16, 8, 3, 3}, 2, 1, false}}) {
+    Tensor x = rand_cpu(c.x, 101), w = rand_cpu(c.w, 102, -0.3, 0.3), b = rand_cpu({c.w[0]}, 103);
+    Conv2dOptions opt{{c.stride, c.stride}, {c.pad, c.pad}, c.relu};
+    compare_with_cpu([&](const std::vector<Tensor>& t) { return conv2d(t[0], t[1], t[2], opt); }, {x, w, b},
+                     "conv " + shape_str(c.x) + " * " + shape_str(c.w) + (c.relu ? " relu" : ""));
+  }
+}
+
+TEST(CudaPrecision, ReducedPrecisionKeepsConvolutionsChannelsLast) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  Tensor x = rand_cpu({2, 16, 8, 8}, 104).to(gpu()), w = rand_cpu({32, 16, 3, 3}, 105).to(gpu());
+  for (Precision p : kPrecisions) {
+    PrecisionScope scope(p);
+    Tensor y = conv2d(x, w, Tensor(), {{1, 1}, {1, 1}});
+    EXPECT_EQ(ops::strictly_channels_last(y), p != Precision::f32) << precision_name(p);
+    EXPECT_EQ(y.dtype(), activation_dtype(p)) << precision_name(p);
+    EXPECT_EQ(y.shape(), (Shape{2, 32, 8, 8}));
+  }
+}
+
+// A residual block with pooling, a linear layer and the loss: x -> conv3x3 -> bn(+ bn(conv1x1(x)), relu)
+// -> pooling -> global average -> linear -> softmax cross-entropy.
+Fn residual_block(bool training, bool max_pool) {
+  return [training, max_pool](const std::vector<Tensor>& t) {
+    const Device d = t[0].device();
+    Tensor labels = Tensor::from_vector(std::vector<int32_t>{1, 7, 3, 0}, {4}, d);
+    Tensor rm1 = Tensor::zeros({16}, DType::f32, d), rv1 = Tensor::ones({16}, DType::f32, d);
+    Tensor rm2 = Tensor::zeros({16}, DType::f32, d), rv2 = Tensor::ones({16}, DType::f32, d);
+    Tensor skip = batch_norm2d(conv2d(t[0], t[2], Tensor(), {}), t[5], t[6], rm2, rv2, training);
+    Tensor h = batch_norm2d_act(conv2d(t[0], t[1], Tensor(), {{1, 1}, {1, 1}}), skip, t[3], t[4], rm1, rv1, training,
+                                true);
+    h = max_pool ? max_pool2d(h, {{3, 3}, {2, 2}, {1, 1}}) : avg_pool2d(h, {{2, 2}, {2, 2}, {0, 0}});
+    h = avg_pool2d(h, {{8, 8}, {8, 8}, {0, 0}});
+    return softmax_cross_entropy(linear(flatten(h, 1), t[7], t[8]), labels);
+  };
+}
+
+std::vector<Tensor> residual_inputs() {
+  return {rand_cpu({4, 8, 16, 16}, 106),          rand_cpu({16, 8, 3, 3}, 107, -0.3, 0.3),
+          rand_cpu({16, 8, 1, 1}, 108, -0.5, 0.5), rand_cpu({16}, 109, 0.5, 1.5),
+          rand_cpu({16}, 110),                     rand_cpu({16}, 111, 0.5, 1.5),
+          rand_cpu({16}, 112),                     rand_cpu({10, 16}, 113),
+          rand_cpu({10}, 114)};
+}
+
+TEST(CudaPrecision, ResidualBlockInEveryPrecision) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  // Average pooling here: a max-pool routes each gradient to one winner, and near-ties pick different
+  // winners at different precisions, so its gradients are compared in exact f32 below.
+  for (bool training : {true, false})
+    compare_with_cpu(residual_block(training, false), residual_inputs(),
+                     std::string("residual block, ") + (training ? "training" : "evaluation"));
+}
+
+TEST(CudaPrecision, ChannelsLastInExactF32MatchesTheCpu) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  // Channels-last storage with exact arithmetic: any difference from the CPU is a layout error.
+  ops::force_channels_last(1);
+  for (bool training : {true, false}) {
+    const std::vector<Tensor> in = residual_inputs();
+    const RunResult ref = run(residual_block(training, true), in, Device::cpu(), Precision::f32);
+    const RunResult got = run(residual_block(training, true), in, gpu(), Precision::f32);
+    const std::string what = std::string("channels-last f32 residual block, ") + (training ? "training" : "evaluation");
+    expect_norm_close(ref.out, got.out, 1e-5, what + " loss");
+    for (size_t i = 0; i < ref.grads.size(); ++i)
+      expect_norm_close(ref.grads[i], got.grads[i], 1e-4, what + " gradient " + std::to_string(i));
+  }
+  Tensor y = conv2d(rand_cpu({2, 3, 8, 8}, 118).to(gpu()), rand_cpu({16, 3, 3, 3}, 119).to(gpu()), Tensor(), {});
+  EXPECT_TRUE(ops::strictly_channels_last(y));
+  ops::force_channels_last(-1);
+}
+
+TEST(CudaPrecision, WideChannelReductionsMatchTheCpuAndRepeatBitForBit) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  // Large enough that every channel is split over many blocks.
+  const int64_t n = 32, c = 64, s = 56 * 56;
+  Tensor g = rand_cpu({n, c, s}, 115);
+  for (bool rows : {false, true}) {
+    const int64_t rn = rows ? n * s : n, rs = rows ? 1 : s;
+    Tensor want = Tensor::empty({c});
+    cpu_be().bias_grad(g, rn, c, rs, want);
+    Tensor gd = g.to(gpu()), a = Tensor::empty({c}, DType::f32, gpu()), b = Tensor::empty({c}, DType::f32, gpu());
+    gpu_be().bias_grad(gd, rn, c, rs, a);
+    gpu_be().bias_grad(gd, rn, c, rs, b);
+    expect_close(want, a, 1e-5, 1e-4, rows ? "bias grad, rows" : "bias grad, planes");
+    expect_same_bytes(a, b, "bias grad repeated");
+  }
+  // Batch-norm statistics on the same data, channels-last, repeated.
+  Tensor x = ops::to_dense(rand_cpu({n, c, 56, 56}, 116, -1.0, 3.0).to(gpu()), DType::f32, true);
+  Tensor gamma = Tensor::ones({c}, DType::f32, gpu()), beta = Tensor::zeros({c}, DType::f32, gpu());
+  std::vector<Tensor> means;
+  for (int rep = 0; rep < 2; ++rep) {
+    Tensor rm = Tensor::zeros({c}, DType::f32, gpu()), rv = Tensor::ones({c}, DType::f32, gpu());
+    Tensor y = batch_norm2d(x, gamma, beta, rm, rv, true);
+    EXPECT_TRUE(ops::strictly_channels_last(y));
+    means.push_back(rm);
+  }
+  expect_same_bytes(means[0], means[1], "batch-norm running mean repeated");
+}
+
+TEST(CudaPrecision, MixedPrecisionStepsOfAResidualNetwork) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  nn::ModelConfig mc;
+  mc.in_channels = 3;
+  mc.height = 16;
+  mc.width = 16;
+  mc.num_classes = 10;
+  Tensor x = rand_cpu({16, 3, 16, 16}, 117);
+  std::vector<int32_t> lv;
+  for (int i = 0; i < 16; ++i) lv.push_back(i % 10);
+  Tensor labels = Tensor::from_vector(lv, {16});
+  struct Trace {
+    std::vector<double> losses;
+    std::vector<Tensor> first_grads;
+  };
+  auto train = [&](Device d, Precision p) {
+    nn::ModulePtr model = nn::make_model("resnet18", mc);
+    model->to(d);
+    optim::SgdOptions so;
+    so.lr = 0.01;
+    optim::SGD sgd(model->parameters(), so);
+    Trace tr;
+    for (int step = 0; step < 4; ++step) {
+      Tensor loss;
+      {
+        PrecisionScope scope(p);
+        loss = softmax_cross_entropy(model->forward(x.to(d)), labels.to(d));
+      }
+      EXPECT_EQ(loss.dtype(), DType::f32);  // the loss stays f32 whatever the precision
+      tr.losses.push_back(loss.item<double>());
+      sgd.zero_grad();
+      backward(loss);
+      for (const Tensor& prm : model->parameters()) {
+        EXPECT_EQ(prm.dtype(), DType::f32);  // master weights and their gradients stay f32
+        EXPECT_EQ(prm.grad().dtype(), DType::f32);
+        if (step == 0) tr.first_grads.push_back(prm.grad().cpu().view({-1}));
+      }
+      sgd.step();
+    }
+    return tr;
+  };
+  // All gradients of a step as one vector: per-tensor errors of tiny tensors say little.
+  auto concat = [](const std::vector<Tensor>& gs) {
+    std::vector<float> all;
+    for (const Tensor& g : gs) {
+      std::vector<float> v = g.to_vector<float>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return Tensor::from_vector(all, {static_cast<int64_t>(all.size())});
+  };
+  const Trace ref = train(Device::cpu(), Precision::f32);
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  for (Precision p : kPrecisions) {
+    const Trace got = train(gpu(), p);
+    const std::string name = precision_name(p);
+    EXPECT_NEAR(got.losses[0], ref.losses[0], tolerance(p) * std::fabs(ref.losses[0])) << name << " first loss";
+    EXPECT_LT(got.losses.back(), got.losses.front()) << name << ": training does not lower the loss";
+    // Batch norm over 16 samples amplifies rounding through 18 layers: a looser bound than one op's.
+    expect_norm_close(concat(ref.first_grads), concat(got.first_grads), 4 * tolerance(p), name + " first gradients");
+  }
+}
+
+}  // namespace
+}  // namespace tandem
