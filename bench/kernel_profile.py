@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 
-PEER_FLAGS = {"f32": ["--no-tf32"], "tf32": ["--channels-last"], "bf16": ["--bf16"]}
+PEER_FLAGS = {"f32": ["--no-tf32"], "tf32": ["--channels-last"], "bf16": ["--bf16"], "f16": ["--bf16"]}
 
 
 def ncu(cmd, log):
@@ -26,6 +26,10 @@ def ncu(cmd, log):
     r = subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
         sys.exit(f"profiling failed ({r.returncode}): {' '.join(full)}\n{r.stdout[-3000:]}")
+    return parse(log)
+
+
+def parse(log):
     with open(log) as f:
         text = f.read()
     start = text.find('"ID"')
@@ -34,19 +38,25 @@ def ncu(cmd, log):
     rows = list(csv.reader(io.StringIO(text[start:])))
     head = rows[0]
     name_col, time_col = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
-    unit = rows[1][time_col] if len(rows) > 1 else "nsecond"
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1e-3)
+    unit = rows[1][time_col] if len(rows) > 1 else "ns"
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(unit, 1e-3)
     totals = collections.defaultdict(lambda: [0, 0.0])
     for row in rows[2:]:
-        if len(row) <= max(name_col, time_col) or not row[time_col].replace(".", "", 1).isdigit():
+        if len(row) <= max(name_col, time_col):
+            continue
+        value = row[time_col].replace(",", "")  # ncu writes thousands separators
+        try:
+            us = float(value) * scale
+        except ValueError:
             continue
         t = totals[short(row[name_col])]
         t[0] += 1
-        t[1] += float(row[time_col]) * scale
+        t[1] += us
     return totals
 
 
 def short(name):
+    name = name.replace("(anonymous namespace)::", "")
     name = re.sub(r"\(.*", "", name)  # drop arguments
     name = re.sub(r"<.*>", "<>", name)  # and template arguments
     return name.split("::")[-1][:70]
@@ -63,24 +73,34 @@ def table(title, totals, steps, top):
 
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--from-logs", nargs=2, metavar=("TANDEM_CSV", "PEER_CSV"),
+                   help="summarise two earlier ncu logs instead of profiling")
     p.add_argument("--model", default="resnet50", choices=["cnn", "resnet50"])
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--precision", default="tf32", choices=["f32", "tf32", "bf16"])
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--tandem", default="build-gpu/bin/tandem")
-    p.add_argument("--peer", required=True, help="path of pytorch_ddp.py")
+    p.add_argument("--peer", default="", help="path of pytorch_ddp.py (without it, tandem alone)")
     p.add_argument("--out", default="/tmp", help="where the ncu logs go")
     a = p.parse_args()
     geometry = ["--image", "224", "--channels", "3", "--classes", "1000"] if a.model == "resnet50" else []
     here = os.path.dirname(os.path.abspath(__file__))
+    if a.from_logs:
+        tandem, peer = (parse(path) for path in a.from_logs)
+        print(table(f"tandem {a.model} batch {a.batch} {a.precision}", tandem, a.steps, a.top))
+        print()
+        print(table(f"PyTorch {a.model} batch {a.batch} {' '.join(PEER_FLAGS[a.precision])}", peer, a.steps, a.top))
+        return
     tandem = ncu([a.tandem, "bench", "train", "--model", a.model, "-b", str(a.batch), "--device", "cuda",
                   "--precision", a.precision, "--steps", str(a.steps), "--warmup", "5", "--profile"] + geometry,
                  os.path.join(a.out, f"ncu_tandem_{a.model}_{a.precision}.csv"))
+    print(table(f"tandem {a.model} batch {a.batch} {a.precision}", tandem, a.steps, a.top))
+    if not a.peer:
+        return
     peer = ncu([sys.executable, os.path.join(here, "peer_profile.py"), "--peer", a.peer, "--model", a.model,
                 "--batch", str(a.batch), "--steps", str(a.steps)] + PEER_FLAGS[a.precision],
                os.path.join(a.out, f"ncu_peer_{a.model}_{a.precision}.csv"))
-    print(table(f"tandem {a.model} batch {a.batch} {a.precision}", tandem, a.steps, a.top))
     print()
     print(table(f"PyTorch {a.model} batch {a.batch} {' '.join(PEER_FLAGS[a.precision])}", peer, a.steps, a.top))
 

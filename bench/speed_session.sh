@@ -3,7 +3,8 @@
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
 #   bench/speed_session.sh [build] [tests] [cnn] [resnet] [memory] [profile]   (default: build tests cnn resnet)
-# COMMIT labels the figures; PROFILE lists "model batch precision" triples separated by ';'.
+# COMMIT labels the figures; PROFILE lists "model batch precision" triples separated by ';';
+# PEER_PROFILE=0 profiles tandem alone.
 # Expects the peer scripts in .data/peer (a copy of the shared bench folder).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +71,12 @@ if has resnet; then
   tan "tandem rn50 b256 f16" "${RN[@]}" -b 256 --precision f16
 fi
 
+if has convlog; then  # which algorithm cuDNN offered and which was taken, per convolution
+  TANDEM_CONV_LOG=1 "$T" bench train --device cuda "${RN[@]}" -b 128 --precision f32 --steps 1 --warmup 1 2>&1 \
+    | grep '^conv' >"$OUT/convlog_f32.txt"
+  say "conv searches logged: $(wc -l <"$OUT/convlog_f32.txt")"
+fi
+
 if has memory; then
   python3 bench/peer_profile.py --peer "$PEER/pytorch_ddp.py" --model resnet50 --batch 256 --bf16 --memory 2>&1 \
     | grep PEAK | sed 's/^/peer rn50 b256 bf16: /' | tee -a "$OUT/summary.txt"
@@ -79,8 +86,10 @@ if has profile; then
   IFS=';' read -ra cfgs <<<"${PROFILE:-resnet50 256 bf16;resnet50 128 tf32;cnn 2048 tf32}"
   for cfg in "${cfgs[@]}"; do
     set -- $cfg
+    peer_arg=(--peer "$PEER/pytorch_ddp.py")
+    [ "${PEER_PROFILE:-1}" = 0 ] && peer_arg=()
     python3 bench/kernel_profile.py --model "$1" --batch "$2" --precision "$3" --tandem "$T" \
-      --peer "$PEER/pytorch_ddp.py" --out "$OUT" --top 22 >"$OUT/profile_$1_$3.txt" 2>&1
+      "${peer_arg[@]}" --out "$OUT" --top 22 >"$OUT/profile_$1_$3.txt" 2>&1
     cat "$OUT/profile_$1_$3.txt"
   done
 fi

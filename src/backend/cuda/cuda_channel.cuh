@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -82,145 +84,215 @@ void with_channel_of(const Layout& l, F&& f) {
   }
 }
 
-/// Runs op(i, channel) for every element: the map behind bias addition and the normalisation step.
-template <typename I, typename ChanOf, typename Op>
-__global__ void map_kernel(I total, ChanOf chan_of, Op op) {
-  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<I>(blockDim.x) * gridDim.x)
-    op(i, chan_of(i));
+/// V elements moved by one 16-byte (or narrower) load or store.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <int V, typename T, typename I>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p, I i) {
+  return *reinterpret_cast<const Pack<T, V>*>(p + i);
 }
 
-/// Launches op(i, channel) over every element of the layout on stream.
-template <typename Op>
-void map(const Layout& l, cudaStream_t stream, Op op) {
+template <int V, typename T, typename I>
+__device__ __forceinline__ void store_pack(T* p, I i, const Pack<T, V>& x) {
+  *reinterpret_cast<Pack<T, V>*>(p + i) = x;
+}
+
+/// How many elements of T one 16-byte access moves.
+template <typename T>
+constexpr int pack_width() {
+  return static_cast<int>(16 / sizeof(T));
+}
+
+/// True when every pointer (null ones aside) allows 16-byte accesses.
+inline bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+/// Whether packs of V elements never straddle two channels' runs: consecutive channels (rows whose width
+/// is a multiple of V) or one channel (planes whose size is a multiple of V).
+inline bool packable(const Layout& l, int v) { return l.rows ? l.c % v == 0 : l.s % v == 0; }
+
+// op.apply<V>(i0, ch0, step) handles elements i0 .. i0 + V - 1, element u of channel ch0 + u * step.
+template <int V, typename I, typename ChanOf, typename Op>
+__global__ void map_kernel(I packs, ChanOf chan_of, I step, Op op) {
+  for (I p = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs;
+       p += static_cast<I>(blockDim.x) * gridDim.x) {
+    const I i0 = p * V;
+    op.template apply<V>(i0, static_cast<I>(chan_of(i0)), step);
+  }
+}
+
+/// Launches a per-element map over the layout on stream: op.apply<V>(i0, ch0, step) for packs of V
+/// elements of T (16-byte accesses when the pointers and the layout allow, else one element at a time).
+template <typename T, typename Op>
+void map(const Layout& l, cudaStream_t stream, Op op, std::initializer_list<const void*> ptrs) {
   if (l.total() == 0) return;
+  constexpr int V = pack_width<T>();
+  const bool wide = V > 1 && aligned16(ptrs) && packable(l, V);
   with_channel_of(l, [&](auto chan_of, auto itag) {
     using I = decltype(itag);
-    map_kernel<I><<<kern::blocks_for(l.total()), kern::kBlock, 0, stream>>>(static_cast<I>(l.total()), chan_of, op);
+    const I step = l.rows ? 1 : 0;
+    if (wide) {
+      const I packs = static_cast<I>(l.total() / V);
+      map_kernel<V, I><<<kern::blocks_for(packs), kern::kBlock, 0, stream>>>(packs, chan_of, step, op);
+    } else {
+      const I packs = static_cast<I>(l.total());
+      map_kernel<1, I><<<kern::blocks_for(packs), kern::kBlock, 0, stream>>>(packs, chan_of, step, op);
+    }
   });
   TANDEM_CUDA_LAUNCH_CHECK("channel map_kernel");
 }
 
-constexpr int kRowThreads = 16;   // rows reduced in parallel by a rows block (32 channels wide)
-constexpr int kPlaneThreads = 256;
+constexpr int kReduceThreads = 512;
 
-// Adds a block's partials of K sums for one channel into the workspace; the last block of the channel
-// (counted in counters[slot]) totals them in split order and calls finish. Returns nothing; every
-// thread must call it.
-template <int K, typename Finish>
-__device__ __forceinline__ void complete(double* partial, unsigned* counters, int64_t slot, int64_t c,
-                                         bool writer, int64_t ch, const double (&sums)[K], bool finisher,
-                                         Finish& finish) {
+// Writes a block's partial sums (K per channel, V channels from ch0) into the workspace; the last block
+// of the channel group (counted in counters[slot]) totals the partials in split order and calls
+// finish(channel, totals) for each of its channels. Every thread of the block must call it.
+template <int K, int V, typename Finish>
+__device__ __forceinline__ void complete(double* partial, unsigned* counters, int64_t slot, int64_t c, int64_t ch0,
+                                         bool mine, const double (&sums)[K][V], const Finish& finish) {
   __shared__ bool last;
   const int splits = gridDim.y;
-  if (writer)
-    for (int k = 0; k < K; ++k) partial[(int64_t(blockIdx.y) * K + k) * c + ch] = sums[k];
+  if (mine)
+    for (int k = 0; k < K; ++k)
+      for (int u = 0; u < V; ++u) partial[(int64_t(blockIdx.y) * K + k) * c + ch0 + u] = sums[k][u];
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0) last = atomicAdd(&counters[slot], 1u) == unsigned(splits - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (finisher) {
-    double tot[K] = {};
+  if (mine) {
     const volatile double* p = partial;
-    for (int sp = 0; sp < splits; ++sp)
-      for (int k = 0; k < K; ++k) tot[k] += p[(int64_t(sp) * K + k) * c + ch];
-    finish(ch, tot);
+    for (int u = 0; u < V; ++u) {
+      double tot[K] = {};
+      for (int sp = 0; sp < splits; ++sp)
+        for (int k = 0; k < K; ++k) tot[k] += p[(int64_t(sp) * K + k) * c + ch0 + u];
+      finish(ch0 + u, tot);
+    }
   }
   if (threadIdx.x == 0 && threadIdx.y == 0) counters[slot] = 0;  // ready for the next launch
 }
 
-// Rows: a block covers 32 channels; its kRowThreads thread rows and the grid's second dimension split
-// the rows. elem(offset, channel, sums) adds element `offset`'s contributions (and may write outputs).
-template <int K, typename I, typename Elem, typename Finish>
+// Rows: thread (x, y) owns V consecutive channels; the block's y threads and the grid's second
+// dimension split the rows. elem.add<V>(offset, sums) adds the contributions of the V elements from
+// `offset` (and may write outputs).
+template <int K, int V, typename I, typename Elem, typename Finish>
 __global__ void rows_reduce_kernel(I m, I c, Elem elem, Finish finish, double* partial, unsigned* counters) {
-  __shared__ double sh[K][kRowThreads][33];
-  const I ch = static_cast<I>(blockIdx.x) * 32 + threadIdx.x;
-  double acc[K] = {};
-  if (ch < c)
-    for (I r = static_cast<I>(blockIdx.y) * kRowThreads + threadIdx.y; r < m;
-         r += static_cast<I>(gridDim.y) * kRowThreads)
-      elem(r * c + ch, ch, acc);
-  for (int k = 0; k < K; ++k) sh[k][threadIdx.y][threadIdx.x] = acc[k];
-  __syncthreads();
-  double tot[K] = {};
-  if (threadIdx.y == 0)
-    for (int t = 0; t < kRowThreads; ++t)
-      for (int k = 0; k < K; ++k) tot[k] += sh[k][t][threadIdx.x];
-  const bool mine = threadIdx.y == 0 && ch < c;
-  complete<K>(partial, counters, blockIdx.x, c, mine, ch, tot, mine, finish);
+  extern __shared__ double sh[];  // one value per thread
+  const I ch0 = (static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  double acc[K][V] = {};
+  if (ch0 < c)
+    for (I r = static_cast<I>(blockIdx.y) * blockDim.y + threadIdx.y; r < m;
+         r += static_cast<I>(gridDim.y) * blockDim.y)
+      elem.template add<V>(r * c + ch0, acc);
+  // Sum over the block's thread rows, in order, one (sum, channel) at a time.
+  double tot[K][V];
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  for (int k = 0; k < K; ++k)
+    for (int u = 0; u < V; ++u) {
+      sh[tid] = acc[k][u];
+      __syncthreads();
+      double t = 0.0;
+      if (threadIdx.y == 0)
+        for (unsigned y = 0; y < blockDim.y; ++y) t += sh[y * blockDim.x + threadIdx.x];
+      tot[k][u] = t;
+      __syncthreads();
+    }
+  complete<K, V>(partial, counters, blockIdx.x, c, ch0, threadIdx.y == 0 && ch0 < c, tot, finish);
 }
 
-// Planes: a block (x) per channel, split over the grid's second dimension.
-template <int K, typename I, typename Elem, typename Finish>
-__global__ void planes_reduce_kernel(I n, I c, FastDiv s_div, I s, Elem elem, Finish finish, double* partial,
+// Planes: a block (x) per channel, split over the grid's second dimension; each thread takes packs of
+// V elements within one plane (the plane size a multiple of V).
+template <int K, int V, typename I, typename Elem, typename Finish>
+__global__ void planes_reduce_kernel(I n, I c, FastDiv packs_div, I s, Elem elem, Finish finish, double* partial,
                                      unsigned* counters) {
   __shared__ double scratch[32];
-  const I ch = blockIdx.x, per = n * s;
-  double acc[K] = {};
-  for (I j = static_cast<I>(blockIdx.y) * kPlaneThreads + threadIdx.x; j < per;
-       j += static_cast<I>(gridDim.y) * kPlaneThreads) {
-    I img, t;
-    if constexpr (sizeof(I) == 4) {
-      img = s_div.div(j);
-      t = j - img * s;
-    } else {
-      img = j / s;
-      t = j - img * s;
-    }
-    elem((img * c + ch) * s + t, ch, acc);
+  const I ch = blockIdx.x, plane_packs = s / V, packs = n * plane_packs;
+  double acc[K][V] = {};
+  for (I j = static_cast<I>(blockIdx.y) * blockDim.x + threadIdx.x; j < packs;
+       j += static_cast<I>(gridDim.y) * blockDim.x) {
+    I img;
+    if constexpr (sizeof(I) == 4)
+      img = packs_div.div(j);
+    else
+      img = j / plane_packs;
+    elem.template add<V>((img * c + ch) * s + (j - img * plane_packs) * V, acc);
   }
-  double tot[K];
-  for (int k = 0; k < K; ++k) tot[k] = kern::block_sum(acc[k], scratch);
-  complete<K>(partial, counters, ch, c, threadIdx.x == 0, ch, tot, threadIdx.x == 0, finish);
+  double tot[K][1];
+  for (int k = 0; k < K; ++k) {
+    double t = 0.0;
+    for (int u = 0; u < V; ++u) t += acc[k][u];
+    tot[k][0] = kern::block_sum(t, scratch);
+  }
+  complete<K, 1>(partial, counters, ch, c, ch, threadIdx.x == 0, tot, finish);
 }
 
 /// Per-device state of the reductions: completion counters, kept zero between launches.
 unsigned* reduce_counters(CudaBackend& be, int device, int64_t needed);
 
-/// Reduces K sums per channel over the layout: elem(offset, channel, double (&sums)[K]) per element,
-/// then finish(channel, const double (&totals)[K]) once per channel. Both are device functors.
-template <int K, typename Elem, typename Finish>
-void reduce(CudaBackend& be, int device, const Layout& l, Elem elem, Finish finish) {
+/// Reduces K sums per channel over a layout of T elements: elem.add<V>(offset, double (&sums)[K][V]) per
+/// pack of V elements, then finish(channel, const double (&totals)[K]) once per channel. Both are
+/// device functors; ptrs are the tensors elem touches (16-byte accesses need them aligned).
+template <int K, typename T, typename Elem, typename Finish>
+void reduce(CudaBackend& be, int device, const Layout& l, Elem elem, Finish finish,
+            std::initializer_list<const void*> ptrs) {
   if (l.c == 0) return;
   DeviceState& st = be.state(device);
+  constexpr int W = pack_width<T>();
+  const bool wide = W > 1 && aligned16(ptrs) && packable(l, W);
   const int64_t m = l.n * l.s;
   const int64_t target_blocks = int64_t(st.sm_count > 0 ? st.sm_count : 80) * 4;
-  if (l.rows) {
-    const int64_t col_blocks = (l.c + 31) / 32;
-    const int64_t splits = std::clamp<int64_t>(std::min((m + 8 * kRowThreads - 1) / (8 * kRowThreads),
-                                                        (target_blocks + col_blocks - 1) / col_blocks),
-                                               1, 65535);
-    unsigned* counters = reduce_counters(be, device, col_blocks);
+  auto launch = [&](auto vtag) {
+    constexpr int V = decltype(vtag)::value;
+    if (l.rows) {
+      const int64_t cpacks = l.c / V;
+      const int64_t tx = std::min<int64_t>(32, cpacks), ty = kReduceThreads / tx;
+      const int64_t col_blocks = (cpacks + tx - 1) / tx;
+      const int64_t splits =
+          std::clamp<int64_t>(std::min((m + 4 * ty - 1) / (4 * ty), (target_blocks + col_blocks - 1) / col_blocks), 1,
+                              65535);
+      unsigned* counters = reduce_counters(be, device, col_blocks);
+      Scratch partial(be.allocator(device), static_cast<size_t>(splits * K * l.c) * sizeof(double));
+      const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(splits));
+      const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
+      const size_t shared = static_cast<size_t>(tx * ty) * sizeof(double);
+      if (l.small())
+        rows_reduce_kernel<K, V, uint32_t><<<grid, block, shared, st.stream>>>(
+            static_cast<uint32_t>(m), static_cast<uint32_t>(l.c), elem, finish, partial.as<double>(), counters);
+      else
+        rows_reduce_kernel<K, V, int64_t><<<grid, block, shared, st.stream>>>(m, l.c, elem, finish,
+                                                                               partial.as<double>(), counters);
+      TANDEM_CUDA_LAUNCH_CHECK("rows_reduce_kernel");
+      return;
+    }
+    TANDEM_CHECK(l.c <= INT_MAX, "per-channel reduction over ", l.c, " channels");
+    const int64_t packs = m / V;
+    const int64_t splits = std::clamp<int64_t>(
+        std::min((packs + 4 * kern::kBlock - 1) / (4 * kern::kBlock), (target_blocks + l.c - 1) / l.c), 1, 65535);
+    unsigned* counters = reduce_counters(be, device, l.c);
     Scratch partial(be.allocator(device), static_cast<size_t>(splits * K * l.c) * sizeof(double));
-    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(splits));
-    const dim3 block(32, kRowThreads);
+    const dim3 grid(static_cast<unsigned>(l.c), static_cast<unsigned>(splits));
     if (l.small())
-      rows_reduce_kernel<K, uint32_t><<<grid, block, 0, st.stream>>>(static_cast<uint32_t>(m),
-                                                                      static_cast<uint32_t>(l.c), elem, finish,
-                                                                      partial.as<double>(), counters);
+      planes_reduce_kernel<K, V, uint32_t><<<grid, kern::kBlock, 0, st.stream>>>(
+          static_cast<uint32_t>(l.n), static_cast<uint32_t>(l.c),
+          FastDiv(static_cast<uint32_t>(std::max<int64_t>(l.s / V, 1))), static_cast<uint32_t>(l.s), elem, finish,
+          partial.as<double>(), counters);
     else
-      rows_reduce_kernel<K, int64_t><<<grid, block, 0, st.stream>>>(m, l.c, elem, finish, partial.as<double>(),
-                                                                     counters);
-    TANDEM_CUDA_LAUNCH_CHECK("rows_reduce_kernel");
-    return;
-  }
-  TANDEM_CHECK(l.c <= INT_MAX, "per-channel reduction over ", l.c, " channels");
-  const int64_t splits = std::clamp<int64_t>(std::min((m + 4 * kPlaneThreads - 1) / (4 * kPlaneThreads),
-                                                      (target_blocks + l.c - 1) / l.c),
-                                             1, 65535);
-  unsigned* counters = reduce_counters(be, device, l.c);
-  Scratch partial(be.allocator(device), static_cast<size_t>(splits * K * l.c) * sizeof(double));
-  const dim3 grid(static_cast<unsigned>(l.c), static_cast<unsigned>(splits));
-  if (l.small())
-    planes_reduce_kernel<K, uint32_t><<<grid, kPlaneThreads, 0, st.stream>>>(
-        static_cast<uint32_t>(l.n), static_cast<uint32_t>(l.c), FastDiv(static_cast<uint32_t>(std::max<int64_t>(l.s, 1))),
-        static_cast<uint32_t>(l.s), elem, finish, partial.as<double>(), counters);
+      planes_reduce_kernel<K, V, int64_t><<<grid, kern::kBlock, 0, st.stream>>>(l.n, l.c, FastDiv(), l.s, elem,
+                                                                                 finish, partial.as<double>(),
+                                                                                 counters);
+    TANDEM_CUDA_LAUNCH_CHECK("planes_reduce_kernel");
+  };
+  if (wide)
+    launch(std::integral_constant<int, W>{});
   else
-    planes_reduce_kernel<K, int64_t><<<grid, kPlaneThreads, 0, st.stream>>>(l.n, l.c, FastDiv(), l.s, elem, finish,
-                                                                             partial.as<double>(), counters);
-  TANDEM_CUDA_LAUNCH_CHECK("planes_reduce_kernel");
+    launch(std::integral_constant<int, 1>{});
 }
 
 }  // namespace tandem::backend::chan

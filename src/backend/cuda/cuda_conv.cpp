@@ -4,6 +4,9 @@
 // tensor-core kernels.
 #include <array>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -13,7 +16,7 @@ namespace tandem::backend {
 
 namespace {
 // Workspace the algorithm search may offer; algorithms that want more are passed over.
-constexpr size_t kWorkspaceLimit = size_t(256) << 20;
+constexpr size_t kWorkspaceLimit = size_t(1) << 30;
 constexpr size_t kMaxPlans = 256;
 
 using GeomKey = std::array<int64_t, 16>;
@@ -74,18 +77,37 @@ bool accurate(cudnnConvolutionBwdFilterAlgo_t a) {
          a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
+// TANDEM_CONV_LOG=1 prints every algorithm search (for choosing and checking the rules below).
+bool log_search() {
+  static const bool on = [] {
+    const char* e = std::getenv("TANDEM_CONV_LOG");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
 // The fastest usable algorithm (the list comes sorted fastest first); under deterministic_algorithms()
 // only one that gives the same bits on every run.
 template <typename Perf>
-int pick(const Perf* perf, int count, const ConvMath& cm) {
+int pick(const Perf* perf, int count, const ConvMath& cm, const char* pass, const ConvGeom& g) {
   const bool deterministic = deterministic_algorithms();
-  for (int i = 0; i < count; ++i) {
+  int chosen = -1;
+  for (int i = 0; i < count && chosen < 0; ++i) {
     const Perf& p = perf[i];
     if (p.status == CUDNN_STATUS_SUCCESS && p.memory <= kWorkspaceLimit && math_allowed(p.mathType, cm) &&
         accurate(p.algo) && (!deterministic || p.determinism == CUDNN_DETERMINISTIC))
-      return i;
+      chosen = i;
   }
-  return -1;
+  if (log_search()) {
+    std::fprintf(stderr, "conv %s n%lld c%lld %lldx%lld k%lld %lldx%lld s%lld %s %s:", pass, (long long)g.n,
+                 (long long)g.c, (long long)g.h, (long long)g.w, (long long)g.k, (long long)g.r, (long long)g.s,
+                 (long long)g.stride_h, g.nhwc ? "nhwc" : "nchw", dtype_name(cm.dtype));
+    for (int i = 0; i < count; ++i)
+      std::fprintf(stderr, " %s[a%d m%d %.3fms %zuMB%s]", i == chosen ? "*" : "", int(perf[i].algo),
+                   int(perf[i].mathType), perf[i].time, perf[i].memory >> 20, perf[i].status ? " fail" : "");
+    std::fprintf(stderr, "\n");
+  }
+  return chosen;
 }
 
 /// Search workspace, taken straight from the driver: it is used once per geometry and would
@@ -162,6 +184,23 @@ struct ConvPlan {
 
 class ConvCache {
  public:
+  ~ConvCache() {
+    if (workspace_) (void)cudaFree(workspace_);  // at exit the runtime may be gone: nothing to do then
+  }
+  /// One workspace for every convolution of the device (they run one after another on its stream),
+  /// grown to the largest need; growing waits for queued work, so it happens while plans are made.
+  void* workspace(cudaStream_t stream, size_t bytes) {
+    if (bytes <= workspace_bytes_) return workspace_;
+    if (workspace_) {
+      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      TANDEM_CUDA_CHECK(cudaFree(workspace_));
+      workspace_ = nullptr;
+      workspace_bytes_ = 0;
+    }
+    TANDEM_CUDA_CHECK(cudaMalloc(&workspace_, bytes));
+    workspace_bytes_ = bytes;
+    return workspace_;
+  }
   ConvPlan& plan(const ConvGeom& g, const ConvMath& m) {
     GeomKey k = key_of(g, m);
     auto it = plans_.find(k);
@@ -172,6 +211,8 @@ class ConvCache {
 
  private:
   std::unordered_map<GeomKey, std::unique_ptr<ConvPlan>, GeomHash> plans_;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
 };
 
 DeviceState::DeviceState() = default;
@@ -202,6 +243,8 @@ ConvMath check_conv(const ConvGeom& g, const Tensor& x, const Tensor& w, const T
   return {x.dtype(), x.dtype() == DType::f32 && current_precision() == Precision::tf32};
 }
 
+void* conv_workspace(DeviceState& st, size_t bytes) { return st.conv->workspace(st.stream, bytes); }
+
 const char* math_name(const ConvMath& m) { return m.exact() ? "exact f32" : m.tf32 ? "TF32" : dtype_name(m.dtype); }
 }  // namespace
 
@@ -222,7 +265,7 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
       TANDEM_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv, p.y,
                                                                 y.data_ptr(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found,
                                                                 perf, ws.ptr(), ws.size()));
-      int i = pick(perf, found, math);
+      int i = pick(perf, found, math, "fwd", g);
       TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no ", math_name(math), " forward algorithm for input ",
                            x.str(), " and weight ", w.str());
       p.fwd = perf[i].algo;
@@ -231,9 +274,9 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
       p.has_fwd = true;
     }
     TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.fwd_math));
-    Scratch ws(allocator(st.device), p.fwd_ws);
+    void* ws = conv_workspace(st, p.fwd_ws);
     TANDEM_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv, p.fwd,
-                                               ws.as<void>(), p.fwd_ws, &zero, p.y, y.data_ptr()));
+                                               ws, p.fwd_ws, &zero, p.y, y.data_ptr()));
   }
   // Channels-last output is [n * oh * ow, k] rows for the bias.
   const int64_t n = g.nhwc ? g.n * g.oh * g.ow : g.n, s = g.nhwc ? 1 : g.oh * g.ow;
@@ -262,7 +305,7 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
     TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
         h, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.x, dx.data_ptr(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
         &found, perf, ws.ptr(), ws.size()));
-    int i = pick(perf, found, math);
+    int i = pick(perf, found, math, "bwd-data", g);
     TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no ", math_name(math), " backward-data algorithm for gradient ",
                          dy.str(), " and weight ", w.str());
     p.bwd_data = perf[i].algo;
@@ -271,9 +314,9 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
     p.has_bwd_data = true;
   }
   TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_data_math));
-  Scratch ws(allocator(st.device), p.bwd_data_ws);
+  void* ws = conv_workspace(st, p.bwd_data_ws);
   TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.bwd_data,
-                                                  ws.as<void>(), p.bwd_data_ws, &zero, p.x, dx.data_ptr()));
+                                                  ws, p.bwd_data_ws, &zero, p.x, dx.data_ptr()));
 }
 
 void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw,
@@ -303,7 +346,7 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
     TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
         h, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv, p.w, dw.data_ptr(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
         &found, perf, ws.ptr(), ws.size()));
-    int i = pick(perf, found, math);
+    int i = pick(perf, found, math, "bwd-filter", g);
     TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no ", math_name(math), " backward-filter algorithm for input ",
                          x.str(), " and gradient ", dy.str());
     p.bwd_filter = perf[i].algo;
@@ -312,9 +355,9 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
     p.has_bwd_filter = true;
   }
   TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_filter_math));
-  Scratch ws(allocator(st.device), p.bwd_filter_ws);
+  void* ws = conv_workspace(st, p.bwd_filter_ws);
   TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv,
-                                                    p.bwd_filter, ws.as<void>(), p.bwd_filter_ws, &zero, p.w,
+                                                    p.bwd_filter, ws, p.bwd_filter_ws, &zero, p.w,
                                                     dw.data_ptr()));
 }
 

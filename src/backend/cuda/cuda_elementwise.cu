@@ -38,6 +38,18 @@ __device__ __forceinline__ T apply_binary(T a, T b) {
   }
 }
 
+// Floating operands in 16-byte packs (n a multiple of the pack width, pointers aligned).
+template <Binary OP, typename T, int V>
+__global__ void binary_pack_kernel(const T* a, const T* b, T* out, int64_t packs) {
+  for (int64_t p = thread_index(); p < packs; p += thread_count()) {
+    const chan::Pack<T, V> av = chan::load_pack<V>(a, p * V), bv = chan::load_pack<V>(b, p * V);
+    chan::Pack<T, V> ov;
+#pragma unroll
+    for (int u = 0; u < V; ++u) ov.v[u] = from_float<T>(apply_binary<OP>(to_float(av.v[u]), to_float(bv.v[u])));
+    chan::store_pack<V>(out, p * V, ov);
+  }
+}
+
 template <Binary OP, typename T>
 __global__ void binary_kernel(const T* a, const T* b, T* out, int64_t n) {
   for (int64_t i = thread_index(); i < n; i += thread_count()) {
@@ -86,34 +98,48 @@ __global__ void axpy_kernel(float alpha, const T* x, T* y, int64_t n) {
     y[i] = from_float<T>(fmaf(alpha, to_float(x[i]), to_float(y[i])));
 }
 
+using chan::load_pack;
+using chan::Pack;
+using chan::store_pack;
+
 // out = x + b[c] (B: the bias type, f32 or T), then max(., 0) with RELU; b may be null (ReLU only).
 template <typename T, typename B, bool RELU>
 struct BiasOp {
   const T* x;
   const B* b;
   T* out;
-  template <typename I>
-  __device__ __forceinline__ void operator()(I i, I ch) const {
-    float v = to_float(x[i]);
-    if (b) v += to_float(b[ch]);
-    if (RELU) v = v > 0.0f ? v : 0.0f;
-    out[i] = from_float<T>(v);
+  template <int V, typename I>
+  __device__ __forceinline__ void apply(I i0, I ch0, I step) const {
+    const Pack<T, V> xv = load_pack<V>(x, i0);
+    Pack<T, V> ov;
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      float v = to_float(xv.v[u]);
+      if (b) v += to_float(b[ch0 + u * step]);
+      if (RELU) v = v > 0.0f ? v : 0.0f;
+      ov.v[u] = from_float<T>(v);
+    }
+    store_pack<V>(out, i0, ov);
   }
 };
 
-// Sum per channel of g (masked by y > 0 with RELU, the mask written to dx when dx is not null).
+// Sum per channel of g (masked by y > 0 with RELU, the masked values written to dx when dx is not null).
 template <typename T, bool RELU>
 struct BiasGradElem {
   const T *g, *y;
   T* dx;
-  template <typename I>
-  __device__ __forceinline__ void operator()(I off, I, double (&s)[1]) const {
-    float v = to_float(g[off]);
-    if (RELU) {
-      v = to_float(y[off]) > 0.0f ? v : 0.0f;
-      if (dx) dx[off] = from_float<T>(v);
+  template <int V, typename I>
+  __device__ __forceinline__ void add(I off, double (&s)[1][V]) const {
+    const Pack<T, V> gv = load_pack<V>(g, off);
+    Pack<T, V> yv{}, mv;
+    if (RELU) yv = load_pack<V>(y, off);
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      const float v = !RELU || to_float(yv.v[u]) > 0.0f ? to_float(gv.v[u]) : 0.0f;
+      mv.v[u] = from_float<T>(v);
+      s[0][u] += v;
     }
-    s[0] += v;
+    if (RELU && dx) store_pack<V>(dx, off, mv);
   }
 };
 
@@ -129,9 +155,13 @@ template <typename T>
 struct ReluMaskOp {
   const T *g, *y;
   T* dx;
-  template <typename I>
-  __device__ __forceinline__ void operator()(I i, I) const {
-    dx[i] = to_float(y[i]) > 0.0f ? g[i] : from_float<T>(0.0f);
+  template <int V, typename I>
+  __device__ __forceinline__ void apply(I i0, I, I) const {
+    const Pack<T, V> gv = load_pack<V>(g, i0), yv = load_pack<V>(y, i0);
+    Pack<T, V> ov;
+#pragma unroll
+    for (int u = 0; u < V; ++u) ov.v[u] = to_float(yv.v[u]) > 0.0f ? gv.v[u] : from_float<T>(0.0f);
+    store_pack<V>(dx, i0, ov);
   }
 };
 
@@ -189,6 +219,23 @@ void launch_sum(const T* x, int64_t n, Out* out, Allocator& alloc, cudaStream_t 
 
 template <typename T>
 void launch_binary(Binary op, const T* a, const T* b, T* out, int64_t n, cudaStream_t st) {
+  if constexpr (!std::is_integral_v<T>) {
+    constexpr int V = chan::pack_width<T>();
+    if (n % V == 0 && chan::aligned16({a, b, out})) {
+      const int64_t packs = n / V;
+      const unsigned g = blocks_for(packs);
+      switch (op) {
+        case Binary::Add: binary_pack_kernel<Binary::Add, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
+        case Binary::Sub: binary_pack_kernel<Binary::Sub, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
+        case Binary::Mul: binary_pack_kernel<Binary::Mul, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
+        case Binary::Div: binary_pack_kernel<Binary::Div, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
+        case Binary::Max: binary_pack_kernel<Binary::Max, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
+        case Binary::Min: binary_pack_kernel<Binary::Min, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
+      }
+      TANDEM_CUDA_LAUNCH_CHECK("binary_pack_kernel");
+      return;
+    }
+  }
   const unsigned g = blocks_for(n);
   switch (op) {
     case Binary::Add: binary_kernel<Binary::Add><<<g, kBlock, 0, st>>>(a, b, out, n); break;
@@ -315,9 +362,10 @@ void launch_bias(const Tensor& x, const Tensor& b, const chan::Layout& l, Tensor
     const T* px = static_cast<const T*>(x.data_ptr());
     T* po = static_cast<T*>(out.data_ptr());
     if (b.defined() && b.dtype() == DType::f32)
-      chan::map(l, stream, BiasOp<T, float, RELU>{px, b.data<float>(), po});
+      chan::map<T>(l, stream, BiasOp<T, float, RELU>{px, b.data<float>(), po}, {px, po});
     else
-      chan::map(l, stream, BiasOp<T, T, RELU>{px, b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr, po});
+      chan::map<T>(l, stream, BiasOp<T, T, RELU>{px, b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr, po},
+                   {px, po});
   });
 }
 
@@ -329,10 +377,11 @@ void launch_bias_grad(CudaBackend& be, int device, const Tensor& g, const Tensor
     const BiasGradElem<T, RELU> elem{static_cast<const T*>(g.data_ptr()),
                                      y.defined() ? static_cast<const T*>(y.data_ptr()) : nullptr,
                                      dx ? static_cast<T*>(dx->data_ptr()) : nullptr};
+    const std::initializer_list<const void*> io{elem.g, elem.y, elem.dx};
     if (db.dtype() == DType::f32)
-      chan::reduce<1>(be, device, l, elem, StoreSum<float>{db.data<float>()});
+      chan::reduce<1, T>(be, device, l, elem, StoreSum<float>{db.data<float>()}, io);
     else
-      chan::reduce<1>(be, device, l, elem, StoreSum<T>{static_cast<T*>(db.data_ptr())});
+      chan::reduce<1, T>(be, device, l, elem, StoreSum<T>{static_cast<T*>(db.data_ptr())}, io);
   });
 }
 }  // namespace
@@ -377,8 +426,10 @@ void CudaBackend::relu_bias_grad(const Tensor& dy, const Tensor& y, int64_t n, i
   }
   kern::dispatch_float(dy.dtype(), "relu_bias_grad", [&](auto tag) {
     using T = decltype(tag);
-    chan::map(l, st.stream, ReluMaskOp<T>{static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(y.data_ptr()),
-                                          static_cast<T*>(dx.data_ptr())});
+    chan::map<T>(l, st.stream,
+                 ReluMaskOp<T>{static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(y.data_ptr()),
+                               static_cast<T*>(dx.data_ptr())},
+                 {dy.data_ptr(), y.data_ptr(), dx.data_ptr()});
   });
 }
 

@@ -16,14 +16,22 @@ namespace {
 using kern::from_float;
 using kern::to_float;
 
+using chan::load_pack;
+using chan::Pack;
+using chan::store_pack;
+
 template <typename T>
 struct StatsElem {
   const T* x;
-  template <typename I>
-  __device__ __forceinline__ void operator()(I off, I, double (&s)[2]) const {
-    const double v = to_float(x[off]);
-    s[0] += v;
-    s[1] += v * v;
+  template <int V, typename I>
+  __device__ __forceinline__ void add(I off, double (&s)[2][V]) const {
+    const Pack<T, V> xv = load_pack<V>(x, off);
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      const double v = to_float(xv.v[u]);
+      s[0][u] += v;
+      s[1][u] += v * v;
+    }
   }
 };
 
@@ -52,12 +60,20 @@ struct ApplyOp {
   const T *x, *z;
   T* y;
   const float *scale, *shift;
-  template <typename I>
-  __device__ __forceinline__ void operator()(I i, I ch) const {
-    float v = fmaf(to_float(x[i]), scale[ch], shift[ch]);
-    if (z) v += to_float(z[i]);
-    if (RELU) v = v > 0.0f ? v : 0.0f;
-    y[i] = from_float<T>(v);
+  template <int V, typename I>
+  __device__ __forceinline__ void apply(I i0, I ch0, I step) const {
+    const Pack<T, V> xv = load_pack<V>(x, i0);
+    Pack<T, V> zv{}, yv;
+    if (z) zv = load_pack<V>(z, i0);
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      const I ch = ch0 + u * step;
+      float v = fmaf(to_float(xv.v[u]), scale[ch], shift[ch]);
+      if (z) v += to_float(zv.v[u]);
+      if (RELU) v = v > 0.0f ? v : 0.0f;
+      yv.v[u] = from_float<T>(v);
+    }
+    store_pack<V>(y, i0, yv);
   }
 };
 
@@ -68,31 +84,47 @@ struct EvalOp {
   T* y;
   const float *gamma, *beta, *mean, *var;
   double eps;
-  template <typename I>
-  __device__ __forceinline__ void operator()(I i, I ch) const {
-    const double sc = gamma[ch] / sqrt(static_cast<double>(var[ch]) + eps);
-    float v = to_float(x[i]) * static_cast<float>(sc) + static_cast<float>(beta[ch] - mean[ch] * sc);
-    if (z) v += to_float(z[i]);
-    if (RELU) v = v > 0.0f ? v : 0.0f;
-    y[i] = from_float<T>(v);
+  template <int V, typename I>
+  __device__ __forceinline__ void apply(I i0, I ch0, I step) const {
+    const Pack<T, V> xv = load_pack<V>(x, i0);
+    Pack<T, V> zv{}, yv;
+    if (z) zv = load_pack<V>(z, i0);
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      const I ch = ch0 + u * step;
+      const double sc = gamma[ch] / sqrt(static_cast<double>(var[ch]) + eps);
+      float v = to_float(xv.v[u]) * static_cast<float>(sc) + static_cast<float>(beta[ch] - mean[ch] * sc);
+      if (z) v += to_float(zv.v[u]);
+      if (RELU) v = v > 0.0f ? v : 0.0f;
+      yv.v[u] = from_float<T>(v);
+    }
+    store_pack<V>(y, i0, yv);
   }
 };
 
 // The gradient below the fused ReLU: dy where the output was positive.
-template <typename T, bool RELU>
-__device__ __forceinline__ float masked(const T* dy, const T* y, int64_t i) {
-  if (RELU) return to_float(y[i]) > 0.0f ? to_float(dy[i]) : 0.0f;
-  return to_float(dy[i]);
+template <typename T, int V, bool RELU, typename I>
+__device__ __forceinline__ void masked(const T* dy, const T* y, I i0, float (&g)[V]) {
+  const Pack<T, V> dv = load_pack<V>(dy, i0);
+  Pack<T, V> yv{};
+  if (RELU) yv = load_pack<V>(y, i0);
+#pragma unroll
+  for (int u = 0; u < V; ++u) g[u] = !RELU || to_float(yv.v[u]) > 0.0f ? to_float(dv.v[u]) : 0.0f;
 }
 
 template <typename T, bool RELU>
 struct GradElem {
   const T *dy, *y, *x;
-  template <typename I>
-  __device__ __forceinline__ void operator()(I off, I, double (&s)[2]) const {
-    const double g = masked<T, RELU>(dy, y, off);
-    s[0] += g;
-    s[1] += g * static_cast<double>(to_float(x[off]));
+  template <int V, typename I>
+  __device__ __forceinline__ void add(I off, double (&s)[2][V]) const {
+    float g[V];
+    masked<T, V, RELU>(dy, y, off, g);
+    const Pack<T, V> xv = load_pack<V>(x, off);
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      s[0][u] += g[u];
+      s[1][u] += static_cast<double>(g[u]) * static_cast<double>(to_float(xv.v[u]));
+    }
   }
 };
 
@@ -120,11 +152,20 @@ struct GradApply {
   const T *dy, *y, *x;
   T *dx, *dz;
   const float *k, *u, *w;
-  template <typename I>
-  __device__ __forceinline__ void operator()(I i, I ch) const {
-    const float g = masked<T, RELU>(dy, y, i);
-    dx[i] = from_float<T>(g * k[ch] + to_float(x[i]) * u[ch] + w[ch]);
-    if (dz) dz[i] = from_float<T>(g);
+  template <int V, typename I>
+  __device__ __forceinline__ void apply(I i0, I ch0, I step) const {
+    float g[V];
+    masked<T, V, RELU>(dy, y, i0, g);
+    const Pack<T, V> xv = load_pack<V>(x, i0);
+    Pack<T, V> dxv, dzv;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const I ch = ch0 + e * step;
+      dxv.v[e] = from_float<T>(g[e] * k[ch] + to_float(xv.v[e]) * u[ch] + w[ch]);
+      dzv.v[e] = from_float<T>(g[e]);
+    }
+    store_pack<V>(dx, i0, dxv);
+    if (dz) store_pack<V>(dz, i0, dzv);
   }
 };
 
@@ -171,14 +212,16 @@ void CudaBackend::batch_norm_forward_train(const Tensor& x, const Tensor& z, con
   float* shift = scale + l.c;
   kern::dispatch_float(x.dtype(), "batch_norm2d", [&](auto tag) {
     using T = decltype(tag);
-    chan::reduce<2>(*this, st.device, l, StatsElem<T>{ptr<T>(x)},
-                    StatsFinish{gamma.data<float>(), beta.data<float>(), running_mean.data<float>(),
-                                running_var.data<float>(), save_mean.data<float>(), save_invstd.data<float>(), scale,
-                                shift, static_cast<double>(m), a.momentum, a.eps});
+    chan::reduce<2, T>(*this, st.device, l, StatsElem<T>{ptr<T>(x)},
+                       StatsFinish{gamma.data<float>(), beta.data<float>(), running_mean.data<float>(),
+                                   running_var.data<float>(), save_mean.data<float>(), save_invstd.data<float>(),
+                                   scale, shift, static_cast<double>(m), a.momentum, a.eps},
+                       {x.data_ptr()});
+    const std::initializer_list<const void*> io{x.data_ptr(), z.defined() ? z.data_ptr() : nullptr, y.data_ptr()};
     if (a.relu)
-      chan::map(l, st.stream, ApplyOp<T, true>{ptr<T>(x), ptr<T>(z), mptr<T>(y), scale, shift});
+      chan::map<T>(l, st.stream, ApplyOp<T, true>{ptr<T>(x), ptr<T>(z), mptr<T>(y), scale, shift}, io);
     else
-      chan::map(l, st.stream, ApplyOp<T, false>{ptr<T>(x), ptr<T>(z), mptr<T>(y), scale, shift});
+      chan::map<T>(l, st.stream, ApplyOp<T, false>{ptr<T>(x), ptr<T>(z), mptr<T>(y), scale, shift}, io);
   });
 }
 
@@ -192,7 +235,9 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& z, cons
   DeviceState& st = state_for(y);
   kern::dispatch_float(x.dtype(), "batch_norm2d", [&](auto tag) {
     using T = decltype(tag);
-    auto run = [&](auto op) { chan::map(l, st.stream, op); };
+    auto run = [&](auto op) {
+      chan::map<T>(l, st.stream, op, {x.data_ptr(), z.defined() ? z.data_ptr() : nullptr, y.data_ptr()});
+    };
     if (a.relu)
       run(EvalOp<T, true>{ptr<T>(x), ptr<T>(z), mptr<T>(y), gamma.data<float>(), beta.data<float>(),
                           running_mean.data<float>(), running_var.data<float>(), a.eps});
@@ -221,8 +266,11 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, const T
     using T = decltype(tag);
     auto run = [&](auto relu) {
       constexpr bool R = decltype(relu)::value;
-      chan::reduce<2>(*this, st.device, l, GradElem<T, R>{ptr<T>(dy), ptr<T>(y), ptr<T>(x)}, finish);
-      chan::map(l, st.stream, GradApply<T, R>{ptr<T>(dy), ptr<T>(y), ptr<T>(x), mptr<T>(dx), mptr<T>(dz), k, u, w});
+      const std::initializer_list<const void*> io{dy.data_ptr(), R ? y.data_ptr() : nullptr, x.data_ptr(),
+                                                  dx.data_ptr(), dz.defined() ? dz.data_ptr() : nullptr};
+      chan::reduce<2, T>(*this, st.device, l, GradElem<T, R>{ptr<T>(dy), ptr<T>(y), ptr<T>(x)}, finish, io);
+      chan::map<T>(l, st.stream, GradApply<T, R>{ptr<T>(dy), ptr<T>(y), ptr<T>(x), mptr<T>(dx), mptr<T>(dz), k, u, w},
+                   io);
     };
     if (a.relu)
       run(std::true_type{});

@@ -4,8 +4,10 @@
 // order as a forward-order scatter. Index arithmetic is 32-bit whenever the tensors allow it.
 #include <cfloat>
 #include <climits>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_channel.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernel_utils.cuh"
 
@@ -17,38 +19,73 @@ using kern::from_float;
 using kern::kBlock;
 using kern::to_float;
 
+// Division by a fixed divisor: multiply-shift for 32-bit indices, plain division for 64-bit ones.
+struct Div32 {
+  chan::FastDiv d;
+  __device__ __forceinline__ int32_t div(int32_t n) const { return static_cast<int32_t>(d.div(static_cast<uint32_t>(n))); }
+};
+struct Div64 {
+  int64_t d;
+  __device__ __forceinline__ int64_t div(int64_t n) const { return n / d; }
+};
+
+template <typename I>
+using DivOf = std::conditional_t<sizeof(I) == 4, Div32, Div64>;
+
+template <typename I>
+DivOf<I> make_div(int64_t d) {
+  if constexpr (sizeof(I) == 4)
+    return Div32{chan::FastDiv(static_cast<uint32_t>(std::max<int64_t>(d, 1)))};
+  else
+    return Div64{std::max<int64_t>(d, 1)};
+}
+
 template <typename I>
 struct PoolArgs {
   I n, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow;
+  DivOf<I> c_div, h_div, w_div, oh_div, ow_div;
 };
 
 template <typename I>
 PoolArgs<I> pool_args(const PoolGeom& g) {
-  return {static_cast<I>(g.n),  static_cast<I>(g.c),        static_cast<I>(g.h),        static_cast<I>(g.w),
-          static_cast<I>(g.kh), static_cast<I>(g.kw),       static_cast<I>(g.stride_h), static_cast<I>(g.stride_w),
-          static_cast<I>(g.pad_h), static_cast<I>(g.pad_w), static_cast<I>(g.oh),       static_cast<I>(g.ow)};
+  return {static_cast<I>(g.n),      static_cast<I>(g.c),        static_cast<I>(g.h),        static_cast<I>(g.w),
+          static_cast<I>(g.kh),     static_cast<I>(g.kw),       static_cast<I>(g.stride_h), static_cast<I>(g.stride_w),
+          static_cast<I>(g.pad_h),  static_cast<I>(g.pad_w),    static_cast<I>(g.oh),       static_cast<I>(g.ow),
+          make_div<I>(g.c),         make_div<I>(g.h),           make_div<I>(g.w),           make_div<I>(g.oh),
+          make_div<I>(g.ow)};
 }
 
-// Splits a flat index over an [n, c, rows, cols] tensor (stored NCHW or NHWC) into the spatial position
-// and the offset of (row 0, col 0) of its plane, plus the step between neighbouring spatial positions.
-template <bool NHWC, typename I>
-__device__ __forceinline__ void split_index(I i, I c, I rows, I cols, I& row, I& col, I& base, I& step) {
+// Splits a flat index over an [n, c, rows, cols] tensor (stored NCHW or NHWC) into the spatial position,
+// the offset of its plane's (row 0, col 0) and the step between neighbouring spatial positions.
+template <bool NHWC, typename I, typename D>
+__device__ __forceinline__ void split_index(I i, I c, const D& c_div, I rows, const D& rows_div, I cols,
+                                            const D& cols_div, I& row, I& col, I& plane_base, I& step, I& img,
+                                            I& ch) {
   if constexpr (NHWC) {
-    const I ch = i % c;
-    I t = i / c;
-    col = t % cols;
-    t /= cols;
-    row = t % rows;
-    const I img = t / rows;
-    base = img * rows * cols * c + ch;
+    I t = c_div.div(i);
+    ch = i - t * c;
+    I t2 = cols_div.div(t);
+    col = t - t2 * cols;
+    img = rows_div.div(t2);
+    row = t2 - img * rows;
+    plane_base = img * rows * cols * c + ch;
     step = c;
   } else {
-    col = i % cols;
-    const I t = i / cols;
-    row = t % rows;
-    base = (t / rows) * rows * cols;
+    I t = cols_div.div(i);
+    col = i - t * cols;
+    I p = rows_div.div(t);
+    row = t - p * rows;
+    img = p;  // the plane index n * c + ch stands for image and channel together
+    ch = 0;
+    plane_base = p * rows * cols;
     step = 1;
   }
+}
+
+// The offset of (0, 0) in the same image and channel of a tensor with other spatial sizes.
+template <bool NHWC, typename I>
+__device__ __forceinline__ I other_base(I img, I ch, I c, I rows, I cols) {
+  return NHWC ? img * rows * cols * c + ch : img * rows * cols;
 }
 
 template <typename I>
@@ -68,19 +105,17 @@ __global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__
                                         PoolArgs<I> a) {
   const I total = a.n * a.c * a.oh * a.ow;
   for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
-    I oy, ox, obase, ostep;
-    split_index<NHWC>(i, a.c, a.oh, a.ow, oy, ox, obase, ostep);
-    // The input plane of this output: same image and channel.
-    const I xbase = NHWC ? (obase / (a.oh * a.ow * a.c)) * a.h * a.w * a.c + obase % a.c
-                         : (obase / (a.oh * a.ow)) * a.h * a.w;
+    I oy, ox, obase, step, img, ch;
+    split_index<NHWC>(i, a.c, a.c_div, a.oh, a.oh_div, a.ow, a.ow_div, oy, ox, obase, step, img, ch);
+    const I xbase = other_base<NHWC>(img, ch, a.c, a.h, a.w);
     const I h0 = oy * a.sh - a.ph, w0 = ox * a.sw - a.pw;
     const I hs = h0 < 0 ? 0 : h0, ws = w0 < 0 ? 0 : w0;
     const I he = h0 + a.kh < a.h ? h0 + a.kh : a.h, we = w0 + a.kw < a.w ? w0 + a.kw : a.w;
     I best_i = hs * a.w + ws;
-    float best = to_float(x[xbase + best_i * ostep]);
+    float best = to_float(x[xbase + best_i * step]);
     for (I r = hs; r < he; ++r)
       for (I col = ws; col < we; ++col) {
-        const float v = to_float(x[xbase + (r * a.w + col) * ostep]);
+        const float v = to_float(x[xbase + (r * a.w + col) * step]);
         if (v > best || v != v) {  // a NaN wins, as on the CPU
           best = v;
           best_i = r * a.w + col;
@@ -105,10 +140,9 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const int32_t
                                          T* __restrict__ dx, PoolArgs<I> a) {
   const I total = a.n * a.c * a.h * a.w;
   for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
-    I row, col, base, step;
-    split_index<NHWC>(i, a.c, a.h, a.w, row, col, base, step);
-    const I obase = NHWC ? (base / (a.h * a.w * a.c)) * a.oh * a.ow * a.c + base % a.c
-                         : (base / (a.h * a.w)) * a.oh * a.ow;
+    I row, col, base, step, img, ch;
+    split_index<NHWC>(i, a.c, a.c_div, a.h, a.h_div, a.w, a.w_div, row, col, base, step, img, ch);
+    const I obase = other_base<NHWC>(img, ch, a.c, a.oh, a.ow);
     I y0, y1, x0, x1;
     covering(row, a.ph, a.kh, a.sh, a.oh, y0, y1);
     covering(col, a.pw, a.kw, a.sw, a.ow, x0, x1);
@@ -129,10 +163,9 @@ __global__ void avg_pool_forward_kernel(const T* __restrict__ x, T* __restrict__
   const I total = a.n * a.c * a.oh * a.ow;
   const float inv = 1.0f / static_cast<float>(a.kh * a.kw);
   for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
-    I oy, ox, obase, step;
-    split_index<NHWC>(i, a.c, a.oh, a.ow, oy, ox, obase, step);
-    const I xbase = NHWC ? (obase / (a.oh * a.ow * a.c)) * a.h * a.w * a.c + obase % a.c
-                         : (obase / (a.oh * a.ow)) * a.h * a.w;
+    I oy, ox, obase, step, img, ch;
+    split_index<NHWC>(i, a.c, a.c_div, a.oh, a.oh_div, a.ow, a.ow_div, oy, ox, obase, step, img, ch);
+    const I xbase = other_base<NHWC>(img, ch, a.c, a.h, a.w);
     const I h0 = oy * a.sh - a.ph, w0 = ox * a.sw - a.pw;
     const I hs = h0 < 0 ? 0 : h0, ws = w0 < 0 ? 0 : w0;
     const I he = h0 + a.kh < a.h ? h0 + a.kh : a.h, we = w0 + a.kw < a.w ? w0 + a.kw : a.w;
@@ -148,10 +181,9 @@ __global__ void avg_pool_backward_kernel(const T* __restrict__ dy, T* __restrict
   const I total = a.n * a.c * a.h * a.w;
   const float inv = 1.0f / static_cast<float>(a.kh * a.kw);
   for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
-    I row, col, base, step;
-    split_index<NHWC>(i, a.c, a.h, a.w, row, col, base, step);
-    const I obase = NHWC ? (base / (a.h * a.w * a.c)) * a.oh * a.ow * a.c + base % a.c
-                         : (base / (a.h * a.w)) * a.oh * a.ow;
+    I row, col, base, step, img, ch;
+    split_index<NHWC>(i, a.c, a.c_div, a.h, a.h_div, a.w, a.w_div, row, col, base, step, img, ch);
+    const I obase = other_base<NHWC>(img, ch, a.c, a.oh, a.ow);
     I y0, y1, x0, x1;
     covering(row, a.ph, a.kh, a.sh, a.oh, y0, y1);
     covering(col, a.pw, a.kw, a.sw, a.ow, x0, x1);
