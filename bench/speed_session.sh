@@ -2,7 +2,8 @@
 # GPU speed session: builds tandem on a GPU machine, runs the GPU tests, then times tandem next to the
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
-#   bench/speed_session.sh [build] [tests] [cnn] [resnet] [memory] [profile]   (default: build tests cnn resnet)
+#   bench/speed_session.sh [build] [tests] [cnn] [resnet] [memory] [accuracy] [convlog] [profile]
+#   (default: build tests cnn resnet)
 # COMMIT labels the figures; PROFILE lists "model batch precision" triples separated by ';';
 # PEER_PROFILE=0 profiles tandem alone.
 # Expects the peer scripts in .data/peer (a copy of the shared bench folder).
@@ -71,8 +72,18 @@ if has resnet; then
   tan "tandem rn50 b256 f16" "${RN[@]}" -b 256 --precision f16
 fi
 
+if has accuracy; then  # the guide's CNN and hyper-parameters on Fashion-MNIST, 10 epochs, per precision
+  for p in f32 tf32 bf16 f16; do
+    "$T" train --model cnn --dataset fashion-mnist --data-dir "$PWD/.data/fashion-mnist" --epochs 10 --batch-size 64 \
+      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 --device cuda --precision $p --metrics "$OUT/acc_$p.jsonl" \
+      >"$OUT/acc_$p.log" 2>&1
+    say "accuracy $p (rc $?): $(grep 'Evaluation accuracy' "$OUT/acc_$p.log" | tail -1)"
+  done
+fi
+
 if has convlog; then  # which algorithm cuDNN offered and which was taken, per convolution
-  TANDEM_CONV_LOG=1 "$T" bench train --device cuda "${RN[@]}" -b 128 --precision f32 --steps 1 --warmup 1 2>&1 \
+  TANDEM_CONV_LOG=1 "$T" bench train --device cuda --model resnet50 --image 224 --channels 3 --classes 1000 -b 128 \
+    --precision f32 --steps 1 --warmup 1 2>&1 \
     | grep '^conv' >"$OUT/convlog_f32.txt"
   say "conv searches logged: $(wc -l <"$OUT/convlog_f32.txt")"
 fi

@@ -39,6 +39,10 @@ Runner add_train_command(CLI::App& app) {
   sub->add_flag("--nesterov", cfg->nesterov, "Nesterov momentum (SGD)");
   sub->add_option("--device", cfg->device, "cpu, cuda or cuda:N")->capture_default_str();
   sub->add_option("--seed", cfg->seed, "Seed for initialisation and shuffling")->capture_default_str();
+  sub->add_option("--precision", cfg->precision,
+                  "f32 (exact), tf32 (TF32 tensor cores), bf16 or f16 (mixed precision: f32 weights, 16-bit "
+                  "convolutions and products); default tf32 on CUDA, f32 on the CPU")
+      ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
   sub->add_option("--metrics", cfg->metrics_path, "Append one JSON line per epoch to this file");
   sub->add_option("--threads", cfg->threads, "CPU threads for kernels (0: all cores)")
       ->check(CLI::Range(0, 4096))

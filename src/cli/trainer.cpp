@@ -24,6 +24,7 @@
 #include "tandem/nn/models.h"
 #include "tandem/ops.h"
 #include "tandem/optim/optimizer.h"
+#include "tandem/precision.h"
 
 namespace tandem::cli {
 
@@ -103,6 +104,9 @@ int run_training(const TrainConfig& cfg) {
   // Ranks sharing a machine share its cores.
   set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env.local_size));
   Device device = device_for_rank(cfg.device, env);
+  const Precision precision = cfg.precision.empty() ? default_precision(device) : parse_precision(cfg.precision);
+  TANDEM_CHECK(device.is_cuda() || activation_dtype(precision) == DType::f32, "--precision ",
+               precision_name(precision), " needs a CUDA device: the CPU computes in f32 (use --precision f32)");
   auto comm = dist::init_communicator(device, std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000)));
   const int rank = comm->rank(), world = comm->size();
   const bool lead = rank == 0;
@@ -151,6 +155,7 @@ int run_training(const TrainConfig& cfg) {
 
   if (lead) {
     std::string where = device.is_cpu() ? "cpu, " + std::to_string(num_threads()) + " threads" : device.str();
+    if (device.is_cuda()) where += std::string(", ") + precision_name(precision);
     if (world > 1) where += ", " + std::to_string(world) + " ranks (" + comm->backend_name() + ", " +
                             dist::sync_mode_name(mode) + ")";
     std::fprintf(stderr, "tandem: %s (%lld parameters) on %s: %lld training / %lld test samples, batch %lld per rank, %s\n",
@@ -181,8 +186,12 @@ int run_training(const TrainConfig& cfg) {
     data::Batch batch;
     int64_t step = 0;
     while (train_loader.next(batch)) {
-      Tensor logits = model->forward(batch.x);
-      Tensor loss = softmax_cross_entropy(logits, batch.y);
+      Tensor logits, loss;
+      {
+        PrecisionScope scope(precision);
+        logits = model->forward(batch.x);
+        loss = softmax_cross_entropy(logits, batch.y);
+      }
       opt.step(mode, loss, cfg.spars, cfg.error_feedback);
       Tensor loss_value = loss.detach();
       train.add(&loss_value, logits.detach(), batch.y, train_samples);
@@ -210,6 +219,7 @@ int run_training(const TrainConfig& cfg) {
     int64_t test_samples = 0;
     {
       NoGradGuard no_grad;
+      PrecisionScope scope(precision);
       test_loader.start_epoch(0);
       while (test_loader.next(batch)) test.add(nullptr, model->forward(batch.x), batch.y, test_samples);
     }
@@ -252,6 +262,7 @@ int run_training(const TrainConfig& cfg) {
                        {"device", device.str()},
                        {"world_size", world},
                        {"dist_option", dist::sync_mode_name(mode)},
+                       {"precision", precision_name(precision)},
                        {"batch_size", cfg.batch_size},
                        {"bytes_sent_per_step", comm_stats.bytes_sent / std::max<int64_t>(comm_stats.steps, 1)},
                        {"bytes_received_per_step", comm_stats.bytes_received / std::max<int64_t>(comm_stats.steps, 1)},

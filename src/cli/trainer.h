@@ -18,6 +18,7 @@ struct TrainConfig {
   double weight_decay = 1e-5;
   bool nesterov = false;
   std::string device = "cpu";
+  std::string precision;  // f32 | tf32 | bf16 | f16; empty: the device's default
   uint64_t seed = 0;
   std::string metrics_path;
   int threads = 0;

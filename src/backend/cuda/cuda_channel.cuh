@@ -150,12 +150,15 @@ void map(const Layout& l, cudaStream_t stream, Op op, std::initializer_list<cons
 
 constexpr int kReduceThreads = 512;
 
-// Writes a block's partial sums (K per channel, V channels from ch0) into the workspace; the last block
-// of the channel group (counted in counters[slot]) totals the partials in split order and calls
-// finish(channel, totals) for each of its channels. Every thread of the block must call it.
+// Writes a block's partial sums (K per channel, V channels from ch0; `mine` for threads that own
+// channels) into the workspace; the last block of the group (counted in counters[slot]) totals the
+// partials of the group's channels [first, first + count) and calls finish(channel, totals) for each.
+// The totals are formed by groups of lanes, each lane adding every G-th split in order and the lanes
+// combined by a fixed shuffle tree: the same order on every run. Every thread of the block must call it.
 template <int K, int V, typename Finish>
 __device__ __forceinline__ void complete(double* partial, unsigned* counters, int64_t slot, int64_t c, int64_t ch0,
-                                         bool mine, const double (&sums)[K][V], const Finish& finish) {
+                                         bool mine, const double (&sums)[K][V], int64_t first, int64_t count,
+                                         const Finish& finish) {
   __shared__ bool last;
   const int splits = gridDim.y;
   if (mine)
@@ -163,20 +166,29 @@ __device__ __forceinline__ void complete(double* partial, unsigned* counters, in
       for (int u = 0; u < V; ++u) partial[(int64_t(blockIdx.y) * K + k) * c + ch0 + u] = sums[k][u];
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0) last = atomicAdd(&counters[slot], 1u) == unsigned(splits - 1);
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
+  if (tid == 0) last = atomicAdd(&counters[slot], 1u) == unsigned(splits - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (mine) {
-    const volatile double* p = partial;
-    for (int u = 0; u < V; ++u) {
-      double tot[K] = {};
-      for (int sp = 0; sp < splits; ++sp)
-        for (int k = 0; k < K; ++k) tot[k] += p[(int64_t(sp) * K + k) * c + ch0 + u];
-      finish(ch0 + u, tot);
-    }
+  // Lanes per channel: a power of two up to 32, as many as the block's threads allow.
+  int lanes = 1;
+  while (lanes < 32 && lanes * 2 * count <= nthreads) lanes *= 2;
+  const int groups = nthreads / lanes;
+  for (int64_t base = 0; base < count; base += groups) {  // uniform over the block: every lane shuffles
+    const int64_t idx = base + tid / lanes;
+    const int lane = tid % lanes;
+    const bool valid = tid < groups * lanes && idx < count;
+    const int64_t ch = first + idx;
+    double tot[K] = {};
+    if (valid)
+      for (int sp = lane; sp < splits; sp += lanes)
+        for (int k = 0; k < K; ++k) tot[k] += __ldcg(partial + (int64_t(sp) * K + k) * c + ch);
+    for (int off = lanes / 2; off > 0; off /= 2)
+      for (int k = 0; k < K; ++k) tot[k] += __shfl_down_sync(0xffffffffu, tot[k], off, lanes);
+    if (valid && lane == 0) finish(ch, tot);
   }
-  if (threadIdx.x == 0 && threadIdx.y == 0) counters[slot] = 0;  // ready for the next launch
+  if (tid == 0) counters[slot] = 0;  // ready for the next launch
 }
 
 // Rows: thread (x, y) owns V consecutive channels; the block's y threads and the grid's second
@@ -204,7 +216,9 @@ __global__ void rows_reduce_kernel(I m, I c, Elem elem, Finish finish, double* p
       tot[k][u] = t;
       __syncthreads();
     }
-  complete<K, V>(partial, counters, blockIdx.x, c, ch0, threadIdx.y == 0 && ch0 < c, tot, finish);
+  const I first = static_cast<I>(blockIdx.x) * blockDim.x * V;
+  const I count = (first + blockDim.x * V < c ? first + blockDim.x * V : c) - first;
+  complete<K, V>(partial, counters, blockIdx.x, c, ch0, threadIdx.y == 0 && ch0 < c, tot, first, count, finish);
 }
 
 // Planes: a block (x) per channel, split over the grid's second dimension; each thread takes packs of
@@ -230,7 +244,7 @@ __global__ void planes_reduce_kernel(I n, I c, FastDiv packs_div, I s, Elem elem
     for (int u = 0; u < V; ++u) t += acc[k][u];
     tot[k][0] = kern::block_sum(t, scratch);
   }
-  complete<K, 1>(partial, counters, ch, c, ch, threadIdx.x == 0, tot, finish);
+  complete<K, 1>(partial, counters, ch, c, ch, threadIdx.x == 0, tot, ch, 1, finish);
 }
 
 /// Per-device state of the reductions: completion counters, kept zero between launches.
