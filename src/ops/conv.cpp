@@ -14,7 +14,6 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   check_floating(w, "conv2d", "weight");
   check_same_device(x, w, "conv2d");
   const Precision prec = current_precision();
-  const DType cdt = compute_dtype(x.device(), prec, x.dtype());
   const bool mixed = compute_dtype(x.device(), prec, DType::f64) != DType::f64;  // 16-bit copies are made here
   TANDEM_CHECK(x.dtype() == w.dtype() || mixed, "conv2d: input ", x.str(), " and weight ", w.str(),
                " differ in dtype");
@@ -35,6 +34,9 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   g.oh = eh / g.stride_h + 1;
   g.ow = ew / g.stride_w + 1;
   g.nhwc = conv_channels_last(x.device(), prec, g.k);
+  // 16-bit only where tensor cores take it (channels-last, channel counts in multiples of 8): cuDNN's other
+  // 16-bit kernels are slower than TF32 ones, so such a convolution computes in f32 (TF32).
+  const DType cdt = !mixed ? x.dtype() : g.nhwc && g.c % 8 == 0 ? activation_dtype(prec) : DType::f32;
   // Under a mixed precision the 16-bit copies of input and weight are made here (with the change of
   // storage order, in one pass each); gradients go back in the types of x and w.
   Tensor xc = to_dense(x, cdt, g.nhwc), wc = to_dense(w, cdt, g.nhwc);

@@ -242,8 +242,17 @@ TEST(CudaPrecision, MixedPrecisionStepsOfAResidualNetwork) {
     const std::string name = precision_name(p);
     EXPECT_NEAR(got.losses[0], ref.losses[0], tolerance(p) * std::fabs(ref.losses[0])) << name << " first loss";
     EXPECT_LT(got.losses.back(), got.losses.front()) << name << ": training does not lower the loss";
-    // Batch norm over 16 samples amplifies rounding through 18 layers: a looser bound than one op's.
-    expect_norm_close(concat(ref.first_grads), concat(got.first_grads), 6 * tolerance(p), name + " first gradients");
+    // Batch norm over small batches amplifies rounding through 18 layers, so the gradients are compared
+    // by direction: the cosine of the angle between the whole gradient vectors.
+    const std::vector<float> a = concat(ref.first_grads).to_vector<float>(), b = concat(got.first_grads).to_vector<float>();
+    double ab = 0, aa = 0, bb = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ab += double(a[i]) * b[i];
+      aa += double(a[i]) * a[i];
+      bb += double(b[i]) * b[i];
+    }
+    const double min_cos = p == Precision::f32 ? 0.99999 : p == Precision::bf16 ? 0.93 : 0.98;
+    EXPECT_GT(ab / std::sqrt(aa * bb), min_cos) << name << ": first gradients point elsewhere";
   }
 }
 

@@ -174,7 +174,7 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const bool small = std::max({m, n, k}) <= INT_MAX;  // the 32-bit entry points cost the host less per call
   std::lock_guard<std::mutex> lock(s.cublas_mu);
-  if (c.dtype() == DType::f32 && current_precision() != Precision::tf32) {  // exact f32
+  if (c.dtype() == DType::f32 && current_precision() == Precision::f32) {  // exact f32
     const auto* pa = static_cast<const float*>(a.data_ptr());
     const auto* pb = static_cast<const float*>(b.data_ptr());
     auto* pc = static_cast<float*>(c.data_ptr());

@@ -240,7 +240,8 @@ ConvMath check_conv(const ConvGeom& g, const Tensor& x, const Tensor& w, const T
   TANDEM_CHECK(x.dtype() == w.dtype() && x.dtype() == y.dtype(), op, ": ", x.str(), ", ", w.str(), " and ", y.str(),
                " differ in dtype");
   cudnn_type(x.dtype());  // throws for types cuDNN convolutions do not take here
-  return {x.dtype(), x.dtype() == DType::f32 && current_precision() == Precision::tf32};
+  // TF32 for f32 data under any reduced precision (a mixed precision computes some layers in f32).
+  return {x.dtype(), x.dtype() == DType::f32 && current_precision() != Precision::f32};
 }
 
 void* conv_workspace(DeviceState& st, size_t bytes) { return st.conv->workspace(st.stream, bytes); }
