@@ -102,7 +102,7 @@ Runner add_train_command(CLI::App& app) {
               "\n\nDistributed: start with `tandem launch -n N -- tandem train ...` or `mpiexec --hostfile FILE tandem\n"
               "train ...`. Each rank trains on its own 1/N of the data with --batch-size samples per step, so the\n"
               "global batch is N x --batch-size. --lr is used as given: scaling it with N is your choice.");
-  return [cfg] { return run_training(*cfg); };
+  return [cfg] { return Trainer(*cfg).run(); };
 }
 
 }  // namespace tandem::cli

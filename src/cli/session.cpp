@@ -1,0 +1,80 @@
+// The session shared by `tandem train` and `tandem bench train`.
+#include "cli/session.h"
+
+#include <chrono>
+
+#include "cli/commands.h"
+#include "tandem/ops.h"
+#include "tandem/optim/optimizer.h"
+
+namespace tandem::cli {
+
+namespace {
+
+std::shared_ptr<optim::Optimizer> make_optimizer(const SessionConfig& cfg, std::vector<Tensor> params) {
+  if (cfg.optimizer == "adam") {
+    optim::AdamOptions o;
+    o.lr = cfg.lr;
+    o.weight_decay = cfg.weight_decay;
+    return std::make_shared<optim::Adam>(std::move(params), o);
+  }
+  optim::SgdOptions o;
+  o.lr = cfg.lr;
+  o.momentum = cfg.momentum;
+  o.weight_decay = cfg.weight_decay;
+  o.nesterov = cfg.nesterov;
+  return std::make_shared<optim::SGD>(std::move(params), o);
+}
+
+dist::DistOptOptions dist_options(const SessionConfig& cfg) {
+  dist::DistOptOptions o;
+  o.bucket_bytes = static_cast<size_t>(cfg.bucket_mb * 1048576.0);
+  o.first_bucket_bytes = static_cast<size_t>(cfg.first_bucket_mb * 1048576.0);
+  o.half_dtype = parse_dtype(cfg.half_dtype);
+  return o;
+}
+
+}  // namespace
+
+Session::Session(const SessionConfig& cfg) : cfg_(cfg), mode_(dist::parse_sync_mode(cfg.dist_option)) {
+  if (mode_ == dist::SyncMode::SparseTopK)
+    TANDEM_CHECK(cfg.spars > 0.0 && cfg.spars <= 1.0, "--spars for sparseTopK is the fraction of gradients sent, in ",
+                 "(0, 1]; got ", cfg.spars);
+  env_ = dist::detect_env();
+  // Ranks sharing a machine share its cores.
+  set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env_.local_size));
+  device_ = device_for_rank(cfg.device, env_);
+  precision_ = cfg.precision.empty() ? default_precision(device_) : parse_precision(cfg.precision);
+  comm_ = dist::init_communicator(device_, std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000)));
+}
+
+void Session::build_model(nn::ModelConfig mc) {
+  mc.hidden = cfg_.hidden;
+  mc.seed = cfg_.seed;
+  model_ = nn::make_model(cfg_.model, mc);
+  model_->to(device_);
+  opt_ = std::make_unique<dist::DistOpt>(make_optimizer(cfg_, model_->parameters()), comm_, dist_options(cfg_));
+}
+
+void Session::sync_model() { opt_->sync_parameters(*model_); }
+
+StepResult Session::train_step(const Tensor& x, const Tensor& y) {
+  Tensor logits, loss;
+  {
+    PrecisionScope scope(precision_);
+    logits = model_->forward(x);
+    loss = softmax_cross_entropy(logits, y);
+  }
+  opt_->step(mode_, loss, cfg_.spars, cfg_.error_feedback);
+  return {logits.detach(), loss.detach()};
+}
+
+std::string Session::where() const {
+  std::string s = device_.is_cpu() ? "cpu, " + std::to_string(num_threads()) + " threads" : device_.str();
+  if (comm_->size() > 1)
+    s += ", " + std::to_string(comm_->size()) + " ranks (" + comm_->backend_name() + ", " +
+         dist::sync_mode_name(mode_) + ")";
+  return s;
+}
+
+}  // namespace tandem::cli
