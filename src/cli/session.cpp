@@ -40,6 +40,8 @@ Session::Session(const SessionConfig& cfg) : cfg_(cfg), mode_(dist::parse_sync_m
   if (mode_ == dist::SyncMode::SparseTopK)
     TANDEM_CHECK(cfg.spars > 0.0 && cfg.spars <= 1.0, "--spars for sparseTopK is the fraction of gradients sent, in ",
                  "(0, 1]; got ", cfg.spars);
+  TANDEM_CHECK(cfg.clip == 0.0 || mode_ == dist::SyncMode::Half, "--clip bounds the values -d half sends; with -d ",
+               dist::sync_mode_name(mode_), " it would do nothing");
   env_ = dist::detect_env();
   // Ranks sharing a machine share its cores.
   set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env_.local_size));
@@ -65,7 +67,7 @@ StepResult Session::train_step(const Tensor& x, const Tensor& y) {
     logits = model_->forward(x);
     loss = softmax_cross_entropy(logits, y);
   }
-  opt_->step(mode_, loss, cfg_.spars, cfg_.error_feedback);
+  opt_->step(mode_, loss, cfg_.spars, cfg_.error_feedback, cfg_.clip);
   return {logits.detach(), loss.detach()};
 }
 

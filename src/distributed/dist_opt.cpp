@@ -312,6 +312,9 @@ class DistOpt::Engine {
       next_chunk = (next_chunk + 1) % chunks.size();
       return;
     }
+    // The layout learnt from the first step is adopted when the next one starts, once the gradients a
+    // caller may read after a step are about to be zeroed anyway: the views move, the values need not.
+    if (!rebuilt && options_.rebuild_buckets && !ready_order.empty()) rebuild_from_observed_order();
     begin_step();
     backward(loss, [this](const Tensor& leaf) { on_ready(leaf); });
     if (trace_on) trace.push_back("backward_done");
@@ -320,7 +323,6 @@ class DistOpt::Engine {
     launch_ready();
     for (auto& b : buckets) finish_bucket(b);
     owner_.opt_->step();
-    if (!rebuilt && options_.rebuild_buckets) rebuild_from_observed_order();
   }
 
   // After the first step the real gradient order is known: lay buckets out in that order, so each
@@ -444,8 +446,7 @@ void DistOpt::backward_and_update(const Tensor& loss) { step(SyncMode::Plain, lo
 void DistOpt::backward_and_update_half(const Tensor& loss, bool clipping, double clip_value) {
   TANDEM_CHECK(!clipping || clip_value > 0.0, "backward_and_update_half: clip value must be positive, got ",
                clip_value);
-  engine_->clip = clipping ? clip_value : 0.0;
-  step(SyncMode::Half, loss);
+  step(SyncMode::Half, loss, 0.05, true, clipping ? clip_value : 0.0);
 }
 
 void DistOpt::backward_and_partial_update(const Tensor& loss) { step(SyncMode::Partial, loss); }
@@ -454,7 +455,8 @@ void DistOpt::backward_and_sparse_update(const Tensor& loss, double spars, bool 
   step(topK ? SyncMode::SparseTopK : SyncMode::SparseThreshold, loss, spars, corr);
 }
 
-void DistOpt::step(SyncMode mode, const Tensor& loss, double spars, bool corr) {
+void DistOpt::step(SyncMode mode, const Tensor& loss, double spars, bool corr, double clip) {
+  TANDEM_CHECK(clip >= 0.0, "the half mode's clip value must not be negative, got ", clip);
   if (mode == SyncMode::SparseTopK)
     TANDEM_CHECK(spars > 0.0 && spars <= 1.0, "sparseTopK: spars is the fraction of gradients sent, in (0, 1]; got ",
                  spars);
@@ -467,7 +469,7 @@ void DistOpt::step(SyncMode mode, const Tensor& loss, double spars, bool corr) {
   e.mode = mode;
   e.spars = spars;
   e.corr = corr;
-  if (mode != SyncMode::Half) e.clip = 0.0;
+  e.clip = mode == SyncMode::Half ? clip : 0.0;
   e.run_step(loss);
 }
 

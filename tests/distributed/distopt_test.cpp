@@ -95,11 +95,16 @@ TEST(DistOptGloo, SyncAndConsistencyChecksThreeRanks) {
   EXPECT_TRUE(contains(r.output, "[rank 2] rank 2: another shape on rank 1: ranks built different models")) << r.output;
 }
 
+TEST(DistOptGloo, GradientsAfterAStepAreTheAverageAndSettingsApplyPerCall) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "grads,clipswitch");
+}
+
 // One process: the same API with nothing to exchange.
 TEST(DistOptSingle, OneProcessStepsLocally) {
-  ProcResult r = run_process({kWorker, "plain,half,equivalence"}, {}, 120);
+  ProcResult r = run_process({kWorker, "plain,half,equivalence,grads,clipswitch"}, {}, 120);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (const char* s : {"plain", "half", "equivalence"})
+  for (const char* s : {"plain", "half", "equivalence", "grads", "clipswitch"})
     EXPECT_TRUE(contains(r.output, std::string("rank 0: ") + s + " ok")) << r.output;
 }
 

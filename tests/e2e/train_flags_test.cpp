@@ -33,3 +33,41 @@ TEST(Version, OneSourceForEveryPlaceThatPrintsIt) {
   EXPECT_EQ(info.status, 0) << info.output;
   EXPECT_EQ(info.output.rfind("tandem " + v + "\n", 0), 0u) << info.output;
 }
+
+namespace {
+
+using tandem::test::have_fashion_mnist;
+
+#define REQUIRE_TWO_CPU_RANKS()                                                                          \
+  do {                                                                                                   \
+    if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)"; \
+    if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";                         \
+  } while (0)
+
+// One short epoch on two CPU ranks with the given extra flags; returns rank 0's training line.
+std::string two_rank_training_line(const std::string& flags) {
+  auto r = run_tandem("launch -n 2 -- " + std::string(TANDEM_BIN) +
+                      " train --epochs 1 --limit-train 1024 --limit-test 128 --batch-size 32 --threads 1 "
+                      "--progress off " + flags);
+  EXPECT_EQ(r.status, 0) << flags << "\n" << r.output;
+  std::smatch m;
+  if (!std::regex_search(r.output, m, std::regex(R"(Training loss = [0-9.]+, training accuracy = [0-9.]+)"))) {
+    ADD_FAILURE() << "no training line for " << flags << ":\n" << r.output;
+    return "";
+  }
+  return m.str(0);
+}
+
+}  // namespace
+
+// --clip bounds each gradient value before the half-precision average: a bound below the gradients'
+// size changes the run, one above all of them leaves it exactly as it was.
+TEST(TrainFlags, ClipBoundsTheHalfGradients) {
+  REQUIRE_TWO_CPU_RANKS();
+  std::string none = two_rank_training_line("-d half");
+  EXPECT_NE(two_rank_training_line("-d half --clip 0.0001"), none);
+  EXPECT_EQ(two_rank_training_line("-d half --clip 1000000"), none);
+  auto plain = run_tandem("train -d plain --clip 1 --epochs 1 --limit-train 64 --limit-test 64");
+  EXPECT_EQ(plain.status, 2) << plain.output;
+  EXPECT_NE(plain.output.find("--clip"), std::string::npos) << plain.output;
+}

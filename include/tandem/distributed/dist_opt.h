@@ -73,8 +73,8 @@ class DistOpt {
   /// Backward with sparsified gradients: topK sends the ceil(spars*n) largest magnitudes per bucket,
   /// otherwise those with |g| >= spars; with corr, what was not sent is added to the next step's gradient.
   void backward_and_sparse_update(const Tensor& loss, double spars = 0.05, bool topK = false, bool corr = true);
-  /// Runs the step of the given mode (spars / topK from the arguments for the sparse modes).
-  void step(SyncMode mode, const Tensor& loss, double spars = 0.05, bool corr = true);
+  /// Runs the step of the given mode (spars / corr for the sparse modes, clip for half; 0: no clipping).
+  void step(SyncMode mode, const Tensor& loss, double spars = 0.05, bool corr = true, double clip = 0.0);
 
   /// Averages parameters and buffers across ranks (partial mode does this before evaluation).
   void average_parameters();
