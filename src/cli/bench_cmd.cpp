@@ -73,7 +73,7 @@ int run_train_bench(const TrainBenchConfig& cfg) {
                      {"device", s.device().str()},
                      {"world", s.world()},
                      {"batch_per_rank", cfg.batch_size},
-                     {"dist_option", dist::sync_mode_name(s.mode())},
+                     {"dist_option", s.sync().method},
                      {"precision", precision_name(s.precision())},
                      {"steps", cfg.steps},
                      {"parameters", s.model().num_parameters()},

@@ -30,18 +30,24 @@ dist::DistOptOptions dist_options(const SessionConfig& cfg) {
   dist::DistOptOptions o;
   o.bucket_bytes = static_cast<size_t>(cfg.bucket_mb * 1048576.0);
   o.first_bucket_bytes = static_cast<size_t>(cfg.first_bucket_mb * 1048576.0);
-  o.half_dtype = parse_dtype(cfg.half_dtype);
+  o.sync.method = dist::parse_sync_method(cfg.dist_option);
+  o.sync.half_dtype = parse_dtype(cfg.half_dtype);
+  o.sync.clip = cfg.clip;
+  o.sync.spars = cfg.spars;
+  o.sync.error_feedback = cfg.error_feedback;
   return o;
 }
 
 }  // namespace
 
-Session::Session(const SessionConfig& cfg) : cfg_(cfg), mode_(dist::parse_sync_mode(cfg.dist_option)) {
-  if (mode_ == dist::SyncMode::SparseTopK)
+Session::Session(const SessionConfig& cfg) : cfg_(cfg) {
+  // Settings are checked before joining the job: a bad flag fails at once on every rank.
+  const std::string method = dist::parse_sync_method(cfg.dist_option);
+  if (method == "sparseTopK")
     TANDEM_CHECK(cfg.spars > 0.0 && cfg.spars <= 1.0, "--spars for sparseTopK is the fraction of gradients sent, in ",
                  "(0, 1]; got ", cfg.spars);
-  TANDEM_CHECK(cfg.clip == 0.0 || mode_ == dist::SyncMode::Half, "--clip bounds the values -d half sends; with -d ",
-               dist::sync_mode_name(mode_), " it would do nothing");
+  TANDEM_CHECK(cfg.clip == 0.0 || method == "half", "--clip bounds the values -d half sends; with -d ", method,
+               " it would do nothing");
   env_ = dist::detect_env();
   // Ranks sharing a machine share its cores.
   set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env_.local_size));
@@ -67,7 +73,7 @@ StepResult Session::train_step(const Tensor& x, const Tensor& y) {
     logits = model_->forward(x);
     loss = softmax_cross_entropy(logits, y);
   }
-  opt_->step(mode_, loss, cfg_.spars, cfg_.error_feedback, cfg_.clip);
+  opt_->step(loss);
   return {logits.detach(), loss.detach()};
 }
 
@@ -75,7 +81,7 @@ std::string Session::where() const {
   std::string s = device_.is_cpu() ? "cpu, " + std::to_string(num_threads()) + " threads" : device_.str();
   if (comm_->size() > 1)
     s += ", " + std::to_string(comm_->size()) + " ranks (" + comm_->backend_name() + ", " +
-         dist::sync_mode_name(mode_) + ")";
+         sync().method + ")";
   return s;
 }
 

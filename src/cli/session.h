@@ -29,7 +29,7 @@ struct SessionConfig {
   double weight_decay = 1e-5;
   bool nesterov = false;
   // distributed training
-  std::string dist_option = "plain";  // plain | half | partialUpdate | sparseTopK | sparseThreshold
+  std::string dist_option = "plain";  // a method of dist::sync_method_names()
   double spars = 0.05;
   bool error_feedback = true;
   double clip = 0.0;  // half: clip gradients into [-clip, clip] when positive
@@ -65,7 +65,10 @@ class Session {
   dist::Communicator& comm() { return *comm_; }
   nn::Module& model() { return *model_; }
   dist::DistOpt& opt() { return *opt_; }
-  dist::SyncMode mode() const { return mode_; }
+  /// How the ranks synchronise (the -d option and its settings).
+  const dist::SyncOptions& sync() const { return opt_->options().sync; }
+  /// partialUpdate: replicas differ between the averages of their parameters.
+  bool partial() const { return sync().method == "partialUpdate"; }
   /// How forward (and so backward) computes: the --precision asked for, or the device's default.
   Precision precision() const { return precision_; }
   int rank() const { return comm_->rank(); }
@@ -80,7 +83,6 @@ class Session {
   dist::DistEnv env_;
   Device device_;
   std::shared_ptr<dist::Communicator> comm_;
-  dist::SyncMode mode_;
   Precision precision_ = Precision::f32;
   nn::ModulePtr model_;
   std::unique_ptr<dist::DistOpt> opt_;

@@ -155,7 +155,7 @@ EpochStats Trainer::train_epoch(int epoch) {
   ProgressBar bar(progress, train_loader_->batches_per_epoch(), "epoch " + std::to_string(epoch));
   // Partial mode lets replicas differ between full averages, and every mode lets batch-norm
   // statistics differ between evaluations: those are compared after each epoch's averages.
-  const bool check_steps = cfg_.check_consistency > 0 && s.mode() != dist::SyncMode::Partial;
+  const bool check_steps = cfg_.check_consistency > 0 && !s.partial();
   data::Batch batch;
   int64_t step = 0;
   while (train_loader_->next(batch)) {
@@ -181,7 +181,7 @@ EvalStats Trainer::evaluate() {
   Session& s = *session_;
   auto t0 = Clock::now();
   // Ranks evaluate one model: partial mode averages the parameters, every mode the buffers.
-  if (s.mode() == dist::SyncMode::Partial)
+  if (s.partial())
     s.opt().average_parameters();
   else
     s.opt().average_buffers();
@@ -230,7 +230,7 @@ void Trainer::report(int epoch, const EpochStats& train, const EvalStats& eval, 
                    {"dataset", cfg_.dataset},
                    {"device", s.device().str()},
                    {"world_size", s.world()},
-                   {"dist_option", dist::sync_mode_name(s.mode())},
+                   {"dist_option", s.sync().method},
                    {"batch_size", cfg_.batch_size},
                    {"bytes_sent_per_step", c.bytes_sent / std::max<int64_t>(c.steps, 1)},
                    {"bytes_received_per_step", c.bytes_received / std::max<int64_t>(c.steps, 1)},
@@ -248,7 +248,7 @@ void Trainer::save_checkpoint(int epoch, const EvalStats& eval) {
                       {"optimizer", cfg_.optimizer},
                       {"world_size", s.world()},
                       {"seed", cfg_.seed},
-                      {"dist_option", dist::sync_mode_name(s.mode())},
+                      {"dist_option", s.sync().method},
                       {"eval_acc", eval.correct / std::max(eval.samples, 1.0)}};
   tandem::save_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer(), meta.dump());
 }

@@ -100,11 +100,25 @@ TEST(DistOptGloo, GradientsAfterAStepAreTheAverageAndSettingsApplyPerCall) {
   run_scenarios(2, "grads,clipswitch");
 }
 
+TEST(DistOptGloo, ReducerSeamsTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "introspection,nonfinite,arena16");
+}
+
+TEST(DistOptGloo, ReducerSeamsThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "introspection,nonfinite,arena16");
+}
+
 // One process: the same API with nothing to exchange.
 TEST(DistOptSingle, OneProcessStepsLocally) {
-  ProcResult r = run_process({kWorker, "plain,half,equivalence,grads,clipswitch"}, {}, 120);
+  const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
+                                          "nonfinite", "arena16"};
+  std::string list;
+  for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
+  ProcResult r = run_process({kWorker, list}, {}, 120);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (const char* s : {"plain", "half", "equivalence", "grads", "clipswitch"})
+  for (const std::string& s : names)
     EXPECT_TRUE(contains(r.output, std::string("rank 0: ") + s + " ok")) << r.output;
 }
 

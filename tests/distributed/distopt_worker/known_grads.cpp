@@ -129,7 +129,7 @@ void scenario_half(const std::shared_ptr<dist::Communicator>& comm) {
   }
   {  // bf16 on the wire: the same average within bf16 rounding.
     dist::DistOptOptions o = small_buckets();
-    o.half_dtype = DType::bf16;
+    o.sync.half_dtype = DType::bf16;
     Fixture f = make_fixture(comm, sizes, o);
     GradFn g = [](int r, size_t i, int64_t j) {
       return static_cast<float>((j * 17 + static_cast<int64_t>(i) + r * 3) % 89 - 44) * 1.37f;

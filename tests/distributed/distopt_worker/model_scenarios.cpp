@@ -125,18 +125,20 @@ void scenario_equivalence(const std::shared_ptr<dist::Communicator>& comm) {
   Values ref = model_values(*ref_model);
 
   // W ranks, rows [local*r, local*(r+1)) each, in every mode whose result should match.
-  for (SyncMode mode : {SyncMode::Plain, SyncMode::Half}) {
+  for (std::string mode : {"plain", "half"}) {
     auto model = small_cnn(7);
-    dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, small_buckets());
+    dist::DistOptOptions o = small_buckets();
+    o.sync.method = mode;
+    dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, o);
     opt.sync_parameters(*model);
     CHECK_OR_REPORT(opt.bucket_sizes().size() >= 3, "expected several buckets, got %zu", opt.bucket_sizes().size());
     for (int s = 0; s < steps; ++s) {
       Batch b = global_batch(s, image, global);
       Tensor x = b.x.narrow(0, local * me, local), y = b.y.narrow(0, local * me, local);
-      opt.step(mode, softmax_cross_entropy(model->forward(x), y));
+      opt.step(softmax_cross_entropy(model->forward(x), y));
     }
     Values got = model_values(*model);
-    if (mode == SyncMode::Plain) {
+    if (mode == "plain") {
       expect_close_models(strf("plain on %d ranks vs 1 rank", W), got, ref, 1e-5);
     } else {
       // Half sends each gradient rounded to f16: compare the distance travelled from the start,
@@ -150,7 +152,7 @@ void scenario_equivalence(const std::shared_ptr<dist::Communicator>& comm) {
       expect_close_models(strf("half on %d ranks vs f32 on 1 rank (movement)", W), moved_got, moved_ref,
                           4 * kF16Unit);
     }
-    expect_no_error(strf("%s: ranks agree", dist::sync_mode_name(mode)), [&] { opt.check_consistency(); });
+    expect_no_error(strf("%s: ranks agree", mode.c_str()), [&] { opt.check_consistency(); });
   }
 }
 
@@ -172,18 +174,22 @@ void scenario_overlap(const std::shared_ptr<dist::Communicator>& comm) {
   opt.sync_parameters(*model);
   opt.set_trace(true);
   struct Step {
-    SyncMode mode;
-    double spars;
+    const char* mode;
+    std::function<void(const Tensor&)> run;
   };
-  const std::vector<Step> plan = {{SyncMode::Plain, 0},      {SyncMode::Plain, 0},        {SyncMode::Half, 0},
-                                  {SyncMode::SparseTopK, 0.1}, {SyncMode::SparseThreshold, 1e-3}};
+  const std::vector<Step> plan = {
+      {"plain", [&](const Tensor& l) { opt.backward_and_update(l); }},
+      {"plain", [&](const Tensor& l) { opt.backward_and_update(l); }},
+      {"half", [&](const Tensor& l) { opt.backward_and_update_half(l); }},
+      {"sparseTopK", [&](const Tensor& l) { opt.backward_and_sparse_update(l, 0.1, true); }},
+      {"sparseThreshold", [&](const Tensor& l) { opt.backward_and_sparse_update(l, 1e-3, false); }}};
   for (size_t s = 0; s < plan.size(); ++s) {
     const size_t buckets = opt.bucket_sizes().size(), start = opt.trace().size();
     CHECK_OR_REPORT(buckets >= 4, "expected several buckets, got %zu", buckets);
     Batch b = global_batch(static_cast<int>(s) * 10 + me, {16}, 8);
-    opt.step(plan[s].mode, softmax_cross_entropy(model->forward(b.x), b.y), plan[s].spars);
+    plan[s].run(softmax_cross_entropy(model->forward(b.x), b.y));
     std::vector<std::string> events(opt.trace().begin() + static_cast<std::ptrdiff_t>(start), opt.trace().end());
-    const char* mode = dist::sync_mode_name(plan[s].mode);
+    const char* mode = plan[s].mode;
     size_t next = 0, launched_before_done = 0, done = 0;
     std::string seen;
     for (const std::string& e : events) {

@@ -55,7 +55,9 @@ void scenario_clip_switch(const std::shared_ptr<dist::Communicator>& comm) {
   const int W = comm->size(), me = comm->rank();
   const std::vector<int64_t> sizes = {300, 41};
   const double clip = 3.0;
-  Fixture f = make_fixture(comm, sizes, small_buckets());
+  dist::DistOptOptions o = small_buckets();
+  o.sync.method = "half";  // configured without clipping
+  Fixture f = make_fixture(comm, sizes, o);
   GradFn g = [](int r, size_t i, int64_t j) {
     return static_cast<float>((j * 11 + r * 5 + static_cast<int64_t>(i)) % 21 - 10) * 0.5f;
   };
@@ -66,8 +68,8 @@ void scenario_clip_switch(const std::shared_ptr<dist::Communicator>& comm) {
   expect_near("half clipped at 3", c.drop, e.value, e.tol, &c.rounding);
   // The next calls do not ask for clipping: nothing is clipped.
   Expect full = average(W, sizes, as_contrib(g), 1.5 * kF16Unit, floor);
-  c = measure_change(f, [&] { f.opt->step(SyncMode::Half, known_loss(f.params, me, g)); });
-  expect_near("step(Half) after a clipped step", c.drop, full.value, full.tol, &c.rounding);
+  c = measure_change(f, [&] { f.opt->step(known_loss(f.params, me, g)); });
+  expect_near("step() of the configured half after a clipped step", c.drop, full.value, full.tol, &c.rounding);
   c = measure_change(f, [&] { f.opt->backward_and_update_half(known_loss(f.params, me, g)); });
   expect_near("backward_and_update_half after a clipped step", c.drop, full.value, full.tol, &c.rounding);
 }

@@ -15,7 +15,6 @@
 namespace distopt_worker {
 
 using namespace tandem;
-using dist::SyncMode;
 using Values = std::vector<std::vector<double>>;  // per parameter, per element
 
 /// The device every scenario puts its tensors on (the communicator's).
@@ -102,5 +101,8 @@ void scenario_overlap(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_sync(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_grads(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_clip_switch(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_introspection(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_nonfinite(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_arena16(const std::shared_ptr<dist::Communicator>& comm);
 
 }  // namespace distopt_worker
