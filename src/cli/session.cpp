@@ -35,6 +35,7 @@ dist::DistOptOptions dist_options(const SessionConfig& cfg) {
   o.sync.clip = cfg.clip;
   o.sync.spars = cfg.spars;
   o.sync.error_feedback = cfg.error_feedback;
+  if (cfg.low_rank > 0) o.sync.rank = cfg.low_rank;
   return o;
 }
 
@@ -47,7 +48,9 @@ Session::Session(const SessionConfig& cfg) : cfg_(cfg) {
     TANDEM_CHECK(cfg.spars > 0.0 && cfg.spars <= 1.0, "--spars for sparseTopK is the fraction of gradients sent, in ",
                  "(0, 1]; got ", cfg.spars);
   TANDEM_CHECK(cfg.clip == 0.0 || method == "half", "--clip bounds the values -d half sends; with -d ", method,
-               " it would do nothing");
+               " it would do nothing (--clip-norm bounds the gradients' norm in every mode)");
+  TANDEM_CHECK(cfg.low_rank == 0 || method == "powerSGD", "--rank sets the approximation of -d powerSGD; with -d ",
+               method, " it would do nothing");
   env_ = dist::detect_env();
   // Ranks sharing a machine share its cores.
   set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env_.local_size));
@@ -66,15 +69,32 @@ void Session::build_model(nn::ModelConfig mc) {
 
 void Session::sync_model() { opt_->sync_parameters(*model_); }
 
-StepResult Session::train_step(const Tensor& x, const Tensor& y) {
+StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double weight, bool last) {
   Tensor logits, loss;
   {
     PrecisionScope scope(precision_);
     logits = model_->forward(x);
     loss = softmax_cross_entropy(logits, y);
+    if (weight != 1.0) loss = scale(loss, weight);
   }
-  opt_->step(loss);
+  if (last) {
+    opt_->backward_and_sync(loss);
+  } else {
+    auto local_only = opt_->no_sync();
+    opt_->backward_and_sync(loss);
+  }
   return {logits.detach(), loss.detach()};
+}
+
+void Session::apply_update() {
+  if (cfg_.clip_norm > 0.0) opt_->clip_grad_norm(cfg_.clip_norm);
+  opt_->update();
+}
+
+StepResult Session::train_step(const Tensor& x, const Tensor& y) {
+  StepResult r = forward_backward(x, y, 1.0, true);
+  apply_update();
+  return r;
 }
 
 std::string Session::where() const {

@@ -32,17 +32,19 @@ struct SessionConfig {
   std::string dist_option = "plain";  // a method of dist::sync_method_names()
   double spars = 0.05;
   bool error_feedback = true;
-  double clip = 0.0;  // half: clip gradients into [-clip, clip] when positive
+  double clip = 0.0;       // half: clip gradients into [-clip, clip] when positive
+  double clip_norm = 0.0;  // clip the averaged gradients' global L2 norm to this when positive
+  int low_rank = 0;        // powerSGD: rank of the approximation (0: its default)
   std::string half_dtype = "f16";
   double bucket_mb = 16.0;
   double first_bucket_mb = 1.0;
   double timeout_s = 300.0;
 };
 
-/// What one training step produced, detached from autograd (for metrics).
+/// What a (micro-)batch produced, detached from autograd (for metrics).
 struct StepResult {
   Tensor logits;
-  Tensor loss;
+  Tensor loss;  // weighted as in forward_backward: a step's micro-batches add up to its mean loss
 };
 
 /// One rank's share of a training job. The constructor joins the job; build_model and sync_model
@@ -56,7 +58,12 @@ class Session {
   void build_model(nn::ModelConfig mc);
   /// Every rank continues from rank 0's model: call after any checkpoint is loaded.
   void sync_model();
-  /// Forward, loss, backward with the gradients synchronised, and the update.
+  /// Forward and backward of one micro-batch, its loss weighted by `weight` (1/N of a step of N
+  /// micro-batches); the gradients are synchronised after the step's `last` micro-batch only.
+  StepResult forward_backward(const Tensor& x, const Tensor& y, double weight, bool last);
+  /// Clips the averaged gradients (--clip-norm) and applies them.
+  void apply_update();
+  /// One step on one batch: forward_backward, then apply_update.
   StepResult train_step(const Tensor& x, const Tensor& y);
 
   const SessionConfig& config() const { return cfg_; }

@@ -156,15 +156,25 @@ EpochStats Trainer::train_epoch(int epoch) {
   // Partial mode lets replicas differ between full averages, and every mode lets batch-norm
   // statistics differ between evaluations: those are compared after each epoch's averages.
   const bool check_steps = cfg_.check_consistency > 0 && !s.partial();
+  // With --accumulate N, every N micro-batches make one step (the epoch's last step may have fewer);
+  // each micro-batch's loss is weighted by 1/(micro-batches in its step), so the step applies the
+  // mean gradient over its samples, as one batch of them would.
+  const int64_t batches = train_loader_->batches_per_epoch(), n = cfg_.accumulate;
   data::Batch batch;
-  int64_t step = 0;
+  int64_t i = 0;
   while (train_loader_->next(batch)) {
-    StepResult r = s.train_step(batch.x, batch.y);
+    const int64_t first = i / n * n, in_step = std::min(n, batches - first);
+    const bool last = i - first == in_step - 1;
+    StepResult r = s.forward_backward(batch.x, batch.y, 1.0 / static_cast<double>(in_step), last);
     tally.add(&r.loss, r.logits, batch.y);
-    ++global_step_;
-    if (check_steps && global_step_ % cfg_.check_consistency == 0) s.opt().check_consistency(/*include_buffers=*/false);
-    bar.update(++step, tally.samples() * s.world());
+    if (last) {
+      s.apply_update();
+      ++global_step_;
+      if (check_steps && global_step_ % cfg_.check_consistency == 0) s.opt().check_consistency(/*include_buffers=*/false);
+    }
+    bar.update(++i, tally.samples() * s.world());
   }
+  TANDEM_ASSERT(i == batches, "the loader gave ", i, " batches of the ", batches, " announced");
   bar.finish();
   synchronize(s.device());
   EpochStats st;

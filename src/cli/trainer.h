@@ -19,6 +19,7 @@ struct TrainConfig : SessionConfig {
   std::string data_dir;  // empty: the data set's default directory
   int epochs = 10;
   int64_t batch_size = 64;
+  int64_t accumulate = 1;  // micro-batches of batch_size per optimizer step
   std::string metrics_path;
   int64_t limit_train = 0;  // 0: the whole split
   int64_t limit_test = 0;

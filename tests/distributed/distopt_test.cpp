@@ -100,6 +100,16 @@ TEST(DistOptGloo, GradientsAfterAStepAreTheAverageAndSettingsApplyPerCall) {
   run_scenarios(2, "grads,clipswitch");
 }
 
+TEST(DistOptGloo, ClipGradNormAndAccumulationTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "clipnorm,accumulate");
+}
+
+TEST(DistOptGloo, ClipGradNormAndAccumulationThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "clipnorm,accumulate");
+}
+
 TEST(DistOptGloo, ReducerSeamsTwoRanks) {
   REQUIRE_GLOO();
   run_scenarios(2, "introspection,nonfinite,arena16");
@@ -113,7 +123,7 @@ TEST(DistOptGloo, ReducerSeamsThreeRanks) {
 // One process: the same API with nothing to exchange.
 TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
-                                          "nonfinite", "arena16"};
+                                          "nonfinite", "arena16", "clipnorm", "accumulate"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);

@@ -1,6 +1,7 @@
 // `tandem train`'s distributed-training flags end to end on two CPU ranks, and the version source.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -44,18 +45,36 @@ using tandem::test::have_fashion_mnist;
     if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";                         \
   } while (0)
 
-// One short epoch on two CPU ranks with the given extra flags; returns rank 0's training line.
-std::string two_rank_training_line(const std::string& flags) {
+// One short epoch on two CPU ranks with the given extra flags; returns rank 0's output.
+std::string two_rank_run(const std::string& flags) {
   auto r = run_tandem("launch -n 2 -- " + std::string(TANDEM_BIN) +
-                      " train --epochs 1 --limit-train 1024 --limit-test 128 --batch-size 32 --threads 1 "
-                      "--progress off " + flags);
+                      " train --epochs 1 --limit-train 1024 --limit-test 256 --threads 1 --progress off " + flags);
   EXPECT_EQ(r.status, 0) << flags << "\n" << r.output;
+  return r.output;
+}
+
+// The run's training line ("Training loss = L, training accuracy = A").
+std::string two_rank_training_line(const std::string& flags) {
+  std::string out = two_rank_run("--batch-size 32 " + flags);
   std::smatch m;
-  if (!std::regex_search(r.output, m, std::regex(R"(Training loss = [0-9.]+, training accuracy = [0-9.]+)"))) {
-    ADD_FAILURE() << "no training line for " << flags << ":\n" << r.output;
+  if (!std::regex_search(out, m, std::regex(R"(Training loss = [0-9.]+, training accuracy = [0-9.]+)"))) {
+    ADD_FAILURE() << "no training line for " << flags << ":\n" << out;
     return "";
   }
   return m.str(0);
+}
+
+// The figures a run reports: training loss, training accuracy, evaluation accuracy.
+std::array<double, 3> two_rank_figures(const std::string& flags) {
+  std::string out = two_rank_run(flags);
+  std::smatch t, e;
+  bool ok = std::regex_search(out, t, std::regex(R"(Training loss = ([0-9.]+), training accuracy = ([0-9.]+))")) &&
+            std::regex_search(out, e, std::regex(R"(Evaluation accuracy = ([0-9.]+))"));
+  if (!ok) {
+    ADD_FAILURE() << "no figures for " << flags << ":\n" << out;
+    return {-1, -1, -1};
+  }
+  return {std::stod(t.str(1)), std::stod(t.str(2)), std::stod(e.str(1))};
 }
 
 }  // namespace
@@ -70,4 +89,25 @@ TEST(TrainFlags, ClipBoundsTheHalfGradients) {
   auto plain = run_tandem("train -d plain --clip 1 --epochs 1 --limit-train 64 --limit-test 64");
   EXPECT_EQ(plain.status, 2) << plain.output;
   EXPECT_NE(plain.output.find("--clip"), std::string::npos) << plain.output;
+}
+
+// --clip-norm scales the averaged gradients down to a global norm: far above the gradients' norm
+// it changes nothing, far below it slows training down to almost nothing.
+TEST(TrainFlags, ClipNormBoundsTheAveragedGradients) {
+  REQUIRE_TWO_CPU_RANKS();
+  std::string none = two_rank_training_line("");
+  EXPECT_EQ(two_rank_training_line("--clip-norm 1e9"), none);
+  EXPECT_NE(two_rank_training_line("--clip-norm 1e-6"), none);
+}
+
+// --accumulate 2 at batch 32 takes the same steps over the same samples as batch 64: the same
+// figures within f32 rounding. (Were the flag ignored, 32 steps of batch 32 would report a loss
+// summed over twice as many batches.)
+TEST(TrainFlags, AccumulatingTwoBatchesOf32IsOneBatchOf64) {
+  REQUIRE_TWO_CPU_RANKS();
+  std::array<double, 3> whole = two_rank_figures("--batch-size 64"),
+                        halves = two_rank_figures("--batch-size 32 --accumulate 2");
+  EXPECT_NEAR(halves[0], whole[0], 1e-4 * whole[0]) << "training loss";
+  EXPECT_NEAR(halves[1], whole[1], 1.5 / 1024) << "training accuracy: at most a sample apart";
+  EXPECT_NEAR(halves[2], whole[2], 1.5 / 256) << "evaluation accuracy: at most a sample apart";
 }

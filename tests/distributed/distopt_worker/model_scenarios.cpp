@@ -156,6 +156,52 @@ void scenario_equivalence(const std::shared_ptr<dist::Communicator>& comm) {
   }
 }
 
+// Gradient accumulation: each rank takes its rows of the global batch as two micro-batches, the
+// first under no_sync (no communication), each loss weighted by 1/2; the step must equal one rank
+// taking the whole batch at once.
+void scenario_accumulate(const std::shared_ptr<dist::Communicator>& comm) {
+  const int W = comm->size(), me = comm->rank();
+  const int64_t local = 32, micro = local / 2, global = local * W, steps = 4;
+  const Shape image = {1, 8, 8};
+  optim::SgdOptions so;
+  so.lr = 0.05;
+  so.momentum = 0.9;
+  so.weight_decay = 1e-3;
+  auto ref_model = small_cnn(5);
+  optim::SGD ref_opt(ref_model->parameters(), so);
+  for (int s = 0; s < steps; ++s) {
+    Batch b = global_batch(s, image, global);
+    ref_opt.zero_grad();
+    backward(softmax_cross_entropy(ref_model->forward(b.x), b.y));
+    ref_opt.step();
+  }
+  auto model = small_cnn(5);
+  dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, small_buckets());
+  opt.sync_parameters(*model);
+  for (int s = 0; s < steps; ++s) {
+    Batch b = global_batch(s, image, global);
+    for (int m = 0; m < 2; ++m) {
+      Tensor x = b.x.narrow(0, local * me + micro * m, micro), y = b.y.narrow(0, local * me + micro * m, micro);
+      Tensor loss = scale(softmax_cross_entropy(model->forward(x), y), 0.5);
+      if (m == 0) {
+        const int64_t before = opt.stats().collectives;
+        auto local_only = opt.no_sync();
+        opt.backward_and_sync(loss);
+        CHECK_OR_REPORT(opt.stats().collectives == before, "a micro-batch under no_sync communicated");
+      } else {
+        opt.backward_and_sync(loss);
+        opt.update();
+      }
+    }
+  }
+  CHECK_OR_REPORT(opt.stats().steps == steps, "%lld synchronisations for %lld steps",
+                  static_cast<long long>(opt.stats().steps), static_cast<long long>(steps));
+  expect_close_models(strf("2 micro-batches of %lld on %d ranks vs one batch of %lld", static_cast<long long>(micro),
+                           W, static_cast<long long>(global)),
+                      model_values(*model), model_values(*ref_model), 1e-5);
+  expect_no_error("accumulate: ranks agree", [&] { opt.check_consistency(); });
+}
+
 void scenario_overlap(const std::shared_ptr<dist::Communicator>& comm) {
   const int me = comm->rank();
   Generator gen(11);

@@ -2,6 +2,7 @@
 // after a step, and clipping that applies to the call that asked for it only.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "worker_util.h"
 
@@ -72,6 +73,47 @@ void scenario_clip_switch(const std::shared_ptr<dist::Communicator>& comm) {
   expect_near("step() of the configured half after a clipped step", c.drop, full.value, full.tol, &c.rounding);
   c = measure_change(f, [&] { f.opt->backward_and_update_half(known_loss(f.params, me, g)); });
   expect_near("backward_and_update_half after a clipped step", c.drop, full.value, full.tol, &c.rounding);
+}
+
+void scenario_clip_norm(const std::shared_ptr<dist::Communicator>& comm) {
+  const int W = comm->size(), me = comm->rank();
+  const std::vector<int64_t> sizes = {300, 41, 256};
+  GradFn g = [](int r, size_t i, int64_t j) {
+    return static_cast<float>((j * 13 + static_cast<int64_t>(i) * 5 + r * 7) % 31 - 15) * 0.125f * (1.0f + r);
+  };
+  Expect avg = average(W, sizes, as_contrib(g), kF32Eps);
+  double sq = 0;
+  for (const auto& p : avg.value)
+    for (double v : p) sq += v * v;
+  const double norm = std::sqrt(sq);
+  for (double max_norm : {norm / 4, norm * 4}) {
+    Fixture f = make_fixture(comm, sizes, small_buckets());
+    Tensor got;
+    Change c = measure_change(f, [&] {
+      f.opt->backward_and_sync(known_loss(f.params, me, g));
+      got = f.opt->clip_grad_norm(max_norm);
+      f.opt->update();
+    });
+    // The hand-computed clip: every averaged gradient times min(1, max_norm / (norm + 1e-6)).
+    const double coef = std::min(1.0, max_norm / (norm + 1e-6));
+    Values want = avg.value, tol = avg.tol;
+    for (size_t i = 0; i < want.size(); ++i)
+      for (size_t j = 0; j < want[i].size(); ++j) {
+        want[i][j] *= coef;
+        tol[i][j] = tol[i][j] * coef + 1e-5 * std::fabs(want[i][j]);
+      }
+    expect_near(strf("clip_grad_norm(%.4g) of gradients of norm %.4g", max_norm, norm), c.drop, want, tol, &c.rounding);
+    const double reported = got.item<double>();
+    CHECK_OR_REPORT(std::fabs(reported - norm) <= 1e-5 * norm, "clip_grad_norm returned %.9g, the norm is %.9g",
+                    reported, norm);
+    // The same norm, to the bit, on every rank.
+    Tensor all = Tensor::empty({W}, DType::f32, g_device);
+    comm->all_gather(got, all)->wait();
+    std::vector<float> norms = all.cpu().to_vector<float>();
+    for (float v : norms)
+      CHECK_OR_REPORT(std::memcmp(&v, &norms[0], sizeof v) == 0, "ranks computed different norms: %.9g and %.9g", v,
+                      norms[0]);
+  }
 }
 
 }  // namespace distopt_worker
