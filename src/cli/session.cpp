@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "cli/commands.h"
+#include "tandem/distributed/sync_batch_norm.h"
 #include "tandem/ops.h"
 #include "tandem/optim/optimizer.h"
 
@@ -64,6 +65,9 @@ void Session::build_model(nn::ModelConfig mc) {
   mc.seed = cfg_.seed;
   model_ = nn::make_model(cfg_.model, mc);
   model_->to(device_);
+  if (cfg_.sync_bn)
+    TANDEM_CHECK(dist::convert_sync_batch_norm(*model_, comm_) > 0, "--sync-bn: model ", cfg_.model,
+                 " has no batch normalisation (the resnet models have)");
   opt_ = std::make_unique<dist::DistOpt>(make_optimizer(cfg_, model_->parameters()), comm_, dist_options(cfg_));
 }
 

@@ -35,6 +35,7 @@ struct SessionConfig {
   double clip = 0.0;       // half: clip gradients into [-clip, clip] when positive
   double clip_norm = 0.0;  // clip the averaged gradients' global L2 norm to this when positive
   int low_rank = 0;        // powerSGD: rank of the approximation (0: its default)
+  bool sync_bn = false;    // batch-norm statistics over the global batch
   std::string half_dtype = "f16";
   double bucket_mb = 16.0;
   double first_bucket_mb = 1.0;

@@ -85,6 +85,9 @@ Runner add_train_command(CLI::App& app) {
   sub->add_option("--clip", cfg->clip, "half: clip each gradient value into [-clip, clip] before sending (0: off)")
       ->group(dist)
       ->check(CLI::Range(0.0, 1e30));
+  sub->add_flag("--sync-bn", cfg->sync_bn,
+                "Batch-norm statistics over the global batch (every rank's samples) instead of each rank's own")
+      ->group(dist);
   sub->add_option("--rank", cfg->low_rank, "powerSGD: rank of each gradient matrix's approximation (default 2)")
       ->group(dist)
       ->check(CLI::Range(1, 1 << 20));

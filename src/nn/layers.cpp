@@ -68,6 +68,7 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double momentum, double eps) : moment
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
+  if (is_training() && train_forward_) return train_forward_(*this, x);
   return batch_norm2d(x, gamma, beta, running_mean, running_var, is_training(), momentum_, eps_);
 }
 

@@ -110,6 +110,16 @@ TEST(DistOptGloo, ClipGradNormAndAccumulationThreeRanks) {
   run_scenarios(3, "clipnorm,accumulate");
 }
 
+TEST(DistOptGloo, SyncBatchNormTwoRanksMatchesOneRankAtTwiceTheBatch) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "syncbn");
+}
+
+TEST(DistOptGloo, SyncBatchNormThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "syncbn");
+}
+
 TEST(DistOptGloo, ReducerSeamsTwoRanks) {
   REQUIRE_GLOO();
   run_scenarios(2, "introspection,nonfinite,arena16");
@@ -123,7 +133,7 @@ TEST(DistOptGloo, ReducerSeamsThreeRanks) {
 // One process: the same API with nothing to exchange.
 TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
-                                          "nonfinite", "arena16", "clipnorm", "accumulate"};
+                                          "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);

@@ -111,3 +111,18 @@ TEST(TrainFlags, AccumulatingTwoBatchesOf32IsOneBatchOf64) {
   EXPECT_NEAR(halves[1], whole[1], 1.5 / 1024) << "training accuracy: at most a sample apart";
   EXPECT_NEAR(halves[2], whole[2], 1.5 / 256) << "evaluation accuracy: at most a sample apart";
 }
+
+// --sync-bn on a ResNet: the batch statistics are reduced over both ranks in every forward (and
+// their gradients in backward); the replicas stay identical step by step. Models without batch
+// norm refuse the flag.
+TEST(TrainFlags, SyncBatchNormOnAResNet) {
+  REQUIRE_TWO_CPU_RANKS();
+  auto r = run_tandem("launch -n 2 -- " + std::string(TANDEM_BIN) +
+                      " train --model resnet18 --sync-bn --epochs 1 --limit-train 64 --limit-test 32 --batch-size 16 "
+                      "--threads 1 --check-consistency 1 --progress off");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(tandem::test::count_lines_with(r.output, "Evaluation accuracy"), 1) << r.output;
+  auto cnn = run_tandem("train --model cnn --sync-bn --epochs 1 --limit-train 64 --limit-test 64");
+  EXPECT_EQ(cnn.status, 2) << cnn.output;
+  EXPECT_NE(cnn.output.find("--sync-bn"), std::string::npos) << cnn.output;
+}

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "tandem/autograd.h"
+#include "tandem/distributed/sync_batch_norm.h"
 #include "tandem/nn/layers.h"
 #include "tandem/ops.h"
 #include "tandem/random.h"
@@ -362,6 +363,85 @@ void scenario_sync(const std::shared_ptr<dist::Communicator>& comm) {
     dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, small_buckets());
     expect_error("an extra layer on rank 1", me, [&] { opt.sync_parameters(*model); },
                  {"rank 0 has 6 parameter tensors", "rank 1 has 8"});
+  }
+}
+
+namespace {
+
+// conv 1->4 3x3 (padding 1, no bias: batch norm cancels it), batch norm, relu, linear 256->10 on 8x8
+// images; `norm` makes the batch norm.
+std::shared_ptr<Sequential> bn_cnn(const std::function<std::shared_ptr<nn::BatchNorm2d>(int64_t)>& norm) {
+  Generator gen(21);
+  auto m = std::make_shared<Sequential>();
+  m->add(std::make_shared<nn::Conv2d>(1, 4, 3, gen, 1, 1, false));
+  m->add(norm(4));
+  m->add(std::make_shared<nn::ReLU>());
+  m->add(std::make_shared<nn::Flatten>());
+  m->add(std::make_shared<nn::Linear>(256, 10, gen));
+  m->to(g_device);
+  return m;
+}
+
+// The step's global batch, each rank's block of rows shifted by its own offset: every rank's
+// batch statistics differ from the global ones.
+Batch shifted_batch(int step, int64_t rows, int W) {
+  Batch b = global_batch(step, {1, 8, 8}, rows * W);
+  for (int r = 1; r < W; ++r) {
+    Tensor block = b.x.narrow(0, rows * r, rows);
+    block.copy_(add_scalar(block, 1.5 * r));
+  }
+  return b;
+}
+
+}  // namespace
+
+// Sync batch norm: W ranks at batch b (each its own block of rows) match one rank at batch W*b with
+// plain batch norm, parameters and running statistics, whether the layers were converted or built
+// as SyncBatchNorm2d. Without it (W > 1) the runs part.
+void scenario_sync_bn(const std::shared_ptr<dist::Communicator>& comm) {
+  const int W = comm->size(), me = comm->rank();
+  const int64_t b = 16, steps = 3;
+  optim::SgdOptions so;
+  so.lr = 0.05;
+  so.momentum = 0.9;
+  auto plain_bn = [](int64_t c) { return std::make_shared<nn::BatchNorm2d>(c); };
+  auto ref = bn_cnn(plain_bn);
+  optim::SGD ref_opt(ref->parameters(), so);
+  for (int s = 0; s < steps; ++s) {
+    Batch g = shifted_batch(s, b, W);
+    ref_opt.zero_grad();
+    backward(softmax_cross_entropy(ref->forward(g.x), g.y));
+    ref_opt.step();
+  }
+  auto run = [&](const std::shared_ptr<Sequential>& model, bool synced) {
+    dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, small_buckets());
+    opt.sync_parameters(*model);
+    for (int s = 0; s < steps; ++s) {
+      Batch g = shifted_batch(s, b, W);
+      opt.step(softmax_cross_entropy(model->forward(g.x.narrow(0, b * me, b)), g.y.narrow(0, b * me, b)));
+    }
+    if (synced) expect_no_error("sync batch norm: ranks agree, statistics included", [&] { opt.check_consistency(); });
+  };
+  auto converted = bn_cnn(plain_bn);
+  CHECK_OR_REPORT(dist::convert_sync_batch_norm(*converted, comm) == 1, "expected one batch-norm layer");
+  auto built = bn_cnn([&](int64_t c) { return std::make_shared<dist::SyncBatchNorm2d>(c, comm); });
+  for (auto& [what, model] : {std::pair{"converted", converted}, std::pair{"SyncBatchNorm2d", built}}) {
+    run(model, true);
+    expect_close_models(strf("sync batch norm (%s) on %d ranks at batch %lld vs 1 rank at %lld", what, W,
+                             static_cast<long long>(b), static_cast<long long>(b * W)),
+                        model_values(*model), model_values(*ref), 1e-5);
+    expect_close_models(strf("running statistics (%s)", what), values_of(model->named_buffers()),
+                        values_of(ref->named_buffers()), 1e-5);
+  }
+  if (W > 1) {
+    auto local = bn_cnn(plain_bn);
+    run(local, false);
+    Values got = values_of(local->named_buffers()), want = values_of(ref->named_buffers());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      for (size_t j = 0; j < got[i].size(); ++j) worst = std::max(worst, std::fabs(got[i][j] - want[i][j]));
+    CHECK_OR_REPORT(worst > 1e-2, "local batch norm came within %.3g of the global statistics: the test data do "
+                    "not tell sync batch norm apart", worst);
   }
 }
 
