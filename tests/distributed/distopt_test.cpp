@@ -120,6 +120,16 @@ TEST(DistOptGloo, SyncBatchNormThreeRanks) {
   run_scenarios(3, "syncbn");
 }
 
+TEST(DistOptGloo, PowerSgdReproducesLowRankGradientsTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "powersgd");
+}
+
+TEST(DistOptGloo, PowerSgdReproducesLowRankGradientsThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "powersgd");
+}
+
 TEST(DistOptGloo, ReducerSeamsTwoRanks) {
   REQUIRE_GLOO();
   run_scenarios(2, "introspection,nonfinite,arena16");

@@ -126,3 +126,20 @@ TEST(TrainFlags, SyncBatchNormOnAResNet) {
   EXPECT_EQ(cnn.status, 2) << cnn.output;
   EXPECT_NE(cnn.output.find("--sync-bn"), std::string::npos) << cnn.output;
 }
+
+// -d powerSGD --rank R: a fraction of plain's bytes per step; --rank belongs to powerSGD only.
+TEST(TrainFlags, PowerSgdSendsFarFewerBytes) {
+  REQUIRE_TWO_CPU_RANKS();
+  auto bytes = [](const std::string& out) {
+    std::smatch m;
+    return std::regex_search(out, m, std::regex(R"(Communication \(rank 0\): ([0-9.]+) MB sent)")) ? std::stod(m.str(1))
+                                                                                                   : -1.0;
+  };
+  std::string plain = two_rank_run("--report-comm"), low = two_rank_run("-d powerSGD --rank 4 --report-comm");
+  EXPECT_NE(low.find("2 ranks (gloo, powerSGD)"), std::string::npos) << low;
+  ASSERT_GT(bytes(low), 0.0) << low;
+  EXPECT_GE(bytes(plain) / bytes(low), 10.0) << plain << low;
+  auto misplaced = run_tandem("train -d plain --rank 4 --epochs 1 --limit-train 64 --limit-test 64");
+  EXPECT_EQ(misplaced.status, 2) << misplaced.output;
+  EXPECT_NE(misplaced.output.find("--rank"), std::string::npos) << misplaced.output;
+}

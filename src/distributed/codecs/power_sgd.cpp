@@ -172,18 +172,20 @@ void PowerSgdCodec::finish(Bucket& b) {
   }
 }
 
-// Modified Gram-Schmidt over the rows of p, all on the device: each row loses its projections on
-// the rows before it, then is scaled to unit length.
+// Gram-Schmidt over the rows of p, all on the device: each row loses its projections on the rows
+// before it, twice (a row that was nearly a combination of them keeps only rounding noise after one
+// pass, not yet orthogonal to them), then is scaled to unit length.
 void PowerSgdCodec::orthonormalise_rows(Tensor& p) {
   const int64_t r = p.size(0), n = p.size(1);
   Tensor row = row_.narrow(0, 0, n).view({1, n});
   for (int64_t i = 0; i < r; ++i) {
     Tensor pi = p.narrow(0, i, 1);
-    for (int64_t j = 0; j < i; ++j) {
-      Tensor pj = p.narrow(0, j, 1);
-      be().gemm(false, true, 1, 1, n, 1.0, pi, pj, 0.0, scalar_);   // c = p_i . p_j
-      be().gemm(false, false, 1, n, 1, -1.0, scalar_, pj, 1.0, pi);  // p_i -= c p_j
-    }
+    for (int pass = 0; pass < 2; ++pass)
+      for (int64_t j = 0; j < i; ++j) {
+        Tensor pj = p.narrow(0, j, 1);
+        be().gemm(false, true, 1, 1, n, 1.0, pi, pj, 0.0, scalar_);   // c = p_i . p_j
+        be().gemm(false, false, 1, n, 1, -1.0, scalar_, pj, 1.0, pi);  // p_i -= c p_j
+      }
     be().gemm(false, true, 1, 1, n, 1.0, pi, pi, 0.0, scalar_);
     Tensor s = scalar_.view({1});
     be().affine(s, 1.0, kTinyNorm, s);

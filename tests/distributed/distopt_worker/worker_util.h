@@ -104,6 +104,7 @@ void scenario_clip_switch(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_clip_norm(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_accumulate(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_sync_bn(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_power_sgd(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_introspection(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_nonfinite(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_arena16(const std::shared_ptr<dist::Communicator>& comm);
