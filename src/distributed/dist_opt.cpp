@@ -276,6 +276,7 @@ void DistOpt::set_trace(bool on) { impl_->reducer_.set_trace(on); }
 const std::vector<std::string>& DistOpt::trace() const { return impl_->reducer_.trace(); }
 const DistOptOptions& DistOpt::options() const { return impl_->options_; }
 const SyncOptions& DistOpt::active_sync() const { return impl_->active_; }
+bool DistOpt::step_capturable() const { return impl_->partial() || impl_->reducer_.codec().capturable(); }
 std::vector<double> DistOpt::residual_norms() const { return impl_->reducer_.residual_norms(); }
 
 std::vector<int64_t> DistOpt::bucket_sizes() const {

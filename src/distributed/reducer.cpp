@@ -129,7 +129,6 @@ void Reducer::set_codec(std::unique_ptr<GradCodec> codec, bool keep_residuals) {
 // ---- one step
 
 void Reducer::begin(bool accumulate) {
-  TANDEM_ASSERT(codec_, "reducer used before a codec was set");
   if (!accumulate) {
     if (rebuild_due_) rebuild();
     arena_.zero_();
@@ -174,6 +173,7 @@ Tensor f32_range(const Tensor& master_arena, const Bucket& b) {
 }  // namespace
 
 void Reducer::finish() {
+  TANDEM_ASSERT(codec_, "gradients synchronised before a codec was set");
   if (trace_on_) trace_.push_back("backward_done");
   // Parameters that took no part in this loss: their (zero) gradients still travel, in order.
   for (Bucket& b : buckets_) b.pending = 0;
@@ -184,6 +184,7 @@ void Reducer::finish() {
 }
 
 void Reducer::finish_locally() {
+  TANDEM_ASSERT(codec_, "gradients synchronised before a codec was set");
   for (Bucket& b : buckets_) codec_->apply_locally(b);
   finalize();
 }
@@ -268,12 +269,6 @@ void Reducer::scale_grads(const Tensor& coef) {
 }
 
 // ---- introspection
-
-std::vector<int64_t> Reducer::offsets() const {
-  std::vector<int64_t> out;
-  for (const Slot& s : slots_) out.push_back(s.offset);
-  return out;
-}
 
 std::vector<double> Reducer::residual_norms() const {
   std::vector<double> out;

@@ -50,6 +50,7 @@ class Reducer {
   void finish_locally();
 
   /// With check_finite: whether the last finish found an inf/NaN average (the same on every rank).
+  /// Reads the verdict on the host; a captured step would hand the flag to the optimizer instead.
   bool found_nonfinite() const;
   /// L2 norm of all the gradients (a one-element device tensor); with agree, made bit-identical on
   /// every rank by one tiny all-reduce.
@@ -59,8 +60,6 @@ class Reducer {
 
   // ---- introspection
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  /// Per parameter, where its gradient starts in the arena.
-  std::vector<int64_t> offsets() const;
   std::vector<double> residual_norms() const;
   void set_trace(bool on) { trace_on_ = on; }
   const std::vector<std::string>& trace() const { return trace_; }

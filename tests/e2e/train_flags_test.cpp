@@ -79,6 +79,18 @@ std::array<double, 3> two_rank_figures(const std::string& flags) {
 
 }  // namespace
 
+// Every -d method trains from the command line on two ranks, reporting its name.
+TEST(TrainFlags, EveryMethodRuns) {
+  REQUIRE_TWO_CPU_RANKS();
+  for (const char* method : {"plain", "half", "partialUpdate", "sparseTopK", "sparseThreshold", "powerSGD"}) {
+    auto r = run_tandem("launch -n 2 -- " + std::string(TANDEM_BIN) + " train -d " + method +
+                        " --epochs 1 --limit-train 256 --limit-test 64 --batch-size 32 --threads 1 --progress off");
+    EXPECT_EQ(r.status, 0) << method << "\n" << r.output;
+    EXPECT_NE(r.output.find(std::string("2 ranks (gloo, ") + method + ")"), std::string::npos) << r.output;
+    EXPECT_EQ(tandem::test::count_lines_with(r.output, "Evaluation accuracy"), 1) << r.output;
+  }
+}
+
 // --clip bounds each gradient value before the half-precision average: a bound below the gradients'
 // size changes the run, one above all of them leaves it exactly as it was.
 TEST(TrainFlags, ClipBoundsTheHalfGradients) {

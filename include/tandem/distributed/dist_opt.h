@@ -147,6 +147,9 @@ class DistOpt {
   const DistOptOptions& options() const;
   /// The settings the last step ran with.
   const SyncOptions& active_sync() const;
+  /// Whether a step with those settings neither waits on the host nor allocates, so that it can be
+  /// captured whole in a CUDA graph (all methods but sparseThreshold, whose counts are read on the host).
+  bool step_capturable() const;
 
  private:
   void backward_and_sync_with(const SyncOptions& sync, const Tensor& loss);

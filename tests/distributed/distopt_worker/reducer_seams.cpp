@@ -59,6 +59,12 @@ void scenario_introspection(const std::shared_ptr<dist::Communicator>& comm) {
   std::vector<double> norms = t.opt->residual_norms();
   CHECK_OR_REPORT(norms.size() == 1 && std::fabs(norms[0] - std::sqrt(kept)) <= 1e-5 * std::sqrt(kept),
                   "top-K residual norm %.9g, expected %.9g", norms.empty() ? -1.0 : norms[0], std::sqrt(kept));
+
+  // Which methods a CUDA graph could capture whole: all but the threshold, whose counts the host reads.
+  CHECK_OR_REPORT(f.opt->step_capturable() && t.opt->step_capturable(), "plain and top-K steps are capturable");
+  t.opt->backward_and_sparse_update(known_loss(t.params, me, g), 0.5, false, true);
+  CHECK_OR_REPORT(!t.opt->step_capturable() && t.opt->active_sync().method == "sparseThreshold",
+                  "a sparseThreshold step waits on the host: not capturable");
 }
 
 void scenario_nonfinite(const std::shared_ptr<dist::Communicator>& comm) {
