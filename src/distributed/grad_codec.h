@@ -2,7 +2,8 @@
 // Internal: the seam between the reducer and what travels. A GradCodec turns one bucket of this
 // rank's gradients into collectives and the results back into the averaged gradient. Its settings
 // are fixed when it is made; buffers are sized in on_layout, so that a step's launch and finish
-// allocate nothing. Adding a codec is one file in codecs/ and one entry in codecs/registry.cpp.
+// allocate nothing (sparseThreshold, whose sizes the host learns each step, excepted: it says so in
+// capturable()). Adding a codec is one file in codecs/ and one entry in codecs/registry.cpp.
 #include <memory>
 #include <string>
 #include <vector>

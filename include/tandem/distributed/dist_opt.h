@@ -84,6 +84,7 @@ class DistOpt {
 
   /// Backward with each bucket of gradients averaged across ranks (options().sync) as soon as it
   /// is complete; on return every parameter's grad() holds the average (partialUpdate: its own).
+  /// Gradients are zeroed by the first backward after an update; until update(), later ones add up.
   void backward_and_sync(const Tensor& loss);
   /// Scales the averaged gradients so that their global L2 norm is at most max_norm (by
   /// max_norm / (norm + 1e-6) when above). Returns the norm before clipping, a one-element tensor

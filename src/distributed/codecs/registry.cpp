@@ -1,7 +1,5 @@
-// The gradient codecs by name. Adding one: its file in codecs/, its factory's declaration and one
-// entry below.
-#include <cctype>
-
+// The gradient codecs by name (matched ignoring case, '-' and '_'). Adding one: its file in codecs/,
+// its factory's declaration and one entry below.
 #include "distributed/grad_codec.h"
 
 namespace tandem::dist::detail {
@@ -27,7 +25,7 @@ const std::vector<Entry>& registry() {
       {{"half", {"fp16", "f16"}}, make_half_codec},
       {{"sparseTopK", {"topk"}}, make_top_k_codec},
       {{"sparseThreshold", {"threshold"}}, make_threshold_codec},
-      {{"powerSGD", {"powersgd"}}, make_power_sgd_codec},
+      {{"powerSGD", {}}, make_power_sgd_codec},
   };
   return entries;
 }
