@@ -57,14 +57,18 @@ void all_reduce_sum(Communicator& comm, Tensor& t) { comm.all_reduce(t, ReduceOp
 }  // namespace
 
 Tensor sync_batch_norm2d(const Tensor& x, nn::BatchNorm2d& bn, const std::shared_ptr<Communicator>& comm) {
-  TANDEM_CHECK(x.dim() == 4 && x.dtype() == DType::f32, "sync batch norm takes f32 [N, C, H, W], got ", x.str());
+  TANDEM_CHECK(x.dim() == 4 && (x.dtype() == DType::f32 || x.dtype() == DType::f16 || x.dtype() == DType::bf16),
+               "sync batch norm takes [N, C, H, W] in f32, f16 or bf16, got ", x.str());
   TANDEM_CHECK(x.size(1) == bn.gamma.size(0), "sync batch norm: ", x.str(), " does not have the ", bn.gamma.size(0),
                " channels of the layer");
   TANDEM_CHECK(x.device() == comm->device(), "sync batch norm: ", x.str(), " is not on the communicator's device ",
                comm->device().str());
   const Geometry g{x.size(0), x.size(1), x.size(2) * x.size(3)};
   const int64_t c = g.c;
-  Tensor xc = x.contiguous().view({g.n, g.c, g.s});
+  // Statistics and normalisation in f32 whatever the activations' type (mixed precision), which the
+  // output and the input's gradient take back.
+  const DType io = x.dtype();
+  Tensor xc = x.to(DType::f32).contiguous().view({g.n, g.c, g.s});
 
   // Global count and mean: [sum x per channel, count] all-reduced in one message.
   Tensor first = Tensor::empty({c + 1}, DType::f32, x.device());
@@ -97,12 +101,12 @@ Tensor sync_batch_norm2d(const Tensor& x, nn::BatchNorm2d& bn, const std::shared
 
   Tensor xhat = binary(Binary::Mul, centred, per_channel(invstd, g));
   Tensor y = add_per_channel(binary(Binary::Mul, xhat, per_channel(bn.gamma.detach(), g)), bn.beta.detach(), g);
-  y = y.view(x.shape());
+  y = y.view(x.shape()).to(io);
   Tensor gamma = bn.gamma.detach();
   return record_op(y, {x, bn.gamma, bn.beta}, "sync_batch_norm2d",
-                   [comm, g, xhat, invstd, gamma, count, shape = x.shape()](const Tensor& grad) {
+                   [comm, g, xhat, invstd, gamma, count, io, shape = x.shape()](const Tensor& grad) {
     const int64_t c = g.c;
-    Tensor dy = grad.contiguous().view({g.n, g.c, g.s});
+    Tensor dy = grad.to(DType::f32).contiguous().view({g.n, g.c, g.s});
     // This rank's sums are its parameter gradients; their global values shape dx.
     Tensor sums = Tensor::empty({2 * c}, DType::f32, dy.device());
     channel_sums(dy, g, sums.narrow(0, 0, c));
@@ -116,7 +120,7 @@ Tensor sync_batch_norm2d(const Tensor& x, nn::BatchNorm2d& bn, const std::shared
     be(dy).affine(mean_dy, -1.0, 0.0, neg);
     Tensor t = add_per_channel(dy, neg, g);
     t = binary(Binary::Sub, t, binary(Binary::Mul, xhat, per_channel(mean_dy_xhat, g)));
-    Tensor dx = binary(Binary::Mul, t, per_channel(binary(Binary::Mul, gamma, invstd), g)).view(shape);
+    Tensor dx = binary(Binary::Mul, t, per_channel(binary(Binary::Mul, gamma, invstd), g)).view(shape).to(io);
     return std::vector<Tensor>{dx, dgamma, dbeta};
   });
 }

@@ -73,6 +73,11 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
 }
 
 Tensor BatchNorm2d::forward_act(const Tensor& x, const Tensor& residual, bool relu) {
+  if (is_training() && train_forward_) {  // a replaced computation, then the residual and ReLU unfused
+    Tensor y = train_forward_(*this, x);
+    if (residual.defined()) y = add(y, residual);
+    return relu ? tandem::relu(y) : y;
+  }
   return batch_norm2d_act(x, residual, gamma, beta, running_mean, running_var, is_training(), relu, momentum_, eps_);
 }
 

@@ -12,7 +12,8 @@ namespace tandem::dist {
 
 /// Batch norm of x [N, C, H, W] in training mode with statistics over every rank of comm: normalises
 /// with the global mean and (biased) variance and updates bn's running statistics with them (the
-/// variance unbiased), alike on every rank. Every rank must call it for the same layers in the same
+/// variance unbiased), alike on every rank. Computes in f32; 16-bit activations (mixed precision)
+/// are converted in and the output back. Every rank must call it for the same layers in the same
 /// order, as for any collective.
 Tensor sync_batch_norm2d(const Tensor& x, nn::BatchNorm2d& bn, const std::shared_ptr<Communicator>& comm);
 

@@ -70,7 +70,8 @@ class BatchNorm2d : public Module {
   double eps() const { return eps_; }
 
   /// Computes the layer in training mode instead of the local batch statistics (sync batch norm
-  /// takes them over every rank); an empty function restores the local computation.
+  /// takes them over every rank), in forward and forward_act; an empty function restores the local
+  /// computation.
   using TrainForward = std::function<Tensor(BatchNorm2d& self, const Tensor& x)>;
   void set_train_forward(TrainForward f) { train_forward_ = std::move(f); }
 

@@ -368,12 +368,29 @@ void scenario_sync(const std::shared_ptr<dist::Communicator>& comm) {
 
 namespace {
 
-// conv 1->4 3x3 (padding 1, no bias: batch norm cancels it), batch norm, relu, linear 256->10 on 8x8
-// images; `norm` makes the batch norm.
+// A residual block whose batch norm runs fused with the skip connection and the ReLU
+// (BatchNorm2d::forward_act, as the ResNets use it): bn(conv(x)) + skip(x), then ReLU.
+class ResidualBn : public nn::Module {
+ public:
+  ResidualBn(std::shared_ptr<nn::BatchNorm2d> bn, Generator& gen) {
+    conv_ = register_module("conv", std::make_shared<nn::Conv2d>(1, 4, 3, gen, 1, 1, false));
+    bn_ = register_module("bn", std::move(bn));
+    skip_ = register_module("skip", std::make_shared<nn::Conv2d>(1, 4, 1, gen, 1, 0, false));
+  }
+  Tensor forward(const Tensor& x) override { return bn_->forward_act(conv_->forward(x), skip_->forward(x), true); }
+
+ private:
+  std::shared_ptr<nn::Conv2d> conv_, skip_;
+  std::shared_ptr<nn::BatchNorm2d> bn_;
+};
+
+// The residual block, then conv 4->4 3x3, batch norm, relu and linear 256->10 on 8x8 images (the
+// convolutions without bias: batch norm cancels it); `norm` makes both batch norms.
 std::shared_ptr<Sequential> bn_cnn(const std::function<std::shared_ptr<nn::BatchNorm2d>(int64_t)>& norm) {
   Generator gen(21);
   auto m = std::make_shared<Sequential>();
-  m->add(std::make_shared<nn::Conv2d>(1, 4, 3, gen, 1, 1, false));
+  m->add(std::make_shared<ResidualBn>(norm(4), gen));
+  m->add(std::make_shared<nn::Conv2d>(4, 4, 3, gen, 1, 1, false));
   m->add(norm(4));
   m->add(std::make_shared<nn::ReLU>());
   m->add(std::make_shared<nn::Flatten>());
@@ -423,7 +440,7 @@ void scenario_sync_bn(const std::shared_ptr<dist::Communicator>& comm) {
     if (synced) expect_no_error("sync batch norm: ranks agree, statistics included", [&] { opt.check_consistency(); });
   };
   auto converted = bn_cnn(plain_bn);
-  CHECK_OR_REPORT(dist::convert_sync_batch_norm(*converted, comm) == 1, "expected one batch-norm layer");
+  CHECK_OR_REPORT(dist::convert_sync_batch_norm(*converted, comm) == 2, "expected two batch-norm layers");
   auto built = bn_cnn([&](int64_t c) { return std::make_shared<dist::SyncBatchNorm2d>(c, comm); });
   for (auto& [what, model] : {std::pair{"converted", converted}, std::pair{"SyncBatchNorm2d", built}}) {
     run(model, true);
