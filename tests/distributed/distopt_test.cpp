@@ -174,6 +174,11 @@ TEST(DistOptNccl, BucketsLaunchDuringBackwardInOrder) {
   run_scenarios(2, "overlap", "cuda");
 }
 
+TEST(DistOptNccl, StepApiCodecsSyncBatchNormAndSeams) {
+  REQUIRE_TWO_GPUS();
+  run_scenarios(2, "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16", "cuda");
+}
+
 TEST(DistOptNccl, SyncAndConsistencyChecks) {
   REQUIRE_TWO_GPUS();
   run_scenarios(2, "sync", "cuda");
