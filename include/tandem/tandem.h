@@ -7,6 +7,7 @@
 #include "tandem/distributed/bootstrap.h"
 #include "tandem/distributed/communicator.h"
 #include "tandem/distributed/dist_opt.h"
+#include "tandem/distributed/sync_batch_norm.h"
 #include "tandem/dtype.h"
 #include "tandem/error.h"
 #include "tandem/nn/layers.h"

@@ -7,31 +7,21 @@
 
 #include "cli/bench_allreduce.h"
 #include "cli/commands.h"
-#include "tandem/distributed/bootstrap.h"
-#include "tandem/distributed/dist_opt.h"
+#include "cli/session.h"
 #include "tandem/nn/models.h"
-#include "tandem/ops.h"
-#include "tandem/optim/optimizer.h"
 #include "tandem/precision.h"
+#include "tandem/random.h"
 
 namespace tandem::cli {
 
 namespace {
 
-struct TrainBenchConfig {
-  std::string model = "cnn";
+struct TrainBenchConfig : SessionConfig {
   int64_t batch_size = 64;
   int steps = 300;
   int warmup = 20;
-  std::string device = "cpu";
-  std::string dist_option = "plain";
-  double spars = 0.05;
-  std::vector<int64_t> hidden;
   int64_t channels = 1, height = 28, width = 28, classes = 10;
-  int threads = 0;
-  double bucket_mb = 16.0;
-  std::string precision;  // empty: the device's default
-  bool profile = false;   // mark the timed steps for a profiler
+  bool profile = false;  // mark the timed steps for a profiler
 };
 
 // Sum of the absolute parameter values: to verify that training steps really changed them.
@@ -43,80 +33,57 @@ double param_checksum(nn::Module& m) {
 }
 
 int run_train_bench(const TrainBenchConfig& cfg) {
-  dist::DistEnv env = dist::detect_env();
-  // Ranks sharing a machine share its cores.
-  set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env.local_size));
-  Device device = device_for_rank(cfg.device, env);
-  auto comm = dist::init_communicator(device);
-  dist::SyncMode mode = dist::parse_sync_mode(cfg.dist_option);
-
+  Session s(cfg);
   nn::ModelConfig mc;
   mc.in_channels = cfg.channels;
   mc.height = cfg.height;
   mc.width = cfg.width;
   mc.num_classes = cfg.classes;
-  mc.hidden = cfg.hidden;
-  nn::ModulePtr model = nn::make_model(cfg.model, mc);
-  model->to(device);
-  optim::SgdOptions so;
-  so.lr = 0.005;
-  so.momentum = 0.9;
-  so.weight_decay = 1e-5;
-  dist::DistOptOptions dopt;
-  dopt.bucket_bytes = static_cast<size_t>(cfg.bucket_mb * 1048576.0);
-  dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, dopt);
-  opt.sync_parameters(*model);
+  s.build_model(mc);
+  s.sync_model();
 
   // Synthetic data, different on every rank, as in the PyTorch peer script.
-  Generator gen(1234 + static_cast<uint64_t>(comm->rank()));
-  Tensor x = Tensor::normal({cfg.batch_size, cfg.channels, cfg.height, cfg.width}, 0.0, 1.0, gen, DType::f32, device);
+  Generator gen(1234 + static_cast<uint64_t>(s.rank()));
+  Tensor x = Tensor::normal({cfg.batch_size, cfg.channels, cfg.height, cfg.width}, 0.0, 1.0, gen, DType::f32,
+                            s.device());
   std::vector<int32_t> labels(static_cast<size_t>(cfg.batch_size));
   for (auto& l : labels) l = static_cast<int32_t>(gen.next_below(static_cast<uint64_t>(cfg.classes)));
-  Tensor y = Tensor::from_vector(labels, {cfg.batch_size}, device);
+  Tensor y = Tensor::from_vector(labels, {cfg.batch_size}, s.device());
 
-  const Precision precision = cfg.precision.empty() ? default_precision(device) : parse_precision(cfg.precision);
-  auto step = [&] {
-    Tensor loss;
-    {
-      PrecisionScope scope(precision);
-      loss = softmax_cross_entropy(model->forward(x), y);
-    }
-    opt.step(mode, loss, cfg.spars, true);
-  };
-  double before = param_checksum(*model);
-  for (int i = 0; i < cfg.warmup; ++i) step();
-  synchronize(device);
-  comm->barrier();
-  opt.reset_stats();
-  reset_peak_memory(device);
-  if (cfg.profile) profile_range(device, true);
+  double before = param_checksum(s.model());
+  for (int i = 0; i < cfg.warmup; ++i) s.train_step(x, y);
+  synchronize(s.device());
+  s.comm().barrier();
+  s.opt().reset_stats();
+  reset_peak_memory(s.device());
+  if (cfg.profile) profile_range(s.device(), true);
   auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < cfg.steps; ++i) step();
-  synchronize(device);
-  if (cfg.profile) profile_range(device, false);
-  comm->barrier();
+  for (int i = 0; i < cfg.steps; ++i) s.train_step(x, y);
+  synchronize(s.device());
+  if (cfg.profile) profile_range(s.device(), false);
+  s.comm().barrier();
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  double after = param_checksum(*model);
+  double after = param_checksum(s.model());
   TANDEM_RUNTIME_CHECK(std::isfinite(after) && after != before,
                        "benchmark steps did not change the parameters: the measurement would be meaningless");
-  const dist::CommStats& st = opt.stats();
-  if (comm->rank() == 0) {
+  const dist::CommStats& st = s.opt().stats();
+  if (s.lead()) {
     nlohmann::json j{{"system", "tandem"},
                      {"model", cfg.model},
-                     {"device", device.str()},
-                     {"world", comm->size()},
+                     {"device", s.device().str()},
+                     {"world", s.world()},
                      {"batch_per_rank", cfg.batch_size},
-                     {"dist_option", dist::sync_mode_name(mode)},
-                     {"precision", precision_name(precision)},
+                     {"dist_option", s.sync().method},
+                     {"precision", precision_name(s.precision())},
                      {"steps", cfg.steps},
-                     {"parameters", model->num_parameters()},
-                     {"images_per_s", std::round(cfg.batch_size * comm->size() * cfg.steps / dt)},
+                     {"parameters", s.model().num_parameters()},
+                     {"images_per_s", std::round(cfg.batch_size * s.world() * cfg.steps / dt)},
                      {"ms_per_step", dt / cfg.steps * 1e3},
                      {"bytes_sent_per_step", st.bytes_sent / std::max<int64_t>(st.steps, 1)},
                      {"comm_wait_s_per_step", st.wait_seconds / std::max<int64_t>(st.steps, 1)},
                      {"params_changed", true}};
-    if (device.is_cpu()) j["threads"] = num_threads();
-    if (device.is_cuda()) j["peak_memory_mib"] = std::round(memory_stats(device).peak_in_use / 1048576.0);
+    if (s.device().is_cpu()) j["threads"] = num_threads();
+    if (s.device().is_cuda()) j["peak_memory_mib"] = std::round(memory_stats(s.device()).peak_in_use / 1048576.0);
     std::printf("RESULT %s\n", j.dump().c_str());
     std::fflush(stdout);
   }

@@ -27,7 +27,7 @@ Device device_for_rank(const std::string& spec, const dist::DistEnv& env) {
 int main(int argc, char** argv) {
   CLI::App app{"tandem: data-parallel training on CPUs and GPUs"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "tandem 0.1.0");
+  app.set_version_flag("--version", std::string("tandem ") + tandem::build_info().version);
   std::map<CLI::App*, tandem::cli::Runner> runners;
   auto add = [&](tandem::cli::Runner (*f)(CLI::App&)) {
     size_t before = app.get_subcommands({}).size();

@@ -25,9 +25,17 @@ Runner add_train_command(CLI::App& app) {
   sub->add_option("--data-dir", cfg->data_dir,
                   "Directory holding the data set's files (default: /usr/share/datasets/<dataset>)");
   sub->add_option("-m,--epochs", cfg->epochs, "Epochs to train")->check(CLI::Range(1, 1000000))->capture_default_str();
-  sub->add_option("-b,--batch-size", cfg->batch_size, "Samples per step on each process")
+  sub->add_option("-b,--batch-size", cfg->batch_size, "Samples per micro-batch on each process")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();
+  sub->add_option("--accumulate", cfg->accumulate,
+                  "Micro-batches per optimizer step: gradients of N batches are added up locally and averaged "
+                  "across ranks once (a step sees N x --batch-size samples per rank)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  sub->add_option("--clip-norm", cfg->clip_norm,
+                  "Scale the averaged gradients so their global L2 norm is at most X before each update (0: off)")
+      ->check(CLI::Range(0.0, 1e30));
   sub->add_option("--optimizer", cfg->optimizer, "sgd or adam")
       ->check(CLI::IsMember({"sgd", "adam"}))
       ->capture_default_str();
@@ -66,7 +74,8 @@ Runner add_train_command(CLI::App& app) {
   const char* dist = "Distributed (under tandem launch, mpiexec or torchrun)";
   sub->add_option("-d,--dist-option", cfg->dist_option,
                   "How ranks synchronise: plain (f32 gradients), half (f16 gradients), partialUpdate (local steps, "
-                  "one chunk of the parameters averaged per step), sparseTopK, sparseThreshold")
+                  "one chunk of the parameters averaged per step), sparseTopK, sparseThreshold, powerSGD (low-rank "
+                  "gradients)")
       ->group(dist)
       ->capture_default_str();
   sub->add_option("-s,--spars", cfg->spars,
@@ -75,11 +84,17 @@ Runner add_train_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 1e30))
       ->capture_default_str();
   sub->add_flag("!--no-error-feedback", cfg->error_feedback,
-                "Sparse modes: drop what was not sent instead of adding it to the next step's gradient")
+                "Sparse modes and powerSGD: drop what was not sent instead of adding it to the next step's gradient")
       ->group(dist);
   sub->add_option("--clip", cfg->clip, "half: clip each gradient value into [-clip, clip] before sending (0: off)")
       ->group(dist)
       ->check(CLI::Range(0.0, 1e30));
+  sub->add_flag("--sync-bn", cfg->sync_bn,
+                "Batch-norm statistics over the global batch (every rank's samples) instead of each rank's own")
+      ->group(dist);
+  sub->add_option("--rank", cfg->low_rank, "powerSGD: rank of each gradient matrix's approximation (default 2)")
+      ->group(dist)
+      ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--half-dtype", cfg->half_dtype, "half: the 16-bit type sent, f16 or bf16")
       ->group(dist)
       ->check(CLI::IsMember({"f16", "bf16"}))
@@ -106,7 +121,7 @@ Runner add_train_command(CLI::App& app) {
               "\n\nDistributed: start with `tandem launch -n N -- tandem train ...` or `mpiexec --hostfile FILE tandem\n"
               "train ...`. Each rank trains on its own 1/N of the data with --batch-size samples per step, so the\n"
               "global batch is N x --batch-size. --lr is used as given: scaling it with N is your choice.");
-  return [cfg] { return run_training(*cfg); };
+  return [cfg] { return Trainer(*cfg).run(); };
 }
 
 }  // namespace tandem::cli

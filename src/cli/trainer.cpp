@@ -1,30 +1,20 @@
-// The training loop: data, model, distributed optimizer, per-epoch report in the guide's format.
-// A single process runs the same code with a one-rank communicator.
+// `tandem train`: the phases of a training run, in the order they run. A single process runs the
+// same code with a one-rank communicator.
 #include "cli/trainer.h"
 
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <memory>
 
 #include <nlohmann/json.hpp>
 
-#include "backend/backend.h"
-#include "cli/commands.h"
 #include "cli/progress.h"
 #include "tandem/checkpoint.h"
-#include "tandem/data/dataset.h"
-#include "tandem/data/loader.h"
-#include "tandem/distributed/bootstrap.h"
-#include "tandem/distributed/dist_opt.h"
-#include "tandem/nn/models.h"
 #include "tandem/ops.h"
-#include "tandem/optim/optimizer.h"
-#include "tandem/precision.h"
 
 namespace tandem::cli {
 
@@ -42,236 +32,237 @@ data::Dataset limited(data::Dataset ds, int64_t limit) {
   return ds;
 }
 
-std::shared_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, std::vector<Tensor> params) {
-  if (cfg.optimizer == "adam") {
-    optim::AdamOptions o;
-    o.lr = cfg.lr;
-    o.weight_decay = cfg.weight_decay;
-    return std::make_shared<optim::Adam>(std::move(params), o);
-  }
-  optim::SgdOptions o;
-  o.lr = cfg.lr;
-  o.momentum = cfg.momentum;
-  o.weight_decay = cfg.weight_decay;
-  o.nesterov = cfg.nesterov;
-  return std::make_shared<optim::SGD>(std::move(params), o);
-}
+// Per-batch figures recorded on the device, one slot per batch, so that a step never waits for the
+// host; they are summed and reduced over ranks once, at the end of the pass.
+class Tally {
+ public:
+  Tally(int64_t batches, Device d)
+      : capacity_(std::max<int64_t>(batches, 1)),
+        loss_(Tensor::zeros({capacity_}, DType::f32, d)),
+        correct_(Tensor::zeros({capacity_}, DType::f32, d)) {}
 
-// Running sums kept on the device, so that a training step never waits for the host.
-struct Totals {
-  Tensor loss_sum;  // f32, one element
-  Tensor counts;    // i64 [2]: correct, samples
-  Tensor correct, samples;
+  void add(const Tensor* loss, const Tensor& logits, const Tensor& labels) {
+    TANDEM_ASSERT(n_ < capacity_, "more batches than the loader announced");
+    if (loss) loss_.narrow(0, n_, 1).copy_(loss->view({1}));
+    correct_.narrow(0, n_, 1).copy_(count_correct(logits, labels).view({1}));
+    samples_ += labels.size(0);
+    ++n_;
+  }
+  int64_t samples() const { return samples_; }
 
-  explicit Totals(Device d)
-      : loss_sum(Tensor::zeros({1}, DType::f32, d)), counts(Tensor::zeros({2}, DType::i64, d)) {
-    correct = counts.narrow(0, 0, 1);
-    samples = counts.narrow(0, 1, 1);
-  }
-  void add(const Tensor* loss, const Tensor& logits, const Tensor& labels, int64_t& host_samples) {
-    backend::Backend& b = backend::backend_for(counts.device());
-    if (loss) b.axpy(1.0, loss->view({1}), loss_sum);
-    Tensor c = count_correct(logits, labels).view({1});
-    b.binary(backend::Binary::Add, correct, c, correct);
-    host_samples += labels.size(0);
-  }
-  // Sums over ranks; returns {loss, correct, samples}.
-  std::array<double, 3> reduce(dist::Communicator& comm, int64_t host_samples) {
-    samples.copy_(Tensor::full({1}, static_cast<double>(host_samples), DType::i64));
-    comm.all_reduce(loss_sum)->wait();
+  /// Sums over batches and ranks: {loss, correct, samples}.
+  std::array<double, 3> reduce(dist::Communicator& comm) {
+    NoGradGuard no_grad;
+    Tensor loss = sum(loss_).view({1});
+    Tensor counts = Tensor::empty({2}, DType::i64, loss_.device());
+    counts.narrow(0, 0, 1).copy_(sum(correct_).view({1}));  // exact: whole numbers below 2^24
+    counts.narrow(0, 1, 1).copy_(Tensor::full({1}, static_cast<double>(samples_), DType::i64));
+    comm.all_reduce(loss)->wait();
     comm.all_reduce(counts)->wait();
     std::vector<int64_t> c = counts.to_vector<int64_t>();
-    return {loss_sum.item<double>(), static_cast<double>(c[0]), static_cast<double>(c[1])};
+    return {loss.item<double>(), static_cast<double>(c[0]), static_cast<double>(c[1])};
   }
-};
 
-dist::DistOptOptions dist_options(const TrainConfig& cfg) {
-  dist::DistOptOptions o;
-  o.bucket_bytes = static_cast<size_t>(cfg.bucket_mb * 1048576.0);
-  o.first_bucket_bytes = static_cast<size_t>(cfg.first_bucket_mb * 1048576.0);
-  o.half_dtype = parse_dtype(cfg.half_dtype);
-  return o;
-}
+ private:
+  int64_t capacity_;
+  Tensor loss_, correct_;
+  int64_t n_ = 0, samples_ = 0;
+};
 
 }  // namespace
 
-int run_training(const TrainConfig& cfg) {
-  dist::SyncMode mode = dist::parse_sync_mode(cfg.dist_option);
-  if (mode == dist::SyncMode::SparseTopK)
-    TANDEM_CHECK(cfg.spars > 0.0 && cfg.spars <= 1.0, "--spars for sparseTopK is the fraction of gradients sent, in ",
-                 "(0, 1]; got ", cfg.spars);
-  dist::DistEnv env = dist::detect_env();
-  // Ranks sharing a machine share its cores.
-  set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env.local_size));
-  Device device = device_for_rank(cfg.device, env);
-  const Precision precision = cfg.precision.empty() ? default_precision(device) : parse_precision(cfg.precision);
-  TANDEM_CHECK(device.is_cuda() || activation_dtype(precision) == DType::f32, "--precision ",
-               precision_name(precision), " needs a CUDA device: the CPU computes in f32 (use --precision f32)");
-  auto comm = dist::init_communicator(device, std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000)));
-  const int rank = comm->rank(), world = comm->size();
-  const bool lead = rank == 0;
+Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {}
+Trainer::~Trainer() = default;
 
-  data::Dataset train_set = limited(data::load_dataset(cfg.dataset, cfg.data_dir, true), cfg.limit_train);
-  data::Dataset test_set = limited(data::load_dataset(cfg.dataset, cfg.data_dir, false), cfg.limit_test);
-  TANDEM_CHECK(train_set.size() >= world && test_set.size() >= world, "the data set is too small for ", world,
-               " ranks");
-
-  nn::ModelConfig mc;
-  mc.in_channels = train_set.images.size(1);
-  mc.height = train_set.images.size(2);
-  mc.width = train_set.images.size(3);
-  mc.num_classes = train_set.num_classes;
-  mc.hidden = cfg.hidden;
-  mc.seed = cfg.seed;
-  nn::ModulePtr model = nn::make_model(cfg.model, mc);
-  model->to(device);
-  dist::DistOpt opt(make_optimizer(cfg, model->parameters()), comm, dist_options(cfg));
-  int first_epoch = 0;
-  if (cfg.resume && std::filesystem::exists(cfg.checkpoint)) {
-    auto meta = nlohmann::json::parse(checkpoint_meta(cfg.checkpoint));
-    const std::pair<const char*, const std::string*> must_match[] = {
-        {"model", &cfg.model}, {"dataset", &cfg.dataset}, {"optimizer", &cfg.optimizer}};
-    for (auto [key, value] : must_match)
-      TANDEM_CHECK(meta.value(key, std::string()) == *value, "checkpoint '", cfg.checkpoint, "' was saved with --",
-                   key, " ", meta.value(key, std::string("?")), "; resume with the same value or use another --checkpoint");
-    load_checkpoint(cfg.checkpoint, *model, &opt.optimizer());
-    first_epoch = meta.value("epoch", -1) + 1;
-    if (rank == 0)
-      std::fprintf(stderr, "tandem: resuming from '%s' at epoch %d\n", cfg.checkpoint.c_str(), first_epoch);
-  } else if (cfg.resume && rank == 0) {
-    std::fprintf(stderr, "tandem: no checkpoint at '%s' yet: starting at epoch 0\n", cfg.checkpoint.c_str());
-  }
-  opt.sync_parameters(*model);
-
-  data::LoaderOptions lo;
-  lo.batch_size = cfg.batch_size;
-  lo.seed = cfg.seed;
-  lo.device = device;
-  lo.rank = rank;
-  lo.world_size = world;
-  data::DataLoader train_loader(train_set, lo);
-  lo.shuffle = false;
-  data::DataLoader test_loader(test_set, lo);
-
-  if (lead) {
-    std::string where = device.is_cpu() ? "cpu, " + std::to_string(num_threads()) + " threads" : device.str();
-    if (device.is_cuda()) where += std::string(", ") + precision_name(precision);
-    if (world > 1) where += ", " + std::to_string(world) + " ranks (" + comm->backend_name() + ", " +
-                            dist::sync_mode_name(mode) + ")";
-    std::fprintf(stderr, "tandem: %s (%lld parameters) on %s: %lld training / %lld test samples, batch %lld per rank, %s\n",
-                 cfg.model.c_str(), static_cast<long long>(model->num_parameters()), cfg.dataset.c_str(),
-                 static_cast<long long>(train_set.size()), static_cast<long long>(test_set.size()),
-                 static_cast<long long>(cfg.batch_size), where.c_str());
-  }
-  bool progress = lead && (cfg.progress == "on" || (cfg.progress == "auto" && isatty(STDERR_FILENO)));
-  std::ofstream metrics;
-  if (lead && !cfg.metrics_path.empty()) {
-    metrics.open(cfg.metrics_path, std::ios::app);
-    TANDEM_CHECK(metrics.good(), "cannot open the metrics file '", cfg.metrics_path, "' for writing");
-  }
-
-  int64_t global_step = 0;
-  for (int epoch = first_epoch; epoch < cfg.epochs; ++epoch) {
-    if (lead) {
-      std::printf("Starting Epoch %d:\n", epoch);
-      std::fflush(stdout);
-    }
+int Trainer::run() {
+  setup();
+  for (int epoch = first_epoch_; epoch < cfg_.epochs; ++epoch) {
     auto t0 = Clock::now();
-    opt.reset_stats();
-    model->train(true);
-    Totals train(device);
-    int64_t train_samples = 0;
-    train_loader.start_epoch(epoch);
-    ProgressBar bar(progress, train_loader.batches_per_epoch(), "epoch " + std::to_string(epoch));
-    data::Batch batch;
-    int64_t step = 0;
-    while (train_loader.next(batch)) {
-      Tensor logits, loss;
-      {
-        PrecisionScope scope(precision);
-        logits = model->forward(batch.x);
-        loss = softmax_cross_entropy(logits, batch.y);
-      }
-      opt.step(mode, loss, cfg.spars, cfg.error_feedback);
-      Tensor loss_value = loss.detach();
-      train.add(&loss_value, logits.detach(), batch.y, train_samples);
-      ++global_step;
-      // Partial mode lets replicas differ between full averages, and every mode lets batch-norm
-      // statistics differ between evaluations: those are compared after each epoch's averages.
-      if (cfg.check_consistency > 0 && mode != dist::SyncMode::Partial && global_step % cfg.check_consistency == 0)
-        opt.check_consistency(/*include_buffers=*/false);
-      bar.update(++step, train_samples * world);
-    }
-    bar.finish();
-    synchronize(device);
-    double train_s = seconds_since(t0);
-    dist::CommStats comm_stats = opt.stats();
-
-    auto t1 = Clock::now();
-    // Ranks evaluate one model: partial mode averages the parameters, every mode the buffers.
-    if (mode == dist::SyncMode::Partial)
-      opt.average_parameters();
-    else
-      opt.average_buffers();
-    if (cfg.check_consistency > 0) opt.check_consistency();
-    model->eval();
-    Totals test(device);
-    int64_t test_samples = 0;
-    {
-      NoGradGuard no_grad;
-      PrecisionScope scope(precision);
-      test_loader.start_epoch(0);
-      while (test_loader.next(batch)) test.add(nullptr, model->forward(batch.x), batch.y, test_samples);
-    }
-    auto tr = train.reduce(*comm, train_samples);
-    auto te = test.reduce(*comm, test_samples);
-    double train_acc = tr[1] / std::max(tr[2], 1.0), eval_acc = te[1] / std::max(te[2], 1.0);
-    double eval_s = seconds_since(t1), epoch_s = seconds_since(t0);
-    TANDEM_RUNTIME_CHECK(std::isfinite(tr[0]), "the training loss became ", tr[0], " in epoch ", epoch,
+    EpochStats train = train_epoch(epoch);
+    EvalStats eval = evaluate();
+    double epoch_s = seconds_since(t0);
+    TANDEM_RUNTIME_CHECK(std::isfinite(train.loss), "the training loss became ", train.loss, " in epoch ", epoch,
                          "; lower --lr (or check the data)");
-
-    if (lead) {
-      std::printf("Training loss = %f, training accuracy = %f\n", tr[0], train_acc);
-      std::printf("Evaluation accuracy = %f, Elapsed Time = %fs\n", eval_acc, epoch_s);
-      if (cfg.report_comm) {
-        double steps = std::max<double>(static_cast<double>(comm_stats.steps), 1.0);
-        std::printf("Communication (rank 0): %.3f MB sent, %.3f MB received per step; %.3fs waiting, %lld collectives\n",
-                    comm_stats.bytes_sent / steps / 1e6, comm_stats.bytes_received / steps / 1e6,
-                    comm_stats.wait_seconds, static_cast<long long>(comm_stats.collectives));
-      }
-      std::fflush(stdout);
-    }
-    if (lead && !cfg.checkpoint.empty()) {
-      nlohmann::json meta{{"epoch", epoch},           {"model", cfg.model},         {"dataset", cfg.dataset},
-                          {"optimizer", cfg.optimizer}, {"world_size", world},        {"seed", cfg.seed},
-                          {"dist_option", dist::sync_mode_name(mode)}, {"eval_acc", eval_acc}};
-      save_checkpoint(cfg.checkpoint, *model, &opt.optimizer(), meta.dump());
-    }
-    if (metrics.is_open()) {
-      nlohmann::json j{{"epoch", epoch},
-                       {"train_loss", tr[0]},
-                       {"train_acc", train_acc},
-                       {"eval_acc", eval_acc},
-                       {"epoch_s", epoch_s},
-                       {"train_s", train_s},
-                       {"eval_s", eval_s},
-                       {"train_samples", static_cast<int64_t>(tr[2])},
-                       {"train_images_per_s", tr[2] / train_s},
-                       {"model", cfg.model},
-                       {"dataset", cfg.dataset},
-                       {"device", device.str()},
-                       {"world_size", world},
-                       {"dist_option", dist::sync_mode_name(mode)},
-                       {"precision", precision_name(precision)},
-                       {"batch_size", cfg.batch_size},
-                       {"bytes_sent_per_step", comm_stats.bytes_sent / std::max<int64_t>(comm_stats.steps, 1)},
-                       {"bytes_received_per_step", comm_stats.bytes_received / std::max<int64_t>(comm_stats.steps, 1)},
-                       {"comm_wait_s", comm_stats.wait_seconds}};
-      metrics << j.dump() << "\n";
-      metrics.flush();
-    }
+    report(epoch, train, eval, epoch_s);
+    save_checkpoint(epoch, eval);
   }
   return 0;
+}
+
+void Trainer::setup() {
+  session_ = std::make_unique<Session>(cfg_);
+  Session& s = *session_;
+  train_set_ = limited(data::load_dataset(cfg_.dataset, cfg_.data_dir, true), cfg_.limit_train);
+  test_set_ = limited(data::load_dataset(cfg_.dataset, cfg_.data_dir, false), cfg_.limit_test);
+  TANDEM_CHECK(train_set_.size() >= s.world() && test_set_.size() >= s.world(), "the data set is too small for ",
+               s.world(), " ranks");
+  nn::ModelConfig mc;
+  mc.in_channels = train_set_.images.size(1);
+  mc.height = train_set_.images.size(2);
+  mc.width = train_set_.images.size(3);
+  mc.num_classes = train_set_.num_classes;
+  s.build_model(mc);
+
+  if (cfg_.resume && std::filesystem::exists(cfg_.checkpoint)) {
+    auto meta = nlohmann::json::parse(checkpoint_meta(cfg_.checkpoint));
+    const std::pair<const char*, const std::string*> must_match[] = {
+        {"model", &cfg_.model}, {"dataset", &cfg_.dataset}, {"optimizer", &cfg_.optimizer}};
+    for (auto [key, value] : must_match)
+      TANDEM_CHECK(meta.value(key, std::string()) == *value, "checkpoint '", cfg_.checkpoint, "' was saved with --",
+                   key, " ", meta.value(key, std::string("?")), "; resume with the same value or use another --checkpoint");
+    load_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer());
+    first_epoch_ = meta.value("epoch", -1) + 1;
+    if (s.lead()) std::fprintf(stderr, "tandem: resuming from '%s' at epoch %d\n", cfg_.checkpoint.c_str(), first_epoch_);
+  } else if (cfg_.resume && s.lead()) {
+    std::fprintf(stderr, "tandem: no checkpoint at '%s' yet: starting at epoch 0\n", cfg_.checkpoint.c_str());
+  }
+  s.sync_model();
+
+  data::LoaderOptions lo;
+  lo.batch_size = cfg_.batch_size;
+  lo.seed = cfg_.seed;
+  lo.device = s.device();
+  lo.rank = s.rank();
+  lo.world_size = s.world();
+  train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
+  lo.shuffle = false;
+  test_loader_ = std::make_unique<data::DataLoader>(test_set_, lo);
+
+  if (s.lead()) {
+    std::fprintf(stderr, "tandem: %s (%lld parameters) on %s: %lld training / %lld test samples, batch %lld per rank, %s\n",
+                 cfg_.model.c_str(), static_cast<long long>(s.model().num_parameters()), cfg_.dataset.c_str(),
+                 static_cast<long long>(train_set_.size()), static_cast<long long>(test_set_.size()),
+                 static_cast<long long>(cfg_.batch_size), s.where().c_str());
+    if (!cfg_.metrics_path.empty()) {
+      metrics_.open(cfg_.metrics_path, std::ios::app);
+      TANDEM_CHECK(metrics_.good(), "cannot open the metrics file '", cfg_.metrics_path, "' for writing");
+    }
+  }
+}
+
+EpochStats Trainer::train_epoch(int epoch) {
+  Session& s = *session_;
+  if (s.lead()) {
+    std::printf("Starting Epoch %d:\n", epoch);
+    std::fflush(stdout);
+  }
+  auto t0 = Clock::now();
+  s.opt().reset_stats();
+  s.model().train(true);
+  train_loader_->start_epoch(epoch);
+  Tally tally(train_loader_->batches_per_epoch(), s.device());
+  bool progress = s.lead() && (cfg_.progress == "on" || (cfg_.progress == "auto" && isatty(STDERR_FILENO)));
+  ProgressBar bar(progress, train_loader_->batches_per_epoch(), "epoch " + std::to_string(epoch));
+  // Partial mode lets replicas differ between full averages, and every mode lets batch-norm
+  // statistics differ between evaluations: those are compared after each epoch's averages.
+  const bool check_steps = cfg_.check_consistency > 0 && !s.partial();
+  // With --accumulate N, every N micro-batches make one step (the epoch's last step may have fewer);
+  // each micro-batch's loss is weighted by 1/(micro-batches in its step), so the step applies the
+  // mean gradient over its samples, as one batch of them would.
+  const int64_t batches = train_loader_->batches_per_epoch(), n = cfg_.accumulate;
+  data::Batch batch;
+  int64_t i = 0;
+  while (train_loader_->next(batch)) {
+    const int64_t first = i / n * n, in_step = std::min(n, batches - first);
+    const bool last = i - first == in_step - 1;
+    StepResult r = s.forward_backward(batch.x, batch.y, 1.0 / static_cast<double>(in_step), last);
+    tally.add(&r.loss, r.logits, batch.y);
+    if (last) {
+      s.apply_update();
+      ++global_step_;
+      if (check_steps && global_step_ % cfg_.check_consistency == 0) s.opt().check_consistency(/*include_buffers=*/false);
+    }
+    bar.update(++i, tally.samples() * s.world());
+  }
+  TANDEM_ASSERT(i == batches, "the loader gave ", i, " batches of the ", batches, " announced");
+  bar.finish();
+  synchronize(s.device());
+  EpochStats st;
+  st.seconds = seconds_since(t0);
+  st.comm = s.opt().stats();
+  auto totals = tally.reduce(s.comm());
+  st.loss = totals[0];
+  st.correct = totals[1];
+  st.samples = totals[2];
+  return st;
+}
+
+EvalStats Trainer::evaluate() {
+  Session& s = *session_;
+  auto t0 = Clock::now();
+  // Ranks evaluate one model: partial mode averages the parameters, every mode the buffers.
+  if (s.partial())
+    s.opt().average_parameters();
+  else
+    s.opt().average_buffers();
+  if (cfg_.check_consistency > 0) s.opt().check_consistency();
+  s.model().eval();
+  Tally tally(test_loader_->batches_per_epoch(), s.device());
+  {
+    NoGradGuard no_grad;
+    data::Batch batch;
+    test_loader_->start_epoch(0);
+    PrecisionScope scope(s.precision());
+    while (test_loader_->next(batch)) tally.add(nullptr, s.model().forward(batch.x), batch.y);
+  }
+  auto totals = tally.reduce(s.comm());
+  EvalStats ev;
+  ev.correct = totals[1];
+  ev.samples = totals[2];
+  ev.seconds = seconds_since(t0);
+  return ev;
+}
+
+void Trainer::report(int epoch, const EpochStats& train, const EvalStats& eval, double epoch_s) {
+  Session& s = *session_;
+  if (!s.lead()) return;
+  double train_acc = train.correct / std::max(train.samples, 1.0), eval_acc = eval.correct / std::max(eval.samples, 1.0);
+  const dist::CommStats& c = train.comm;
+  std::printf("Training loss = %f, training accuracy = %f\n", train.loss, train_acc);
+  std::printf("Evaluation accuracy = %f, Elapsed Time = %fs\n", eval_acc, epoch_s);
+  if (cfg_.report_comm) {
+    double steps = std::max<double>(static_cast<double>(c.steps), 1.0);
+    std::printf("Communication (rank 0): %.3f MB sent, %.3f MB received per step; %.3fs waiting, %lld collectives\n",
+                c.bytes_sent / steps / 1e6, c.bytes_received / steps / 1e6, c.wait_seconds,
+                static_cast<long long>(c.collectives));
+  }
+  std::fflush(stdout);
+  if (!metrics_.is_open()) return;
+  nlohmann::json j{{"epoch", epoch},
+                   {"train_loss", train.loss},
+                   {"train_acc", train_acc},
+                   {"eval_acc", eval_acc},
+                   {"epoch_s", epoch_s},
+                   {"train_s", train.seconds},
+                   {"eval_s", eval.seconds},
+                   {"train_samples", static_cast<int64_t>(train.samples)},
+                   {"train_images_per_s", train.samples / train.seconds},
+                   {"model", cfg_.model},
+                   {"dataset", cfg_.dataset},
+                   {"device", s.device().str()},
+                   {"world_size", s.world()},
+                   {"dist_option", s.sync().method},
+                   {"precision", precision_name(s.precision())},
+                   {"batch_size", cfg_.batch_size},
+                   {"bytes_sent_per_step", c.bytes_sent / std::max<int64_t>(c.steps, 1)},
+                   {"bytes_received_per_step", c.bytes_received / std::max<int64_t>(c.steps, 1)},
+                   {"comm_wait_s", c.wait_seconds}};
+  metrics_ << j.dump() << "\n";
+  metrics_.flush();
+}
+
+void Trainer::save_checkpoint(int epoch, const EvalStats& eval) {
+  Session& s = *session_;
+  if (!s.lead() || cfg_.checkpoint.empty()) return;
+  nlohmann::json meta{{"epoch", epoch},
+                      {"model", cfg_.model},
+                      {"dataset", cfg_.dataset},
+                      {"optimizer", cfg_.optimizer},
+                      {"world_size", s.world()},
+                      {"seed", cfg_.seed},
+                      {"dist_option", s.sync().method},
+                      {"eval_acc", eval.correct / std::max(eval.samples, 1.0)}};
+  tandem::save_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer(), meta.dump());
 }
 
 }  // namespace tandem::cli

@@ -1,48 +1,75 @@
 #pragma once
-// Internal: the training loop behind `tandem train`.
+// Internal: `tandem train` as a session run through named phases — setup, then per epoch
+// train_epoch, evaluate, report and save_checkpoint.
 #include <cstdint>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "cli/session.h"
+#include "tandem/data/dataset.h"
+#include "tandem/data/loader.h"
+
 namespace tandem::cli {
 
-struct TrainConfig {
-  std::string model = "cnn";
+struct TrainConfig : SessionConfig {
   std::string dataset = "fashion-mnist";
   std::string data_dir;  // empty: the data set's default directory
   int epochs = 10;
   int64_t batch_size = 64;
-  std::string optimizer = "sgd";
-  double lr = 0.005;
-  double momentum = 0.9;
-  double weight_decay = 1e-5;
-  bool nesterov = false;
-  std::string device = "cpu";
-  std::string precision;  // f32 | tf32 | bf16 | f16; empty: the device's default
-  uint64_t seed = 0;
+  int64_t accumulate = 1;  // micro-batches of batch_size per optimizer step
   std::string metrics_path;
-  int threads = 0;
   int64_t limit_train = 0;  // 0: the whole split
   int64_t limit_test = 0;
-  std::vector<int64_t> hidden;
   std::string progress = "auto";  // auto | on | off
-  // distributed training
-  std::string dist_option = "plain";  // plain | half | partialUpdate | sparseTopK | sparseThreshold
-  double spars = 0.05;
-  bool error_feedback = true;
-  double clip = 0.0;  // half: clip gradients into [-clip, clip] when positive
-  std::string half_dtype = "f16";
-  double bucket_mb = 16.0;
-  double first_bucket_mb = 1.0;
   int64_t check_consistency = 0;  // every N steps (0: never)
   bool report_comm = false;
-  double timeout_s = 300.0;
   // checkpoints
   std::string checkpoint;  // saved after every epoch when set
   bool resume = false;     // continue from `checkpoint` when it exists
 };
 
-/// Trains and evaluates per the config, printing the guide's per-epoch lines; returns the exit status.
-int run_training(const TrainConfig& cfg);
+/// One epoch's training figures, summed over ranks.
+struct EpochStats {
+  double loss = 0;  // sum of the per-batch mean losses
+  double correct = 0, samples = 0;
+  double seconds = 0;
+  dist::CommStats comm;  // this rank's traffic in the epoch
+};
+
+/// One evaluation pass, summed over ranks.
+struct EvalStats {
+  double correct = 0, samples = 0;
+  double seconds = 0;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainConfig& cfg);
+  ~Trainer();
+  /// Every phase in order; returns the exit status.
+  int run();
+
+  /// Joins the job, loads the data, builds the model, resumes a checkpoint, syncs the ranks.
+  void setup();
+  /// One pass over this rank's shard of the training set.
+  EpochStats train_epoch(int epoch);
+  /// Agrees on one model across ranks, then one pass over the test set.
+  EvalStats evaluate();
+  /// Rank 0 prints the guide's lines (and the traffic) and appends to the metrics file.
+  void report(int epoch, const EpochStats& train, const EvalStats& eval, double epoch_seconds);
+  /// Rank 0 saves the model and optimizer after the epoch (when --checkpoint is set).
+  void save_checkpoint(int epoch, const EvalStats& eval);
+
+ private:
+  TrainConfig cfg_;
+  std::unique_ptr<Session> session_;
+  data::Dataset train_set_, test_set_;
+  std::unique_ptr<data::DataLoader> train_loader_, test_loader_;
+  std::ofstream metrics_;
+  int first_epoch_ = 0;
+  int64_t global_step_ = 0;
+};
 
 }  // namespace tandem::cli

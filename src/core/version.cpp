@@ -3,7 +3,8 @@
 namespace tandem {
 
 BuildInfo build_info() {
-  return BuildInfo{"0.1.0", TANDEM_WITH_CUDA != 0, TANDEM_WITH_NCCL != 0, TANDEM_WITH_GLOO != 0,
+  // TANDEM_VERSION is CMake's PROJECT_VERSION, the one place the version is written.
+  return BuildInfo{TANDEM_VERSION, TANDEM_WITH_CUDA != 0, TANDEM_WITH_NCCL != 0, TANDEM_WITH_GLOO != 0,
                    TANDEM_WITH_MPI != 0};
 }
 

@@ -68,10 +68,16 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double momentum, double eps) : moment
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
+  if (is_training() && train_forward_) return train_forward_(*this, x);
   return batch_norm2d(x, gamma, beta, running_mean, running_var, is_training(), momentum_, eps_);
 }
 
 Tensor BatchNorm2d::forward_act(const Tensor& x, const Tensor& residual, bool relu) {
+  if (is_training() && train_forward_) {  // a replaced computation, then the residual and ReLU unfused
+    Tensor y = train_forward_(*this, x);
+    if (residual.defined()) y = add(y, residual);
+    return relu ? tandem::relu(y) : y;
+  }
   return batch_norm2d_act(x, residual, gamma, beta, running_mean, running_var, is_training(), relu, momentum_, eps_);
 }
 

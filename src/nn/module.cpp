@@ -46,6 +46,11 @@ int64_t Module::num_parameters() const {
   return n;
 }
 
+void Module::apply(const std::function<void(Module&)>& fn) {
+  fn(*this);
+  for (auto& [name, child] : children_) child->apply(fn);
+}
+
 void Module::train(bool on) {
   training_ = on;
   on_train(on);

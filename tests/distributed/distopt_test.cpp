@@ -95,11 +95,60 @@ TEST(DistOptGloo, SyncAndConsistencyChecksThreeRanks) {
   EXPECT_TRUE(contains(r.output, "[rank 2] rank 2: another shape on rank 1: ranks built different models")) << r.output;
 }
 
+TEST(DistOptGloo, GradientsAfterAStepAreTheAverageAndSettingsApplyPerCall) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "grads,clipswitch");
+}
+
+TEST(DistOptGloo, ClipGradNormAndAccumulationTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "clipnorm,accumulate");
+}
+
+TEST(DistOptGloo, ClipGradNormAndAccumulationThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "clipnorm,accumulate");
+}
+
+TEST(DistOptGloo, SyncBatchNormTwoRanksMatchesOneRankAtTwiceTheBatch) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "syncbn");
+}
+
+TEST(DistOptGloo, SyncBatchNormThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "syncbn");
+}
+
+TEST(DistOptGloo, PowerSgdReproducesLowRankGradientsTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "powersgd");
+}
+
+TEST(DistOptGloo, PowerSgdReproducesLowRankGradientsThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "powersgd");
+}
+
+TEST(DistOptGloo, ReducerSeamsTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "introspection,nonfinite,arena16");
+}
+
+TEST(DistOptGloo, ReducerSeamsThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "introspection,nonfinite,arena16");
+}
+
 // One process: the same API with nothing to exchange.
 TEST(DistOptSingle, OneProcessStepsLocally) {
-  ProcResult r = run_process({kWorker, "plain,half,equivalence"}, {}, 120);
+  const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
+                                          "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn"};
+  std::string list;
+  for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
+  ProcResult r = run_process({kWorker, list}, {}, 120);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (const char* s : {"plain", "half", "equivalence"})
+  for (const std::string& s : names)
     EXPECT_TRUE(contains(r.output, std::string("rank 0: ") + s + " ok")) << r.output;
 }
 
@@ -123,6 +172,11 @@ TEST(DistOptNccl, TwoGpusMatchOneGpuWithTheWholeBatch) {
 TEST(DistOptNccl, BucketsLaunchDuringBackwardInOrder) {
   REQUIRE_TWO_GPUS();
   run_scenarios(2, "overlap", "cuda");
+}
+
+TEST(DistOptNccl, StepApiCodecsSyncBatchNormAndSeams) {
+  REQUIRE_TWO_GPUS();
+  run_scenarios(2, "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16", "cuda");
 }
 
 TEST(DistOptNccl, SyncAndConsistencyChecks) {

@@ -1,7 +1,6 @@
 #pragma once
 // DistOpt: the distributed optimizer. Wraps any optimizer; gradients are averaged across ranks
 // while backward is still running, then the wrapped optimizer applies them.
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -13,39 +12,57 @@
 
 namespace tandem::dist {
 
-/// How gradients (or parameters) travel between ranks.
-enum class SyncMode {
-  Plain,            // f32 gradients, all-reduced per bucket
-  Half,             // gradients cast to f16 (or bf16) for the all-reduce
-  Partial,          // local steps; one chunk of the parameters averaged per step, round robin
-  SparseTopK,       // per bucket, the ceil(spars*n) largest-magnitude gradients
-  SparseThreshold,  // per bucket, the gradients with |g| >= spars
+/// How gradients (or, for partialUpdate, parameters) travel between ranks. `method` names a
+/// gradient codec or partialUpdate; each codec reads the settings that concern it.
+struct SyncOptions {
+  /// plain (f32 all-reduce), half (16-bit all-reduce), sparseTopK, sparseThreshold, powerSGD (low
+  /// rank), or partialUpdate (local steps, one chunk of the parameters averaged per step).
+  std::string method = "plain";
+  DType half_dtype = DType::f16;  // half: f16 or bf16 on the wire
+  double clip = 0.0;              // half: each value clipped into [-clip, clip] before sending (0: off)
+  double spars = 0.05;            // sparseTopK: fraction of each bucket sent; sparseThreshold: |g| threshold
+  bool error_feedback = true;     // sparse, powerSGD: what was not sent is added to the next step's gradient
+  int rank = 2;                   // powerSGD: rank of each matrix's approximation
+  bool operator==(const SyncOptions&) const = default;
 };
 
-/// Parses plain, half, partialUpdate, sparseTopK, sparseThreshold (also lower-case and kebab-case).
-SyncMode parse_sync_mode(const std::string& s);
-/// The guide's spelling of a mode.
-const char* sync_mode_name(SyncMode m);
+/// The canonical name of a method (plain, half, partialUpdate, sparseTopK, sparseThreshold,
+/// powerSGD); lower-case and kebab-case spellings are accepted. Throws naming the valid ones otherwise.
+std::string parse_sync_method(const std::string& s);
+/// Every method parse_sync_method accepts, in canonical spelling.
+std::vector<std::string> sync_method_names();
 
 struct DistOptOptions {
-  size_t bucket_bytes = size_t(16) << 20;       // gradient bytes per all-reduce (and partial mode's chunk)
+  size_t bucket_bytes = size_t(16) << 20;       // gradient bytes per all-reduce (and partialUpdate's chunk)
   size_t first_bucket_bytes = size_t(1) << 20;  // a small first bucket starts communication early
-  DType half_dtype = DType::f16;                // f16 or bf16 for the half mode
   bool rebuild_buckets = true;                  // after the first step, order buckets as gradients arrived
+  SyncOptions sync;                             // what step() and backward_and_sync() do
+  /// Check the averaged gradients for inf/NaN after each synchronisation (every rank reaches the
+  /// same verdict); update() then skips the step on every rank. For dynamic loss scaling.
+  bool skip_nonfinite = false;
 };
 
 /// Communication counters, per rank.
 struct CommStats {
-  int64_t steps = 0;
+  int64_t steps = 0;           // gradient synchronisations (or partialUpdate steps)
   int64_t collectives = 0;
   int64_t bytes_sent = 0;      // bytes this rank put on the wire (nccl-tests accounting)
   int64_t bytes_received = 0;  // bytes this rank took off the wire
   double wait_seconds = 0.0;   // host time blocked waiting for communication
+  int64_t skipped_updates = 0;  // updates skipped for non-finite gradients
+};
+
+/// One gradient bucket: a range of the gradient buffer holding whole parameters.
+struct BucketInfo {
+  int64_t offset = 0, numel = 0;  // the range, in elements
+  std::vector<int> params;        // the optimizer's parameter indices, in buffer order
+  std::vector<int64_t> offsets;   // where each of them starts in the buffer
 };
 
 class DistOpt {
  public:
-  /// Wraps opt; comm decides the ranks. Every rank must construct DistOpt with the same parameters.
+  /// Wraps opt; comm decides the ranks. Every rank must construct DistOpt with the same parameters
+  /// and options.
   DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communicator> comm, DistOptOptions options = {});
   ~DistOpt();
   DistOpt(const DistOpt&) = delete;
@@ -63,26 +80,59 @@ class DistOpt {
   /// differs), then broadcasts parameters and buffers from rank 0 so all ranks start identical.
   void sync_parameters(nn::Module& model);
 
+  // ---- a step, split around the synchronisation: backward_and_sync, user code, update
+
+  /// Backward with each bucket of gradients averaged across ranks (options().sync) as soon as it
+  /// is complete; on return every parameter's grad() holds the average (partialUpdate: its own).
+  /// Gradients are zeroed by the first backward after an update; until update(), later ones add up.
+  void backward_and_sync(const Tensor& loss);
+  /// Scales the averaged gradients so that their global L2 norm is at most max_norm (by
+  /// max_norm / (norm + 1e-6) when above). Returns the norm before clipping, a one-element tensor
+  /// on the device, identical on every rank. Call between backward_and_sync and update.
+  Tensor clip_grad_norm(double max_norm);
+  /// Applies the gradients with the wrapped optimizer (partialUpdate: then averages one chunk of
+  /// the parameters). Returns false, on every rank, when the step was skipped for inf/NaN gradients.
+  bool update();
+  /// backward_and_sync, then update.
+  void step(const Tensor& loss);
+
+  /// While the returned guard lives, backward_and_sync only accumulates this rank's gradients: no
+  /// communication (for all but the last micro-batch of gradient accumulation). The first
+  /// backward_and_sync after it averages the sum of every micro-batch's gradients once.
+  class NoSync {
+   public:
+    explicit NoSync(DistOpt& opt);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistOpt& opt_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+  // ---- the guide's calls: each runs a whole step with its own method for that step
+
   /// Backward with bucketed f32 all-reduce overlapped, then the optimizer step.
   void backward_and_update(const Tensor& loss);
-  /// As backward_and_update with gradients sent as f16 (options().half_dtype); with clipping, each
-  /// gradient value is first clipped into [-clip_value, clip_value].
+  /// As backward_and_update with gradients sent as f16 (options().sync.half_dtype); with clipping,
+  /// each gradient value is first clipped into [-clip_value, clip_value].
   void backward_and_update_half(const Tensor& loss, bool clipping = false, double clip_value = 100.0);
   /// Backward and a local optimizer step, then one chunk of the parameters averaged across ranks.
   void backward_and_partial_update(const Tensor& loss);
   /// Backward with sparsified gradients: topK sends the ceil(spars*n) largest magnitudes per bucket,
   /// otherwise those with |g| >= spars; with corr, what was not sent is added to the next step's gradient.
   void backward_and_sparse_update(const Tensor& loss, double spars = 0.05, bool topK = false, bool corr = true);
-  /// Runs the step of the given mode (spars / topK from the arguments for the sparse modes).
-  void step(SyncMode mode, const Tensor& loss, double spars = 0.05, bool corr = true);
 
-  /// Averages parameters and buffers across ranks (partial mode does this before evaluation).
+  /// Averages parameters and buffers across ranks (partialUpdate does this before evaluation).
   void average_parameters();
   /// Averages buffers only (batch-norm running statistics).
   void average_buffers();
   /// Throws, naming the first tensor that differs, unless all ranks hold bit-identical parameters
   /// (and buffers, with include_buffers: batch-norm statistics agree only after average_buffers()).
   void check_consistency(bool include_buffers = true);
+
+  // ---- introspection
 
   const CommStats& stats() const;
   void reset_stats();
@@ -91,13 +141,23 @@ class DistOpt {
   const std::vector<std::string>& trace() const;
   /// Element counts of the gradient buckets, in launch order.
   std::vector<int64_t> bucket_sizes() const;
+  /// The buckets in launch order: which parameters each holds, and where.
+  std::vector<BucketInfo> bucket_layout() const;
+  /// Per parameter, the L2 norm of the error-feedback residual kept for it (0 without one).
+  std::vector<double> residual_norms() const;
   const DistOptOptions& options() const;
+  /// The settings the last step ran with.
+  const SyncOptions& active_sync() const;
+  /// Whether a step with those settings neither waits on the host nor allocates, so that it can be
+  /// captured whole in a CUDA graph (all methods but sparseThreshold, whose counts are read on the host).
+  bool step_capturable() const;
 
  private:
-  class Engine;
+  void backward_and_sync_with(const SyncOptions& sync, const Tensor& loss);
+  class Impl;
   std::shared_ptr<optim::Optimizer> opt_;
   std::shared_ptr<Communicator> comm_;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace tandem::dist

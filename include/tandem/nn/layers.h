@@ -1,6 +1,7 @@
 #pragma once
 // Standard layers.
 #include <array>
+#include <functional>
 #include <initializer_list>
 
 #include "tandem/nn/module.h"
@@ -65,9 +66,18 @@ class BatchNorm2d : public Module {
   Tensor forward_act(const Tensor& x, const Tensor& residual, bool relu);
   std::string describe() const override;
   Tensor gamma, beta, running_mean, running_var;
+  double momentum() const { return momentum_; }
+  double eps() const { return eps_; }
+
+  /// Computes the layer in training mode instead of the local batch statistics (sync batch norm
+  /// takes them over every rank), in forward and forward_act; an empty function restores the local
+  /// computation.
+  using TrainForward = std::function<Tensor(BatchNorm2d& self, const Tensor& x)>;
+  void set_train_forward(TrainForward f) { train_forward_ = std::move(f); }
 
  private:
   double momentum_, eps_;
+  TrainForward train_forward_;
 };
 
 class ReLU : public Module {

@@ -1,5 +1,6 @@
 #pragma once
 // Module: a layer or model owning named parameters and buffers in a deterministic order.
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,6 +29,9 @@ class Module {
   NamedTensors named_buffers() const;
   /// Number of trainable scalars.
   int64_t num_parameters() const;
+
+  /// Calls fn on this module, then on every descendant (depth first, in registration order).
+  void apply(const std::function<void(Module&)>& fn);
 
   /// Switches training behaviour (dropout, batch-norm statistics) for this module and its children.
   void train(bool on = true);

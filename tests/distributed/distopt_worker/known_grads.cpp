@@ -13,32 +13,6 @@ namespace distopt_worker {
 
 namespace {
 
-using Contrib = std::function<double(int rank, size_t param, int64_t elem)>;
-
-// The average over ranks of what each contributes, and a tolerance of `unit` times the sum of the
-// magnitudes (the rounding of a sum of W terms), plus `floor`.
-struct Expect {
-  Values value, tol;
-};
-Expect average(int W, const std::vector<int64_t>& sizes, const Contrib& contrib, double unit, double floor = 0.0) {
-  Expect e;
-  e.value = tabulate(sizes, [&](size_t i, int64_t j) {
-    double s = 0;
-    for (int r = 0; r < W; ++r) s += contrib(r, i, j);
-    return s / W;
-  });
-  e.tol = tabulate(sizes, [&](size_t i, int64_t j) {
-    double s = 0;
-    for (int r = 0; r < W; ++r) s += std::fabs(contrib(r, i, j));
-    return unit * s + floor;
-  });
-  return e;
-}
-
-Contrib as_contrib(const GradFn& g) {
-  return [g](int r, size_t i, int64_t j) { return static_cast<double>(g(r, i, j)); };
-}
-
 void expect_buckets_are_params(const Fixture& f) {
   std::vector<int64_t> got = f.opt->bucket_sizes(), want = f.sizes;
   std::sort(got.begin(), got.end());
@@ -155,7 +129,7 @@ void scenario_half(const std::shared_ptr<dist::Communicator>& comm) {
   }
   {  // bf16 on the wire: the same average within bf16 rounding.
     dist::DistOptOptions o = small_buckets();
-    o.half_dtype = DType::bf16;
+    o.sync.half_dtype = DType::bf16;
     Fixture f = make_fixture(comm, sizes, o);
     GradFn g = [](int r, size_t i, int64_t j) {
       return static_cast<float>((j * 17 + static_cast<int64_t>(i) + r * 3) % 89 - 44) * 1.37f;

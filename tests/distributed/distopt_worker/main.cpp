@@ -111,6 +111,25 @@ Values tabulate(const std::vector<int64_t>& sizes, const std::function<double(si
   return out;
 }
 
+Contrib as_contrib(const GradFn& g) {
+  return [g](int r, size_t i, int64_t j) { return static_cast<double>(g(r, i, j)); };
+}
+
+Expect average(int W, const std::vector<int64_t>& sizes, const Contrib& contrib, double unit, double floor) {
+  Expect e;
+  e.value = tabulate(sizes, [&](size_t i, int64_t j) {
+    double s = 0;
+    for (int r = 0; r < W; ++r) s += contrib(r, i, j);
+    return s / W;
+  });
+  e.tol = tabulate(sizes, [&](size_t i, int64_t j) {
+    double s = 0;
+    for (int r = 0; r < W; ++r) s += std::fabs(contrib(r, i, j));
+    return unit * s + floor;
+  });
+  return e;
+}
+
 bool expect_near(const std::string& what, const Values& got, const Values& expected, const Values& tol,
                  const Values* rounding) {
   int bad = 0;
@@ -159,7 +178,10 @@ int main(int argc, char** argv) {
       {"plain", scenario_plain},         {"half", scenario_half},         {"topk", scenario_topk},
       {"threshold", scenario_threshold}, {"layout", scenario_layout},     {"feedback", scenario_feedback},
       {"partial", scenario_partial},     {"equivalence", scenario_equivalence}, {"overlap", scenario_overlap},
-      {"sync", scenario_sync}};
+      {"sync", scenario_sync},           {"grads", scenario_grads},       {"clipswitch", scenario_clip_switch},
+      {"introspection", scenario_introspection}, {"nonfinite", scenario_nonfinite}, {"arena16", scenario_arena16},
+      {"clipnorm", scenario_clip_norm},  {"accumulate", scenario_accumulate},
+      {"syncbn", scenario_sync_bn},      {"powersgd", scenario_power_sgd}};
   std::vector<std::string> names;
   std::stringstream list(argv[1]);
   for (std::string s; std::getline(list, s, ',');) {

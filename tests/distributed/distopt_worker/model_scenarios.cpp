@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "tandem/autograd.h"
+#include "tandem/distributed/sync_batch_norm.h"
 #include "tandem/nn/layers.h"
 #include "tandem/ops.h"
 #include "tandem/random.h"
@@ -125,18 +126,20 @@ void scenario_equivalence(const std::shared_ptr<dist::Communicator>& comm) {
   Values ref = model_values(*ref_model);
 
   // W ranks, rows [local*r, local*(r+1)) each, in every mode whose result should match.
-  for (SyncMode mode : {SyncMode::Plain, SyncMode::Half}) {
+  for (std::string mode : {"plain", "half"}) {
     auto model = small_cnn(7);
-    dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, small_buckets());
+    dist::DistOptOptions o = small_buckets();
+    o.sync.method = mode;
+    dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, o);
     opt.sync_parameters(*model);
     CHECK_OR_REPORT(opt.bucket_sizes().size() >= 3, "expected several buckets, got %zu", opt.bucket_sizes().size());
     for (int s = 0; s < steps; ++s) {
       Batch b = global_batch(s, image, global);
       Tensor x = b.x.narrow(0, local * me, local), y = b.y.narrow(0, local * me, local);
-      opt.step(mode, softmax_cross_entropy(model->forward(x), y));
+      opt.step(softmax_cross_entropy(model->forward(x), y));
     }
     Values got = model_values(*model);
-    if (mode == SyncMode::Plain) {
+    if (mode == "plain") {
       expect_close_models(strf("plain on %d ranks vs 1 rank", W), got, ref, 1e-5);
     } else {
       // Half sends each gradient rounded to f16: compare the distance travelled from the start,
@@ -150,8 +153,54 @@ void scenario_equivalence(const std::shared_ptr<dist::Communicator>& comm) {
       expect_close_models(strf("half on %d ranks vs f32 on 1 rank (movement)", W), moved_got, moved_ref,
                           4 * kF16Unit);
     }
-    expect_no_error(strf("%s: ranks agree", dist::sync_mode_name(mode)), [&] { opt.check_consistency(); });
+    expect_no_error(strf("%s: ranks agree", mode.c_str()), [&] { opt.check_consistency(); });
   }
+}
+
+// Gradient accumulation: each rank takes its rows of the global batch as two micro-batches, the
+// first under no_sync (no communication), each loss weighted by 1/2; the step must equal one rank
+// taking the whole batch at once.
+void scenario_accumulate(const std::shared_ptr<dist::Communicator>& comm) {
+  const int W = comm->size(), me = comm->rank();
+  const int64_t local = 32, micro = local / 2, global = local * W, steps = 4;
+  const Shape image = {1, 8, 8};
+  optim::SgdOptions so;
+  so.lr = 0.05;
+  so.momentum = 0.9;
+  so.weight_decay = 1e-3;
+  auto ref_model = small_cnn(5);
+  optim::SGD ref_opt(ref_model->parameters(), so);
+  for (int s = 0; s < steps; ++s) {
+    Batch b = global_batch(s, image, global);
+    ref_opt.zero_grad();
+    backward(softmax_cross_entropy(ref_model->forward(b.x), b.y));
+    ref_opt.step();
+  }
+  auto model = small_cnn(5);
+  dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, small_buckets());
+  opt.sync_parameters(*model);
+  for (int s = 0; s < steps; ++s) {
+    Batch b = global_batch(s, image, global);
+    for (int m = 0; m < 2; ++m) {
+      Tensor x = b.x.narrow(0, local * me + micro * m, micro), y = b.y.narrow(0, local * me + micro * m, micro);
+      Tensor loss = scale(softmax_cross_entropy(model->forward(x), y), 0.5);
+      if (m == 0) {
+        const int64_t before = opt.stats().collectives;
+        auto local_only = opt.no_sync();
+        opt.backward_and_sync(loss);
+        CHECK_OR_REPORT(opt.stats().collectives == before, "a micro-batch under no_sync communicated");
+      } else {
+        opt.backward_and_sync(loss);
+        opt.update();
+      }
+    }
+  }
+  CHECK_OR_REPORT(opt.stats().steps == steps, "%lld synchronisations for %lld steps",
+                  static_cast<long long>(opt.stats().steps), static_cast<long long>(steps));
+  expect_close_models(strf("2 micro-batches of %lld on %d ranks vs one batch of %lld", static_cast<long long>(micro),
+                           W, static_cast<long long>(global)),
+                      model_values(*model), model_values(*ref_model), 1e-5);
+  expect_no_error("accumulate: ranks agree", [&] { opt.check_consistency(); });
 }
 
 void scenario_overlap(const std::shared_ptr<dist::Communicator>& comm) {
@@ -172,18 +221,22 @@ void scenario_overlap(const std::shared_ptr<dist::Communicator>& comm) {
   opt.sync_parameters(*model);
   opt.set_trace(true);
   struct Step {
-    SyncMode mode;
-    double spars;
+    const char* mode;
+    std::function<void(const Tensor&)> run;
   };
-  const std::vector<Step> plan = {{SyncMode::Plain, 0},      {SyncMode::Plain, 0},        {SyncMode::Half, 0},
-                                  {SyncMode::SparseTopK, 0.1}, {SyncMode::SparseThreshold, 1e-3}};
+  const std::vector<Step> plan = {
+      {"plain", [&](const Tensor& l) { opt.backward_and_update(l); }},
+      {"plain", [&](const Tensor& l) { opt.backward_and_update(l); }},
+      {"half", [&](const Tensor& l) { opt.backward_and_update_half(l); }},
+      {"sparseTopK", [&](const Tensor& l) { opt.backward_and_sparse_update(l, 0.1, true); }},
+      {"sparseThreshold", [&](const Tensor& l) { opt.backward_and_sparse_update(l, 1e-3, false); }}};
   for (size_t s = 0; s < plan.size(); ++s) {
     const size_t buckets = opt.bucket_sizes().size(), start = opt.trace().size();
     CHECK_OR_REPORT(buckets >= 4, "expected several buckets, got %zu", buckets);
     Batch b = global_batch(static_cast<int>(s) * 10 + me, {16}, 8);
-    opt.step(plan[s].mode, softmax_cross_entropy(model->forward(b.x), b.y), plan[s].spars);
+    plan[s].run(softmax_cross_entropy(model->forward(b.x), b.y));
     std::vector<std::string> events(opt.trace().begin() + static_cast<std::ptrdiff_t>(start), opt.trace().end());
-    const char* mode = dist::sync_mode_name(plan[s].mode);
+    const char* mode = plan[s].mode;
     size_t next = 0, launched_before_done = 0, done = 0;
     std::string seen;
     for (const std::string& e : events) {
@@ -310,6 +363,102 @@ void scenario_sync(const std::shared_ptr<dist::Communicator>& comm) {
     dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, small_buckets());
     expect_error("an extra layer on rank 1", me, [&] { opt.sync_parameters(*model); },
                  {"rank 0 has 6 parameter tensors", "rank 1 has 8"});
+  }
+}
+
+namespace {
+
+// A residual block whose batch norm runs fused with the skip connection and the ReLU
+// (BatchNorm2d::forward_act, as the ResNets use it): bn(conv(x)) + skip(x), then ReLU.
+class ResidualBn : public nn::Module {
+ public:
+  ResidualBn(std::shared_ptr<nn::BatchNorm2d> bn, Generator& gen) {
+    conv_ = register_module("conv", std::make_shared<nn::Conv2d>(1, 4, 3, gen, 1, 1, false));
+    bn_ = register_module("bn", std::move(bn));
+    skip_ = register_module("skip", std::make_shared<nn::Conv2d>(1, 4, 1, gen, 1, 0, false));
+  }
+  Tensor forward(const Tensor& x) override { return bn_->forward_act(conv_->forward(x), skip_->forward(x), true); }
+
+ private:
+  std::shared_ptr<nn::Conv2d> conv_, skip_;
+  std::shared_ptr<nn::BatchNorm2d> bn_;
+};
+
+// The residual block, then conv 4->4 3x3, batch norm, relu and linear 256->10 on 8x8 images (the
+// convolutions without bias: batch norm cancels it); `norm` makes both batch norms.
+std::shared_ptr<Sequential> bn_cnn(const std::function<std::shared_ptr<nn::BatchNorm2d>(int64_t)>& norm) {
+  Generator gen(21);
+  auto m = std::make_shared<Sequential>();
+  m->add(std::make_shared<ResidualBn>(norm(4), gen));
+  m->add(std::make_shared<nn::Conv2d>(4, 4, 3, gen, 1, 1, false));
+  m->add(norm(4));
+  m->add(std::make_shared<nn::ReLU>());
+  m->add(std::make_shared<nn::Flatten>());
+  m->add(std::make_shared<nn::Linear>(256, 10, gen));
+  m->to(g_device);
+  return m;
+}
+
+// The step's global batch, each rank's block of rows shifted by its own offset: every rank's
+// batch statistics differ from the global ones.
+Batch shifted_batch(int step, int64_t rows, int W) {
+  Batch b = global_batch(step, {1, 8, 8}, rows * W);
+  for (int r = 1; r < W; ++r) {
+    Tensor block = b.x.narrow(0, rows * r, rows);
+    block.copy_(add_scalar(block, 1.5 * r));
+  }
+  return b;
+}
+
+}  // namespace
+
+// Sync batch norm: W ranks at batch b (each its own block of rows) match one rank at batch W*b with
+// plain batch norm, parameters and running statistics, whether the layers were converted or built
+// as SyncBatchNorm2d. Without it (W > 1) the runs part.
+void scenario_sync_bn(const std::shared_ptr<dist::Communicator>& comm) {
+  const int W = comm->size(), me = comm->rank();
+  const int64_t b = 16, steps = 3;
+  optim::SgdOptions so;
+  so.lr = 0.05;
+  so.momentum = 0.9;
+  auto plain_bn = [](int64_t c) { return std::make_shared<nn::BatchNorm2d>(c); };
+  auto ref = bn_cnn(plain_bn);
+  optim::SGD ref_opt(ref->parameters(), so);
+  for (int s = 0; s < steps; ++s) {
+    Batch g = shifted_batch(s, b, W);
+    ref_opt.zero_grad();
+    backward(softmax_cross_entropy(ref->forward(g.x), g.y));
+    ref_opt.step();
+  }
+  auto run = [&](const std::shared_ptr<Sequential>& model, bool synced) {
+    dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, small_buckets());
+    opt.sync_parameters(*model);
+    for (int s = 0; s < steps; ++s) {
+      Batch g = shifted_batch(s, b, W);
+      opt.step(softmax_cross_entropy(model->forward(g.x.narrow(0, b * me, b)), g.y.narrow(0, b * me, b)));
+    }
+    if (synced) expect_no_error("sync batch norm: ranks agree, statistics included", [&] { opt.check_consistency(); });
+  };
+  auto converted = bn_cnn(plain_bn);
+  CHECK_OR_REPORT(dist::convert_sync_batch_norm(*converted, comm) == 2, "expected two batch-norm layers");
+  auto built = bn_cnn([&](int64_t c) { return std::make_shared<dist::SyncBatchNorm2d>(c, comm); });
+  for (auto& [what, model] : {std::pair{"converted", converted}, std::pair{"SyncBatchNorm2d", built}}) {
+    run(model, true);
+    expect_close_models(strf("sync batch norm (%s) on %d ranks at batch %lld vs 1 rank at %lld", what, W,
+                             static_cast<long long>(b), static_cast<long long>(b * W)),
+                        model_values(*model), model_values(*ref), 1e-5);
+    expect_close_models(strf("running statistics (%s)", what), values_of(model->named_buffers()),
+                        values_of(ref->named_buffers()), 1e-5);
+  }
+  if (W > 1) {
+    auto local = bn_cnn(plain_bn);
+    run(local, false);
+    Values got = values_of(local->named_buffers()), want = values_of(ref->named_buffers());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      for (size_t j = 0; j < got[i].size(); ++j) worst = std::max(worst, std::fabs(got[i][j] - want[i][j]));
+    CHECK_OR_REPORT(worst > 1e-2, "local batch norm came within %.3g of the global statistics: the test data do "
+                    "not tell sync batch norm apart", worst);
   }
 }
 

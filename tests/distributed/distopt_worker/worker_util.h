@@ -15,7 +15,6 @@
 namespace distopt_worker {
 
 using namespace tandem;
-using dist::SyncMode;
 using Values = std::vector<std::vector<double>>;  // per parameter, per element
 
 /// The device every scenario puts its tensors on (the communicator's).
@@ -73,6 +72,17 @@ Values tabulate(const std::vector<int64_t>& sizes, const std::function<double(si
 bool expect_near(const std::string& what, const Values& got, const Values& expected, const Values& tol,
                  const Values* rounding = nullptr);
 
+/// What rank `rank` contributes to element `elem` of parameter `param` (a double, for expectations).
+using Contrib = std::function<double(int rank, size_t param, int64_t elem)>;
+Contrib as_contrib(const GradFn& g);
+
+/// The average over ranks of what each contributes, and a tolerance of `unit` times the sum of the
+/// magnitudes (the rounding of a sum of W terms), plus `floor`.
+struct Expect {
+  Values value, tol;
+};
+Expect average(int W, const std::vector<int64_t>& sizes, const Contrib& contrib, double unit, double floor = 0.0);
+
 /// Rounding units the tolerances are built from.
 constexpr double kF32Eps = 1.0 / (1 << 23);  // f32 spacing at 1
 constexpr double kF16Unit = 1.0 / (1 << 11);  // f16 unit roundoff
@@ -89,5 +99,14 @@ void scenario_partial(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_equivalence(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_overlap(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_sync(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_grads(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_clip_switch(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_clip_norm(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_accumulate(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_sync_bn(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_power_sgd(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_introspection(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_nonfinite(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_arena16(const std::shared_ptr<dist::Communicator>& comm);
 
 }  // namespace distopt_worker
