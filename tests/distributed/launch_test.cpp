@@ -52,7 +52,7 @@ TEST(Launch, RejectsBadArgumentsWithStatus2) {
       {{"-n", "2", "--", not_exec}, "is not executable"},
       {{"-n", "2", "--", "/"}, "is a directory"},
       {{"-n", "2", "--timeout", "-3", "--", "true"}, "--timeout"},
-      {{"--", "true"}, "nprocs"},
+      {{"--", "true"}, "give the number of ranks"},
   };
   for (const auto& c : cases) {
     ProcResult r = launch(c.args);
