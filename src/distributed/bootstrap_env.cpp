@@ -44,10 +44,10 @@ void check_ranks(const DistEnv& e, const char* rank_var, const char* size_var, c
 // the user named, else the address the others are told (MASTER_ADDR or the first Slurm host; a name
 // is resolved when the store starts). Never every interface: the store has nothing for other networks.
 void choose_bind(EnvSpec& s, const Getter& get, bool all_local) {
+  if (all_local || net::is_loopback(s.store_host)) s.store_host = "127.0.0.1";  // for every rank alike
   if (!s.host_store) return;
-  if (all_local || net::is_loopback(s.store_host)) {
+  if (s.store_host == "127.0.0.1") {
     s.bind_host = "127.0.0.1";
-    s.store_host = "127.0.0.1";
   } else if (const char* ifn = get("TANDEM_SOCKET_IFNAME"); set(ifn)) {
     s.bind_host = net::interface_address(ifn);
   } else {
