@@ -174,6 +174,20 @@ TEST(Launch, SecondCtrlCKillsRanksThatIgnoreTheFirst) {
   for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid)) << "rank process " << pid << " survived";
 }
 
+TEST(Launch, AKilledRankStopsTheJobWithinASecond) {
+  Proc p({kTandem, "launch", "-n", "3", "--", kWorker, "sleep"});
+  std::vector<pid_t> pids = wait_ready(p, 3);
+  ASSERT_EQ(pids.size(), 3u);
+  auto start = std::chrono::steady_clock::now();
+  kill(pids[1], SIGKILL);
+  ProcResult r = p.wait(10);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 1.0);
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
+  EXPECT_TRUE(contains(r.output, "was killed by signal 9 (Killed); stopped the other 2 ranks")) << r.output;
+  for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid));
+}
+
 TEST(Launch, SigtermIsForwarded) {
   Proc p({kTandem, "launch", "-n", "2", "--", kWorker, "sleep"});
   std::vector<pid_t> pids = wait_ready(p, 2);
@@ -287,7 +301,10 @@ TEST(LaunchNodes, AFailureOnOneMachineStopsTheOtherAtOnce) {
   std::vector<std::string> sleeper = {"sh", "-c", "sleep 30"};
   std::vector<std::string> failing = {"sh", "-c", "if [ $TANDEM_RANK = 3 ]; then sleep 0.5; exit 4; fi; sleep 30"};
   auto nodes = two_nodes(free_port(), {sleeper, failing});
-  ProcResult n1 = nodes[1]->wait(30), n0 = nodes[0]->wait(30);
+  ProcResult n1 = nodes[1]->wait(30);
+  auto failed_at = std::chrono::steady_clock::now();
+  ProcResult n0 = nodes[0]->wait(30);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count(), 1.0);
   EXPECT_EQ(n1.exit_code, 4) << n1.output;
   EXPECT_TRUE(contains(n1.output, "tandem launch: rank 3 exited with status 4; stopped the other rank")) << n1.output;
   EXPECT_EQ(n0.exit_code, 4) << n0.output;
