@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
-#include <tuple>
 
 #include "distributed/group.h"
 #include "distributed/net.h"
@@ -59,7 +58,7 @@ void choose_bind(EnvSpec& s, const Getter& get, bool all_local) {
 void user_auth(EnvSpec& s, const Getter& get, std::string job_id) {
   if (const char* j = get("TANDEM_JOB_ID"); set(j)) job_id = j;
   s.auth.job_id = std::move(job_id);
-  std::tie(s.auth.secret, s.secret_origin) = secret_from_env(get);
+  s.auth.secret = secret_from_env(get);
 }
 
 // Tasks on this node from a Slurm per-node list such as "2(x3),1": the entry of node `node`.
@@ -176,18 +175,18 @@ std::string first_slurm_host(const std::string& list, const std::string& what) {
   return host;
 }
 
-std::pair<std::string, std::string> secret_from_env(const Getter& get) {
+std::string secret_from_env(const Getter& get) {
   const char* value = get("TANDEM_SECRET");
   const char* file = get("TANDEM_SECRET_FILE");
   TANDEM_CHECK(!(set(value) && set(file)), "both TANDEM_SECRET and TANDEM_SECRET_FILE are set: keep one");
-  if (set(file)) return {secret::read_file(file), std::string("TANDEM_SECRET_FILE=") + file};
+  if (set(file)) return secret::read_file(file);
   if (set(value)) {
     TANDEM_CHECK(std::strlen(value) >= secret::kMinBytes, "TANDEM_SECRET holds ", std::strlen(value),
                  " characters; a secret needs at least ", secret::kMinBytes,
                  " (make one with: openssl rand -hex 32)");
-    return {value, "TANDEM_SECRET"};
+    return value;
   }
-  return {"", ""};
+  return "";
 }
 
 EnvSpec read_env(const Getter& get) {
@@ -226,7 +225,7 @@ EnvSpec read_env(const Getter& get) {
     s.store_port = hp.port;
     const char* job = get("TANDEM_JOB_ID");
     s.auth.job_id = job ? job : "";
-    std::tie(s.auth.secret, s.secret_origin) = secret_from_env(get);
+    s.auth.secret = secret_from_env(get);
     return s;
   }
 

@@ -6,7 +6,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "tandem/distributed/bootstrap.h"
@@ -60,7 +59,6 @@ struct EnvSpec {
   bool host_store = false;     // this process must start the store (torchrun-style or Slurm rank 0)
   std::string bind_host;       // the address it listens on then
   StoreAuth auth;              // the job id, and the secret when one was given
-  std::string secret_origin;   // the variable the secret came from, for messages ("" when none)
   int restart = 0;             // how many times the job was restarted: keys of each attempt stay apart
   std::optional<std::chrono::milliseconds> timeout;  // TANDEM_TIMEOUT
   std::vector<std::string> warnings;  // said once on stderr by detect_env
@@ -72,9 +70,8 @@ EnvSpec read_env(const std::function<const char*(const char*)>& get);
 /// The first host of a Slurm host list ("node[01-03,07],gpu5" -> "node01"); throws tandem::Error
 /// (Input) naming `what` when the list is malformed.
 std::string first_slurm_host(const std::string& list, const std::string& what);
-/// The job's secret from TANDEM_SECRET or TANDEM_SECRET_FILE (empty when neither is set), and which
-/// one it came from.
-std::pair<std::string, std::string> secret_from_env(const std::function<const char*(const char*)>& get);
+/// The job's secret from TANDEM_SECRET or TANDEM_SECRET_FILE; empty when neither is set.
+std::string secret_from_env(const std::function<const char*(const char*)>& get);
 
 /// The key prefix of everything a job attempt keeps in its store ("tandem/r<restart>/").
 std::string key_prefix();

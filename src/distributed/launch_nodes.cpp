@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <thread>
-#include <tuple>
 
 #include "distributed/group.h"
 #include "distributed/net.h"
@@ -64,12 +63,17 @@ NodeGroup::NodeGroup(const LaunchOptions& o, int ranks_per_node, std::function<i
   }
   auto get = [](const char* n) { return std::getenv(n); };
   auth_.job_id = o.job_id;
-  std::string origin;
-  std::tie(auth_.secret, origin) = secret_from_env(get);
+  auth_.secret = secret_from_env(get);
   store_addr_ = net::HostPort{o.master_addr, o.master_port}.str();
   if (o.node_rank == 0) {
     const char* ifn = std::getenv("TANDEM_SOCKET_IFNAME");
     std::string bind = ifn && *ifn ? net::interface_address(ifn) : net::resolve(o.master_addr);
+    // A name that resolves to loopback here (Debian's 127.0.1.1 for the machine's own name) would
+    // leave the other machines knocking at a door only this one can open; 127.0.0.1 itself is a
+    // deliberate choice (every "machine" on this one).
+    TANDEM_CHECK(net::is_loopback(o.master_addr) || !net::is_loopback(bind), "--master-addr ", o.master_addr,
+                 " resolves to ", bind, " on this machine, a loopback address that the other machines cannot "
+                 "reach: give its IP address, or name the network interface in TANDEM_SOCKET_IFNAME");
     try {
       server_ = std::make_unique<StoreServer>(StoreServerOptions{bind, o.master_port, auth_, {}, {}});
     } catch (const Error& e) {

@@ -125,6 +125,7 @@ struct StoreServer::Impl {
   uint64_t next_id = 1;
   std::optional<Clock::time_point> accept_paused_until;
   LimitLog limit_log;
+  std::vector<char> read_buf = std::vector<char>(65536);  // on the heap: the thread's stack may be small
 
   void log(const std::string& kind, const std::string& line) {
     limit_log.note(opt.log, kind, "tandem store " + where + ": " + line);
@@ -362,11 +363,10 @@ void StoreServer::Impl::accept_all() {
 }
 
 void StoreServer::Impl::read_from(Conn& c) {
-  char buf[65536];
   while (can_read(c)) {
-    ssize_t r = recv(c.fd, buf, sizeof buf, 0);
+    ssize_t r = recv(c.fd, read_buf.data(), read_buf.size(), 0);
     if (r > 0) {
-      c.in.append(buf, static_cast<size_t>(r));
+      c.in.append(read_buf.data(), static_cast<size_t>(r));
       continue;
     }
     if (r < 0 && errno == EINTR) continue;
