@@ -70,8 +70,9 @@ int tasks_on_node(const std::string& list, int node, const char* var) {
     std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     int count = 0, repeat = 1;
     size_t paren = item.find("(x");
-    auto [p, ec] = std::from_chars(item.data(), item.data() + (paren == std::string::npos ? item.size() : paren), count);
-    bool ok = ec == std::errc() && count >= 1;
+    const char* count_end = item.data() + (paren == std::string::npos ? item.size() : paren);
+    auto [p, ec] = std::from_chars(item.data(), count_end, count);
+    bool ok = ec == std::errc() && p == count_end && count >= 1;
     if (ok && paren != std::string::npos) {
       auto [q, ec2] = std::from_chars(item.data() + paren + 2, item.data() + item.size(), repeat);
       ok = ec2 == std::errc() && repeat >= 1 && q == item.data() + item.size() - 1 && item.back() == ')';

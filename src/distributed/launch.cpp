@@ -235,6 +235,11 @@ pid_t spawn(const std::string& path, const std::vector<std::string>& args, const
   return pid;
 }
 
+void say(const std::string& line) {
+  std::string msg = "tandem launch: " + line + "\n";
+  net::write_all(2, msg.data(), msg.size());
+}
+
 // ---- supervision of one attempt
 
 // How an attempt ended on this machine.
@@ -269,7 +274,7 @@ class Supervisor {
   std::optional<Clock::time_point> kill_at_;  // SIGKILL whatever still runs then
   std::optional<Clock::time_point> next_check_;
   bool stopping_ = false;
-  bool done_marked_ = false;
+  std::optional<Clock::time_point> done_at_;  // when this machine's ranks had all succeeded
   int failed_rank_ = -1;    // first rank of this machine that failed
   int failed_status_ = 0;
   std::optional<detail::RoundFailure> remote_;  // a failure elsewhere that stopped this machine's ranks
@@ -380,12 +385,17 @@ Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<s
     if (!running()) {
       if (!drain_until) drain_until = now + std::chrono::seconds(1);
       bool ended_here = failed_rank_ >= 0 || remote_ || interrupted_by_ != 0;
-      if (!ended_here && !done_marked_) {
+      if (!ended_here && !done_at_) {
         group_.mark_done(round_);
-        done_marked_ = true;
+        done_at_ = now;
       }
-      // A machine whose ranks all succeeded waits for the others: a failure there restarts it too.
-      bool settled = ended_here || group_.all_done(round_);
+      // A machine whose ranks all succeeded waits for the others, since a failure there restarts it
+      // too; but not for ever for a launcher that vanished without a word.
+      bool others_silent = done_at_ && now - *done_at_ > detail::rendezvous_timeout(o_);
+      if (others_silent && group_.multi() && !group_.all_done(round_))
+        say("the other machines did not report the end of their ranks within " +
+            net::format_duration(detail::rendezvous_timeout(o_)) + "; this machine's ranks all succeeded");
+      bool settled = ended_here || others_silent || group_.all_done(round_);
       if (settled && (!open_pipes || now >= *drain_until)) break;
     }
 
@@ -455,10 +465,6 @@ int pending_interrupt(int signal_fd) {
   return found;
 }
 
-void say(const std::string& line) {
-  std::string msg = "tandem launch: " + line + "\n";
-  net::write_all(2, msg.data(), msg.size());
-}
 
 }  // namespace
 

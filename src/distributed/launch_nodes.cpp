@@ -31,16 +31,11 @@ std::optional<RoundFailure> decode(const std::string& v) {
   return f;
 }
 
-void warn_unauthenticated(const std::string& where) {
+void warn_unauthenticated(const std::string& where, const std::string& fix) {
   std::string line = "tandem launch: warning: the job's rendezvous store at " + where +
-                     " is unauthenticated: any process that can reach it can read and change the job's keys. Give "
-                     "every node one secret: TANDEM_SECRET_FILE=FILE (a file only you can read) or TANDEM_SECRET "
-                     "(docs/distributed.md, Security)\n";
+                     " is unauthenticated: any process that can reach it can read and change the job's keys. " + fix +
+                     " (docs/distributed.md, Security)\n";
   net::write_all(2, line.data(), line.size());
-}
-
-std::chrono::milliseconds rendezvous_timeout(const LaunchOptions& o) {
-  return o.timeout_s > 0 ? std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)) : 300s;
 }
 
 // "nnodes=2 nproc=4 host=h": what each launcher says about itself, compared across machines.
@@ -50,6 +45,10 @@ std::string describe(const LaunchOptions& o, int ranks_per_node) {
 
 }  // namespace
 
+std::chrono::milliseconds rendezvous_timeout(const LaunchOptions& o) {
+  return o.timeout_s > 0 ? std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)) : 300s;
+}
+
 NodeGroup::NodeGroup(const LaunchOptions& o, int ranks_per_node, std::function<int()> interrupted)
     : o_(o), interrupted_(std::move(interrupted)) {
   if (o.nnodes == 1) {
@@ -58,7 +57,9 @@ NodeGroup::NodeGroup(const LaunchOptions& o, int ranks_per_node, std::function<i
     if (secret::available()) auth_.secret = secret::to_hex(secret::random_bytes(secret::kGeneratedBytes));
     server_ = std::make_unique<StoreServer>(StoreServerOptions{"127.0.0.1", 0, auth_, {}, {}});
     store_addr_ = "127.0.0.1:" + std::to_string(server_->port());
-    if (auth_.secret.empty()) warn_unauthenticated(store_addr_ + " (tandem was built without OpenSSL)");
+    if (auth_.secret.empty())
+      warn_unauthenticated(store_addr_, "tandem was built without OpenSSL, which it needs to authenticate: install "
+                                        "libssl-dev and rebuild");
     return;
   }
   auto get = [](const char* n) { return std::getenv(n); };
@@ -80,7 +81,9 @@ NodeGroup::NodeGroup(const LaunchOptions& o, int ranks_per_node, std::function<i
       TANDEM_CHECK(false, "node 0 hosts the job's store at --master-addr ", o.master_addr, " --master-port ",
                    o.master_port, ", which must be an address of this machine and a free port: ", e.what());
     }
-    if (auth_.secret.empty()) warn_unauthenticated(net::HostPort{bind, o.master_port}.str());
+    if (auth_.secret.empty())
+      warn_unauthenticated(net::HostPort{bind, o.master_port}.str(), "Give every node one secret: TANDEM_SECRET_FILE="
+                                                                     "FILE (a file only you can read) or TANDEM_SECRET");
   }
   store_ = std::make_unique<Store>(o.master_addr, o.master_port, rendezvous_timeout(o), auth_);
 
@@ -91,13 +94,22 @@ NodeGroup::NodeGroup(const LaunchOptions& o, int ranks_per_node, std::function<i
   store_->set("launch/node/" + me, mine);
   store_->add("launch/nodes", 1);
   wait_count("launch/nodes", "not every node's launcher joined the job's store at " + store_addr_);
-  for (int r = 0; r < o.nnodes; ++r) {
+  std::string mismatch;
+  for (int r = 0; r < o.nnodes && mismatch.empty(); ++r) {
     std::string theirs = store_->get("launch/node/" + std::to_string(r));
     std::string shape = theirs.substr(0, theirs.rfind(' '));
-    TANDEM_CHECK(shape == mine.substr(0, mine.rfind(' ')), "node ", r, " (", theirs.substr(theirs.rfind(' ') + 1),
-                 ") was started with --nnodes/--nproc-per-node ", shape, " but node ", o.node_rank, " with ",
-                 mine.substr(0, mine.rfind(' ')), ": start every node's launcher with the same values");
+    if (shape != mine.substr(0, mine.rfind(' ')))
+      mismatch = "node " + std::to_string(r) + " (" + theirs.substr(theirs.rfind(' ') + 1) +
+                 ") was started with --nnodes/--nproc-per-node " + shape + " but node " + std::to_string(o.node_rank) +
+                 " with " + mine.substr(0, mine.rfind(' ')) + ": start every node's launcher with the same values";
   }
+  // Node 0 keeps the store up until every launcher has compared (each then stops with the same verdict).
+  store_->add("launch/compared", 1);
+  if (server_) {
+    auto until = Clock::now() + 5s;
+    while (store_->add("launch/compared", 0) < o.nnodes && Clock::now() < until) std::this_thread::sleep_for(20ms);
+  }
+  TANDEM_CHECK(mismatch.empty(), mismatch);
 }
 
 NodeGroup::~NodeGroup() = default;

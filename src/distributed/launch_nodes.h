@@ -2,6 +2,7 @@
 // Internal: what the launchers of one job share. On one machine that is only the job's store, which
 // the launcher hosts; across machines node 0's launcher hosts it, and every launcher uses it to meet
 // the others, to learn of a failure anywhere, and to start each attempt of the job together.
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -11,6 +12,9 @@
 #include "tandem/distributed/store.h"
 
 namespace tandem::dist::detail {
+
+/// How long the launchers wait for each other: --timeout, else 300 s.
+std::chrono::milliseconds rendezvous_timeout(const LaunchOptions& o);
 
 /// Thrown from a wait that Ctrl-C (or another signal) interrupted.
 struct LaunchInterrupted {

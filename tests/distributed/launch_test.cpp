@@ -340,9 +340,9 @@ TEST(LaunchNodes, LaunchersThatDisagreeOnTheJobStop) {
     EXPECT_TRUE(contains(r->output, "start every node's launcher with the same values")) << r->output;
     EXPECT_LT(r->seconds, 10);
   }
-  // A node rank taken twice.
+  // A node rank taken twice (the job runs long enough for the second claim to meet the first).
   port = free_port();
-  auto twice = two_nodes(port, {{"true"}, {"true"}});
+  auto twice = two_nodes(port, {{"sleep", "2"}, {"sleep", "2"}});
   auto third = std::make_unique<Proc>(std::vector<std::string>{
       kTandem, "launch", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
       std::to_string(port), "--nproc-per-node", "2", "--timeout", "20", "--", "true"});

@@ -53,8 +53,8 @@ TEST(RestartTraining, AKilledRankIsRestartedAndTheRunEndsAsAnUninterruptedOne) {
     GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
   std::string dir = ::testing::TempDir() + "/tandem_restart_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
-  const std::vector<std::string> train = {kTandem, "train", "--model", "cnn", "--epochs", "3", "--limit-train", "2048",
-                                          "--limit-test", "256", "--batch-size", "32", "--threads", "1", "--seed", "4",
+  const std::vector<std::string> train = {kTandem, "train", "--model", "cnn", "--epochs", "3", "--limit-train", "1024",
+                                          "--limit-test", "128", "--batch-size", "32", "--threads", "1", "--seed", "4",
                                           "--progress", "off"};
   auto launch = [&](std::vector<std::string> extra_launch, std::vector<std::string> extra_train) {
     std::vector<std::string> argv = {kTandem, "launch", "-n", "2"};
