@@ -313,6 +313,22 @@ TEST(LaunchNodes, AFailureOnOneMachineStopsTheOtherAtOnce) {
   EXPECT_TRUE(contains(n0.output, ") exited with status 4; stopped this node's 2 ranks")) << n0.output;
 }
 
+TEST(LaunchNodes, CtrlCOnOneMachineStopsEveryRankOnBoth) {
+  std::vector<std::string> job = {kWorker, "sleep"};
+  auto nodes = two_nodes(free_port(), {job, job}, {"--max-restarts", "2"});
+  std::vector<pid_t> pids = wait_ready(*nodes[0], 2);
+  for (pid_t pid : wait_ready(*nodes[1], 2)) pids.push_back(pid);
+  ASSERT_EQ(pids.size(), 4u);
+  kill(nodes[0]->pid(), SIGINT);
+  ProcResult n0 = nodes[0]->wait(10), n1 = nodes[1]->wait(10);
+  EXPECT_EQ(n0.exit_code, 128 + SIGINT) << n0.output;
+  EXPECT_EQ(n1.exit_code, 128 + SIGINT) << n1.output;
+  EXPECT_TRUE(contains(n1.output, "the launcher of node 0 was interrupted by SIGINT; stopped this node's 2 ranks"))
+      << n1.output;
+  EXPECT_FALSE(contains(n0.output + n1.output, "restarting")) << n0.output << n1.output;
+  for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid)) << "rank process " << pid << " survived";
+}
+
 TEST(LaunchNodes, RestartsHappenOnEveryMachine) {
   std::vector<std::string> job = {"sh", "-c",
                                   "if [ $TANDEM_RESTART_COUNT = 0 ] && [ $TANDEM_RANK = 2 ]; then exit 5; fi; "
