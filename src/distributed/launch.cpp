@@ -244,7 +244,7 @@ void say(const std::string& line) {
 
 // How an attempt ended on this machine.
 struct Outcome {
-  enum Kind { Succeeded, Failed, Interrupted } kind = Succeeded;
+  bool succeeded = true;
   int exit_code = 0;
   bool final = false;   // no restart: an interrupt, or a launcher lost
   std::string message;  // the launcher's closing line(s)
@@ -435,17 +435,17 @@ Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<s
   auto ranks = [](size_t n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); };
   Outcome out;
   if (interrupted_by_ != 0) {
-    out.kind = Outcome::Interrupted;
+    out.succeeded = false;
     out.exit_code = 128 + interrupted_by_;
     out.final = true;
     out.message = "interrupted by " + signal_name(interrupted_by_) + "; stopped " + ranks(stopped_);
   } else if (failed_rank_ >= 0) {
-    out.kind = Outcome::Failed;
+    out.succeeded = false;
     int code = exit_code_of(failed_status_);
     out.exit_code = code == 0 ? 1 : code;
     out.message = "rank " + std::to_string(failed_rank_) + " " + describe_status(failed_status_) + others(stopped_);
   } else if (remote_) {
-    out.kind = Outcome::Failed;
+    out.succeeded = false;
     out.exit_code = remote_->exit_code == 0 ? 1 : remote_->exit_code;
     out.final = remote_->final;
     out.message = remote_->what + (stopped_ ? "; stopped this node's " + ranks(stopped_) : std::string());
@@ -510,7 +510,7 @@ int launch(const LaunchOptions& o) {
       for (int l = 0; l < per_node; ++l) envs.push_back(rank_environment(o, per_node, l, round, group));
       Supervisor sup(o, signals.fd(), group, round);
       Outcome out = sup.run(path, envs, o.node_rank * per_node);
-      if (out.kind == Outcome::Succeeded) {
+      if (out.succeeded) {
         group.leave();
         return 0;
       }

@@ -25,6 +25,9 @@ using std::chrono::milliseconds;
 
 namespace {
 
+// The largest frame a client sends or accepts: what a server takes by default.
+const size_t kMaxFrame = StoreLimits{}.max_frame_bytes;
+
 // Why an I/O step stopped before finishing.
 enum class IoFail { None, Timeout, Closed, Error };
 
@@ -198,7 +201,7 @@ uint8_t Store::Impl::exchange(uint8_t op, const std::vector<std::string>& fields
   char hdr[4];
   if (IoFail f = recv_all(fd, hdr, 4, deadline); f != IoFail::None) fail(f, timeout_msg);
   uint32_t len = proto::get_u32(hdr);
-  if (len > proto::kDefaultMaxFrame) {
+  if (len > kMaxFrame) {
     disconnect();
     TANDEM_RUNTIME_CHECK(false, "the rendezvous store at ", where, " sent a corrupt reply (is that address a store?)");
   }
@@ -255,9 +258,8 @@ bool Store::Impl::authenticate(Clock::time_point deadline) {
 uint8_t Store::Impl::request(uint8_t op, const std::vector<std::string>& fields, std::vector<std::string>& reply,
                              Clock::time_point deadline, const std::string& timeout_msg) {
   if (fd < 0) connect_until(Clock::now() + timeout);
-  TANDEM_CHECK(proto::frame_size(fields) - 4 <= proto::kDefaultMaxFrame, "rendezvous store: a request of ",
-               proto::frame_size(fields), " bytes is larger than the store takes (", proto::kDefaultMaxFrame >> 20,
-               " MiB); keep values small");
+  TANDEM_CHECK(proto::frame_size(fields) - 4 <= kMaxFrame, "rendezvous store: a request of ", proto::frame_size(fields),
+               " bytes is larger than the store takes (", kMaxFrame >> 20, " MiB); keep values small");
   uint8_t status = exchange(op, fields, reply, deadline, timeout_msg);
   if (status == proto::kError)
     TANDEM_RUNTIME_CHECK(false, "rendezvous store at ", where, ": ", reply.empty() ? "error" : reply[0]);

@@ -26,8 +26,6 @@ constexpr size_t kNonceBytes = 32;
 /// Frames before the handshake is done are small: a client that has not proven itself cannot make
 /// the server buffer more than this.
 constexpr uint32_t kMaxHandshakeFrame = 1024;
-/// Default largest request (and so value) the server takes, and the client sends.
-constexpr uint32_t kDefaultMaxFrame = 16u << 20;
 
 /// What each side proves: HMAC(secret, role || 0 || job || 0 || nonce of the other || own nonce).
 inline std::string proof_message(const char* role, const std::string& job, const std::string& their_nonce,

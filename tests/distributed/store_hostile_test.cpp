@@ -105,20 +105,20 @@ TEST(StoreHostile, ChainedParkedGetsDoNotOverflowTheStack) {
   ServerProc server({}, "ulimit -s 512; ulimit -n 2048");
   ASSERT_GT(server.port(), 0) << server.log();
   const int n = 1000;
+  auto key = [](int i) { return std::string("k").append(std::to_string(i)); };
   std::vector<std::unique_ptr<RawClient>> clients;
   for (int i = 0; i < n; ++i) {
     clients.push_back(std::make_unique<RawClient>(server.port()));
     ASSERT_TRUE(clients.back()->connected()) << "client " << i;
     ASSERT_TRUE(clients.back()->send_bytes(
         proto::encode(proto::kHello, {proto::kVersion, "", std::string(proto::kNonceBytes, 'n')}) +
-        proto::encode(proto::kGet, {"k" + std::to_string(i)}) +
-        proto::encode(proto::kSet, {"k" + std::to_string(i + 1), "v"})));
+        proto::encode(proto::kGet, {key(i)}) + proto::encode(proto::kSet, {key(i + 1), "v"})));
   }
   std::this_thread::sleep_for(200ms);  // every get is parked before the chain starts
   RawClient trigger(server.port());
   trigger.hello();
   ASSERT_TRUE(trigger.send_frame(proto::kSet, {"k0", "v"}));
-  EXPECT_TRUE(answers(server.port(), "k" + std::to_string(n), "v")) << server.log();
+  EXPECT_TRUE(answers(server.port(), key(n), "v")) << server.log();
   EXPECT_TRUE(server.running()) << server.log();
 }
 
