@@ -58,9 +58,12 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const tandem::Error& e) {
     std::fprintf(stderr, "tandem: error: %s\n", e.what());
-    return e.kind() == tandem::Error::Kind::Input ? 2 : 1;
+    int rc = e.kind() == tandem::Error::Kind::Input ? 2 : 1;
+    tandem::dist::abort_job_after_error(rc);  // under mpiexec: stop every rank, not only this one
+    return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    tandem::dist::abort_job_after_error(1);
     return 1;
   }
 }

@@ -18,6 +18,8 @@ struct BootstrapState {
   DistEnv env;
   std::string store_host;
   int store_port = 0;                             // 0: no store (a single process)
+  StoreAuth auth;                                 // how this process proves that it belongs to the job
+  int restart = 0;                                // TANDEM_RESTART_COUNT
   std::unique_ptr<StoreServer> server;            // when this process hosts the store
   std::unique_ptr<Store> store;                   // connected on first need
   std::optional<std::chrono::milliseconds> timeout;  // TANDEM_TIMEOUT

@@ -11,6 +11,7 @@
 #include "distributed/bootstrap_state.h"
 #include "distributed/group.h"
 #include "distributed/net.h"
+#include "distributed/progress.h"
 #include "tandem/error.h"
 
 namespace tandem::dist {
@@ -84,7 +85,8 @@ bool join(Store& store, const std::string& prefix, const DistEnv& env, const std
   int delay_ms = 1;
   int64_t seen = -1;
   for (;;) {
-    if (auto a = store.try_get(prefix + "abort")) TANDEM_RUNTIME_CHECK(false, "another rank failed to join: ", *a);
+    // What stops another rank from joining is a mistake in how the job was started: an input error here too.
+    if (auto a = store.try_get(prefix + "abort")) TANDEM_CHECK(false, "another rank failed to join: ", *a);
     // The announcements are read only when their count moved: a large job that waits for a late
     // rank then costs the store two requests per rank and poll, not one per pair of ranks.
     int64_t joined = store.add(prefix + "joined", 0);
@@ -167,11 +169,15 @@ std::shared_ptr<Communicator> init_communicator(Device device, milliseconds time
   std::string backend = device.is_cuda() ? "nccl" : "gloo";
   Store& store = detail::connect_store_locked(s, timeout);
   g.store = &store;
-  g.prefix = "tandem/group/" + std::to_string(s.groups++) + "/";
+  g.prefix = detail::key_prefix() + "group/" + std::to_string(s.groups++) + "/";
+  const std::string host = s.store_host;
+  const int port = s.store_port;
+  const StoreAuth auth = s.auth;
   lock.unlock();  // joining may take long; the store itself is thread-safe
 
   g.single_host = join(store, g.prefix, env, backend, timeout);
   g.address = g.single_host ? "127.0.0.1" : peer_address(store);
+  detail::start_progress_publisher(host, port, auth, detail::key_prefix(), env.rank, env.world_size);
   return device.is_cuda() ? detail::make_nccl_communicator(g) : detail::make_gloo_communicator(g);
 }
 

@@ -1,5 +1,7 @@
-// `tandem launch`: forks the ranks of a single-node job, hosts their rendezvous store, relays their
-// output, and stops the whole job when one rank fails or the user interrupts it.
+// `tandem launch`: forks the ranks of this machine, relays their output, and stops the whole job when
+// one rank fails (anywhere, across machines) or the user interrupts it; with --max-restarts, starts
+// every rank again after a failure. The job's store is hosted by this launcher, or across machines by
+// node 0's (launch_nodes.cpp).
 #include "tandem/distributed/launch.h"
 
 #include <errno.h>
@@ -18,9 +20,9 @@
 #include <cstring>
 #include <optional>
 
+#include "distributed/launch_nodes.h"
 #include "distributed/launch_output.h"
 #include "distributed/net.h"
-#include "tandem/distributed/store.h"
 #include "tandem/error.h"
 
 extern char** environ;
@@ -135,23 +137,38 @@ int exit_code_of(int status) {
 }
 
 // The environment of one rank: ours, minus the launch variables of any enclosing job, plus its own.
-std::vector<std::string> rank_environment(const LaunchOptions& o, int rank, int store_port) {
-  static const char* kOwn[] = {"TANDEM_RANK=", "TANDEM_WORLD_SIZE=", "TANDEM_LOCAL_RANK=", "TANDEM_LOCAL_SIZE=",
-                               "TANDEM_STORE_ADDR=", "TANDEM_TIMEOUT="};
+std::vector<std::string> rank_environment(const LaunchOptions& o, int per_node, int local, int round,
+                                          const detail::NodeGroup& group) {
+  // Across machines the ranks read the user's secret (TANDEM_SECRET_FILE or TANDEM_SECRET) themselves;
+  // on one machine they get the launcher's.
+  std::vector<std::string> own = {"TANDEM_RANK=", "TANDEM_WORLD_SIZE=", "TANDEM_LOCAL_RANK=", "TANDEM_LOCAL_SIZE=",
+                                  "TANDEM_STORE_ADDR=", "TANDEM_JOB_ID=", "TANDEM_RESTART_COUNT="};
+  if (o.timeout_s > 0) own.push_back("TANDEM_TIMEOUT=");
+  if (!group.multi()) {
+    own.push_back("TANDEM_SECRET=");
+    own.push_back("TANDEM_SECRET_FILE=");
+  }
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
-    bool own = false;
-    for (const char* k : kOwn) own = own || std::strncmp(*e, k, std::strlen(k)) == 0;
-    if (!own || (o.timeout_s <= 0 && std::strncmp(*e, "TANDEM_TIMEOUT=", 15) == 0)) env.emplace_back(*e);
+    bool drop = false;
+    for (const auto& k : own) drop = drop || std::strncmp(*e, k.c_str(), k.size()) == 0;
+    if (!drop) env.emplace_back(*e);
   }
-  int per_node = o.gpus_per_node > 0 ? o.gpus_per_node : o.nprocs;
-  int node = rank / per_node;
-  int local_size = std::min(per_node, o.nprocs - node * per_node);
+  const int rank = o.node_rank * per_node + local;
+  const int world = per_node * o.nnodes;
+  int local_rank = local, local_size = per_node;
+  if (o.gpus_per_node > 0) {  // one machine split into nodes of gpus_per_node ranks
+    local_rank = rank % o.gpus_per_node;
+    local_size = std::min(o.gpus_per_node, world - rank / o.gpus_per_node * o.gpus_per_node);
+  }
   env.push_back("TANDEM_RANK=" + std::to_string(rank));
-  env.push_back("TANDEM_WORLD_SIZE=" + std::to_string(o.nprocs));
-  env.push_back("TANDEM_LOCAL_RANK=" + std::to_string(rank % per_node));
+  env.push_back("TANDEM_WORLD_SIZE=" + std::to_string(world));
+  env.push_back("TANDEM_LOCAL_RANK=" + std::to_string(local_rank));
   env.push_back("TANDEM_LOCAL_SIZE=" + std::to_string(local_size));
-  env.push_back("TANDEM_STORE_ADDR=127.0.0.1:" + std::to_string(store_port));
+  env.push_back("TANDEM_STORE_ADDR=" + group.store_addr());
+  env.push_back("TANDEM_JOB_ID=" + group.auth().job_id);
+  env.push_back("TANDEM_RESTART_COUNT=" + std::to_string(round));
+  if (!group.multi() && !group.auth().secret.empty()) env.push_back("TANDEM_SECRET=" + group.auth().secret);
   if (o.timeout_s > 0) env.push_back("TANDEM_TIMEOUT=" + std::to_string(o.timeout_s));
   return env;
 }
@@ -218,13 +235,27 @@ pid_t spawn(const std::string& path, const std::vector<std::string>& args, const
   return pid;
 }
 
-// ---- supervision
+void say(const std::string& line) {
+  std::string msg = "tandem launch: " + line + "\n";
+  net::write_all(2, msg.data(), msg.size());
+}
+
+// ---- supervision of one attempt
+
+// How an attempt ended on this machine.
+struct Outcome {
+  bool succeeded = true;
+  int exit_code = 0;
+  bool final = false;   // no restart: an interrupt, or a launcher lost
+  std::string message;  // the launcher's closing line(s)
+};
 
 class Supervisor {
  public:
-  Supervisor(const LaunchOptions& o, int signal_fd) : o_(o), signal_fd_(signal_fd) {}
+  Supervisor(const LaunchOptions& o, int signal_fd, detail::NodeGroup& group, int round)
+      : o_(o), signal_fd_(signal_fd), group_(group), round_(round) {}
 
-  int run(const std::string& path, int store_port);
+  Outcome run(const std::string& path, const std::vector<std::vector<std::string>>& envs, int first_rank);
 
  private:
   void signal_all(int sig);
@@ -232,15 +263,21 @@ class Supervisor {
   void on_signal(int sig);
   void begin_stop(int sig, double grace_s);
   size_t running() const;
+  void check_others(Clock::time_point now);
 
   const LaunchOptions& o_;
   int signal_fd_;
+  detail::NodeGroup& group_;
+  int round_;
   std::vector<Child> children_;
   std::vector<detail::LineRelay> relays_;
   std::optional<Clock::time_point> kill_at_;  // SIGKILL whatever still runs then
+  std::optional<Clock::time_point> next_check_;
   bool stopping_ = false;
-  int failed_rank_ = -1;    // first rank that failed
+  std::optional<Clock::time_point> done_at_;  // when this machine's ranks had all succeeded
+  int failed_rank_ = -1;    // first rank of this machine that failed
   int failed_status_ = 0;
+  std::optional<detail::RoundFailure> remote_;  // a failure elsewhere that stopped this machine's ranks
   size_t stopped_ = 0;      // ranks still running when the job was stopped
   int interrupted_by_ = 0;  // signal that interrupted the launcher
 };
@@ -282,6 +319,9 @@ void Supervisor::reap() {
       failed_rank_ = c.rank;
       failed_status_ = st;
       begin_stop(SIGTERM, o_.stop_grace_s);
+      std::string where = o_.nnodes > 1 ? " (node " + std::to_string(o_.node_rank) + ", " + net::host_name() + ")" : "";
+      group_.fail_round(round_, {exit_code_of(st), false, "rank " + std::to_string(c.rank) + where + " " +
+                                                             describe_status(st)});
     }
   }
 }
@@ -295,14 +335,27 @@ void Supervisor::on_signal(int sig) {
   interrupted_by_ = sig;
   // The ranks get the same signal the launcher got (SIGHUP arrives as SIGTERM).
   begin_stop(sig == SIGHUP ? SIGTERM : sig, o_.interrupt_grace_s);
+  group_.fail_round(round_, {128 + sig, true, "the launcher of node " + std::to_string(o_.node_rank) +
+                                                  " was interrupted by " + signal_name(sig)});
 }
 
-int Supervisor::run(const std::string& path, int store_port) {
-  for (int r = 0; r < o_.nprocs; ++r) {
+// Across machines: a failure elsewhere stops this machine's ranks too. Asked a few times a second.
+void Supervisor::check_others(Clock::time_point now) {
+  if (!group_.multi() || (next_check_ && now < *next_check_)) return;
+  next_check_ = now + std::chrono::milliseconds(100);
+  if (remote_ || failed_rank_ >= 0 || interrupted_by_ != 0) return;
+  if (auto f = group_.round_failure(round_)) {
+    remote_ = f;
+    if (running()) begin_stop(SIGTERM, o_.stop_grace_s);
+  }
+}
+
+Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<std::string>>& envs, int first_rank) {
+  for (size_t i = 0; i < envs.size(); ++i) {
     int out_fd = -1, err_fd = -1;
     pid_t pid;
     try {
-      pid = spawn(path, o_.command, rank_environment(o_, r, store_port), out_fd, err_fd);
+      pid = spawn(path, o_.command, envs[i], out_fd, err_fd);
     } catch (...) {
       begin_stop(SIGKILL, 0);
       while (running()) {
@@ -311,9 +364,10 @@ int Supervisor::run(const std::string& path, int store_port) {
       }
       throw;
     }
-    children_.push_back({r, pid, true, 0});
-    relays_.emplace_back(r, out_fd, 1);
-    relays_.emplace_back(r, err_fd, 2);
+    int rank = first_rank + static_cast<int>(i);
+    children_.push_back({rank, pid, true, 0});
+    relays_.emplace_back(rank, out_fd, 1);
+    relays_.emplace_back(rank, err_fd, 2);
   }
 
   std::optional<Clock::time_point> drain_until;  // once every rank exited, lingering pipes get this long
@@ -321,6 +375,7 @@ int Supervisor::run(const std::string& path, int store_port) {
   for (;;) {
     reap();
     auto now = Clock::now();
+    check_others(now);
     if (kill_at_ && now >= *kill_at_ && running()) {
       signal_all(SIGKILL);
       kill_at_.reset();
@@ -329,20 +384,32 @@ int Supervisor::run(const std::string& path, int store_port) {
     for (const auto& rl : relays_) open_pipes = open_pipes || rl.fd() >= 0;
     if (!running()) {
       if (!drain_until) drain_until = now + std::chrono::seconds(1);
-      if (!open_pipes || now >= *drain_until) break;
+      bool ended_here = failed_rank_ >= 0 || remote_ || interrupted_by_ != 0;
+      if (!ended_here && !done_at_) {
+        group_.mark_done(round_);
+        done_at_ = now;
+      }
+      // A machine whose ranks all succeeded waits for the others, since a failure there restarts it
+      // too; but not for ever for a launcher that vanished without a word.
+      bool others_silent = done_at_ && now - *done_at_ > detail::rendezvous_timeout(o_);
+      if (others_silent && group_.multi() && !group_.all_done(round_))
+        say("the other machines did not report the end of their ranks within " +
+            net::format_duration(detail::rendezvous_timeout(o_)) + "; this machine's ranks all succeeded");
+      bool settled = ended_here || others_silent || group_.all_done(round_);
+      if (settled && (!open_pipes || now >= *drain_until)) break;
     }
 
     fds.clear();
     fds.push_back({signal_fd_, POLLIN, 0});
     for (const auto& rl : relays_)
       if (rl.fd() >= 0) fds.push_back({rl.fd(), POLLIN, 0});
-    int wait_ms = 500;  // also a safety net for a missed wake-up
+    int wait_ms = group_.multi() ? 100 : 500;  // also a safety net for a missed wake-up
     auto limit = [&](Clock::time_point t) {
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1;
       wait_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, wait_ms));
     };
     if (kill_at_) limit(*kill_at_);
-    if (drain_until) limit(*drain_until);
+    if (drain_until && open_pipes) limit(*drain_until);
     int n = poll(fds.data(), fds.size(), wait_ms);
     if (n < 0 && errno != EINTR)
       TANDEM_RUNTIME_CHECK(false, "launch: poll failed: ", net::errno_str(errno));
@@ -365,27 +432,68 @@ int Supervisor::run(const std::string& path, int store_port) {
     return n == 0 ? std::string() : n == 1 ? std::string("; stopped the other rank")
                                            : "; stopped the other " + std::to_string(n) + " ranks";
   };
+  auto ranks = [](size_t n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); };
+  Outcome out;
   if (interrupted_by_ != 0) {
-    std::string msg = "tandem launch: interrupted by " + signal_name(interrupted_by_) + "; stopped " +
-                      std::to_string(stopped_) + (stopped_ == 1 ? " rank\n" : " ranks\n");
-    net::write_all(2, msg.data(), msg.size());
-    return 128 + interrupted_by_;
-  }
-  if (failed_rank_ >= 0) {
-    std::string msg = "tandem launch: rank " + std::to_string(failed_rank_) + " " + describe_status(failed_status_) +
-                      others(stopped_) + "\n";
-    net::write_all(2, msg.data(), msg.size());
+    out.succeeded = false;
+    out.exit_code = 128 + interrupted_by_;
+    out.final = true;
+    out.message = "interrupted by " + signal_name(interrupted_by_) + "; stopped " + ranks(stopped_);
+  } else if (failed_rank_ >= 0) {
+    out.succeeded = false;
     int code = exit_code_of(failed_status_);
-    return code == 0 ? 1 : code;
+    out.exit_code = code == 0 ? 1 : code;
+    out.message = "rank " + std::to_string(failed_rank_) + " " + describe_status(failed_status_) + others(stopped_);
+  } else if (remote_) {
+    out.succeeded = false;
+    out.exit_code = remote_->exit_code == 0 ? 1 : remote_->exit_code;
+    out.final = remote_->final;
+    out.message = remote_->what + (stopped_ ? "; stopped this node's " + ranks(stopped_) : std::string());
   }
-  return 0;
+  return out;
 }
+
+// Reads the signals that arrived while no attempt runs (between attempts, or while the launchers
+// meet); returns the first that asks the launcher to stop, else 0.
+int pending_interrupt(int signal_fd) {
+  unsigned char sigs[64];
+  ssize_t k;
+  int found = 0;
+  while ((k = read(signal_fd, sigs, sizeof sigs)) > 0)
+    for (ssize_t i = 0; i < k; ++i)
+      if (sigs[i] != SIGCHLD && found == 0) found = sigs[i];
+  return found;
+}
+
 
 }  // namespace
 
 int launch(const LaunchOptions& o) {
-  TANDEM_CHECK(o.nprocs >= 1, "launch: -n must be at least 1, got ", o.nprocs);
+  TANDEM_CHECK(o.nnodes >= 1, "launch: --nnodes must be at least 1, got ", o.nnodes);
+  TANDEM_CHECK(o.nprocs >= 0 && o.nproc_per_node >= 0, "launch: -n and --nproc-per-node must be at least 1");
+  TANDEM_CHECK(o.nprocs > 0 || o.nproc_per_node > 0, "launch: give the number of ranks: -n N on one machine, or "
+               "--nproc-per-node K (with --nnodes for several machines)");
+  int per_node = o.nproc_per_node > 0 ? o.nproc_per_node : o.nprocs / o.nnodes;
+  TANDEM_CHECK(o.nprocs == 0 || o.nprocs == per_node * o.nnodes, "launch: -n ", o.nprocs,
+               o.nproc_per_node > 0 ? " does not equal --nproc-per-node " + std::to_string(o.nproc_per_node) +
+                                          " x --nnodes " + std::to_string(o.nnodes)
+                                    : " ranks cannot be spread evenly over --nnodes " + std::to_string(o.nnodes),
+               "; give --nproc-per-node alone");
+  TANDEM_CHECK(per_node >= 1, "launch: -n must be at least 1, got ", o.nprocs);
   TANDEM_CHECK(o.gpus_per_node >= 0, "launch: --gpus-per-node must be at least 1, got ", o.gpus_per_node);
+  TANDEM_CHECK(o.gpus_per_node == 0 || o.nnodes == 1, "launch: --gpus-per-node splits the ranks of one machine into "
+               "nodes; across machines use --nproc-per-node");
+  if (o.nnodes > 1) {
+    TANDEM_CHECK(!o.master_addr.empty(), "launch: --nnodes ", o.nnodes, " needs --master-addr, the address of the "
+                 "machine with --node-rank 0 (it hosts the job's store)");
+    TANDEM_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "launch: --node-rank ", o.node_rank,
+                 " is out of range for --nnodes ", o.nnodes, " (0 .. ", o.nnodes - 1, ")");
+    TANDEM_CHECK(o.master_port >= 1 && o.master_port <= 65535, "launch: --master-port ", o.master_port,
+                 " is not a TCP port (1..65535)");
+  } else {
+    TANDEM_CHECK(o.node_rank == 0, "launch: --node-rank ", o.node_rank, " needs --nnodes (the number of machines)");
+  }
+  TANDEM_CHECK(o.max_restarts >= 0, "launch: --max-restarts must not be negative, got ", o.max_restarts);
   TANDEM_CHECK(o.timeout_s >= 0, "launch: --timeout must be a positive number of seconds, got ", o.timeout_s);
   TANDEM_CHECK(o.stop_grace_s >= 0 && o.interrupt_grace_s >= 0, "launch: grace periods must not be negative");
   TANDEM_CHECK(!o.command.empty(), "launch: no command given; put the program to run and its arguments "
@@ -393,9 +501,31 @@ int launch(const LaunchOptions& o) {
   std::string path = resolve_command(o.command[0]);
 
   SignalScope signals;
-  StoreServer store(0, "127.0.0.1");  // a single-node job: only this machine's ranks connect
-  Supervisor sup(o, signals.fd());
-  return sup.run(path, store.port());
+  int interrupt = 0;
+  try {
+    detail::NodeGroup group(o, per_node, [&] { return pending_interrupt(signals.fd()); });
+    for (int round = 0;; ++round) {
+      group.start_round(round);
+      std::vector<std::vector<std::string>> envs;
+      for (int l = 0; l < per_node; ++l) envs.push_back(rank_environment(o, per_node, l, round, group));
+      Supervisor sup(o, signals.fd(), group, round);
+      Outcome out = sup.run(path, envs, o.node_rank * per_node);
+      if (out.succeeded) {
+        group.leave();
+        return 0;
+      }
+      say(out.message);
+      if (out.final || round >= o.max_restarts) {
+        group.leave();
+        return out.exit_code;
+      }
+      say("restarting every rank (restart " + std::to_string(round + 1) + " of " + std::to_string(o.max_restarts) + ")");
+    }
+  } catch (const detail::LaunchInterrupted& i) {
+    interrupt = i.signal;
+  }
+  say("interrupted by " + signal_name(interrupt) + " before the ranks started");
+  return 128 + interrupt;
 }
 
 }  // namespace tandem::dist

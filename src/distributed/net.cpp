@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <poll.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -119,6 +120,23 @@ std::string first_external_address() {
     return numeric_address(a->ifa_addr);
   }
   return "";
+}
+
+std::string resolve(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  TANDEM_CHECK(rc == 0, "cannot resolve the host name '", host, "': ", gai_strerror(rc));
+  std::string v4, v6;
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET && v4.empty()) v4 = numeric_address(a->ai_addr);
+    if (a->ai_family == AF_INET6 && v6.empty()) v6 = numeric_address(a->ai_addr);
+  }
+  freeaddrinfo(res);
+  TANDEM_CHECK(!v4.empty() || !v6.empty(), "the host name '", host, "' has no IP address");
+  return v4.empty() ? v6 : v4;
 }
 
 bool is_loopback(const std::string& host) {

@@ -30,6 +30,9 @@ std::string host_name();
 std::string interface_address(const std::string& ifname);
 /// The first non-loopback address of this machine, or "" when it has none.
 std::string first_external_address();
+/// The numeric address a host name resolves to (IPv4 preferred); throws tandem::Error (Input) when it
+/// does not resolve.
+std::string resolve(const std::string& host);
 /// True for 127.0.0.0/8, ::1 and "localhost".
 bool is_loopback(const std::string& host);
 

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "distributed/net.h"
+#include "distributed/secret.h"
 #include "distributed/store_protocol.h"
 #include "tandem/distributed/store.h"
 #include "tandem/error.h"
@@ -23,6 +24,9 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
+
+// The largest frame a client sends or accepts: what a server takes by default.
+const size_t kMaxFrame = StoreLimits{}.max_frame_bytes;
 
 // Why an I/O step stopped before finishing.
 enum class IoFail { None, Timeout, Closed, Error };
@@ -92,6 +96,7 @@ struct Store::Impl {
   int port = 0;
   std::string where;
   milliseconds timeout;
+  StoreAuth auth;
   mutable std::mutex mu;
   int fd = -1;
 
@@ -101,6 +106,12 @@ struct Store::Impl {
     fd = -1;
   }
   void connect_until(Clock::time_point deadline);
+  // Proves to the server that this process belongs to the job, and checks the server's proof. False
+  // when the connection broke (worth another try); throws when the server turned this process away.
+  bool authenticate(Clock::time_point deadline);
+  // One frame each way on the connection, without reconnecting; the caller holds mu.
+  uint8_t exchange(uint8_t op, const std::vector<std::string>& fields, std::vector<std::string>& reply,
+                   Clock::time_point deadline, const std::string& timeout_msg);
   // Sends one request and returns the reply; the caller holds mu.
   uint8_t request(uint8_t op, const std::vector<std::string>& fields, std::vector<std::string>& reply,
                   Clock::time_point deadline, const std::string& timeout_msg);
@@ -145,8 +156,21 @@ void Store::Impl::connect_until(Clock::time_point deadline) {
         int one = 1;
         setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         fd = s;
-        freeaddrinfo(res);
-        return;
+        bool ok = false;
+        try {
+          ok = authenticate(deadline);
+        } catch (...) {
+          freeaddrinfo(res);
+          throw;
+        }
+        if (ok) {
+          freeaddrinfo(res);
+          return;
+        }
+        // The server hung up during the handshake: one at its connection limit does so. Try again.
+        disconnect();
+        last = "the server closed the connection during the handshake";
+        break;
       }
       close(s);
       last = net::errno_str(err);
@@ -171,15 +195,13 @@ void Store::Impl::fail(IoFail f, const std::string& timeout_msg) {
   TANDEM_RUNTIME_CHECK(false, "lost the connection to the rendezvous store at ", where, ": ", net::errno_str(err));
 }
 
-uint8_t Store::Impl::request(uint8_t op, const std::vector<std::string>& fields, std::vector<std::string>& reply,
-                             Clock::time_point deadline, const std::string& timeout_msg) {
-  if (fd < 0) connect_until(Clock::now() + timeout);
-  std::string frame = proto::encode(op, fields);
-  if (IoFail f = send_all(fd, frame, deadline); f != IoFail::None) fail(f, timeout_msg);
+uint8_t Store::Impl::exchange(uint8_t op, const std::vector<std::string>& fields, std::vector<std::string>& reply,
+                              Clock::time_point deadline, const std::string& timeout_msg) {
+  if (IoFail f = send_all(fd, proto::encode(op, fields), deadline); f != IoFail::None) fail(f, timeout_msg);
   char hdr[4];
   if (IoFail f = recv_all(fd, hdr, 4, deadline); f != IoFail::None) fail(f, timeout_msg);
   uint32_t len = proto::get_u32(hdr);
-  if (len > proto::kMaxFrame) {
+  if (len > kMaxFrame) {
     disconnect();
     TANDEM_RUNTIME_CHECK(false, "the rendezvous store at ", where, " sent a corrupt reply (is that address a store?)");
   }
@@ -190,13 +212,66 @@ uint8_t Store::Impl::request(uint8_t op, const std::vector<std::string>& fields,
     disconnect();
     TANDEM_RUNTIME_CHECK(false, "the rendezvous store at ", where, " sent a corrupt reply (is that address a store?)");
   }
+  return status;
+}
+
+bool Store::Impl::authenticate(Clock::time_point deadline) {
+  const std::string timeout_msg = "the rendezvous store at " + where + " did not answer the handshake within " +
+                                  net::format_duration(timeout) + " (is that address a tandem store?)";
+  const std::string nonce = secret::random_bytes(proto::kNonceBytes);
+  std::vector<std::string> r;
+  uint8_t st;
+  try {
+    st = exchange(proto::kHello, {proto::kVersion, auth.job_id, nonce}, r, deadline, timeout_msg);
+  } catch (const Error& e) {
+    if (fd < 0 && e.kind() == Error::Kind::Runtime && Clock::now() < deadline) return false;  // hung up: retry
+    throw;
+  }
+  TANDEM_CHECK(st != proto::kError, "the rendezvous store at ", where, " turned this process away: ",
+               r.empty() ? "no reason given" : r[0],
+               " (every process of a job must be given the same job id; two jobs need two addresses)");
+  TANDEM_RUNTIME_CHECK(st == proto::kOk && r.size() == 3 && r[0].size() == proto::kNonceBytes,
+                       "the rendezvous store at ", where, " sent a malformed handshake reply");
+  const std::string& server_nonce = r[0];
+  if (r[1] == "open") {
+    TANDEM_CHECK(auth.secret.empty(), "the rendezvous store at ", where, " does not ask for the job's secret, but this "
+                 "process has one (TANDEM_SECRET or TANDEM_SECRET_FILE): give every process of the job the same "
+                 "secret, or none");
+    return true;
+  }
+  TANDEM_CHECK(!auth.secret.empty(), "the rendezvous store at ", where, " asks for the job's secret and this process "
+               "has none: give it the job's secret in TANDEM_SECRET_FILE (or TANDEM_SECRET)");
+  std::string expected =
+      secret::hmac_sha256(auth.secret, proto::proof_message("server", auth.job_id, nonce, server_nonce));
+  TANDEM_CHECK(r[1] == "secret" && secret::equal(r[2], expected), "the rendezvous store at ", where,
+               " does not know this job's secret: either the processes were given different secrets, or another "
+               "program answers at that address");
+  std::string proof =
+      secret::hmac_sha256(auth.secret, proto::proof_message("client", auth.job_id, server_nonce, nonce));
+  st = exchange(proto::kAuth, {proof}, r, deadline, timeout_msg);
+  TANDEM_CHECK(st == proto::kOk, "the rendezvous store at ", where, " refused this process's secret: ",
+               r.empty() ? "no reason given" : r[0],
+               " (every process of a job must be given the same TANDEM_SECRET or TANDEM_SECRET_FILE)");
+  return true;
+}
+
+uint8_t Store::Impl::request(uint8_t op, const std::vector<std::string>& fields, std::vector<std::string>& reply,
+                             Clock::time_point deadline, const std::string& timeout_msg) {
+  if (fd < 0) connect_until(Clock::now() + timeout);
+  TANDEM_CHECK(proto::frame_size(fields) - 4 <= kMaxFrame, "rendezvous store: a request of ", proto::frame_size(fields),
+               " bytes is larger than the store takes (", kMaxFrame >> 20, " MiB); keep values small");
+  uint8_t status = exchange(op, fields, reply, deadline, timeout_msg);
   if (status == proto::kError)
     TANDEM_RUNTIME_CHECK(false, "rendezvous store at ", where, ": ", reply.empty() ? "error" : reply[0]);
   return status;
 }
 
-Store::Store(const std::string& host, int port, milliseconds timeout) : impl_(std::make_unique<Impl>()) {
+Store::Store(const std::string& host, int port, milliseconds timeout, StoreAuth auth)
+    : impl_(std::make_unique<Impl>()) {
   TANDEM_CHECK(port >= 1 && port <= 65535, "rendezvous store: port ", port, " is not a TCP port (1..65535)");
+  TANDEM_CHECK(auth.secret.empty() || auth.secret.size() >= secret::kMinBytes, "rendezvous store: a secret needs at "
+               "least ", secret::kMinBytes, " bytes");
+  impl_->auth = std::move(auth);
   impl_->host = host;
   impl_->port = port;
   impl_->where = net::HostPort{host, port}.str();

@@ -1,20 +1,29 @@
 // The store's server: one thread multiplexing every client with poll(). Requests of one connection
 // are answered in order; a get of an absent key parks its connection until some client sets the key.
+//
+// Connections that have work to do wait in a queue, and the loop drains that queue: waking a parked
+// get never runs the woken connection's next request from inside another one's, so no chain of
+// clients can make the server recurse. Everything a client can make the server hold is bounded
+// (StoreLimits), and a client must finish the handshake (store_protocol.h) before anything else.
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
+#include <deque>
 #include <map>
 #include <thread>
 #include <unordered_map>
 
 #include "distributed/net.h"
+#include "distributed/secret.h"
 #include "distributed/store_protocol.h"
 #include "tandem/distributed/store.h"
 #include "tandem/error.h"
@@ -23,13 +32,31 @@ namespace tandem::dist {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+enum class Stage { Hello, Auth, Ready };
+
 struct Conn {
   int fd = -1;
-  std::string in;        // bytes received, not yet parsed
-  std::string out;       // bytes to send
+  std::string peer;  // "address:port" for log lines
+  Stage stage = Stage::Hello;
+  Clock::time_point deadline;  // of the handshake
+  std::string client_nonce, server_nonce;
+  std::string in;  // bytes received; parsing resumes at in_off
+  size_t in_off = 0;
+  std::string out;  // bytes to send, from out_off
   size_t out_off = 0;
-  bool parked = false;   // waiting in a blocking get
+  std::string parked_on;  // the key of a waiting get
+  bool parked = false;
+  bool queued = false;   // in the run queue
+  bool closing = false;  // hang up once `out` is sent
+  bool eof = false;      // the client closed its end
   bool dead = false;
+  bool paused_logged = false;
+
+  size_t pending() const { return (in.size() - in_off) + (out.size() - out_off); }
+  size_t unsent() const { return out.size() - out_off; }
 };
 
 bool parse_i64(const std::string& s, int64_t& v) {
@@ -37,9 +64,52 @@ bool parse_i64(const std::string& s, int64_t& v) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
+std::string peer_of(const sockaddr_storage& ss) {
+  char host[NI_MAXHOST] = {}, serv[NI_MAXSERV] = {};
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&ss), sizeof ss, host, sizeof host, serv, sizeof serv,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "an unknown address";
+  return net::HostPort{host, std::atoi(serv)}.str();
+}
+
+std::string bytes_str(size_t n) {
+  if (n >= (size_t{1} << 20) && n % (size_t{1} << 20) == 0) return std::to_string(n >> 20) + " MiB";
+  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
+  return std::to_string(n) + " bytes";
+}
+
+// Logs the first event of each kind at once, later ones at most every 10 s with a count of the rest:
+// a flood of hostile clients must not become a flood of log lines.
+class LimitLog {
+ public:
+  void note(const std::function<void(const std::string&)>& sink, const std::string& kind, const std::string& line) {
+    auto now = Clock::now();
+    auto [it, fresh] = entries_.try_emplace(kind);
+    Entry& e = it->second;
+    if (!fresh && now - e.last < std::chrono::seconds(10)) {
+      ++e.suppressed;
+      return;
+    }
+    std::string msg = line;
+    if (e.suppressed > 0)
+      msg += " (and " + std::to_string(e.suppressed) + " more like it since the last such line)";
+    e.last = now;
+    e.suppressed = 0;
+    sink(msg);
+  }
+
+ private:
+  struct Entry {
+    Clock::time_point last;
+    size_t suppressed = 0;
+  };
+  std::map<std::string, Entry> entries_;
+};
+
 }  // namespace
 
 struct StoreServer::Impl {
+  StoreServerOptions opt;
   int listen_fd = -1;
   int wake_r = -1, wake_w = -1;
   int port = 0;
@@ -48,29 +118,62 @@ struct StoreServer::Impl {
 
   // Owned by the server thread once it runs.
   std::unordered_map<std::string, std::string> data;
+  size_t stored_bytes = 0;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters;  // key -> parked connection ids
-  std::map<uint64_t, Conn> conns;
+  std::map<uint64_t, Conn> conns;  // by id: the oldest first
+  std::deque<uint64_t> run_queue;
   uint64_t next_id = 1;
+  std::optional<Clock::time_point> accept_paused_until;
+  LimitLog limit_log;
+  std::vector<char> read_buf = std::vector<char>(65536);  // on the heap: the thread's stack may be small
 
+  void log(const std::string& kind, const std::string& line) {
+    limit_log.note(opt.log, kind, "tandem store " + where + ": " + line);
+  }
   void run();
   void accept_all();
-  void read_from(uint64_t id, Conn& c);
+  void drop(std::map<uint64_t, Conn>::iterator it);
+  void read_from(Conn& c);
+  void schedule(uint64_t id, Conn& c);
+  void drain_queue();
   void process(uint64_t id, Conn& c);
-  void handle(uint64_t id, Conn& c, uint8_t op, std::vector<std::string>& fields);
+  void handshake(Conn& c, uint8_t op, const std::vector<std::string>& f);
+  void handle(uint64_t id, Conn& c, uint8_t op, std::vector<std::string>& f);
   void reply(Conn& c, uint8_t status, const std::vector<std::string>& fields = {});
+  void refuse(Conn& c, const std::string& why);
   void flush(Conn& c);
   void wake_waiters(const std::string& key);
+  bool can_read(const Conn& c) const {
+    return !c.dead && !c.closing && !c.eof && c.pending() < opt.limits.max_connection_bytes;
+  }
 };
 
-StoreServer::StoreServer(int port, const std::string& host) : impl_(std::make_unique<Impl>()) {
+StoreServer::StoreServer(int port, const std::string& host)
+    : StoreServer(StoreServerOptions{host, port, {}, {}, {}}) {}
+
+StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
-  std::string shown = (host.empty() ? std::string("0.0.0.0") : host) + ":" + std::to_string(port);
+  s.opt = std::move(options);
+  const StoreLimits& lim = s.opt.limits;
+  TANDEM_CHECK(lim.max_connections >= 1 && lim.max_frame_bytes >= proto::kMaxHandshakeFrame &&
+                   lim.max_connection_bytes >= lim.max_frame_bytes && lim.handshake_timeout.count() > 0,
+               "rendezvous store: inconsistent limits (a connection must hold at least one largest frame, and "
+               "every limit must be positive)");
+  TANDEM_CHECK(s.opt.auth.secret.empty() || s.opt.auth.secret.size() >= secret::kMinBytes,
+               "rendezvous store: a secret needs at least ", secret::kMinBytes, " bytes");
+  if (!s.opt.auth.secret.empty()) secret::hmac_sha256(s.opt.auth.secret, "");  // fails early without OpenSSL
+  if (!s.opt.log) s.opt.log = [](const std::string& line) {
+    std::string l = line + "\n";
+    net::write_all(2, l.data(), l.size());
+  };
+  const std::string& host = s.opt.host;
+  std::string shown = net::HostPort{host.empty() ? "0.0.0.0" : host, s.opt.port}.str();
   addrinfo hints{};
   hints.ai_family = host.empty() ? AF_INET : AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  std::string port_str = std::to_string(port);
+  std::string port_str = std::to_string(s.opt.port);
   int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port_str.c_str(), &hints, &res);
   TANDEM_CHECK(rc == 0, "rendezvous store: cannot resolve the address ", shown, ": ", gai_strerror(rc));
   int err = 0;
@@ -91,13 +194,15 @@ StoreServer::StoreServer(int port, const std::string& host) : impl_(std::make_un
   }
   freeaddrinfo(res);
   TANDEM_RUNTIME_CHECK(s.listen_fd >= 0, "rendezvous store: cannot listen on ", shown, ": ", net::errno_str(err),
-                       err == EADDRINUSE ? " (another process holds the port; pick a free one)" : "");
+                       err == EADDRINUSE     ? " (another process holds the port; pick a free one)"
+                       : err == EADDRNOTAVAIL ? " (that is not an address of this machine)"
+                                              : "");
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
   getsockname(s.listen_fd, reinterpret_cast<sockaddr*>(&ss), &len);
   s.port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
                                           : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-  s.where = (host.empty() ? std::string("0.0.0.0") : host) + ":" + std::to_string(s.port);
+  s.where = net::HostPort{host.empty() ? "0.0.0.0" : host, s.port}.str();
   int p[2];
   if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
     int e = errno;
@@ -127,95 +232,246 @@ void StoreServer::Impl::run() {
   std::vector<pollfd> fds;
   std::vector<uint64_t> ids;
   for (;;) {
+    auto now = Clock::now();
+    std::optional<Clock::time_point> next_deadline;
+    auto consider = [&](Clock::time_point t) {
+      if (!next_deadline || t < *next_deadline) next_deadline = t;
+    };
+    for (auto it = conns.begin(); it != conns.end();) {
+      Conn& c = it->second;
+      if (!c.dead && c.stage != Stage::Ready) {
+        if (now >= c.deadline) {
+          log("handshake", "dropped the connection from " + c.peer + ": no handshake within " +
+                               net::format_duration(opt.limits.handshake_timeout));
+          c.dead = true;
+        } else {
+          consider(c.deadline);
+        }
+      }
+      if (c.dead)
+        drop(it++);
+      else
+        ++it;
+    }
+    if (accept_paused_until && now >= *accept_paused_until) accept_paused_until.reset();
+    if (accept_paused_until) consider(*accept_paused_until);
+
     fds.clear();
     ids.clear();
     fds.push_back({wake_r, POLLIN, 0});
-    fds.push_back({listen_fd, POLLIN, 0});
+    fds.push_back({listen_fd, static_cast<short>(accept_paused_until ? 0 : POLLIN), 0});
     for (auto& [id, c] : conns) {
-      short ev = POLLIN;
-      if (c.out_off < c.out.size()) ev |= POLLOUT;
+      short ev = 0;
+      if (can_read(c)) {
+        ev |= POLLIN;
+      } else if (!c.paused_logged && c.pending() >= opt.limits.max_connection_bytes) {
+        c.paused_logged = true;
+        log("connection-bytes", "stopped reading from " + c.peer + " until it takes its replies: it has " +
+                                    bytes_str(c.pending()) + " pending (the limit is " +
+                                    bytes_str(opt.limits.max_connection_bytes) + ")");
+      }
+      if (c.unsent() > 0) ev |= POLLOUT;
       fds.push_back({c.fd, ev, 0});
       ids.push_back(id);
     }
-    int n = poll(fds.data(), fds.size(), -1);
+    int timeout_ms = -1;
+    if (next_deadline) {
+      auto ms = std::chrono::duration_cast<milliseconds>(*next_deadline - now).count() + 1;
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30));
+    }
+    int n = poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return;  // nothing sensible left to do; clients will see their connections fail
+      log("poll", "stopped: poll failed: " + net::errno_str(errno));
+      return;  // clients will see their connections fail
     }
     if (fds[0].revents) return;
     if (fds[1].revents & POLLIN) accept_all();
     for (size_t i = 2; i < fds.size(); ++i) {
-      if (!fds[i].revents) continue;
+      short rev = fds[i].revents;
+      if (!rev) continue;
       auto it = conns.find(ids[i - 2]);
       if (it == conns.end()) continue;
       Conn& c = it->second;
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_from(it->first, c);
-      if (!c.dead && (fds[i].revents & POLLOUT)) flush(c);
+      if (rev & POLLIN) read_from(c);
+      if (!c.dead && (rev & POLLOUT)) flush(c);
+      // A hang-up we cannot read past (reading paused, or nothing left to read) ends the connection.
+      if (!c.dead && (rev & (POLLHUP | POLLERR)) && !(rev & POLLIN)) c.dead = true;
+      if (!c.dead) schedule(it->first, c);
     }
-    for (auto it = conns.begin(); it != conns.end();) {
-      if (it->second.dead) {
-        close(it->second.fd);
-        it = conns.erase(it);
-      } else {
-        ++it;
-      }
+    drain_queue();
+  }
+}
+
+void StoreServer::Impl::drop(std::map<uint64_t, Conn>::iterator it) {
+  Conn& c = it->second;
+  if (c.parked) {
+    auto w = waiters.find(c.parked_on);
+    if (w != waiters.end()) {
+      std::erase(w->second, it->first);
+      if (w->second.empty()) waiters.erase(w);
     }
   }
+  close(c.fd);
+  conns.erase(it);
 }
 
 void StoreServer::Impl::accept_all() {
   for (;;) {
-    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    int fd = accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      return;  // EAGAIN, or out of descriptors: the client will retry or time out
+      int e = errno;
+      if (e == EINTR || e == ECONNABORTED) continue;
+      if (e == EAGAIN || e == EWOULDBLOCK) return;
+      // Out of descriptors (or memory): the pending connection stays in the backlog and the listening
+      // socket stays readable, so accepting pauses instead of spinning on it.
+      accept_paused_until = Clock::now() + milliseconds(250);
+      std::string why = net::errno_str(e);
+      if (e == EMFILE || e == ENFILE) {
+        rlimit rl{};
+        getrlimit(RLIMIT_NOFILE, &rl);
+        why += " (this process may open " + std::to_string(rl.rlim_cur) + "; raise it with ulimit -n)";
+      }
+      log("accept", "cannot accept connections: " + why + "; " + std::to_string(conns.size()) +
+                        " are open; trying again every 250 ms");
+      return;
+    }
+    std::string peer = peer_of(ss);
+    if (conns.size() >= opt.limits.max_connections) {
+      // Clients that have not proven themselves give way to new ones; proven ones never do.
+      auto victim = std::find_if(conns.begin(), conns.end(), [](const auto& kv) { return kv.second.stage != Stage::Ready; });
+      if (victim == conns.end()) {
+        log("connections-full", "turned away a connection from " + peer + ": " + std::to_string(conns.size()) +
+                               " connections are open, the limit");
+        close(fd);
+        continue;
+      }
+      log("connections-evict", std::to_string(conns.size()) + " connections are open, the limit: dropped the oldest "
+                         "that had not finished its handshake (from " + victim->second.peer + ") for one from " + peer);
+      drop(victim);
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     Conn c;
     c.fd = fd;
+    c.peer = std::move(peer);
+    c.deadline = Clock::now() + opt.limits.handshake_timeout;
     conns.emplace(next_id++, std::move(c));
   }
 }
 
-void StoreServer::Impl::read_from(uint64_t id, Conn& c) {
-  char buf[65536];
-  bool closed = false;
-  for (;;) {
-    ssize_t r = recv(c.fd, buf, sizeof buf, 0);
+void StoreServer::Impl::read_from(Conn& c) {
+  while (can_read(c)) {
+    ssize_t r = recv(c.fd, read_buf.data(), read_buf.size(), 0);
     if (r > 0) {
-      c.in.append(buf, static_cast<size_t>(r));
+      c.in.append(read_buf.data(), static_cast<size_t>(r));
       continue;
     }
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    closed = true;  // orderly close or a reset
+    c.eof = true;  // an orderly close or a reset: what arrived before it is still served
     break;
   }
-  process(id, c);  // a client may send its last request and close at once: apply it anyway
-  if (closed) c.dead = true;  // parked gets are dropped with the connection
+}
+
+void StoreServer::Impl::schedule(uint64_t id, Conn& c) {
+  if (c.queued) return;
+  c.queued = true;
+  run_queue.push_back(id);
+}
+
+void StoreServer::Impl::drain_queue() {
+  while (!run_queue.empty()) {
+    uint64_t id = run_queue.front();
+    run_queue.pop_front();
+    auto it = conns.find(id);
+    if (it == conns.end()) continue;
+    Conn& c = it->second;
+    c.queued = false;
+    if (c.dead) continue;
+    process(id, c);
+    if (c.eof) c.dead = true;  // its replies have nowhere to go
+  }
 }
 
 void StoreServer::Impl::process(uint64_t id, Conn& c) {
-  size_t off = 0;
-  while (!c.parked && !c.dead && c.in.size() - off >= 4) {
-    uint32_t len = proto::get_u32(c.in.data() + off);
-    if (len > proto::kMaxFrame) {
-      c.dead = true;  // not a store client, or a corrupt stream
+  while (!c.parked && !c.dead && !c.closing && c.unsent() < opt.limits.max_connection_bytes) {
+    size_t avail = c.in.size() - c.in_off;
+    if (avail < 4) break;
+    const char* p = c.in.data() + c.in_off;
+    uint32_t len = proto::get_u32(p);
+    size_t limit = c.stage == Stage::Ready ? opt.limits.max_frame_bytes : proto::kMaxHandshakeFrame;
+    if (len > limit) {
+      log(c.stage == Stage::Ready ? "frame" : "frame-early", "closed the connection from " + c.peer + ": it sent a request of " + bytes_str(len) +
+                       (c.stage == Stage::Ready ? "" : " before its handshake") + ", more than the limit of " +
+                       bytes_str(limit));
+      refuse(c, "a request of " + bytes_str(len) + " is larger than this store takes (" + bytes_str(limit) + ")");
       break;
     }
-    if (c.in.size() - off - 4 < len) break;
+    if (avail - 4 < len) break;
     uint8_t op = 0;
     std::vector<std::string> fields;
-    if (!proto::decode(c.in.data() + off + 4, len, op, fields)) {
-      c.dead = true;
+    if (!proto::decode(p + 4, len, op, fields)) {
+      log("malformed", "closed the connection from " + c.peer + ": a malformed request");
+      refuse(c, "malformed request");
       break;
     }
-    off += 4 + len;
-    handle(id, c, op, fields);
+    c.in_off += 4 + len;
+    if (c.stage == Stage::Ready)
+      handle(id, c, op, fields);
+    else
+      handshake(c, op, fields);
   }
-  c.in.erase(0, off);
+  if (c.in_off == c.in.size()) {
+    c.in.clear();
+    c.in_off = 0;
+  } else if (c.in_off > c.in.size() / 2) {
+    c.in.erase(0, c.in_off);
+    c.in_off = 0;
+  }
   if (!c.dead) flush(c);
+}
+
+void StoreServer::Impl::handshake(Conn& c, uint8_t op, const std::vector<std::string>& f) {
+  const StoreAuth& auth = opt.auth;
+  if (c.stage == Stage::Hello) {
+    if (op != proto::kHello || f.size() != 3 || f[2].size() != proto::kNonceBytes) {
+      log("handshake-first", "closed the connection from " + c.peer + ": it did not start with the store's handshake");
+      return refuse(c, "a connection must start with the store's handshake (is the client a tandem process of "
+                       "the same version?)");
+    }
+    if (f[0] != proto::kVersion) {
+      log("handshake-version", "closed the connection from " + c.peer + ": it speaks " + f[0] + ", this store " +
+                           proto::kVersion);
+      return refuse(c, "this store speaks " + std::string(proto::kVersion) + ", the client " + f[0] +
+                           " (every process of a job must run the same tandem)");
+    }
+    if (f[1] != auth.job_id) {
+      log("job", "turned away a client from " + c.peer + " of job '" + f[1] + "': this store serves job '" +
+                     auth.job_id + "'");
+      return refuse(c, "this store serves job '" + auth.job_id + "', not job '" + f[1] + "'");
+    }
+    c.client_nonce = f[2];
+    c.server_nonce = secret::random_bytes(proto::kNonceBytes);
+    if (auth.secret.empty()) {
+      c.stage = Stage::Ready;
+      return reply(c, proto::kOk, {c.server_nonce, "open", ""});
+    }
+    std::string proof =
+        secret::hmac_sha256(auth.secret, proto::proof_message("server", auth.job_id, c.client_nonce, c.server_nonce));
+    c.stage = Stage::Auth;
+    return reply(c, proto::kOk, {c.server_nonce, "secret", proof});
+  }
+  std::string expected =
+      secret::hmac_sha256(auth.secret, proto::proof_message("client", auth.job_id, c.server_nonce, c.client_nonce));
+  if (op != proto::kAuth || f.size() != 1 || !secret::equal(f[0], expected)) {
+    log("secret", "turned away a client from " + c.peer + ": it does not know the job's secret");
+    return refuse(c, "this process does not know the job's secret");
+  }
+  c.stage = Stage::Ready;
+  reply(c, proto::kOk);
 }
 
 void StoreServer::Impl::handle(uint64_t id, Conn& c, uint8_t op, std::vector<std::string>& f) {
@@ -224,10 +480,24 @@ void StoreServer::Impl::handle(uint64_t id, Conn& c, uint8_t op, std::vector<std
     reply(c, proto::kError, {"malformed request"});
     return false;
   };
+  // Stores value under key unless that takes the store past its limit; false (and a reply) then.
+  auto put = [&](const std::string& key, std::string value) {
+    auto it = data.find(key);
+    size_t old = it == data.end() ? 0 : key.size() + it->second.size();
+    size_t after = stored_bytes - old + key.size() + value.size();
+    if (after > opt.limits.max_stored_bytes && after > stored_bytes) {
+      log("stored", "refused to store key '" + key.substr(0, 64) + "' from " + c.peer + ": the store would hold " +
+                        bytes_str(after) + ", more than its limit of " + bytes_str(opt.limits.max_stored_bytes));
+      reply(c, proto::kError, {"the store is full: it holds at most " + bytes_str(opt.limits.max_stored_bytes)});
+      return false;
+    }
+    stored_bytes = after;
+    data[key] = std::move(value);
+    return true;
+  };
   switch (op) {
     case proto::kSet:
-      if (!need(2)) return;
-      data[f[0]] = std::move(f[1]);
+      if (!need(2) || !put(f[0], std::move(f[1]))) return;
       reply(c, proto::kOk);
       wake_waiters(f[0]);
       return;
@@ -238,6 +508,7 @@ void StoreServer::Impl::handle(uint64_t id, Conn& c, uint8_t op, std::vector<std
         reply(c, proto::kOk, {it->second});
       } else {
         c.parked = true;
+        c.parked_on = f[0];
         waiters[f[0]].push_back(id);
       }
       return;
@@ -259,7 +530,7 @@ void StoreServer::Impl::handle(uint64_t id, Conn& c, uint8_t op, std::vector<std
       if (it != data.end() && !parse_i64(it->second, cur))
         return reply(c, proto::kError, {"add: key '" + f[0] + "' holds a value that is not an integer"});
       std::string v = std::to_string(cur + delta);
-      data[f[0]] = v;
+      if (!put(f[0], v)) return;
       reply(c, proto::kOk, {v});
       wake_waiters(f[0]);
       return;
@@ -270,10 +541,14 @@ void StoreServer::Impl::handle(uint64_t id, Conn& c, uint8_t op, std::vector<std
       reply(c, all ? proto::kOk : proto::kNotFound);
       return;
     }
-    case proto::kErase:
+    case proto::kErase: {
       if (!need(1)) return;
-      reply(c, data.erase(f[0]) ? proto::kOk : proto::kNotFound);
-      return;
+      auto it = data.find(f[0]);
+      if (it == data.end()) return reply(c, proto::kNotFound);
+      stored_bytes -= it->first.size() + it->second.size();
+      data.erase(it);
+      return reply(c, proto::kOk);
+    }
     default:
       reply(c, proto::kError, {"unknown request " + std::to_string(op)});
   }
@@ -281,6 +556,11 @@ void StoreServer::Impl::handle(uint64_t id, Conn& c, uint8_t op, std::vector<std
 
 void StoreServer::Impl::reply(Conn& c, uint8_t status, const std::vector<std::string>& fields) {
   c.out += proto::encode(status, fields);
+}
+
+void StoreServer::Impl::refuse(Conn& c, const std::string& why) {
+  reply(c, proto::kError, {why});
+  c.closing = true;
 }
 
 void StoreServer::Impl::flush(Conn& c) {
@@ -297,6 +577,7 @@ void StoreServer::Impl::flush(Conn& c) {
   }
   c.out.clear();
   c.out_off = 0;
+  if (c.closing) c.dead = true;
 }
 
 void StoreServer::Impl::wake_waiters(const std::string& key) {
@@ -304,14 +585,15 @@ void StoreServer::Impl::wake_waiters(const std::string& key) {
   if (w == waiters.end()) return;
   std::vector<uint64_t> ids = std::move(w->second);
   waiters.erase(w);
-  const std::string value = data[key];  // handlers run below may change or erase it
+  const std::string& value = data[key];
   for (uint64_t wid : ids) {
     auto it = conns.find(wid);
-    if (it == conns.end() || it->second.dead) continue;
+    if (it == conns.end() || it->second.dead || !it->second.parked) continue;
     Conn& wc = it->second;
     wc.parked = false;
+    wc.parked_on.clear();
     reply(wc, proto::kOk, {value});
-    process(wid, wc);  // requests that arrived behind the get
+    schedule(wid, wc);  // its next requests run from the queue, not from inside this one
   }
 }
 

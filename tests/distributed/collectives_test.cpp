@@ -144,7 +144,7 @@ TEST(GlooJoin, MismatchedWorldSizesFailClearly) {
   tandem::dist::StoreServer store(0, "127.0.0.1");
   auto results = run_ranks({tandem_env(0, 2, store.port(), "20"), tandem_env(1, 3, store.port(), "20")}, "join");
   for (const auto& r : results) {
-    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_EQ(r.exit_code, 2) << r.output;  // a mistake in how the job was started
     EXPECT_LT(r.seconds, 10.0) << r.output;  // not a wait for the timeout
     EXPECT_TRUE(contains(r.output, "world size mismatch")) << r.output;
   }
@@ -168,7 +168,7 @@ TEST(GlooJoin, TheSameRankTwiceFailsBoth) {
   tandem::dist::StoreServer store(0, "127.0.0.1");
   auto results = run_ranks({tandem_env(0, 2, store.port(), "20"), tandem_env(0, 2, store.port(), "20")}, "join");
   for (const auto& r : results) {
-    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_TRUE(contains(r.output, "two processes joined as rank 0")) << r.output;
     EXPECT_LT(r.seconds, 10.0);
   }

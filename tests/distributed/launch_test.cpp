@@ -4,12 +4,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <sstream>
 
 #include "process_util.h"
 
+using tandem::test::free_port;
 using tandem::test::Proc;
 using tandem::test::ProcResult;
 using tandem::test::process_exists;
@@ -52,7 +55,7 @@ TEST(Launch, RejectsBadArgumentsWithStatus2) {
       {{"-n", "2", "--", not_exec}, "is not executable"},
       {{"-n", "2", "--", "/"}, "is a directory"},
       {{"-n", "2", "--timeout", "-3", "--", "true"}, "--timeout"},
-      {{"--", "true"}, "nprocs"},
+      {{"--", "true"}, "give the number of ranks"},
   };
   for (const auto& c : cases) {
     ProcResult r = launch(c.args);
@@ -171,6 +174,20 @@ TEST(Launch, SecondCtrlCKillsRanksThatIgnoreTheFirst) {
   for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid)) << "rank process " << pid << " survived";
 }
 
+TEST(Launch, AKilledRankStopsTheJobWithinASecond) {
+  Proc p({kTandem, "launch", "-n", "3", "--", kWorker, "sleep"});
+  std::vector<pid_t> pids = wait_ready(p, 3);
+  ASSERT_EQ(pids.size(), 3u);
+  auto start = std::chrono::steady_clock::now();
+  kill(pids[1], SIGKILL);
+  ProcResult r = p.wait(10);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 1.0);
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
+  EXPECT_TRUE(contains(r.output, "was killed by signal 9 (Killed); stopped the other 2 ranks")) << r.output;
+  for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid));
+}
+
 TEST(Launch, SigtermIsForwarded) {
   Proc p({kTandem, "launch", "-n", "2", "--", kWorker, "sleep"});
   std::vector<pid_t> pids = wait_ready(p, 2);
@@ -181,4 +198,176 @@ TEST(Launch, SigtermIsForwarded) {
   for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid));
 }
 
+TEST(Launch, OtherLaunchersSpellingsGetHelpfulErrors) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{"-np", "2", "--", "true"}, "-np is mpirun's spelling; tandem launch takes -n N"},
+      {{"-H", "localhost:2", "true"}, "-H is a host list of mpirun or horovodrun"},
+      {{"-n", "2", "--hostfile", "hosts", "true"}, "--hostfile is a host list of mpirun or horovodrun"},
+      {{"-n", "2", "-N", "2", "true"}, "tandem launch spells it --nproc-per-node K"},
+      {{"-n", "2", "--bogus", "true"}, "unknown option --bogus"},
+      {{"-n", "two", "true"}, "-n 'two' is not a number of ranks"},
+      {{"--nnodes", "2", "--nproc-per-node", "1", "true"}, "--nnodes 2 needs --master-addr"},
+      {{"--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1", "--nproc-per-node", "1", "true"},
+       "--node-rank 2 is out of range for --nnodes 2 (0 .. 1)"},
+      {{"--node-rank", "1", "-n", "2", "true"}, "--node-rank 1 needs --nnodes"},
+      {{"-n", "3", "--nproc-per-node", "2", "true"}, "-n 3 does not equal --nproc-per-node 2 x --nnodes 1"},
+      {{"-n", "3", "--nnodes", "2", "--master-addr", "127.0.0.1", "true"}, "cannot be spread evenly over --nnodes 2"},
+      {{"--nproc-per-node", "2", "--nnodes", "2", "--gpus-per-node", "1", "--master-addr", "h", "true"},
+       "--gpus-per-node splits the ranks of one machine"},
+      {{"-n", "2", "--max-restarts", "-1", "true"}, "--max-restarts must not be negative"},
+  };
+  for (const auto& c : cases) {
+    ProcResult r = launch(c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, c.message)) << "expected '" << c.message << "' in: " << r.output;
+  }
+}
+
+TEST(Launch, TorchrunSpellingsAndAForgottenSeparatorWork) {
+  // --nproc-per-node alone, underscores, and the command without -- (its own options stay its own).
+  ProcResult r = launch({"--nproc_per_node=2", "sh", "-c", "echo R=$TANDEM_RANK/$TANDEM_WORLD_SIZE \"$0 $1\"", "-n",
+                         "5"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "R=0/2 -n 5\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 1] R=1/2 -n 5\n")) << r.output;
+}
+
+TEST(Launch, MaxRestartsStartsEveryRankAgain) {
+  // Rank 1 fails in the first attempt only; every rank of the second sees its attempt number.
+  const char* script =
+      "if [ $TANDEM_RESTART_COUNT = 0 ] && [ $TANDEM_RANK = 1 ]; then exit 3; fi; "
+      "if [ $TANDEM_RESTART_COUNT = 0 ]; then sleep 30; fi; echo attempt=$TANDEM_RESTART_COUNT";
+  ProcResult r = launch({"-n", "3", "--max-restarts", "2", "--", "sh", "-c", script}, 30);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, 15);
+  EXPECT_TRUE(contains(r.output, "tandem launch: rank 1 exited with status 3; stopped the other 2 ranks")) << r.output;
+  EXPECT_TRUE(contains(r.output, "tandem launch: restarting every rank (restart 1 of 2)")) << r.output;
+  EXPECT_FALSE(contains(r.output, "restart 2 of 2")) << r.output;
+  for (const char* line : {"attempt=1\n", "[rank 1] attempt=1\n", "[rank 2] attempt=1\n"})
+    EXPECT_TRUE(contains(r.output, line)) << line << " missing from: " << r.output;
+
+  // A job that keeps failing ends with the failure once the restarts are used up.
+  r = launch({"-n", "2", "--max-restarts", "1", "--", "sh", "-c", "exit $((4 + TANDEM_RANK))"}, 30);
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_TRUE(contains(r.output, "restarting every rank (restart 1 of 1)")) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 3) << r.output;
+}
+
+TEST(Launch, CtrlCIsNotFollowedByARestart) {
+  Proc p({kTandem, "launch", "-n", "2", "--max-restarts", "3", "--", kWorker, "sleep"});
+  std::vector<pid_t> pids = wait_ready(p, 2);
+  kill(p.pid(), SIGINT);
+  ProcResult r = p.wait(10);
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.output;
+  EXPECT_FALSE(contains(r.output, "restarting")) << r.output;
+  for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid));
+}
+
+// Both launchers of a two-machine job, here on one machine (over loopback).
+std::vector<std::unique_ptr<Proc>> two_nodes(int port, const std::vector<std::vector<std::string>>& commands,
+                                             const std::vector<std::string>& extra = {}) {
+  std::vector<std::unique_ptr<Proc>> nodes;
+  for (int node = 0; node < 2; ++node) {
+    std::vector<std::string> argv = {kTandem, "launch", "--nnodes", "2", "--node-rank", std::to_string(node),
+                                     "--master-addr", "127.0.0.1", "--master-port", std::to_string(port),
+                                     "--nproc-per-node", "2", "--timeout", "30"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back("--");
+    argv.insert(argv.end(), commands[static_cast<size_t>(node)].begin(), commands[static_cast<size_t>(node)].end());
+    nodes.push_back(std::make_unique<Proc>(argv));
+  }
+  return nodes;
+}
+
+TEST(LaunchNodes, TwoLaunchersMakeOneJob) {
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
+  std::vector<std::string> job = {kWorker, "allreduce"};
+  auto nodes = two_nodes(free_port(), {job, job});
+  ProcResult n0 = nodes[0]->wait(60), n1 = nodes[1]->wait(60);
+  EXPECT_EQ(n0.exit_code, 0) << n0.output;
+  EXPECT_EQ(n1.exit_code, 0) << n1.output;
+  EXPECT_TRUE(contains(n0.output, "rank 0: all_reduce ok on 4 ranks")) << n0.output;
+  EXPECT_TRUE(contains(n0.output, "[rank 1] rank 1: all_reduce ok on 4 ranks")) << n0.output;
+  EXPECT_TRUE(contains(n1.output, "[rank 2] rank 2: all_reduce ok on 4 ranks")) << n1.output;
+  EXPECT_TRUE(contains(n1.output, "[rank 3] rank 3: all_reduce ok on 4 ranks")) << n1.output;
+}
+
+TEST(LaunchNodes, AFailureOnOneMachineStopsTheOtherAtOnce) {
+  // Rank 3 (node 1) fails; node 0's ranks would sleep for 30 s.
+  std::vector<std::string> sleeper = {"sh", "-c", "sleep 30"};
+  std::vector<std::string> failing = {"sh", "-c", "if [ $TANDEM_RANK = 3 ]; then sleep 0.5; exit 4; fi; sleep 30"};
+  auto nodes = two_nodes(free_port(), {sleeper, failing});
+  ProcResult n1 = nodes[1]->wait(30);
+  auto failed_at = std::chrono::steady_clock::now();
+  ProcResult n0 = nodes[0]->wait(30);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count(), 1.0);
+  EXPECT_EQ(n1.exit_code, 4) << n1.output;
+  EXPECT_TRUE(contains(n1.output, "tandem launch: rank 3 exited with status 4; stopped the other rank")) << n1.output;
+  EXPECT_EQ(n0.exit_code, 4) << n0.output;
+  EXPECT_LT(n0.seconds, 10) << n0.output;
+  EXPECT_TRUE(contains(n0.output, "tandem launch: rank 3 (node 1, ")) << n0.output;
+  EXPECT_TRUE(contains(n0.output, ") exited with status 4; stopped this node's 2 ranks")) << n0.output;
+}
+
+TEST(LaunchNodes, CtrlCOnOneMachineStopsEveryRankOnBoth) {
+  std::vector<std::string> job = {kWorker, "sleep"};
+  auto nodes = two_nodes(free_port(), {job, job}, {"--max-restarts", "2"});
+  std::vector<pid_t> pids = wait_ready(*nodes[0], 2);
+  for (pid_t pid : wait_ready(*nodes[1], 2)) pids.push_back(pid);
+  ASSERT_EQ(pids.size(), 4u);
+  kill(nodes[0]->pid(), SIGINT);
+  ProcResult n0 = nodes[0]->wait(10), n1 = nodes[1]->wait(10);
+  EXPECT_EQ(n0.exit_code, 128 + SIGINT) << n0.output;
+  EXPECT_EQ(n1.exit_code, 128 + SIGINT) << n1.output;
+  EXPECT_TRUE(contains(n1.output, "the launcher of node 0 was interrupted by SIGINT; stopped this node's 2 ranks"))
+      << n1.output;
+  EXPECT_FALSE(contains(n0.output + n1.output, "restarting")) << n0.output << n1.output;
+  for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid)) << "rank process " << pid << " survived";
+}
+
+TEST(LaunchNodes, RestartsHappenOnEveryMachine) {
+  std::vector<std::string> job = {"sh", "-c",
+                                  "if [ $TANDEM_RESTART_COUNT = 0 ] && [ $TANDEM_RANK = 2 ]; then exit 5; fi; "
+                                  "if [ $TANDEM_RESTART_COUNT = 0 ]; then sleep 30; fi; echo attempt=$TANDEM_RESTART_COUNT"};
+  auto nodes = two_nodes(free_port(), {job, job}, {"--max-restarts", "1"});
+  ProcResult n0 = nodes[0]->wait(30), n1 = nodes[1]->wait(30);
+  EXPECT_EQ(n0.exit_code, 0) << n0.output;
+  EXPECT_EQ(n1.exit_code, 0) << n1.output;
+  EXPECT_TRUE(contains(n0.output, "restarting every rank (restart 1 of 1)")) << n0.output;
+  EXPECT_TRUE(contains(n0.output, "[rank 1] attempt=1")) << n0.output;
+  EXPECT_TRUE(contains(n1.output, "[rank 3] attempt=1")) << n1.output;
+}
+
+TEST(LaunchNodes, LaunchersThatDisagreeOnTheJobStop) {
+  int port = free_port();
+  auto n0 = std::make_unique<Proc>(std::vector<std::string>{
+      kTandem, "launch", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+      std::to_string(port), "--nproc-per-node", "2", "--timeout", "20", "--", "true"});
+  auto n1 = std::make_unique<Proc>(std::vector<std::string>{
+      kTandem, "launch", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+      std::to_string(port), "--nproc-per-node", "3", "--timeout", "20", "--", "true"});
+  ProcResult a = n0->wait(30), b = n1->wait(30);
+  for (const auto* r : {&a, &b}) {
+    EXPECT_EQ(r->exit_code, 2) << r->output;
+    EXPECT_TRUE(contains(r->output, "start every node's launcher with the same values")) << r->output;
+    EXPECT_LT(r->seconds, 10);
+  }
+  // A node rank taken twice (the job runs long enough for the second claim to meet the first).
+  port = free_port();
+  auto twice = two_nodes(port, {{"sleep", "2"}, {"sleep", "2"}});
+  auto third = std::make_unique<Proc>(std::vector<std::string>{
+      kTandem, "launch", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port",
+      std::to_string(port), "--nproc-per-node", "2", "--timeout", "20", "--", "true"});
+  ProcResult t = third->wait(30);
+  ProcResult zero = twice[0]->wait(30);
+  ProcResult one = twice[1]->wait(30);
+  EXPECT_TRUE(contains(t.output + one.output, "two launchers joined as --node-rank 1"))
+      << t.output << "\n--\n" << one.output << "\n--\n" << zero.output << t.seconds << " " << zero.seconds;
+}
+
 }  // namespace
+

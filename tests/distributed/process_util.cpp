@@ -25,7 +25,7 @@ double now_s() {
 }
 
 bool launcher_variable(const std::string& kv) {
-  static const char* prefixes[] = {"TANDEM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_"};
+  static const char* prefixes[] = {"TANDEM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "SLURM_"};
   static const char* exact[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
   for (const char* p : prefixes)
     if (kv.rfind(p, 0) == 0) return true;
@@ -153,16 +153,23 @@ bool in_path(const std::string& name) {
 }
 
 int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  // Below the kernel's ephemeral range (32768 and up by default): a port picked there could be taken
+  // as the source port of some other test's connection before the server that wants it binds it.
+  static unsigned state = static_cast<unsigned>(getpid()) * 2654435761u ^
+                          static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count());
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    state = state * 1103515245u + 12345u;
+    int port = 20000 + static_cast<int>((state >> 8) % 12000);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  throw std::runtime_error("free_port: no free port in 20000..31999");
 }
 
 bool process_exists(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }

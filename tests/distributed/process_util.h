@@ -18,7 +18,7 @@ struct ProcResult {
 };
 
 /// A started program. The environment is this process's, minus every variable a launcher sets
-/// (TANDEM_*, RANK, WORLD_SIZE, MASTER_*, OMPI_*, PMI_*, ...), plus `env`.
+/// (TANDEM_*, RANK, WORLD_SIZE, MASTER_*, OMPI_*, PMI_*, SLURM_*, ...), plus `env`.
 class Proc {
  public:
   Proc(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {});
@@ -49,7 +49,7 @@ ProcResult run_process(const std::vector<std::string>& argv, const std::map<std:
 
 /// True when a program of that name is in PATH.
 bool in_path(const std::string& name);
-/// A TCP port that was free a moment ago.
+/// A TCP port that was free a moment ago, outside the range the kernel hands out to connections.
 int free_port();
 /// True while a process with this pid exists (zombies included).
 bool process_exists(pid_t pid);

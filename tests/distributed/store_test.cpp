@@ -187,8 +187,11 @@ TEST(Store, ServerSurvivesAGarbageClient) {
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   const char junk[] = "\xff\xff\xff\xffGET / HTTP/1.1\r\n\r\n";
   ASSERT_GT(write(fd, junk, sizeof junk), 0);
-  char c;
-  EXPECT_EQ(read(fd, &c, 1), 0);  // the server hangs up on it
+  // The server says why, then hangs up on it.
+  std::string said;
+  char buf[256];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) said.append(buf, static_cast<size_t>(n));
+  EXPECT_NE(said.find("larger than this store takes"), std::string::npos) << said;
   close(fd);
   Store store("127.0.0.1", server.port(), 5s);
   store.set("still", "working");
@@ -205,4 +208,94 @@ TEST(Store, ARequestSentJustBeforeClosingIsApplied) {
   EXPECT_EQ(store.get("left"), "behind");
 }
 
+// ---- who may use a store
+
+const std::string kSecret = "a secret of twenty bytes";
+
+StoreServerOptions options(const std::string& job, const std::string& secret, std::vector<std::string>* log = nullptr) {
+  StoreServerOptions o;
+  o.auth = {job, secret};
+  if (log) o.log = [log](const std::string& line) { log->push_back(line); };
+  return o;
+}
+
+// The error of connecting with `auth`, and how long it took to come.
+std::pair<std::string, double> refusal(int port, const StoreAuth& auth) {
+  auto start = std::chrono::steady_clock::now();
+  std::string msg = error_of([&] { Store s("127.0.0.1", port, 20s, auth); });
+  return {msg, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
+
+TEST(StoreAuth, TheJobsSecretLetsIn) {
+  StoreServer server(options("job", kSecret));
+  Store store("127.0.0.1", server.port(), 5s, {"job", kSecret});
+  store.set("k", "v");
+  EXPECT_EQ(store.get("k"), "v");
+}
+
+TEST(StoreAuth, AWrongOrMissingSecretIsRefusedAtOnce) {
+  std::vector<std::string> log;
+  StoreServer server(options("job", kSecret, &log));
+  // Refusals are not retried: each comes well within the 20 s the client would wait for a server.
+  auto [wrong, t1] = refusal(server.port(), {"job", "another secret, also long"});
+  EXPECT_NE(wrong.find("does not know this job's secret"), std::string::npos) << wrong;
+  EXPECT_LT(t1, 3);
+  auto [none, t2] = refusal(server.port(), {"job", ""});
+  EXPECT_NE(none.find("asks for the job's secret and this process has none"), std::string::npos) << none;
+  EXPECT_LT(t2, 3);
+
+  StoreServer open(options("job", ""));
+  auto [extra, t3] = refusal(open.port(), {"job", kSecret});
+  EXPECT_NE(extra.find("does not ask for the job's secret, but this process has one"), std::string::npos) << extra;
+  EXPECT_LT(t3, 3);
+}
+
+TEST(StoreAuth, AClientOfAnotherJobIsTurnedAway) {
+  std::vector<std::string> log;
+  StoreServer server(options("A", "", &log));
+  auto [msg, took] = refusal(server.port(), {"B", ""});
+  EXPECT_NE(msg.find("this store serves job 'A', not job 'B'"), std::string::npos) << msg;
+  EXPECT_LT(took, 3);
+  Store store("127.0.0.1", server.port(), 5s, {"A", ""});
+  store.set("k", "v");
+  std::this_thread::sleep_for(50ms);  // the server thread logs
+  ASSERT_FALSE(log.empty());
+  EXPECT_NE(log[0].find("turned away a client from 127.0.0.1:"), std::string::npos) << log[0];
+  EXPECT_NE(log[0].find("of job 'B': this store serves job 'A'"), std::string::npos) << log[0];
+}
+
+TEST(StoreLimits, AFullStoreRefusesMoreAndSaysSo) {
+  std::vector<std::string> log;
+  StoreServerOptions o = options("", "", &log);
+  o.limits.max_stored_bytes = 1000;
+  StoreServer server(o);
+  Store store("127.0.0.1", server.port(), 5s);
+  store.set("small", std::string(500, 's'));
+  std::string msg = error_of([&] { store.set("big", std::string(600, 'b')); });
+  EXPECT_NE(msg.find("the store is full: it holds at most 1000 bytes"), std::string::npos) << msg;
+  store.set("small", std::string(900, 's'));  // replacing a value counts only the difference
+  EXPECT_TRUE(store.erase("small"));
+  store.set("big", std::string(600, 'b'));  // room again
+  EXPECT_EQ(store.get("big").size(), 600u);
+  std::this_thread::sleep_for(50ms);
+  ASSERT_FALSE(log.empty());
+  EXPECT_NE(log[0].find("refused to store key 'big'"), std::string::npos) << log[0];
+}
+
+TEST(StoreLimits, TheClientRefusesToSendAnOversizedValue) {
+  StoreServer server(0, "127.0.0.1");
+  Store store("127.0.0.1", server.port(), 5s);
+  std::string msg = error_of([&] { store.set("huge", std::string(17 << 20, 'h')); });
+  EXPECT_NE(msg.find("larger than the store takes (16 MiB)"), std::string::npos) << msg;
+  store.set("k", "v");  // the connection is still good
+  EXPECT_EQ(store.get("k"), "v");
+}
+
+TEST(StoreLimits, InconsistentLimitsAreRejected) {
+  StoreServerOptions o;
+  o.limits.max_connection_bytes = 1024;  // less than one largest frame
+  EXPECT_NE(error_of([&] { StoreServer s(o); }).find("inconsistent limits"), std::string::npos);
+}
+
 }  // namespace
+

@@ -25,6 +25,7 @@
 #include "distributed/gloo/gloo_reduce.h"
 #include "distributed/group.h"
 #include "distributed/net.h"
+#include "distributed/progress.h"
 #include "tandem/error.h"
 
 namespace tandem::dist::detail {
@@ -205,6 +206,7 @@ WorkPtr GlooCommunicator::enqueue(const char* name, Body body) {
   std::lock_guard<std::mutex> lock(mu_);
   throw_if_broken();
   uint32_t tag = next_tag_++;
+  note_collective();
   milliseconds timeout(timeout_ms_.load());
   queue_.push_back([this, work, name, tag, timeout, body = std::move(body)] {
     std::string failure;
@@ -225,7 +227,7 @@ WorkPtr GlooCommunicator::enqueue(const char* name, Body body) {
       std::string what = strip_location(e.what());
       std::string msg = "collective " + std::string(name) + " on rank " + std::to_string(rank_);
       if (what.find("Timed out") != std::string::npos)
-        msg += " timed out after " + net::format_duration(timeout) + " (a peer may have died)";
+        msg += " timed out after " + net::format_duration(timeout) + " (a peer may have died)" + stalled_ranks_note();
       else
         msg += " failed: " + what + " (a peer may have died)";
       {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "distributed/group.h"
+#include "distributed/secret.h"
 #include "tandem/error.h"
 
 namespace tandem::dist::detail {
@@ -33,11 +34,23 @@ struct MpiSession {
     if (owned && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
   }
 };
+MpiSession session;
 
 }  // namespace
 
-MpiJob mpi_bootstrap(std::string (*host_store)(bool single_host)) {
-  static MpiSession session;
+const bool kMpiBuilt = true;
+
+void mpi_abort(int exit_code) {
+  int initialized = 0, finalized = 0;
+  if (!session.owned || MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized ||
+      MPI_Finalized(&finalized) != MPI_SUCCESS || finalized)
+    return;
+  // A rank that returned from main would wait in MPI_Finalize for peers that may be stuck for good;
+  // MPI_Abort has mpiexec stop every rank instead.
+  MPI_Abort(MPI_COMM_WORLD, exit_code == 0 ? 1 : exit_code);
+}
+
+MpiJob mpi_bootstrap(std::string (*host_store)(bool single_host, const StoreAuth& auth)) {
   int initialized = 0;
   TANDEM_MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) {
@@ -66,23 +79,32 @@ MpiJob mpi_bootstrap(std::string (*host_store)(bool single_host)) {
   TANDEM_MPI_CHECK(MPI_Comm_free(&local));
   if (job.size == 1) return job;
 
-  // Rank 0 hosts the store. A failure there must still reach the others, or they would wait in the
-  // broadcast forever: the message travels in place of the address, marked by a leading '!'.
-  char buf[512] = {};
+  // Rank 0 makes the job's id and secret and hosts the store; MPI, which only the job's processes
+  // share, carries all three as "address job-id secret-hex". A failure there must still reach the
+  // others, or they would wait in the broadcast forever: the message travels in place of the address,
+  // marked by a leading '!'.
+  char buf[1024] = {};
   if (job.rank == 0) {
-    std::string addr;
+    std::string msg;
     try {
-      addr = host_store(job.local_size == job.size);
+      StoreAuth auth{"mpi-" + secret::to_hex(secret::random_bytes(8)),
+                     secret::available() ? secret::random_bytes(secret::kGeneratedBytes) : ""};
+      std::string addr = host_store(job.local_size == job.size, auth);
+      msg = addr + " " + auth.job_id + " " + secret::to_hex(auth.secret);
     } catch (const std::exception& e) {
-      addr = std::string("!") + e.what();
+      msg = std::string("!") + e.what();
     }
-    std::strncpy(buf, addr.c_str(), sizeof buf - 1);
+    std::strncpy(buf, msg.c_str(), sizeof buf - 1);
   }
   TANDEM_MPI_CHECK(MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD));
-  std::string addr(buf);
-  TANDEM_RUNTIME_CHECK(!addr.empty() && addr[0] != '!', "MPI rank 0 could not start the rendezvous store: ",
-                       addr.empty() ? std::string("no address") : addr.substr(1));
-  job.store_addr = addr;
+  std::string msg(buf);
+  TANDEM_RUNTIME_CHECK(!msg.empty() && msg[0] != '!', "MPI rank 0 could not start the rendezvous store: ",
+                       msg.empty() ? std::string("no address") : msg.substr(1));
+  size_t a = msg.find(' '), b = msg.find(' ', a == std::string::npos ? a : a + 1);
+  TANDEM_RUNTIME_CHECK(a != std::string::npos && b != std::string::npos, "malformed rendezvous details from MPI rank 0");
+  job.store_addr = msg.substr(0, a);
+  job.auth.job_id = msg.substr(a + 1, b - a - 1);
+  job.auth.secret = secret::from_hex(msg.substr(b + 1));
   return job;
 }
 

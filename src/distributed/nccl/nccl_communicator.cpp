@@ -21,6 +21,7 @@
 #include "distributed/collective_args.h"
 #include "distributed/group.h"
 #include "distributed/net.h"
+#include "distributed/progress.h"
 #include "tandem/error.h"
 
 namespace tandem::dist::detail {
@@ -184,7 +185,7 @@ void NcclCommunicator::check(ncclResult_t r, const char* call, const char* name)
   if (r == ncclSuccess) return;
   std::string msg = "collective " + std::string(name) + " on rank " + std::to_string(rank_) +
                     (r == ncclInProgress ? " timed out after " + net::format_duration(timeout()) +
-                                               " (a peer may have died)"
+                                               " (a peer may have died)" + stalled_ranks_note()
                                          : ": " + std::string(call) + " failed: " + describe(r));
   // A usage error leaves the communicator intact; anything else may have broken it for every rank.
   if (r != ncclInvalidArgument && r != ncclInvalidUsage) {
@@ -366,7 +367,8 @@ void NcclCommunicator::watchdog() {
         break;  // collectives finish in issue order: the first unfinished one decides
       }
     }
-    if (!late.empty()) fail(late);
+    // The peers' progress is read once, outside the lock, and only for the first failure.
+    if (!late.empty() && state_->get().empty()) fail(late + stalled_ranks_note());
   }
 }
 
@@ -383,6 +385,7 @@ std::shared_ptr<Pending> NcclCommunicator::issue(const char* name, std::vector<T
   TANDEM_CUDA_CHECK(cudaEventRecord(ready_, cuda::compute_stream(device_)));
   TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   p->start = Clock::now();
+  note_collective();
   calls();
   TANDEM_CUDA_CHECK(cudaEventRecord(p->done, stream_));
   {

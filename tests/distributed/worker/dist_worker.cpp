@@ -2,6 +2,7 @@
 // value is computed from the rank numbers. Exit status 0 means the scenario held; failures print why.
 //
 //   dist_worker SCENARIO [--device cpu|cuda] [--timeout SECONDS]
+//   dist_worker store_server [--max-connections N] [--handshake-ms MS] [--job ID] [--secret TEXT]
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,7 +17,9 @@
 #include <thread>
 #include <vector>
 
+#include "tandem/distributed/agreement.h"
 #include "tandem/distributed/bootstrap.h"
+#include "tandem/error.h"
 #include "tandem/tensor.h"
 
 using namespace tandem;
@@ -310,6 +313,51 @@ void scenario_peer_fails(Communicator& c, bool dies) {
   EXPECT_OR_REPORT(!second.empty(), "a collective after a failed one did not fail");
 }
 
+// Rank 1 stops for good at step 3 without leaving the job; the others go on to the next collective,
+// which times out and must name rank 1 and its step. The error ends the worker (rank 0's exit status
+// is 1): under mpiexec that must stop rank 1 too.
+void scenario_stuck_rank(Communicator& c) {
+  Tensor t = Tensor::ones({1000}, DType::f32, g_device);
+  c.set_timeout(milliseconds(2000));
+  for (int64_t step = 0; step < 10; ++step) {
+    report_step(step);
+    if (step == 3 && c.rank() == 1) {
+      std::printf("rank 1: stuck at step 3\n");
+      std::this_thread::sleep_for(std::chrono::seconds(120));
+    }
+    c.all_reduce(t)->wait();
+    if (c.device().is_cuda()) c.barrier();
+  }
+}
+
+// The ranks compare what they were started with: a batch size that rank 1 got wrong (when `mismatch`)
+// must stop every rank; a seed that differs per rank is only a warning.
+void scenario_agree(Communicator& c, bool mismatch) {
+  int batch = mismatch && c.rank() == 1 ? 32 : 64;
+  std::vector<AgreementField> fields = {{"--model", "cnn", true},
+                                        {"--batch-size", std::to_string(batch), true},
+                                        {"--seed", std::to_string(c.rank() % 2), false}};
+  std::vector<std::string> warnings = check_agreement(fields);
+  std::printf("rank %d: agreed (%zu warnings)\n", c.rank(), warnings.size());
+}
+
+// A store server for tests of hostile clients: prints its port, then serves until killed.
+int serve_store(int argc, char** argv) {
+  StoreServerOptions o;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--max-connections") o.limits.max_connections = std::stoul(value);
+    if (flag == "--handshake-ms") o.limits.handshake_timeout = milliseconds(std::stoll(value));
+    if (flag == "--job") o.auth.job_id = value;
+    if (flag == "--secret") o.auth.secret = value;
+  }
+  StoreServer server(o);
+  std::printf("port=%d\n", server.port());
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(120));
+  return 0;
+}
+
 void scenario_sleep(bool ignore_int) {
   if (ignore_int) signal(SIGINT, SIG_IGN);
   std::printf("ready pid=%d\n", static_cast<int>(getpid()));
@@ -331,6 +379,7 @@ int main(int argc, char** argv) {
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
+    if (scenario == "store_server") return serve_store(argc, argv);
     if (scenario == "sleep" || scenario == "sleep_ignore_int") {
       scenario_sleep(scenario == "sleep_ignore_int");
       return 0;
@@ -365,13 +414,23 @@ int main(int argc, char** argv) {
       scenario_exit3(*comm, scenario == "exit3_stubborn");
     } else if (scenario == "peer_dies" || scenario == "peer_hangs") {
       scenario_peer_fails(*comm, scenario == "peer_dies");
+    } else if (scenario == "stuck_rank") {
+      scenario_stuck_rank(*comm);
+    } else if (scenario == "agree" || scenario == "agree_mismatch") {
+      scenario_agree(*comm, scenario == "agree_mismatch");
     } else {
       std::fprintf(stderr, "unknown scenario '%s'\n", scenario.c_str());
       return 2;
     }
     if (comm->size() > 1 && scenario != "peer_dies" && scenario != "peer_hangs") comm->barrier();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "rank error: %s\n", e.what());
+    int rc = e.kind() == Error::Kind::Input ? 2 : 1;
+    abort_job_after_error(rc);
+    return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank error: %s\n", e.what());
+    abort_job_after_error(1);
     return 1;
   }
   if (g_failures) std::fprintf(stderr, "%d check(s) failed\n", g_failures);
