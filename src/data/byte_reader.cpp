@@ -3,14 +3,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 
+#include "data/regular_file.h"
 #include "tandem/error.h"
 
 namespace tandem::data {
-
-namespace fs = std::filesystem;
 
 namespace {
 constexpr size_t kChunk = size_t{1} << 20;
@@ -20,19 +18,7 @@ constexpr uint64_t kInflateSlack = 1 << 16;
 }  // namespace
 
 ByteReader::ByteReader(std::string path) : path_(std::move(path)) {
-  std::error_code ec;
-  fs::file_status st = fs::status(path_, ec);
-  TANDEM_CHECK(fs::exists(st), "data file ", path_, " does not exist");
-  TANDEM_CHECK(!fs::is_directory(st), "data file ", path_, " is a directory, not a file");
-  file_ = std::fopen(path_.c_str(), "rb");
-  TANDEM_CHECK(file_ != nullptr, "cannot open data file ", path_, ": ", std::strerror(errno));
-  uint64_t size = fs::file_size(path_, ec);
-  if (ec) {
-    std::fclose(file_);
-    file_ = nullptr;
-    TANDEM_CHECK(false, "cannot read the size of data file ", path_, ": ", ec.message());
-  }
-  file_size_ = size;
+  file_ = io::open_regular_file(path_, "data file", file_size_);
   in_.resize(kChunk);
   refill();
   gz_ = in_len_ >= 2 && in_[0] == 0x1f && in_[1] == 0x8b;
@@ -137,14 +123,15 @@ size_t ByteReader::read_gz(unsigned char* dst, size_t n) {
   return done;
 }
 
-uint64_t ByteReader::count_remaining() {
+uint64_t ByteReader::count_remaining(uint64_t limit) {
   std::vector<unsigned char> scratch(kChunk);
   uint64_t total = 0;
-  for (;;) {
-    size_t got = read(scratch.data(), scratch.size());
-    if (got == 0) return total;
+  while (total <= limit) {
+    size_t got = read(scratch.data(), static_cast<size_t>(std::min<uint64_t>(scratch.size(), limit + 1 - total)));
+    if (got == 0) break;
     total += got;
   }
+  return total;
 }
 
 std::vector<uint8_t> read_all(const std::string& path) {

@@ -153,6 +153,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int rank, int 
   env.push_back("TANDEM_LOCAL_SIZE=" + std::to_string(local_size));
   env.push_back("TANDEM_STORE_ADDR=127.0.0.1:" + std::to_string(store_port));
   if (o.timeout_s > 0) env.push_back("TANDEM_TIMEOUT=" + std::to_string(o.timeout_s));
+  if (isatty(STDERR_FILENO)) env.push_back("TANDEM_PROGRESS_TTY=1");  // rank 0 may draw a progress bar
   return env;
 }
 
