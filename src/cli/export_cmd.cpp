@@ -80,7 +80,8 @@ Runner add_export_command(CLI::App& app) {
               "Python: safetensors.torch.load_file(OUT) gives a state dict.");
   return [cfg] {
     std::map<std::string, std::string> metadata{{"format", "pt"}};
-    for (auto& [k, v] : nlohmann::json::parse(checkpoint_meta(cfg->checkpoint)).items())
+    const auto meta = nlohmann::json::parse(checkpoint_meta(cfg->checkpoint));
+    for (auto& [k, v] : meta.items())
       metadata["tandem." + k] = v.is_string() ? v.get<std::string>() : v.dump();
     std::vector<std::pair<std::string, Tensor>> weights;
     for (auto& [name, t] : read_checkpoint_tensors(cfg->checkpoint)) {

@@ -2,20 +2,21 @@
 // A single process runs the same code with a one-rank communicator.
 #include "cli/trainer.h"
 
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/run_report.h"
+#include "cli/tensorboard.h"
 #include "tandem/checkpoint.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
@@ -85,6 +86,46 @@ struct Totals {
   }
 };
 
+struct ResumePoint {
+  int next_epoch = 0;
+  bool finished = false;
+};
+
+// Reads where a checkpoint's run stopped and checks that it suits this run; says what changed.
+ResumePoint resume_point(const TrainConfig& cfg, int world) {
+  const std::string& path = cfg.checkpoint;
+  auto meta = nlohmann::json::parse(checkpoint_meta(path));
+  auto text = [&](const char* key) {
+    TANDEM_CHECK(meta.contains(key) && meta[key].is_string(), "checkpoint '", path, "' does not record its --", key,
+                 " (was it written by tandem train?)");
+    return meta[key].get<std::string>();
+  };
+  for (auto [key, value] : {std::pair<const char*, const std::string*>{"model", &cfg.model},
+                            {"dataset", &cfg.dataset}, {"optimizer", &cfg.optimizer}})
+    TANDEM_CHECK(text(key) == *value, "checkpoint '", path, "' was saved with --", key, " ", text(key),
+                 "; resume with the same value or use another --checkpoint");
+  TANDEM_CHECK(meta.contains("epoch") && meta["epoch"].is_number_integer() && meta["epoch"].get<int64_t>() >= 0,
+               "checkpoint '", path, "' does not record the epoch it was saved after");
+  ResumePoint at;
+  at.next_epoch = static_cast<int>(meta["epoch"].get<int64_t>() + 1);
+  const bool lead = dist::detect_env().rank == 0;
+  if (at.next_epoch >= cfg.epochs) {
+    if (lead)
+      std::fprintf(stderr, "tandem: checkpoint '%s' holds a finished run (%d of --epochs %d done): nothing to train\n",
+                   path.c_str(), at.next_epoch, cfg.epochs);
+    at.finished = true;
+    return at;
+  }
+  if (lead && meta.contains("world_size") && meta["world_size"].is_number_integer() && meta["world_size"] != world)
+    std::fprintf(stderr, "tandem: checkpoint '%s' was saved by %lld ranks, resuming on %d: each rank now takes a "
+                 "different share of every epoch\n", path.c_str(), meta["world_size"].get<long long>(), world);
+  if (lead && meta.contains("seed") && meta["seed"].is_number_unsigned() && meta["seed"] != cfg.seed)
+    std::fprintf(stderr, "tandem: checkpoint '%s' was saved with --seed %llu, resuming with --seed %llu: the data "
+                 "order differs from the original run's\n", path.c_str(), meta["seed"].get<unsigned long long>(),
+                 static_cast<unsigned long long>(cfg.seed));
+  return at;
+}
+
 dist::DistOptOptions dist_options(const TrainConfig& cfg) {
   dist::DistOptOptions o;
   o.bucket_bytes = static_cast<size_t>(cfg.bucket_mb * 1048576.0);
@@ -100,7 +141,9 @@ int run_training(const TrainConfig& cfg) {
   if (mode == dist::SyncMode::SparseTopK)
     TANDEM_CHECK(cfg.spars > 0.0 && cfg.spars <= 1.0, "--spars for sparseTopK is the fraction of gradients sent, in ",
                  "(0, 1]; got ", cfg.spars);
+  auto run_start = Clock::now();
   dist::DistEnv env = dist::detect_env();
+  if (env.rank == 0 && !cfg.checkpoint.empty()) check_checkpoint_path(cfg.checkpoint);
   // Ranks sharing a machine share its cores.
   set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env.local_size));
   Device device = device_for_rank(cfg.device, env);
@@ -128,14 +171,10 @@ int run_training(const TrainConfig& cfg) {
   dist::DistOpt opt(make_optimizer(cfg, model->parameters()), comm, dist_options(cfg));
   int first_epoch = 0;
   if (cfg.resume && std::filesystem::exists(cfg.checkpoint)) {
-    auto meta = nlohmann::json::parse(checkpoint_meta(cfg.checkpoint));
-    const std::pair<const char*, const std::string*> must_match[] = {
-        {"model", &cfg.model}, {"dataset", &cfg.dataset}, {"optimizer", &cfg.optimizer}};
-    for (auto [key, value] : must_match)
-      TANDEM_CHECK(meta.value(key, std::string()) == *value, "checkpoint '", cfg.checkpoint, "' was saved with --",
-                   key, " ", meta.value(key, std::string("?")), "; resume with the same value or use another --checkpoint");
+    ResumePoint at = resume_point(cfg, world);
+    if (at.finished) return 0;
     load_checkpoint(cfg.checkpoint, *model, &opt.optimizer());
-    first_epoch = meta.value("epoch", -1) + 1;
+    first_epoch = at.next_epoch;
     if (rank == 0)
       std::fprintf(stderr, "tandem: resuming from '%s' at epoch %d\n", cfg.checkpoint.c_str(), first_epoch);
   } else if (cfg.resume && rank == 0) {
@@ -163,12 +202,12 @@ int run_training(const TrainConfig& cfg) {
                  static_cast<long long>(train_set.size()), static_cast<long long>(test_set.size()),
                  static_cast<long long>(cfg.batch_size), where.c_str());
   }
-  bool progress = lead && (cfg.progress == "on" || (cfg.progress == "auto" && isatty(STDERR_FILENO)));
-  std::ofstream metrics;
-  if (lead && !cfg.metrics_path.empty()) {
-    metrics.open(cfg.metrics_path, std::ios::app);
-    TANDEM_CHECK(metrics.good(), "cannot open the metrics file '", cfg.metrics_path, "' for writing");
-  }
+  bool progress = progress_enabled(cfg.progress, lead);
+  std::optional<MetricsFile> metrics;
+  if (lead && !cfg.metrics_path.empty()) metrics.emplace(cfg.metrics_path, new_run_id());
+  std::optional<TensorBoardWriter> board;
+  if (lead && !cfg.tensorboard_dir.empty()) board.emplace(cfg.tensorboard_dir);
+  RunSummary summary;
 
   int64_t global_step = 0;
   for (int epoch = first_epoch; epoch < cfg.epochs; ++epoch) {
@@ -200,6 +239,7 @@ int run_training(const TrainConfig& cfg) {
       // statistics differ between evaluations: those are compared after each epoch's averages.
       if (cfg.check_consistency > 0 && mode != dist::SyncMode::Partial && global_step % cfg.check_consistency == 0)
         opt.check_consistency(/*include_buffers=*/false);
+      if (board && global_step % cfg.tensorboard_every == 0) board->scalar("step/loss", loss_value.item<double>(), global_step);
       bar.update(++step, train_samples * world);
     }
     bar.finish();
@@ -242,12 +282,23 @@ int run_training(const TrainConfig& cfg) {
       std::fflush(stdout);
     }
     if (lead && !cfg.checkpoint.empty()) {
-      nlohmann::json meta{{"epoch", epoch},           {"model", cfg.model},         {"dataset", cfg.dataset},
-                          {"optimizer", cfg.optimizer}, {"world_size", world},        {"seed", cfg.seed},
-                          {"dist_option", dist::sync_mode_name(mode)}, {"eval_acc", eval_acc}};
+      nlohmann::json meta{{"epoch", epoch},           {"epochs", cfg.epochs},  {"model", cfg.model},
+                          {"dataset", cfg.dataset},   {"hidden", cfg.hidden},  {"optimizer", cfg.optimizer},
+                          {"world_size", world},      {"seed", cfg.seed},      {"dist_option", dist::sync_mode_name(mode)},
+                          {"eval_acc", eval_acc}};
       save_checkpoint(cfg.checkpoint, *model, &opt.optimizer(), meta.dump());
     }
-    if (metrics.is_open()) {
+    const double bytes_per_step = static_cast<double>(comm_stats.bytes_sent) / std::max<int64_t>(comm_stats.steps, 1);
+    if (lead) summary.add({epoch, eval_acc, train_s, static_cast<int64_t>(tr[2]), bytes_per_step});
+    if (board) {
+      board->scalar("train/loss", tr[0], epoch);
+      board->scalar("train/accuracy", train_acc, epoch);
+      board->scalar("eval/accuracy", eval_acc, epoch);
+      board->scalar("train/images_per_s", tr[2] / train_s, epoch);
+      board->scalar("comm/bytes_sent_per_step", bytes_per_step, epoch);
+      board->flush();
+    }
+    if (metrics) {
       nlohmann::json j{{"epoch", epoch},
                        {"train_loss", tr[0]},
                        {"train_acc", train_acc},
@@ -267,10 +318,10 @@ int run_training(const TrainConfig& cfg) {
                        {"bytes_sent_per_step", comm_stats.bytes_sent / std::max<int64_t>(comm_stats.steps, 1)},
                        {"bytes_received_per_step", comm_stats.bytes_received / std::max<int64_t>(comm_stats.steps, 1)},
                        {"comm_wait_s", comm_stats.wait_seconds}};
-      metrics << j.dump() << "\n";
-      metrics.flush();
+      metrics->write(j);
     }
   }
+  if (lead) std::fprintf(stderr, "tandem: %s\n", summary.line(seconds_since(run_start)).c_str());
   return 0;
 }
 

@@ -21,6 +21,8 @@ struct TrainConfig {
   std::string precision;  // f32 | tf32 | bf16 | f16; empty: the device's default
   uint64_t seed = 0;
   std::string metrics_path;
+  std::string tensorboard_dir;      // TensorBoard event files go here when set
+  int64_t tensorboard_every = 50;   // steps between step-level points
   int threads = 0;
   int64_t limit_train = 0;  // 0: the whole split
   int64_t limit_test = 0;

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 
 #include <nlohmann/json.hpp>
 #include <zlib.h>
@@ -331,7 +332,9 @@ std::vector<std::pair<std::string, Tensor>> read_checkpoint_tensors(const std::s
 std::string load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt) {
   CheckpointFile file(path);
   // Reads entry `name` into a host tensor after checking that it matches `like`.
+  std::set<std::string> read_names;
   auto read = [&](const std::string& name, const Tensor& like) -> Tensor {
+    read_names.insert(name);
     const Entry* e = file.find(name);
     TANDEM_CHECK(e != nullptr, "checkpoint '", path, "' has no ", name,
                  " (was it saved from another model or optimizer?)");
@@ -360,6 +363,9 @@ std::string load_checkpoint(const std::string& path, nn::Module& model, optim::O
         if (file.find(key)) states.push_back({list.tensors, i, read(key, params[i])});
       }
   }
+  // What this load does not need is verified all the same: a file with any damage is refused.
+  for (const Entry& e : file.entries())
+    if (!read_names.count(e.name)) file.read(e);
   for (auto& [dst, h] : assign) dst.detach().copy_(h);
   const Json& header = file.header();
   if (opt) {
