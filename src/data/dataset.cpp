@@ -1,6 +1,7 @@
 // IDX (MNIST-format) and CIFAR-10 binary readers, and loading data sets by name.
 #include "tandem/data/dataset.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -160,10 +161,12 @@ IdxFile::IdxFile(const std::string& path) : reader_(path) {
   shape_.resize(static_cast<size_t>(ndim));
   bytes_ = 1;
   bool too_big = false;
+  uint64_t nonzero = 1;  // a zero dim makes no bytes, but the other dims' strides must still fit
   for (int d = 0; d < ndim; ++d) {
     uint32_t extent = load_be32(dims_raw + 4 * d);
     shape_[static_cast<size_t>(d)] = extent;
-    too_big = too_big || __builtin_mul_overflow(bytes_, uint64_t{extent}, &bytes_);
+    too_big = too_big || __builtin_mul_overflow(bytes_, uint64_t{extent}, &bytes_) ||
+              __builtin_mul_overflow(nonzero, uint64_t{std::max(extent, 1u)}, &nonzero) || nonzero > (uint64_t{1} << 62);
   }
   const uint64_t header = 4 + dims_bytes;
   // Checked before allocating, so a damaged header cannot ask for terabytes.

@@ -268,12 +268,13 @@ class CheckpointFile {
       if (j["dtype"].get<std::string>() == dtype_name(d)) e.dtype = d, known = true;
     if (!known) damaged(what, ": unknown dtype \"", j["dtype"].get<std::string>(), "\"");
     if (!field("shape").is_array()) damaged(what, ": \"shape\" is not a list");
-    uint64_t elements = 1;
+    uint64_t elements = 1, nonzero = 1;  // a zero dim makes no bytes, but the other dims' strides must fit
     for (const Json& d : j["shape"]) {
       if (!is_count(d)) damaged(what, ": \"shape\" holds something other than non-negative integers");
       uint64_t extent = d.get<uint64_t>();
-      if (extent > (uint64_t{1} << 62) || __builtin_mul_overflow(elements, extent, &elements))
+      if (__builtin_mul_overflow(nonzero, std::max<uint64_t>(extent, 1), &nonzero) || nonzero > (uint64_t{1} << 62))
         damaged(what, ": \"shape\" is impossibly large");
+      elements *= extent;
       e.shape.push_back(static_cast<int64_t>(extent));
     }
     if (!is_count(field("offset")) || !is_count(field("bytes")))

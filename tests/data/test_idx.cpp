@@ -211,5 +211,14 @@ TEST(ReadIdx, GzipTrailingDataIsNotInflatedInFull) {
   expect_input_error([&] { read_idx(path); }, {path, "more than 1048576 unexpected bytes"});
 }
 
+
+TEST(ReadIdx, ZeroDimBesideHugeDimsIsRefused) {
+  // No data bytes, but strides of 2^92 elements: found by fuzzing.
+  TempDir dir;
+  std::string path = dir.file("zero");
+  testutil::write_file(path, testutil::idx_bytes({0, 0x56565656u, 0x56565656u, 0x56565656u}, {}));
+  expect_input_error([&] { read_idx(path); }, {path, "dims"});
+}
+
 }  // namespace
 }  // namespace tandem::data

@@ -241,6 +241,7 @@ TEST(Checkpoint, WrongJsonTypesGiveAClearError) {
   };
   for (const Case& c : {Case{"shape", "8x784", "\"shape\" is not a list"},
                         Case{"shape", nlohmann::json::array({-8, 784}), "non-negative integers"},
+                        Case{"shape", nlohmann::json::array({0, 1ll << 40, 1ll << 40}), "impossibly large"},
                         Case{"offset", "0", "\"offset\" and \"bytes\""},
                         Case{"dtype", 7, "\"dtype\" is not a string"},
                         Case{"bytes", 3, "need"},
