@@ -14,7 +14,8 @@ cd "$(dirname "$(readlink -f "$0")")"
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ pkg-config zlib1g-dev libopenblas-dev libcli11-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libgloo-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
+          libgtest-dev libgmock-dev libgloo-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist
+          gnuplot-nox python3-venv)
 
 log() { printf 'tandem.sh: %s\n' "$*" >&2; }
 

@@ -70,11 +70,13 @@ int run_plot(const PlotConfig& cfg) {
       if (j.contains(key) && j[key].is_number()) data += j["epoch"].dump() + " " + j[key].dump() + "\n";
     return data + "e\n";
   };
-  std::string title = "tandem run " + run;
+  const std::string shown = run.size() >= 2 ? run.substr(1, run.size() - 2) : run;  // without the JSON quotes
+  std::string title = "tandem run " + shown;
   if (!epochs.back().value("model", std::string()).empty())
     title += ": " + epochs.back()["model"].get<std::string>() + " on " + epochs.back().value("dataset", std::string("?"));
   std::string script = "set terminal pngcairo size 1200,450 font ',10'\nset output " + gnuplot_string(cfg.output) + "\n" +
                        "set multiplot layout 1,2 title " + gnuplot_string(title) + "\nset xlabel 'epoch'\nset grid\n" +
+                       (epochs.size() <= 20 ? "set xtics 1\n" : "") +
                        "set key bottom right\nset ylabel 'training loss (sum of batch means)'\n" +
                        "plot '-' with linespoints title 'training loss'\n" + series("train_loss") +
                        "set ylabel 'accuracy'\nset key bottom right\n" +
@@ -86,7 +88,7 @@ int run_plot(const PlotConfig& cfg) {
   int status = pclose(gp);
   TANDEM_RUNTIME_CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
                        "gnuplot failed to draw '", cfg.output, "' (is its directory writable?)");
-  std::printf("wrote %s (%zu epochs of run %s)\n", cfg.output.c_str(), epochs.size(), run.c_str());
+  std::printf("wrote %s (%zu epochs of run %s)\n", cfg.output.c_str(), epochs.size(), shown.c_str());
   return 0;
 }
 
