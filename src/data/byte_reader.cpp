@@ -19,7 +19,8 @@ constexpr uint64_t kInflateSlack = 1 << 16;
 
 ByteReader::ByteReader(std::string path) : path_(std::move(path)) {
   file_ = io::open_regular_file(path_, "data file", file_size_);
-  in_.resize(kChunk);
+  // A small file needs no megabyte of buffer (and a fuzzer opens thousands of them a second).
+  in_.resize(static_cast<size_t>(std::clamp<uint64_t>(file_size_, 1, kChunk)));
   refill();
   gz_ = in_len_ >= 2 && in_[0] == 0x1f && in_[1] == 0x8b;
   if (gz_) {
@@ -124,7 +125,7 @@ size_t ByteReader::read_gz(unsigned char* dst, size_t n) {
 }
 
 uint64_t ByteReader::count_remaining(uint64_t limit) {
-  std::vector<unsigned char> scratch(kChunk);
+  std::vector<unsigned char> scratch(static_cast<size_t>(std::min<uint64_t>(1 << 16, limit + 1)));
   uint64_t total = 0;
   while (total <= limit) {
     size_t got = read(scratch.data(), static_cast<size_t>(std::min<uint64_t>(scratch.size(), limit + 1 - total)));
@@ -143,7 +144,7 @@ std::vector<uint8_t> read_all(const std::string& path) {
     return out;
   }
   size_t used = 0;
-  out.resize(std::max<uint64_t>(r.file_size() * 4, kChunk));
+  out.resize(std::max<uint64_t>(r.file_size() * 4, 1 << 16));
   for (;;) {
     if (used == out.size()) out.resize(out.size() * 2);
     size_t got = r.read(out.data() + used, out.size() - used);
