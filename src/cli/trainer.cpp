@@ -2,7 +2,6 @@
 // A single process runs the same code with a one-rank communicator.
 #include "cli/trainer.h"
 
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
