@@ -22,6 +22,6 @@ cmake --build "$work/cmake-build" >"$work/build.log"
 pc_dir=$(dirname "$(find "$work/prefix" -name tandem.pc | head -n1)")
 flags=$(PKG_CONFIG_PATH=$pc_dir pkg-config --cflags --libs tandem)
 # shellcheck disable=SC2086
-${CXX:-c++} -O1 "$here/consumer.cpp" -o "$work/consumer-pc" $flags
+${CXX:-c++} ${CXXFLAGS:-} -O1 "$here/consumer.cpp" -o "$work/consumer-pc" $flags ${LDFLAGS:-}
 "$work/consumer-pc" "$work/pc.ckpt"
 echo "consumer test: find_package and pkg-config builds ran"
