@@ -39,7 +39,10 @@ std::vector<int64_t> sweep_sizes(int64_t lo, int64_t hi, int factor) {
   TANDEM_CHECK(lo >= 4 && hi >= lo, "need 4 bytes <= -b/--min <= -e/--max; got ", lo, " and ", hi);
   TANDEM_CHECK(factor >= 2, "-f/--factor must be at least 2, got ", factor);
   std::vector<int64_t> sizes;
-  for (int64_t b = lo; b <= hi; b = b > hi / factor ? hi + 1 : b * factor) sizes.push_back(b / 4 * 4);
+  for (int64_t b = lo;; b *= factor) {
+    sizes.push_back(b / 4 * 4);
+    if (b > hi / factor) break;  // the next size would pass hi (or overflow)
+  }
   return sizes;
 }
 
