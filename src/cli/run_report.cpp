@@ -58,9 +58,13 @@ void RunSummary::add(const EpochFigures& e) {
 namespace {
 // 12345.6 -> "12,346": figures a person reads at a glance.
 std::string grouped(double v) {
-  std::string digits = std::to_string(static_cast<long long>(v + 0.5));
-  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(static_cast<size_t>(i), ",");
-  return digits;
+  const std::string digits = std::to_string(static_cast<long long>(v + 0.5));
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 }  // namespace
 
