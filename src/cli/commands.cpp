@@ -1,4 +1,4 @@
-// Helpers shared by the subcommands that start ranks.
+// What the subcommands that start ranks share: threads per rank, the device of a rank.
 #include <algorithm>
 #include <thread>
 
