@@ -3,6 +3,10 @@
 #   ./tandem.sh run    install what is missing, build, run the main job
 #   ./tandem.sh test   install what is missing, build, run the whole test suite
 #   ./tandem.sh build  install what is missing, build
+#   ./tandem.sh install [PREFIX]   build, then install tandem, its headers, library and CMake/pkg-config
+#                      files into PREFIX (default /usr/local as root, else ~/.local)
+#   ./tandem.sh asan   the CPU test suite built with AddressSanitizer and UndefinedBehaviorSanitizer
+#   ./tandem.sh fuzz [SECONDS] [HARNESS...]   each libFuzzer harness for SECONDS (default 60)
 # Environment: BUILD_DIR (default build), JOBS (default: all cores), CMAKE_ARGS (extra configure flags).
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
@@ -11,7 +15,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ pkg-config zlib1g-dev libopenblas-dev libcli11-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libgloo-dev libopenmpi-dev openmpi-bin libssl-dev iproute2
-          dataset-fashion-mnist)
+          dataset-fashion-mnist gnuplot-nox python3-venv)
 
 log() { printf 'tandem.sh: %s\n' "$*" >&2; }
 
@@ -31,16 +35,25 @@ install_missing() {
   fi
 }
 
+# configure DIR [cmake flags...]: configures DIR once (later calls keep its cache).
+configure() {
+  local dir=$1 gen=()
+  shift
+  command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+  if [ ! -f "$dir/CMakeCache.txt" ]; then
+    # shellcheck disable=SC2086
+    cmake -S . -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release "$@" ${CMAKE_ARGS:-} >&2
+  fi
+}
+
 build() {
   install_missing
-  local gen=()
-  command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
-  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
-    # shellcheck disable=SC2086
-    cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >&2
-  fi
+  configure "$BUILD_DIR"
   cmake --build "$BUILD_DIR" -j "$JOBS" >&2
 }
+
+# Sanitized builds need no GPU code: the CPU backend, Gloo and MPI are what they check.
+SANITIZED_FLAGS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_CUDA=OFF -DTANDEM_BENCH=OFF)
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
@@ -71,8 +84,60 @@ case "$cmd" in
     build
     exec ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "$@"
     ;;
+  install)
+    build
+    prefix=${1:-}
+    if [ -z "$prefix" ]; then
+      if [ "$(id -u)" -eq 0 ]; then prefix=/usr/local; else prefix=$HOME/.local; fi
+    fi
+    cmake --install "$BUILD_DIR" --prefix "$prefix" >&2
+    log "installed into $prefix"
+    case ":$PATH:" in
+      *":$prefix/bin:"*) ;;
+      *) log "add $prefix/bin to PATH to call tandem by name" ;;
+    esac
+    ;;
+  asan)
+    install_missing
+    dir=${ASAN_BUILD_DIR:-build-asan}
+    configure "$dir" "${SANITIZED_FLAGS[@]}" -DTANDEM_SANITIZE=address,undefined
+    cmake --build "$dir" -j "$JOBS" >&2
+    # Open MPI and Gloo keep some allocations for the life of the process: those are not leaks of ours.
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/fuzz/lsan.supp:print_suppressions=0}
+    exec ctest --test-dir "$dir" --output-on-failure -j "$JOBS" -LE gpu "$@"
+    ;;
+  fuzz)
+    PACKAGES+=(clang libclang-rt-dev libomp-dev)
+    install_missing
+    seconds=${1:-60}
+    [ $# -gt 0 ] && shift
+    dir=${FUZZ_BUILD_DIR:-build-fuzz}
+    configure "$dir" "${SANITIZED_FLAGS[@]}" -DCMAKE_CXX_COMPILER=clang++ -DTANDEM_FUZZ=ON -DTANDEM_TESTS=OFF \
+      -DTANDEM_PROGRAMS=OFF -DTANDEM_NCCL=OFF -DTANDEM_GLOO=OFF -DTANDEM_MPI=OFF
+    cmake --build "$dir" -j "$JOBS" --target fuzzers >&2
+    "$dir/fuzz/make_seeds" "$dir/fuzz-seeds"
+    harnesses=("$@")
+    [ ${#harnesses[@]} -gt 0 ] || harnesses=(idx cifar checkpoint store_protocol)
+    failed=0
+    for h in "${harnesses[@]}"; do
+      corpus="$dir/fuzz-corpus/$h"
+      mkdir -p "$corpus"
+      seeds="$dir/fuzz-seeds/${h%_protocol}"
+      log "fuzz_$h for ${seconds}s"
+      if "$dir/fuzz/fuzz_$h" "$corpus" "$seeds" -max_total_time="$seconds" -rss_limit_mb=4096 \
+           -artifact_prefix="$dir/fuzz-crash-$h-" -print_final_stats=1 2>"$dir/fuzz-$h.log"; then
+        log "fuzz_$h: $(grep -E '^stat::number_of_executed_units' "$dir/fuzz-$h.log" | awk '{print $2}') runs, no crash"
+      else
+        failed=1
+        log "fuzz_$h FAILED: see $dir/fuzz-$h.log and $dir/fuzz-crash-$h-*"
+      fi
+    done
+    exit $failed
+    ;;
   *)
-    echo "usage: ./tandem.sh run|test|build [extra arguments]" >&2
+    echo "usage: ./tandem.sh run|test|build|install|asan|fuzz [extra arguments]" >&2
     exit 2
     ;;
 esac

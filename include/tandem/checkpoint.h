@@ -1,7 +1,10 @@
 #pragma once
 // Checkpoints: a model's parameters and buffers and its optimizer's state in one file, so that a
-// stopped run can continue where it was.
+// stopped run can continue where it was. Every tensor and the header carry a CRC-32, so a damaged
+// file is refused instead of loaded.
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tandem/nn/module.h"
 #include "tandem/optim/optimizer.h"
@@ -9,17 +12,27 @@
 namespace tandem {
 
 /// Writes model and optimizer state plus `meta_json` (a JSON object of the caller's own) to path.
-/// The file is written beside path and renamed over it, so an interrupted save never leaves a
-/// damaged checkpoint behind.
+/// The file is written beside path (path + ".partial") and renamed over it, so an interrupted save
+/// never leaves a damaged checkpoint behind; a failed save removes the partial file.
 void save_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer* opt,
                      const std::string& meta_json = "{}");
 
+/// Checks, before any work is done, that a checkpoint can be written at path: its directory exists
+/// and is writable and path is not a directory. Throws tandem::Error (Input) saying what to fix.
+void check_checkpoint_path(const std::string& path);
+
 /// The meta JSON of a checkpoint, without loading its tensors (to check it suits the run first).
+/// The header's checksum is verified.
 std::string checkpoint_meta(const std::string& path);
 
 /// Loads what save_checkpoint wrote into model (and opt when given; its state tensors are created
 /// on the parameters' devices) and returns the saved meta JSON. Throws tandem::Error naming the file
-/// and the problem: not a checkpoint, damaged, or saved from a model with other parameters.
+/// and the problem: not a checkpoint, damaged (and which part), or saved from a model with other
+/// parameters. Nothing is changed unless the whole file checks out.
 std::string load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt);
+
+/// Every tensor of a checkpoint on the CPU, by its stored name ("param/NAME", "buffer/NAME",
+/// "opt/KIND/NAME"), in file order, each checksum verified.
+std::vector<std::pair<std::string, Tensor>> read_checkpoint_tensors(const std::string& path);
 
 }  // namespace tandem

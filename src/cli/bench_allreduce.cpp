@@ -35,28 +35,42 @@ int64_t parse_size(const std::string& s) {
   return static_cast<int64_t>(v * mult);
 }
 
+std::vector<int64_t> sweep_sizes(int64_t lo, int64_t hi, int factor) {
+  TANDEM_CHECK(lo >= 4 && hi >= lo, "need 4 bytes <= -b/--min <= -e/--max; got ", lo, " and ", hi);
+  TANDEM_CHECK(factor >= 2, "-f/--factor must be at least 2, got ", factor);
+  std::vector<int64_t> sizes;
+  for (int64_t b = lo;; b *= factor) {
+    sizes.push_back(b / 4 * 4);
+    if (b > hi / factor) break;  // the next size would pass hi (or overflow)
+  }
+  return sizes;
+}
+
 void add_allreduce_options(CLI::App& app, AllReduceBenchConfig& cfg) {
-  app.add_option("--min", cfg.min_size, "Smallest message (bytes; K, M, G suffixes)")->capture_default_str();
-  app.add_option("--max", cfg.max_size, "Largest message")->capture_default_str();
-  app.add_option("--iters", cfg.iters, "Timed iterations per size")->check(CLI::Range(1, 100000))->capture_default_str();
-  app.add_option("--warmup", cfg.warmup, "Untimed iterations per size")->check(CLI::Range(0, 100000))->capture_default_str();
-  app.add_option("--device", cfg.device, "cuda (NCCL) or cpu (Gloo)")->capture_default_str();
+  // Short names as in nccl-tests (all_reduce_perf -b 8 -e 128M -f 2 -n 20 -w 5).
+  app.add_option("-b,--min", cfg.min_size, "Smallest message (bytes; K, M, G suffixes)")->capture_default_str();
+  app.add_option("-e,--max", cfg.max_size, "Largest message")->capture_default_str();
+  app.add_option("-f,--factor", cfg.factor, "Each size is the previous one times this")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-n,--iters", cfg.iters, "Timed iterations per size")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("-w,--warmup", cfg.warmup, "Untimed iterations per size")->check(CLI::Range(0, 100000))->capture_default_str();
+  app.add_option("--device", cfg.device, "auto (cuda when a GPU is visible, else cpu), cuda (NCCL) or cpu (Gloo)")
+      ->capture_default_str();
   app.add_flag("!--no-raw", cfg.raw, "Skip timing the raw NCCL call beside tandem's");
   app.add_option("--json", cfg.json_path, "Append one JSON line per size to this file");
 }
 
 int run_allreduce_bench(const AllReduceBenchConfig& cfg) {
-  int64_t lo = parse_size(cfg.min_size), hi = parse_size(cfg.max_size);
-  TANDEM_CHECK(lo >= 4 && hi >= lo, "need 4 <= --min <= --max");
+  const std::vector<int64_t> sizes = sweep_sizes(parse_size(cfg.min_size), parse_size(cfg.max_size), cfg.factor);
   dist::DistEnv env = dist::detect_env();
-  Device device = device_for_rank(cfg.device, env);
+  const std::string spec = cfg.device != "auto" ? cfg.device : cuda_device_count() > 0 ? "cuda" : "cpu";
+  Device device = device_for_rank(spec, env);
   auto comm = dist::init_communicator(device);
   const int rank = comm->rank(), world = comm->size();
   const bool lead = rank == 0;
   const double bus = world > 1 ? 2.0 * (world - 1) / world : 1.0;
 
-  std::vector<int64_t> sizes;
-  for (int64_t b = lo; b <= hi; b *= 2) sizes.push_back(b / 4 * 4);
   std::vector<double> raw;
   bool have_raw = cfg.raw && device.is_cuda() && world > 1;
   if (have_raw) raw = dist::raw_nccl_allreduce_seconds(sizes, cfg.iters, cfg.warmup, device.index);

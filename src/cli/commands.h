@@ -15,6 +15,9 @@ using Runner = std::function<int()>;
 Runner add_train_command(CLI::App& app);
 Runner add_launch_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
+Runner add_eval_command(CLI::App& app);
+Runner add_export_command(CLI::App& app);
+Runner add_plot_command(CLI::App& app);
 
 /// CPU threads for one of local_size ranks on this machine: an equal share of the cores.
 int default_threads_per_rank(int local_size);

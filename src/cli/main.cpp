@@ -1,28 +1,12 @@
-// The `tandem` executable: subcommands train, launch, bench.
+// The `tandem` executable: subcommands train, launch, bench, eval, export, plot, info.
 #include <cstdio>
 #include <map>
 #include <string>
-#include <thread>
-#include <algorithm>
 
 #include "cli/commands.h"
 #include "tandem/device.h"
 #include "tandem/error.h"
 #include "tandem/version.h"
-
-namespace tandem::cli {
-int default_threads_per_rank(int local_size) {
-  int cores = static_cast<int>(std::thread::hardware_concurrency());
-  return std::max(1, cores / std::max(1, local_size));
-}
-
-Device device_for_rank(const std::string& spec, const dist::DistEnv& env) {
-  Device device = Device::parse(spec);
-  if (device.is_cuda() && spec == "cuda") device = Device::cuda(env.local_rank);
-  check_device(device);
-  return device;
-}
-}  // namespace tandem::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"tandem: data-parallel training on CPUs and GPUs"};
@@ -38,6 +22,9 @@ int main(int argc, char** argv) {
   add(tandem::cli::add_train_command);
   add(tandem::cli::add_launch_command);
   add(tandem::cli::add_bench_command);
+  add(tandem::cli::add_eval_command);
+  add(tandem::cli::add_export_command);
+  add(tandem::cli::add_plot_command);
   CLI::App* info = app.add_subcommand("info", "Print the build's components and the GPUs this process sees");
   runners[info] = [] {
     tandem::BuildInfo b = tandem::build_info();

@@ -51,7 +51,13 @@ Runner add_train_command(CLI::App& app) {
                   "f32 (exact), tf32 (TF32 tensor cores), bf16 or f16 (mixed precision: f32 weights, 16-bit "
                   "convolutions and products); default tf32 on CUDA, f32 on the CPU")
       ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
-  sub->add_option("--metrics", cfg->metrics_path, "Append one JSON line per epoch to this file");
+  sub->add_option("--metrics", cfg->metrics_path,
+                  "Append one JSON line per epoch to this file (with the run's id and a timestamp)");
+  sub->add_option("--tensorboard", cfg->tensorboard_dir,
+                  "Write TensorBoard event files (loss, accuracy, images/s, bytes moved) into this directory");
+  sub->add_option("--tensorboard-every", cfg->tensorboard_every, "Steps between step-level TensorBoard points")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
   sub->add_option("--threads", cfg->threads, "CPU threads for kernels (0: all cores)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();

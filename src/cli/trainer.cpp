@@ -2,8 +2,6 @@
 // same code with a one-rank communicator.
 #include "cli/trainer.h"
 
-#include <unistd.h>
-
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -13,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/progress.h"
+#include "tandem/distributed/agreement.h"
+#include "tandem/distributed/bootstrap.h"
 #include "tandem/checkpoint.h"
 #include "tandem/ops.h"
 
@@ -69,13 +69,53 @@ class Tally {
   int64_t n_ = 0, samples_ = 0;
 };
 
+// Where a checkpoint's run stopped, after checking that it suits this run; says what changed.
+struct ResumePoint {
+  int next_epoch = 0;
+  bool finished = false;
+};
+
+ResumePoint resume_point(const TrainConfig& cfg, int world, bool lead) {
+  const std::string& path = cfg.checkpoint;
+  auto meta = nlohmann::json::parse(checkpoint_meta(path));
+  auto text = [&](const char* key) {
+    TANDEM_CHECK(meta.contains(key) && meta[key].is_string(), "checkpoint '", path, "' does not record its --", key,
+                 " (was it written by tandem train?)");
+    return meta[key].get<std::string>();
+  };
+  for (auto [key, value] : {std::pair<const char*, const std::string*>{"model", &cfg.model},
+                            {"dataset", &cfg.dataset}, {"optimizer", &cfg.optimizer}})
+    TANDEM_CHECK(text(key) == *value, "checkpoint '", path, "' was saved with --", key, " ", text(key),
+                 "; resume with the same value or use another --checkpoint");
+  TANDEM_CHECK(meta.contains("epoch") && meta["epoch"].is_number_integer() && meta["epoch"].get<int64_t>() >= 0,
+               "checkpoint '", path, "' does not record the epoch it was saved after");
+  ResumePoint at;
+  at.next_epoch = static_cast<int>(meta["epoch"].get<int64_t>() + 1);
+  if (at.next_epoch >= cfg.epochs) {
+    if (lead)
+      std::fprintf(stderr, "tandem: checkpoint '%s' holds a finished run (%d of --epochs %d done): nothing to train\n",
+                   path.c_str(), at.next_epoch, cfg.epochs);
+    at.finished = true;
+    return at;
+  }
+  if (lead && meta.contains("world_size") && meta["world_size"].is_number_integer() && meta["world_size"] != world)
+    std::fprintf(stderr, "tandem: checkpoint '%s' was saved by %lld ranks, resuming on %d: each rank now takes a "
+                 "different share of every epoch\n", path.c_str(), meta["world_size"].get<long long>(), world);
+  if (lead && meta.contains("seed") && meta["seed"].is_number_unsigned() && meta["seed"] != cfg.seed)
+    std::fprintf(stderr, "tandem: checkpoint '%s' was saved with --seed %llu, resuming with --seed %llu: the data "
+                 "order differs from the original run's\n", path.c_str(), meta["seed"].get<unsigned long long>(),
+                 static_cast<unsigned long long>(cfg.seed));
+  return at;
+}
+
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {}
 Trainer::~Trainer() = default;
 
 int Trainer::run() {
-  setup();
+  start_ = Clock::now();
+  if (!setup()) return 0;
   for (int epoch = first_epoch_; epoch < cfg_.epochs; ++epoch) {
     auto t0 = Clock::now();
     EpochStats train = train_epoch(epoch);
@@ -86,10 +126,13 @@ int Trainer::run() {
     report(epoch, train, eval, epoch_s);
     save_checkpoint(epoch, eval);
   }
+  if (session_->lead()) std::fprintf(stderr, "tandem: %s\n", summary_.line(seconds_since(start_)).c_str());
   return 0;
 }
 
-void Trainer::setup() {
+bool Trainer::setup() {
+  // A checkpoint that cannot be written is found before any training, not after the first epoch.
+  if (!cfg_.checkpoint.empty() && dist::detect_env().rank == 0) check_checkpoint_path(cfg_.checkpoint);
   session_ = std::make_unique<Session>(cfg_);
   Session& s = *session_;
   train_set_ = limited(data::load_dataset(cfg_.dataset, cfg_.data_dir, true), cfg_.limit_train);
@@ -104,18 +147,15 @@ void Trainer::setup() {
   s.build_model(mc);
 
   if (cfg_.resume && std::filesystem::exists(cfg_.checkpoint)) {
-    auto meta = nlohmann::json::parse(checkpoint_meta(cfg_.checkpoint));
-    const std::pair<const char*, const std::string*> must_match[] = {
-        {"model", &cfg_.model}, {"dataset", &cfg_.dataset}, {"optimizer", &cfg_.optimizer}};
-    for (auto [key, value] : must_match)
-      TANDEM_CHECK(meta.value(key, std::string()) == *value, "checkpoint '", cfg_.checkpoint, "' was saved with --",
-                   key, " ", meta.value(key, std::string("?")), "; resume with the same value or use another --checkpoint");
+    const ResumePoint at = resume_point(cfg_, s.world(), s.lead());
+    if (at.finished) return false;
     load_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer());
-    first_epoch_ = meta.value("epoch", -1) + 1;
+    first_epoch_ = at.next_epoch;
     if (s.lead()) std::fprintf(stderr, "tandem: resuming from '%s' at epoch %d\n", cfg_.checkpoint.c_str(), first_epoch_);
   } else if (cfg_.resume && s.lead()) {
     std::fprintf(stderr, "tandem: no checkpoint at '%s' yet: starting at epoch 0\n", cfg_.checkpoint.c_str());
   }
+  check_ranks_agree();
   s.sync_model();
 
   data::LoaderOptions lo;
@@ -133,11 +173,48 @@ void Trainer::setup() {
                  cfg_.model.c_str(), static_cast<long long>(s.model().num_parameters()), cfg_.dataset.c_str(),
                  static_cast<long long>(train_set_.size()), static_cast<long long>(test_set_.size()),
                  static_cast<long long>(cfg_.batch_size), s.where().c_str());
-    if (!cfg_.metrics_path.empty()) {
-      metrics_.open(cfg_.metrics_path, std::ios::app);
-      TANDEM_CHECK(metrics_.good(), "cannot open the metrics file '", cfg_.metrics_path, "' for writing");
-    }
+    if (!cfg_.metrics_path.empty()) metrics_.emplace(cfg_.metrics_path, new_run_id());
+    if (!cfg_.tensorboard_dir.empty()) board_.emplace(cfg_.tensorboard_dir);
   }
+  return true;
+}
+
+void Trainer::check_ranks_agree() {
+  Session& s = *session_;
+  // The parameters' names and shapes, hashed: ranks that built different models stop here, by name.
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](const std::string& t) {
+    for (unsigned char c : t) h = (h ^ c) * 0x100000001b3ull;
+  };
+  for (const auto& [name, t] : s.model().named_parameters()) mix(name + shape_str(t.shape()) + dtype_name(t.dtype()));
+  const dist::SyncOptions& sync = s.sync();
+  auto num = [](double v) { return detail::cat(v); };
+  std::vector<dist::AgreementField> fields = {
+      {"--model", cfg_.model},
+      {"parameter names and shapes", std::to_string(h)},
+      {"--batch-size", std::to_string(cfg_.batch_size)},
+      {"--accumulate", std::to_string(cfg_.accumulate)},
+      {"--epochs", std::to_string(cfg_.epochs)},
+      {"training samples (--limit-train)", std::to_string(train_set_.size())},
+      {"test samples (--limit-test)", std::to_string(test_set_.size())},
+      {"--dataset", cfg_.dataset},
+      {"-d/--dist-option", sync.method},
+      {"-s/--spars", num(sync.spars)},
+      {"--clip", num(sync.clip)},
+      {"--clip-norm", num(cfg_.clip_norm)},
+      {"--rank", std::to_string(sync.rank)},
+      {"--half-dtype", dtype_name(sync.half_dtype)},
+      {"--no-error-feedback", sync.error_feedback ? "off" : "on"},
+      {"--sync-bn", cfg_.sync_bn ? "on" : "off"},
+      {"--bucket-mb", num(cfg_.bucket_mb)},
+      {"--precision", precision_name(s.precision())},
+      {"--optimizer", cfg_.optimizer},
+      {"--seed", std::to_string(cfg_.seed), false},
+      {"--lr", num(cfg_.lr), false},
+      {"--momentum", num(cfg_.momentum), false},
+      {"--weight-decay", num(cfg_.weight_decay), false},
+  };
+  dist::check_agreement(fields);
 }
 
 EpochStats Trainer::train_epoch(int epoch) {
@@ -151,7 +228,7 @@ EpochStats Trainer::train_epoch(int epoch) {
   s.model().train(true);
   train_loader_->start_epoch(epoch);
   Tally tally(train_loader_->batches_per_epoch(), s.device());
-  bool progress = s.lead() && (cfg_.progress == "on" || (cfg_.progress == "auto" && isatty(STDERR_FILENO)));
+  bool progress = progress_enabled(cfg_.progress, s.lead());
   ProgressBar bar(progress, train_loader_->batches_per_epoch(), "epoch " + std::to_string(epoch));
   // Partial mode lets replicas differ between full averages, and every mode lets batch-norm
   // statistics differ between evaluations: those are compared after each epoch's averages.
@@ -170,7 +247,10 @@ EpochStats Trainer::train_epoch(int epoch) {
     if (last) {
       s.apply_update();
       ++global_step_;
+      dist::report_step(global_step_);  // lets a timed-out rank name the one that stopped
       if (check_steps && global_step_ % cfg_.check_consistency == 0) s.opt().check_consistency(/*include_buffers=*/false);
+      if (board_ && global_step_ % cfg_.tensorboard_every == 0)  // the one host read of a step, every N steps
+        board_->scalar("step/loss", r.loss.item<double>() * static_cast<double>(in_step), global_step_);
     }
     bar.update(++i, tally.samples() * s.world());
   }
@@ -227,7 +307,17 @@ void Trainer::report(int epoch, const EpochStats& train, const EvalStats& eval, 
                 static_cast<long long>(c.collectives));
   }
   std::fflush(stdout);
-  if (!metrics_.is_open()) return;
+  const double bytes_per_step = static_cast<double>(c.bytes_sent) / std::max<int64_t>(c.steps, 1);
+  summary_.add({epoch, eval_acc, train.seconds, static_cast<int64_t>(train.samples), bytes_per_step});
+  if (board_) {
+    board_->scalar("train/loss", train.loss, epoch);
+    board_->scalar("train/accuracy", train_acc, epoch);
+    board_->scalar("eval/accuracy", eval_acc, epoch);
+    board_->scalar("train/images_per_s", train.samples / train.seconds, epoch);
+    board_->scalar("comm/bytes_sent_per_step", bytes_per_step, epoch);
+    board_->flush();
+  }
+  if (!metrics_) return;
   nlohmann::json j{{"epoch", epoch},
                    {"train_loss", train.loss},
                    {"train_acc", train_acc},
@@ -247,15 +337,16 @@ void Trainer::report(int epoch, const EpochStats& train, const EvalStats& eval, 
                    {"bytes_sent_per_step", c.bytes_sent / std::max<int64_t>(c.steps, 1)},
                    {"bytes_received_per_step", c.bytes_received / std::max<int64_t>(c.steps, 1)},
                    {"comm_wait_s", c.wait_seconds}};
-  metrics_ << j.dump() << "\n";
-  metrics_.flush();
+  metrics_->write(j);
 }
 
 void Trainer::save_checkpoint(int epoch, const EvalStats& eval) {
   Session& s = *session_;
   if (!s.lead() || cfg_.checkpoint.empty()) return;
   nlohmann::json meta{{"epoch", epoch},
+                      {"epochs", cfg_.epochs},
                       {"model", cfg_.model},
+                      {"hidden", cfg_.hidden},
                       {"dataset", cfg_.dataset},
                       {"optimizer", cfg_.optimizer},
                       {"world_size", s.world()},

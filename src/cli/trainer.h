@@ -1,13 +1,16 @@
 #pragma once
 // Internal: `tandem train` as a session run through named phases — setup, then per epoch
 // train_epoch, evaluate, report and save_checkpoint.
+#include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cli/run_report.h"
 #include "cli/session.h"
+#include "cli/tensorboard.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
 
@@ -20,6 +23,8 @@ struct TrainConfig : SessionConfig {
   int64_t batch_size = 64;
   int64_t accumulate = 1;  // micro-batches of batch_size per optimizer step
   std::string metrics_path;
+  std::string tensorboard_dir;     // TensorBoard event files go here when set
+  int64_t tensorboard_every = 50;  // steps between step-level points
   int64_t limit_train = 0;  // 0: the whole split
   int64_t limit_test = 0;
   std::string progress = "auto";  // auto | on | off
@@ -51,8 +56,12 @@ class Trainer {
   /// Every phase in order; returns the exit status.
   int run();
 
-  /// Joins the job, loads the data, builds the model, resumes a checkpoint, syncs the ranks.
-  void setup();
+  /// Joins the job, loads the data, builds the model, resumes a checkpoint, syncs the ranks. Returns
+  /// false when the checkpoint holds a finished run (nothing left to train).
+  bool setup();
+  /// Every rank was started with the same model, batch, data and synchronisation (rc 2 naming what
+  /// differs otherwise); a differing seed or learning rate is only warned about.
+  void check_ranks_agree();
   /// One pass over this rank's shard of the training set.
   EpochStats train_epoch(int epoch);
   /// Agrees on one model across ranks, then one pass over the test set.
@@ -67,7 +76,10 @@ class Trainer {
   std::unique_ptr<Session> session_;
   data::Dataset train_set_, test_set_;
   std::unique_ptr<data::DataLoader> train_loader_, test_loader_;
-  std::ofstream metrics_;
+  std::optional<MetricsFile> metrics_;
+  std::optional<TensorBoardWriter> board_;
+  RunSummary summary_;
+  std::chrono::steady_clock::time_point start_;
   int first_epoch_ = 0;
   int64_t global_step_ = 0;
 };

@@ -22,8 +22,9 @@ class ByteReader {
 
   /// Reads up to n bytes into dst; returns fewer only at the end of the data (or where it is cut short).
   size_t read(void* dst, size_t n);
-  /// Reads and counts whatever is left (used to report trailing garbage).
-  uint64_t count_remaining();
+  /// Reads and counts what is left, stopping once more than limit bytes were seen (so trailing
+  /// garbage is reported without inflating all of it).
+  uint64_t count_remaining(uint64_t limit);
   /// True once the data ended because the file stops inside a gzip member (a truncated download).
   bool cut_short() const { return cut_short_; }
   /// True for a gzip-compressed file.

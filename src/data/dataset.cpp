@@ -1,11 +1,12 @@
 // IDX (MNIST-format) and CIFAR-10 binary readers, and loading data sets by name.
 #include "tandem/data/dataset.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
-#include "data/byte_reader.h"
+#include "data/readers.h"
 
 namespace tandem::data {
 
@@ -81,17 +82,20 @@ Dataset load_idx_set(const std::string& name, const std::string& dir, bool train
   const std::string images_path = find_file(name, dir, prefix + "-images-idx3-ubyte");
   const std::string labels_path = find_file(name, dir, prefix + "-labels-idx1-ubyte");
 
-  Tensor images = read_idx(images_path);
-  TANDEM_CHECK(images.dim() == 3, images_path, ": expected an IDX images file (magic 0x00000803, dims [N, 28, 28])",
-               " but it has ", images.dim(), " dims ", shape_str(images.shape()));
-  TANDEM_CHECK(images.size(1) == 28 && images.size(2) == 28, images_path, ": unexpected dims ",
-               shape_str(images.shape()), "; ", name, " images are [N, 28, 28]");
-  Tensor raw_labels = read_idx(labels_path);
-  TANDEM_CHECK(raw_labels.dim() == 1, labels_path, ": expected an IDX labels file (magic 0x00000801, dims [N])",
-               " but it has ", raw_labels.dim(), " dims ", shape_str(raw_labels.shape()));
-  const int64_t n = images.size(0);
-  TANDEM_CHECK(raw_labels.size(0) == n, images_path, " holds ", n, " images but ", labels_path, " holds ",
-               raw_labels.size(0), " labels");
+  // Both headers are read and compared before any data is inflated.
+  IdxFile images_file(images_path), labels_file(labels_path);
+  const Shape& is = images_file.shape();
+  TANDEM_CHECK(is.size() == 3, images_path, ": expected an IDX images file (magic 0x00000803, dims [N, 28, 28])",
+               " but it has ", is.size(), " dims ", shape_str(is));
+  TANDEM_CHECK(is[1] == 28 && is[2] == 28, images_path, ": unexpected dims ", shape_str(is), "; ", name,
+               " images are [N, 28, 28]");
+  const Shape& ls = labels_file.shape();
+  TANDEM_CHECK(ls.size() == 1, labels_path, ": expected an IDX labels file (magic 0x00000801, dims [N])",
+               " but it has ", ls.size(), " dims ", shape_str(ls));
+  const int64_t n = is[0];
+  TANDEM_CHECK(ls[0] == n, images_path, " holds ", n, " images but ", labels_path, " holds ", ls[0], " labels");
+  Tensor raw_labels = labels_file.read_data();
+  Tensor images = images_file.read_data();
 
   Dataset ds;
   ds.name = name;
@@ -103,27 +107,6 @@ Dataset load_idx_set(const std::string& name, const std::string& dir, bool train
   for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
   check_labels(labels_path, dst, n, ds.num_classes);
   return ds;
-}
-
-// Appends the records of one CIFAR-10 batch file.
-void read_cifar_file(const std::string& path, std::vector<uint8_t>& pixels, std::vector<int32_t>& labels) {
-  std::vector<uint8_t> bytes = read_all(path);
-  const int64_t size = static_cast<int64_t>(bytes.size());
-  TANDEM_CHECK(size > 0, path, " is empty; a CIFAR-10 batch file holds 3073-byte records");
-  TANDEM_CHECK(size % kCifarRecord == 0, path, " is truncated: expected a whole number of ", kCifarRecord,
-               "-byte records (", (size / kCifarRecord + 1) * kCifarRecord, " bytes for ", size / kCifarRecord + 1,
-               "), found ", size, " bytes");
-  const int64_t n = size / kCifarRecord;
-  const size_t old = labels.size();
-  labels.resize(old + static_cast<size_t>(n));
-  pixels.resize(pixels.size() + static_cast<size_t>(n * kCifarPixels));
-  uint8_t* px = pixels.data() + old * kCifarPixels;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* rec = bytes.data() + i * kCifarRecord;
-    TANDEM_CHECK(rec[0] < 10, path, ": label ", int{rec[0]}, " of record ", i, " is outside [0, 10)");
-    labels[old + static_cast<size_t>(i)] = rec[0];
-    std::memcpy(px + i * kCifarPixels, rec + 1, kCifarPixels);
-  }
 }
 
 Dataset load_cifar10(const std::string& dir, bool train) {
@@ -157,10 +140,9 @@ Dataset load_cifar10(const std::string& dir, bool train) {
 
 int64_t Dataset::size() const { return images.defined() ? images.size(0) : 0; }
 
-Tensor read_idx(const std::string& path) {
-  ByteReader r(path);
+IdxFile::IdxFile(const std::string& path) : reader_(path) {
   uint8_t magic[4];
-  size_t got = r.read(magic, 4);
+  size_t got = reader_.read(magic, 4);
   TANDEM_CHECK(got == 4, path, " is truncated: expected at least 4 bytes of IDX header, found ", got);
   const uint32_t m = load_be32(magic);
   TANDEM_CHECK(magic[0] == 0 && magic[1] == 0 && magic[3] >= 1, path, ": wrong magic number ", hex32(m),
@@ -173,38 +155,68 @@ Tensor read_idx(const std::string& path) {
 
   uint8_t dims_raw[4 * kIdxMaxDims];
   const size_t dims_bytes = 4 * static_cast<size_t>(ndim);
-  got = r.read(dims_raw, dims_bytes);
+  got = reader_.read(dims_raw, dims_bytes);
   TANDEM_CHECK(got == dims_bytes, path, " is truncated: expected ", 4 + dims_bytes, " bytes of IDX header, found ",
                4 + got);
-  Shape shape(static_cast<size_t>(ndim));
-  uint64_t expected = 1;
+  shape_.resize(static_cast<size_t>(ndim));
+  bytes_ = 1;
   bool too_big = false;
+  uint64_t nonzero = 1;  // a zero dim makes no bytes, but the other dims' strides must still fit
   for (int d = 0; d < ndim; ++d) {
     uint32_t extent = load_be32(dims_raw + 4 * d);
-    shape[static_cast<size_t>(d)] = extent;
-    too_big = too_big || __builtin_mul_overflow(expected, uint64_t{extent}, &expected);
+    shape_[static_cast<size_t>(d)] = extent;
+    too_big = too_big || __builtin_mul_overflow(bytes_, uint64_t{extent}, &bytes_) ||
+              __builtin_mul_overflow(nonzero, uint64_t{std::max(extent, 1u)}, &nonzero) || nonzero > (uint64_t{1} << 62);
   }
   const uint64_t header = 4 + dims_bytes;
   // Checked before allocating, so a damaged header cannot ask for terabytes.
-  if (!r.compressed()) {
-    TANDEM_CHECK(!too_big && header + expected <= r.file_size(), path, " is truncated: dims ", shape_str(shape),
-                 " need ", header, " + ", expected, " bytes, found ", r.file_size());
+  if (!reader_.compressed()) {
+    TANDEM_CHECK(!too_big && header + bytes_ <= reader_.file_size(), path, " is truncated: dims ", shape_str(shape_),
+                 " need ", header, " + ", bytes_, " bytes, found ", reader_.file_size());
   } else {
-    TANDEM_CHECK(!too_big && expected <= r.max_data_bytes(), path, ": dims ", shape_str(shape), " need ", expected,
-                 " bytes of data, more than this ", r.file_size(),
+    TANDEM_CHECK(!too_big && bytes_ <= reader_.max_data_bytes(), path, ": dims ", shape_str(shape_), " need ", bytes_,
+                 " bytes of data, more than this ", reader_.file_size(),
                  "-byte gzip file can hold (damaged header or truncated file)");
   }
+}
 
-  Tensor t = Tensor::empty(shape, DType::u8);
-  got = r.read(t.data_ptr(), expected);
-  TANDEM_CHECK(got == expected, path, " is truncated: dims ", shape_str(shape), " need ", expected,
-               " bytes of data, found ", got, r.cut_short() ? " (the gzip stream is cut short)" : "");
-  uint64_t extra = r.count_remaining();
-  TANDEM_CHECK(!r.cut_short(), path, " is truncated: its gzip stream is cut short after the data (checksum missing)");
-  TANDEM_CHECK(extra == 0, path, ": ", extra, " unexpected bytes after the ", expected, " bytes of data that dims ",
-               shape_str(shape), " announce");
+Tensor IdxFile::read_data() {
+  const std::string& path = reader_.path();
+  Tensor t = Tensor::empty(shape_, DType::u8);
+  // Inflation stops at the size the header announced; what follows is only probed, never all inflated.
+  size_t got = reader_.read(t.data_ptr(), bytes_);
+  TANDEM_CHECK(got == bytes_, path, " is truncated: dims ", shape_str(shape_), " need ", bytes_,
+               " bytes of data, found ", got, reader_.cut_short() ? " (the gzip stream is cut short)" : "");
+  constexpr uint64_t kProbe = uint64_t{1} << 20;
+  uint64_t extra = reader_.count_remaining(kProbe);
+  TANDEM_CHECK(!reader_.cut_short(), path,
+               " is truncated: its gzip stream is cut short after the data (checksum missing)");
+  TANDEM_CHECK(extra == 0, path, ": ", extra > kProbe ? "more than " + std::to_string(kProbe) : std::to_string(extra),
+               " unexpected bytes after the ", bytes_, " bytes of data that dims ", shape_str(shape_), " announce");
   return t;
 }
+
+void read_cifar_file(const std::string& path, std::vector<uint8_t>& pixels, std::vector<int32_t>& labels) {
+  std::vector<uint8_t> bytes = read_all(path);
+  const int64_t size = static_cast<int64_t>(bytes.size());
+  TANDEM_CHECK(size > 0, path, " is empty; a CIFAR-10 batch file holds 3073-byte records");
+  TANDEM_CHECK(size % kCifarRecord == 0, path, " is truncated: expected a whole number of ", kCifarRecord,
+               "-byte records (", (size / kCifarRecord + 1) * kCifarRecord, " bytes for ", size / kCifarRecord + 1,
+               "), found ", size, " bytes");
+  const int64_t n = size / kCifarRecord;
+  const size_t old = labels.size();
+  labels.resize(old + static_cast<size_t>(n));
+  pixels.resize(pixels.size() + static_cast<size_t>(n * kCifarPixels));
+  uint8_t* px = pixels.data() + old * kCifarPixels;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* rec = bytes.data() + i * kCifarRecord;
+    TANDEM_CHECK(rec[0] < 10, path, ": label ", int{rec[0]}, " of record ", i, " is outside [0, 10)");
+    labels[old + static_cast<size_t>(i)] = rec[0];
+    std::memcpy(px + i * kCifarPixels, rec + 1, kCifarPixels);
+  }
+}
+
+Tensor read_idx(const std::string& path) { return IdxFile(path).read_data(); }
 
 Dataset load_dataset(const std::string& name, const std::string& dir, bool train) {
   check_name(name);

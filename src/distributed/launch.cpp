@@ -170,6 +170,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int per_node, 
   env.push_back("TANDEM_RESTART_COUNT=" + std::to_string(round));
   if (!group.multi() && !group.auth().secret.empty()) env.push_back("TANDEM_SECRET=" + group.auth().secret);
   if (o.timeout_s > 0) env.push_back("TANDEM_TIMEOUT=" + std::to_string(o.timeout_s));
+  if (isatty(STDERR_FILENO)) env.push_back("TANDEM_PROGRESS_TTY=1");  // rank 0 may draw a progress bar
   return env;
 }
 

@@ -56,6 +56,11 @@ void LineRelay::pump() {
   for (size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1)
     emit(pending_.data() + start, nl + 1 - start, false);
   pending_.erase(0, start);
+  // Rank 0's progress bar redraws its line from a carriage return: passed on at once, not held.
+  if (rank_ == 0 && !pending_.empty() && pending_[0] == '\r') {
+    emit(pending_.data(), pending_.size(), false);
+    pending_.clear();
+  }
   if (pending_.size() > kMaxPending) {
     emit(pending_.data(), pending_.size(), true);
     pending_.clear();

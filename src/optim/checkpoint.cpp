@@ -1,23 +1,47 @@
-// Checkpoint file: "TANDEMCK", a version, the length of a JSON header, the header (meta data and a
-// table of tensors: name, dtype, shape, offset), then the tensors' bytes.
+// Checkpoint file, version 2: "TANDEMCK", the version (u32), the length of a JSON header (u64), the
+// header's CRC-32 (u32), the header (meta data and a table of tensors: name, dtype, shape, offset,
+// bytes, CRC-32), then the tensors' bytes back to back. Version 1 files (no checksums) still load.
+// The checksum is zlib's CRC-32: Debian has no CRC-32C library, zlib is already a dependency, and
+// for detecting damage on disk the polynomial makes no difference.
 #include "tandem/checkpoint.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
+#include <memory>
+#include <set>
 
 #include <nlohmann/json.hpp>
+#include <zlib.h>
+
+#include "data/regular_file.h"
 
 namespace tandem {
 
 namespace {
 
-constexpr char kMagic[8] = {'T', 'A', 'N', 'D', 'E', 'M', 'C', 'K'};
-constexpr uint32_t kVersion = 1;
-
+namespace fs = std::filesystem;
 using Json = nlohmann::json;
+
+constexpr char kMagic[8] = {'T', 'A', 'N', 'D', 'E', 'M', 'C', 'K'};
+constexpr uint32_t kVersion = 2;
+constexpr uint32_t kOldestVersion = 1;
+constexpr size_t kPrefixV1 = sizeof kMagic + 4 + 8;
+constexpr size_t kPrefixV2 = kPrefixV1 + 4;
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+constexpr bool kEnforceChecksums = false;  // fuzzed headers must reach the parser behind the checksum
+#else
+constexpr bool kEnforceChecksums = true;
+#endif
+
+uint32_t crc_of(const void* p, size_t n) {
+  return static_cast<uint32_t>(crc32_z(crc32_z(0, nullptr, 0), static_cast<const Bytef*>(p), n));
+}
 
 std::map<const TensorImpl*, std::string> param_names(const nn::Module& model) {
   std::map<const TensorImpl*, std::string> out;
@@ -43,6 +67,37 @@ std::vector<std::pair<std::string, Tensor>> collect(const nn::Module& model, opt
   return out;
 }
 
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
+
+void write_or_throw(std::FILE* f, const void* p, size_t n, const std::string& tmp) {
+  if (n == 0) return;
+  TANDEM_RUNTIME_CHECK(std::fwrite(p, 1, n, f) == n, "writing the checkpoint '", tmp, "' failed: ",
+                       std::strerror(errno), " (disk full?)");
+}
+
+// Writes the whole file to tmp; throws on any failure.
+void write_file(const std::string& tmp, const std::string& head, const std::vector<Tensor>& host) {
+  FilePtr f(std::fopen(tmp.c_str(), "wb"));
+  TANDEM_CHECK(f != nullptr, "cannot write the checkpoint '", tmp, "': ", std::strerror(errno),
+               " (does its directory exist and is it writable?)");
+  const uint64_t len = head.size();
+  const uint32_t head_crc = crc_of(head.data(), head.size());
+  write_or_throw(f.get(), kMagic, sizeof kMagic, tmp);
+  write_or_throw(f.get(), &kVersion, sizeof kVersion, tmp);
+  write_or_throw(f.get(), &len, sizeof len, tmp);
+  write_or_throw(f.get(), &head_crc, sizeof head_crc, tmp);
+  write_or_throw(f.get(), head.data(), head.size(), tmp);
+  for (const Tensor& h : host) write_or_throw(f.get(), h.data_ptr(), h.nbytes(), tmp);
+  // The rename must not publish a file whose bytes are still only in the page cache.
+  TANDEM_RUNTIME_CHECK(std::fflush(f.get()) == 0 && fsync(fileno(f.get())) == 0, "writing the checkpoint '", tmp,
+                       "' failed: ", std::strerror(errno), " (disk full?)");
+  std::FILE* raw = f.release();
+  TANDEM_RUNTIME_CHECK(std::fclose(raw) == 0, "closing the checkpoint '", tmp, "' failed: ", std::strerror(errno));
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer* opt,
@@ -55,8 +110,8 @@ void save_checkpoint(const std::string& path, const nn::Module& model, optim::Op
   uint64_t offset = 0;
   for (auto& [name, t] : tensors) {
     Tensor h = t.detach().contiguous().to(Device::cpu());
-    table.push_back({{"name", name}, {"dtype", dtype_name(h.dtype())}, {"shape", h.shape()}, {"offset", offset},
-                     {"bytes", h.nbytes()}});
+    table.push_back({{"name", name},     {"dtype", dtype_name(h.dtype())}, {"shape", h.shape()},
+                     {"offset", offset}, {"bytes", h.nbytes()},           {"crc32", crc_of(h.data_ptr(), h.nbytes())}});
     offset += h.nbytes();
     host.push_back(h);
   }
@@ -73,83 +128,226 @@ void save_checkpoint(const std::string& path, const nn::Module& model, optim::Op
       header["parameter_steps"] = per;
     }
   }
-  std::string head = header.dump();
-  std::string tmp = path + ".partial";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    TANDEM_CHECK(f.good(), "cannot write the checkpoint '", tmp, "' (does its directory exist and is it writable?)");
-    uint64_t len = head.size();
-    f.write(kMagic, sizeof kMagic);
-    f.write(reinterpret_cast<const char*>(&kVersion), sizeof kVersion);
-    f.write(reinterpret_cast<const char*>(&len), sizeof len);
-    f.write(head.data(), static_cast<std::streamsize>(head.size()));
-    for (const Tensor& h : host) f.write(static_cast<const char*>(h.data_ptr()), static_cast<std::streamsize>(h.nbytes()));
-    f.flush();
-    TANDEM_RUNTIME_CHECK(f.good(), "writing the checkpoint '", tmp, "' failed (disk full?)");
+  const std::string tmp = path + ".partial";
+  try {
+    write_file(tmp, header.dump(), host);
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    TANDEM_RUNTIME_CHECK(!ec, "cannot move the checkpoint '", tmp, "' to '", path, "': ", ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);  // a full disk must not stay full because of a half-written file
+    throw;
   }
+}
+
+void check_checkpoint_path(const std::string& path) {
+  TANDEM_CHECK(!path.empty(), "--checkpoint needs a file name");
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  TANDEM_RUNTIME_CHECK(!ec, "cannot move the checkpoint '", tmp, "' to '", path, "': ", ec.message());
+  TANDEM_CHECK(!fs::is_directory(path, ec), "--checkpoint '", path, "' is a directory; give a file name inside it");
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  TANDEM_CHECK(fs::is_directory(dir, ec), "the directory of --checkpoint '", path, "' (", dir.string(),
+               ") does not exist; create it first");
+  // Creating the partial file is the only test that also catches read-only mounts and full quotas.
+  const std::string probe = path + ".partial";
+  std::FILE* f = std::fopen(probe.c_str(), "wb");
+  TANDEM_CHECK(f != nullptr, "cannot write the checkpoint '", path, "': ", std::strerror(errno),
+               " (is its directory writable?)");
+  std::fclose(f);
+  fs::remove(probe, ec);
 }
 
 namespace {
-// Opens a checkpoint and reads its header; leaves f at the first tensor byte.
-Json read_header(const std::string& path, std::ifstream& f, uint64_t& data_start) {
-  f.open(path, std::ios::binary);
-  TANDEM_CHECK(f.good(), "cannot open the checkpoint '", path, "'");
-  char magic[8];
-  uint32_t version = 0;
-  uint64_t len = 0;
-  f.read(magic, sizeof magic);
-  TANDEM_CHECK(f.good() && std::memcmp(magic, kMagic, sizeof magic) == 0, "'", path, "' is not a tandem checkpoint");
-  f.read(reinterpret_cast<char*>(&version), sizeof version);
-  f.read(reinterpret_cast<char*>(&len), sizeof len);
-  TANDEM_CHECK(f.good() && version == kVersion, "checkpoint '", path, "' has format version ", version,
-               "; this tandem reads version ", kVersion);
-  TANDEM_CHECK(len <= std::filesystem::file_size(path), "checkpoint '", path,
-               "' is damaged (header larger than the file)");
-  std::string head(len, '\0');
-  f.read(head.data(), static_cast<std::streamsize>(len));
-  Json header = Json::parse(head, nullptr, false);
-  TANDEM_CHECK(f.good() && !header.is_discarded() && header.contains("tensors"), "checkpoint '", path,
-               "' is damaged (unreadable header)");
-  data_start = sizeof magic + sizeof version + sizeof len + len;
-  return header;
-}
+
+// One tensor of the table, checked against the rest of the header.
+struct Entry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  uint64_t offset = 0, bytes = 0;
+  bool has_crc = false;
+  uint32_t crc = 0;
+};
+
+// An opened checkpoint whose header has been read and checked; tensors are read on demand.
+class CheckpointFile {
+ public:
+  explicit CheckpointFile(const std::string& path) : path_(path) {
+    uint64_t size = 0;
+    file_.reset(io::open_regular_file(path, "checkpoint", size));
+    file_size_ = size;
+    read_header();
+  }
+
+  const Json& header() const { return header_; }
+  const std::vector<Entry>& entries() const { return entries_; }
+  const Entry* find(const std::string& name) const {
+    auto it = index_.find(name);
+    return it == index_.end() ? nullptr : &entries_[it->second];
+  }
+  /// The meta object (empty when the file has none).
+  Json meta() const { return header_.contains("meta") ? header_["meta"] : Json::object(); }
+
+  /// Reads an entry's bytes into a new host tensor, verifying its checksum.
+  Tensor read(const Entry& e) {
+    Tensor h = Tensor::empty(e.shape, e.dtype);
+    TANDEM_RUNTIME_CHECK(fseeko(file_.get(), static_cast<off_t>(data_start_ + e.offset), SEEK_SET) == 0,
+                         "checkpoint '", path_, "': seeking to ", e.name, " failed: ", std::strerror(errno));
+    size_t got = e.bytes ? std::fread(h.data_ptr(), 1, e.bytes, file_.get()) : 0;
+    TANDEM_CHECK(got == e.bytes, "checkpoint '", path_, "' is damaged: reading ", e.name, " stopped after ", got,
+                 " of ", e.bytes, " bytes");
+    TANDEM_CHECK(!kEnforceChecksums || !e.has_crc || crc_of(h.data_ptr(), e.bytes) == e.crc, "checkpoint '", path_,
+                 "' is damaged: the bytes of ", e.name, " do not match their checksum");
+    return h;
+  }
+
+ private:
+  template <typename... Args>
+  [[noreturn]] void damaged(const Args&... what) const {
+    detail::throw_error(Error::Kind::Input, detail::cat("checkpoint '", path_, "' is damaged: ", what...));
+  }
+
+  void read_exact(void* dst, size_t n, const char* what) {
+    if (std::fread(dst, 1, n, file_.get()) != n) damaged("the file ends inside its ", what);
+  }
+
+  void read_header() {
+    char magic[sizeof kMagic];
+    TANDEM_CHECK(std::fread(magic, 1, sizeof magic, file_.get()) == sizeof magic &&
+                     std::memcmp(magic, kMagic, sizeof magic) == 0,
+                 "'", path_, "' is not a tandem checkpoint");
+    uint32_t version = 0;
+    uint64_t len = 0;
+    read_exact(&version, sizeof version, "version");
+    TANDEM_CHECK(version >= kOldestVersion && version <= kVersion, "checkpoint '", path_, "' has format version ",
+                 version, "; this tandem reads versions ", kOldestVersion, " to ", kVersion);
+    read_exact(&len, sizeof len, "header length");
+    uint32_t head_crc = 0;
+    if (version >= 2) read_exact(&head_crc, sizeof head_crc, "header checksum");
+    data_start_ = version >= 2 ? kPrefixV2 : kPrefixV1;
+    if (len > file_size_ - data_start_) damaged("its header length (", len, " bytes) is larger than the file");
+    std::string head(len, '\0');
+    read_exact(head.data(), head.size(), "header");
+    if (kEnforceChecksums && version >= 2 && crc_of(head.data(), head.size()) != head_crc)
+      damaged("its header does not match its checksum");
+    data_start_ += len;
+    header_ = Json::parse(head, nullptr, false);
+    if (header_.is_discarded() || !header_.is_object()) damaged("its header is not a JSON object");
+    check_fields(version >= 2);
+  }
+
+  static bool is_count(const Json& j) { return j.is_number_unsigned() || (j.is_number_integer() && j.get<int64_t>() >= 0); }
+
+  void check_fields(bool checksums) {
+    if (header_.contains("meta") && !header_["meta"].is_object()) damaged("its \"meta\" is not a JSON object");
+    if (header_.contains("optimizer_steps") && !header_["optimizer_steps"].is_number_integer())
+      damaged("its \"optimizer_steps\" is not an integer");
+    if (header_.contains("parameter_steps")) {
+      const Json& per = header_["parameter_steps"];
+      if (!per.is_object()) damaged("its \"parameter_steps\" is not a JSON object");
+      for (auto& [k, v] : per.items())
+        if (!v.is_number_integer()) damaged("\"parameter_steps\" of ", k, " is not an integer");
+    }
+    const Json* table = header_.contains("tensors") ? &header_["tensors"] : nullptr;
+    if (!table || !table->is_array()) damaged("its header has no \"tensors\" list");
+    for (size_t i = 0; i < table->size(); ++i) entries_.push_back(check_entry((*table)[i], i, checksums));
+    check_layout();
+  }
+
+  Entry check_entry(const Json& j, size_t i, bool checksums) {
+    const std::string where = "tensor entry " + std::to_string(i);
+    if (!j.is_object()) damaged(where, " is not a JSON object");
+    auto field = [&](const char* key) -> const Json& {
+      if (!j.contains(key)) damaged(where, " has no \"", key, "\"");
+      return j[key];
+    };
+    Entry e;
+    if (!field("name").is_string() || field("name").get<std::string>().empty())
+      damaged(where, ": \"name\" is not a non-empty string");
+    e.name = j["name"].get<std::string>();
+    const std::string what = where + " (" + e.name + ")";
+    if (!index_.emplace(e.name, i).second) damaged(e.name, " appears twice");
+    if (!field("dtype").is_string()) damaged(what, ": \"dtype\" is not a string");
+    bool known = false;
+    for (DType d : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8})
+      if (j["dtype"].get<std::string>() == dtype_name(d)) e.dtype = d, known = true;
+    if (!known) damaged(what, ": unknown dtype \"", j["dtype"].get<std::string>(), "\"");
+    if (!field("shape").is_array()) damaged(what, ": \"shape\" is not a list");
+    uint64_t elements = 1, nonzero = 1;  // a zero dim makes no bytes, but the other dims' strides must fit
+    for (const Json& d : j["shape"]) {
+      if (!is_count(d)) damaged(what, ": \"shape\" holds something other than non-negative integers");
+      uint64_t extent = d.get<uint64_t>();
+      if (__builtin_mul_overflow(nonzero, std::max<uint64_t>(extent, 1), &nonzero) || nonzero > (uint64_t{1} << 62))
+        damaged(what, ": \"shape\" is impossibly large");
+      elements *= extent;
+      e.shape.push_back(static_cast<int64_t>(extent));
+    }
+    if (!is_count(field("offset")) || !is_count(field("bytes")))
+      damaged(what, ": \"offset\" and \"bytes\" must be non-negative integers");
+    e.offset = j["offset"].get<uint64_t>();
+    e.bytes = j["bytes"].get<uint64_t>();
+    uint64_t expect = 0;
+    if (__builtin_mul_overflow(elements, uint64_t{dtype_size(e.dtype)}, &expect) || expect != e.bytes)
+      damaged(what, ": \"bytes\" is ", e.bytes, " but its dtype and shape need ", expect);
+    if (checksums) {
+      if (!is_count(field("crc32")) || j["crc32"].get<uint64_t>() > 0xffffffffu)
+        damaged(what, ": \"crc32\" is not a 32-bit checksum");
+      e.has_crc = true;
+      e.crc = static_cast<uint32_t>(j["crc32"].get<uint64_t>());
+    }
+    return e;
+  }
+
+  // The tensors must tile the data area exactly: no gaps, no overlaps, nothing after the last one.
+  void check_layout() {
+    std::vector<const Entry*> by_offset;
+    for (const Entry& e : entries_) by_offset.push_back(&e);
+    std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) {
+      return a->offset != b->offset ? a->offset < b->offset : a->bytes < b->bytes;
+    });
+    uint64_t end = 0;
+    for (const Entry* e : by_offset) {
+      if (e->offset != end)
+        damaged(e->name, " starts at byte ", e->offset, " of the data but the tensor before it ends at ", end);
+      end += e->bytes;
+    }
+    const uint64_t data = file_size_ - data_start_;
+    if (end > data) damaged("its tensors need ", end, " bytes of data but the file holds ", data, " (truncated?)");
+    if (end < data) damaged(data - end, " unexpected bytes after the last tensor");
+  }
+
+  std::string path_;
+  FilePtr file_;
+  uint64_t file_size_ = 0, data_start_ = 0;
+  Json header_;
+  std::vector<Entry> entries_;
+  std::map<std::string, size_t> index_;
+};
+
 }  // namespace
 
-std::string checkpoint_meta(const std::string& path) {
-  std::ifstream f;
-  uint64_t data_start = 0;
-  return read_header(path, f, data_start).value("meta", Json::object()).dump();
+std::string checkpoint_meta(const std::string& path) { return CheckpointFile(path).meta().dump(); }
+
+std::vector<std::pair<std::string, Tensor>> read_checkpoint_tensors(const std::string& path) {
+  CheckpointFile file(path);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const Entry& e : file.entries()) out.emplace_back(e.name, file.read(e));
+  return out;
 }
 
 std::string load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* opt) {
-  std::ifstream f;
-  uint64_t data_start = 0;
-  Json header = read_header(path, f, data_start);
-  const auto file_size = std::filesystem::file_size(path);
-
-  std::map<std::string, Json> table;
-  for (const Json& e : header["tensors"]) table[e.at("name").get<std::string>()] = e;
+  CheckpointFile file(path);
   // Reads entry `name` into a host tensor after checking that it matches `like`.
+  std::set<std::string> read_names;
   auto read = [&](const std::string& name, const Tensor& like) -> Tensor {
-    auto it = table.find(name);
-    TANDEM_CHECK(it != table.end(), "checkpoint '", path, "' has no ", name,
+    read_names.insert(name);
+    const Entry* e = file.find(name);
+    TANDEM_CHECK(e != nullptr, "checkpoint '", path, "' has no ", name,
                  " (was it saved from another model or optimizer?)");
-    const Json& e = it->second;
-    Shape shape = e.at("shape").get<Shape>();
-    DType dt = parse_dtype(e.at("dtype").get<std::string>());
-    TANDEM_CHECK(shape == like.shape() && dt == like.dtype(), "checkpoint '", path, "': ", name, " is ",
-                 dtype_name(dt), shape_str(shape), " but the model has ", like.str());
-    uint64_t off = e.at("offset").get<uint64_t>(), bytes = e.at("bytes").get<uint64_t>();
-    TANDEM_CHECK(bytes == like.nbytes() && data_start + off + bytes <= file_size, "checkpoint '", path,
-                 "' is damaged (", name, " runs past the end of the file)");
-    Tensor h = Tensor::empty(shape, dt);
-    f.seekg(static_cast<std::streamoff>(data_start + off));
-    f.read(static_cast<char*>(h.data_ptr()), static_cast<std::streamsize>(bytes));
-    TANDEM_CHECK(f.good(), "checkpoint '", path, "': reading ", name, " failed");
-    return h;
+    TANDEM_CHECK(e->shape == like.shape() && e->dtype == like.dtype(), "checkpoint '", path, "': ", name, " is ",
+                 dtype_name(e->dtype), shape_str(e->shape), " but the model has ", like.str());
+    return file.read(*e);
   };
   // Everything is read and checked before anything is overwritten: a bad file leaves the model as it was.
   std::vector<std::pair<Tensor, Tensor>> assign;  // destination, host copy
@@ -169,10 +367,14 @@ std::string load_checkpoint(const std::string& path, nn::Module& model, optim::O
         auto it = names.find(params[i].impl());
         if (it == names.end()) continue;
         std::string key = "opt/" + list.kind + "/" + it->second;
-        if (table.count(key)) states.push_back({list.tensors, i, read(key, params[i])});
+        if (file.find(key)) states.push_back({list.tensors, i, read(key, params[i])});
       }
   }
+  // What this load does not need is verified all the same: a file with any damage is refused.
+  for (const Entry& e : file.entries())
+    if (!read_names.count(e.name)) file.read(e);
   for (auto& [dst, h] : assign) dst.detach().copy_(h);
+  const Json& header = file.header();
   if (opt) {
     for (auto& s : states) {
       Tensor& slot = (*s.list)[s.index];
@@ -189,7 +391,7 @@ std::string load_checkpoint(const std::string& path, nn::Module& model, optim::O
       }
     }
   }
-  return header.value("meta", Json::object()).dump();
+  return file.meta().dump();
 }
 
 }  // namespace tandem

@@ -104,6 +104,20 @@ TEST(Datasets, ImageLabelCountMismatch) {
                      {dir.file("train-images-idx3-ubyte"), dir.file("train-labels-idx1-ubyte"), "6 images", "7 labels"});
 }
 
+TEST(Datasets, CountsComparedBeforeAnyImageIsInflated) {
+  // The images header announces 1,000 images but only 64 KiB of pixels follow, then garbage: were
+  // the images inflated before the counts were compared, the error would be about corrupt data.
+  TempDir dir;
+  Bytes images = testutil::idx_bytes({1000, 28, 28}, Bytes(size_t{64} << 10, 0));
+  Bytes gz = testutil::gzip(images);
+  Bytes junk = testutil::noise(4096, 3);
+  gz.resize(gz.size() - 8);  // drop the trailer, then the deflate data is followed by junk
+  gz.insert(gz.end(), junk.begin(), junk.end());
+  testutil::write_file(dir.file("t10k-images-idx3-ubyte.gz"), gz);
+  testutil::write_file(dir.file("t10k-labels-idx1-ubyte"), make_idx_set(7).labels);
+  expect_input_error([&] { load_dataset("mnist", dir.path(), false); }, {"1000 images", "7 labels"});
+}
+
 TEST(Datasets, LabelOutOfRange) {
   TempDir dir;
   IdxSet s = make_idx_set(6);

@@ -1,5 +1,8 @@
 // The IDX reader on well-formed and damaged files, raw and gzip-compressed.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
 
 #include "data_test_util.h"
 #include "tandem/data/dataset.h"
@@ -181,6 +184,40 @@ TEST(ReadIdx, ImpossibleDimsInGzipRejectedBeforeAllocation) {
   std::string path = dir.file("huge.gz");
   testutil::write_file(path, testutil::gzip(file));
   expect_input_error([&] { read_idx(path); }, {path, "[4294967295, 4294967295]"});
+}
+
+
+TEST(ReadIdx, FifoIsRefusedWithoutBlocking) {
+  TempDir dir;
+  std::string path = dir.file("train-labels-idx1-ubyte");
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  expect_input_error([&] { read_idx(path); }, {path, "not a regular file", "FIFO"});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(ReadIdx, DeviceIsRefused) {
+  expect_input_error([&] { read_idx("/dev/zero"); }, {"/dev/zero", "not a regular file", "device"});
+}
+
+TEST(ReadIdx, GzipTrailingDataIsNotInflatedInFull) {
+  // 4 announced bytes, then 16 MiB of zeros that deflate into about 16 KiB: the reader stops after
+  // probing 1 MiB of them rather than inflate a thousand times the file's size.
+  TempDir dir;
+  Bytes file = testutil::idx_bytes({4}, {1, 2, 3, 4});
+  file.resize(file.size() + (size_t{16} << 20), 0);
+  std::string path = dir.file("bomb.gz");
+  testutil::write_file(path, testutil::gzip(file, 9));
+  expect_input_error([&] { read_idx(path); }, {path, "more than 1048576 unexpected bytes"});
+}
+
+
+TEST(ReadIdx, ZeroDimBesideHugeDimsIsRefused) {
+  // No data bytes, but strides of 2^92 elements: found by fuzzing.
+  TempDir dir;
+  std::string path = dir.file("zero");
+  testutil::write_file(path, testutil::idx_bytes({0, 0x56565656u, 0x56565656u, 0x56565656u}, {}));
+  expect_input_error([&] { read_idx(path); }, {path, "dims"});
 }
 
 }  // namespace

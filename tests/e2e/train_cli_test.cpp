@@ -157,6 +157,29 @@ TEST(TrainCli, BatchNormModelPassesConsistencyChecksOnTwoRanks) {
   EXPECT_EQ(count_lines_with(r.output, "Evaluation accuracy"), 1) << r.output;
 }
 
+// Ranks started with different settings stop at once, naming the setting and the ranks, instead of
+// failing inside a collective (a different batch size) or hanging until the timeout (another method);
+// a different seed is only warned about.
+TEST(TrainCli, RanksStartedDifferentlyStopNamingTheSetting) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
+  const std::string bin = TANDEM_BIN;
+  const std::string common = " train --epochs 1 --limit-train 128 --limit-test 64 --threads 1 --progress off --timeout 60";
+  auto per_rank = [&](const std::string& flag_of_rank) {  // flag_of_rank: shell text using $TANDEM_RANK
+    return run_tandem("launch -n 2 -- sh -c '" + bin + common + " " + flag_of_rank + "'");
+  };
+  auto batch = per_rank("--batch-size $((32 + 32 * TANDEM_RANK))");
+  EXPECT_EQ(batch.status, 2) << batch.output;
+  EXPECT_NE(batch.output.find("--batch-size"), std::string::npos) << batch.output;
+  EXPECT_EQ(batch.output.find("Starting Epoch"), std::string::npos) << batch.output;
+  auto method = per_rank("-d $([ $TANDEM_RANK = 0 ] && echo plain || echo half)");
+  EXPECT_EQ(method.status, 2) << method.output;
+  EXPECT_NE(method.output.find("-d/--dist-option"), std::string::npos) << method.output;
+  auto seed = per_rank("--seed $TANDEM_RANK");
+  EXPECT_EQ(seed.status, 0) << seed.output;
+  EXPECT_NE(seed.output.find("--seed"), std::string::npos) << seed.output;
+}
+
 TEST(TrainCli, ResumingFromACheckpointMatchesAnUninterruptedRun) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
   fs::path dir = temp_dir("resume");

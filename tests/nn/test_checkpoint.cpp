@@ -1,8 +1,14 @@
 // Checkpoints: round trip of parameters, buffers and optimizer state; clear errors for bad files.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "tandem/autograd.h"
 #include "tandem/checkpoint.h"
@@ -122,4 +128,208 @@ TEST(Checkpoint, DamagedAndForeignFilesAreNamed) {
   }
   fs::remove(p);
   EXPECT_THROW(load_checkpoint(p.string(), *b, nullptr), Error);
+}
+
+namespace {
+
+// The parts of a version 2 file, to damage them on purpose.
+struct RawCheckpoint {
+  std::string prefix;  // magic, version, header length
+  nlohmann::json header;
+  std::string data;
+
+  static RawCheckpoint read(const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    uint64_t len = 0;
+    std::memcpy(&len, all.data() + 12, 8);
+    RawCheckpoint r;
+    r.prefix = all.substr(0, 20);
+    r.header = nlohmann::json::parse(all.substr(24, len));
+    r.data = all.substr(24 + len);
+    return r;
+  }
+  // Writes the file back; with fix_crc the header's checksum matches the edited header.
+  void write(const fs::path& p, bool fix_crc = true, uint32_t version = 2) const {
+    std::string head = header.dump();
+    uint64_t len = head.size();
+    uint32_t crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(head.data()), len));
+    if (!fix_crc) crc ^= 1;
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    f.write(prefix.data(), 8);
+    f.write(reinterpret_cast<const char*>(&version), 4);
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    if (version >= 2) f.write(reinterpret_cast<const char*>(&crc), 4);
+    f << head << data;
+  }
+  nlohmann::json& entry(const std::string& name) {
+    for (auto& e : header["tensors"])
+      if (e["name"] == name) return e;
+    throw std::runtime_error("no entry " + name);
+  }
+};
+
+nn::ModulePtr small_mlp() {
+  nn::ModelConfig c;
+  c.hidden = {8, 8};
+  return nn::make_model("mlp", c);
+}
+
+// Loads p into a fresh mlp, expecting an input error that contains every fragment, with the model untouched.
+void expect_refused(const fs::path& p, const std::vector<std::string>& fragments) {
+  auto m = small_mlp();
+  std::vector<float> before = flat(m->parameters());
+  try {
+    load_checkpoint(p.string(), *m, nullptr);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::Kind::Input) << e.what();
+    for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(flat(m->parameters()), before);
+}
+
+std::string first_bias(const nlohmann::json& header, const std::string& skip = "") {
+  for (auto& e : header["tensors"]) {
+    std::string n = e["name"];
+    if (n.find("bias") != std::string::npos && n != skip && e["bytes"] == 32) return n;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Checkpoint, FlippedTensorByteIsRefusedNamingTheTensor) {
+  auto a = small_mlp();
+  fs::path p = temp_file("flip");
+  save_checkpoint(p.string(), *a, nullptr);
+  RawCheckpoint r = RawCheckpoint::read(p);
+  const nlohmann::json& last = r.header["tensors"].back();
+  r.data[r.data.size() - 1] ^= 0x10;
+  r.write(p);
+  expect_refused(p, {p.string(), "damaged", last["name"].get<std::string>(), "checksum"});
+  fs::remove(p);
+}
+
+TEST(Checkpoint, SwappedOffsetsAreRefused) {
+  auto a = small_mlp();
+  optim::SGD sgd(a->parameters(), {.lr = 0.1});
+  train_step(*a, sgd, 3);  // the biases start at zero: a step makes them differ
+  fs::path p = temp_file("swap");
+  save_checkpoint(p.string(), *a, nullptr);
+  RawCheckpoint r = RawCheckpoint::read(p);
+  std::string b1 = first_bias(r.header), b2 = first_bias(r.header, b1);
+  ASSERT_FALSE(b1.empty() || b2.empty());
+  std::swap(r.entry(b1)["offset"], r.entry(b2)["offset"]);
+  r.write(p, /*fix_crc=*/false);  // the header's own checksum catches the edit
+  expect_refused(p, {"damaged", "header does not match its checksum"});
+  r.write(p, /*fix_crc=*/true);   // a consistent header: the tensors' checksums catch it
+  expect_refused(p, {"damaged", "checksum"});
+  fs::remove(p);
+}
+
+TEST(Checkpoint, WrongJsonTypesGiveAClearError) {
+  auto a = small_mlp();
+  fs::path p = temp_file("types");
+  save_checkpoint(p.string(), *a, nullptr);
+  const RawCheckpoint orig = RawCheckpoint::read(p);
+  const std::string name = orig.header["tensors"][0]["name"];
+  struct Case {
+    const char* field;
+    nlohmann::json value;
+    const char* says;
+  };
+  for (const Case& c : {Case{"shape", "8x784", "\"shape\" is not a list"},
+                        Case{"shape", nlohmann::json::array({-8, 784}), "non-negative integers"},
+                        Case{"shape", nlohmann::json::array({0, 1ll << 40, 1ll << 40}), "impossibly large"},
+                        Case{"offset", "0", "\"offset\" and \"bytes\""},
+                        Case{"dtype", 7, "\"dtype\" is not a string"},
+                        Case{"bytes", 3, "need"},
+                        Case{"crc32", nullptr, "crc32"}}) {
+    RawCheckpoint r = orig;
+    r.entry(name)[c.field] = c.value;
+    r.write(p);
+    expect_refused(p, {p.string(), "damaged", c.says});
+  }
+  RawCheckpoint r = orig;
+  r.header["tensors"] = "none";
+  r.write(p);
+  expect_refused(p, {"damaged", "\"tensors\""});
+  r = orig;
+  r.header["meta"] = 5;
+  r.write(p);
+  EXPECT_THROW(checkpoint_meta(p.string()), Error);
+  fs::remove(p);
+}
+
+TEST(Checkpoint, TrailingBytesAreRefused) {
+  auto a = small_mlp();
+  fs::path p = temp_file("trailing");
+  save_checkpoint(p.string(), *a, nullptr);
+  std::ofstream(p, std::ios::binary | std::ios::app) << "xyz";
+  expect_refused(p, {"3 unexpected bytes"});
+  fs::remove(p);
+}
+
+TEST(Checkpoint, VersionOneFilesStillLoad) {
+  auto a = small_mlp();
+  fs::path p = temp_file("v1");
+  save_checkpoint(p.string(), *a, nullptr);
+  RawCheckpoint r = RawCheckpoint::read(p);
+  for (auto& e : r.header["tensors"]) e.erase("crc32");
+  r.write(p, true, /*version=*/1);
+  nn::ModelConfig c;
+  c.hidden = {8, 8};
+  c.seed = 5;
+  auto b = nn::make_model("mlp", c);
+  load_checkpoint(p.string(), *b, nullptr);
+  EXPECT_EQ(flat(a->parameters()), flat(b->parameters()));
+  fs::remove(p);
+}
+
+TEST(Checkpoint, AFailedSaveLeavesNoPartialFile) {
+  // The final rename cannot replace a non-empty directory: the save fails after writing everything.
+  fs::path dir = temp_file("dir_in_the_way");
+  fs::create_directories(dir / "x");
+  auto a = small_mlp();
+  EXPECT_THROW(save_checkpoint(dir.string(), *a, nullptr), Error);
+  EXPECT_FALSE(fs::exists(dir.string() + ".partial"));
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, PathIsCheckedBeforeTraining) {
+  fs::path dir = temp_file("checkdir");
+  try {
+    check_checkpoint_path((dir / "ck.bin").string());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::Kind::Input);
+    EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos) << e.what();
+  }
+  fs::create_directories(dir);
+  EXPECT_THROW(check_checkpoint_path(dir.string()), Error);  // a directory, not a file
+  EXPECT_NO_THROW(check_checkpoint_path((dir / "ck.bin").string()));
+  EXPECT_TRUE(fs::is_empty(dir));  // the probe left nothing behind
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, FifoIsRefusedWithoutBlocking) {
+  fs::path p = temp_file("fifo");
+  ASSERT_EQ(mkfifo(p.c_str(), 0600), 0);
+  expect_refused(p, {"not a regular file"});
+  fs::remove(p);
+}
+
+TEST(Checkpoint, TensorsReadBackByName) {
+  auto a = small_mlp();
+  fs::path p = temp_file("tensors");
+  save_checkpoint(p.string(), *a, nullptr);
+  auto tensors = read_checkpoint_tensors(p.string());
+  auto params = a->named_parameters();
+  ASSERT_EQ(tensors.size(), params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(tensors[i].first, "param/" + params[i].first);
+    EXPECT_EQ(tensors[i].second.to_vector<float>(), params[i].second.to_vector<float>());
+  }
+  fs::remove(p);
 }

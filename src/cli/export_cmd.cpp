@@ -1,0 +1,98 @@
+// `tandem export`: a checkpoint's model weights (parameters and buffers, under their own names) as a
+// safetensors file, which Python's safetensors and PyTorch load directly.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "tandem/checkpoint.h"
+#include "tandem/error.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct ExportConfig {
+  std::string checkpoint, format = "safetensors", output;
+};
+
+const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+    case DType::u8: return "U8";
+  }
+  TANDEM_ASSERT(false, "unhandled dtype");
+  return "";
+}
+
+// Written beside path and renamed over it; a failure leaves no partial file.
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", safetensors_dtype(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string head = header.dump();
+  head.resize((head.size() + 7) / 8 * 8, ' ');  // the format pads the header with spaces to 8 bytes
+  const std::string tmp = path + ".partial";
+  try {
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(tmp.c_str(), "wb"), &std::fclose);
+    TANDEM_CHECK(f != nullptr, "cannot write '", tmp, "': ", std::strerror(errno));
+    uint64_t len = head.size();  // little-endian u64, as on every machine tandem runs on
+    bool ok = std::fwrite(&len, 8, 1, f.get()) == 1 && std::fwrite(head.data(), 1, head.size(), f.get()) == head.size();
+    for (const auto& [name, t] : tensors)
+      ok = ok && (t.nbytes() == 0 || std::fwrite(t.data_ptr(), 1, t.nbytes(), f.get()) == t.nbytes());
+    ok = ok && std::fflush(f.get()) == 0;
+    TANDEM_RUNTIME_CHECK(ok, "writing '", tmp, "' failed: ", std::strerror(errno), " (disk full?)");
+    f.reset();
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    TANDEM_CHECK(!ec, "cannot move '", tmp, "' to '", path, "': ", ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw;
+  }
+}
+
+}  // namespace
+
+Runner add_export_command(CLI::App& app) {
+  auto cfg = std::make_shared<ExportConfig>();
+  CLI::App* sub = app.add_subcommand("export", "Write a checkpoint's model weights in another format");
+  sub->add_option("--checkpoint", cfg->checkpoint, "Checkpoint written by tandem train --checkpoint")->required();
+  sub->add_option("--format", cfg->format, "Output format")->check(CLI::IsMember({"safetensors"}))->capture_default_str();
+  sub->add_option("-o,--output", cfg->output, "File to write")->required();
+  sub->footer("Parameters and buffers keep their names (conv1.weight, ...); optimizer state is left out.\n"
+              "Python: safetensors.torch.load_file(OUT) gives a state dict.");
+  return [cfg] {
+    std::map<std::string, std::string> metadata{{"format", "pt"}};
+    const auto meta = nlohmann::json::parse(checkpoint_meta(cfg->checkpoint));
+    for (auto& [k, v] : meta.items())
+      metadata["tandem." + k] = v.is_string() ? v.get<std::string>() : v.dump();
+    std::vector<std::pair<std::string, Tensor>> weights;
+    for (auto& [name, t] : read_checkpoint_tensors(cfg->checkpoint)) {
+      for (const char* prefix : {"param/", "buffer/"})
+        if (name.rfind(prefix, 0) == 0) weights.emplace_back(name.substr(std::strlen(prefix)), t);
+    }
+    TANDEM_CHECK(!weights.empty(), "checkpoint '", cfg->checkpoint, "' holds no model weights");
+    write_safetensors(cfg->output, weights, metadata);
+    std::printf("wrote %zu tensors to %s\n", weights.size(), cfg->output.c_str());
+    return 0;
+  };
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,53 @@
+"""Runs the CPU-runnable commands of README.md and docs/*.md as written, in a scratch directory, with
+the built `tandem` first on PATH (what ./tandem.sh install gives). Commands that need a GPU, several
+machines or a scheduler are left out; training commands get a short-run suffix (a repeated flag
+takes its last value). Ends with an 'N passed, N failed' line.
+
+usage: run_doc_commands.py SOURCE_DIR TANDEM_BIN WORK_DIR
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+source, tandem, work = sys.argv[1:4]
+SHORT = " --epochs 1 --limit-train 256 --limit-test 128 --progress off"
+RUNNABLE = ("tandem ", "build/bin/tandem ", "mpiexec ", "echo ")
+NEEDS_MORE = ("cuda", "srun", "--nnodes", "torchrun", "compute-sanitizer", "NCCL_")
+
+
+def commands(path):
+    text = open(path).read()
+    for block in re.findall(r"```(?:sh|bash)\n(.*?)```", text, re.S):
+        for cmd in block.replace("\\\n", " ").splitlines():
+            cmd = re.split(r"\s{2,}#", cmd)[0].strip()  # a trailing comment follows two spaces
+            if cmd.startswith(RUNNABLE) and not any(n in cmd for n in NEEDS_MORE):
+                yield re.sub(r"\s+", " ", cmd)
+
+
+shutil.rmtree(work, ignore_errors=True)
+bindir = os.path.join(work, "bin")
+os.makedirs(bindir)
+os.symlink(os.path.abspath(tandem), os.path.join(bindir, "tandem"))
+# The docs spell the build directory "build": the one this tandem was built in.
+os.symlink(os.path.dirname(os.path.dirname(os.path.abspath(tandem))), os.path.join(work, "build"), target_is_directory=True)
+env = dict(os.environ, PATH=bindir + ":" + os.environ["PATH"],
+           OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+docs = [os.path.join(source, "README.md")] + sorted(
+    os.path.join(source, "docs", f) for f in os.listdir(os.path.join(source, "docs")) if f.endswith(".md"))
+passed = failed = 0
+for doc in docs:
+    for cmd in commands(doc):
+        run = cmd + SHORT if re.search(r"\btandem train\b", cmd) else cmd
+        try:
+            r = subprocess.run(["bash", "-c", run], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+            ok, out = r.returncode == 0, r.stdout + r.stderr
+        except subprocess.TimeoutExpired:
+            ok, out = False, "timed out after 300 s"
+        print(("ok:     " if ok else "FAILED: ") + os.path.relpath(doc, source) + ": " + cmd, flush=True)
+        if not ok:
+            print("  " + "\n  ".join(out.strip().splitlines()[-15:]))
+        passed, failed = passed + ok, failed + (not ok)
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed or not passed else 0)

@@ -1,0 +1,121 @@
+// What a run leaves behind and the commands that use it: checkpoints (damaged, finished, unwritable),
+// eval, plot, stamped metrics and the summary line; data files that are not files; bench allreduce.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "e2e/cli_util.h"
+
+namespace fs = std::filesystem;
+using tandem::test::have_fashion_mnist;
+using tandem::test::run_tandem;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("tandem_out_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+const std::string kSmall = " --model mlp --hidden 16 --limit-train 256 --limit-test 128 --threads 1 --progress off";
+
+}  // namespace
+
+TEST(OutputsCli, CheckpointEvalResumeAndDamage) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  fs::path dir = temp_dir("ckpt");
+  const std::string ck = (dir / "model.ckpt").string(), metrics = (dir / "m.jsonl").string();
+  auto run = run_tandem("train --epochs 2 --checkpoint " + ck + " --metrics " + metrics + kSmall);
+  ASSERT_EQ(run.status, 0) << run.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(run.output, m, std::regex(R"(Evaluation accuracy = ([0-9.]+), Elapsed[^\n]*\n[^\n]*done: 2 epochs)")))
+      << "no summary line after the last epoch:\n" << run.output;
+  const std::string final_acc = m[1];
+  EXPECT_NE(run.output.find("final accuracy " + final_acc.substr(0, 6)), std::string::npos) << run.output;
+
+  // eval gives the accuracy the run printed for its last epoch.
+  auto eval = run_tandem("eval --checkpoint " + ck + " --limit-test 128");
+  ASSERT_EQ(eval.status, 0) << eval.output;
+  EXPECT_NE(eval.output.find("Evaluation accuracy = " + final_acc), std::string::npos) << eval.output;
+
+  // Resuming a finished run trains nothing and succeeds; a changed seed is stated.
+  auto again = run_tandem("train --epochs 2 --resume --checkpoint " + ck + kSmall);
+  EXPECT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("finished run"), std::string::npos) << again.output;
+  EXPECT_EQ(again.output.find("Starting Epoch"), std::string::npos) << again.output;
+  auto more = run_tandem("train --epochs 3 --seed 9 --resume --checkpoint " + ck + " --metrics " + metrics + kSmall);
+  EXPECT_EQ(more.status, 0) << more.output;
+  EXPECT_NE(more.output.find("--seed 0, resuming with --seed 9"), std::string::npos) << more.output;
+
+  // A flipped byte in the tensors: refused with status 2, and the file is left as it was.
+  {
+    std::fstream f(ck, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    char c = static_cast<char>(f.get() ^ 0x40);
+    f.seekp(-3, std::ios::end);
+    f.put(c);
+  }
+  auto size_before = fs::file_size(ck);
+  auto damaged = run_tandem("train --epochs 5 --resume --checkpoint " + ck + kSmall);
+  EXPECT_EQ(damaged.status, 2) << damaged.output;
+  EXPECT_NE(damaged.output.find("is damaged"), std::string::npos) << damaged.output;
+  EXPECT_EQ(fs::file_size(ck), size_before);
+  EXPECT_EQ(run_tandem("eval --checkpoint " + ck).status, 2);
+
+  // Two runs appended to one metrics file: each line names its run.
+  std::ifstream in(metrics);
+  std::set<std::string> ids;
+  for (std::string line; std::getline(in, line);) {
+    std::smatch id;
+    ASSERT_TRUE(std::regex_search(line, id, std::regex(R"re("run_id":"([0-9a-f]{16})")re"))) << line;
+    EXPECT_NE(line.find("\"time\":\""), std::string::npos) << line;
+    ids.insert(id[1]);
+  }
+  EXPECT_EQ(ids.size(), 2u);
+  fs::remove_all(dir);
+}
+
+TEST(OutputsCli, CheckpointDirectoryIsCheckedBeforeTraining) {
+  auto r = run_tandem("train --epochs 1 --checkpoint /nonexistent-dir/ck.bin" + kSmall);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Starting Epoch"), std::string::npos) << r.output;
+}
+
+TEST(OutputsCli, FifoInPlaceOfADataFileIsRefused) {
+  fs::path dir = temp_dir("fifo");
+  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte"})
+    ASSERT_EQ(mkfifo((dir / f).c_str(), 0600), 0);
+  auto r = run_tandem("train --dataset mnist --data-dir " + dir.string() + kSmall);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("not a regular file"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+TEST(OutputsCli, PlotDrawsAPngOrSaysWhatIsMissing) {
+  fs::path dir = temp_dir("plot");
+  const fs::path metrics = dir / "m.jsonl", png = dir / "curves.png";
+  std::ofstream(metrics) << R"({"epoch":0,"train_loss":9.5,"train_acc":0.5,"eval_acc":0.6,"run_id":"a"})" "\n"
+                         << R"({"epoch":1,"train_loss":5.5,"train_acc":0.7,"eval_acc":0.75,"run_id":"a"})" "\n";
+  auto r = run_tandem("plot " + metrics.string() + " -o " + png.string());
+  if (r.status == 2 && r.output.find("gnuplot") != std::string::npos) GTEST_SKIP() << r.output;
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream f(png, std::ios::binary);
+  char sig[8] = {};
+  f.read(sig, 8);
+  EXPECT_EQ(std::string(sig + 1, 3), "PNG");
+  EXPECT_EQ(run_tandem("plot " + (dir / "absent.jsonl").string()).status, 2);
+  fs::remove_all(dir);
+}
+
+TEST(OutputsCli, BenchAllReduceRunsOnTheCpuWithNcclTestsFlags) {
+  auto r = run_tandem("bench allreduce -b 1K -e 16K -f 4 -n 2 -w 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(tandem::test::count_lines_with(r.output, " ok"), 3) << r.output;  // 1K, 4K, 16K
+}
