@@ -1,5 +1,6 @@
-"""The guide's scripts for one short epoch under each launcher: tandem launch, mpiexec, and the
-multiprocessing ticket. The three are one computation and must print the same numbers."""
+"""The example scripts: the guide's for one short epoch under each launcher (tandem launch, mpiexec,
+the multiprocessing ticket), which are one computation and must print the same numbers; and the
+model written from layers."""
 import multiprocessing
 import re
 import shutil
@@ -79,3 +80,13 @@ def test_ticket_pickles_for_spawned_processes():
         assert p.exitcode == 0
     assert got == [(0, 2, [3.0, 3.0]), (1, 2, [3.0, 3.0])]
 
+
+
+@needs_fashion
+def test_model_from_layers_example():
+    rc, out = run([sys.executable, str(EXAMPLES / "model_from_layers.py"), "--limit-train", "1024", "--limit-test",
+                   "256"])
+    assert rc == 0, out
+    trained = re.search(r"evaluation accuracy ([0-9.]+)\n", out).group(1)
+    reloaded = re.search(r"reloaded .*: evaluation accuracy ([0-9.]+)", out).group(1)
+    assert reloaded == trained and float(trained) > 0.25, out
