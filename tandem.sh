@@ -41,6 +41,13 @@ build() {
     # shellcheck disable=SC2086
     cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >&2
   fi
+  # pip may have built the Python module in this directory with an interpreter that is gone since
+  # (build/pyenv removed): then the C++ parts are built alone, until pip builds the module again.
+  local cache="$BUILD_DIR/CMakeCache.txt" py
+  if grep -q '^TANDEM_PYTHON:BOOL=ON' "$cache" 2>/dev/null; then
+    py=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$cache")
+    "${py:-false}" -c "import nanobind" 2>/dev/null || cmake -S . -B "$BUILD_DIR" -DTANDEM_PYTHON=OFF >&2
+  fi
   cmake --build "$BUILD_DIR" -j "$JOBS" >&2
 }
 
