@@ -25,9 +25,12 @@ if ! "$PY" -c "import tandem" 2>/dev/null; then
   PY=$BUILD_DIR/pyenv/bin/python
   "$PY" -c "import nanobind, scikit_build_core, numpy" 2>/dev/null ||
     "$PY" -m pip install -q nanobind scikit-build-core numpy
-  CMAKE_GENERATOR=Ninja "$PY" -m pip install -q --no-build-isolation --no-deps \
-    --config-settings=build-dir="$BUILD_DIR" --config-settings=cmake.define.TANDEM_TESTS=OFF \
-    --config-settings=cmake.define.TANDEM_BENCH=OFF . >&2
+  # Built in BUILD_DIR: only the module is compiled; the directory keeps its tests and benchmarks.
+  cache="$BUILD_DIR/CMakeCache.txt"
+  CMAKE_GENERATOR=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$cache") "$PY" -m pip install -q --no-build-isolation \
+    --no-deps --config-settings=build-dir="$BUILD_DIR" \
+    --config-settings=cmake.define.TANDEM_TESTS="$(sed -n 's/^TANDEM_TESTS:BOOL=//p' "$cache")" \
+    --config-settings=cmake.define.TANDEM_BENCH="$(sed -n 's/^TANDEM_BENCH:BOOL=//p' "$cache")" . >&2
 fi
 
 ms() { sed -n 's/^RESULT .*"ms_per_step": *\([0-9.e+-]*\).*/\1/p'; }

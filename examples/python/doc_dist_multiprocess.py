@@ -23,4 +23,4 @@ if __name__ == "__main__":
         p.start()
     for p in process:
         p.join()
-    sys.exit(max(p.exitcode != 0 for p in process))
+    sys.exit(1 if any(p.exitcode for p in process) else 0)

@@ -1,6 +1,5 @@
 // The distributed side: where this process sits in the job, communicators, DistOpt, and the
 // rendezvous store server behind the multiprocessing ticket.
-#include <nanobind/stl/chrono.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>

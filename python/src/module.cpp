@@ -26,6 +26,7 @@ void translate_error(const std::exception_ptr& p, void*) {
 
 std::shared_ptr<PyDevice> device_object(Device d) {
   static std::mutex mu;
+  // Never destroyed: Python may still hand out devices while the interpreter shuts down.
   static auto* devices = new std::map<std::pair<int, int>, std::shared_ptr<PyDevice>>();
   if (d.is_cpu()) d.index = 0;
   check_device(d);

@@ -301,7 +301,7 @@ class SoftMaxCrossEntropy(Layer):
 
     def forward(self, x, t):
         if t.ndim == 2:
-            t = _tandem.argmax(t if t.dtype in (_tandem.DType.float32,) else t.as_type(_tandem.DType.float32))
+            t = _tandem.argmax(t.as_type(_tandem.DType.float32))
         return _tandem.reshape(_tandem.softmax_cross_entropy(x, t), [1])
 
 

@@ -122,9 +122,11 @@ class DistOpt(Optimizer):
 
     def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None, buffSize=4194304, *,
                  gpu_num=None, gpu_per_node=None, half_dtype=float16, first_bucket_size=262144, timeout=300.0):
-        self.opt = opt if opt is not None else SGD()
-        if not isinstance(self.opt, Optimizer) or isinstance(self.opt, DistOpt):
+        opt = opt if opt is not None else SGD()
+        if not isinstance(opt, Optimizer) or isinstance(opt, DistOpt):
             raise TypeError("DistOpt wraps an SGD or Adam optimizer")
+        super().__init__(opt.lr)
+        self.opt = opt
         local_rank = _either(local_rank, gpu_num, "local_rank", "gpu_num")
         world_size = _either(world_size, gpu_per_node, "world_size", "gpu_per_node")
         if nccl_id is not None:
@@ -148,9 +150,6 @@ class DistOpt(Optimizer):
         self._timeout = float(timeout)
         self._comms = {}
         self._pending = []
-        self._model = None
-        self._module = None
-        self._impl = None
         _share_cores(env.local_size)
 
     # ---- ranks (the guide's names and the short ones)
