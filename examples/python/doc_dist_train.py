@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from tandem import data, device, layer, model, opt, tensor
+from tandem import autograd, data, device, layer, model, opt, tensor
 
 
 class CNN(model.Model):
@@ -83,7 +83,7 @@ def accuracy(pred, target):
 
 def train_mnist_cnn(local_rank=None, world_size=None, nccl_id=None, max_epoch=10, batch_size=64, lr=0.005,
                     dist_option="plain", spars=0.05, data_dir=None, seed=0, use_gpu=None, limit_train=0,
-                    limit_test=0):
+                    limit_test=0, precision="f32"):
     sgd = opt.SGD(lr=lr, momentum=0.9, weight_decay=1e-5)
     sgd = opt.DistOpt(sgd, nccl_id=nccl_id, local_rank=local_rank, world_size=world_size)
     if use_gpu is None:
@@ -125,7 +125,8 @@ def train_mnist_cnn(local_rank=None, world_size=None, nccl_id=None, max_epoch=10
             batch = idx[b * batch_size:(b + 1) * batch_size]
             tx.copy_from_numpy(train_x[batch])
             ty.copy_from_numpy(train_y[batch])
-            out, loss = net(tx, ty, dist_option, spars)
+            with autograd.precision(precision):  # GPU convolutions and products; the CPU stays exact f32
+                out, loss = net(tx, ty, dist_option, spars)
             train_correct += accuracy(tensor.to_numpy(out), train_y[batch])
             train_loss += tensor.to_numpy(loss)[0]
         train_correct = reduce_variable(train_correct, sgd, reducer)
@@ -139,7 +140,8 @@ def train_mnist_cnn(local_rank=None, world_size=None, nccl_id=None, max_epoch=10
         net.eval()
         for b in range(num_test_batch):
             x, y = test_x[b * batch_size:(b + 1) * batch_size], test_y[b * batch_size:(b + 1) * batch_size]
-            out_test = net(tensor.from_numpy(x, dev))
+            with autograd.precision(precision):
+                out_test = net(tensor.from_numpy(x, dev))
             test_correct += accuracy(tensor.to_numpy(out_test), y)
         test_correct = reduce_variable(test_correct, sgd, reducer)
         if rank == 0:
@@ -160,6 +162,8 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=None, help="Fashion-MNIST directory (default: Debian's dataset-fashion-mnist)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--precision", choices=["f32", "tf32", "bf16", "f16"], default="f32",
+                   help="math of GPU convolutions and products (f16 has no loss scaling yet)")
     p.add_argument("--limit-train", type=int, default=0, help="use the first N training samples only")
     p.add_argument("--limit-test", type=int, default=0, help="use the first N test samples only")
     return p.parse_args(argv)
@@ -170,7 +174,7 @@ def run(args, **job):
     use_gpu = None if args.device == "auto" else args.device == "cuda"
     train_mnist_cnn(max_epoch=args.epochs, batch_size=args.batch_size, lr=args.lr, dist_option=args.dist_option,
                     spars=args.spars, data_dir=args.data_dir, seed=args.seed, use_gpu=use_gpu,
-                    limit_train=args.limit_train, limit_test=args.limit_test, **job)
+                    limit_train=args.limit_train, limit_test=args.limit_test, precision=args.precision, **job)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 // Layers (the C++ modules the Python layers are made of), ready-made models, optimizers, checkpoints.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -6,6 +7,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "binding.h"
@@ -72,19 +74,28 @@ void bind_nn(nb::module_& m) {
       .def("add_module", &ParamModule::add_module, nb::arg("name"), nb::arg("module"));
 
   nb::class_<nn::Conv2d, nn::Module>(m, "Conv2d")
-      .def(nb::init<int64_t, int64_t, int, Generator&, int, int, bool>(), nb::arg("in_channels"),
+      .def(nb::init<int64_t, int64_t, int, Generator&, int, int, bool, bool>(), nb::arg("in_channels"),
            nb::arg("out_channels"), nb::arg("kernel"), nb::arg("generator"), nb::arg("stride") = 1,
-           nb::arg("padding") = 0, nb::arg("bias") = true)
+           nb::arg("padding") = 0, nb::arg("bias") = true, nb::arg("relu") = false,
+           "relu fuses max(., 0) into the output.")
       .def_prop_ro("weight", [](const nn::Conv2d& c) { return c.weight; })
       .def_prop_ro("bias", [](const nn::Conv2d& c) { return c.bias.defined() ? nb::cast(c.bias) : nb::none(); });
   nb::class_<nn::Linear, nn::Module>(m, "Linear")
-      .def(nb::init<int64_t, int64_t, Generator&, bool>(), nb::arg("in_features"), nb::arg("out_features"),
-           nb::arg("generator"), nb::arg("bias") = true)
+      .def(nb::init<int64_t, int64_t, Generator&, bool, bool>(), nb::arg("in_features"), nb::arg("out_features"),
+           nb::arg("generator"), nb::arg("bias") = true, nb::arg("relu") = false,
+           "relu fuses max(., 0) into the output.")
       .def_prop_ro("weight", [](const nn::Linear& l) { return l.weight; })
       .def_prop_ro("bias", [](const nn::Linear& l) { return l.bias.defined() ? nb::cast(l.bias) : nb::none(); });
   nb::class_<nn::BatchNorm2d, nn::Module>(m, "BatchNorm2d")
       .def(nb::init<int64_t, double, double>(), nb::arg("channels"), nb::arg("momentum") = 0.1, nb::arg("eps") = 1e-5,
            "running = (1 - momentum) * running + momentum * batch.")
+      .def(
+          "forward_act",
+          [](nn::BatchNorm2d& b, const Tensor& x, const std::optional<Tensor>& residual, bool relu) {
+            return b.forward_act(x, residual.value_or(Tensor()), relu);
+          },
+          nb::arg("x"), nb::arg("residual").none() = nb::none(), nb::arg("relu") = false, release_gil(),
+          "max(bn(x) + residual, 0) with relu, bn(x) + residual without, in one pass.")
       .def_prop_ro("gamma", [](const nn::BatchNorm2d& b) { return b.gamma; })
       .def_prop_ro("beta", [](const nn::BatchNorm2d& b) { return b.beta; })
       .def_prop_ro("running_mean", [](const nn::BatchNorm2d& b) { return b.running_mean; })

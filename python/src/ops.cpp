@@ -2,6 +2,7 @@
 #include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <array>
@@ -14,6 +15,7 @@
 #include "core/tensor_impl.h"
 #include "tandem/autograd.h"
 #include "tandem/ops.h"
+#include "tandem/precision.h"
 
 namespace tandem::py {
 
@@ -43,6 +45,12 @@ struct NoGradScope {
   std::unique_ptr<NoGradGuard> guard;
 };
 
+// Sets the precision of the ops run inside a `with` block on this thread.
+struct PrecisionBlock {
+  Precision precision;
+  std::unique_ptr<PrecisionScope> scope;
+};
+
 }  // namespace
 
 void bind_ops(nb::module_& m) {
@@ -63,15 +71,21 @@ void bind_ops(nb::module_& m) {
   m.def("sum", &sum, nb::arg("x"), release_gil());
   m.def("mean", &mean, nb::arg("x"), release_gil());
   m.def("matmul", &matmul, nb::arg("a"), nb::arg("b"), release_gil());
-  m.def("linear", [bias](const Tensor& x, const Tensor& w, const std::optional<Tensor>& b) { return linear(x, w, bias(b)); },
-        nb::arg("x"), nb::arg("weight"), nb::arg("bias").none() = nb::none(), release_gil());
+  m.def(
+      "linear",
+      [bias](const Tensor& x, const Tensor& w, const std::optional<Tensor>& b, bool relu) {
+        return linear(x, w, bias(b), relu);
+      },
+      nb::arg("x"), nb::arg("weight"), nb::arg("bias").none() = nb::none(), nb::arg("relu") = false, release_gil(),
+      "x [N, in] w [out, in]^T + b; relu fuses max(., 0).");
   m.def(
       "conv2d",
-      [bias](const Tensor& x, const Tensor& w, const std::optional<Tensor>& b, Pair stride, Pair padding) {
-        return conv2d(x, w, bias(b), Conv2dOptions{stride, padding});
+      [bias](const Tensor& x, const Tensor& w, const std::optional<Tensor>& b, Pair stride, Pair padding, bool relu) {
+        return conv2d(x, w, bias(b), Conv2dOptions{stride, padding, relu});
       },
       nb::arg("x"), nb::arg("weight"), nb::arg("bias").none() = nb::none(), nb::arg("stride") = Pair{1, 1},
-      nb::arg("padding") = Pair{0, 0}, release_gil(), "NCHW convolution; weight [K, C, R, S].");
+      nb::arg("padding") = Pair{0, 0}, nb::arg("relu") = false, release_gil(),
+      "NCHW convolution; weight [K, C, R, S]; relu fuses max(., 0).");
   m.def(
       "max_pool2d", [](const Tensor& x, Pair kernel, Pair stride, Pair padding) {
         return max_pool2d(x, Pool2dOptions{kernel, stride, padding});
@@ -98,6 +112,25 @@ void bind_ops(nb::module_& m) {
       .def(nb::init<>())
       .def("__enter__", [](NoGradScope& s) { s.guard = std::make_unique<NoGradGuard>(); })
       .def("__exit__", [](NoGradScope& s, nb::args) { s.guard.reset(); });
+
+  nb::enum_<Precision>(m, "Precision", "How convolutions and matrix products compute on GPUs.")
+      .value("f32", Precision::f32)
+      .value("tf32", Precision::tf32)
+      .value("bf16", Precision::bf16)
+      .value("f16", Precision::f16);
+  m.def("parse_precision", [](const std::string& s) { return parse_precision(s); }, nb::arg("name"));
+  m.def("current_precision", &current_precision, "The precision ops on this thread run at now.");
+  m.def("default_precision", [](nb::handle d) { return default_precision(to_device(d)); }, nb::arg("device").none(),
+        "tf32 on CUDA, f32 on the CPU.");
+  nb::class_<PrecisionBlock>(m, "precision",
+                             "with precision('bf16'): convolutions and matrix products on GPUs inside the block run "
+                             "at that precision (the CPU always computes exact f32); backward follows its forward.")
+      .def("__init__", [](PrecisionBlock* self, nb::handle p) {
+        new (self) PrecisionBlock{nb::isinstance<Precision>(p) ? nb::cast<Precision>(p)
+                                                                : parse_precision(nb::cast<std::string>(p)), nullptr};
+      }, nb::arg("precision"))
+      .def("__enter__", [](PrecisionBlock& b) { b.scope = std::make_unique<PrecisionScope>(b.precision); })
+      .def("__exit__", [](PrecisionBlock& b, nb::args) { b.scope.reset(); });
 }
 
 }  // namespace tandem::py

@@ -120,7 +120,7 @@ class Layer:
 class Conv2d(Layer):
     """2-D convolution: ``Conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0,
     activation=None)``, or SINGA's ``Conv2d(out_channels, kernel_size, ...)`` with the input channels
-    taken at the first call. ``activation="RELU"`` applies a ReLU to the output."""
+    taken at the first call. ``activation="RELU"`` fuses a ReLU into the output."""
 
     def __init__(self, *args, stride=1, padding=0, bias=True, activation=None, dilation=1, group=1, **kwargs):
         super().__init__()
@@ -155,11 +155,10 @@ class Conv2d(Layer):
             raise ValueError(f"Conv2d was built for {self.in_channels} input channels but got {x}")
         self.in_channels = channels
         self._set_cpp(_tandem.Conv2d(channels, self.out_channels, self.kernel_size, x.device.generator,
-                                     self.stride, self.padding, self.bias), x.device)
+                                     self.stride, self.padding, self.bias, self.activation == "RELU"), x.device)
 
     def forward(self, x):
-        y = self._cpp(x)
-        return _tandem.relu(y) if self.activation == "RELU" else y
+        return self._cpp(x)
 
     @property
     def W(self):
@@ -172,9 +171,9 @@ class Conv2d(Layer):
 
 class Linear(Layer):
     """Fully connected: ``Linear(out_features)`` (input size from the first call) or
-    ``Linear(in_features, out_features)``."""
+    ``Linear(in_features, out_features)``; ``activation="RELU"`` fuses a ReLU into the output."""
 
-    def __init__(self, *args, bias=True, **kwargs):
+    def __init__(self, *args, bias=True, activation=None, **kwargs):
         super().__init__()
         if len(args) == 1:
             self.in_features, self.out_features = kwargs.pop("in_features", None), args[0]
@@ -187,8 +186,11 @@ class Linear(Layer):
                 raise TypeError("Linear(out_features) or Linear(in_features, out_features)")
         if kwargs:
             raise TypeError(f"Linear got unexpected arguments {sorted(kwargs)}")
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"Linear: activation must be None or 'RELU', got {activation!r}")
         self.out_features = int(self.out_features)
         self.bias = bool(bias)
+        self.activation = activation if activation != "NOTSET" else None
 
     def initialize(self, x):
         if x.ndim != 2:
@@ -196,7 +198,8 @@ class Linear(Layer):
         if self.in_features is not None and self.in_features != x.shape[1]:
             raise ValueError(f"Linear was built for {self.in_features} input features but got {x}")
         self.in_features = x.shape[1]
-        self._set_cpp(_tandem.Linear(self.in_features, self.out_features, x.device.generator, self.bias), x.device)
+        self._set_cpp(_tandem.Linear(self.in_features, self.out_features, x.device.generator, self.bias,
+                                     self.activation == "RELU"), x.device)
 
     def forward(self, x):
         return self._cpp(x)

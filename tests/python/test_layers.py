@@ -110,6 +110,22 @@ def test_batchnorm_and_dropout(cpu):
     np.testing.assert_array_equal(drop(ones).to_numpy(), np.ones(1000))
 
 
+def test_precision_scope(cpu):
+    assert autograd.current_precision() == autograd.Precision.f32
+    with autograd.precision("bf16"):
+        assert autograd.current_precision() == autograd.Precision.bf16
+        with autograd.precision(autograd.Precision.tf32):
+            assert autograd.current_precision() == autograd.Precision.tf32
+        x = tensor.from_numpy(rand((2, 3)), cpu)
+        w = tensor.from_numpy(rand((4, 3), seed=1), cpu)
+        y = _tandem.linear(x, w, relu=True).to_numpy()  # the CPU computes exact f32 at any precision
+    assert autograd.current_precision() == autograd.Precision.f32
+    np.testing.assert_allclose(y, np.maximum(x.to_numpy() @ w.to_numpy().T, 0), rtol=1e-5, atol=1e-6)
+    assert autograd.default_precision(cpu) == autograd.Precision.f32
+    with pytest.raises(ValueError, match="tf32"):
+        autograd.precision("f8")
+
+
 def test_guide_cnn_matches_the_cpp_model(cpu):
     cpu.SetRandSeed(7)
     net = CNN()
