@@ -82,6 +82,10 @@ def main():
         d.check_consistency()
         assert d.stats.bytes_sent > 0 and d.stats.steps == 1
 
+    net.get_params()["w"].copy_from_numpy(np.full(N, float(rank), dtype=np.float32))
+    d.sync_parameters()  # rank 0's values everywhere
+    check(rank, "sync_parameters", net.get_params()["w"].to_numpy(), np.zeros(N))
+
     d, net = setup(rank)
     step(d, net, rank, "backward_and_update_half")
     check(rank, "backward_and_update_half", net.get_params()["w"].to_numpy(), W0 - LR * mean_x, atol=2e-3)
