@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from tandem import _tandem, device, opt, tensor
+from tandem import _tandem, autograd, device, opt, tensor
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "python"))
 from doc_dist_train import CNN  # noqa: E402
@@ -23,6 +23,7 @@ def main():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: the cores' share of this rank)")
+    p.add_argument("--precision", default=None, help="f32, tf32, bf16 or f16 (default: tf32 on CUDA, f32 on the CPU)")
     args = p.parse_args()
 
     sgd = opt.DistOpt(opt.SGD(lr=0.005, momentum=0.9, weight_decay=1e-5))
@@ -35,19 +36,26 @@ def main():
     labels = [gen.next_below(10) for _ in range(args.batch_size)]
     ty = tensor.from_numpy(np.array(labels, dtype=np.int32), dev)
 
+    precision_name = args.precision or autograd.default_precision(dev).name  # as tandem bench train
+    precision = autograd.precision(precision_name)
     net = CNN()
     net.set_optimizer(sgd)
     net.compile([tx], is_train=True)
+
+    def step():
+        with precision:
+            net(tx, ty)
+
     before = sum(np.abs(p.to_numpy()).sum() for p in net.get_params().values())
     for _ in range(args.warmup):
-        net(tx, ty)
+        step()
     comm = sgd.communicator(dev)
     dev.synchronize()
     comm.barrier()
     sgd.reset_stats()
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        net(tx, ty)
+        step()
     dev.synchronize()
     comm.barrier()
     dt = time.perf_counter() - t0
@@ -58,6 +66,7 @@ def main():
         print("RESULT " + json.dumps({
             "system": "tandem-python", "model": "cnn", "device": str(dev), "world": sgd.world_size,
             "batch_per_rank": args.batch_size, "steps": args.steps, "threads": device.num_threads(),
+            "precision": precision_name,
             "images_per_s": round(args.batch_size * sgd.world_size * args.steps / dt),
             "ms_per_step": dt / args.steps * 1e3, "params_changed": True}), flush=True)
 

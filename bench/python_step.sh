@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Python's cost per training step: the guide's CNN at batch 64 stepped from Python
 # (bench/python_step.py) against `tandem bench train` stepping the C++ model, alternately, ROUNDS
-# times each; prints every run's ms/step, the medians, the fastest runs and their ratios.
+# times each, both at the device's default precision (tf32 on CUDA, f32 on the CPU); prints every
+# run's ms/step, the medians, the fastest runs and their ratios.
 #   bench/python_step.sh [cpu|cuda] [ROUNDS] [STEPS]
 # Environment: BUILD_DIR (default build, or build-gpu for cuda), PY (an interpreter with tandem
 # installed; default: BUILD_DIR/pyenv, made and filled here when missing).

@@ -83,13 +83,14 @@ def accuracy(pred, target):
 
 def train_mnist_cnn(local_rank=None, world_size=None, nccl_id=None, max_epoch=10, batch_size=64, lr=0.005,
                     dist_option="plain", spars=0.05, data_dir=None, seed=0, use_gpu=None, limit_train=0,
-                    limit_test=0, precision="f32"):
+                    limit_test=0, precision=None):
     sgd = opt.SGD(lr=lr, momentum=0.9, weight_decay=1e-5)
     sgd = opt.DistOpt(sgd, nccl_id=nccl_id, local_rank=local_rank, world_size=world_size)
     if use_gpu is None:
         use_gpu = device.get_num_gpus() > 0
     dev = device.create_cuda_gpu_on(sgd.rank_in_local) if use_gpu else device.get_default_device()
     dev.SetRandSeed(seed)
+    precision = precision or autograd.default_precision(dev)  # as tandem train: tf32 on GPUs, f32 on CPUs
     rank, world = sgd.rank_in_global, sgd.world_size
 
     train_x, train_y, test_x, test_y = data.load_fashion_mnist(data_dir)
@@ -125,7 +126,7 @@ def train_mnist_cnn(local_rank=None, world_size=None, nccl_id=None, max_epoch=10
             batch = idx[b * batch_size:(b + 1) * batch_size]
             tx.copy_from_numpy(train_x[batch])
             ty.copy_from_numpy(train_y[batch])
-            with autograd.precision(precision):  # GPU convolutions and products; the CPU stays exact f32
+            with autograd.precision(precision):  # the math of GPU convolutions and products
                 out, loss = net(tx, ty, dist_option, spars)
             train_correct += accuracy(tensor.to_numpy(out), train_y[batch])
             train_loss += tensor.to_numpy(loss)[0]
@@ -162,8 +163,9 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=None, help="Fashion-MNIST directory (default: Debian's dataset-fashion-mnist)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--precision", choices=["f32", "tf32", "bf16", "f16"], default="f32",
-                   help="math of GPU convolutions and products (f16 has no loss scaling yet)")
+    p.add_argument("--precision", choices=["f32", "tf32", "bf16", "f16"], default=None,
+                   help="math of GPU convolutions and products (default: tf32 on GPUs, f32 on CPUs, whose math "
+                        "is always exact f32)")
     p.add_argument("--limit-train", type=int, default=0, help="use the first N training samples only")
     p.add_argument("--limit-test", type=int, default=0, help="use the first N test samples only")
     return p.parse_args(argv)
