@@ -2,18 +2,23 @@
 // rendezvous store server behind the multiprocessing ticket.
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "binding.h"
+#include "tandem/distributed/agreement.h"
 #include "tandem/distributed/bootstrap.h"
 #include "tandem/distributed/communicator.h"
 #include "tandem/distributed/dist_opt.h"
 #include "tandem/distributed/store.h"
+#include "tandem/distributed/sync_batch_norm.h"
 
 namespace tandem::py {
 
@@ -30,7 +35,10 @@ milliseconds to_ms(double seconds) {
 // not the server's thread: there it is let go of without being stopped (the parent still serves).
 class TicketServer {
  public:
-  explicit TicketServer(const std::string& host) : server_(std::make_unique<dist::StoreServer>(0, host)), owner_(getpid()) {}
+  TicketServer(const std::string& host, const std::string& job_id, const std::string& secret)
+      : server_(std::make_unique<dist::StoreServer>(
+            dist::StoreServerOptions{host, 0, dist::StoreAuth{job_id, secret}, {}, {}})),
+        owner_(getpid()) {}
   ~TicketServer() {
     if (getpid() != owner_) (void)server_.release();
   }
@@ -41,6 +49,12 @@ class TicketServer {
  private:
   std::unique_ptr<dist::StoreServer> server_;
   pid_t owner_;
+};
+
+// Lets a `with` block accumulate gradients without communication (DistOpt::no_sync).
+struct NoSyncBlock {
+  dist::DistOpt& opt;
+  std::unique_ptr<dist::DistOpt::NoSync> guard;
 };
 
 }  // namespace
@@ -93,28 +107,54 @@ void bind_dist(nb::module_& m) {
       .def_ro("collectives", &dist::CommStats::collectives)
       .def_ro("bytes_sent", &dist::CommStats::bytes_sent)
       .def_ro("bytes_received", &dist::CommStats::bytes_received)
-      .def_ro("wait_seconds", &dist::CommStats::wait_seconds);
+      .def_ro("wait_seconds", &dist::CommStats::wait_seconds)
+      .def_ro("skipped_updates", &dist::CommStats::skipped_updates);
+
+  nb::class_<dist::BucketInfo>(m, "BucketInfo")
+      .def_ro("offset", &dist::BucketInfo::offset)
+      .def_ro("numel", &dist::BucketInfo::numel)
+      .def_ro("params", &dist::BucketInfo::params)
+      .def_ro("offsets", &dist::BucketInfo::offsets);
+  m.def("sync_method_names", &dist::sync_method_names, "plain, half, partialUpdate, sparseTopK, sparseThreshold, powerSGD");
+
+  nb::class_<NoSyncBlock>(m, "NoSync")
+      .def("__enter__", [](NoSyncBlock& b) { b.guard = std::make_unique<dist::DistOpt::NoSync>(b.opt); })
+      .def("__exit__", [](NoSyncBlock& b, nb::args) { b.guard.reset(); });
 
   nb::class_<dist::DistOpt>(m, "DistOpt", "Averages gradients across ranks while backward runs, then steps the wrapped optimizer.")
       .def(
           "__init__",
           [](dist::DistOpt* self, std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<dist::Communicator> comm,
-             size_t bucket_bytes, size_t first_bucket_bytes, DType half_dtype) {
+             size_t bucket_bytes, size_t first_bucket_bytes, const std::string& method, DType half_dtype,
+             double clip, double spars, bool error_feedback, int rank, bool skip_nonfinite) {
             dist::DistOptOptions o;
             o.bucket_bytes = bucket_bytes;
             o.first_bucket_bytes = first_bucket_bytes;
-            o.half_dtype = half_dtype;
+            o.sync = dist::SyncOptions{dist::parse_sync_method(method), half_dtype, clip, spars, error_feedback, rank};
+            o.skip_nonfinite = skip_nonfinite;
             nb::gil_scoped_release unlocked;
             new (self) dist::DistOpt(std::move(opt), std::move(comm), o);
           },
           nb::arg("optimizer"), nb::arg("communicator"), nb::arg("bucket_bytes") = size_t(16) << 20,
-          nb::arg("first_bucket_bytes") = size_t(1) << 20, nb::arg("half_dtype") = DType::f16,
-          "Wraps optimizer; every rank must pass the same parameters.")
+          nb::arg("first_bucket_bytes") = size_t(1) << 20, nb::arg("method") = "plain",
+          nb::arg("half_dtype") = DType::f16, nb::arg("clip") = 0.0, nb::arg("spars") = 0.05,
+          nb::arg("error_feedback") = true, nb::arg("rank") = 2, nb::arg("skip_nonfinite") = false,
+          "Wraps optimizer; every rank must pass the same parameters and options. method and the settings "
+          "after it are what step() and backward_and_sync() do.")
       .def_prop_ro("rank_in_local", &dist::DistOpt::rank_in_local)
       .def_prop_ro("rank_in_global", &dist::DistOpt::rank_in_global)
       .def_prop_ro("world_size", &dist::DistOpt::world_size)
       .def("sync_parameters", &dist::DistOpt::sync_parameters, nb::arg("model"), release_gil(),
            "Checks that every rank built the same model, then copies rank 0's parameters and buffers to all.")
+      .def("backward_and_sync", &dist::DistOpt::backward_and_sync, nb::arg("loss"), release_gil(),
+           "Backward with the gradients averaged across ranks; grads then hold the average.")
+      .def("clip_grad_norm", &dist::DistOpt::clip_grad_norm, nb::arg("max_norm"), release_gil(),
+           "Scales the averaged gradients to a global L2 norm of at most max_norm; returns the norm before.")
+      .def("update", &dist::DistOpt::update, release_gil(),
+           "Applies the gradients; False (on every rank) when the step was skipped for inf/NaN gradients.")
+      .def("step", &dist::DistOpt::step, nb::arg("loss"), release_gil(), "backward_and_sync, then update.")
+      .def("no_sync", [](dist::DistOpt& d) { return NoSyncBlock{d, nullptr}; }, nb::keep_alive<0, 1>(),
+           "with opt.no_sync(): backward_and_sync accumulates this rank's gradients without communicating.")
       .def("backward_and_update", &dist::DistOpt::backward_and_update, nb::arg("loss"), release_gil())
       .def("backward_and_update_half", &dist::DistOpt::backward_and_update_half, nb::arg("loss"),
            nb::arg("clipping") = false, nb::arg("clip_value") = 100.0, release_gil())
@@ -126,10 +166,33 @@ void bind_dist(nb::module_& m) {
       .def("check_consistency", &dist::DistOpt::check_consistency, nb::arg("include_buffers") = true, release_gil())
       .def_prop_ro("stats", &dist::DistOpt::stats)
       .def("reset_stats", &dist::DistOpt::reset_stats)
-      .def("bucket_sizes", &dist::DistOpt::bucket_sizes);
+      .def("bucket_sizes", &dist::DistOpt::bucket_sizes)
+      .def("bucket_layout", &dist::DistOpt::bucket_layout)
+      .def("residual_norms", &dist::DistOpt::residual_norms)
+      .def_prop_ro("method", [](const dist::DistOpt& d) { return d.active_sync().method; },
+                   "The method the last step ran with.")
+      .def("step_capturable", &dist::DistOpt::step_capturable);
+
+  m.def("convert_sync_batch_norm", &dist::convert_sync_batch_norm, nb::arg("model"), nb::arg("communicator"),
+        "Makes every BatchNorm2d of the model take its training statistics over all ranks; returns how many.");
+  m.def(
+      "check_agreement",
+      [](const std::vector<std::tuple<std::string, std::string, bool>>& fields) {
+        std::vector<dist::AgreementField> f;
+        for (const auto& [name, value, must_match] : fields) f.push_back({name, value, must_match});
+        nb::gil_scoped_release unlocked;
+        return dist::check_agreement(f);
+      },
+      nb::arg("fields"),
+      "Compares (name, value, must_match) across the ranks; raises naming the first must-match field that differs.");
+  m.def("report_step", &dist::report_step, nb::arg("step"), "Records the training step this rank reached.");
+  m.def("abort_job_after_error", &dist::abort_job_after_error, nb::arg("exit_code"),
+        "Under mpiexec, stops every rank of the job (the others would wait for this one); elsewhere nothing.");
 
   nb::class_<TicketServer>(m, "StoreServer", "A rendezvous store served from a thread of this process.")
-      .def(nb::init<const std::string&>(), nb::arg("host") = "127.0.0.1", release_gil())
+      .def(nb::init<const std::string&, const std::string&, const std::string&>(), nb::arg("host"),
+           nb::arg("job_id"), nb::arg("secret"), release_gil(),
+           "Serves clients of job_id that prove they know secret (at least 16 bytes).")
       .def_prop_ro("port", &TicketServer::port);
 }
 

@@ -6,6 +6,7 @@ from the graph of the first loss it steps on.
 """
 from . import _tandem
 from .device import _share_cores
+from .distributed import _abort_job_on_uncaught_error
 from .tensor import float16, float32
 
 
@@ -116,12 +117,18 @@ class DistOpt(Optimizer):
     parent) with ``local_rank`` and ``world_size`` (the guide's ``gpu_num`` and ``gpu_per_node``).
     Without any, it is a one-rank DistOpt. GPU tensors travel over NCCL, CPU tensors over Gloo.
 
-    ``buffSize`` is the number of float32 gradients per all-reduce bucket; ``timeout`` (seconds)
-    bounds joining the job and each collective.
+    Calling it on a loss runs a step of ``dist_option`` (plain: ``backward_and_update``; also half,
+    partialUpdate, sparseTopK, sparseThreshold, powerSGD, with ``spars``, ``clip``,
+    ``error_feedback`` and ``powersgd_rank``); the guide's ``backward_and_*`` calls pick their own.
+    ``buffSize`` is the number of float32 gradients per all-reduce bucket; ``skip_nonfinite`` makes
+    ``update`` skip, on every rank, a step whose averaged gradients hold inf or NaN; ``timeout``
+    (seconds) bounds joining the job and each collective.
     """
 
     def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None, buffSize=4194304, *,
-                 gpu_num=None, gpu_per_node=None, half_dtype=float16, first_bucket_size=262144, timeout=300.0):
+                 gpu_num=None, gpu_per_node=None, dist_option="plain", spars=0.05, clip=0.0, error_feedback=True,
+                 powersgd_rank=2, half_dtype=float16, first_bucket_size=262144, skip_nonfinite=False,
+                 timeout=300.0):
         opt = opt if opt is not None else SGD()
         if not isinstance(opt, Optimizer) or isinstance(opt, DistOpt):
             raise TypeError("DistOpt wraps an SGD or Adam optimizer")
@@ -143,14 +150,19 @@ class DistOpt(Optimizer):
                                      f"{name} {actual}; pass nccl_id to start ranks yourself, or leave {name} out")
         if buffSize < 1 or first_bucket_size < 1:
             raise ValueError("buffSize and first_bucket_size are counts of gradients and must be positive")
+        if dist_option not in _tandem.sync_method_names():
+            raise ValueError(f"unknown dist_option {dist_option!r} (choose {', '.join(_tandem.sync_method_names())})")
         self._env = env
-        self._bucket_bytes = int(buffSize) * 4
-        self._first_bucket_bytes = int(first_bucket_size) * 4
-        self._half_dtype = half_dtype
+        self._options = dict(bucket_bytes=int(buffSize) * 4, first_bucket_bytes=int(first_bucket_size) * 4,
+                             method=dist_option, half_dtype=half_dtype, clip=float(clip), spars=float(spars),
+                             error_feedback=bool(error_feedback), rank=int(powersgd_rank),
+                             skip_nonfinite=bool(skip_nonfinite))
         self._timeout = float(timeout)
         self._comms = {}
         self._pending = []
         _share_cores(env.local_size)
+        if env.launcher == "mpi":
+            _abort_job_on_uncaught_error()
 
     # ---- ranks (the guide's names and the short ones)
     @property
@@ -199,8 +211,7 @@ class DistOpt(Optimizer):
         self.opt._build(module)
         self._module = module
         comm = self.communicator(module.parameters()[0].device)
-        self._impl = _tandem.DistOpt(self.opt._impl, comm, self._bucket_bytes, self._first_bucket_bytes,
-                                     self._half_dtype)
+        self._impl = _tandem.DistOpt(self.opt._impl, comm, **self._options)
         self._impl.sync_parameters(module)
 
     def _cpp_optimizer(self):
@@ -208,9 +219,42 @@ class DistOpt(Optimizer):
             self._build(self._model._module())
         return self.opt._impl
 
-    def step(self):
-        raise RuntimeError("DistOpt steps through backward_and_update(loss) and its variants: gradients are "
-                           "averaged while backward runs")
+    # ---- a step of the configured dist_option, whole or split around the synchronisation
+    def __call__(self, loss):
+        self.step(loss)
+
+    def step(self, loss):
+        """backward_and_sync, then update."""
+        self._ensure(loss)
+        self._impl.step(loss)
+
+    def backward_and_sync(self, loss):
+        """Backward with the gradients averaged across ranks (``p.grad`` then holds the average);
+        ``update()`` applies them. Between the two, user code may inspect or change the gradients."""
+        self._ensure(loss)
+        self._impl.backward_and_sync(loss)
+
+    def clip_grad_norm(self, max_norm):
+        """Scales the averaged gradients to a global L2 norm of at most ``max_norm`` (between
+        backward_and_sync and update); returns the norm before, the same on every rank."""
+        return self._require_impl().clip_grad_norm(float(max_norm))
+
+    def update(self):
+        """Applies the gradients; False, on every rank, when the step was skipped (skip_nonfinite)."""
+        return self._require_impl().update()
+
+    def no_sync(self):
+        """``with sgd.no_sync():`` backward_and_sync only accumulates this rank's gradients; the next
+        backward_and_sync outside averages the sum once (gradient accumulation)."""
+        return self._require_impl().no_sync()
+
+    def convert_sync_batch_norm(self, model):
+        """Makes the model's BatchNorm2d layers take their training statistics over every rank (the
+        model must have run once, e.g. compile); returns how many layers there are."""
+        module = model._module()
+        if not module.parameters():
+            raise RuntimeError("the model has no parameters yet: compile it first")
+        return _tandem.convert_sync_batch_norm(module, self.communicator(module.parameters()[0].device))
 
     # ---- the guide's steps
     def backward_and_update(self, loss, threshold=None):
@@ -261,6 +305,14 @@ class DistOpt(Optimizer):
 
     def reset_stats(self):
         self._require_impl().reset_stats()
+
+    def bucket_layout(self):
+        """The gradient buckets in launch order: offset, numel, parameter indices and their offsets."""
+        return self._require_impl().bucket_layout()
+
+    def residual_norms(self):
+        """Per parameter, the L2 norm of the error-feedback residual (sparse modes, powerSGD)."""
+        return self._require_impl().residual_norms()
 
     def _require_impl(self):
         if self._impl is None:

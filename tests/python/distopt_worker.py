@@ -28,7 +28,7 @@ def inputs(rank, step=0):
 W0 = np.linspace(-1, 1, N).astype(np.float32)
 
 
-def setup(rank, method=None, **dist_args):
+def setup(rank, **dist_args):
     sgd = opt.DistOpt(opt.SGD(lr=LR), **dist_args)
     net = Weights(W0)
     net.set_optimizer(sgd)
@@ -100,6 +100,27 @@ def main():
     d.average_parameters()
     d.check_consistency()
 
+    # The step split around the synchronisation, the global-norm clip, and accumulation without communication.
+    d, net = setup(rank)
+    d.backward_and_sync(net.forward(tensor.from_numpy(inputs(rank))))
+    check(rank, "backward_and_sync", net.get_params()["w"].grad.to_numpy(), mean_x)
+    norm = d.clip_grad_norm(0.5 * np.linalg.norm(mean_x))
+    check(rank, "clip_grad_norm", norm.to_numpy().reshape(()), np.linalg.norm(mean_x), atol=1e-5)
+    assert d.update() is True
+    scale = 0.5 * np.linalg.norm(mean_x) / (np.linalg.norm(mean_x) + 1e-6)
+    check(rank, "update", net.get_params()["w"].to_numpy(), W0 - LR * scale * mean_x)
+    d, net = setup(rank)
+    with d.no_sync():
+        d.backward_and_sync(net.forward(tensor.from_numpy(inputs(rank, 0))))
+    d.backward_and_sync(net.forward(tensor.from_numpy(inputs(rank, 1))))
+    d.update()
+    both = np.mean([inputs(r, 0) + inputs(r, 1) for r in range(world)], axis=0)
+    check(rank, "no_sync", net.get_params()["w"].to_numpy(), W0 - LR * both, atol=1e-5)
+    d, net = setup(rank, dist_option="powerSGD", powersgd_rank=1)
+    step(d, net, rank, "__call__")  # a vector travels uncompressed: the plain average
+    check(rank, "powerSGD", net.get_params()["w"].to_numpy(), W0 - LR * mean_x)
+    assert d.stats.steps == 1 and len(d.residual_norms()) == 1 and d.bucket_layout()[0].numel == N
+
     k = 2  # spars 0.25 of 8 gradients
     top_k = lambda acc: np.abs(acc) >= np.sort(np.abs(acc))[-k]  # noqa: E731
     d, net = setup(rank)
@@ -144,6 +165,17 @@ def main():
     d.average_buffers()
     d.check_consistency(include_buffers=True)
     print(f"rank {rank} ok average_buffers", flush=True)
+
+    # Sync batch norm: training statistics over both ranks' samples, so running statistics agree.
+    d = opt.DistOpt(opt.SGD(lr=LR))
+    net = Norm()
+    net.set_optimizer(d)
+    net.compile([x])
+    assert d.convert_sync_batch_norm(net) == 1
+    for _ in range(2):
+        d(net.forward(x))
+    d.check_consistency(include_buffers=True)
+    print(f"rank {rank} ok convert_sync_batch_norm", flush=True)
     print(f"rank {rank} done", flush=True)
 
 

@@ -67,12 +67,22 @@ def test_distopt_arguments():
         opt.DistOpt(opt.SGD(), nccl_id=tandem.NcclIdHolder(), local_rank=2, world_size=2)
     with pytest.raises(TypeError):
         opt.DistOpt(opt.DistOpt(opt.SGD()))
+    with pytest.raises(ValueError, match="powerSGD"):
+        opt.DistOpt(opt.SGD(), dist_option="gzip")
+
+
+@needs_gloo
+def test_a_process_without_the_secret_is_refused():
+    ticket = tandem.NcclIdHolder()
+    env = dict(ticket.environment(0, 2), TANDEM_SECRET="not the job's secret, but long enough", TANDEM_TIMEOUT="5")
+    rc, out = run([sys.executable, "-c", JOIN, "5"], env=env)
+    assert rc == 2 and "joined" not in out, out
 
 
 @needs_gloo
 def test_absent_peer_is_named():
     ticket = tandem.NcclIdHolder()
-    env = {"TANDEM_RANK": "0", "TANDEM_WORLD_SIZE": "2", "TANDEM_STORE_ADDR": ticket.address, "TANDEM_TIMEOUT": "2"}
+    env = dict(ticket.environment(0, 2), TANDEM_TIMEOUT="2")
     rc, out = run([sys.executable, "-c", JOIN, "2"], env=env)
     assert rc == 2 and "RuntimeError: rank 1 did not join within" in out, out
 
@@ -82,7 +92,7 @@ def test_mismatched_peers_are_told():
     ticket = tandem.NcclIdHolder()
     procs = []
     for rank, world in ((0, 2), (1, 3)):
-        env = dict(os.environ, TANDEM_RANK=str(rank), TANDEM_WORLD_SIZE=str(world), TANDEM_STORE_ADDR=ticket.address)
+        env = dict(os.environ, **ticket.environment(rank, world))
         procs.append(subprocess.Popen([sys.executable, "-c", JOIN, "30"], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=60)[0] for p in procs]

@@ -99,5 +99,9 @@ def test_one_rank_distopt(cpu):
     net.compile([x])
     losses = [net(x, y)[1].item() for _ in range(10)]
     assert losses[-1] < losses[0]
-    with pytest.raises(RuntimeError, match="backward_and_update"):
-        sgd.step()
+    loss = net.loss(net.forward(x), y)
+    sgd.backward_and_sync(loss)  # the step split around the (one-rank) synchronisation
+    assert sgd.clip_grad_norm(1e-3).item() > 1e-3
+    assert sgd.update() is True
+    with pytest.raises(RuntimeError, match="no parameters yet"):
+        opt.DistOpt(opt.SGD()).no_sync()
