@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from tandem import autograd, data, device, layer, model, opt, tensor
+from tandem import autograd, data, device, distributed, layer, model, opt, tensor
 
 
 class CNN(model.Model):
@@ -92,6 +92,10 @@ def train_mnist_cnn(local_rank=None, world_size=None, nccl_id=None, max_epoch=10
     dev.SetRandSeed(seed)
     precision = precision or autograd.default_precision(dev)  # as tandem train: tf32 on GPUs, f32 on CPUs
     rank, world = sgd.rank_in_global, sgd.world_size
+    # Ranks started with different settings stop here, each told which setting and which ranks.
+    distributed.check_agreement([("batch_size", str(batch_size), True), ("epochs", str(max_epoch), True),
+                                 ("dist_option", dist_option, True), ("precision", str(precision), True),
+                                 ("limit_train", str(limit_train), True), ("seed", str(seed), False)])
 
     train_x, train_y, test_x, test_y = data.load_fashion_mnist(data_dir)
     if limit_train:

@@ -104,3 +104,21 @@ def test_mismatched_peers_are_told():
 def test_numpy_types_without_a_tandem_dtype(cpu):
     with pytest.raises(ValueError, match="cannot become a tandem tensor"):
         tensor.Tensor((2,), cpu).copy_from_numpy(np.array([1 + 2j, 3j]))
+
+
+@needs_gloo
+def test_ranks_started_differently_are_told():
+    script = ("import sys, tandem\n"
+              "tandem.opt.DistOpt(timeout=30)\n"
+              "try:\n"
+              "    tandem.distributed.check_agreement([('batch_size', sys.argv[1], True)])\n"
+              "except ValueError as e:\n"
+              "    print('ValueError: ' + str(e))\n"
+              "    sys.exit(2)\n")
+    ticket = tandem.NcclIdHolder()
+    procs = [subprocess.Popen([sys.executable, "-c", script, batch], env=dict(os.environ, **ticket.environment(r, 2)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r, batch in ((0, "64"), (1, "32"))]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert all(p.returncode == 2 for p in procs), outs
+    assert all("different batch_size: 32 on rank 1; 64 on rank 0" in o for o in outs), outs
