@@ -1,0 +1,49 @@
+#pragma once
+// Internal to the Python module: what its source files share.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "tandem/device.h"
+#include "tandem/random.h"
+#include "tandem/tensor.h"
+
+namespace nb = nanobind;
+
+namespace tandem::py {
+
+/// Releases the GIL while a bound function runs: compute, copies and collectives.
+using release_gil = nb::call_guard<nb::gil_scoped_release>;
+
+/// A device as Python sees it: one object per device, with the random generator that layers on it
+/// initialise their parameters from (SINGA's Device.SetRandSeed).
+struct PyDevice {
+  Device device;
+  Generator generator;
+  explicit PyDevice(Device d) : device(d) {}
+};
+
+/// The one PyDevice of a device (created on first use, after checking that the device exists).
+std::shared_ptr<PyDevice> device_object(Device d);
+/// A device given from Python as a Device object, a string ("cpu", "cuda:1") or None (the CPU).
+Device to_device(nb::handle h);
+
+/// A tensor on `device` viewing the memory of an imported array; the array stays alive as long as
+/// any tensor uses the memory.
+Tensor tensor_from_array(nb::ndarray<> array);
+
+/// The handle of the CUDA stream tandem queues work on for a GPU (0 in a build without CUDA).
+uintptr_t compute_stream_handle(int device);
+
+void bind_core(nb::module_& m);
+void bind_tensor(nb::module_& m);
+/// NumPy and DLPack methods of Tensor, and the module functions around them.
+void bind_array(nb::module_& m, nb::class_<Tensor>& t);
+void bind_ops(nb::module_& m);
+void bind_nn(nb::module_& m);
+void bind_dist(nb::module_& m);
+void bind_data(nb::module_& m);
+
+}  // namespace tandem::py

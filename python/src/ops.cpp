@@ -1,0 +1,136 @@
+// Differentiable operations and autograd, as module functions.
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <unordered_set>
+#include <vector>
+
+#include "binding.h"
+#include "core/tensor_impl.h"
+#include "tandem/autograd.h"
+#include "tandem/ops.h"
+#include "tandem/precision.h"
+
+namespace tandem::py {
+
+namespace {
+
+using Pair = std::array<int, 2>;
+
+// Leaves that need a gradient and are reachable from t's graph, each once, in a deterministic order
+// (depth first from t), so that every rank of a job lists the same parameters in the same order.
+std::vector<Tensor> graph_leaves(const Tensor& t) {
+  std::vector<Tensor> out;
+  std::unordered_set<const Node*> seen;
+  std::vector<const Node*> stack;
+  if (t.grad_fn()) stack.push_back(t.grad_fn().get());
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    if (n->leaf) out.emplace_back(n->leaf);
+    for (auto it = n->next.rbegin(); it != n->next.rend(); ++it) stack.push_back(it->get());
+  }
+  return out;
+}
+
+// Disables graph recording inside a `with` block.
+struct NoGradScope {
+  std::unique_ptr<NoGradGuard> guard;
+};
+
+// Sets the precision of the ops run inside a `with` block on this thread.
+struct PrecisionBlock {
+  Precision precision;
+  std::unique_ptr<PrecisionScope> scope;
+};
+
+}  // namespace
+
+void bind_ops(nb::module_& m) {
+  auto bias = [](const std::optional<Tensor>& b) { return b.value_or(Tensor()); };
+
+  m.def("add", &add, nb::arg("a"), nb::arg("b"), release_gil());
+  m.def("sub", &sub, nb::arg("a"), nb::arg("b"), release_gil());
+  m.def("mul", &mul, nb::arg("a"), nb::arg("b"), release_gil());
+  m.def("scale", &scale, nb::arg("a"), nb::arg("s"), release_gil());
+  m.def("add_scalar", &add_scalar, nb::arg("a"), nb::arg("s"), release_gil());
+  m.def("relu", &relu, nb::arg("x"), release_gil());
+  m.def("sigmoid", &sigmoid, nb::arg("x"), release_gil());
+  m.def("tanh", static_cast<Tensor (*)(const Tensor&)>(&tandem::tanh), nb::arg("x"), release_gil());
+  m.def("bias_add", &bias_add, nb::arg("x"), nb::arg("b"), release_gil());
+  m.def("reshape", [](const Tensor& x, const std::vector<int64_t>& s) { return reshape(x, s); }, nb::arg("x"),
+        nb::arg("shape"), release_gil());
+  m.def("flatten", &flatten, nb::arg("x"), nb::arg("start_dim") = 1, release_gil());
+  m.def("sum", &sum, nb::arg("x"), release_gil());
+  m.def("mean", &mean, nb::arg("x"), release_gil());
+  m.def("matmul", &matmul, nb::arg("a"), nb::arg("b"), release_gil());
+  m.def(
+      "linear",
+      [bias](const Tensor& x, const Tensor& w, const std::optional<Tensor>& b, bool relu) {
+        return linear(x, w, bias(b), relu);
+      },
+      nb::arg("x"), nb::arg("weight"), nb::arg("bias").none() = nb::none(), nb::arg("relu") = false, release_gil(),
+      "x [N, in] w [out, in]^T + b; relu fuses max(., 0).");
+  m.def(
+      "conv2d",
+      [bias](const Tensor& x, const Tensor& w, const std::optional<Tensor>& b, Pair stride, Pair padding, bool relu) {
+        return conv2d(x, w, bias(b), Conv2dOptions{stride, padding, relu});
+      },
+      nb::arg("x"), nb::arg("weight"), nb::arg("bias").none() = nb::none(), nb::arg("stride") = Pair{1, 1},
+      nb::arg("padding") = Pair{0, 0}, nb::arg("relu") = false, release_gil(),
+      "NCHW convolution; weight [K, C, R, S]; relu fuses max(., 0).");
+  m.def(
+      "max_pool2d", [](const Tensor& x, Pair kernel, Pair stride, Pair padding) {
+        return max_pool2d(x, Pool2dOptions{kernel, stride, padding});
+      },
+      nb::arg("x"), nb::arg("kernel"), nb::arg("stride"), nb::arg("padding") = Pair{0, 0}, release_gil());
+  m.def(
+      "avg_pool2d", [](const Tensor& x, Pair kernel, Pair stride, Pair padding) {
+        return avg_pool2d(x, Pool2dOptions{kernel, stride, padding});
+      },
+      nb::arg("x"), nb::arg("kernel"), nb::arg("stride"), nb::arg("padding") = Pair{0, 0}, release_gil());
+  m.def("softmax_cross_entropy", &softmax_cross_entropy, nb::arg("logits"), nb::arg("labels"), release_gil(),
+        "Mean over the batch of -log softmax(logits)[label]; labels i32 or i64 [N].");
+  m.def("argmax", &argmax, nb::arg("x"), release_gil(), "Index of the largest element of each row, i64 [N].");
+  m.def("count_correct", &count_correct, nb::arg("logits"), nb::arg("labels"), release_gil(),
+        "Rows whose argmax equals the label, as a one-element i64 tensor on the device.");
+
+  m.def("backward", [](const Tensor& loss, const std::optional<Tensor>& g) { backward(loss, {}, g.value_or(Tensor())); },
+        nb::arg("loss"), nb::arg("grad_output").none() = nb::none(), release_gil(),
+        "Back-propagates from loss into the gradients of every leaf that requires one.");
+  m.def("graph_leaves", &graph_leaves, nb::arg("tensor"),
+        "The leaves needing a gradient that tensor was computed from, in a deterministic order.");
+  m.def("grad_enabled", &grad_enabled, "False inside a no_grad block.");
+  nb::class_<NoGradScope>(m, "no_grad", "with no_grad(): operations inside record no graph (evaluation).")
+      .def(nb::init<>())
+      .def("__enter__", [](NoGradScope& s) { s.guard = std::make_unique<NoGradGuard>(); })
+      .def("__exit__", [](NoGradScope& s, nb::args) { s.guard.reset(); });
+
+  nb::enum_<Precision>(m, "Precision", "How convolutions and matrix products compute on GPUs.")
+      .value("f32", Precision::f32)
+      .value("tf32", Precision::tf32)
+      .value("bf16", Precision::bf16)
+      .value("f16", Precision::f16);
+  m.def("parse_precision", [](const std::string& s) { return parse_precision(s); }, nb::arg("name"));
+  m.def("current_precision", &current_precision, "The precision ops on this thread run at now.");
+  m.def("default_precision", [](nb::handle d) { return default_precision(to_device(d)); }, nb::arg("device").none(),
+        "tf32 on CUDA, f32 on the CPU.");
+  nb::class_<PrecisionBlock>(m, "precision",
+                             "with precision('bf16'): convolutions and matrix products on GPUs inside the block run "
+                             "at that precision (the CPU always computes exact f32); backward follows its forward.")
+      .def("__init__", [](PrecisionBlock* self, nb::handle p) {
+        new (self) PrecisionBlock{nb::isinstance<Precision>(p) ? nb::cast<Precision>(p)
+                                                                : parse_precision(nb::cast<std::string>(p)), nullptr};
+      }, nb::arg("precision"))
+      .def("__enter__", [](PrecisionBlock& b) { b.scope = std::make_unique<PrecisionScope>(b.precision); })
+      .def("__exit__", [](PrecisionBlock& b, nb::args) { b.scope.reset(); });
+}
+
+}  // namespace tandem::py

@@ -1,0 +1,20 @@
+"""Every DistOpt method on 2 CPU ranks (distopt_worker.py under `tandem launch -n 2`)."""
+import sys
+
+from conftest import HERE, needs_gloo, run, tandem_command
+
+CHECKS = ["all_reduce", "synchronize", "__call__", "backward_and_update", "sync_parameters", "backward_and_update_half",
+          "backward_and_update_half clipping", "backward_and_partial_update", "backward_and_sync", "clip_grad_norm",
+          "update", "no_sync", "powerSGD",
+          "backward_and_sparse_update topK corr", "backward_and_sparse_update threshold",
+          "parameters from the graph", "average_buffers", "convert_sync_batch_norm"]
+
+
+@needs_gloo
+def test_every_method_on_two_ranks():
+    rc, out = run([tandem_command(), "launch", "-n", "2", "--", sys.executable, str(HERE / "distopt_worker.py")])
+    assert rc == 0, out
+    for rank in (0, 1):
+        for name in CHECKS:
+            assert f"rank {rank} ok {name}\n" in out, f"rank {rank} did not pass {name}:\n{out}"
+        assert f"rank {rank} done" in out, out
