@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "cli/commands.h"
+#include "tandem/distributed/loss_scaler.h"
 #include "tandem/distributed/sync_batch_norm.h"
 #include "tandem/ops.h"
 #include "tandem/optim/optimizer.h"
@@ -70,7 +71,11 @@ void Session::build_model(nn::ModelConfig mc) {
   if (cfg_.sync_bn)
     TANDEM_CHECK(dist::convert_sync_batch_norm(*model_, comm_) > 0, "--sync-bn: model ", cfg_.model,
                  " has no batch normalisation (the resnet models have)");
-  opt_ = std::make_unique<dist::DistOpt>(make_optimizer(cfg_, model_->parameters()), comm_, dist_options(cfg_));
+  dist::DistOptOptions o = dist_options(cfg_);
+  // f16 trains with dynamic loss scaling: overflowing steps are found on every rank and skipped.
+  o.skip_nonfinite = precision_ == Precision::f16;
+  opt_ = std::make_unique<dist::DistOpt>(make_optimizer(cfg_, model_->parameters()), comm_, o);
+  if (o.skip_nonfinite) scaler_ = std::make_unique<dist::LossScaler>(*opt_);
 }
 
 void Session::sync_model() { opt_->sync_parameters(*model_); }
@@ -83,18 +88,23 @@ StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double we
     loss = softmax_cross_entropy(logits, y);
     if (weight != 1.0) loss = scale(loss, weight);
   }
+  const Tensor to_backward = scaler_ ? scaler_->scale_loss(loss) : loss;
   if (last) {
-    opt_->backward_and_sync(loss);
+    opt_->backward_and_sync(to_backward);
   } else {
     auto local_only = opt_->no_sync();
-    opt_->backward_and_sync(loss);
+    opt_->backward_and_sync(to_backward);
   }
   return {logits.detach(), loss.detach()};
 }
 
 void Session::apply_update() {
+  if (scaler_) scaler_->unscale();
   if (cfg_.clip_norm > 0.0) opt_->clip_grad_norm(cfg_.clip_norm);
-  opt_->update();
+  if (scaler_)
+    scaler_->update();
+  else
+    opt_->update();
 }
 
 StepResult Session::train_step(const Tensor& x, const Tensor& y) {

@@ -8,6 +8,7 @@
 
 #include "tandem/distributed/bootstrap.h"
 #include "tandem/distributed/dist_opt.h"
+#include "tandem/distributed/loss_scaler.h"
 #include "tandem/nn/models.h"
 #include "tandem/precision.h"
 #include "tandem/tensor.h"
@@ -79,6 +80,8 @@ class Session {
   bool partial() const { return sync().method == "partialUpdate"; }
   /// How forward (and so backward) computes: the --precision asked for, or the device's default.
   Precision precision() const { return precision_; }
+  /// f16's dynamic loss scaling (null in every other precision).
+  const dist::LossScaler* loss_scaler() const { return scaler_.get(); }
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->size(); }
   /// Rank 0 prints the reports.
@@ -94,6 +97,7 @@ class Session {
   Precision precision_ = Precision::f32;
   nn::ModulePtr model_;
   std::unique_ptr<dist::DistOpt> opt_;
+  std::unique_ptr<dist::LossScaler> scaler_;
 };
 
 }  // namespace tandem::cli

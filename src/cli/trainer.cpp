@@ -300,6 +300,9 @@ void Trainer::report(int epoch, const EpochStats& train, const EvalStats& eval, 
   const dist::CommStats& c = train.comm;
   std::printf("Training loss = %f, training accuracy = %f\n", train.loss, train_acc);
   std::printf("Evaluation accuracy = %f, Elapsed Time = %fs\n", eval_acc, epoch_s);
+  if (c.skipped_updates > 0 && s.loss_scaler())
+    std::printf("Skipped %lld steps whose f16 gradients overflowed; loss scale now %g\n",
+                static_cast<long long>(c.skipped_updates), s.loss_scaler()->scale());
   if (cfg_.report_comm) {
     double steps = std::max<double>(static_cast<double>(c.steps), 1.0);
     std::printf("Communication (rank 0): %.3f MB sent, %.3f MB received per step; %.3fs waiting, %lld collectives\n",
@@ -333,6 +336,7 @@ void Trainer::report(int epoch, const EpochStats& train, const EvalStats& eval, 
                    {"world_size", s.world()},
                    {"dist_option", s.sync().method},
                    {"precision", precision_name(s.precision())},
+                   {"skipped_steps", c.skipped_updates},
                    {"batch_size", cfg_.batch_size},
                    {"bytes_sent_per_step", c.bytes_sent / std::max<int64_t>(c.steps, 1)},
                    {"bytes_received_per_step", c.bytes_received / std::max<int64_t>(c.steps, 1)},

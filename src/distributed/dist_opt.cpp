@@ -177,6 +177,12 @@ Tensor DistOpt::clip_grad_norm(double max_norm) {
   return norm;
 }
 
+void DistOpt::scale_gradients(const Tensor& coef) {
+  TANDEM_CHECK(coef.numel() == 1 && coef.dtype() == DType::f32 && coef.device() == comm_->device(),
+               "scale_gradients: the factor must be one f32 value on ", comm_->device().str(), ", got ", coef.str());
+  impl_->reducer_.scale_grads(coef.view({1}));
+}
+
 bool DistOpt::update() {
   Impl& m = *impl_;
   m.accumulating_ = false;

@@ -135,6 +135,12 @@ TEST(DistOptGloo, ReducerSeamsTwoRanks) {
   run_scenarios(2, "introspection,nonfinite,arena16");
 }
 
+// f16's loss scaling: an overflow on one rank makes every rank skip the same step.
+TEST(DistOptGloo, LossScalingSkipsTheSameStepOnEveryRank) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "lossscale");
+}
+
 TEST(DistOptGloo, ReducerSeamsThreeRanks) {
   REQUIRE_GLOO();
   run_scenarios(3, "introspection,nonfinite,arena16");
@@ -143,7 +149,7 @@ TEST(DistOptGloo, ReducerSeamsThreeRanks) {
 // One process: the same API with nothing to exchange.
 TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
-                                          "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn"};
+                                          "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);
@@ -176,7 +182,8 @@ TEST(DistOptNccl, BucketsLaunchDuringBackwardInOrder) {
 
 TEST(DistOptNccl, StepApiCodecsSyncBatchNormAndSeams) {
   REQUIRE_TWO_GPUS();
-  run_scenarios(2, "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16", "cuda");
+  run_scenarios(2, "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16,lossscale",
+                "cuda");
 }
 
 TEST(DistOptNccl, SyncAndConsistencyChecks) {

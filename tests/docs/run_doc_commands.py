@@ -1,6 +1,6 @@
 """Runs the CPU-runnable commands of README.md and docs/*.md as written, in a scratch directory, with
 the built `tandem` first on PATH (what ./tandem.sh install gives). Commands that need a GPU, several
-machines or a scheduler are left out; training commands get a short-run suffix (a repeated flag
+machines, a scheduler or the Python package are left out; training commands get a short-run suffix (a repeated flag
 takes its last value). Ends with an 'N passed, N failed' line.
 
 usage: run_doc_commands.py SOURCE_DIR TANDEM_BIN WORK_DIR
@@ -14,7 +14,8 @@ import sys
 source, tandem, work = sys.argv[1:4]
 SHORT = " --epochs 1 --limit-train 256 --limit-test 128 --progress off"
 RUNNABLE = ("tandem ", "build/bin/tandem ", "mpiexec ", "echo ")
-NEEDS_MORE = ("cuda", "srun", "--nnodes", "torchrun", "compute-sanitizer", "NCCL_")
+# Python scripts need the installed package: the pytest suite runs them under the same launchers.
+NEEDS_MORE = ("cuda", "srun", "--nnodes", "torchrun", "compute-sanitizer", "NCCL_", "python3 ")
 
 
 def commands(path):

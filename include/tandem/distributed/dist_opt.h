@@ -90,6 +90,9 @@ class DistOpt {
   /// max_norm / (norm + 1e-6) when above). Returns the norm before clipping, a one-element tensor
   /// on the device, identical on every rank. Call between backward_and_sync and update.
   Tensor clip_grad_norm(double max_norm);
+  /// Multiplies every averaged gradient by coef, a one-element f32 tensor on the communicator's device
+  /// (read on the device: no host wait). Call between backward_and_sync and update.
+  void scale_gradients(const Tensor& coef);
   /// Applies the gradients with the wrapped optimizer (partialUpdate: then averages one chunk of
   /// the parameters). Returns false, on every rank, when the step was skipped for inf/NaN gradients.
   bool update();

@@ -181,7 +181,8 @@ int main(int argc, char** argv) {
       {"sync", scenario_sync},           {"grads", scenario_grads},       {"clipswitch", scenario_clip_switch},
       {"introspection", scenario_introspection}, {"nonfinite", scenario_nonfinite}, {"arena16", scenario_arena16},
       {"clipnorm", scenario_clip_norm},  {"accumulate", scenario_accumulate},
-      {"syncbn", scenario_sync_bn},      {"powersgd", scenario_power_sgd}};
+      {"syncbn", scenario_sync_bn},      {"powersgd", scenario_power_sgd},
+      {"lossscale", scenario_loss_scaling}};
   std::vector<std::string> names;
   std::stringstream list(argv[1]);
   for (std::string s; std::getline(list, s, ',');) {
