@@ -23,7 +23,11 @@ Runner add_plot_command(CLI::App& app);
 int default_threads_per_rank(int local_size);
 
 /// The device named on the command line, checked; under a launcher, plain "cuda" means this rank's
-/// GPU on its node (cuda:local_rank).
+/// GPU on its node (cuda:local_rank), or cuda:0 when CUDA_VISIBLE_DEVICES names a single GPU.
 Device device_for_rank(const std::string& spec, const dist::DistEnv& env);
+
+/// The CUDA device index plain "cuda" means for a rank: its local rank, or 0 when
+/// `visible_devices` (CUDA_VISIBLE_DEVICES, may be null) names a single GPU.
+int cuda_index_for_rank(int local_rank, const char* visible_devices);
 
 }  // namespace tandem::cli

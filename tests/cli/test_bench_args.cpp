@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "cli/bench_allreduce.h"
+#include "cli/commands.h"
 #include "tandem/error.h"
 
 using namespace tandem::cli;
@@ -19,4 +20,12 @@ TEST(BenchAllReduce, BadRangesAreInputErrors) {
   EXPECT_THROW(sweep_sizes(2, 1024, 2), tandem::Error);
   EXPECT_THROW(sweep_sizes(4, 1024, 1), tandem::Error);
   EXPECT_THROW(parse_size("12Q"), tandem::Error);
+}
+
+TEST(DeviceForRank, OneVisibleGpuIsDeviceZeroOfTheRank) {
+  EXPECT_EQ(cuda_index_for_rank(3, nullptr), 3);
+  EXPECT_EQ(cuda_index_for_rank(3, ""), 3);
+  EXPECT_EQ(cuda_index_for_rank(1, "0,1"), 1);
+  EXPECT_EQ(cuda_index_for_rank(1, "5"), 0);  // srun --gpus-per-task=1
+  EXPECT_EQ(cuda_index_for_rank(0, "GPU-8a1c"), 0);
 }
