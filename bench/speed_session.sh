@@ -2,7 +2,7 @@
 # GPU speed session: builds tandem on a GPU machine, runs the GPU tests, then times tandem next to the
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
-#   bench/speed_session.sh [build] [tests] [cnn] [resnet] [memory] [accuracy] [convlog] [profile]
+#   bench/speed_session.sh [build] [tests] [cnn] [graph] [resnet] [memory] [accuracy] [convlog] [profile]
 #   (default: build tests cnn resnet)
 # COMMIT labels the figures; PROFILE lists "model batch precision" triples separated by ';';
 # PEER_PROFILE=0 profiles tandem alone.
@@ -57,6 +57,22 @@ if has cnn; then
     peer "peer cnn b$b graph no-tf32" --model cnn --batch $b --cuda-graph --no-tf32 --steps 300
     tan "tandem cnn b$b tf32" --model cnn -b $b --steps 300
     tan "tandem cnn b$b f32" --model cnn -b $b --steps 300 --precision f32
+  done
+fi
+
+if has graph; then  # recorded steps: the guide's CNN at batch 64, and Fashion-MNIST epochs, eager beside
+  peer "peer cnn b64 graph" --model cnn --batch 64 --cuda-graph --steps 3000
+  tan "tandem cnn b64 tf32 recorded" --model cnn -b 64 --steps 3000
+  tan "tandem cnn b64 tf32 eager" --model cnn -b 64 --steps 3000 --cuda-graph off
+  "$T" launch -n 1 -- "$T" bench train --device cuda --model cnn -b 64 --steps 3000 >"$OUT/launch1.log" 2>&1
+  grep RESULT "$OUT/launch1.log" | sed 's/^/tandem cnn b64 tf32 recorded, launch -n 1: /' | tee -a "$OUT/summary.txt"
+  peer "peer cnn b64 graph (again)" --model cnn --batch 64 --cuda-graph --steps 3000
+  for g in on off; do
+    "$T" train --model cnn --dataset fashion-mnist --data-dir "$PWD/.data/fashion-mnist" --epochs 10 --batch-size 64 \
+      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 --device cuda --cuda-graph $g --metrics "$OUT/graph_$g.jsonl" \
+      >"$OUT/graph_$g.log" 2>&1
+    say "fashion-mnist 10 epochs, --cuda-graph $g (rc $?): $(grep 'Evaluation accuracy' "$OUT/graph_$g.log" | tail -1)"
+    say "  epoch times: $(grep -o 'Elapsed Time = [0-9.]*' "$OUT/graph_$g.log" | awk '{printf "%s ", $4}')"
   done
 fi
 

@@ -39,6 +39,7 @@ struct MemoryStats {
   size_t in_use = 0;       // held by live tensors now
   size_t peak_in_use = 0;  // the most held at once since the last reset_peak_memory
   size_t cached = 0;       // freed and kept for reuse
+  size_t graphs = 0;       // reserved for the tensors of recorded steps (DeviceGraph), not in the above
 };
 MemoryStats memory_stats(Device d);
 /// Starts a new peak measurement at the current use.

@@ -95,5 +95,10 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
 Tensor argmax(const Tensor& x);
 /// Number of rows whose argmax equals the label, as a one-element i64 tensor on the same device.
 Tensor count_correct(const Tensor& logits, const Tensor& labels);
+/// count += count_correct(logits, labels), in place on the device (count: one i64 element there).
+void add_correct(const Tensor& logits, const Tensor& labels, Tensor& count);
+/// acc += x in place, outside autograd (same shape, dtype and device): running sums kept on the
+/// device, such as a recorded step's loss total.
+void add_into(Tensor& acc, const Tensor& x);
 
 }  // namespace tandem

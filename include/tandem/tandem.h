@@ -15,6 +15,7 @@
 #include "tandem/nn/models.h"
 #include "tandem/nn/module.h"
 #include "tandem/ops.h"
+#include "tandem/graph.h"
 #include "tandem/precision.h"
 #include "tandem/optim/optimizer.h"
 #include "tandem/random.h"

@@ -9,6 +9,8 @@
 // Kernels run asynchronously on the device's compute stream. Whether f32 convolutions and products may
 // use TF32 tensor cores follows current_precision() (tandem/precision.h) at the call.
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 #include "core/allocator.h"
 #include "tandem/tensor.h"
@@ -61,6 +63,16 @@ struct AdamArgs {
   bool decoupled;  // AdamW-style weight decay
 };
 
+/// Device work recorded once (a CUDA graph) and replayed as a whole.
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  /// Queues the recorded work again on the device's compute stream (returns at once).
+  virtual void replay() = 0;
+  /// Bytes held by the memory pool private to the recording.
+  virtual size_t pool_bytes() const = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -81,6 +93,15 @@ class Backend {
   virtual void synchronize(int device) = 0;
   /// Starts or stops the range an external profiler (Nsight Compute's --profile-from-start off) records.
   virtual void profile_range(bool on) {}
+
+  // ---- whole-step capture
+  /// Records, without running it, the device work `body` queues on `device`; memory allocated
+  /// meanwhile on that device comes from a pool private to the recording and stays reserved for it.
+  /// Throws, naming the call that cannot be recorded (a wait for the device, a copy to the host),
+  /// when body does what a recording cannot hold; nothing is recorded then.
+  virtual std::unique_ptr<CapturedWork> capture(int device, const std::function<void()>& body);
+  /// Bytes held by the private pools of every live recording on the device.
+  virtual size_t captured_pool_bytes(int device) { return 0; }
 
   // ---- layout, conversion, fills
   /// dst (contiguous) <- src (any strides, same device), converting between any two dtypes.
@@ -156,7 +177,8 @@ class Backend {
   /// out (i64 [n]) = argmax of each row of x [n, c] (the first maximum).
   virtual void argmax_rows(const Tensor& x, Tensor& out) = 0;
   /// out (i64, one element) = number of rows of logits whose argmax equals the label.
-  virtual void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out) = 0;
+  /// out (one i64) = the count, or out += the count with accumulate.
+  virtual void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out, bool accumulate = false) = 0;
   /// mask = (uniform(counter) >= p) / (1 - p), element i using counter offset + i.
   virtual void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) = 0;
 

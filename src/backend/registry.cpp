@@ -24,3 +24,11 @@ Backend& backend_for(Device d) {
 }
 
 }  // namespace tandem::backend
+
+namespace tandem::backend {
+
+std::unique_ptr<CapturedWork> Backend::capture(int, const std::function<void()>&) {
+  detail::throw_error(Error::Kind::Input, "recording device work into a graph needs a CUDA device");
+}
+
+}  // namespace tandem::backend

@@ -81,9 +81,13 @@ int run_train_bench(const TrainBenchConfig& cfg) {
                      {"ms_per_step", dt / cfg.steps * 1e3},
                      {"bytes_sent_per_step", st.bytes_sent / std::max<int64_t>(st.steps, 1)},
                      {"comm_wait_s_per_step", st.wait_seconds / std::max<int64_t>(st.steps, 1)},
+                     {"cuda_graph", s.replays() > 0},
                      {"params_changed", true}};
     if (s.device().is_cpu()) j["threads"] = num_threads();
-    if (s.device().is_cuda()) j["peak_memory_mib"] = std::round(memory_stats(s.device()).peak_in_use / 1048576.0);
+    if (s.device().is_cuda()) {
+      const MemoryStats m = memory_stats(s.device());  // a recorded step's memory is reserved apart
+      j["peak_memory_mib"] = std::round(static_cast<double>(m.peak_in_use + m.graphs) / 1048576.0);
+    }
     std::printf("RESULT %s\n", j.dump().c_str());
     std::fflush(stdout);
   }
@@ -121,6 +125,7 @@ Runner add_bench_command(CLI::App& app) {
   train->add_option("--precision", tc->precision,
                     "f32 (exact), tf32, bf16 or f16 (mixed precision); default tf32 on CUDA, f32 on the CPU")
       ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
+  add_cuda_graph_option(*train, tc->cuda_graph);
   train->add_flag("--profile", tc->profile,
                   "Record only the timed steps under a profiler started with --profile-from-start off (ncu)");
 

@@ -26,4 +26,12 @@ Device device_for_rank(const std::string& spec, const dist::DistEnv& env) {
   check_device(device);
   return device;
 }
+void add_cuda_graph_option(CLI::App& app, bool& on) {
+  app.add_option_function<std::string>(
+         "--cuda-graph", [&on](const std::string& v) { on = v == "on"; },
+         "on: after a few eager steps of one batch shape, record the step once (a CUDA graph) and replay it; "
+         "steps that cannot be recorded run eagerly, saying why (default on)")
+      ->check(CLI::IsMember({"on", "off"}));
+}
+
 }  // namespace tandem::cli

@@ -22,6 +22,9 @@ Runner add_plot_command(CLI::App& app);
 /// CPU threads for one of local_size ranks on this machine: an equal share of the cores.
 int default_threads_per_rank(int local_size);
 
+/// --cuda-graph on|off: whether steps on a GPU are recorded once and replayed (SessionConfig::cuda_graph).
+void add_cuda_graph_option(CLI::App& app, bool& on);
+
 /// The device named on the command line, checked; under a launcher, plain "cuda" means this rank's
 /// GPU on its node (cuda:local_rank), or cuda:0 when CUDA_VISIBLE_DEVICES names a single GPU.
 Device device_for_rank(const std::string& spec, const dist::DistEnv& env);

@@ -2,6 +2,7 @@
 #include "cli/session.h"
 
 #include <chrono>
+#include <cstdio>
 
 #include "cli/commands.h"
 #include "tandem/distributed/loss_scaler.h"
@@ -57,11 +58,26 @@ Session::Session(const SessionConfig& cfg) : cfg_(cfg) {
   // Ranks sharing a machine share its cores.
   set_num_threads(cfg.threads > 0 ? cfg.threads : default_threads_per_rank(env_.local_size));
   device_ = device_for_rank(cfg.device, env_);
+  if (cfg.deterministic) set_deterministic_algorithms(true);
   precision_ = cfg.precision.empty() ? default_precision(device_) : parse_precision(cfg.precision);
   TANDEM_CHECK(device_.is_cuda() || activation_dtype(precision_) == DType::f32, "--precision ",
                precision_name(precision_), " needs a CUDA device: the CPU computes in f32 (use --precision f32)");
   comm_ = dist::init_communicator(device_, std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000)));
+  sums_.loss = Tensor::zeros({1}, DType::f32, device_);
+  sums_.correct = Tensor::zeros({1}, DType::i64, device_);
 }
+
+// The recorded step: what its replays read and write.
+struct Session::Recorded {
+  std::unique_ptr<DeviceGraph> graph;
+  Tensor x, y;     // the batch every replay reads
+  StepResult out;  // rewritten by every replay
+  bool track = false, training = true;
+  double lr = 0;
+  dist::CommStats delta;  // what one step adds to the communication counters
+};
+
+Session::~Session() = default;
 
 void Session::build_model(nn::ModelConfig mc) {
   mc.hidden = cfg_.hidden;
@@ -107,11 +123,112 @@ void Session::apply_update() {
     opt_->update();
 }
 
-StepResult Session::train_step(const Tensor& x, const Tensor& y) {
+namespace {
+
+// Steps of one batch shape run eagerly before the next is recorded: the first creates the optimizer's
+// state, the first two settle the convolution algorithms and the memory the step needs.
+constexpr int64_t kEagerStepsBeforeRecording = 3;
+
+dist::CommStats minus(const dist::CommStats& a, const dist::CommStats& b) {
+  dist::CommStats d;
+  d.steps = a.steps - b.steps;
+  d.collectives = a.collectives - b.collectives;
+  d.bytes_sent = a.bytes_sent - b.bytes_sent;
+  d.bytes_received = a.bytes_received - b.bytes_received;
+  d.skipped_updates = a.skipped_updates - b.skipped_updates;
+  return d;
+}
+
+}  // namespace
+
+StepResult Session::train_step(const Tensor& x, const Tensor& y, bool track) {
+  sums_.samples += x.size(0);
+  if (recorded_) {
+    if (fits_recording(x, y, track)) return replay_step(x, y);
+    // Another batch shape (an epoch's last, smaller batch) runs eagerly and the recording stays;
+    // a new learning rate or mode is recorded again after the warm-up.
+    if (x.shape() != recorded_->x.shape() || y.shape() != recorded_->y.shape()) return eager_step(x, y, track);
+    recorded_.reset();
+    steady_steps_ = 0;
+  }
+  if (!cfg_.cuda_graph || graph_given_up_ || !device_.is_cuda()) return eager_step(x, y, track);
+  steady_steps_ = x.shape() == steady_shape_ ? steady_steps_ + 1 : 1;
+  steady_shape_ = x.shape();
+  if (steady_steps_ <= kEagerStepsBeforeRecording) return eager_step(x, y, track);
+  std::string why = opt_->replay_blocker();
+  if (why.empty() && scaler_) why = "f16 loss scaling decides on the host whether a step is skipped";
+  if (why.empty() && cfg_.clip_norm > 0.0 && world() > 1) why = "--clip-norm agrees on the norm across ranks";
+  if (!why.empty()) {
+    run_eagerly_because(why);
+    return eager_step(x, y, track);
+  }
+  return record_step(x, y, track);
+}
+
+StepResult Session::eager_step(const Tensor& x, const Tensor& y, bool track) {
   StepResult r = forward_backward(x, y, 1.0, true);
   apply_update();
+  if (track) {
+    add_into(sums_.loss, r.loss);
+    add_correct(r.logits, y, sums_.correct);
+  }
   return r;
 }
+
+StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track) {
+  auto rec = std::make_unique<Recorded>();
+  rec->x = x;
+  rec->y = y;
+  rec->track = track;
+  rec->training = model_->is_training();
+  rec->lr = opt_->optimizer().lr();
+  const dist::CommStats before = opt_->stats();
+  try {
+    rec->graph = std::make_unique<DeviceGraph>(device_, [&] { rec->out = eager_step(rec->x, rec->y, track); });
+  } catch (const Error& e) {
+    // Nothing ran: the step is taken again, eagerly, from the start.
+    opt_->abandon_step();
+    run_eagerly_because(std::string("recording the step failed: ") + e.what());
+    return eager_step(x, y, track);
+  }
+  rec->delta = minus(opt_->stats(), before);
+  recorded_ = std::move(rec);
+  graph_status_ = "replaying a recorded step";
+  recorded_->graph->replay();  // this batch's step
+  ++replays_;
+  return recorded_->out;
+}
+
+StepResult Session::replay_step(const Tensor& x, const Tensor& y) {
+  Recorded& rec = *recorded_;
+  if (x.data_ptr() != rec.x.data_ptr()) rec.x.copy_(x);
+  if (y.data_ptr() != rec.y.data_ptr()) rec.y.copy_(y);
+  rec.graph->replay();
+  opt_->count_replayed_step(rec.delta);
+  ++replays_;
+  return rec.out;
+}
+
+bool Session::fits_recording(const Tensor& x, const Tensor& y, bool track) const {
+  const Recorded& rec = *recorded_;
+  return x.shape() == rec.x.shape() && y.shape() == rec.y.shape() && x.dtype() == rec.x.dtype() &&
+         y.dtype() == rec.y.dtype() && x.device() == device_ && y.device() == device_ && track == rec.track &&
+         model_->is_training() == rec.training && opt_->optimizer().lr() == rec.lr;
+}
+
+void Session::run_eagerly_because(const std::string& why) {
+  graph_given_up_ = true;
+  graph_status_ = "steps run eagerly: " + why;
+  if (lead()) std::fprintf(stderr, "tandem: %s\n", graph_status_.c_str());
+}
+
+void Session::reset_sums() {
+  sums_.loss.zero_();
+  sums_.correct.zero_();
+  sums_.samples = 0;
+}
+
+const Tensor* Session::recorded_input() const { return recorded_ ? &recorded_->x : nullptr; }
 
 std::string Session::where() const {
   std::string s = device_.is_cpu() ? "cpu, " + std::to_string(num_threads()) + " threads"

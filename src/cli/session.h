@@ -9,6 +9,7 @@
 #include "tandem/distributed/bootstrap.h"
 #include "tandem/distributed/dist_opt.h"
 #include "tandem/distributed/loss_scaler.h"
+#include "tandem/graph.h"
 #include "tandem/nn/models.h"
 #include "tandem/precision.h"
 #include "tandem/tensor.h"
@@ -41,6 +42,8 @@ struct SessionConfig {
   double bucket_mb = 16.0;
   double first_bucket_mb = 1.0;
   double timeout_s = 300.0;
+  bool cuda_graph = true;  // replay a recorded step where it applies (see Session::train_step)
+  bool deterministic = false;  // GPU algorithms that give the same bits on every run
 };
 
 /// What a (micro-)batch produced, detached from autograd (for metrics).
@@ -49,12 +52,20 @@ struct StepResult {
   Tensor loss;  // weighted as in forward_backward: a step's micro-batches add up to its mean loss
 };
 
+/// Running sums, on the device, of the steps train_step was asked to track.
+struct StepSums {
+  Tensor loss;     // f32 [1]: the steps' mean losses, added up
+  Tensor correct;  // i64 [1]: rows predicted right
+  int64_t samples = 0;
+};
+
 /// One rank's share of a training job. The constructor joins the job; build_model and sync_model
 /// follow; then train_step runs each step.
 class Session {
  public:
   /// Checks the flags, sets the CPU threads, picks this rank's device and joins the job.
   explicit Session(const SessionConfig& cfg);
+  ~Session();
 
   /// Builds the model for the given inputs, its optimizer and the distributed optimizer.
   void build_model(nn::ModelConfig mc);
@@ -65,8 +76,22 @@ class Session {
   StepResult forward_backward(const Tensor& x, const Tensor& y, double weight, bool last);
   /// Clips the averaged gradients (--clip-norm) and applies them.
   void apply_update();
-  /// One step on one batch: forward_backward, then apply_update.
-  StepResult train_step(const Tensor& x, const Tensor& y);
+  /// One step on one batch: forward_backward, then apply_update; with track, the batch's loss and
+  /// correct predictions are added to sums() on the device. With cuda_graph set, once a few steps
+  /// of one batch shape have run, the step is recorded into a DeviceGraph and later steps of that
+  /// shape replay it: the batch is copied into the recorded input (nothing when it already is that
+  /// tensor) and the returned results are the recording's, rewritten by each replay. Other shapes,
+  /// and steps that cannot be recorded (graph_status() says why), run eagerly.
+  StepResult train_step(const Tensor& x, const Tensor& y, bool track = false);
+  StepSums& sums() { return sums_; }
+  /// Zeroes sums() (queued on the device).
+  void reset_sums();
+  /// "replaying a recorded step" or why steps run eagerly ("" before the question came up).
+  const std::string& graph_status() const { return graph_status_; }
+  /// Steps run as replays so far.
+  int64_t replays() const { return replays_; }
+  /// The recorded step, while there is one: its input batch, for a loader to fill in place.
+  const Tensor* recorded_input() const;
 
   const SessionConfig& config() const { return cfg_; }
   const dist::DistEnv& env() const { return env_; }
@@ -90,6 +115,13 @@ class Session {
   std::string where() const;
 
  private:
+  struct Recorded;
+  StepResult eager_step(const Tensor& x, const Tensor& y, bool track);
+  StepResult record_step(const Tensor& x, const Tensor& y, bool track);
+  StepResult replay_step(const Tensor& x, const Tensor& y);
+  bool fits_recording(const Tensor& x, const Tensor& y, bool track) const;
+  void run_eagerly_because(const std::string& why);
+
   SessionConfig cfg_;
   dist::DistEnv env_;
   Device device_;
@@ -98,6 +130,13 @@ class Session {
   nn::ModulePtr model_;
   std::unique_ptr<dist::DistOpt> opt_;
   std::unique_ptr<dist::LossScaler> scaler_;
+  StepSums sums_;
+  std::unique_ptr<Recorded> recorded_;
+  std::string graph_status_;
+  bool graph_given_up_ = false;
+  Shape steady_shape_;      // the batch shape of the last eager steps
+  int64_t steady_steps_ = 0;  // how many in a row had it
+  int64_t replays_ = 0;
 };
 
 }  // namespace tandem::cli

@@ -51,6 +51,9 @@ Runner add_train_command(CLI::App& app) {
                   "f32 (exact), tf32 (TF32 tensor cores), bf16 or f16 (mixed precision: f32 weights, 16-bit "
                   "convolutions and products); default tf32 on CUDA, f32 on the CPU")
       ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
+  add_cuda_graph_option(*sub, cfg->cuda_graph);
+  sub->add_flag("--deterministic", cfg->deterministic,
+                "GPU: only algorithms that give the same bits on every run (no atomics in convolution gradients)");
   sub->add_option("--metrics", cfg->metrics_path,
                   "Append one JSON line per epoch to this file (with the run's id and a timestamp)");
   sub->add_option("--tensorboard", cfg->tensorboard_dir,

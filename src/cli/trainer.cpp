@@ -50,13 +50,20 @@ class Tally {
   }
   int64_t samples() const { return samples_; }
 
-  /// Sums over batches and ranks: {loss, correct, samples}.
-  std::array<double, 3> reduce(dist::Communicator& comm) {
+  /// Sums over batches and ranks: {loss, correct, samples}, with the session's step sums when given.
+  std::array<double, 3> reduce(dist::Communicator& comm, const StepSums* steps = nullptr) {
     NoGradGuard no_grad;
     Tensor loss = sum(loss_).view({1});
     Tensor counts = Tensor::empty({2}, DType::i64, loss_.device());
     counts.narrow(0, 0, 1).copy_(sum(correct_).view({1}));  // exact: whole numbers below 2^24
-    counts.narrow(0, 1, 1).copy_(Tensor::full({1}, static_cast<double>(samples_), DType::i64));
+    int64_t samples = samples_;
+    if (steps) {
+      loss = tandem::add(loss, steps->loss);
+      Tensor correct = counts.narrow(0, 0, 1);
+      add_into(correct, steps->correct);
+      samples += steps->samples;
+    }
+    counts.narrow(0, 1, 1).copy_(Tensor::full({1}, static_cast<double>(samples), DType::i64));
     comm.all_reduce(loss)->wait();
     comm.all_reduce(counts)->wait();
     std::vector<int64_t> c = counts.to_vector<int64_t>();
@@ -164,6 +171,7 @@ bool Trainer::setup() {
   lo.device = s.device();
   lo.rank = s.rank();
   lo.world_size = s.world();
+  lo.reuse_buffers = s.device().is_cuda();  // a recorded step reads every batch where it read the first
   train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
   lo.shuffle = false;
   test_loader_ = std::make_unique<data::DataLoader>(test_set_, lo);
@@ -228,6 +236,7 @@ EpochStats Trainer::train_epoch(int epoch) {
   s.model().train(true);
   train_loader_->start_epoch(epoch);
   Tally tally(train_loader_->batches_per_epoch(), s.device());
+  s.reset_sums();
   bool progress = progress_enabled(cfg_.progress, s.lead());
   ProgressBar bar(progress, train_loader_->batches_per_epoch(), "epoch " + std::to_string(epoch));
   // Partial mode lets replicas differ between full averages, and every mode lets batch-norm
@@ -242,17 +251,22 @@ EpochStats Trainer::train_epoch(int epoch) {
   while (train_loader_->next(batch)) {
     const int64_t first = i / n * n, in_step = std::min(n, batches - first);
     const bool last = i - first == in_step - 1;
-    StepResult r = s.forward_backward(batch.x, batch.y, 1.0 / static_cast<double>(in_step), last);
-    tally.add(&r.loss, r.logits, batch.y);
+    StepResult r;
+    if (n == 1) {  // whole steps: the session may replay a recorded one, its sums kept on the device
+      r = s.train_step(batch.x, batch.y, /*track=*/true);
+    } else {
+      r = s.forward_backward(batch.x, batch.y, 1.0 / static_cast<double>(in_step), last);
+      tally.add(&r.loss, r.logits, batch.y);
+      if (last) s.apply_update();
+    }
     if (last) {
-      s.apply_update();
       ++global_step_;
       dist::report_step(global_step_);  // lets a timed-out rank name the one that stopped
       if (check_steps && global_step_ % cfg_.check_consistency == 0) s.opt().check_consistency(/*include_buffers=*/false);
       if (board_ && global_step_ % cfg_.tensorboard_every == 0)  // the one host read of a step, every N steps
         board_->scalar("step/loss", r.loss.item<double>() * static_cast<double>(in_step), global_step_);
     }
-    bar.update(++i, tally.samples() * s.world());
+    bar.update(++i, (tally.samples() + s.sums().samples) * s.world());
   }
   TANDEM_ASSERT(i == batches, "the loader gave ", i, " batches of the ", batches, " announced");
   bar.finish();
@@ -260,7 +274,7 @@ EpochStats Trainer::train_epoch(int epoch) {
   EpochStats st;
   st.seconds = seconds_since(t0);
   st.comm = s.opt().stats();
-  auto totals = tally.reduce(s.comm());
+  auto totals = tally.reduce(s.comm(), &s.sums());
   st.loss = totals[0];
   st.correct = totals[1];
   st.samples = totals[2];

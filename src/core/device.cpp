@@ -62,6 +62,7 @@ MemoryStats memory_stats(Device d) {
     m.peak_in_use = a->peak_bytes_in_use();
     m.cached = a->bytes_cached();
   }
+  if (d.is_cuda()) m.graphs = backend::backend_for(d).captured_pool_bytes(d.index);
   return m;
 }
 

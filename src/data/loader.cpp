@@ -208,8 +208,15 @@ bool DataLoader::next(Batch& out) {
   if (p.error) std::rethrow_exception(p.error);
   // The pinned host buffer is released once the upload has been queued; reusing it safely before an
   // asynchronous copy finishes is the pinned allocator's job.
-  out.x = p.x.to(s.opt.device);
-  out.y = p.y.to(s.opt.device);
+  auto upload = [&](Tensor& dst, const Tensor& src) {
+    if (s.opt.reuse_buffers && dst.defined() && dst.shape() == src.shape() && dst.dtype() == src.dtype() &&
+        dst.device() == s.opt.device && dst.is_contiguous())
+      dst.copy_(src);
+    else
+      dst = src.to(s.opt.device);
+  };
+  upload(out.x, p.x);
+  upload(out.y, p.y);
   return true;
 }
 

@@ -283,6 +283,28 @@ const std::vector<std::string>& DistOpt::trace() const { return impl_->reducer_.
 const DistOptOptions& DistOpt::options() const { return impl_->options_; }
 const SyncOptions& DistOpt::active_sync() const { return impl_->active_; }
 bool DistOpt::step_capturable() const { return impl_->partial() || impl_->reducer_.codec().capturable(); }
+std::string DistOpt::replay_blocker() const {
+  const Impl& m = *impl_;
+  if (!comm_->device().is_cuda()) return "steps on " + comm_->device().str() + " run their kernels as they come";
+  if (comm_->size() > 1) return "steps of more than one rank are not recorded: their collectives run as issued";
+  if (m.options_.skip_nonfinite) return "f16 loss scaling decides on the host whether a step is skipped";
+  if (m.no_sync_depth_ > 0 || m.accumulating_) return "gradients are being accumulated over micro-batches";
+  if (!step_capturable()) return m.active_.method + " sends a number of values known only on the host";
+  return opt_->replay_blocker();
+}
+
+void DistOpt::abandon_step() { impl_->accumulating_ = false; }
+
+void DistOpt::count_replayed_step(const CommStats& d) {
+  CommStats& s = impl_->stats_;
+  s.steps += d.steps;
+  s.collectives += d.collectives;
+  s.bytes_sent += d.bytes_sent;
+  s.bytes_received += d.bytes_received;
+  s.skipped_updates += d.skipped_updates;
+  opt_->count_replayed_step();
+}
+
 std::vector<double> DistOpt::residual_norms() const { return impl_->reducer_.residual_norms(); }
 
 std::vector<int64_t> DistOpt::bucket_sizes() const {

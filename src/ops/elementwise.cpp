@@ -83,3 +83,15 @@ Tensor bias_add(const Tensor& x, const Tensor& b) {
 }
 
 }  // namespace tandem
+
+namespace tandem {
+
+void add_into(Tensor& acc, const Tensor& x) {
+  TANDEM_CHECK(acc.dtype() == x.dtype() && acc.device() == x.device() && acc.numel() == x.numel(),
+               "add_into: ", acc.str(), " += ", x.str(), " needs the same dtype, device and element count");
+  TANDEM_CHECK(acc.is_contiguous(), "add_into: the running sum ", acc.str(), " must be contiguous");
+  Tensor xs = (x.is_contiguous() ? x : x.contiguous()).view(acc.shape());
+  if (acc.numel()) be(acc).binary(backend::Binary::Add, acc, xs, acc);
+}
+
+}  // namespace tandem

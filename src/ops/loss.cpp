@@ -51,4 +51,14 @@ Tensor count_correct(const Tensor& logits, const Tensor& labels) {
   return out;
 }
 
+void add_correct(const Tensor& logits, const Tensor& labels, Tensor& count) {
+  check_logits_labels(logits, labels, "add_correct");
+  TANDEM_CHECK(count.dtype() == DType::i64 && count.numel() == 1 && count.device() == logits.device() &&
+                   count.is_contiguous(),
+               "add_correct: the count must be one contiguous i64 element on ", logits.device().str(), ", got ",
+               count.str());
+  const bool half = logits.dtype() == DType::f16 || logits.dtype() == DType::bf16;
+  be(logits).count_correct(half ? logits.to(DType::f32) : logits.contiguous(), labels.contiguous(), count, true);
+}
+
 }  // namespace tandem

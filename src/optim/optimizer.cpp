@@ -83,6 +83,13 @@ void SGD::step() {
   steps_++;
 }
 
+std::string SGD::replay_blocker() const {
+  if (opt_.momentum == 0.0) return "";
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].grad().defined() && !momentum_[i].defined()) return "sgd's first step initialises its momentum";
+  return "";
+}
+
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& opt)
     : Optimizer(std::move(params), opt.lr), opt_(opt), m_(params_.size()), v_(params_.size()), t_(params_.size()) {
   TANDEM_CHECK(opt.beta1 >= 0.0 && opt.beta1 < 1.0 && opt.beta2 >= 0.0 && opt.beta2 < 1.0,

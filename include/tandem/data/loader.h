@@ -23,6 +23,10 @@ struct LoaderOptions {
   int rank = 0, world_size = 1;  // this process's shard
   Device device = Device::cpu();
   int prefetch = 2;  // batches prepared ahead by the background thread
+  /// next() uploads into the Batch's own tensors when their shape, dtype and device fit (the upload
+  /// is queued after the work already queued on them), instead of allocating new ones: a recorded
+  /// training step then reads each batch where it was recorded. Off: every batch is a new tensor.
+  bool reuse_buffers = false;
 };
 
 /// Iterates over one rank's shard of a data set in batches. A background thread gathers and converts

@@ -155,6 +155,18 @@ class DistOpt {
   /// captured whole in a CUDA graph (all methods but sparseThreshold, whose counts are read on the host).
   bool step_capturable() const;
 
+  // ---- recorded steps (tandem/graph.h)
+
+  /// Why the next step (backward_and_sync, clip_grad_norm, update) could not be recorded once in a
+  /// DeviceGraph and replayed; empty when it can.
+  std::string replay_blocker() const;
+  /// Forgets a step given up after backward_and_sync (a recording that failed part-way): the next
+  /// backward_and_sync starts from zeroed gradients again.
+  void abandon_step();
+  /// The host-side bookkeeping of a step a replay ran: the counters advance by `delta` (what the
+  /// recorded step added to stats()), the wrapped optimizer counts a step.
+  void count_replayed_step(const CommStats& delta);
+
  private:
   void backward_and_sync_with(const SyncOptions& sync, const Tensor& loss);
   class Impl;

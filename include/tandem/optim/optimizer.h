@@ -33,6 +33,11 @@ class Optimizer {
   /// Steps taken so far.
   int64_t steps() const { return steps_; }
   void set_steps(int64_t n) { steps_ = n; }
+  /// Why the next step could not be recorded once and replayed as a DeviceGraph (its arguments
+  /// would change between replays); empty when it can.
+  virtual std::string replay_blocker() const { return "this optimizer's steps are not recorded"; }
+  /// The host-side bookkeeping of a step whose device work a replay did.
+  virtual void count_replayed_step() { steps_++; }
 
  protected:
   std::vector<Tensor> params_;
@@ -55,6 +60,8 @@ class SGD : public Optimizer {
   void step() override;
   std::vector<StateList> state_lists() override { return {{"momentum", &momentum_}}; }
   const SgdOptions& options() const { return opt_; }
+  /// Empty once every momentum buffer exists (the first step initialises them differently).
+  std::string replay_blocker() const override;
 
  private:
   SgdOptions opt_;
@@ -76,6 +83,9 @@ class Adam : public Optimizer {
   void step() override;
   std::vector<StateList> state_lists() override { return {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}; }
   std::vector<int64_t>* step_counts() override { return &t_; }
+  std::string replay_blocker() const override {
+    return "adam's bias correction depends on a step count kept on the host (use --optimizer sgd)";
+  }
 
  private:
   AdamOptions opt_;

@@ -114,11 +114,12 @@ void CpuBackend::argmax_rows(const Tensor& x, Tensor& out) {
   });
 }
 
-void CpuBackend::count_correct(const Tensor& logits, const Tensor& labels, Tensor& out) {
+void CpuBackend::count_correct(const Tensor& logits, const Tensor& labels, Tensor& out, bool accumulate) {
   const int64_t n = logits.size(0), c = logits.size(1);
   TANDEM_ASSERT(out.dtype() == DType::i64 && out.numel() == 1, "count_correct into ", out.str());
+  const int64_t base = accumulate ? *out.data<int64_t>() : 0;
   if (n == 0) {
-    *out.data<int64_t>() = 0;
+    *out.data<int64_t>() = base;
     return;
   }
   TANDEM_CHECK(c > 0, "count_correct: logits ", logits.str(), " have no classes");
@@ -132,7 +133,7 @@ void CpuBackend::count_correct(const Tensor& logits, const Tensor& labels, Tenso
         for (int64_t i = begin; i < end; ++i) local += row_argmax(px + i * c, c) == static_cast<int64_t>(lab[i]);
         hits.fetch_add(local, std::memory_order_relaxed);
       });
-      *out.data<int64_t>() = hits.load();
+      *out.data<int64_t>() = base + hits.load();
     });
   });
 }

@@ -72,6 +72,7 @@ CudaBackend::CudaBackend() : device_count_(count_devices()) {
 Allocator& CudaBackend::allocator(int device) {
   TANDEM_CHECK(device >= 0 && device < device_count_, "cuda:", device, " does not exist: this process sees ",
                device_count_, " GPU(s)");
+  if (Allocator* pool = capture_pool(device)) return *pool;
   return *allocators_[static_cast<size_t>(device)];
 }
 
@@ -92,6 +93,8 @@ DeviceState& CudaBackend::state(int device) {
     TANDEM_CUBLAS_CHECK(cublasSetWorkspace(s->cublas, ws, kCublasWorkspace));
     s->errors.claim = static_cast<int*>(allocators_[static_cast<size_t>(device)]->allocate(sizeof(int)));
     TANDEM_CUDA_CHECK(cudaMemsetAsync(s->errors.claim, 0, sizeof(int), s->stream));
+    s->replays = static_cast<unsigned long long*>(allocators_[static_cast<size_t>(device)]->allocate(8));
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(s->replays, 0, 8, s->stream));
     void* rec = nullptr;
     TANDEM_CUDA_CHECK(cudaHostAlloc(&rec, sizeof(LabelErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable));
     std::memset(rec, 0, sizeof(LabelErrorRecord));

@@ -49,6 +49,9 @@ struct DeviceState {
   unsigned* reduce_counters = nullptr;   // per-channel reductions: completion counters, zero between launches
   int64_t reduce_counter_count = 0;
   ErrorSink errors{};                    // device-side addresses, passed to kernels
+  // Replays of recorded work so far: each recording starts by adding one, and random kernels add
+  // it to their counters, so that a replayed dropout draws a new mask every time.
+  unsigned long long* replays = nullptr;
   LabelErrorRecord* error_host = nullptr;  // the same record, as the host sees it
   DeviceState();
   ~DeviceState();
@@ -95,6 +98,8 @@ class CudaBackend final : public Backend {
   void copy_bytes(const void* src, void* dst, size_t nbytes, int device) override;
   void synchronize(int device) override;
   void profile_range(bool on) override;
+  std::unique_ptr<CapturedWork> capture(int device, const std::function<void()>& body) override;
+  size_t captured_pool_bytes(int device) override;
 
   void copy_strided(const Tensor& src, Tensor& dst) override;
   void fill(Tensor& t, double value) override;
@@ -140,7 +145,7 @@ class CudaBackend final : public Backend {
   void softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs) override;
   void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss, Tensor& dlogits) override;
   void argmax_rows(const Tensor& x, Tensor& out) override;
-  void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out) override;
+  void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out, bool accumulate) override;
   void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;
 
   void scale_cast(const Tensor& src, Tensor& dst, double scale, double clip) override;
@@ -184,6 +189,11 @@ class Scratch {
   size_t nbytes_;
   void* ptr_;
 };
+
+/// The private pool of the recording under way on this thread for `device`, or null.
+Allocator* capture_pool(int device);
+/// Queues the kernel that adds one to the device's replay count (the first node of a recording).
+void launch_count_replay(unsigned long long* replays, cudaStream_t stream);
 
 /// Throws unless t is f32 (the one floating type the CUDA kernels take).
 void require_f32(const Tensor& t, const char* op);

@@ -165,7 +165,10 @@ __global__ void normal_kernel(float* __restrict__ p, int64_t n, uint64_t seed, u
 }
 
 template <typename T>
-__global__ void dropout_kernel(T* __restrict__ m, int64_t n, uint64_t seed, uint64_t offset, float p, float keep) {
+__global__ void dropout_kernel(T* __restrict__ m, int64_t n, uint64_t seed, uint64_t offset,
+                               const unsigned long long* __restrict__ replays, float p, float keep) {
+  // Each replay of a recorded step draws from its own range of 2^40 counters.
+  offset += static_cast<uint64_t>(*replays) << 40;
   for (int64_t i = thread_index(); i < n; i += thread_count())
     m[i] = kern::from_float<T>(rng::uniform_f(seed, offset + static_cast<uint64_t>(i)) >= p ? keep : 0.0f);
 }
@@ -278,9 +281,18 @@ void CudaBackend::dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, dou
   kern::dispatch_float(mask.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
     dropout_kernel<<<blocks_for(n), kBlock, 0, st.stream>>>(static_cast<T*>(mask.data_ptr()), n, seed, offset,
-                                                             static_cast<float>(p), keep);
+                                                             st.replays, static_cast<float>(p), keep);
   });
   TANDEM_CUDA_LAUNCH_CHECK("dropout_kernel");
+}
+
+namespace {
+__global__ void count_replay_kernel(unsigned long long* replays) { *replays += 1; }
+}  // namespace
+
+void launch_count_replay(unsigned long long* replays, cudaStream_t stream) {
+  count_replay_kernel<<<1, 1, 0, stream>>>(replays);
+  TANDEM_CUDA_LAUNCH_CHECK("count_replay_kernel");
 }
 
 }  // namespace tandem::backend

@@ -224,13 +224,13 @@ void CudaBackend::argmax_rows(const Tensor& x, Tensor& out) {
   TANDEM_CUDA_LAUNCH_CHECK("argmax_kernel");
 }
 
-void CudaBackend::count_correct(const Tensor& logits, const Tensor& labels, Tensor& out) {
+void CudaBackend::count_correct(const Tensor& logits, const Tensor& labels, Tensor& out, bool accumulate) {
   require_f32(logits, "count_correct");
   TANDEM_CHECK(out.dtype() == DType::i64, "count_correct: output must be i64, got ", out.str());
   TANDEM_ASSERT(logits.dim() == 2 && labels.numel() == logits.size(0) && out.numel() == 1, "count_correct shapes");
   const int64_t n = logits.size(0), c = logits.size(1);
   DeviceState& st = state_for(out);
-  TANDEM_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, sizeof(int64_t), st.stream));
+  if (!accumulate) TANDEM_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, sizeof(int64_t), st.stream));
   if (n == 0) return;
   TANDEM_CHECK(c > 0, "count_correct: rows of ", logits.str(), " are empty");
   dispatch_labels(labels, "count_correct", [&](auto* lab) {

@@ -1,0 +1,194 @@
+// Recorded steps (DeviceGraph): replays give the same bits as eager steps, read their inputs where
+// they were recorded, rewrite their outputs, draw new dropout masks, and a recording that reads back
+// to the host fails cleanly. The CLI records by default and says when it cannot.
+#include <cstdlib>
+
+#include "cuda/cuda_test_util.h"
+#include "e2e/cli_util.h"
+#include "tandem/distributed/bootstrap.h"
+#include "tandem/distributed/dist_opt.h"
+#include "tandem/graph.h"
+#include "tandem/nn/models.h"
+#include "tandem/ops.h"
+#include "tandem/optim/optimizer.h"
+#include "tandem/precision.h"
+
+namespace tandem {
+namespace {
+
+using namespace cudatest;
+
+#define REQUIRE_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU"
+
+TEST(CudaGraph, ReplaysReadInputsInPlaceAndRewriteOutputs) {
+  REQUIRE_GPU();
+  Tensor x = rand_cpu({1000}, 1).to(gpu());
+  Tensor y;
+  DeviceGraph graph(gpu(), [&] { y = add_scalar(scale(x, 2.0), 1.0); });
+  for (uint64_t seed : {2, 3, 4}) {
+    Tensor fresh = rand_cpu({1000}, seed);
+    x.copy_(fresh.to(gpu()));
+    graph.replay();
+    expect_close(add_scalar(scale(fresh, 2.0), 1.0), y.cpu(), 1e-6, 1e-6, "replay " + std::to_string(seed));
+  }
+  EXPECT_GE(graph.pool_bytes(), y.nbytes());
+  EXPECT_GE(memory_stats(gpu()).graphs, graph.pool_bytes());
+}
+
+TEST(CudaGraph, RecordingThatReadsTheHostFailsCleanly) {
+  REQUIRE_GPU();
+  Tensor x = rand_cpu({16}, 5).to(gpu());
+  try {
+    DeviceGraph graph(gpu(), [&] { (void)scale(x, 3.0).to_vector<float>(); });
+    FAIL() << "a recording that copies to the host was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+  }
+  // The device goes on working eagerly, and a later recording succeeds.
+  expect_close(scale(x.cpu(), 3.0), scale(x, 3.0).cpu(), 1e-6, 0, "eager after a failed recording");
+  Tensor y;
+  DeviceGraph ok(gpu(), [&] { y = scale(x, 4.0); });
+  ok.replay();
+  expect_close(scale(x.cpu(), 4.0), y.cpu(), 1e-6, 0, "recording after a failed one");
+}
+
+TEST(CudaGraph, DropoutMasksDifferBetweenReplays) {
+  REQUIRE_GPU();
+  Tensor x = Tensor::ones({1 << 16}, DType::f32, gpu());
+  Generator gen(7);
+  Tensor y;
+  DeviceGraph graph(gpu(), [&] { y = dropout(x, 0.5, /*training=*/true, gen); });
+  std::vector<std::vector<float>> masks;
+  for (int r = 0; r < 3; ++r) {
+    graph.replay();
+    masks.push_back(y.to_vector<float>());
+    int64_t kept = 0;
+    for (float v : masks.back()) kept += v != 0.0f;
+    EXPECT_NEAR(static_cast<double>(kept) / static_cast<double>(x.numel()), 0.5, 0.02) << "replay " << r;
+  }
+  EXPECT_NE(masks[0], masks[1]);
+  EXPECT_NE(masks[1], masks[2]);
+}
+
+// The guide's CNN with SGD (momentum, weight decay) through DistOpt on one GPU: N steps run eagerly
+// and the same N steps with the fourth onwards replayed from one recording end in the same bits.
+std::vector<Tensor> train_cnn(bool record, int steps) {
+  set_deterministic_algorithms(true);
+  nn::ModelConfig mc;
+  mc.seed = 3;
+  auto model = nn::make_model("cnn", mc);
+  model->to(gpu());
+  optim::SgdOptions so;
+  so.lr = 0.05;
+  so.momentum = 0.9;
+  so.weight_decay = 1e-4;
+  dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), dist::make_single_communicator(gpu()));
+  std::vector<Tensor> xs, ys;
+  Generator gen(11);
+  for (int i = 0; i < steps; ++i) {
+    xs.push_back(Tensor::uniform({32, 1, 28, 28}, 0.0, 1.0, gen).to(gpu()));
+    std::vector<int32_t> labels(32);
+    for (auto& l : labels) l = static_cast<int32_t>(gen.next_below(10));
+    ys.push_back(Tensor::from_vector(labels, {32}).to(gpu()));
+  }
+  auto step = [&](const Tensor& x, const Tensor& y) {
+    opt.backward_and_sync(softmax_cross_entropy(model->forward(x), y));
+    opt.update();
+  };
+  Tensor sx = xs[0].clone(), sy = ys[0].clone();
+  std::unique_ptr<DeviceGraph> graph;
+  for (int i = 0; i < steps; ++i) {
+    if (!record || i < 3) {
+      step(xs[static_cast<size_t>(i)], ys[static_cast<size_t>(i)]);
+      continue;
+    }
+    EXPECT_EQ(opt.replay_blocker(), "");
+    sx.copy_(xs[static_cast<size_t>(i)]);
+    sy.copy_(ys[static_cast<size_t>(i)]);
+    if (!graph) {
+      const dist::CommStats before = opt.stats();
+      graph = std::make_unique<DeviceGraph>(gpu(), [&] { step(sx, sy); });
+      EXPECT_EQ(opt.stats().steps, before.steps + 1);
+    } else {
+      opt.count_replayed_step(dist::CommStats{1, 0, 0, 0, 0.0, 0});
+    }
+    graph->replay();
+  }
+  EXPECT_EQ(opt.optimizer().steps(), steps);
+  EXPECT_EQ(opt.stats().steps, steps);
+  std::vector<Tensor> out;
+  for (const Tensor& p : model->parameters()) out.push_back(p.cpu());
+  set_deterministic_algorithms(false);
+  return out;
+}
+
+TEST(CudaGraph, ReplayedTrainingMatchesEagerBitForBit) {
+  REQUIRE_GPU();
+  std::vector<Tensor> eager = train_cnn(false, 12), replayed = train_cnn(true, 12);
+  ASSERT_EQ(eager.size(), replayed.size());
+  for (size_t i = 0; i < eager.size(); ++i) expect_same_bytes(eager[i], replayed[i], "parameter " + std::to_string(i));
+}
+
+TEST(CudaGraph, AdamAndThresholdStepsSayWhyTheyRunEagerly) {
+  REQUIRE_GPU();
+  nn::ModelConfig mc;
+  auto model = nn::make_model("mlp", mc);
+  model->to(gpu());
+  dist::DistOpt adam(std::make_shared<optim::Adam>(model->parameters(), optim::AdamOptions{}),
+                     dist::make_single_communicator(gpu()));
+  EXPECT_NE(adam.replay_blocker().find("adam"), std::string::npos) << adam.replay_blocker();
+  dist::DistOptOptions o;
+  o.sync.method = "sparseThreshold";
+  dist::DistOpt thr(std::make_shared<optim::SGD>(model->parameters(), optim::SgdOptions{}),
+                    dist::make_single_communicator(gpu()), o);
+  EXPECT_NE(thr.replay_blocker().find("sparseThreshold"), std::string::npos) << thr.replay_blocker();
+}
+
+// The CLI: recording is on by default and shows in the result; what cannot be recorded runs eagerly
+// and says why, with the same training.
+TEST(CudaGraph, BenchRecordsByDefaultAndFallsBackWithAReason) {
+  REQUIRE_GPU();
+  auto graphed = test::run_tandem("bench train --device cuda --steps 20 --warmup 5");
+  ASSERT_EQ(graphed.status, 0) << graphed.output;
+  EXPECT_NE(graphed.output.find("\"cuda_graph\":true"), std::string::npos) << graphed.output;
+  auto off = test::run_tandem("bench train --device cuda --steps 20 --warmup 5 --cuda-graph off");
+  ASSERT_EQ(off.status, 0) << off.output;
+  EXPECT_NE(off.output.find("\"cuda_graph\":false"), std::string::npos) << off.output;
+  auto thr = test::run_tandem("bench train --device cuda --steps 20 --warmup 5 -d sparseThreshold -s 0.01");
+  ASSERT_EQ(thr.status, 0) << thr.output;
+  EXPECT_NE(thr.output.find("\"cuda_graph\":false"), std::string::npos) << thr.output;
+  EXPECT_NE(thr.output.find("steps run eagerly: sparseThreshold"), std::string::npos) << thr.output;
+}
+
+// tandem train with and without recording: the same losses and accuracies (the epoch's last, smaller
+// batch runs eagerly beside the replays).
+TEST(CudaGraph, TrainWithRecordingMatchesEager) {
+  REQUIRE_GPU();
+  const char* env = std::getenv("TANDEM_FASHION_DIR");
+  const std::string dir = env ? env : test::kFashionDir;
+  if (!std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "no Fashion-MNIST at " << dir << " (set TANDEM_FASHION_DIR)";
+  const std::string args = "train --model cnn --dataset fashion-mnist --data-dir " + dir +
+                           " --device cuda --precision f32 --epochs 2 --limit-train 2000 --limit-test 500 "
+                           "--batch-size 64 --progress off --deterministic";
+  auto on = test::run_tandem(args);
+  auto off = test::run_tandem(args + " --cuda-graph off");
+  ASSERT_EQ(on.status, 0) << on.output;
+  ASSERT_EQ(off.status, 0) << off.output;
+  auto lines = [](const std::string& out) {
+    std::string keep;
+    size_t pos = 0;
+    while ((pos = out.find("Training loss = ", pos)) != std::string::npos) {
+      keep += out.substr(pos, out.find('\n', pos) - pos) + "\n";
+      ++pos;
+    }
+    return keep;
+  };
+  EXPECT_EQ(test::count_lines_with(on.output, "Training loss = "), 2) << on.output;
+  EXPECT_EQ(lines(on.output), lines(off.output)) << on.output << "\n---\n" << off.output;
+  EXPECT_EQ(on.output.find("steps run eagerly"), std::string::npos) << on.output;
+}
+
+}  // namespace
+}  // namespace tandem
