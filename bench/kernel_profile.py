@@ -4,7 +4,7 @@
       --tandem build-gpu/bin/tandem --peer ../shared/bench/pytorch_ddp.py [--top 25] [--out DIR]
 
 Each side runs a few warm-up steps unprofiled, then --steps steps under
-`ncu --profile-from-start off --metrics gpu__time_duration.sum`; the table lists the kernels by their
+`ncu --profile-from-start off --clock-control none --cache-control none --metrics gpu__time_duration.sum`; the table lists the kernels by their
 share of the step's summed kernel time (launch gaps are not counted: compare with the step times of
 the benchmarks). Precision maps to the peer's closest setting: f32 -> --no-tf32, tf32 -> --channels-last,
 bf16 -> --bf16."""
@@ -21,7 +21,7 @@ PEER_FLAGS = {"f32": ["--no-tf32"], "tf32": ["--channels-last"], "bf16": ["--bf1
 
 
 def ncu(cmd, log):
-    full = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--metrics", "gpu__time_duration.sum",
+    full = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--cache-control", "none", "--metrics", "gpu__time_duration.sum",
             "--csv", "--page", "raw", "--log-file", log] + cmd
     r = subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:

@@ -1,6 +1,7 @@
 // CUDA backend kernels against the CPU backend on the same random inputs: elementwise ops, bias
 // broadcast and reduction, sums, GEMM, convolution, pooling, batch norm, losses and metrics.
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 
 #include "cuda/cuda_test_util.h"
@@ -242,9 +243,11 @@ std::string geom_name(const backend::ConvGeom& g) {
          std::to_string(g.pad_h) + "," + std::to_string(g.pad_w);
 }
 
-TEST(CudaKernels, ConvolutionForwardAndBackward) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  for (const backend::ConvGeom& g : kConvs) {
+// Every geometry of kConvs, with `extra` more samples (plans are kept per geometry: a new batch size
+// makes the algorithm choice again).
+void check_convolutions(int64_t extra) {
+  for (backend::ConvGeom g : kConvs) {
+    g.n += extra;
     Tensor x = rand_cpu({g.n, g.c, g.h, g.w}, 14), w = rand_cpu({g.k, g.c, g.r, g.s}, 15), b = rand_cpu({g.k}, 16);
     Tensor dy = rand_cpu({g.n, g.k, g.oh, g.ow}, 17);
     const std::string what = geom_name(g);
@@ -273,6 +276,22 @@ TEST(CudaKernels, ConvolutionForwardAndBackward) {
           1e-5, 1e-5 * std::sqrt(double(g.n * g.oh * g.ow)), what + " bias grad");
     }
   }
+}
+
+TEST(CudaKernels, ConvolutionForwardAndBackward) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  check_convolutions(0);
+}
+
+// The im2col + cuBLAS path, taken wherever it fits (TANDEM_CONV_GEMM=1), against the CPU; then cuDNN
+// alone (=0) on the same geometries with another batch size.
+TEST(CudaKernels, ConvolutionAsMatrixProductsAndCudnnAlone) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  setenv("TANDEM_CONV_GEMM", "1", 1);
+  check_convolutions(1);
+  setenv("TANDEM_CONV_GEMM", "0", 1);
+  check_convolutions(2);
+  unsetenv("TANDEM_CONV_GEMM");
 }
 
 backend::PoolGeom pool_geom(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw,

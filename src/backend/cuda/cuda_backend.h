@@ -195,6 +195,15 @@ Allocator* capture_pool(int device);
 /// Queues the kernel that adds one to the device's replay count (the first node of a recording).
 void launch_count_replay(unsigned long long* replays, cudaStream_t stream);
 
+// Convolution as matrix products (cuda_conv_gemm.cu): NCHW f32, fewer than 2^30 elements per buffer.
+/// col[n * stride_n + (c, r, s) * stride_crs + (oh, ow)] = the input under kernel offset (r, s).
+void launch_im2col(const float* x, float* col, const ConvGeom& g, int64_t stride_n, int64_t stride_crs,
+                   cudaStream_t stream);
+/// dx = the column gradients [n][(c, r, s)][(oh, ow)] folded back onto the input, without atomics.
+void launch_col2im(const float* dcol, float* dx, const ConvGeom& g, cudaStream_t stream);
+/// out[k][n][p] = in[n][k][p].
+void launch_nkp_to_knp(const float* in, float* out, int64_t n, int64_t k, int64_t p, cudaStream_t stream);
+
 /// Throws unless t is f32 (the one floating type the CUDA kernels take).
 void require_f32(const Tensor& t, const char* op);
 

@@ -1,7 +1,8 @@
-// CUDA backend: 2-D convolution through cuDNN. Descriptors and algorithms are made once per geometry,
-// element type, layout and math mode, and kept in a small per-device map, so a training step does no
-// descriptor work and no search. Exact f32 uses FMA kernels only; TF32 and 16-bit data let cuDNN pick
-// tensor-core kernels.
+// CUDA backend: 2-D convolution through cuDNN, or as im2col and cuBLAS matrix products where those
+// take less GPU time (small NCHW f32 convolutions, whose cuDNN kernels leave most of the GPU idle).
+// Descriptors and algorithms are made once per geometry, element type, layout and math mode, and
+// kept in a small per-device map, so a training step does no descriptor work and no search. Exact
+// f32 uses FMA kernels only; TF32 and 16-bit data let cuDNN and cuBLAS pick tensor-core kernels.
 #include <array>
 #include <climits>
 #include <cstdio>
@@ -148,6 +149,7 @@ struct ConvPlan {
   cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
   cudnnMathType_t fwd_math{}, bwd_data_math{}, bwd_filter_math{};
   size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
+  bool fwd_gemm = false, bwd_data_gemm = false, bwd_filter_gemm = false;  // the matrix products won
   ConvMath math;
 
   ConvPlan(const ConvGeom& g, const ConvMath& m) : math(m) {
@@ -246,6 +248,122 @@ ConvMath check_conv(const ConvGeom& g, const Tensor& x, const Tensor& w, const T
 
 void* conv_workspace(DeviceState& st, size_t bytes) { return st.conv->workspace(st.stream, bytes); }
 
+// ---- convolution as matrix products: im2col, then cuBLAS (row-major products written column-major)
+
+// Unfolded inputs up to 256 MiB (2^26 f32, which also keeps indices in 32 bits); beyond that cuDNN's
+// kernels fill the GPU anyway.
+bool gemm_path_fits(const ConvGeom& g, const ConvMath& m) {
+  if (g.nhwc || m.dtype != DType::f32) return false;
+  const int64_t limit = int64_t(1) << 26;
+  return g.n * g.c * g.r * g.s * g.oh * g.ow <= limit && g.n * g.k * g.oh * g.ow <= limit &&
+         g.n * g.c * g.h * g.w <= limit;
+}
+int64_t col_elems(const ConvGeom& g) { return g.n * g.c * g.r * g.s * g.oh * g.ow; }
+size_t gemm_fwd_bytes(const ConvGeom& g) { return static_cast<size_t>(col_elems(g)) * 4; }
+size_t gemm_bwd_filter_bytes(const ConvGeom& g) {
+  return static_cast<size_t>(col_elems(g) + g.n * g.k * g.oh * g.ow) * 4;
+}
+
+cublasComputeType_t gemm_compute(const ConvMath& m) { return m.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F; }
+
+// y[n] (k x p) = w (k x crs) * col[n] (crs x p), one product per sample.
+void gemm_forward(DeviceState& st, const Tensor& x, const Tensor& w, const ConvGeom& g, const ConvMath& m, Tensor& y,
+                  void* ws) {
+  const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow;
+  auto* col = static_cast<float*>(ws);
+  launch_im2col(x.data<float>(), col, g, crs * p, p, st.stream);
+  const float one = 1.0f, zero = 0.0f;
+  std::lock_guard<std::mutex> lock(st.cublas_mu);
+  TANDEM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      st.cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(p), static_cast<int>(g.k), static_cast<int>(crs), &one,
+      col, CUDA_R_32F, static_cast<int>(p), crs * p, w.data_ptr(), CUDA_R_32F, static_cast<int>(crs), 0, &zero,
+      y.data_ptr(), CUDA_R_32F, static_cast<int>(p), g.k * p, static_cast<int>(g.n), gemm_compute(m),
+      CUBLAS_GEMM_DEFAULT));
+}
+
+// dcol[n] (crs x p) = w^T (crs x k) * dy[n] (k x p), then folded back onto dx.
+void gemm_backward_data(DeviceState& st, const Tensor& dy, const Tensor& w, const ConvGeom& g, const ConvMath& m,
+                        Tensor& dx, void* ws) {
+  const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow;
+  auto* dcol = static_cast<float*>(ws);
+  const float one = 1.0f, zero = 0.0f;
+  {
+    std::lock_guard<std::mutex> lock(st.cublas_mu);
+    TANDEM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        st.cublas, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(p), static_cast<int>(crs), static_cast<int>(g.k), &one,
+        dy.data_ptr(), CUDA_R_32F, static_cast<int>(p), g.k * p, w.data_ptr(), CUDA_R_32F, static_cast<int>(crs), 0,
+        &zero, dcol, CUDA_R_32F, static_cast<int>(p), crs * p, static_cast<int>(g.n), gemm_compute(m),
+        CUBLAS_GEMM_DEFAULT));
+  }
+  launch_col2im(dcol, dx.data<float>(), g, st.stream);
+}
+
+// dw (k x crs) = dy as [k][n p] times the columns laid out [crs][n p], transposed: one product whose
+// inner dimension runs over the whole batch.
+void gemm_backward_filter(DeviceState& st, const Tensor& dy, const Tensor& x, const ConvGeom& g, const ConvMath& m,
+                          Tensor& dw, void* ws) {
+  const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow, np = g.n * p;
+  auto* col = static_cast<float*>(ws);
+  float* dyt = col + col_elems(g);
+  launch_im2col(x.data<float>(), col, g, p, np, st.stream);
+  launch_nkp_to_knp(dy.data<float>(), dyt, g.n, g.k, p, st.stream);
+  const float one = 1.0f, zero = 0.0f;
+  std::lock_guard<std::mutex> lock(st.cublas_mu);
+  TANDEM_CUBLAS_CHECK(cublasGemmEx(st.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(crs), static_cast<int>(g.k),
+                                   static_cast<int>(np), &one, col, CUDA_R_32F, static_cast<int>(np), dyt, CUDA_R_32F,
+                                   static_cast<int>(np), &zero, dw.data_ptr(), CUDA_R_32F, static_cast<int>(crs),
+                                   gemm_compute(m), CUBLAS_GEMM_DEFAULT));
+}
+
+// GPU milliseconds of one call of `run`: several calls recorded into a graph and replayed, so that
+// the host's launch cost (which a recorded training step does not pay) is left out.
+template <typename F>
+float gpu_ms(cudaStream_t stream, F&& run) {
+  constexpr int kRuns = 8;
+  run();  // settles anything done on first use
+  TANDEM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  cudaGraph_t graph = nullptr;
+  try {
+    for (int i = 0; i < kRuns; ++i) run();
+  } catch (...) {
+    if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    throw;
+  }
+  TANDEM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  float ms = 0;
+  cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  if (err == cudaSuccess) err = cudaEventCreate(&start);
+  if (err == cudaSuccess) err = cudaEventCreate(&stop);
+  if (err == cudaSuccess) err = cudaGraphLaunch(exec, stream);  // warm
+  if (err == cudaSuccess) err = cudaEventRecord(start, stream);
+  if (err == cudaSuccess) err = cudaGraphLaunch(exec, stream);
+  if (err == cudaSuccess) err = cudaEventRecord(stop, stream);
+  if (err == cudaSuccess) err = cudaEventSynchronize(stop);
+  if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, start, stop);
+  if (stop) cudaEventDestroy(stop);
+  if (start) cudaEventDestroy(start);
+  if (exec) cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  if (err != cudaSuccess) cuda::throw_cuda_error(err, "timing a convolution", __FILE__, __LINE__);
+  return ms / kRuns;
+}
+
+// Times cuDNN's pick against the matrix products; true when the latter take less GPU time.
+// TANDEM_CONV_GEMM=1 takes the matrix products wherever they fit, =0 never (tests, comparisons).
+template <typename CudnnRun, typename GemmRun>
+bool gemm_wins(DeviceState& st, const char* pass, const ConvGeom& g, CudnnRun&& cudnn, GemmRun&& gemm) {
+  if (const char* e = std::getenv("TANDEM_CONV_GEMM"); e && (*e == '0' || *e == '1')) return *e == '1';
+  const float t_cudnn = gpu_ms(st.stream, cudnn), t_gemm = gpu_ms(st.stream, gemm);
+  if (log_search())
+    std::fprintf(stderr, "conv %s n%lld c%lld %lldx%lld k%lld %lldx%lld: cuDNN %.4f ms, im2col+cuBLAS %.4f ms%s\n",
+                 pass, (long long)g.n, (long long)g.c, (long long)g.h, (long long)g.w, (long long)g.k, (long long)g.r,
+                 (long long)g.s, t_cudnn, t_gemm, t_gemm < t_cudnn ? " *" : "");
+  return t_gemm < t_cudnn;
+}
+
 const char* math_name(const ConvMath& m) { return m.exact() ? "exact f32" : m.tf32 ? "TF32" : dtype_name(m.dtype); }
 }  // namespace
 
@@ -272,12 +390,27 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
       p.fwd = perf[i].algo;
       p.fwd_math = perf[i].mathType;
       p.fwd_ws = perf[i].memory;
+      if (gemm_path_fits(g, math)) {
+        TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.fwd_math));
+        void* ws = conv_workspace(st, std::max(p.fwd_ws, gemm_fwd_bytes(g)));
+        p.fwd_gemm = gemm_wins(
+            st, "fwd", g,
+            [&] {
+              TANDEM_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv, p.fwd,
+                                                         ws, p.fwd_ws, &zero, p.y, y.data_ptr()));
+            },
+            [&] { gemm_forward(st, x, w, g, math, y, ws); });
+      }
       p.has_fwd = true;
     }
-    TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.fwd_math));
-    void* ws = conv_workspace(st, p.fwd_ws);
-    TANDEM_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv, p.fwd,
-                                               ws, p.fwd_ws, &zero, p.y, y.data_ptr()));
+    if (p.fwd_gemm) {
+      gemm_forward(st, x, w, g, math, y, conv_workspace(st, gemm_fwd_bytes(g)));
+    } else {
+      TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.fwd_math));
+      void* ws = conv_workspace(st, p.fwd_ws);
+      TANDEM_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv, p.fwd,
+                                                 ws, p.fwd_ws, &zero, p.y, y.data_ptr()));
+    }
   }
   // Channels-last output is [n * oh * ow, k] rows for the bias.
   const int64_t n = g.nhwc ? g.n * g.oh * g.ow : g.n, s = g.nhwc ? 1 : g.oh * g.ow;
@@ -312,7 +445,22 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
     p.bwd_data = perf[i].algo;
     p.bwd_data_math = perf[i].mathType;
     p.bwd_data_ws = perf[i].memory;
+    if (gemm_path_fits(g, math)) {
+      TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_data_math));
+      void* ws = conv_workspace(st, std::max(p.bwd_data_ws, gemm_fwd_bytes(g)));
+      p.bwd_data_gemm = gemm_wins(
+          st, "bwd-data", g,
+          [&] {
+            TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv,
+                                                            p.bwd_data, ws, p.bwd_data_ws, &zero, p.x, dx.data_ptr()));
+          },
+          [&] { gemm_backward_data(st, dy, w, g, math, dx, ws); });
+    }
     p.has_bwd_data = true;
+  }
+  if (p.bwd_data_gemm) {
+    gemm_backward_data(st, dy, w, g, math, dx, conv_workspace(st, gemm_fwd_bytes(g)));
+    return;
   }
   TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_data_math));
   void* ws = conv_workspace(st, p.bwd_data_ws);
@@ -353,7 +501,23 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
     p.bwd_filter = perf[i].algo;
     p.bwd_filter_math = perf[i].mathType;
     p.bwd_filter_ws = perf[i].memory;
+    if (gemm_path_fits(g, math)) {
+      TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_filter_math));
+      void* ws = conv_workspace(st, std::max(p.bwd_filter_ws, gemm_bwd_filter_bytes(g)));
+      p.bwd_filter_gemm = gemm_wins(
+          st, "bwd-filter", g,
+          [&] {
+            TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv,
+                                                              p.bwd_filter, ws, p.bwd_filter_ws, &zero, p.w,
+                                                              dw.data_ptr()));
+          },
+          [&] { gemm_backward_filter(st, dy, x, g, math, dw, ws); });
+    }
     p.has_bwd_filter = true;
+  }
+  if (p.bwd_filter_gemm) {
+    gemm_backward_filter(st, dy, x, g, math, dw, conv_workspace(st, gemm_bwd_filter_bytes(g)));
+    return;
   }
   TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_filter_math));
   void* ws = conv_workspace(st, p.bwd_filter_ws);

@@ -11,7 +11,7 @@ namespace tandem::backend {
 
 namespace {
 constexpr int kMaxTensors = 40;   // keeps the argument block under CUDA's classic 4 KiB
-constexpr int64_t kChunk = 8192;  // elements per block
+constexpr int64_t kChunk = 1024;  // elements per block: enough blocks to fill the GPU for small models
 constexpr int kOptimBlock = 256;
 
 struct TensorTable {

@@ -1,0 +1,104 @@
+// The data movement of convolution as matrix products (cuda_conv.cpp times it against cuDNN per
+// geometry and keeps the faster): im2col unfolds input patches into columns, col2im gathers column
+// gradients back into the input's gradient (each element sums its own patches: no atomics, the
+// same bits on every run), and a [n, k, p] -> [k, n, p] transpose lines the output gradient up with
+// the columns for the weight gradient. NCHW f32, fewer than 2^30 elements (checked by the caller).
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernel_utils.cuh"
+
+namespace tandem::backend {
+
+namespace {
+
+using kern::blocks_for;
+using kern::kBlock;
+
+struct Geom32 {
+  int n, c, h, w, k, r, s, sh, sw, ph, pw, oh, ow;
+};
+
+Geom32 narrow(const ConvGeom& g) {
+  return {static_cast<int>(g.n),        static_cast<int>(g.c),        static_cast<int>(g.h),
+          static_cast<int>(g.w),        static_cast<int>(g.k),        static_cast<int>(g.r),
+          static_cast<int>(g.s),        static_cast<int>(g.stride_h), static_cast<int>(g.stride_w),
+          static_cast<int>(g.pad_h),    static_cast<int>(g.pad_w),    static_cast<int>(g.oh),
+          static_cast<int>(g.ow)};
+}
+
+// col[n * stride_n + crs * stride_crs + p] = x[n, c, oh * sh - ph + r, ow * sw - pw + s] (0 outside).
+__global__ void im2col_kernel(const float* __restrict__ x, float* __restrict__ col, Geom32 g, int stride_n,
+                              int stride_crs, int total) {
+  const int rs = g.r * g.s, crs = g.c * rs, p_count = g.oh * g.ow;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const int p = i % p_count, t = i / p_count;
+    const int q = t % crs, n = t / crs;
+    const int c = q / rs, r = (q % rs) / g.s, s = q % g.s;
+    const int h = (p / g.ow) * g.sh - g.ph + r, w = (p % g.ow) * g.sw - g.pw + s;
+    const bool inside = h >= 0 && h < g.h && w >= 0 && w < g.w;
+    col[n * stride_n + q * stride_crs + p] = inside ? x[((n * g.c + c) * g.h + h) * g.w + w] : 0.0f;
+  }
+}
+
+// dx[n, c, h, w] = the sum, over the kernel offsets (r, s) whose output position lies on the grid,
+// of dcol[n, (c, r, s), (oh, ow)], in a fixed order.
+__global__ void col2im_kernel(const float* __restrict__ dcol, float* __restrict__ dx, Geom32 g, int total) {
+  const int rs = g.r * g.s, p_count = g.oh * g.ow;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const int w = i % g.w, h = (i / g.w) % g.h, c = (i / (g.w * g.h)) % g.c, n = i / (g.w * g.h * g.c);
+    const float* base = dcol + (static_cast<int64_t>(n) * g.c * rs + c * rs) * p_count;
+    float acc = 0.0f;
+    for (int r = 0; r < g.r; ++r) {
+      const int hh = h + g.ph - r;
+      if (hh < 0 || hh % g.sh) continue;
+      const int oh = hh / g.sh;
+      if (oh >= g.oh) continue;
+      for (int s = 0; s < g.s; ++s) {
+        const int ww = w + g.pw - s;
+        if (ww < 0 || ww % g.sw) continue;
+        const int ow = ww / g.sw;
+        if (ow >= g.ow) continue;
+        acc += base[(r * g.s + s) * p_count + oh * g.ow + ow];
+      }
+    }
+    dx[i] = acc;
+  }
+}
+
+// out[k, n, p] = in[n, k, p]
+__global__ void nkp_to_knp_kernel(const float* __restrict__ in, float* __restrict__ out, int n_count, int k_count,
+                                  int p_count, int total) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const int p = i % p_count, t = i / p_count;
+    const int n = t % n_count, k = t / n_count;
+    out[i] = in[(n * k_count + k) * p_count + p];
+  }
+}
+
+}  // namespace
+
+void launch_im2col(const float* x, float* col, const ConvGeom& g, int64_t stride_n, int64_t stride_crs,
+                   cudaStream_t stream) {
+  const int64_t total = g.n * g.c * g.r * g.s * g.oh * g.ow;
+  if (total == 0) return;
+  im2col_kernel<<<blocks_for(total), kBlock, 0, stream>>>(x, col, narrow(g), static_cast<int>(stride_n),
+                                                          static_cast<int>(stride_crs), static_cast<int>(total));
+  TANDEM_CUDA_LAUNCH_CHECK("im2col_kernel");
+}
+
+void launch_col2im(const float* dcol, float* dx, const ConvGeom& g, cudaStream_t stream) {
+  const int64_t total = g.n * g.c * g.h * g.w;
+  if (total == 0) return;
+  col2im_kernel<<<blocks_for(total), kBlock, 0, stream>>>(dcol, dx, narrow(g), static_cast<int>(total));
+  TANDEM_CUDA_LAUNCH_CHECK("col2im_kernel");
+}
+
+void launch_nkp_to_knp(const float* in, float* out, int64_t n, int64_t k, int64_t p, cudaStream_t stream) {
+  const int64_t total = n * k * p;
+  if (total == 0) return;
+  nkp_to_knp_kernel<<<blocks_for(total), kBlock, 0, stream>>>(in, out, static_cast<int>(n), static_cast<int>(k),
+                                                              static_cast<int>(p), static_cast<int>(total));
+  TANDEM_CUDA_LAUNCH_CHECK("nkp_to_knp_kernel");
+}
+
+}  // namespace tandem::backend
