@@ -253,7 +253,7 @@ void* conv_workspace(DeviceState& st, size_t bytes) { return st.conv->workspace(
 // Unfolded inputs up to 256 MiB (2^26 f32, which also keeps indices in 32 bits); beyond that cuDNN's
 // kernels fill the GPU anyway.
 bool gemm_path_fits(const ConvGeom& g, const ConvMath& m) {
-  if (g.nhwc || m.dtype != DType::f32) return false;
+  if (g.nhwc || m.dtype != DType::f32 || g.r > 64 || g.s > 64) return false;  // col2im unrolls up to 64 taps
   const int64_t limit = int64_t(1) << 26;
   return g.n * g.c * g.r * g.s * g.oh * g.ow <= limit && g.n * g.k * g.oh * g.ow <= limit &&
          g.n * g.c * g.h * g.w <= limit;

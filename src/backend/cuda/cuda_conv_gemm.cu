@@ -41,24 +41,30 @@ __global__ void im2col_kernel(const float* __restrict__ x, float* __restrict__ c
 }
 
 // dx[n, c, h, w] = the sum, over the kernel offsets (r, s) whose output position lies on the grid,
-// of dcol[n, (c, r, s), (oh, ow)], in a fixed order.
+// of dcol[n, (c, r, s), (oh, ow)], in a fixed order. With the kernel size known at compile time (R, S
+// > 0) the loop unrolls into independent predicated loads, which the GPU overlaps instead of waiting
+// for each in turn.
+template <int R, int S>
 __global__ void col2im_kernel(const float* __restrict__ dcol, float* __restrict__ dx, Geom32 g, int total) {
-  const int rs = g.r * g.s, p_count = g.oh * g.ow;
+  const int kr = R > 0 ? R : g.r, ks = S > 0 ? S : g.s;
+  const int rs = kr * ks, p_count = g.oh * g.ow;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     const int w = i % g.w, h = (i / g.w) % g.h, c = (i / (g.w * g.h)) % g.c, n = i / (g.w * g.h * g.c);
     const float* base = dcol + (static_cast<int64_t>(n) * g.c * rs + c * rs) * p_count;
     float acc = 0.0f;
-    for (int r = 0; r < g.r; ++r) {
+#pragma unroll
+    for (int r = 0; r < (R > 0 ? R : 64); ++r) {
+      if (R == 0 && r >= kr) break;
       const int hh = h + g.ph - r;
-      if (hh < 0 || hh % g.sh) continue;
       const int oh = hh / g.sh;
-      if (oh >= g.oh) continue;
-      for (int s = 0; s < g.s; ++s) {
+      const bool row_ok = hh >= 0 && oh * g.sh == hh && oh < g.oh;
+#pragma unroll
+      for (int s = 0; s < (S > 0 ? S : 64); ++s) {
+        if (S == 0 && s >= ks) break;
         const int ww = w + g.pw - s;
-        if (ww < 0 || ww % g.sw) continue;
         const int ow = ww / g.sw;
-        if (ow >= g.ow) continue;
-        acc += base[(r * g.s + s) * p_count + oh * g.ow + ow];
+        const bool ok = row_ok && ww >= 0 && ow * g.sw == ww && ow < g.ow;
+        acc += ok ? __ldg(base + (r * ks + s) * p_count + oh * g.ow + ow) : 0.0f;
       }
     }
     dx[i] = acc;
@@ -89,7 +95,15 @@ void launch_im2col(const float* x, float* col, const ConvGeom& g, int64_t stride
 void launch_col2im(const float* dcol, float* dx, const ConvGeom& g, cudaStream_t stream) {
   const int64_t total = g.n * g.c * g.h * g.w;
   if (total == 0) return;
-  col2im_kernel<<<blocks_for(total), kBlock, 0, stream>>>(dcol, dx, narrow(g), static_cast<int>(total));
+  const unsigned blocks = blocks_for(total);
+  const Geom32 g32 = narrow(g);
+  const int n = static_cast<int>(total);
+  if (g.r == 5 && g.s == 5)
+    col2im_kernel<5, 5><<<blocks, kBlock, 0, stream>>>(dcol, dx, g32, n);
+  else if (g.r == 3 && g.s == 3)
+    col2im_kernel<3, 3><<<blocks, kBlock, 0, stream>>>(dcol, dx, g32, n);
+  else
+    col2im_kernel<0, 0><<<blocks, kBlock, 0, stream>>>(dcol, dx, g32, n);
   TANDEM_CUDA_LAUNCH_CHECK("col2im_kernel");
 }
 
