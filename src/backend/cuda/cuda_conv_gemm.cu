@@ -26,17 +26,32 @@ Geom32 narrow(const ConvGeom& g) {
           static_cast<int>(g.ow)};
 }
 
-// col[n * stride_n + crs * stride_crs + p] = x[n, c, oh * sh - ph + r, ow * sw - pw + s] (0 outside).
+// col[n * stride_n + (c, r, s) * stride_crs + p] = x[n, c, oh * sh - ph + r, ow * sw - pw + s] (0 outside).
+// One thread per (n, c, p) writes the whole kernel window of its position: the index arithmetic is
+// done once for R * S values, and with R, S known at compile time (> 0) the window unrolls.
+template <int R, int S>
 __global__ void im2col_kernel(const float* __restrict__ x, float* __restrict__ col, Geom32 g, int stride_n,
                               int stride_crs, int total) {
-  const int rs = g.r * g.s, crs = g.c * rs, p_count = g.oh * g.ow;
+  const int kr = R > 0 ? R : g.r, ks = S > 0 ? S : g.s;
+  const int rs = kr * ks, p_count = g.oh * g.ow;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     const int p = i % p_count, t = i / p_count;
-    const int q = t % crs, n = t / crs;
-    const int c = q / rs, r = (q % rs) / g.s, s = q % g.s;
-    const int h = (p / g.ow) * g.sh - g.ph + r, w = (p % g.ow) * g.sw - g.pw + s;
-    const bool inside = h >= 0 && h < g.h && w >= 0 && w < g.w;
-    col[n * stride_n + q * stride_crs + p] = inside ? x[((n * g.c + c) * g.h + h) * g.w + w] : 0.0f;
+    const int c = t % g.c, n = t / g.c;
+    const int h0 = (p / g.ow) * g.sh - g.ph, w0 = (p % g.ow) * g.sw - g.pw;
+    const float* __restrict__ plane = x + static_cast<int64_t>(n * g.c + c) * g.h * g.w;
+    float* __restrict__ out = col + static_cast<int64_t>(n) * stride_n + static_cast<int64_t>(c * rs) * stride_crs + p;
+#pragma unroll
+    for (int r = 0; r < (R > 0 ? R : 64); ++r) {
+      if (R == 0 && r >= kr) break;
+      const int h = h0 + r;
+#pragma unroll
+      for (int s = 0; s < (S > 0 ? S : 64); ++s) {
+        if (S == 0 && s >= ks) break;
+        const int w = w0 + s;
+        const bool inside = h >= 0 && h < g.h && w >= 0 && w < g.w;
+        out[static_cast<int64_t>(r * ks + s) * stride_crs] = inside ? __ldg(plane + h * g.w + w) : 0.0f;
+      }
+    }
   }
 }
 
@@ -85,10 +100,17 @@ __global__ void nkp_to_knp_kernel(const float* __restrict__ in, float* __restric
 
 void launch_im2col(const float* x, float* col, const ConvGeom& g, int64_t stride_n, int64_t stride_crs,
                    cudaStream_t stream) {
-  const int64_t total = g.n * g.c * g.r * g.s * g.oh * g.ow;
-  if (total == 0) return;
-  im2col_kernel<<<blocks_for(total), kBlock, 0, stream>>>(x, col, narrow(g), static_cast<int>(stride_n),
-                                                          static_cast<int>(stride_crs), static_cast<int>(total));
+  const int64_t total = g.n * g.c * g.oh * g.ow;
+  if (total == 0 || g.r * g.s == 0) return;
+  const unsigned blocks = blocks_for(total);
+  const Geom32 g32 = narrow(g);
+  const int sn = static_cast<int>(stride_n), sc = static_cast<int>(stride_crs), n = static_cast<int>(total);
+  if (g.r == 5 && g.s == 5)
+    im2col_kernel<5, 5><<<blocks, kBlock, 0, stream>>>(x, col, g32, sn, sc, n);
+  else if (g.r == 3 && g.s == 3)
+    im2col_kernel<3, 3><<<blocks, kBlock, 0, stream>>>(x, col, g32, sn, sc, n);
+  else
+    im2col_kernel<0, 0><<<blocks, kBlock, 0, stream>>>(x, col, g32, sn, sc, n);
   TANDEM_CUDA_LAUNCH_CHECK("im2col_kernel");
 }
 
