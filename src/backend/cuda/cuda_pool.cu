@@ -126,6 +126,29 @@ __global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__
   }
 }
 
+// Windows that tile the input exactly (stride = window, no padding, nothing left over): each output
+// position owns its window of dx and writes all of it, its gradient at the winner and zeros elsewhere
+// (0 + g, as the gathering kernel sums it). A quarter of the threads of the gather for 2x2 windows,
+// and no search for the windows covering a position.
+template <typename T, bool NHWC, typename I>
+__global__ void max_pool_backward_tiled_kernel(const T* __restrict__ dy, const int32_t* __restrict__ idx,
+                                               T* __restrict__ dx, PoolArgs<I> a) {
+  const I total = a.n * a.c * a.oh * a.ow;
+  for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
+    I oy, ox, obase, step, img, ch;
+    split_index<NHWC>(i, a.c, a.c_div, a.oh, a.oh_div, a.ow, a.ow_div, oy, ox, obase, step, img, ch);
+    const I xbase = other_base<NHWC>(img, ch, a.c, a.h, a.w);
+    const T g = from_float<T>(0.0f + to_float(dy[i]));
+    const T zero = from_float<T>(0.0f);
+    const I win = idx[i];
+    for (I r = oy * a.kh; r < (oy + 1) * a.kh; ++r)
+      for (I col = ox * a.kw; col < (ox + 1) * a.kw; ++col) {
+        const I self = r * a.w + col;
+        dx[xbase + self * step] = self == win ? g : zero;
+      }
+  }
+}
+
 // First and one-past-last output index along one axis whose window covers input position p.
 template <typename I>
 __device__ __forceinline__ void covering(I p, I pad, I k, I stride, I out, I& first, I& last) {
@@ -250,9 +273,17 @@ void CudaBackend::max_pool2d_backward(const Tensor& dy, const Tensor& x, const T
                 "max_pool2d backward shapes");
   if (total == 0) return;
   DeviceState& st = state_for(dx);
+  const bool tiled = g.kh == g.stride_h && g.kw == g.stride_w && g.pad_h == 0 && g.pad_w == 0 &&
+                     g.oh * g.kh == g.h && g.ow * g.kw == g.w;
   dispatch_pool(g, dx.dtype(), "max_pool2d backward", [&](auto tag, auto nhwc, auto itag) {
     using T = decltype(tag);
     using I = decltype(itag);
+    if (tiled) {
+      max_pool_backward_tiled_kernel<T, decltype(nhwc)::value, I><<<blocks_for(dy.numel()), kBlock, 0, st.stream>>>(
+          static_cast<const T*>(dy.data_ptr()), indices.data<int32_t>(), static_cast<T*>(dx.data_ptr()),
+          pool_args<I>(g));
+      return;
+    }
     max_pool_backward_kernel<T, decltype(nhwc)::value, I><<<blocks_for(total), kBlock, 0, st.stream>>>(
         static_cast<const T*>(dy.data_ptr()), indices.data<int32_t>(), static_cast<T*>(dx.data_ptr()),
         pool_args<I>(g));
