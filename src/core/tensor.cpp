@@ -1,5 +1,6 @@
 #include "tandem/tensor.h"
 
+#include <climits>
 #include <cstring>
 
 #include "backend/backend.h"
@@ -18,7 +19,12 @@ std::string shape_str(const Shape& s) {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  bool overflow = false;
+  for (int64_t d : s) overflow |= __builtin_mul_overflow(n, d, &n);
+  // An extent of 0 makes the product 0 whatever the others are.
+  for (int64_t d : s)
+    if (d == 0) return 0;
+  TANDEM_CHECK(!overflow, "shape ", shape_str(s), " has more elements than a 64-bit count holds");
   return n;
 }
 
@@ -27,7 +33,8 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t acc = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= shape[i];
+    // Strides past an overflow belong to an empty tensor (shape_numel refuses the others): never read.
+    if (__builtin_mul_overflow(acc, shape[i], &acc)) acc = 0;
   }
   return st;
 }
@@ -50,6 +57,9 @@ std::shared_ptr<Storage> allocate_storage(size_t nbytes, Device device, bool pin
 namespace {
 Tensor make_tensor(const Shape& shape, DType dtype, Device device, bool pinned = false) {
   for (int64_t d : shape) TANDEM_CHECK(d >= 0, "negative extent in shape ", shape_str(shape));
+  const int64_t numel = shape_numel(shape);
+  TANDEM_CHECK(numel <= INT64_MAX / static_cast<int64_t>(dtype_size(dtype)), "shape ", shape_str(shape), " of ",
+               dtype_name(dtype), " needs more bytes than a 64-bit size holds");
   check_device(device);
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;

@@ -158,3 +158,32 @@ TEST(Tensor, EmptyTensorsAreHandled) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Shapes whose element or byte count does not fit 64 bits are refused with an input error before
+// anything is computed from them (under UBSan, a wrapped product would be reported).
+TEST(Tensor, ShapesTooLargeToCountAreInputErrors) {
+  const int64_t big = int64_t(1) << 40;
+  for (const Shape& s : {Shape{big, big}, Shape{big, 1 << 20, 1 << 20}, Shape{INT64_MAX, 2}}) {
+    try {
+      (void)Tensor::empty(s, DType::f32);
+      FAIL() << shape_str(s) << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), Error::Kind::Input) << e.what();
+      EXPECT_NE(std::string(e.what()).find("64-bit"), std::string::npos) << e.what();
+    }
+  }
+  // Elements that fit, bytes that do not.
+  EXPECT_THROW((void)Tensor::empty({int64_t(1) << 62}, DType::f64), Error);
+  // An extent of 0 makes any shape empty, however large the others.
+  Tensor empty = Tensor::empty({0, big, big}, DType::f32);
+  EXPECT_EQ(empty.numel(), 0);
+  // A view to a shape that cannot be counted is refused too.
+  Tensor t = Tensor::zeros({4}, DType::f32);
+  EXPECT_THROW((void)t.view({big, big}), Error);
+}
+
+}  // namespace
+}  // namespace tandem
