@@ -154,7 +154,9 @@ case "$cmd" in
     configure "$dir" "${SANITIZED_FLAGS[@]}" -DTANDEM_SANITIZE=address,undefined
     cmake --build "$dir" -j "$JOBS" >&2
     # Open MPI and Gloo keep some allocations for the life of the process: those are not leaks of ours.
-    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
+    # Full unwinding and Open MPI components kept loaded at exit let the suppressions name them.
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:fast_unwind_on_malloc=0}
+    export OMPI_MCA_mca_base_component_disable_dlclose=1
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
     export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/fuzz/lsan.supp:print_suppressions=0}
     exec ctest --test-dir "$dir" --output-on-failure -j "$JOBS" -LE gpu "$@"
