@@ -34,12 +34,10 @@ if ! "$PY" -c "import tandem" 2>/dev/null; then
     --config-settings=cmake.define.TANDEM_BENCH="$(sed -n 's/^TANDEM_BENCH:BOOL=//p' "$cache")" . >&2
 fi
 
-# C++ steps run eagerly here (--cuda-graph off): the comparison is the cost of stepping through the
-# binding, which records no graphs.
 ms() { sed -n 's/^RESULT .*"ms_per_step": *\([0-9.e+-]*\).*/\1/p'; }
 cpp=() py=()
 for i in $(seq "$ROUNDS"); do
-  c=$("$T" bench train --model cnn -b 64 --steps "$STEPS" --device "$DEV" --cuda-graph off | ms)
+  c=$("$T" bench train --model cnn -b 64 --steps "$STEPS" --device "$DEV" | ms)
   p=$("$PY" bench/python_step.py --device "$DEV" -b 64 --steps "$STEPS" | ms)
   echo "round $i: C++ $c ms/step, Python $p ms/step"
   cpp+=("$c") py+=("$p")

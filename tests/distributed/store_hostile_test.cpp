@@ -151,7 +151,9 @@ TEST(StoreHostile, ARequestLargerThanTheLimitIsRefused) {
   for (int i = 0; i < 40 && all_sent; ++i) all_sent = big.send_bytes(chunk);
   EXPECT_FALSE(all_sent) << "the server took " << big.sent() << " bytes of a 100 MiB request";
   EXPECT_TRUE(contains(server.log(), "it sent a request of 100 MiB, more than the limit of 16 MiB")) << server.log();
-  if (kResidentSizeMeaningful) EXPECT_LT(server.rss_mib() - rss_at_start, 20);
+  if (kResidentSizeMeaningful) {
+    EXPECT_LT(server.rss_mib() - rss_at_start, 20);
+  }
   RawClient c(server.port());
   c.hello();
   c.send_frame(proto::kSet, {"still", "here"});
@@ -173,7 +175,9 @@ TEST(StoreHostile, AParkedConnectionCannotMakeTheServerGrow) {
   EXPECT_FALSE(ok) << "the server buffered " << c.sent() << " bytes for a waiting connection";
   EXPECT_LT(c.sent(), size_t{64} << 20);
   // 32 MiB received and unanswered is the limit; the buffer may hold up to twice that while it grows.
-  if (kResidentSizeMeaningful) EXPECT_LT(server.rss_mib() - rss_at_start, 80);
+  if (kResidentSizeMeaningful) {
+    EXPECT_LT(server.rss_mib() - rss_at_start, 80);
+  }
   EXPECT_TRUE(contains(server.log(), "stopped reading from")) << server.log();
   RawClient other(server.port());
   other.hello();
