@@ -25,44 +25,13 @@
 #include "distributed/net.h"
 #include "distributed/secret.h"
 #include "distributed/store_protocol.h"
+#include "distributed/store_server_impl.h"
 #include "tandem/distributed/store.h"
 #include "tandem/error.h"
 
 namespace tandem::dist {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
-
-enum class Stage { Hello, Auth, Ready };
-
-struct Conn {
-  int fd = -1;
-  std::string peer;  // "address:port" for log lines
-  Stage stage = Stage::Hello;
-  Clock::time_point deadline;  // of the handshake
-  std::string client_nonce, server_nonce;
-  std::string in;  // bytes received; parsing resumes at in_off
-  size_t in_off = 0;
-  std::string out;  // bytes to send, from out_off
-  size_t out_off = 0;
-  std::string parked_on;  // the key of a waiting get
-  bool parked = false;
-  bool queued = false;   // in the run queue
-  bool closing = false;  // hang up once `out` is sent
-  bool eof = false;      // the client closed its end
-  bool dead = false;
-  bool paused_logged = false;
-
-  size_t pending() const { return (in.size() - in_off) + (out.size() - out_off); }
-  size_t unsent() const { return out.size() - out_off; }
-};
-
-bool parse_i64(const std::string& s, int64_t& v) {
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  return ec == std::errc() && p == s.data() + s.size();
-}
+namespace store_detail {
 
 std::string peer_of(const sockaddr_storage& ss) {
   char host[NI_MAXHOST] = {}, serv[NI_MAXSERV] = {};
@@ -72,81 +41,10 @@ std::string peer_of(const sockaddr_storage& ss) {
   return net::HostPort{host, std::atoi(serv)}.str();
 }
 
-std::string bytes_str(size_t n) {
-  if (n >= (size_t{1} << 20) && n % (size_t{1} << 20) == 0) return std::to_string(n >> 20) + " MiB";
-  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " KiB";
-  return std::to_string(n) + " bytes";
-}
+}  // namespace store_detail
 
-// Logs the first event of each kind at once, later ones at most every 10 s with a count of the rest:
-// a flood of hostile clients must not become a flood of log lines.
-class LimitLog {
- public:
-  void note(const std::function<void(const std::string&)>& sink, const std::string& kind, const std::string& line) {
-    auto now = Clock::now();
-    auto [it, fresh] = entries_.try_emplace(kind);
-    Entry& e = it->second;
-    if (!fresh && now - e.last < std::chrono::seconds(10)) {
-      ++e.suppressed;
-      return;
-    }
-    std::string msg = line;
-    if (e.suppressed > 0)
-      msg += " (and " + std::to_string(e.suppressed) + " more like it since the last such line)";
-    e.last = now;
-    e.suppressed = 0;
-    sink(msg);
-  }
-
- private:
-  struct Entry {
-    Clock::time_point last;
-    size_t suppressed = 0;
-  };
-  std::map<std::string, Entry> entries_;
-};
-
-}  // namespace
-
-struct StoreServer::Impl {
-  StoreServerOptions opt;
-  int listen_fd = -1;
-  int wake_r = -1, wake_w = -1;
-  int port = 0;
-  std::string where;  // "host:port" for messages
-  std::thread thread;
-
-  // Owned by the server thread once it runs.
-  std::unordered_map<std::string, std::string> data;
-  size_t stored_bytes = 0;
-  std::unordered_map<std::string, std::vector<uint64_t>> waiters;  // key -> parked connection ids
-  std::map<uint64_t, Conn> conns;  // by id: the oldest first
-  std::deque<uint64_t> run_queue;
-  uint64_t next_id = 1;
-  std::optional<Clock::time_point> accept_paused_until;
-  LimitLog limit_log;
-  std::vector<char> read_buf = std::vector<char>(65536);  // on the heap: the thread's stack may be small
-
-  void log(const std::string& kind, const std::string& line) {
-    limit_log.note(opt.log, kind, "tandem store " + where + ": " + line);
-  }
-  void run();
-  void accept_all();
-  void drop(std::map<uint64_t, Conn>::iterator it);
-  void read_from(Conn& c);
-  void schedule(uint64_t id, Conn& c);
-  void drain_queue();
-  void process(uint64_t id, Conn& c);
-  void handshake(Conn& c, uint8_t op, const std::vector<std::string>& f);
-  void handle(uint64_t id, Conn& c, uint8_t op, std::vector<std::string>& f);
-  void reply(Conn& c, uint8_t status, const std::vector<std::string>& fields = {});
-  void refuse(Conn& c, const std::string& why);
-  void flush(Conn& c);
-  void wake_waiters(const std::string& key);
-  bool can_read(const Conn& c) const {
-    return !c.dead && !c.closing && !c.eof && c.pending() < opt.limits.max_connection_bytes;
-  }
-};
+using namespace store_detail;
+using std::chrono::milliseconds;
 
 StoreServer::StoreServer(int port, const std::string& host)
     : StoreServer(StoreServerOptions{host, port, {}, {}, {}}) {}
@@ -432,169 +330,6 @@ void StoreServer::Impl::process(uint64_t id, Conn& c) {
     c.in_off = 0;
   }
   if (!c.dead) flush(c);
-}
-
-void StoreServer::Impl::handshake(Conn& c, uint8_t op, const std::vector<std::string>& f) {
-  const StoreAuth& auth = opt.auth;
-  if (c.stage == Stage::Hello) {
-    if (op != proto::kHello || f.size() != 3 || f[2].size() != proto::kNonceBytes) {
-      log("handshake-first", "closed the connection from " + c.peer + ": it did not start with the store's handshake");
-      return refuse(c, "a connection must start with the store's handshake (is the client a tandem process of "
-                       "the same version?)");
-    }
-    if (f[0] != proto::kVersion) {
-      log("handshake-version", "closed the connection from " + c.peer + ": it speaks " + f[0] + ", this store " +
-                           proto::kVersion);
-      return refuse(c, "this store speaks " + std::string(proto::kVersion) + ", the client " + f[0] +
-                           " (every process of a job must run the same tandem)");
-    }
-    if (f[1] != auth.job_id) {
-      log("job", "turned away a client from " + c.peer + " of job '" + f[1] + "': this store serves job '" +
-                     auth.job_id + "'");
-      return refuse(c, "this store serves job '" + auth.job_id + "', not job '" + f[1] + "'");
-    }
-    c.client_nonce = f[2];
-    c.server_nonce = secret::random_bytes(proto::kNonceBytes);
-    if (auth.secret.empty()) {
-      c.stage = Stage::Ready;
-      return reply(c, proto::kOk, {c.server_nonce, "open", ""});
-    }
-    std::string proof =
-        secret::hmac_sha256(auth.secret, proto::proof_message("server", auth.job_id, c.client_nonce, c.server_nonce));
-    c.stage = Stage::Auth;
-    return reply(c, proto::kOk, {c.server_nonce, "secret", proof});
-  }
-  std::string expected =
-      secret::hmac_sha256(auth.secret, proto::proof_message("client", auth.job_id, c.server_nonce, c.client_nonce));
-  if (op != proto::kAuth || f.size() != 1 || !secret::equal(f[0], expected)) {
-    log("secret", "turned away a client from " + c.peer + ": it does not know the job's secret");
-    return refuse(c, "this process does not know the job's secret");
-  }
-  c.stage = Stage::Ready;
-  reply(c, proto::kOk);
-}
-
-void StoreServer::Impl::handle(uint64_t id, Conn& c, uint8_t op, std::vector<std::string>& f) {
-  auto need = [&](size_t n) {
-    if (f.size() == n) return true;
-    reply(c, proto::kError, {"malformed request"});
-    return false;
-  };
-  // Stores value under key unless that takes the store past its limit; false (and a reply) then.
-  auto put = [&](const std::string& key, std::string value) {
-    auto it = data.find(key);
-    size_t old = it == data.end() ? 0 : key.size() + it->second.size();
-    size_t after = stored_bytes - old + key.size() + value.size();
-    if (after > opt.limits.max_stored_bytes && after > stored_bytes) {
-      log("stored", "refused to store key '" + key.substr(0, 64) + "' from " + c.peer + ": the store would hold " +
-                        bytes_str(after) + ", more than its limit of " + bytes_str(opt.limits.max_stored_bytes));
-      reply(c, proto::kError, {"the store is full: it holds at most " + bytes_str(opt.limits.max_stored_bytes)});
-      return false;
-    }
-    stored_bytes = after;
-    data[key] = std::move(value);
-    return true;
-  };
-  switch (op) {
-    case proto::kSet:
-      if (!need(2) || !put(f[0], std::move(f[1]))) return;
-      reply(c, proto::kOk);
-      wake_waiters(f[0]);
-      return;
-    case proto::kGet: {
-      if (!need(1)) return;
-      auto it = data.find(f[0]);
-      if (it != data.end()) {
-        reply(c, proto::kOk, {it->second});
-      } else {
-        c.parked = true;
-        c.parked_on = f[0];
-        waiters[f[0]].push_back(id);
-      }
-      return;
-    }
-    case proto::kTryGet: {
-      if (!need(1)) return;
-      auto it = data.find(f[0]);
-      if (it != data.end())
-        reply(c, proto::kOk, {it->second});
-      else
-        reply(c, proto::kNotFound);
-      return;
-    }
-    case proto::kAdd: {
-      if (!need(2)) return;
-      int64_t delta = 0, cur = 0;
-      if (!parse_i64(f[1], delta)) return reply(c, proto::kError, {"add: the increment is not an integer"});
-      auto it = data.find(f[0]);
-      if (it != data.end() && !parse_i64(it->second, cur))
-        return reply(c, proto::kError, {"add: key '" + f[0] + "' holds a value that is not an integer"});
-      std::string v = std::to_string(cur + delta);
-      if (!put(f[0], v)) return;
-      reply(c, proto::kOk, {v});
-      wake_waiters(f[0]);
-      return;
-    }
-    case proto::kCheck: {
-      bool all = true;
-      for (const auto& k : f) all = all && data.count(k) > 0;
-      reply(c, all ? proto::kOk : proto::kNotFound);
-      return;
-    }
-    case proto::kErase: {
-      if (!need(1)) return;
-      auto it = data.find(f[0]);
-      if (it == data.end()) return reply(c, proto::kNotFound);
-      stored_bytes -= it->first.size() + it->second.size();
-      data.erase(it);
-      return reply(c, proto::kOk);
-    }
-    default:
-      reply(c, proto::kError, {"unknown request " + std::to_string(op)});
-  }
-}
-
-void StoreServer::Impl::reply(Conn& c, uint8_t status, const std::vector<std::string>& fields) {
-  c.out += proto::encode(status, fields);
-}
-
-void StoreServer::Impl::refuse(Conn& c, const std::string& why) {
-  reply(c, proto::kError, {why});
-  c.closing = true;
-}
-
-void StoreServer::Impl::flush(Conn& c) {
-  while (c.out_off < c.out.size()) {
-    ssize_t w = send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
-    if (w > 0) {
-      c.out_off += static_cast<size_t>(w);
-      continue;
-    }
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;  // poll reports when it drains
-    c.dead = true;
-    return;
-  }
-  c.out.clear();
-  c.out_off = 0;
-  if (c.closing) c.dead = true;
-}
-
-void StoreServer::Impl::wake_waiters(const std::string& key) {
-  auto w = waiters.find(key);
-  if (w == waiters.end()) return;
-  std::vector<uint64_t> ids = std::move(w->second);
-  waiters.erase(w);
-  const std::string& value = data[key];
-  for (uint64_t wid : ids) {
-    auto it = conns.find(wid);
-    if (it == conns.end() || it->second.dead || !it->second.parked) continue;
-    Conn& wc = it->second;
-    wc.parked = false;
-    wc.parked_on.clear();
-    reply(wc, proto::kOk, {value});
-    schedule(wid, wc);  // its next requests run from the queue, not from inside this one
-  }
 }
 
 }  // namespace tandem::dist
