@@ -187,3 +187,23 @@ TEST(Tensor, ShapesTooLargeToCountAreInputErrors) {
 
 }  // namespace
 }  // namespace tandem
+
+#include "tandem/graph.h"
+
+namespace tandem {
+namespace {
+
+// Recording needs a CUDA device; on the CPU the error says so (and the CLI runs such steps eagerly).
+TEST(DeviceGraphCpu, TheCpuCannotRecordAndSaysSo) {
+  EXPECT_FALSE(DeviceGraph::supported(Device::cpu()));
+  try {
+    DeviceGraph g(Device::cpu(), [] {});
+    FAIL() << "a CPU recording was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::Kind::Input);
+    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem
