@@ -228,7 +228,11 @@ void Session::reset_sums() {
   sums_.samples = 0;
 }
 
-const Tensor* Session::recorded_input() const { return recorded_ ? &recorded_->x : nullptr; }
+void Session::aim_at_recorded_batch(Tensor& x, Tensor& y) const {
+  if (!recorded_) return;
+  x = recorded_->x;
+  y = recorded_->y;
+}
 
 std::string Session::where() const {
   std::string s = device_.is_cpu() ? "cpu, " + std::to_string(num_threads()) + " threads"

@@ -90,8 +90,10 @@ class Session {
   const std::string& graph_status() const { return graph_status_; }
   /// Steps run as replays so far.
   int64_t replays() const { return replays_; }
-  /// The recorded step, while there is one: its input batch, for a loader to fill in place.
-  const Tensor* recorded_input() const;
+  /// Points `x` and `y` at the batch the recorded step reads, when there is one, so that a loader
+  /// with reuse_buffers uploads the next batch straight into it (an epoch's first batch would
+  /// otherwise arrive in a tensor of its own, and every batch after it be copied).
+  void aim_at_recorded_batch(Tensor& x, Tensor& y) const;
 
   const SessionConfig& config() const { return cfg_; }
   const dist::DistEnv& env() const { return env_; }

@@ -248,6 +248,7 @@ EpochStats Trainer::train_epoch(int epoch) {
   const int64_t batches = train_loader_->batches_per_epoch(), n = cfg_.accumulate;
   data::Batch batch;
   int64_t i = 0;
+  s.aim_at_recorded_batch(batch.x, batch.y);
   while (train_loader_->next(batch)) {
     const int64_t first = i / n * n, in_step = std::min(n, batches - first);
     const bool last = i - first == in_step - 1;
