@@ -241,15 +241,19 @@ Tensor Tensor::view(const Shape& shape) const {
   TANDEM_CHECK(is_contiguous(), "view of the non-contiguous tensor ", str(), "; use reshape");
   Shape s = shape;
   int64_t known = 1, infer = -1;
+  bool overflow = false, empty = false;
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == -1) {
       TANDEM_CHECK(infer < 0, "view: more than one -1 in ", shape_str(shape));
       infer = static_cast<int64_t>(i);
     } else {
       TANDEM_CHECK(s[i] >= 0, "view: invalid extent in ", shape_str(shape));
-      known *= s[i];
+      overflow |= __builtin_mul_overflow(known, s[i], &known);
+      empty |= s[i] == 0;
     }
   }
+  if (empty) known = 0;
+  TANDEM_CHECK(!overflow || empty, "view: shape ", shape_str(shape), " has more elements than a 64-bit count holds");
   if (infer >= 0) {
     TANDEM_CHECK(known > 0 && numel() % known == 0, "view: cannot infer -1 in ", shape_str(shape), " for ", str());
     s[static_cast<size_t>(infer)] = numel() / known;

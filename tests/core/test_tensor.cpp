@@ -207,3 +207,19 @@ TEST(DeviceGraphCpu, TheCpuCannotRecordAndSaysSo) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(Tensor, ViewsWithUncountableShapesAreInputErrors) {
+  const int64_t big = int64_t(1) << 40;
+  Tensor t = Tensor::zeros({4}, DType::f32);
+  EXPECT_THROW((void)t.view({big, big, -1}), Error);
+  EXPECT_THROW((void)t.view({-1, big, big}), Error);
+  Tensor e = Tensor::zeros({0}, DType::f32);
+  EXPECT_EQ(e.view({0, big, big}).numel(), 0);
+  EXPECT_EQ(t.view({2, -1}).size(1), 2);
+}
+
+}  // namespace
+}  // namespace tandem
