@@ -193,7 +193,6 @@ StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track) {
   }
   rec->delta = minus(opt_->stats(), before);
   recorded_ = std::move(rec);
-  graph_status_ = "replaying a recorded step";
   recorded_->graph->replay();  // this batch's step
   ++replays_;
   return recorded_->out;
@@ -218,8 +217,7 @@ bool Session::fits_recording(const Tensor& x, const Tensor& y, bool track) const
 
 void Session::run_eagerly_because(const std::string& why) {
   graph_given_up_ = true;
-  graph_status_ = "steps run eagerly: " + why;
-  if (lead()) std::fprintf(stderr, "tandem: %s\n", graph_status_.c_str());
+  if (lead()) std::fprintf(stderr, "tandem: steps run eagerly: %s\n", why.c_str());
 }
 
 void Session::reset_sums() {

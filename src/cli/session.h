@@ -81,13 +81,11 @@ class Session {
   /// of one batch shape have run, the step is recorded into a DeviceGraph and later steps of that
   /// shape replay it: the batch is copied into the recorded input (nothing when it already is that
   /// tensor) and the returned results are the recording's, rewritten by each replay. Other shapes,
-  /// and steps that cannot be recorded (graph_status() says why), run eagerly.
+  /// and steps that cannot be recorded (rank 0 prints why, once), run eagerly.
   StepResult train_step(const Tensor& x, const Tensor& y, bool track = false);
   StepSums& sums() { return sums_; }
   /// Zeroes sums() (queued on the device).
   void reset_sums();
-  /// "replaying a recorded step" or why steps run eagerly ("" before the question came up).
-  const std::string& graph_status() const { return graph_status_; }
   /// Steps run as replays so far.
   int64_t replays() const { return replays_; }
   /// Points `x` and `y` at the batch the recorded step reads, when there is one, so that a loader
@@ -134,7 +132,6 @@ class Session {
   std::unique_ptr<dist::LossScaler> scaler_;
   StepSums sums_;
   std::unique_ptr<Recorded> recorded_;
-  std::string graph_status_;
   bool graph_given_up_ = false;
   Shape steady_shape_;      // the batch shape of the last eager steps
   int64_t steady_steps_ = 0;  // how many in a row had it
