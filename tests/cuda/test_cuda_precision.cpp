@@ -185,6 +185,62 @@ TEST(CudaPrecision, WideChannelReductionsMatchTheCpuAndRepeatBitForBit) {
   expect_same_bytes(means[0], means[1], "batch-norm running mean repeated");
 }
 
+// Batch norm with the fused residual add and ReLU at shapes where every channel is split over many
+// blocks (two levels of partial sums), odd channel counts leave threads idle, and a single channel takes
+// a whole block: each layout (planes, rows) and 16-bit storage against the CPU's f32 on the same
+// (rounded) values.
+TEST(CudaPrecision, BatchNormAtLargeShapesInEveryLayoutMatchesTheCpu) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  struct S {
+    int64_t n, c, h, w;
+  };
+  for (S s : {S{16, 24, 28, 28}, S{8, 1, 100, 100}, S{4, 200, 7, 7}, S{64, 64, 14, 14}})
+    for (bool rows : {false, true})
+      for (DType dt : {DType::f32, DType::bf16}) {
+        const Shape shape{s.n, s.c, s.h, s.w};
+        const std::string what = "batch norm " + std::to_string(s.n) + "x" + std::to_string(s.c) + "x" +
+                                 std::to_string(s.h) + "x" + std::to_string(s.w) + (rows ? " rows " : " planes ") +
+                                 dtype_name(dt);
+        // Inputs rounded to the storage type, so both sides see the same values.
+        auto rounded = [&](uint64_t seed, double lo, double hi) { return rand_cpu(shape, seed, lo, hi).to(dt).to(DType::f32); };
+        Tensor x = rounded(130, -1.0, 3.0), z = rounded(131, -1.0, 1.0), dy = rounded(132, -1.0, 1.0);
+        Tensor gamma = rand_cpu({s.c}, 133, 0.5, 1.5), beta = rand_cpu({s.c}, 134);
+        backend::BnArgs args;
+        args.relu = true;
+        const double m = double(s.n * s.h * s.w);
+        // The CPU in f32, planes.
+        Tensor rm = Tensor::zeros({s.c}), rv = Tensor::ones({s.c}), y = Tensor::empty(shape), sm = Tensor::empty({s.c}),
+               si = Tensor::empty({s.c});
+        cpu_be().batch_norm_forward_train(x, z, gamma, beta, rm, rv, args, y, sm, si);
+        Tensor dx = Tensor::empty(shape), dz = Tensor::empty(shape), dg = Tensor::empty({s.c}), db = Tensor::empty({s.c});
+        cpu_be().batch_norm_backward(dy, x, y, gamma, sm, si, args, dx, dz, dg, db);
+        // The GPU in dt, stored as the layout says.
+        auto up = [&](const Tensor& t) { return ops::to_dense(t.to(gpu()), dt, rows); };
+        auto make = [&] { return rows ? ops::empty_channels_last(shape, dt, gpu()) : Tensor::empty(shape, dt, gpu()); };
+        auto vec = [&](const Tensor& t) { return t.to(gpu()).clone(); };
+        Tensor xg = up(x), zg = up(z), dyg = up(dy), gg = vec(gamma);
+        Tensor rmg = vec(Tensor::zeros({s.c})), rvg = vec(Tensor::ones({s.c})), yg = make(),
+               smg = Tensor::empty({s.c}, DType::f32, gpu()), sig = Tensor::empty({s.c}, DType::f32, gpu());
+        args.nhwc = rows;
+        gpu_be().batch_norm_forward_train(xg, zg, gg, vec(beta), rmg, rvg, args, yg, smg, sig);
+        Tensor dxg = make(), dzg = make(), dgg = Tensor::empty({s.c}, DType::f32, gpu()),
+               dbg = Tensor::empty({s.c}, DType::f32, gpu());
+        gpu_be().batch_norm_backward(dyg, xg, yg, gg, smg, sig, args, dxg, dzg, dgg, dbg);
+        const double out_tol = dt == DType::f32 ? 1e-5 : 1e-2;  // outputs are rounded to dt
+        expect_close(sm, smg, 1e-5, 1e-6, what + " mean");
+        expect_close(si, sig, 1e-5, 1e-6, what + " inverse deviation");
+        expect_close(rm, rmg, 1e-5, 1e-6, what + " running mean");
+        expect_close(rv, rvg, 1e-5, 1e-6, what + " running variance");
+        expect_close(y, yg.to(DType::f32).contiguous(), out_tol, out_tol, what + " output");
+        // The gradient sums see the same values on both sides (the ReLU mask included) as long as the
+        // output rounded to dt keeps its sign, which it does away from underflow.
+        expect_close(db, dbg, 1e-5, 1e-6 * std::sqrt(m), what + " dbeta");
+        expect_close(dg, dgg, 1e-4, 1e-5 * std::sqrt(m), what + " dgamma");
+        expect_close(dz, dzg.to(DType::f32).contiguous(), out_tol, out_tol, what + " dz");
+        expect_close(dx, dxg.to(DType::f32).contiguous(), 10 * out_tol, 10 * out_tol, what + " dx");
+      }
+}
+
 TEST(CudaPrecision, MixedPrecisionStepsOfAResidualNetwork) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   nn::ModelConfig mc;

@@ -108,14 +108,24 @@ struct BiasOp {
   const T* x;
   const B* b;
   T* out;
+  template <int V>
+  struct Coef {
+    float b[V];
+  };
+  template <int V, int STEP, typename I>
+  __device__ __forceinline__ Coef<V> coef(I ch0) const {
+    Coef<V> k;
+#pragma unroll
+    for (int u = 0; u < V; ++u) k.b[u] = !b ? 0.0f : STEP == 0 && u > 0 ? k.b[0] : to_float(b[ch0 + u * STEP]);
+    return k;
+  }
   template <int V, typename I>
-  __device__ __forceinline__ void apply(I i0, I ch0, I step) const {
+  __device__ __forceinline__ void apply(I i0, const Coef<V>& k) const {
     const Pack<T, V> xv = load_pack<V>(x, i0);
     Pack<T, V> ov;
 #pragma unroll
     for (int u = 0; u < V; ++u) {
-      float v = to_float(xv.v[u]);
-      if (b) v += to_float(b[ch0 + u * step]);
+      float v = to_float(xv.v[u]) + k.b[u];
       if (RELU) v = v > 0.0f ? v : 0.0f;
       ov.v[u] = from_float<T>(v);
     }
@@ -128,14 +138,23 @@ template <typename T, bool RELU>
 struct BiasGradElem {
   const T *g, *y;
   T* dx;
+  template <int V>
+  struct L {
+    Pack<T, V> g, y;
+  };
   template <int V, typename I>
-  __device__ __forceinline__ void add(I off, double (&s)[1][V]) const {
-    const Pack<T, V> gv = load_pack<V>(g, off);
-    Pack<T, V> yv{}, mv;
-    if (RELU) yv = load_pack<V>(y, off);
+  __device__ __forceinline__ L<V> load(I off) const {
+    L<V> l;
+    l.g = load_pack<V>(g, off);
+    if (RELU) l.y = load_pack<V>(y, off);
+    return l;
+  }
+  template <int V, typename I>
+  __device__ __forceinline__ void add(I off, const L<V>& l, double (&s)[1][V]) const {
+    Pack<T, V> mv;
 #pragma unroll
     for (int u = 0; u < V; ++u) {
-      const float v = !RELU || to_float(yv.v[u]) > 0.0f ? to_float(gv.v[u]) : 0.0f;
+      const float v = !RELU || to_float(l.y.v[u]) > 0.0f ? to_float(l.g.v[u]) : 0.0f;
       mv.v[u] = from_float<T>(v);
       s[0][u] += v;
     }
@@ -155,8 +174,13 @@ template <typename T>
 struct ReluMaskOp {
   const T *g, *y;
   T* dx;
+  struct None {};
+  template <int V, int STEP, typename I>
+  __device__ __forceinline__ None coef(I) const {
+    return {};
+  }
   template <int V, typename I>
-  __device__ __forceinline__ void apply(I i0, I, I) const {
+  __device__ __forceinline__ void apply(I i0, None) const {
     const Pack<T, V> gv = load_pack<V>(g, i0), yv = load_pack<V>(y, i0);
     Pack<T, V> ov;
 #pragma unroll

@@ -24,8 +24,11 @@ template <typename T>
 struct StatsElem {
   const T* x;
   template <int V, typename I>
-  __device__ __forceinline__ void add(I off, double (&s)[2][V]) const {
-    const Pack<T, V> xv = load_pack<V>(x, off);
+  __device__ __forceinline__ Pack<T, V> load(I off) const {
+    return load_pack<V>(x, off);
+  }
+  template <int V, typename I>
+  __device__ __forceinline__ void add(I, const Pack<T, V>& xv, double (&s)[2][V]) const {
 #pragma unroll
     for (int u = 0; u < V; ++u) {
       const double v = to_float(xv.v[u]);
@@ -54,21 +57,40 @@ struct StatsFinish {
   }
 };
 
+// Per-channel values for a pack of V elements (channels ch0 + u * STEP).
+template <int V, int N>
+struct Coef {
+  float v[N][V];
+};
+
+template <int V, int STEP, int N, typename I>
+__device__ __forceinline__ Coef<V, N> load_coef(I ch0, const float* const (&src)[N]) {
+  Coef<V, N> k;
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int u = 0; u < V; ++u) k.v[j][u] = STEP == 0 && u > 0 ? k.v[j][0] : src[j][ch0 + u * STEP];
+  return k;
+}
+
 // y = x * scale[c] + shift[c] (+ z), then max(., 0) with relu.
 template <typename T, bool RELU>
 struct ApplyOp {
   const T *x, *z;
   T* y;
   const float *scale, *shift;
+  template <int V, int STEP, typename I>
+  __device__ __forceinline__ Coef<V, 2> coef(I ch0) const {
+    return load_coef<V, STEP>(ch0, {scale, shift});
+  }
   template <int V, typename I>
-  __device__ __forceinline__ void apply(I i0, I ch0, I step) const {
+  __device__ __forceinline__ void apply(I i0, const Coef<V, 2>& k) const {
     const Pack<T, V> xv = load_pack<V>(x, i0);
     Pack<T, V> zv{}, yv;
     if (z) zv = load_pack<V>(z, i0);
 #pragma unroll
     for (int u = 0; u < V; ++u) {
-      const I ch = ch0 + u * step;
-      float v = fmaf(to_float(xv.v[u]), scale[ch], shift[ch]);
+      float v = fmaf(to_float(xv.v[u]), k.v[0][u], k.v[1][u]);
       if (z) v += to_float(zv.v[u]);
       if (RELU) v = v > 0.0f ? v : 0.0f;
       yv.v[u] = from_float<T>(v);
@@ -84,16 +106,31 @@ struct EvalOp {
   T* y;
   const float *gamma, *beta, *mean, *var;
   double eps;
+  template <int V, int STEP, typename I>
+  __device__ __forceinline__ Coef<V, 2> coef(I ch0) const {
+    Coef<V, 2> k;
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      if (STEP == 0 && u > 0) {
+        k.v[0][u] = k.v[0][0];
+        k.v[1][u] = k.v[1][0];
+        continue;
+      }
+      const I ch = ch0 + u * STEP;
+      const double sc = gamma[ch] / sqrt(static_cast<double>(var[ch]) + eps);
+      k.v[0][u] = static_cast<float>(sc);
+      k.v[1][u] = static_cast<float>(beta[ch] - mean[ch] * sc);
+    }
+    return k;
+  }
   template <int V, typename I>
-  __device__ __forceinline__ void apply(I i0, I ch0, I step) const {
+  __device__ __forceinline__ void apply(I i0, const Coef<V, 2>& k) const {
     const Pack<T, V> xv = load_pack<V>(x, i0);
     Pack<T, V> zv{}, yv;
     if (z) zv = load_pack<V>(z, i0);
 #pragma unroll
     for (int u = 0; u < V; ++u) {
-      const I ch = ch0 + u * step;
-      const double sc = gamma[ch] / sqrt(static_cast<double>(var[ch]) + eps);
-      float v = to_float(xv.v[u]) * static_cast<float>(sc) + static_cast<float>(beta[ch] - mean[ch] * sc);
+      float v = to_float(xv.v[u]) * k.v[0][u] + k.v[1][u];
       if (z) v += to_float(zv.v[u]);
       if (RELU) v = v > 0.0f ? v : 0.0f;
       yv.v[u] = from_float<T>(v);
@@ -115,15 +152,24 @@ __device__ __forceinline__ void masked(const T* dy, const T* y, I i0, float (&g)
 template <typename T, bool RELU>
 struct GradElem {
   const T *dy, *y, *x;
-  template <int V, typename I>
-  __device__ __forceinline__ void add(I off, double (&s)[2][V]) const {
+  template <int V>
+  struct L {
     float g[V];
-    masked<T, V, RELU>(dy, y, off, g);
-    const Pack<T, V> xv = load_pack<V>(x, off);
+    Pack<T, V> x;
+  };
+  template <int V, typename I>
+  __device__ __forceinline__ L<V> load(I off) const {
+    L<V> l;
+    masked<T, V, RELU>(dy, y, off, l.g);
+    l.x = load_pack<V>(x, off);
+    return l;
+  }
+  template <int V, typename I>
+  __device__ __forceinline__ void add(I, const L<V>& l, double (&s)[2][V]) const {
 #pragma unroll
     for (int u = 0; u < V; ++u) {
-      s[0][u] += g[u];
-      s[1][u] += static_cast<double>(g[u]) * static_cast<double>(to_float(xv.v[u]));
+      s[0][u] += l.g[u];
+      s[1][u] += static_cast<double>(l.g[u]) * static_cast<double>(to_float(l.x.v[u]));
     }
   }
 };
@@ -152,16 +198,19 @@ struct GradApply {
   const T *dy, *y, *x;
   T *dx, *dz;
   const float *k, *u, *w;
+  template <int V, int STEP, typename I>
+  __device__ __forceinline__ Coef<V, 3> coef(I ch0) const {
+    return load_coef<V, STEP>(ch0, {k, u, w});
+  }
   template <int V, typename I>
-  __device__ __forceinline__ void apply(I i0, I ch0, I step) const {
+  __device__ __forceinline__ void apply(I i0, const Coef<V, 3>& c) const {
     float g[V];
     masked<T, V, RELU>(dy, y, i0, g);
     const Pack<T, V> xv = load_pack<V>(x, i0);
     Pack<T, V> dxv, dzv;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      const I ch = ch0 + e * step;
-      dxv.v[e] = from_float<T>(g[e] * k[ch] + to_float(xv.v[e]) * u[ch] + w[ch]);
+      dxv.v[e] = from_float<T>(g[e] * c.v[0][e] + to_float(xv.v[e]) * c.v[1][e] + c.v[2][e]);
       dzv.v[e] = from_float<T>(g[e]);
     }
     store_pack<V>(dx, i0, dxv);
