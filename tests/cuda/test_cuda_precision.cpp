@@ -241,6 +241,41 @@ TEST(CudaPrecision, BatchNormAtLargeShapesInEveryLayoutMatchesTheCpu) {
       }
 }
 
+// Max pooling of channels-last tensors whose channels pack into 16-byte loads (ResNet's stem: 3x3,
+// stride 2, padding 1) gives the same bits as the planes kernels, ties and NaNs included, in f32 and bf16.
+TEST(CudaPrecision, ChannelsLastMaxPoolMatchesPlanesBitForBit) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  struct G {
+    int64_t n, c, h, w, k, s, p;
+  };
+  for (G q : {G{4, 64, 28, 28, 3, 2, 1}, G{2, 16, 9, 11, 2, 2, 0}, G{3, 8, 7, 7, 3, 1, 1}})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      backend::PoolGeom g{q.n, q.c, q.h, q.w, q.k, q.k, q.s, q.s, q.p, q.p, (q.h + 2 * q.p - q.k) / q.s + 1,
+                          (q.w + 2 * q.p - q.k) / q.s + 1};
+      const Shape xs{q.n, q.c, q.h, q.w}, ys{q.n, q.c, g.oh, g.ow};
+      const std::string what = "max pool " + std::to_string(q.c) + " channels k" + std::to_string(q.k) + " s" +
+                               std::to_string(q.s) + " " + dtype_name(dt);
+      // Few distinct values (ties everywhere) and a NaN.
+      std::vector<float> v = rand_cpu(xs, 140, 0.0, 4.0).to_vector<float>();
+      for (float& e : v) e = std::floor(e);
+      v[5] = NAN;
+      Tensor x = Tensor::from_vector(v, xs).to(gpu()), dy = rand_cpu(ys, 141).to(gpu());
+      Tensor xp = x.to(dt), dyp = dy.to(dt);
+      Tensor y = Tensor::empty(ys, dt, gpu()), idx = Tensor::empty(ys, DType::i32, gpu()), dx = Tensor::empty(xs, dt, gpu());
+      gpu_be().max_pool2d_forward(xp, g, y, idx);
+      gpu_be().max_pool2d_backward(dyp, xp, y, idx, g, dx);
+      g.nhwc = true;
+      Tensor xc = ops::to_dense(xp, dt, true), dyc = ops::to_dense(dyp, dt, true);
+      Tensor yc = ops::empty_channels_last(ys, dt, gpu()), idxc = ops::empty_channels_last(ys, DType::i32, gpu()),
+             dxc = ops::empty_channels_last(xs, dt, gpu());
+      gpu_be().max_pool2d_forward(xc, g, yc, idxc);
+      gpu_be().max_pool2d_backward(dyc, xc, yc, idxc, g, dxc);
+      expect_same_bytes(y, yc.contiguous(), what + " output");
+      expect_same_bytes(idx, idxc.contiguous(), what + " indices");
+      expect_same_bytes(dx, dxc.contiguous(), what + " input gradient");
+    }
+}
+
 TEST(CudaPrecision, MixedPrecisionStepsOfAResidualNetwork) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   nn::ModelConfig mc;

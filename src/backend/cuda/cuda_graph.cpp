@@ -50,7 +50,8 @@ std::shared_ptr<Pool> new_pool(int device) {
         cuda::set_device(device);
         TANDEM_CUDA_CHECK(cudaStreamSynchronize(cuda::compute_stream(device)));
         TANDEM_CUDA_CHECK(cudaFree(p));
-      });
+      },
+      /*best_fit=*/true);
   std::lock_guard<std::mutex> lock(g_pools_mu);
   pools().push_back(pool);
   return pool;

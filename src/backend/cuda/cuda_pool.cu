@@ -3,6 +3,7 @@
 // (each input element sums the windows that cover it), so they need no atomics and add in the same
 // order as a forward-order scatter. Index arithmetic is 32-bit whenever the tensors allow it.
 #include <cfloat>
+#include <initializer_list>
 #include <climits>
 #include <type_traits>
 
@@ -180,6 +181,98 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const int32_t
   }
 }
 
+// Channels-last storage with a channel count that packs: each thread takes V consecutive channels of
+// one spatial position with 16-byte loads and stores (the index pack as V int32). The same windows, order
+// and tie rule as the kernels above, so the results are the same bits.
+template <typename T, int V, typename I>
+__global__ void max_pool_forward_packed_kernel(const T* __restrict__ x, T* __restrict__ y, int32_t* __restrict__ idx,
+                                               PoolArgs<I> a, I cp, DivOf<I> cp_div) {
+  const I total = a.n * a.oh * a.ow * cp;
+  for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
+    const I t = cp_div.div(i), p = i - t * cp;
+    const I t2 = a.ow_div.div(t), ox = t - t2 * a.ow;
+    const I img = a.oh_div.div(t2), oy = t2 - img * a.oh;
+    const I xbase = img * a.h * a.w * a.c + p * V;
+    const I h0 = oy * a.sh - a.ph, w0 = ox * a.sw - a.pw;
+    const I hs = h0 < 0 ? 0 : h0, ws = w0 < 0 ? 0 : w0;
+    const I he = h0 + a.kh < a.h ? h0 + a.kh : a.h, we = w0 + a.kw < a.w ? w0 + a.kw : a.w;
+    float best[V];
+    int32_t win[V];
+    {
+      const chan::Pack<T, V> v = chan::load_pack<V>(x, xbase + (hs * a.w + ws) * a.c);
+#pragma unroll
+      for (int u = 0; u < V; ++u) {
+        best[u] = to_float(v.v[u]);
+        win[u] = static_cast<int32_t>(hs * a.w + ws);
+      }
+    }
+    for (I r = hs; r < he; ++r)
+      for (I col = ws; col < we; ++col) {
+        const chan::Pack<T, V> v = chan::load_pack<V>(x, xbase + (r * a.w + col) * a.c);
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+          const float f = to_float(v.v[u]);
+          if (f > best[u] || f != f) {  // a NaN wins, as on the CPU
+            best[u] = f;
+            win[u] = static_cast<int32_t>(r * a.w + col);
+          }
+        }
+      }
+    chan::Pack<T, V> out;
+    chan::Pack<int32_t, 4> w4;
+#pragma unroll
+    for (int u = 0; u < V; ++u) out.v[u] = from_float<T>(best[u]);
+    chan::store_pack<V>(y, i * V, out);
+#pragma unroll
+    for (int q = 0; q < V; q += 4) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) w4.v[u] = win[q + u];
+      chan::store_pack<4>(idx, i * V + q, w4);
+    }
+  }
+}
+
+template <typename T, int V, typename I>
+__global__ void max_pool_backward_packed_kernel(const T* __restrict__ dy, const int32_t* __restrict__ idx,
+                                                T* __restrict__ dx, PoolArgs<I> a, I cp, DivOf<I> cp_div) {
+  const I total = a.n * a.h * a.w * cp;
+  for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
+    const I t = cp_div.div(i), p = i - t * cp;
+    const I t2 = a.w_div.div(t), col = t - t2 * a.w;
+    const I img = a.h_div.div(t2), row = t2 - img * a.h;
+    const I obase = img * a.oh * a.ow * a.c + p * V;
+    I y0, y1, x0, x1;
+    covering(row, a.ph, a.kh, a.sh, a.oh, y0, y1);
+    covering(col, a.pw, a.kw, a.sw, a.ow, x0, x1);
+    const int32_t self = static_cast<int32_t>(row * a.w + col);
+    float acc[V] = {};
+    for (I oy = y0; oy < y1; ++oy)
+      for (I ox = x0; ox < x1; ++ox) {
+        const I o = obase + (oy * a.ow + ox) * a.c;
+        const chan::Pack<T, V> g = chan::load_pack<V>(dy, o);
+#pragma unroll
+        for (int q = 0; q < V; q += 4) {
+          const chan::Pack<int32_t, 4> w4 = chan::load_pack<4>(idx, o + q);
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            if (w4.v[u] == self) acc[q + u] += to_float(g.v[q + u]);
+        }
+      }
+    chan::Pack<T, V> out;
+#pragma unroll
+    for (int u = 0; u < V; ++u) out.v[u] = from_float<T>(acc[u]);
+    chan::store_pack<V>(dx, i * V, out);
+  }
+}
+
+// Whether the packed channels-last kernels apply: 16-byte packs of channels (at least 4 per pack, so
+// that the indices go as 16-byte packs too) and aligned pointers.
+template <typename T>
+bool packs_channels(const PoolGeom& g, std::initializer_list<const void*> ptrs) {
+  constexpr int V = chan::pack_width<T>();
+  return g.nhwc && V >= 4 && g.c % V == 0 && chan::aligned16(ptrs);
+}
+
 // Mean over the window with padding counted as zeros: the divisor is always kh * kw.
 template <typename T, bool NHWC, typename I>
 __global__ void avg_pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, PoolArgs<I> a) {
@@ -256,6 +349,14 @@ void CudaBackend::max_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor&
   dispatch_pool(g, x.dtype(), "max_pool2d", [&](auto tag, auto nhwc, auto itag) {
     using T = decltype(tag);
     using I = decltype(itag);
+    if (packs_channels<T>(g, {x.data_ptr(), y.data_ptr(), indices.data_ptr()})) {
+      constexpr int V = chan::pack_width<T>();
+      const I cp = static_cast<I>(g.c / V);
+      max_pool_forward_packed_kernel<T, V, I><<<blocks_for(total / V), kBlock, 0, st.stream>>>(
+          static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), indices.data<int32_t>(), pool_args<I>(g),
+          cp, make_div<I>(cp));
+      return;
+    }
     max_pool_forward_kernel<T, decltype(nhwc)::value, I><<<blocks_for(total), kBlock, 0, st.stream>>>(
         static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), indices.data<int32_t>(), pool_args<I>(g));
   });
@@ -278,6 +379,14 @@ void CudaBackend::max_pool2d_backward(const Tensor& dy, const Tensor& x, const T
   dispatch_pool(g, dx.dtype(), "max_pool2d backward", [&](auto tag, auto nhwc, auto itag) {
     using T = decltype(tag);
     using I = decltype(itag);
+    if (packs_channels<T>(g, {dy.data_ptr(), indices.data_ptr(), dx.data_ptr()})) {
+      constexpr int V = chan::pack_width<T>();
+      const I cp = static_cast<I>(g.c / V);
+      max_pool_backward_packed_kernel<T, V, I><<<blocks_for(total / V), kBlock, 0, st.stream>>>(
+          static_cast<const T*>(dy.data_ptr()), indices.data<int32_t>(), static_cast<T*>(dx.data_ptr()),
+          pool_args<I>(g), cp, make_div<I>(cp));
+      return;
+    }
     if (tiled) {
       max_pool_backward_tiled_kernel<T, decltype(nhwc)::value, I><<<blocks_for(dy.numel()), kBlock, 0, st.stream>>>(
           static_cast<const T*>(dy.data_ptr()), indices.data<int32_t>(), static_cast<T*>(dx.data_ptr()),
