@@ -45,6 +45,12 @@ class NoGradGuard {
   bool prev_;
 };
 
+/// Inside a backward function: a tensor the gradient of input `i` may be written into instead of a
+/// new one (a leaf's gradient buffer that holds zeros and receives no other gradient in this pass;
+/// contiguous, of the leaf's shape and dtype), or an undefined tensor. An op that fills it returns it
+/// as that input's gradient, and the engine then has nothing to add.
+Tensor grad_destination(size_t i);
+
 /// Attaches a backward function to an op's output when grad mode is on and an input needs a
 /// gradient; returns out (now carrying the graph node). Used by every differentiable op.
 Tensor record_op(Tensor out, std::initializer_list<Tensor> inputs, const char* name, Node::BackwardFn fn);

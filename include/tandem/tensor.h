@@ -119,7 +119,9 @@ class Tensor {
   Tensor& requires_grad_(bool on = true);
   /// The accumulated gradient of a leaf; undefined before the first backward.
   Tensor grad() const;
-  void set_grad(const Tensor& g);
+  /// Sets the gradient buffer; `zeroed` promises that it holds zeros, so that the next backward pass
+  /// may write its gradient straight into it instead of adding.
+  void set_grad(const Tensor& g, bool zeroed = false);
   /// The op that produced this tensor, or null for leaves.
   const std::shared_ptr<Node>& grad_fn() const;
   bool is_leaf() const;

@@ -30,9 +30,22 @@ std::shared_ptr<Node> accumulator_for(const Tensor& leaf) {
   return n;
 }
 
+// Where the op running backward may write its inputs' gradients (see grad_destination).
+thread_local const std::vector<Tensor>* t_destinations = nullptr;
+
 void accumulate(const std::shared_ptr<TensorImpl>& leaf_impl, Tensor g) {
   Tensor leaf(leaf_impl);
   TANDEM_ASSERT(g.numel() == leaf.numel(), "gradient ", g.str(), " for leaf ", leaf.str());
+  if (leaf_impl->grad && leaf_impl->grad_zeroed) {
+    // The buffer holds zeros: the gradient is written over it (one conversion at most), or already is.
+    leaf_impl->grad_zeroed = false;
+    Tensor acc(leaf_impl->grad);
+    if (g.data_ptr() == acc.data_ptr() && g.dtype() == acc.dtype() && g.is_contiguous()) return;
+    if (g.device() != acc.device()) g = g.to(acc.device());
+    if (g.shape() != acc.shape()) g = g.contiguous().view(acc.shape());
+    acc.copy_(g);
+    return;
+  }
   if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
   if (g.device() != leaf.device()) g = g.to(leaf.device());
   g = g.contiguous();
@@ -58,6 +71,10 @@ struct Ready {
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
+
+Tensor grad_destination(size_t i) {
+  return t_destinations && i < t_destinations->size() ? (*t_destinations)[i] : Tensor();
+}
 
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
@@ -139,6 +156,21 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
     if (g.defined()) {
       TANDEM_CHECK(static_cast<bool>(n->backward), "backward through the graph of '", n->name,
                    "' a second time: the graph is freed after each backward; run the forward pass again");
+      // A leaf whose zeroed buffer this op alone feeds can take the gradient in place.
+      std::vector<Tensor> dest(n->next.size());
+      bool any = false;
+      for (size_t i = 0; i < n->next.size(); ++i) {
+        Node* c = n->next[i].get();
+        if (c && c->leaf && c->leaf->grad && c->leaf->grad_zeroed && deps[c] == 1 && !pending.count(c)) {
+          dest[i] = Tensor(c->leaf->grad);
+          any = true;
+        }
+      }
+      struct Scope {
+        const std::vector<Tensor>* prev;
+        ~Scope() { t_destinations = prev; }
+      } scope{t_destinations};
+      t_destinations = any ? &dest : nullptr;
       grads = n->backward(g);
       TANDEM_ASSERT(grads.size() == n->next.size(), n->name, " returned ", grads.size(), " gradients for ",
                     n->next.size(), " inputs");

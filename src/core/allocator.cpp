@@ -22,15 +22,13 @@ void* CachingAllocator::allocate(size_t nbytes) {
   size_t size = round_size(nbytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = best_fit_ ? free_.lower_bound(size) : free_.find(size);
+    auto it = free_.find(size);
     if (it != free_.end()) {
-      const size_t block = it->first;
       void* p = it->second;
       free_.erase(it);
-      cached_ -= block;
-      in_use_ += block;
+      cached_ -= size;
+      in_use_ += size;
       peak_ = std::max(peak_, in_use_);
-      if (best_fit_) block_size_[p] = block;
       return p;
     }
   }
@@ -44,7 +42,6 @@ void* CachingAllocator::allocate(size_t nbytes) {
   std::lock_guard<std::mutex> lock(mu_);
   in_use_ += size;
   peak_ = std::max(peak_, in_use_);
-  if (best_fit_) block_size_[p] = size;
   return p;
 }
 
@@ -52,15 +49,20 @@ void CachingAllocator::deallocate(void* p, size_t nbytes) {
   if (!p) return;
   size_t size = round_size(nbytes);
   std::lock_guard<std::mutex> lock(mu_);
-  if (best_fit_) {
-    auto it = block_size_.find(p);
-    TANDEM_ASSERT(it != block_size_.end(), name_, ": freeing a block it did not hand out");
-    size = it->second;
-    block_size_.erase(it);
-  }
   free_.emplace(size, p);
   in_use_ -= size;
   cached_ += size;
+}
+
+void* CachingAllocator::take_cached(size_t nbytes) {
+  const size_t size = round_size(nbytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = free_.find(size);
+  if (it == free_.end()) return nullptr;
+  void* p = it->second;
+  free_.erase(it);
+  cached_ -= size;
+  return p;
 }
 
 void CachingAllocator::release_cached() {

@@ -6,7 +6,6 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
 namespace tandem {
 
@@ -20,19 +19,20 @@ class Allocator {
 };
 
 /// Caches freed blocks by rounded size. raw_alloc may fail by returning null: the cache is then
-/// emptied and the allocation retried once before out_of_memory is thrown. With best_fit a request
-/// takes the smallest cached block at least its size (counted in use at that block's size) instead of
-/// one of exactly its size: fewer blocks for a fixed sequence of requests, such as a recorded step's.
+/// emptied and the allocation retried once before out_of_memory is thrown.
 class CachingAllocator : public Allocator {
  public:
   using RawAlloc = std::function<void*(size_t)>;
   using RawFree = std::function<void(void*)>;
-  CachingAllocator(std::string name, RawAlloc raw_alloc, RawFree raw_free, bool best_fit = false)
-      : name_(std::move(name)), raw_alloc_(std::move(raw_alloc)), raw_free_(std::move(raw_free)), best_fit_(best_fit) {}
+  CachingAllocator(std::string name, RawAlloc raw_alloc, RawFree raw_free)
+      : name_(std::move(name)), raw_alloc_(std::move(raw_alloc)), raw_free_(std::move(raw_free)) {}
   ~CachingAllocator() override;
   void* allocate(size_t nbytes) override;
   void deallocate(void* p, size_t nbytes) override;
   void release_cached() override;
+  /// Hands over a cached block of nbytes' size class, which this allocator then forgets (the taker
+  /// frees it), or null when none is cached.
+  void* take_cached(size_t nbytes);
   /// Rounded size used for a request: multiples of 512 bytes, then of 2 MiB past 1 MiB.
   static size_t round_size(size_t nbytes);
   size_t bytes_in_use() const;
@@ -45,9 +45,7 @@ class CachingAllocator : public Allocator {
   std::string name_;
   RawAlloc raw_alloc_;
   RawFree raw_free_;
-  bool best_fit_;
   mutable std::mutex mu_;
-  std::unordered_map<void*, size_t> block_size_;  // with best_fit: the size of each block in use
   std::multimap<size_t, void*> free_;  // rounded size -> block
   size_t in_use_ = 0;
   size_t peak_ = 0;

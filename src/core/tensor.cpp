@@ -322,12 +322,13 @@ Tensor& Tensor::requires_grad_(bool on) {
 
 Tensor Tensor::grad() const { return impl_ && impl_->grad ? Tensor(impl_->grad) : Tensor(); }
 
-void Tensor::set_grad(const Tensor& g) {
+void Tensor::set_grad(const Tensor& g, bool zeroed) {
   TANDEM_CHECK(impl_ != nullptr, "set_grad on an undefined tensor");
   if (g.defined())
     TANDEM_CHECK(g.shape() == shape() && g.dtype() == dtype() && g.device() == device(), "set_grad: gradient ",
                  g.str(), " does not match ", str());
   impl_->grad = g.impl_ptr();
+  impl_->grad_zeroed = zeroed && g.defined();
 }
 
 const std::shared_ptr<Node>& Tensor::grad_fn() const {

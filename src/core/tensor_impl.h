@@ -36,6 +36,7 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<Node> grad_fn;
   std::shared_ptr<TensorImpl> grad;
+  bool grad_zeroed = false;  // grad holds zeros: the first gradient of a backward pass may overwrite it
   std::weak_ptr<Node> grad_accumulator;  // for leaves: the node that accumulates into grad
 
   Device device() const { return storage->device; }

@@ -135,7 +135,7 @@ void Reducer::begin(bool accumulate) {
   }
   for (Slot& s : slots_) {
     s.ready = false;
-    s.param.set_grad(s.grad);
+    s.param.set_grad(s.grad, /*zeroed=*/!accumulate);
     if (s.master.defined()) s.master.set_grad(s.master_grad);
   }
   for (Bucket& b : buckets_) b.pending = static_cast<int>(b.params.size());

@@ -53,7 +53,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
     PrecisionScope scope(prec);
     Tensor dy = to_dense(grad, cdt, g.nhwc);
     Tensor dx, dw, db;
-    if (need_b) db = Tensor::empty({g.k}, w_dtype, dy.device());
+    if (need_b) db = grad_buffer(2, {g.k}, w_dtype, dy.device());
     if (sy.defined()) {  // the fused ReLU: mask the gradient first (and sum it for the bias on the way)
       Tensor masked = empty_dense_like(dy);
       const int64_t rows = g.nhwc ? g.n * g.oh * g.ow : g.n, plane = g.nhwc ? 1 : g.oh * g.ow;
@@ -68,7 +68,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
     }
     if (need_w || (need_b && !sy.defined())) {
       Tensor no_bias;
-      if (need_w) dw = g.nhwc ? empty_channels_last(wshape, cdt, dy.device()) : Tensor::empty(wshape, cdt, dy.device());
+      if (need_w)
+        dw = g.nhwc             ? empty_channels_last(wshape, cdt, dy.device())
+             : cdt == w_dtype ? grad_buffer(1, wshape, cdt, dy.device())
+                              : Tensor::empty(wshape, cdt, dy.device());
       be(dy).conv2d_backward_weight(dy, sx, g, dw, sy.defined() ? no_bias : db);
       if (need_w) dw = to_dense(dw, w_dtype, false);
     }

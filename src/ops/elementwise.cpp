@@ -75,7 +75,7 @@ Tensor bias_add(const Tensor& x, const Tensor& b) {
   return record_op(y, {x, b}, "bias_add", [n, c, s, need_b = b.requires_grad()](const Tensor& g) {
     Tensor db;
     if (need_b) {
-      db = Tensor::empty({c}, g.dtype(), g.device());
+      db = grad_buffer(1, {c}, g.dtype(), g.device());
       be(g).bias_grad(g.contiguous(), n, c, s, db);
     }
     return std::vector<Tensor>{g, db};

@@ -19,8 +19,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const Precision prec = current_precision();
   return record_op(gemm_raw(false, false, a, b), {a, b}, "matmul", [sa, sb, prec](const Tensor& g) {
     PrecisionScope scope(prec);
-    return std::vector<Tensor>{sb.defined() ? gemm_raw(false, true, g, sb) : Tensor(),
-                               sa.defined() ? gemm_raw(true, false, sa, g) : Tensor()};
+    Tensor da = sb.defined() ? gemm_raw(false, true, g, sb) : Tensor();
+    Tensor db;
+    if (sa.defined()) db = gemm_raw(true, false, sa, g, grad_buffer(1, {sa.size(1), g.size(1)}, g.dtype(), g.device()));
+    return std::vector<Tensor>{da, db};
   });
 }
 
@@ -62,7 +64,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
     PrecisionScope scope(prec);
     Tensor gc = to_dense(g, cdt, false);
     Tensor db;
-    if (need_b) db = Tensor::empty({out_f}, w_dtype, gc.device());
+    if (need_b) db = grad_buffer(2, {out_f}, w_dtype, gc.device());
     if (sy.defined()) {  // the fused ReLU: mask the gradient (and sum it for the bias on the way)
       Tensor masked = empty_like(gc);
       be(gc).relu_bias_grad(gc, sy, n, out_f, 1, masked, db);
@@ -71,7 +73,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
       be(gc).bias_grad(gc, n, out_f, 1, db);
     }
     Tensor dx = sw.defined() ? gemm_raw(false, false, gc, sw) : Tensor();
-    Tensor dw = sx.defined() ? gemm_raw(true, false, gc, sx) : Tensor();
+    Tensor dw;
+    if (sx.defined())
+      dw = gemm_raw(true, false, gc, sx,
+                    w_dtype == cdt ? grad_buffer(1, {out_f, sx.size(1)}, cdt, gc.device()) : Tensor());
     if (dx.defined() && x_dtype != cdt) dx = dx.to(x_dtype);
     if (dw.defined() && w_dtype != cdt) dw = dw.to(w_dtype);
     return std::vector<Tensor>{dx, dw, db};

@@ -106,7 +106,8 @@ Tensor batch_norm2d_act(const Tensor& x, const Tensor& residual, const Tensor& g
                    [sx, sg, sy, save_mean, save_invstd, args, need_z, zt](const Tensor& grad) {
     Tensor dy = to_dense(grad, sx.dtype(), args.nhwc);
     Tensor dx = empty_dense_like(dy), dz = need_z ? empty_dense_like(dy) : Tensor();
-    Tensor dgamma = empty_like(sg), dbeta = empty_like(sg);
+    Tensor dgamma = grad_buffer(2, sg.shape(), sg.dtype(), sg.device()),
+           dbeta = grad_buffer(3, sg.shape(), sg.dtype(), sg.device());
     be(dy).batch_norm_backward(dy, sx, sy, sg, save_mean, save_invstd, args, dx, dz, dgamma, dbeta);
     if (dz.defined() && zt != dz.dtype()) dz = to_dense(dz, zt, args.nhwc);
     return std::vector<Tensor>{dx, dz, dgamma, dbeta};

@@ -54,7 +54,13 @@ Tensor affine_raw(const Tensor& a, double alpha, double beta) {
   return out;
 }
 
-Tensor gemm_raw(bool ta, bool tb, const Tensor& a, const Tensor& b) {
+Tensor grad_buffer(size_t i, const Shape& shape, DType dtype, Device device) {
+  Tensor d = grad_destination(i);
+  if (d.defined() && d.shape() == shape && d.dtype() == dtype && d.device() == device && d.is_contiguous()) return d;
+  return Tensor::empty(shape, dtype, device);
+}
+
+Tensor gemm_raw(bool ta, bool tb, const Tensor& a, const Tensor& b, Tensor out) {
   Tensor ac = a.contiguous(), bc = b.contiguous();
   int64_t m = ta ? ac.size(1) : ac.size(0);
   int64_t k = ta ? ac.size(0) : ac.size(1);
@@ -62,7 +68,9 @@ Tensor gemm_raw(bool ta, bool tb, const Tensor& a, const Tensor& b) {
   int64_t n = tb ? bc.size(0) : bc.size(1);
   TANDEM_CHECK(k == kb, "matmul: inner dimensions differ (", ac.str(), ta ? " transposed" : "", " and ", bc.str(),
                tb ? " transposed" : "", ")");
-  Tensor out = Tensor::empty({m, n}, ac.dtype(), ac.device());
+  if (!out.defined()) out = Tensor::empty({m, n}, ac.dtype(), ac.device());
+  TANDEM_ASSERT(out.shape() == Shape({m, n}) && out.dtype() == ac.dtype() && out.is_contiguous(), "matmul into ",
+                out.str());
   if (out.numel()) be(a).gemm(ta, tb, m, n, k, 1.0, ac, bc, 0.0, out);
   return out;
 }

@@ -27,7 +27,10 @@ Tensor binary_raw(backend::Binary op, const Tensor& a, const Tensor& b);
 Tensor unary_raw(backend::Unary op, const Tensor& a);
 Tensor affine_raw(const Tensor& a, double alpha, double beta);
 /// [out] contiguous gemm: op(a) op(b), row-major.
-Tensor gemm_raw(bool ta, bool tb, const Tensor& a, const Tensor& b);
+Tensor gemm_raw(bool ta, bool tb, const Tensor& a, const Tensor& b, Tensor out = Tensor());
+/// In a backward function: the buffer for input i's gradient, the engine's destination when it matches
+/// (see grad_destination), else a new one.
+Tensor grad_buffer(size_t i, const Shape& shape, DType dtype, Device device);
 /// A tensor of the given shape filled with the value of the one-element tensor s (no host sync).
 Tensor broadcast_scalar(const Tensor& s, const Shape& shape);
 

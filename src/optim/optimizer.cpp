@@ -24,7 +24,7 @@ void Optimizer::zero_grad(bool set_to_none) {
     if (set_to_none)
       p.set_grad(Tensor());
     else
-      g.zero_();
+      p.set_grad(g.zero_(), /*zeroed=*/true);
   }
 }
 

@@ -16,7 +16,7 @@ namespace {
 struct RawCounter {
   int allocs = 0, frees = 0, fail_next = 0;
   size_t last_size = 0;
-  CachingAllocator make(bool best_fit = false) {
+  CachingAllocator make() {
     return CachingAllocator(
         "test memory",
         [this](size_t n) -> void* {
@@ -31,8 +31,7 @@ struct RawCounter {
         [this](void* p) {
           ++frees;
           std::free(p);
-        },
-        best_fit);
+        });
   }
 };
 
@@ -74,38 +73,18 @@ TEST(CachingAllocator, ReusesFreedBlocksOfTheSameClass) {
   EXPECT_EQ(raw.frees, raw.allocs);  // the destructor returns what was cached
 }
 
-TEST(CachingAllocator, BestFitTakesTheSmallestLargeEnoughBlockAndCountsItWhole) {
+TEST(CachingAllocator, HandsOverCachedBlocksOfASizeClass) {
   RawCounter raw;
-  CachingAllocator a = raw.make(/*best_fit=*/true);
-  void* big = a.allocate(8192);
-  void* mid = a.allocate(4096);
-  a.deallocate(big, 8192);
-  a.deallocate(mid, 4096);
-  EXPECT_EQ(a.bytes_cached(), 8192u + 4096u);
-  void* p = a.allocate(3000);  // 3072 bytes: the 4096-byte block, not the 8192-byte one, and no new block
-  EXPECT_EQ(p, mid);
-  EXPECT_EQ(raw.allocs, 2);
-  EXPECT_EQ(a.bytes_in_use(), 4096u);
-  void* q = a.allocate(5000);
-  EXPECT_EQ(q, big);
-  void* r = a.allocate(100);  // nothing cached is left: a new block
-  EXPECT_EQ(raw.allocs, 3);
-  a.deallocate(p, 3000);  // returned at the block's size, whatever the caller says
-  a.deallocate(q, 5000);
-  a.deallocate(r, 100);
-  EXPECT_EQ(a.bytes_in_use(), 0u);
-  EXPECT_EQ(a.bytes_cached(), 8192u + 4096u + 512u);
-  EXPECT_EQ(a.peak_bytes_in_use(), 8192u + 4096u + 512u);
-  EXPECT_THROW(a.deallocate(&raw, 16), Error);  // not a block of this allocator
-  // Exact fit (the default) hands the 3072-byte request a block of its own size class.
-  RawCounter exact;
-  CachingAllocator e = exact.make();
-  void* e1 = e.allocate(4096);
-  e.deallocate(e1, 4096);
-  void* e2 = e.allocate(3000);
-  EXPECT_NE(e2, e1);
-  EXPECT_EQ(exact.allocs, 2);
-  e.deallocate(e2, 3000);
+  CachingAllocator a = raw.make();
+  void* p = a.allocate(3000);  // the 3072-byte class
+  a.deallocate(p, 3000);
+  EXPECT_EQ(a.take_cached(4096), nullptr);  // another class
+  EXPECT_EQ(a.take_cached(2600), p);        // same class: handed over and forgotten
+  EXPECT_EQ(a.bytes_cached(), 0u);
+  EXPECT_EQ(a.take_cached(2600), nullptr);
+  a.release_cached();
+  EXPECT_EQ(raw.frees, 0);  // the taker frees it
+  std::free(p);
 }
 
 TEST(CachingAllocator, RetriesAfterEmptyingTheCacheThenReportsOutOfMemory) {

@@ -58,6 +58,78 @@ TEST(Autograd, AGradientOwnedByTheLeafIsNotSharedWithAnother) {
   expect_values(b.grad(), {1.0, 1.0});
 }
 
+// A leaf whose gradient buffer is marked as holding zeros gets the gradient written into that buffer:
+// an op may fill the engine's destination directly; otherwise the gradient is copied over the zeros.
+// The next pass (no longer zeroed) adds as usual, and a leaf fed by two ops is offered no destination.
+TEST(Autograd, ZeroedGradientBuffersTakeTheGradientInPlace) {
+  Tensor w = leaf({1.0, 2.0, 3.0});
+  Tensor buf = Tensor::zeros({3}, DType::f64);
+  const void* where = buf.data_ptr();
+  w.set_grad(buf, /*zeroed=*/true);
+  bool offered = false;
+  auto triple = [&](const Tensor& x) {
+    Tensor out = x.detach().clone();
+    return record_op(out, {x}, "triple_grad", [&](const Tensor& g) {
+      Tensor d = grad_destination(0);
+      offered = d.defined();
+      if (!offered) return std::vector<Tensor>{scale(g, 3.0)};
+      d.copy_(scale(g, 3.0));
+      return std::vector<Tensor>{d};
+    });
+  };
+  backward(sum(triple(w)));
+  EXPECT_TRUE(offered);
+  EXPECT_EQ(w.grad().data_ptr(), where);
+  expect_values(w.grad(), {3.0, 3.0, 3.0});
+  backward(sum(triple(w)));  // the buffer now holds a gradient: no destination, the engine adds
+  EXPECT_FALSE(offered);
+  expect_values(w.grad(), {6.0, 6.0, 6.0});
+  // Used by two ops: neither may overwrite the buffer.
+  w.set_grad(buf.zero_(), true);
+  backward(sum(add(triple(w), scale(w, 2.0))));
+  EXPECT_FALSE(offered);
+  expect_values(w.grad(), {5.0, 5.0, 5.0});
+  EXPECT_EQ(w.grad().data_ptr(), where);
+  // Ops that do not take the destination: the gradient is copied over the zeros, then added.
+  w.set_grad(buf.zero_(), true);
+  backward(sum(mul(w, w)));
+  expect_values(w.grad(), {2.0, 4.0, 6.0});
+  backward(sum(w));
+  expect_values(w.grad(), {3.0, 5.0, 7.0});
+  EXPECT_EQ(w.grad().data_ptr(), where);
+}
+
+// linear and conv2d write weight and bias gradients straight into zeroed buffers, with the values of
+// a fresh backward pass.
+TEST(Autograd, LayersWriteParameterGradientsIntoZeroedBuffers) {
+  Generator gen(7);
+  Tensor x = Tensor::uniform({4, 2, 6, 6}, -1.0, 1.0, gen);
+  Tensor cw = Tensor::uniform({3, 2, 3, 3}, -1.0, 1.0, gen).requires_grad_();
+  Tensor cb = Tensor::uniform({3}, -1.0, 1.0, gen).requires_grad_();
+  Tensor lw = Tensor::uniform({5, 12}, -1.0, 1.0, gen).requires_grad_();
+  Tensor lb = Tensor::uniform({5}, -1.0, 1.0, gen).requires_grad_();
+  auto loss = [&] {
+    Conv2dOptions fused;
+    fused.relu = true;
+    Tensor h = max_pool2d(conv2d(x, cw, cb, fused));
+    Tensor y = linear(reshape(h, {4, 12}), lw, lb, /*relu=*/false);
+    return sum(mul(y, y));
+  };
+  backward(loss());
+  std::vector<Tensor> params{cw, cb, lw, lb}, want, bufs;
+  for (Tensor& p : params) {
+    ASSERT_TRUE(p.grad().defined()) << p.str();
+    want.push_back(p.grad().clone());
+    bufs.push_back(Tensor::zeros(p.shape()));
+    p.set_grad(bufs.back(), /*zeroed=*/true);
+  }
+  backward(loss());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].grad().data_ptr(), bufs[i].data_ptr()) << "parameter " << i;
+    expect_values(params[i].grad(), want[i].to_vector<double>(), 1e-9);
+  }
+}
+
 TEST(Autograd, GradReadyHookFiresOncePerLeafWithItsFinalGradient) {
   // loss = sum(tanh(a * b) * a + b): a and b are each used at two depths.
   const std::vector<double> av{0.3, -1.2, 0.8}, bv{1.5, 0.4, -0.7};

@@ -76,6 +76,10 @@ Allocator& CudaBackend::allocator(int device) {
   return *allocators_[static_cast<size_t>(device)];
 }
 
+void* CudaBackend::take_cached_block(int device, size_t nbytes) {
+  return allocators_[static_cast<size_t>(device)]->take_cached(nbytes);
+}
+
 DeviceState& CudaBackend::state(int device) {
   TANDEM_CHECK(device >= 0 && device < device_count_, "cuda:", device, " does not exist: this process sees ",
                device_count_, " GPU(s)");

@@ -92,6 +92,8 @@ class CudaBackend final : public Backend {
   CudaBackend();
   int device_count() override { return device_count_; }
   Allocator& allocator(int device) override;
+  /// A block of nbytes' size class cached by the device's own allocator, handed over (or null).
+  void* take_cached_block(int device, size_t nbytes);
   Allocator* pinned_allocator() override { return pinned_.get(); }
   void copy_from_host(const void* src, void* dst, size_t nbytes, int device) override;
   void copy_to_host(const void* src, void* dst, size_t nbytes, int device) override;

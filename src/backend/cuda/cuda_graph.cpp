@@ -1,5 +1,6 @@
 // Recording device work into CUDA graphs and replaying it. While a recording is under way on a
-// thread, that thread's allocations on the device come from a pool private to the recording: the
+// thread, that thread's allocations on the device come from a pool private to the recording (its
+// blocks taken from the device allocator's cache where it has them, else newly allocated): the
 // addresses the graph holds are never handed to other tensors, so work queued between replays (the
 // next batch's upload, an evaluation) cannot overwrite what a replay reads, nor a replay what it wrote.
 #include <algorithm>
@@ -30,12 +31,16 @@ std::vector<std::shared_ptr<Pool>>& pools() {
   return *list;
 }
 
-std::shared_ptr<Pool> new_pool(int device) {
+// A pool first takes the blocks the device's own allocator has cached: a step recorded after eager
+// steps of the same shapes finds there the very blocks it needs, so recording it costs little memory
+// beyond what the eager steps held.
+std::shared_ptr<Pool> new_pool(CudaBackend& be, int device) {
   auto pool = std::make_shared<Pool>();
   pool->device = device;
   pool->alloc = std::make_unique<CachingAllocator>(
       "cuda:" + std::to_string(device) + " memory of a recorded step",
-      [device](size_t n) -> void* {
+      [&be, device](size_t n) -> void* {
+        if (void* p = be.take_cached_block(device, n)) return p;
         cuda::set_device(device);
         void* p = nullptr;
         cudaError_t err = cudaMalloc(&p, n);
@@ -50,8 +55,7 @@ std::shared_ptr<Pool> new_pool(int device) {
         cuda::set_device(device);
         TANDEM_CUDA_CHECK(cudaStreamSynchronize(cuda::compute_stream(device)));
         TANDEM_CUDA_CHECK(cudaFree(p));
-      },
-      /*best_fit=*/true);
+      });
   std::lock_guard<std::mutex> lock(g_pools_mu);
   pools().push_back(pool);
   return pool;
@@ -125,7 +129,7 @@ Allocator* capture_pool(int device) { return t_pool_device == device ? t_pool : 
 std::unique_ptr<CapturedWork> CudaBackend::capture(int device, const std::function<void()>& body) {
   DeviceState& st = state(device);
   TANDEM_CHECK(t_pool == nullptr, "a recording is already under way on this thread (recordings do not nest)");
-  std::shared_ptr<Pool> pool = new_pool(device);
+  std::shared_ptr<Pool> pool = new_pool(*this, device);
   // Relaxed mode: the pool may call cudaMalloc while recording, and other threads (the data
   // loader's, the communicator's) go on as usual. A wait for the recording stream still fails.
   TANDEM_CUDA_CHECK(cudaStreamBeginCapture(st.stream, cudaStreamCaptureModeRelaxed));
