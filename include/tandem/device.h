@@ -40,6 +40,7 @@ struct MemoryStats {
   size_t peak_in_use = 0;  // the most held at once since the last reset_peak_memory
   size_t cached = 0;       // freed and kept for reuse
   size_t graphs = 0;       // reserved for the tensors of recorded steps (DeviceGraph), not in the above
+  size_t graphs_peak_in_use = 0;  // the most those tensors held at once, summed over the recordings
 };
 MemoryStats memory_stats(Device d);
 /// Starts a new peak measurement at the current use.

@@ -102,6 +102,8 @@ class Backend {
   virtual std::unique_ptr<CapturedWork> capture(int device, const std::function<void()>& body);
   /// Bytes held by the private pools of every live recording on the device.
   virtual size_t captured_pool_bytes(int device) { return 0; }
+  /// The most the recordings' tensors held at once (per recording, summed), in bytes.
+  virtual size_t captured_pool_peak_bytes(int device) { return 0; }
 
   // ---- layout, conversion, fills
   /// dst (contiguous) <- src (any strides, same device), converting between any two dtypes.

@@ -62,7 +62,10 @@ MemoryStats memory_stats(Device d) {
     m.peak_in_use = a->peak_bytes_in_use();
     m.cached = a->bytes_cached();
   }
-  if (d.is_cuda()) m.graphs = backend::backend_for(d).captured_pool_bytes(d.index);
+  if (d.is_cuda()) {
+    m.graphs = backend::backend_for(d).captured_pool_bytes(d.index);
+    m.graphs_peak_in_use = backend::backend_for(d).captured_pool_peak_bytes(d.index);
+  }
   return m;
 }
 

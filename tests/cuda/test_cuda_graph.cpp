@@ -36,6 +36,8 @@ TEST(CudaGraph, ReplaysReadInputsInPlaceAndRewriteOutputs) {
   }
   EXPECT_GE(graph.pool_bytes(), y.nbytes());
   EXPECT_GE(memory_stats(gpu()).graphs, graph.pool_bytes());
+  EXPECT_GE(memory_stats(gpu()).graphs_peak_in_use, y.nbytes());
+  EXPECT_LE(memory_stats(gpu()).graphs_peak_in_use, memory_stats(gpu()).graphs);
 }
 
 TEST(CudaGraph, RecordingThatReadsTheHostFailsCleanly) {

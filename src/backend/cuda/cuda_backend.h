@@ -102,6 +102,7 @@ class CudaBackend final : public Backend {
   void profile_range(bool on) override;
   std::unique_ptr<CapturedWork> capture(int device, const std::function<void()>& body) override;
   size_t captured_pool_bytes(int device) override;
+  size_t captured_pool_peak_bytes(int device) override;
 
   void copy_strided(const Tensor& src, Tensor& dst) override;
   void fill(Tensor& t, double value) override;

@@ -156,4 +156,12 @@ size_t CudaBackend::captured_pool_bytes(int device) {
   return total;
 }
 
+size_t CudaBackend::captured_pool_peak_bytes(int device) {
+  std::lock_guard<std::mutex> lock(g_pools_mu);
+  size_t total = 0;
+  for (const auto& p : pools())
+    if (p->device == device) total += p->alloc->peak_bytes_in_use();
+  return total;
+}
+
 }  // namespace tandem::backend
