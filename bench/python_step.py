@@ -24,6 +24,8 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: the cores' share of this rank)")
     p.add_argument("--precision", default=None, help="f32, tf32, bf16 or f16 (default: tf32 on CUDA, f32 on the CPU)")
+    p.add_argument("--cuda-graph", choices=["on", "off"], default="on",
+                   help="record the step once and replay it on a GPU (compile(use_graph=True)), as the CLI does")
     args = p.parse_args()
 
     sgd = opt.DistOpt(opt.SGD(lr=0.005, momentum=0.9, weight_decay=1e-5))
@@ -40,7 +42,7 @@ def main():
     precision = autograd.precision(precision_name)
     net = CNN()
     net.set_optimizer(sgd)
-    net.compile([tx], is_train=True)
+    net.compile([tx], is_train=True, use_graph=args.cuda_graph == "on")
 
     def step():
         with precision:
@@ -66,7 +68,7 @@ def main():
         print("RESULT " + json.dumps({
             "system": "tandem-python", "model": "cnn", "device": str(dev), "world": sgd.world_size,
             "batch_per_rank": args.batch_size, "steps": args.steps, "threads": device.num_threads(),
-            "precision": precision_name,
+            "precision": precision_name, "cuda_graph": net.replays > 0,
             "images_per_s": round(args.batch_size * sgd.world_size * args.steps / dt),
             "ms_per_step": dt / args.steps * 1e3, "params_changed": True}), flush=True)
 

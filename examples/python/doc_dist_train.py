@@ -83,7 +83,7 @@ def accuracy(pred, target):
 
 def train_mnist_cnn(local_rank=None, world_size=None, nccl_id=None, max_epoch=10, batch_size=64, lr=0.005,
                     dist_option="plain", spars=0.05, data_dir=None, seed=0, use_gpu=None, limit_train=0,
-                    limit_test=0, precision=None):
+                    limit_test=0, precision=None, graph=True):
     sgd = opt.SGD(lr=lr, momentum=0.9, weight_decay=1e-5)
     sgd = opt.DistOpt(sgd, nccl_id=nccl_id, local_rank=local_rank, world_size=world_size)
     if use_gpu is None:
@@ -111,7 +111,7 @@ def train_mnist_cnn(local_rank=None, world_size=None, nccl_id=None, max_epoch=10
     tx = tensor.Tensor((batch_size, train_x.shape[1], train_x.shape[2], train_x.shape[3]), dev, tensor.float32)
     ty = tensor.Tensor((batch_size,), dev, tensor.int32)
     net.set_optimizer(sgd)
-    net.compile([tx], is_train=True, use_graph=False, sequential=False)
+    net.compile([tx], is_train=True, use_graph=graph, sequential=False)  # graph: recorded steps on a GPU
     for p in net.get_params().values():  # the guide's start: every rank holds the average
         synchronize(p, sgd)
 
@@ -172,6 +172,8 @@ def parse_args(argv=None):
                         "is always exact f32)")
     p.add_argument("--limit-train", type=int, default=0, help="use the first N training samples only")
     p.add_argument("--limit-test", type=int, default=0, help="use the first N test samples only")
+    p.add_argument("--graph", choices=["on", "off"], default="on",
+                   help="on a GPU, record the training step once and replay it (compile(use_graph=True))")
     return p.parse_args(argv)
 
 
@@ -180,7 +182,8 @@ def run(args, **job):
     use_gpu = None if args.device == "auto" else args.device == "cuda"
     train_mnist_cnn(max_epoch=args.epochs, batch_size=args.batch_size, lr=args.lr, dist_option=args.dist_option,
                     spars=args.spars, data_dir=args.data_dir, seed=args.seed, use_gpu=use_gpu,
-                    limit_train=args.limit_train, limit_test=args.limit_test, precision=args.precision, **job)
+                    limit_train=args.limit_train, limit_test=args.limit_test, precision=args.precision,
+                    graph=args.graph == "on", **job)
 
 
 if __name__ == "__main__":

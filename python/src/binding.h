@@ -45,5 +45,6 @@ void bind_ops(nb::module_& m);
 void bind_nn(nb::module_& m);
 void bind_dist(nb::module_& m);
 void bind_data(nb::module_& m);
+void bind_graph(nb::module_& m);
 
 }  // namespace tandem::py

@@ -171,7 +171,9 @@ void bind_dist(nb::module_& m) {
       .def("residual_norms", &dist::DistOpt::residual_norms)
       .def_prop_ro("method", [](const dist::DistOpt& d) { return d.active_sync().method; },
                    "The method the last step ran with.")
-      .def("step_capturable", &dist::DistOpt::step_capturable);
+      .def("step_capturable", &dist::DistOpt::step_capturable)
+      .def("replay_blocker", &dist::DistOpt::replay_blocker,
+           "Why the next step could not be recorded once and replayed; empty when it can.");
 
   m.def("convert_sync_batch_norm", &dist::convert_sync_batch_norm, nb::arg("model"), nb::arg("communicator"),
         "Makes every BatchNorm2d of the model take its training statistics over all ranks; returns how many.");

@@ -90,4 +90,5 @@ NB_MODULE(_tandem, m) {
   tandem::py::bind_nn(m);
   tandem::py::bind_dist(m);
   tandem::py::bind_data(m);
+  tandem::py::bind_graph(m);
 }

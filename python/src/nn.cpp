@@ -119,7 +119,9 @@ void bind_nn(nb::module_& m) {
       .def("zero_grad", &optim::Optimizer::zero_grad, nb::arg("set_to_none") = false, release_gil())
       .def_prop_rw("lr", &optim::Optimizer::lr, &optim::Optimizer::set_lr)
       .def_prop_ro("steps", &optim::Optimizer::steps)
-      .def("params", &optim::Optimizer::params);
+      .def("params", &optim::Optimizer::params)
+      .def("replay_blocker", &optim::Optimizer::replay_blocker,
+           "Why its steps could not be recorded once and replayed; empty when they can.");
   nb::class_<optim::SGD, optim::Optimizer>(m, "SGD")
       .def(
           "__init__",

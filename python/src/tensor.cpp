@@ -64,6 +64,8 @@ void bind_tensor(nb::module_& m) {
       .def_prop_ro("shape", [](const Tensor& x) { return shape_tuple(x.shape()); })
       .def_prop_ro("strides", [](const Tensor& x) { return shape_tuple(x.strides()); })
       .def_prop_ro("dtype", &Tensor::dtype)
+      .def_prop_ro("data_ptr", [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_ptr()); },
+                   "The address of the first element (0 for an empty tensor).")
       .def_prop_ro("device", [](const Tensor& x) { return device_object(x.device()); })
       .def_prop_ro("ndim", &Tensor::dim)
       .def_prop_ro("nbytes", &Tensor::nbytes)

@@ -1,10 +1,24 @@
 """Models (SINGA's ``singa.model``): subclass ``Model``, define ``forward(x)`` and
 ``train_one_batch(x, y, ...)``; calling the model trains on a batch in training mode and runs
-``forward`` in evaluation mode."""
+``forward`` in evaluation mode.
+
+With ``compile(..., use_graph=True)`` on a GPU, the training step is recorded once and replayed
+whole (a CUDA graph): after three eager calls with the same input tensors, the fourth call records
+``train_one_batch`` and every later call with those tensors replays it, reading the data now in them
+(copy each batch into the same tensors, as the guide's scripts do with ``copy_from_numpy``) and
+rewriting the tensors ``train_one_batch`` returned. Python code in ``train_one_batch`` runs only when
+the step is recorded. Other input tensors, another learning rate or precision run eagerly (and are
+recorded in turn); steps that cannot be recorded (the CPU, more than one rank, Adam, loss scaling)
+run eagerly, with the reason printed once."""
 import json
+import sys
 
 from . import _tandem
 from .layer import Layer
+
+# Eager calls with the same inputs before the step is recorded: the first creates the optimizer's state,
+# the first two settle the convolution algorithms and the memory the step needs.
+_EAGER_STEPS_BEFORE_RECORDING = 3
 
 
 class Model(Layer):
@@ -13,6 +27,10 @@ class Model(Layer):
         self.optimizer = None
         self.graph_mode = False
         self.sequential = False
+        self._recorded = None  # {"key", "step", "out"}: the recorded training step
+        self._steady_key = None
+        self._steady_calls = 0
+        self._graph_given_up = False
 
     def set_optimizer(self, optimizer):
         """The optimizer train_one_batch steps (self.optimizer); it takes this model's parameters."""
@@ -24,9 +42,13 @@ class Model(Layer):
         batch's shape, on the training device), then sets training or evaluation mode. The optimizer
         set before takes the parameters now (DistOpt: all ranks start from rank 0's values).
 
-        ``use_graph`` and ``sequential`` are accepted for SINGA scripts; tandem runs eagerly.
+        ``use_graph`` records the training step once and replays it on a GPU (see the module's
+        notes); on the CPU steps run eagerly. ``sequential`` is accepted for SINGA scripts.
         """
         self.graph_mode = bool(use_graph)
+        self._recorded = None
+        self._steady_key = None
+        self._steady_calls = 0
         self.sequential = bool(sequential)
         self.eval()
         with _tandem.no_grad():
@@ -38,9 +60,81 @@ class Model(Layer):
 
     def __call__(self, *args, **kwargs):
         self._initialized = True
-        if self.training:
+        if not self.training:
+            return self.forward(*args, **kwargs)
+        if self.graph_mode:
+            return self._recorded_step(args, kwargs)
+        return self.train_one_batch(*args, **kwargs)
+
+    # ---- recorded steps
+    def _step_key(self, args, kwargs):
+        """What a replay must match: the input tensors (address, shape, dtype), the other arguments,
+        the learning rate and the precision in effect; None where nothing can be recorded."""
+        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, _tandem.Tensor)]
+        if not tensors or not _tandem.graph_supported(tensors[0].device):
+            return None
+        parts = []
+        for a in list(args) + [kwargs[k] for k in sorted(kwargs)]:
+            if isinstance(a, _tandem.Tensor):
+                parts.append(("tensor", a.data_ptr, tuple(a.shape), str(a.dtype), str(a.device)))
+            else:
+                parts.append(("value", repr(a)))
+        lr = self.optimizer.lr if self.optimizer is not None else None
+        return (tuple(sorted(kwargs)), tuple(parts), lr, str(_tandem.current_precision()))
+
+    def _replay_blocker(self):
+        opt = self.optimizer
+        if opt is None:
+            return "the model has no optimizer (set_optimizer): its steps are not recorded"
+        impl = getattr(opt, "_impl", None)
+        if impl is None:
+            return "the optimizer has no parameters yet"
+        return impl.replay_blocker()
+
+    def _give_up_recording(self, why):
+        self._graph_given_up = True
+        rank = getattr(self.optimizer, "global_rank", 0) if self.optimizer is not None else 0
+        if rank == 0:
+            print(f"tandem: steps run eagerly: {why}", file=sys.stderr, flush=True)
+
+    def _recorded_step(self, args, kwargs):
+        key = self._step_key(args, kwargs)
+        if key is None:
             return self.train_one_batch(*args, **kwargs)
-        return self.forward(*args, **kwargs)
+        rec = self._recorded
+        if rec is not None and rec["key"] == key:
+            rec["step"].replay()
+            return rec["out"]
+        if self._graph_given_up:
+            return self.train_one_batch(*args, **kwargs)
+        self._steady_calls = self._steady_calls + 1 if key == self._steady_key else 1
+        self._steady_key = key
+        if self._steady_calls <= _EAGER_STEPS_BEFORE_RECORDING:
+            return self.train_one_batch(*args, **kwargs)
+        why = self._replay_blocker()
+        if why:
+            self._give_up_recording(why)
+            return self.train_one_batch(*args, **kwargs)
+        result = {}
+
+        def body():
+            result["out"] = self.train_one_batch(*args, **kwargs)
+
+        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, _tandem.Tensor)]
+        dist = self.optimizer._impl if hasattr(self.optimizer, "backward_and_sync") else None
+        try:
+            step = _tandem.record_step(tensors[0].device, body, dist)
+        except Exception as e:  # nothing ran: the step is taken eagerly
+            self._give_up_recording(f"recording the step failed: {e}")
+            return self.train_one_batch(*args, **kwargs)
+        step.replay()
+        self._recorded = {"key": key, "step": step, "out": result.get("out")}
+        return self._recorded["out"]
+
+    @property
+    def replays(self):
+        """How many calls replayed the recorded step."""
+        return self._recorded["step"].replays if self._recorded is not None else 0
 
     def train_one_batch(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} must define train_one_batch() to be called in training mode")

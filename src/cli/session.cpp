@@ -129,16 +129,6 @@ namespace {
 // state, the first two settle the convolution algorithms and the memory the step needs.
 constexpr int64_t kEagerStepsBeforeRecording = 3;
 
-dist::CommStats minus(const dist::CommStats& a, const dist::CommStats& b) {
-  dist::CommStats d;
-  d.steps = a.steps - b.steps;
-  d.collectives = a.collectives - b.collectives;
-  d.bytes_sent = a.bytes_sent - b.bytes_sent;
-  d.bytes_received = a.bytes_received - b.bytes_received;
-  d.skipped_updates = a.skipped_updates - b.skipped_updates;
-  return d;
-}
-
 }  // namespace
 
 StepResult Session::train_step(const Tensor& x, const Tensor& y, bool track) {
@@ -191,7 +181,7 @@ StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track) {
     run_eagerly_because(std::string("recording the step failed: ") + e.what());
     return eager_step(x, y, track);
   }
-  rec->delta = minus(opt_->stats(), before);
+  rec->delta = opt_->stats() - before;
   recorded_ = std::move(rec);
   recorded_->graph->replay();  // this batch's step
   ++replays_;

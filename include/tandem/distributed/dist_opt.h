@@ -52,6 +52,13 @@ struct CommStats {
   int64_t skipped_updates = 0;  // updates skipped for non-finite gradients
 };
 
+/// What the counters of b grew by since a (every field).
+inline CommStats operator-(const CommStats& b, const CommStats& a) {
+  return {b.steps - a.steps,           b.collectives - a.collectives, b.bytes_sent - a.bytes_sent,
+          b.bytes_received - a.bytes_received, b.wait_seconds - a.wait_seconds,
+          b.skipped_updates - a.skipped_updates};
+}
+
 /// One gradient bucket: a range of the gradient buffer holding whole parameters.
 struct BucketInfo {
   int64_t offset = 0, numel = 0;  // the range, in elements
