@@ -65,6 +65,8 @@ Session::Session(const SessionConfig& cfg) : cfg_(cfg) {
   comm_ = dist::init_communicator(device_, std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000)));
   sums_.loss = Tensor::zeros({1}, DType::f32, device_);
   sums_.correct = Tensor::zeros({1}, DType::i64, device_);
+  eval_sums_.loss = Tensor::zeros({1}, DType::f32, device_);
+  eval_sums_.correct = Tensor::zeros({1}, DType::i64, device_);
 }
 
 // The recorded step: what its replays read and write.
@@ -75,6 +77,12 @@ struct Session::Recorded {
   bool track = false, training = true;
   double lr = 0;
   dist::CommStats delta;  // what one step adds to the communication counters
+};
+
+// The recorded evaluation pass: the batch its replays read (they add to eval_sums_.correct).
+struct Session::RecordedEval {
+  std::unique_ptr<DeviceGraph> graph;
+  Tensor x, y;
 };
 
 Session::~Session() = default;
@@ -214,6 +222,49 @@ void Session::reset_sums() {
   sums_.loss.zero_();
   sums_.correct.zero_();
   sums_.samples = 0;
+}
+
+void Session::eval_batch(const Tensor& x, const Tensor& y) {
+  eval_sums_.samples += x.size(0);
+  auto eager = [&](const Tensor& bx, const Tensor& by) { add_correct(model_->forward(bx), by, eval_sums_.correct); };
+  if (recorded_eval_) {
+    RecordedEval& rec = *recorded_eval_;
+    if (x.shape() == rec.x.shape() && y.shape() == rec.y.shape() && x.dtype() == rec.x.dtype() &&
+        y.dtype() == rec.y.dtype() && x.device() == device_ && y.device() == device_) {
+      if (x.data_ptr() != rec.x.data_ptr()) rec.x.copy_(x);
+      if (y.data_ptr() != rec.y.data_ptr()) rec.y.copy_(y);
+      rec.graph->replay();
+      return;
+    }
+    return eager(x, y);  // another shape (the last, smaller batch): the recording stays
+  }
+  if (!cfg_.cuda_graph || eval_given_up_ || !device_.is_cuda()) return eager(x, y);
+  eval_steady_ = x.shape() == eval_shape_ ? eval_steady_ + 1 : 1;
+  eval_shape_ = x.shape();
+  if (eval_steady_ <= 2) return eager(x, y);
+  auto rec = std::make_unique<RecordedEval>();
+  rec->x = x;
+  rec->y = y;
+  try {
+    rec->graph = std::make_unique<DeviceGraph>(device_, [&] { eager(rec->x, rec->y); });
+  } catch (const Error& e) {
+    eval_given_up_ = true;
+    if (lead()) std::fprintf(stderr, "tandem: evaluation runs eagerly: recording it failed: %s\n", e.what());
+    return eager(x, y);
+  }
+  recorded_eval_ = std::move(rec);
+  recorded_eval_->graph->replay();
+}
+
+void Session::reset_eval_sums() {
+  eval_sums_.correct.zero_();
+  eval_sums_.samples = 0;
+}
+
+void Session::aim_at_recorded_eval_batch(Tensor& x, Tensor& y) const {
+  if (!recorded_eval_) return;
+  x = recorded_eval_->x;
+  y = recorded_eval_->y;
 }
 
 void Session::aim_at_recorded_batch(Tensor& x, Tensor& y) const {

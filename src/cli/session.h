@@ -93,6 +93,16 @@ class Session {
   /// otherwise arrive in a tensor of its own, and every batch after it be copied).
   void aim_at_recorded_batch(Tensor& x, Tensor& y) const;
 
+  /// Evaluation of one batch (call in evaluation mode, without gradients): the model's forward, its
+  /// correct predictions added to eval_sums() on the device. With cuda_graph set, after two batches
+  /// of one shape the pass is recorded and later batches of that shape replay it, as train_step does.
+  void eval_batch(const Tensor& x, const Tensor& y);
+  const StepSums& eval_sums() const { return eval_sums_; }
+  /// Zeroes eval_sums() (queued on the device).
+  void reset_eval_sums();
+  /// aim_at_recorded_batch for the recorded evaluation pass.
+  void aim_at_recorded_eval_batch(Tensor& x, Tensor& y) const;
+
   const SessionConfig& config() const { return cfg_; }
   const dist::DistEnv& env() const { return env_; }
   Device device() const { return device_; }
@@ -116,6 +126,7 @@ class Session {
 
  private:
   struct Recorded;
+  struct RecordedEval;
   StepResult eager_step(const Tensor& x, const Tensor& y, bool track);
   StepResult record_step(const Tensor& x, const Tensor& y, bool track);
   StepResult replay_step(const Tensor& x, const Tensor& y);
@@ -136,6 +147,11 @@ class Session {
   Shape steady_shape_;      // the batch shape of the last eager steps
   int64_t steady_steps_ = 0;  // how many in a row had it
   int64_t replays_ = 0;
+  StepSums eval_sums_;
+  std::unique_ptr<RecordedEval> recorded_eval_;
+  bool eval_given_up_ = false;
+  Shape eval_shape_;
+  int64_t eval_steady_ = 0;
 };
 
 }  // namespace tandem::cli

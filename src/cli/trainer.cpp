@@ -292,15 +292,16 @@ EvalStats Trainer::evaluate() {
     s.opt().average_buffers();
   if (cfg_.check_consistency > 0) s.opt().check_consistency();
   s.model().eval();
-  Tally tally(test_loader_->batches_per_epoch(), s.device());
+  s.reset_eval_sums();
   {
     NoGradGuard no_grad;
     data::Batch batch;
     test_loader_->start_epoch(0);
     PrecisionScope scope(s.precision());
-    while (test_loader_->next(batch)) tally.add(nullptr, s.model().forward(batch.x), batch.y);
+    s.aim_at_recorded_eval_batch(batch.x, batch.y);
+    while (test_loader_->next(batch)) s.eval_batch(batch.x, batch.y);
   }
-  auto totals = tally.reduce(s.comm());
+  auto totals = Tally(1, s.device()).reduce(s.comm(), &s.eval_sums());
   EvalStats ev;
   ev.correct = totals[1];
   ev.samples = totals[2];
