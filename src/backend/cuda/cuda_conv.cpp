@@ -259,7 +259,12 @@ bool gemm_path_fits(const ConvGeom& g, const ConvMath& m) {
          g.n * g.c * g.h * g.w <= limit;
 }
 int64_t col_elems(const ConvGeom& g) { return g.n * g.c * g.r * g.s * g.oh * g.ow; }
-size_t gemm_fwd_bytes(const ConvGeom& g) { return static_cast<size_t>(col_elems(g)) * 4; }
+// A 1x1 convolution with stride 1 and no padding: the unfolded input [n][c][p] is the input itself, and
+// the column gradients are the input gradient.
+bool pointwise(const ConvGeom& g) {
+  return g.r == 1 && g.s == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 && g.pad_w == 0;
+}
+size_t gemm_fwd_bytes(const ConvGeom& g) { return pointwise(g) ? 0 : static_cast<size_t>(col_elems(g)) * 4; }
 size_t gemm_bwd_filter_bytes(const ConvGeom& g) {
   return static_cast<size_t>(col_elems(g) + g.n * g.k * g.oh * g.ow) * 4;
 }
@@ -270,8 +275,11 @@ cublasComputeType_t gemm_compute(const ConvMath& m) { return m.tf32 ? CUBLAS_COM
 void gemm_forward(DeviceState& st, const Tensor& x, const Tensor& w, const ConvGeom& g, const ConvMath& m, Tensor& y,
                   void* ws) {
   const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow;
-  auto* col = static_cast<float*>(ws);
-  launch_im2col(x.data<float>(), col, g, crs * p, p, st.stream);
+  const float* col = x.data<float>();
+  if (!pointwise(g)) {
+    launch_im2col(x.data<float>(), static_cast<float*>(ws), g, crs * p, p, st.stream);
+    col = static_cast<const float*>(ws);
+  }
   const float one = 1.0f, zero = 0.0f;
   std::lock_guard<std::mutex> lock(st.cublas_mu);
   TANDEM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
@@ -285,7 +293,7 @@ void gemm_forward(DeviceState& st, const Tensor& x, const Tensor& w, const ConvG
 void gemm_backward_data(DeviceState& st, const Tensor& dy, const Tensor& w, const ConvGeom& g, const ConvMath& m,
                         Tensor& dx, void* ws) {
   const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow;
-  auto* dcol = static_cast<float*>(ws);
+  auto* dcol = pointwise(g) ? dx.data<float>() : static_cast<float*>(ws);
   const float one = 1.0f, zero = 0.0f;
   {
     std::lock_guard<std::mutex> lock(st.cublas_mu);
@@ -295,7 +303,7 @@ void gemm_backward_data(DeviceState& st, const Tensor& dy, const Tensor& w, cons
         &zero, dcol, CUDA_R_32F, static_cast<int>(p), crs * p, static_cast<int>(g.n), gemm_compute(m),
         CUBLAS_GEMM_DEFAULT));
   }
-  launch_col2im(dcol, dx.data<float>(), g, st.stream);
+  if (!pointwise(g)) launch_col2im(dcol, dx.data<float>(), g, st.stream);
 }
 
 // dw (k x crs) = dy as [k][n p] times the columns laid out [crs][n p], transposed: one product whose
