@@ -51,6 +51,11 @@ class NoGradGuard {
 /// as that input's gradient, and the engine then has nothing to add.
 Tensor grad_destination(size_t i);
 
+/// Inside a backward function: the gradient input `i` has received so far in this pass (from the other
+/// ops that read it), when nothing else refers to it, or an undefined tensor. An op may add its
+/// gradient for that input into it and return it; the engine then has nothing to add.
+Tensor grad_add_target(size_t i);
+
 /// Attaches a backward function to an op's output when grad mode is on and an input needs a
 /// gradient; returns out (now carrying the graph node). Used by every differentiable op.
 Tensor record_op(Tensor out, std::initializer_list<Tensor> inputs, const char* name, Node::BackwardFn fn);

@@ -30,8 +30,10 @@ std::shared_ptr<Node> accumulator_for(const Tensor& leaf) {
   return n;
 }
 
-// Where the op running backward may write its inputs' gradients (see grad_destination).
+// Where the op running backward may write its inputs' gradients (see grad_destination), and the
+// gradients it may add into (see grad_add_target).
 thread_local const std::vector<Tensor>* t_destinations = nullptr;
+thread_local const std::vector<Tensor>* t_add_targets = nullptr;
 
 void accumulate(const std::shared_ptr<TensorImpl>& leaf_impl, Tensor g) {
   Tensor leaf(leaf_impl);
@@ -74,6 +76,10 @@ bool grad_enabled() { return t_grad_enabled; }
 
 Tensor grad_destination(size_t i) {
   return t_destinations && i < t_destinations->size() ? (*t_destinations)[i] : Tensor();
+}
+
+Tensor grad_add_target(size_t i) {
+  return t_add_targets && i < t_add_targets->size() ? (*t_add_targets)[i] : Tensor();
 }
 
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
@@ -152,25 +158,42 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
       if (on_grad_ready) on_grad_ready(Tensor(n->leaf));
       continue;
     }
-    std::vector<Tensor> grads;
+    std::vector<Tensor> grads, add_to;
     if (g.defined()) {
       TANDEM_CHECK(static_cast<bool>(n->backward), "backward through the graph of '", n->name,
                    "' a second time: the graph is freed after each backward; run the forward pass again");
-      // A leaf whose zeroed buffer this op alone feeds can take the gradient in place.
+      // A leaf whose zeroed buffer this op alone feeds can take the gradient in place; a gradient
+      // other ops have begun and nothing else holds can take this op's share added in place.
       std::vector<Tensor> dest(n->next.size());
-      bool any = false;
+      add_to.assign(n->next.size(), Tensor());
+      bool any_dest = false, any_add = false;
       for (size_t i = 0; i < n->next.size(); ++i) {
         Node* c = n->next[i].get();
-        if (c && c->leaf && c->leaf->grad && c->leaf->grad_zeroed && deps[c] == 1 && !pending.count(c)) {
-          dest[i] = Tensor(c->leaf->grad);
-          any = true;
+        if (!c) continue;
+        auto it = pending.find(c);
+        if (it == pending.end()) {
+          if (c->leaf && c->leaf->grad && c->leaf->grad_zeroed && deps[c] == 1) {
+            dest[i] = Tensor(c->leaf->grad);
+            any_dest = true;
+          }
+        } else if (it->second.defined() && it->second.impl_ptr().use_count() == 1 &&
+                   it->second.impl()->storage.use_count() == 1) {
+          add_to[i] = it->second;
+          any_add = true;
         }
       }
+      for (size_t i = 0; i < n->next.size(); ++i)  // an input read twice by this op takes no shortcut
+        for (size_t j = i + 1; j < n->next.size(); ++j)
+          if (n->next[i] && n->next[i] == n->next[j]) dest[i] = dest[j] = add_to[i] = add_to[j] = Tensor();
       struct Scope {
-        const std::vector<Tensor>* prev;
-        ~Scope() { t_destinations = prev; }
-      } scope{t_destinations};
-      t_destinations = any ? &dest : nullptr;
+        const std::vector<Tensor>*prev_dest, *prev_add;
+        ~Scope() {
+          t_destinations = prev_dest;
+          t_add_targets = prev_add;
+        }
+      } scope{t_destinations, t_add_targets};
+      t_destinations = any_dest ? &dest : nullptr;
+      t_add_targets = any_add ? &add_to : nullptr;
       grads = n->backward(g);
       TANDEM_ASSERT(grads.size() == n->next.size(), n->name, " returned ", grads.size(), " gradients for ",
                     n->next.size(), " inputs");
@@ -181,7 +204,11 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
       if (!c) continue;
       if (i < grads.size() && grads[i].defined()) {
         Tensor& slot = pending[c];
-        slot = slot.defined() ? ops::binary_raw(backend::Binary::Add, slot, grads[i]) : std::move(grads[i]);
+        if (!slot.defined())
+          slot = std::move(grads[i]);
+        else if (!(i < add_to.size() && add_to[i].defined() && grads[i].impl() == add_to[i].impl()))
+          // (else the op added its share into the slot it was offered)
+          slot = ops::binary_raw(backend::Binary::Add, slot, grads[i]);
       }
       if (--deps[c] == 0) ready.push({c});
     }

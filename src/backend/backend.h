@@ -143,7 +143,9 @@ class Backend {
   /// y = conv(x, w) + b, then max(y, 0) when relu.
   virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y,
                               bool relu = false) = 0;
-  virtual void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) = 0;
+  /// dx = the input gradient; with accumulate, dx += it (dx holds a gradient already).
+  virtual void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx,
+                                    bool accumulate = false) = 0;
   virtual void conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw,
                                       Tensor& db) = 0;
 

@@ -61,9 +61,16 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
       dy = masked;
     }
     if (sw.defined()) {
-      dx = g.nhwc ? empty_channels_last({g.n, g.c, g.h, g.w}, cdt, dy.device())
-                  : Tensor::empty({g.n, g.c, g.h, g.w}, cdt, dy.device());
-      be(dy).conv2d_backward_data(dy, sw, g, dx);
+      // Where another op's gradient for x has arrived already (a residual connection), this one is
+      // added into it by the convolution itself.
+      Tensor acc = grad_add_target(0);
+      const bool into = acc.defined() && x_dtype == cdt && acc.dtype() == cdt &&
+                        acc.shape() == Shape({g.n, g.c, g.h, g.w}) &&
+                        (g.nhwc ? strictly_channels_last(acc) : acc.is_contiguous());
+      dx = into ? acc
+           : g.nhwc ? empty_channels_last({g.n, g.c, g.h, g.w}, cdt, dy.device())
+                    : Tensor::empty({g.n, g.c, g.h, g.w}, cdt, dy.device());
+      be(dy).conv2d_backward_data(dy, sw, g, dx, into);
       if (x_dtype != cdt) dx = to_dense(dx, x_dtype, g.nhwc);
     }
     if (need_w || (need_b && !sy.defined())) {

@@ -130,6 +130,63 @@ TEST(Autograd, LayersWriteParameterGradientsIntoZeroedBuffers) {
   }
 }
 
+// When one op's gradient for a tensor has arrived and nothing else holds it, the next op that reads
+// the tensor may add its share into it; an op that does not is added by the engine as before.
+TEST(Autograd, AGradientBegunByOneOpTakesTheNextShareInPlace) {
+  Tensor w = leaf({1.0, 2.0});
+  Tensor h = scale(w, 1.0);  // an intermediate read by two ops below
+  int offered = 0;
+  auto doubling = [&](const Tensor& x) {
+    return record_op(x.detach().clone(), {x}, "double_grad", [&](const Tensor& g) {
+      Tensor acc = grad_add_target(0);
+      if (!acc.defined()) return std::vector<Tensor>{scale(g, 2.0)};
+      ++offered;
+      acc.copy_(add(acc, scale(g, 2.0)));
+      return std::vector<Tensor>{acc};
+    });
+  };
+  // The later op's backward runs first and begins h's gradient; the earlier one adds into it.
+  Tensor first = doubling(h);
+  Tensor second = scale(h, 3.0);
+  backward(sum(add(first, second)));
+  EXPECT_EQ(offered, 1);
+  expect_values(w.grad(), {5.0, 5.0});
+  // add's backward hands one tensor to both its inputs: shared, so never offered.
+  w.set_grad(Tensor());
+  offered = 0;
+  Tensor h2 = scale(w, 1.0);
+  backward(sum(doubling(add(h2, h2))));
+  EXPECT_EQ(offered, 0);
+  expect_values(w.grad(), {4.0, 4.0});
+}
+
+// A convolution whose input also feeds a residual connection adds its input gradient into the one
+// the connection brought, with the values of separate gradients added.
+TEST(Autograd, ConvolutionAddsIntoAResidualGradient) {
+  Generator gen(9);
+  Tensor x0 = Tensor::uniform({2, 3, 5, 5}, -1.0, 1.0, gen).requires_grad_();
+  Tensor w = Tensor::uniform({3, 3, 3, 3}, -1.0, 1.0, gen).requires_grad_();
+  Conv2dOptions same;
+  same.padding = {1, 1};
+  auto loss = [&](bool residual) {
+    Tensor h = scale(x0, 1.5);
+    Tensor y = conv2d(h, w, Tensor(), same);
+    Tensor out = residual ? add(mul(y, y), h) : mul(y, y);
+    return sum(mul(out, out));
+  };
+  backward(loss(true));
+  Tensor got = x0.grad().clone();
+  // The same gradient by hand: the residual path's share computed apart, then added.
+  x0.set_grad(Tensor());
+  Tensor h = scale(x0.detach(), 1.5).requires_grad_();
+  Tensor y = conv2d(h, w.detach(), Tensor(), same);
+  Tensor out = add(mul(y, y), h.detach());
+  backward(sum(mul(out, out)));  // the conv path
+  Tensor want = add(scale(h.grad(), 1.5), scale(scale(out.detach(), 2.0), 1.5));
+  const std::vector<double> g = got.to_vector<double>(), wv = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], wv[i], 1e-5 * std::fabs(wv[i]) + 1e-6) << i;
+}
+
 TEST(Autograd, GradReadyHookFiresOncePerLeafWithItsFinalGradient) {
   // loss = sum(tanh(a * b) * a + b): a and b are each used at two depths.
   const std::vector<double> av{0.3, -1.2, 0.8}, bv{1.5, 0.4, -0.7};

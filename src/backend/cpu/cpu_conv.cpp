@@ -336,7 +336,14 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   if (relu) unary(Unary::Relu, y, y);
 }
 
-void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) {
+void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx,
+                                      bool accumulate) {
+  if (accumulate) {  // the CPU gains nothing from fusing: compute, then add
+    Tensor part = Tensor::empty(dx.shape(), dx.dtype(), dx.device());
+    conv2d_backward_data(dy, w, g, part, false);
+    binary(Binary::Add, dx, part, dx);
+    return;
+  }
   TANDEM_ASSERT(!g.nhwc, "the CPU backend takes NCHW inputs only");
   TANDEM_ASSERT(dy.numel() == g.n * g.k * g.oh * g.ow && w.numel() == g.k * g.c * g.r * g.s &&
                     dx.numel() == g.n * g.c * g.h * g.w,

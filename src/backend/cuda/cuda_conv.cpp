@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "core/tensor_impl.h"
 #include "tandem/precision.h"
 
 namespace tandem::backend {
@@ -290,8 +291,10 @@ void gemm_forward(DeviceState& st, const Tensor& x, const Tensor& w, const ConvG
 }
 
 // dcol[n] (crs x p) = w^T (crs x k) * dy[n] (k x p), then folded back onto dx.
+// accumulate (pointwise convolutions only): dx += the gradient, through the product's beta.
 void gemm_backward_data(DeviceState& st, const Tensor& dy, const Tensor& w, const ConvGeom& g, const ConvMath& m,
-                        Tensor& dx, void* ws) {
+                        Tensor& dx, void* ws, bool accumulate) {
+  TANDEM_ASSERT(!accumulate || pointwise(g), "conv2d backward: accumulating through col2im");
   const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow;
   auto* dcol = pointwise(g) ? dx.data<float>() : static_cast<float*>(ws);
   const float one = 1.0f, zero = 0.0f;
@@ -300,7 +303,8 @@ void gemm_backward_data(DeviceState& st, const Tensor& dy, const Tensor& w, cons
     TANDEM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         st.cublas, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(p), static_cast<int>(crs), static_cast<int>(g.k), &one,
         dy.data_ptr(), CUDA_R_32F, static_cast<int>(p), g.k * p, w.data_ptr(), CUDA_R_32F, static_cast<int>(crs), 0,
-        &zero, dcol, CUDA_R_32F, static_cast<int>(p), crs * p, static_cast<int>(g.n), gemm_compute(m),
+        accumulate ? &one : &zero, dcol, CUDA_R_32F, static_cast<int>(p), crs * p, static_cast<int>(g.n),
+        gemm_compute(m),
         CUBLAS_GEMM_DEFAULT));
   }
   if (!pointwise(g)) launch_col2im(dcol, dx.data<float>(), g, st.stream);
@@ -428,13 +432,28 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
     bias_add(y, b, n, g.k, s, y);
 }
 
-void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx) {
+void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx,
+                                       bool accumulate) {
   const ConvMath math = check_conv(g, dx, w, dy, "conv2d backward");
   if (dx.numel() == 0) return;
   DeviceState& st = state_for(dx);
   if (dy.numel() == 0) {
-    fill(dx, 0.0);
+    if (!accumulate) fill(dx, 0.0);
     return;
+  }
+  if (accumulate) {
+    bool searched;
+    {
+      std::lock_guard<std::mutex> lock(st.cudnn_mu);
+      searched = st.conv->plan(g, math).has_bwd_data;
+    }
+    if (!searched) {  // the algorithm search writes its output: let it write a temporary, then add
+      // A dense tensor laid out as dx (channels-last or not).
+      Tensor part = as_strided(Tensor::empty({dx.numel()}, dx.dtype(), dx.device()), dx.shape(), dx.strides(), 0);
+      conv2d_backward_data(dy, w, g, part, false);
+      binary(Binary::Add, dx, part, dx);
+      return;
+    }
   }
   cudnnHandle_t h = cudnn_handle(st);
   std::lock_guard<std::mutex> lock(st.cudnn_mu);
@@ -462,18 +481,25 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
             TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv,
                                                             p.bwd_data, ws, p.bwd_data_ws, &zero, p.x, dx.data_ptr()));
           },
-          [&] { gemm_backward_data(st, dy, w, g, math, dx, ws); });
+          [&] { gemm_backward_data(st, dy, w, g, math, dx, ws, false); });
     }
     p.has_bwd_data = true;
   }
   if (p.bwd_data_gemm) {
-    gemm_backward_data(st, dy, w, g, math, dx, conv_workspace(st, gemm_fwd_bytes(g)));
+    if (accumulate && !pointwise(g)) {  // col2im writes whole positions: fold into a temporary, then add
+      Tensor part = Tensor::empty(dx.shape(), dx.dtype(), dx.device());  // the gemm path is NCHW
+      gemm_backward_data(st, dy, w, g, math, part, conv_workspace(st, gemm_fwd_bytes(g)), false);
+      binary(Binary::Add, dx, part, dx);
+      return;
+    }
+    gemm_backward_data(st, dy, w, g, math, dx, conv_workspace(st, gemm_fwd_bytes(g)), accumulate);
     return;
   }
+  // cuDNN blends: dx = 1 * gradient + beta * dx.
   TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_data_math));
   void* ws = conv_workspace(st, p.bwd_data_ws);
   TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.bwd_data,
-                                                  ws, p.bwd_data_ws, &zero, p.x, dx.data_ptr()));
+                                                  ws, p.bwd_data_ws, accumulate ? &one : &zero, p.x, dx.data_ptr()));
 }
 
 void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw,
