@@ -120,6 +120,10 @@ void bind_ops(nb::module_& m) {
       .value("f16", Precision::f16);
   m.def("parse_precision", [](const std::string& s) { return parse_precision(s); }, nb::arg("name"));
   m.def("current_precision", &current_precision, "The precision ops on this thread run at now.");
+  m.def("set_deterministic_algorithms", &set_deterministic_algorithms, nb::arg("on"),
+        "GPU convolutions take only algorithms that give the same bits on every run (as tandem train "
+        "--deterministic).");
+  m.def("deterministic_algorithms", &deterministic_algorithms);
   m.def("default_precision", [](nb::handle d) { return default_precision(to_device(d)); }, nb::arg("device").none(),
         "tf32 on CUDA, f32 on the CPU.");
   nb::class_<PrecisionBlock>(m, "precision",

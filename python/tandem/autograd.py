@@ -10,3 +10,5 @@ precision = _tandem.precision
 Precision = _tandem.Precision
 current_precision = _tandem.current_precision
 default_precision = _tandem.default_precision
+set_deterministic_algorithms = _tandem.set_deterministic_algorithms
+deterministic_algorithms = _tandem.deterministic_algorithms
