@@ -8,7 +8,7 @@ whole (a CUDA graph): after three eager calls with the same input tensors, the f
 (copy each batch into the same tensors, as the guide's scripts do with ``copy_from_numpy``) and
 rewriting the tensors ``train_one_batch`` returned. Python code in ``train_one_batch`` runs only when
 the step is recorded. Other input tensors, another learning rate or precision run eagerly (and are
-recorded in turn); steps that cannot be recorded (the CPU, more than one rank, Adam, loss scaling)
+recorded in turn); steps that cannot be recorded (the CPU, ranks over Gloo, Adam, loss scaling)
 run eagerly, with the reason printed once."""
 import json
 import sys

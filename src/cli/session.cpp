@@ -192,6 +192,7 @@ StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track) {
   rec->delta = opt_->stats() - before;
   recorded_ = std::move(rec);
   recorded_->graph->replay();  // this batch's step
+  if (world() > 1) comm_->watch("a recorded training step");
   ++replays_;
   return recorded_->out;
 }
@@ -201,6 +202,7 @@ StepResult Session::replay_step(const Tensor& x, const Tensor& y) {
   if (x.data_ptr() != rec.x.data_ptr()) rec.x.copy_(x);
   if (y.data_ptr() != rec.y.data_ptr()) rec.y.copy_(y);
   rec.graph->replay();
+  if (world() > 1) comm_->watch("a recorded training step");  // its collectives, held to the timeout
   opt_->count_replayed_step(rec.delta);
   ++replays_;
   return rec.out;

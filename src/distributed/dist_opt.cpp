@@ -286,7 +286,8 @@ bool DistOpt::step_capturable() const { return impl_->partial() || impl_->reduce
 std::string DistOpt::replay_blocker() const {
   const Impl& m = *impl_;
   if (!comm_->device().is_cuda()) return "steps on " + comm_->device().str() + " run their kernels as they come";
-  if (comm_->size() > 1) return "steps of more than one rank are not recorded: their collectives run as issued";
+  if (comm_->size() > 1 && !comm_->records_collectives())
+    return "steps of more than one rank over " + comm_->backend_name() + " are not recorded: its collectives run as issued";
   if (m.options_.skip_nonfinite) return "f16 loss scaling decides on the host whether a step is skipped";
   if (m.no_sync_depth_ > 0 || m.accumulating_) return "gradients are being accumulated over micro-batches";
   if (!step_capturable()) return m.active_.method + " sends a number of values known only on the host";

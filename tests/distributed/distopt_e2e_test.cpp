@@ -133,6 +133,27 @@ TEST(DistOptEndToEnd, TandemLaunchTwoGpus) {
   expect_one_report(r, "nccl");
 }
 
+// Two ranks on two GPUs record the step with its NCCL all-reduces and replay it: nothing falls back to
+// eager steps, and the figures match a run with every step eager (up to rounding: two processes may
+// time their way to different convolution algorithms).
+TEST(DistOptEndToEnd, TandemLaunchTwoGpusRecordsTheStepWithItsAllReduces) {
+  REQUIRE_TWO_GPUS();
+  REQUIRE_DATASET();
+  std::vector<std::string> cmd = train_command("cuda");
+  for (const char* a : {"--precision", "f32", "--deterministic"}) cmd.push_back(a);
+  std::vector<std::string> eager = cmd;
+  eager.push_back("--cuda-graph");
+  eager.push_back("off");
+  ProcResult on = run_process(under_tandem_launch(cmd), {}, 300), off = run_process(under_tandem_launch(eager), {}, 300);
+  const std::string a = expect_one_report(on, "nccl"), b = expect_one_report(off, "nccl");
+  EXPECT_FALSE(contains(on.output, "run eagerly")) << on.output;
+  std::smatch ma, mb;
+  const std::regex train(R"(Training loss = ([0-9.]+), training accuracy = ([0-9.]+))");
+  ASSERT_TRUE(std::regex_search(a, ma, train) && std::regex_search(b, mb, train)) << a << "\n" << b;
+  EXPECT_NEAR(std::stod(ma.str(1)), std::stod(mb.str(1)), 1e-3 * std::stod(mb.str(1))) << a << "\n" << b;
+  EXPECT_NEAR(std::stod(ma.str(2)), std::stod(mb.str(2)), 0.01) << a << "\n" << b;
+}
+
 TEST(DistOptEndToEnd, MpiexecTwoGpus) {
   REQUIRE_TWO_GPUS();
   REQUIRE_DATASET();

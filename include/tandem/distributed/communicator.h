@@ -54,6 +54,12 @@ class Communicator {
   virtual void barrier() = 0;
   /// A collective that has not finished after this long fails, naming the collective and rank.
   virtual void set_timeout(std::chrono::milliseconds t) = 0;
+  /// Whether collectives issued while the device's work is being recorded (DeviceGraph) are recorded
+  /// with it and run again by every replay (NCCL's are).
+  virtual bool records_collectives() const { return false; }
+  /// Holds the device work queued so far (a replayed step and the collectives in it) to the same
+  /// timeout as a collective, naming `what` when it is late.
+  virtual void watch(const char* what) {}
 };
 
 }  // namespace tandem::dist

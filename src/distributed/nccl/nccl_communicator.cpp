@@ -119,6 +119,8 @@ class NcclCommunicator final : public Communicator {
     TANDEM_CHECK(t.count() > 0, "set_timeout: the timeout must be positive");
     timeout_ms_.store(t.count());
   }
+  bool records_collectives() const override { return true; }
+  void watch(const char* what) override;
 
  private:
   // Queues the NCCL calls of one collective on the communication stream; the caller checks arguments.
@@ -382,17 +384,33 @@ std::shared_ptr<Pending> NcclCommunicator::issue(const char* name, std::vector<T
   p->name = name;
   p->keep = std::move(keep);
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
+  // While the compute stream is being recorded, the communication stream joins the recording through
+  // these events, and the collective becomes part of the graph: the watchdog watches its replays
+  // (watch), not this call, whose events never fire.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TANDEM_CUDA_CHECK(cudaStreamIsCapturing(cuda::compute_stream(device_), &capture));
   TANDEM_CUDA_CHECK(cudaEventRecord(ready_, cuda::compute_stream(device_)));
   TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   p->start = Clock::now();
   note_collective();
   calls();
   TANDEM_CUDA_CHECK(cudaEventRecord(p->done, stream_));
-  {
+  if (capture == cudaStreamCaptureStatusNone) {
     std::lock_guard<std::mutex> plock(pending_mu_);
     pending_.push_back(p);
   }
   return p;
+}
+
+void NcclCommunicator::watch(const char* what) {
+  cuda::set_device(device_);
+  auto p = std::make_shared<Pending>();
+  p->name = what;
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaEventRecord(p->done, cuda::compute_stream(device_)));
+  p->start = Clock::now();
+  std::lock_guard<std::mutex> plock(pending_mu_);
+  pending_.push_back(p);
 }
 
 WorkPtr NcclCommunicator::all_reduce(Tensor& t, ReduceOp op) {
