@@ -69,10 +69,11 @@ class Model(Layer):
     # ---- recorded steps
     def _step_key(self, args, kwargs):
         """What a replay must match: the input tensors (address, shape, dtype), the other arguments,
-        the learning rate and the precision in effect; None where nothing can be recorded."""
+        the learning rate and the precision in effect; and the device to record on. (None, None) where
+        nothing can be recorded."""
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, _tandem.Tensor)]
         if not tensors or not _tandem.graph_supported(tensors[0].device):
-            return None
+            return None, None
         parts = []
         for a in list(args) + [kwargs[k] for k in sorted(kwargs)]:
             if isinstance(a, _tandem.Tensor):
@@ -80,7 +81,7 @@ class Model(Layer):
             else:
                 parts.append(("value", repr(a)))
         lr = self.optimizer.lr if self.optimizer is not None else None
-        return (tuple(sorted(kwargs)), tuple(parts), lr, str(_tandem.current_precision()))
+        return (tuple(sorted(kwargs)), tuple(parts), lr, str(_tandem.current_precision())), tensors[0].device
 
     def _replay_blocker(self):
         opt = self.optimizer
@@ -98,7 +99,7 @@ class Model(Layer):
             print(f"tandem: steps run eagerly: {why}", file=sys.stderr, flush=True)
 
     def _recorded_step(self, args, kwargs):
-        key = self._step_key(args, kwargs)
+        key, dev = self._step_key(args, kwargs)
         if key is None:
             return self.train_one_batch(*args, **kwargs)
         rec = self._recorded
@@ -120,10 +121,9 @@ class Model(Layer):
         def body():
             result["out"] = self.train_one_batch(*args, **kwargs)
 
-        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, _tandem.Tensor)]
         dist = self.optimizer._impl if hasattr(self.optimizer, "backward_and_sync") else None
         try:
-            step = _tandem.record_step(tensors[0].device, body, dist)
+            step = _tandem.record_step(dev, body, dist)
         except Exception as e:  # nothing ran: the step is taken eagerly
             self._give_up_recording(f"recording the step failed: {e}")
             return self.train_one_batch(*args, **kwargs)

@@ -182,7 +182,7 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
           any_add = true;
         }
       }
-      for (size_t i = 0; i < n->next.size(); ++i)  // an input read twice by this op takes no shortcut
+      for (size_t i = 0; (any_dest || any_add) && i < n->next.size(); ++i)  // an input read twice takes none
         for (size_t j = i + 1; j < n->next.size(); ++j)
           if (n->next[i] && n->next[i] == n->next[j]) dest[i] = dest[j] = add_to[i] = add_to[j] = Tensor();
       struct Scope {

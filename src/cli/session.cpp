@@ -69,20 +69,28 @@ Session::Session(const SessionConfig& cfg) : cfg_(cfg) {
   eval_sums_.correct = Tensor::zeros({1}, DType::i64, device_);
 }
 
-// The recorded step: what its replays read and write.
-struct Session::Recorded {
+// A recording that reads one batch (the training step, the evaluation pass).
+struct Session::RecordedBatch {
   std::unique_ptr<DeviceGraph> graph;
-  Tensor x, y;     // the batch every replay reads
+  Tensor x, y;  // the batch every replay reads
+  bool fits(const Tensor& bx, const Tensor& by, Device d) const {
+    return bx.shape() == x.shape() && by.shape() == y.shape() && bx.dtype() == x.dtype() && by.dtype() == y.dtype() &&
+           bx.device() == d && by.device() == d;
+  }
+  /// Replays on the batch (bx, by), copied into the recorded one unless it is that batch.
+  void replay(const Tensor& bx, const Tensor& by) {
+    if (bx.data_ptr() != x.data_ptr()) x.copy_(bx);
+    if (by.data_ptr() != y.data_ptr()) y.copy_(by);
+    graph->replay();
+  }
+};
+
+// The recorded step: what its replays read and write.
+struct Session::Recorded : RecordedBatch {
   StepResult out;  // rewritten by every replay
   bool track = false, training = true;
   double lr = 0;
   dist::CommStats delta;  // what one step adds to the communication counters
-};
-
-// The recorded evaluation pass: the batch its replays read (they add to eval_sums_.correct).
-struct Session::RecordedEval {
-  std::unique_ptr<DeviceGraph> graph;
-  Tensor x, y;
 };
 
 Session::~Session() = default;
@@ -199,9 +207,7 @@ StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track) {
 
 StepResult Session::replay_step(const Tensor& x, const Tensor& y) {
   Recorded& rec = *recorded_;
-  if (x.data_ptr() != rec.x.data_ptr()) rec.x.copy_(x);
-  if (y.data_ptr() != rec.y.data_ptr()) rec.y.copy_(y);
-  rec.graph->replay();
+  rec.replay(x, y);
   if (world() > 1) comm_->watch("a recorded training step");  // its collectives, held to the timeout
   opt_->count_replayed_step(rec.delta);
   ++replays_;
@@ -210,9 +216,8 @@ StepResult Session::replay_step(const Tensor& x, const Tensor& y) {
 
 bool Session::fits_recording(const Tensor& x, const Tensor& y, bool track) const {
   const Recorded& rec = *recorded_;
-  return x.shape() == rec.x.shape() && y.shape() == rec.y.shape() && x.dtype() == rec.x.dtype() &&
-         y.dtype() == rec.y.dtype() && x.device() == device_ && y.device() == device_ && track == rec.track &&
-         model_->is_training() == rec.training && opt_->optimizer().lr() == rec.lr;
+  return rec.fits(x, y, device_) && track == rec.track && model_->is_training() == rec.training &&
+         opt_->optimizer().lr() == rec.lr;
 }
 
 void Session::run_eagerly_because(const std::string& why) {
@@ -230,21 +235,14 @@ void Session::eval_batch(const Tensor& x, const Tensor& y) {
   eval_sums_.samples += x.size(0);
   auto eager = [&](const Tensor& bx, const Tensor& by) { add_correct(model_->forward(bx), by, eval_sums_.correct); };
   if (recorded_eval_) {
-    RecordedEval& rec = *recorded_eval_;
-    if (x.shape() == rec.x.shape() && y.shape() == rec.y.shape() && x.dtype() == rec.x.dtype() &&
-        y.dtype() == rec.y.dtype() && x.device() == device_ && y.device() == device_) {
-      if (x.data_ptr() != rec.x.data_ptr()) rec.x.copy_(x);
-      if (y.data_ptr() != rec.y.data_ptr()) rec.y.copy_(y);
-      rec.graph->replay();
-      return;
-    }
+    if (recorded_eval_->fits(x, y, device_)) return recorded_eval_->replay(x, y);
     return eager(x, y);  // another shape (the last, smaller batch): the recording stays
   }
   if (!cfg_.cuda_graph || eval_given_up_ || !device_.is_cuda()) return eager(x, y);
   eval_steady_ = x.shape() == eval_shape_ ? eval_steady_ + 1 : 1;
   eval_shape_ = x.shape();
   if (eval_steady_ <= 2) return eager(x, y);
-  auto rec = std::make_unique<RecordedEval>();
+  auto rec = std::make_unique<RecordedBatch>();
   rec->x = x;
   rec->y = y;
   try {

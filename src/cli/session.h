@@ -125,8 +125,8 @@ class Session {
   std::string where() const;
 
  private:
+  struct RecordedBatch;
   struct Recorded;
-  struct RecordedEval;
   StepResult eager_step(const Tensor& x, const Tensor& y, bool track);
   StepResult record_step(const Tensor& x, const Tensor& y, bool track);
   StepResult replay_step(const Tensor& x, const Tensor& y);
@@ -148,7 +148,7 @@ class Session {
   int64_t steady_steps_ = 0;  // how many in a row had it
   int64_t replays_ = 0;
   StepSums eval_sums_;
-  std::unique_ptr<RecordedEval> recorded_eval_;
+  std::unique_ptr<RecordedBatch> recorded_eval_;
   bool eval_given_up_ = false;
   Shape eval_shape_;
   int64_t eval_steady_ = 0;

@@ -22,11 +22,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
   size_t size = round_size(nbytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(size);
-    if (it != free_.end()) {
-      void* p = it->second;
-      free_.erase(it);
-      cached_ -= size;
+    if (void* p = pop_cached(size)) {
       in_use_ += size;
       peak_ = std::max(peak_, in_use_);
       return p;
@@ -54,15 +50,18 @@ void CachingAllocator::deallocate(void* p, size_t nbytes) {
   cached_ += size;
 }
 
-void* CachingAllocator::take_cached(size_t nbytes) {
-  const size_t size = round_size(nbytes);
-  std::lock_guard<std::mutex> lock(mu_);
+void* CachingAllocator::pop_cached(size_t size) {
   auto it = free_.find(size);
   if (it == free_.end()) return nullptr;
   void* p = it->second;
   free_.erase(it);
   cached_ -= size;
   return p;
+}
+
+void* CachingAllocator::take_cached(size_t nbytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pop_cached(round_size(nbytes));
 }
 
 void CachingAllocator::release_cached() {

@@ -42,6 +42,7 @@ class CachingAllocator : public Allocator {
   void reset_peak();
 
  private:
+  void* pop_cached(size_t size);  // a cached block of exactly this rounded size, or null; mu_ held
   std::string name_;
   RawAlloc raw_alloc_;
   RawFree raw_free_;

@@ -21,7 +21,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     PrecisionScope scope(prec);
     Tensor da = sb.defined() ? gemm_raw(false, true, g, sb) : Tensor();
     Tensor db;
-    if (sa.defined()) db = gemm_raw(true, false, sa, g, grad_buffer(1, {sa.size(1), g.size(1)}, g.dtype(), g.device()));
+    if (sa.defined()) db = gemm_raw(true, false, sa, g, grad_buffer(1, {sa.size(1), g.size(1)}, sa.dtype(), g.device()));
     return std::vector<Tensor>{da, db};
   });
 }

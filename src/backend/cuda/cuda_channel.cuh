@@ -117,6 +117,23 @@ inline bool aligned16(std::initializer_list<const void*> ptrs) {
 /// is a multiple of V) or one channel (planes whose size is a multiple of V).
 inline bool packable(const Layout& l, int v) { return l.rows ? l.c % v == 0 : l.s % v == 0; }
 
+/// Per-channel values (N of them) for a pack of V elements, in float.
+template <int V, int N>
+struct Coef {
+  float v[N][V];
+};
+
+/// The values of src[j][channel] for the pack's channels ch0 + u * STEP (STEP 0: one channel, loaded once).
+template <int V, int STEP, int N, typename P, typename I>
+__device__ __forceinline__ Coef<V, N> load_coef(I ch0, const P* const (&src)[N]) {
+  Coef<V, N> k;
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int u = 0; u < V; ++u) k.v[j][u] = STEP == 0 && u > 0 ? k.v[j][0] : kern::to_float(src[j][ch0 + u * STEP]);
+  return k;
+}
+
 // Maps. An op gives coef<V, STEP>(ch0): its per-channel values for the V elements of a pack (channels
 // ch0 + u * STEP), and apply<V>(i0, coef) for elements i0 .. i0 + V - 1. Rows keep each thread on fixed
 // channels (values loaded once per thread); planes load them once per pack (one channel per pack).

@@ -442,13 +442,15 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
     return;
   }
   if (accumulate) {
-    bool searched;
+    // cuDNN and the pointwise product add through their beta; the algorithm search (which writes its
+    // output) and col2im (which writes whole positions) take a temporary, added afterwards.
+    bool direct;
     {
       std::lock_guard<std::mutex> lock(st.cudnn_mu);
-      searched = st.conv->plan(g, math).has_bwd_data;
+      const ConvPlan& p = st.conv->plan(g, math);
+      direct = p.has_bwd_data && (!p.bwd_data_gemm || pointwise(g));
     }
-    if (!searched) {  // the algorithm search writes its output: let it write a temporary, then add
-      // A dense tensor laid out as dx (channels-last or not).
+    if (!direct) {
       Tensor part = as_strided(Tensor::empty({dx.numel()}, dx.dtype(), dx.device()), dx.shape(), dx.strides(), 0);
       conv2d_backward_data(dy, w, g, part, false);
       binary(Binary::Add, dx, part, dx);
@@ -486,16 +488,9 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
     p.has_bwd_data = true;
   }
   if (p.bwd_data_gemm) {
-    if (accumulate && !pointwise(g)) {  // col2im writes whole positions: fold into a temporary, then add
-      Tensor part = Tensor::empty(dx.shape(), dx.dtype(), dx.device());  // the gemm path is NCHW
-      gemm_backward_data(st, dy, w, g, math, part, conv_workspace(st, gemm_fwd_bytes(g)), false);
-      binary(Binary::Add, dx, part, dx);
-      return;
-    }
     gemm_backward_data(st, dy, w, g, math, dx, conv_workspace(st, gemm_fwd_bytes(g)), accumulate);
     return;
   }
-  // cuDNN blends: dx = 1 * gradient + beta * dx.
   TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_data_math));
   void* ws = conv_workspace(st, p.bwd_data_ws);
   TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.bwd_data,

@@ -108,24 +108,18 @@ struct BiasOp {
   const T* x;
   const B* b;
   T* out;
-  template <int V>
-  struct Coef {
-    float b[V];
-  };
   template <int V, int STEP, typename I>
-  __device__ __forceinline__ Coef<V> coef(I ch0) const {
-    Coef<V> k;
-#pragma unroll
-    for (int u = 0; u < V; ++u) k.b[u] = !b ? 0.0f : STEP == 0 && u > 0 ? k.b[0] : to_float(b[ch0 + u * STEP]);
-    return k;
+  __device__ __forceinline__ chan::Coef<V, 1> coef(I ch0) const {
+    if (!b) return {};
+    return chan::load_coef<V, STEP>(ch0, {b});
   }
   template <int V, typename I>
-  __device__ __forceinline__ void apply(I i0, const Coef<V>& k) const {
+  __device__ __forceinline__ void apply(I i0, const chan::Coef<V, 1>& k) const {
     const Pack<T, V> xv = load_pack<V>(x, i0);
     Pack<T, V> ov;
 #pragma unroll
     for (int u = 0; u < V; ++u) {
-      float v = to_float(xv.v[u]) + k.b[u];
+      float v = to_float(xv.v[u]) + k.v[0][u];
       if (RELU) v = v > 0.0f ? v : 0.0f;
       ov.v[u] = from_float<T>(v);
     }

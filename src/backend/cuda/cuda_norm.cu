@@ -16,6 +16,8 @@ namespace {
 using kern::from_float;
 using kern::to_float;
 
+using chan::Coef;
+using chan::load_coef;
 using chan::load_pack;
 using chan::Pack;
 using chan::store_pack;
@@ -56,22 +58,6 @@ struct StatsFinish {
     shift[ch] = static_cast<float>(beta[ch] - mean * sc);
   }
 };
-
-// Per-channel values for a pack of V elements (channels ch0 + u * STEP).
-template <int V, int N>
-struct Coef {
-  float v[N][V];
-};
-
-template <int V, int STEP, int N, typename I>
-__device__ __forceinline__ Coef<V, N> load_coef(I ch0, const float* const (&src)[N]) {
-  Coef<V, N> k;
-#pragma unroll
-  for (int j = 0; j < N; ++j)
-#pragma unroll
-    for (int u = 0; u < V; ++u) k.v[j][u] = STEP == 0 && u > 0 ? k.v[j][0] : src[j][ch0 + u * STEP];
-  return k;
-}
 
 // y = x * scale[c] + shift[c] (+ z), then max(., 0) with relu.
 template <typename T, bool RELU>

@@ -184,14 +184,26 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ dy, const int32_t
 // Channels-last storage with a channel count that packs: each thread takes V consecutive channels of
 // one spatial position with 16-byte loads and stores (the index pack as V int32). The same windows, order
 // and tie rule as the kernels above, so the results are the same bits.
+// Splits the index of a pack of an [n, rows, cols, c] tensor (cp packs per position) into the pack within
+// its position, the column, the row and the image.
+template <typename I>
+__device__ __forceinline__ void split_packed(I i, I cp, const DivOf<I>& cp_div, I cols, const DivOf<I>& cols_div, I rows,
+                                             const DivOf<I>& rows_div, I& p, I& col, I& row, I& img) {
+  const I t = cp_div.div(i);
+  p = i - t * cp;
+  const I t2 = cols_div.div(t);
+  col = t - t2 * cols;
+  img = rows_div.div(t2);
+  row = t2 - img * rows;
+}
+
 template <typename T, int V, typename I>
 __global__ void max_pool_forward_packed_kernel(const T* __restrict__ x, T* __restrict__ y, int32_t* __restrict__ idx,
                                                PoolArgs<I> a, I cp, DivOf<I> cp_div) {
   const I total = a.n * a.oh * a.ow * cp;
   for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
-    const I t = cp_div.div(i), p = i - t * cp;
-    const I t2 = a.ow_div.div(t), ox = t - t2 * a.ow;
-    const I img = a.oh_div.div(t2), oy = t2 - img * a.oh;
+    I p, ox, oy, img;
+    split_packed(i, cp, cp_div, a.ow, a.ow_div, a.oh, a.oh_div, p, ox, oy, img);
     const I xbase = img * a.h * a.w * a.c + p * V;
     const I h0 = oy * a.sh - a.ph, w0 = ox * a.sw - a.pw;
     const I hs = h0 < 0 ? 0 : h0, ws = w0 < 0 ? 0 : w0;
@@ -237,9 +249,8 @@ __global__ void max_pool_backward_packed_kernel(const T* __restrict__ dy, const 
                                                 T* __restrict__ dx, PoolArgs<I> a, I cp, DivOf<I> cp_div) {
   const I total = a.n * a.h * a.w * cp;
   for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
-    const I t = cp_div.div(i), p = i - t * cp;
-    const I t2 = a.w_div.div(t), col = t - t2 * a.w;
-    const I img = a.h_div.div(t2), row = t2 - img * a.h;
+    I p, col, row, img;
+    split_packed(i, cp, cp_div, a.w, a.w_div, a.h, a.h_div, p, col, row, img);
     const I obase = img * a.oh * a.ow * a.c + p * V;
     I y0, y1, x0, x1;
     covering(row, a.ph, a.kh, a.sh, a.oh, y0, y1);
