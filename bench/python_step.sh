@@ -20,12 +20,14 @@ if [ ! -x "$T" ]; then
   cmake --build "$BUILD_DIR" -j "$(nproc)" --target tandem_cli >&2
 fi
 if ! "$PY" -c "import tandem" 2>/dev/null; then
-  # nanobind, scikit-build-core and numpy from the system's Python (the GPU machine has no network)
-  # or from PyPI.
+  # nanobind, scikit-build-core and numpy from the system's Python, from .data/whl, or from PyPI.
   [ -x "$BUILD_DIR/pyenv/bin/python" ] || python3 -m venv --system-site-packages "$BUILD_DIR/pyenv"
   PY=$BUILD_DIR/pyenv/bin/python
+  # Wheels in .data/whl (pip download nanobind scikit-build-core) serve a machine without network.
+  wheels=()
+  [ -d .data/whl ] && wheels=(--no-index --find-links .data/whl)
   "$PY" -c "import nanobind, scikit_build_core, numpy" 2>/dev/null ||
-    "$PY" -m pip install -q nanobind scikit-build-core numpy
+    "$PY" -m pip install -q "${wheels[@]}" nanobind scikit-build-core numpy
   # Built in BUILD_DIR: only the module is compiled; the directory keeps its tests and benchmarks.
   cache="$BUILD_DIR/CMakeCache.txt"
   CMAKE_GENERATOR=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$cache") "$PY" -m pip install -q --no-build-isolation \

@@ -2,7 +2,7 @@
 # GPU speed session: builds tandem on a GPU machine, runs the GPU tests, then times tandem next to the
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
-#   bench/speed_session.sh [build] [tests] [cnn] [graph] [resnet] [memory] [accuracy] [convlog] [profile]
+#   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [convlog] [profile]
 #   (default: build tests cnn resnet)
 # COMMIT labels the figures; PROFILE lists "model batch precision" triples separated by ';';
 # PEER_PROFILE=0 profiles tandem alone.
@@ -33,6 +33,16 @@ if has tests; then
   ctest --test-dir build-gpu -L gpu --output-on-failure -j4 >"$OUT/ctest_gpu.log" 2>&1
   say "ctest -L gpu ($((SECONDS - t0)) s): $(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log")"
   grep -E '\(Failed\)|\(Timeout\)|\(SEGFAULT\)|\(Subprocess aborted\)' "$OUT/ctest_gpu.log" | head -20 | tee -a "$OUT/summary.txt"
+fi
+
+if has python; then  # the package installed into build-gpu/pyenv, its tests, Python's cost per step
+  t0=$SECONDS
+  BUILD_DIR=build-gpu bash bench/python_step.sh cuda 5 500 >"$OUT/python_step.log" 2>&1
+  say "python step ($((SECONDS - t0)) s, rc $?): $(grep -E '^(median|fastest)' "$OUT/python_step.log" | tr '\n' ' ')"
+  [ -x build-gpu/pyenv/bin/python ] && build-gpu/pyenv/bin/python -c "import pytest" 2>/dev/null ||
+    build-gpu/pyenv/bin/python -m pip install -q --no-index --find-links .data/whl pytest >>"$OUT/python_step.log" 2>&1
+  PATH=$PWD/build-gpu/pyenv/bin:$PATH build-gpu/pyenv/bin/python -m pytest -q -rs tests/python >"$OUT/pytest.log" 2>&1
+  say "pytest (rc $?): $(tail -1 "$OUT/pytest.log")"
 fi
 
 peer() {  # label, then peer flags
