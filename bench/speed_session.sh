@@ -41,9 +41,9 @@ if has python; then  # the package installed into build-gpu/pyenv, its tests, Py
   say "python step ($((SECONDS - t0)) s, rc $?): $(grep -E '^(median|fastest)' "$OUT/python_step.log" | tr '\n' ' ')"
   [ -x build-gpu/pyenv/bin/python ] && build-gpu/pyenv/bin/python -c "import pytest" 2>/dev/null ||
     build-gpu/pyenv/bin/python -m pip install -q --no-index --find-links .data/whl pytest >>"$OUT/python_step.log" 2>&1
-  # A test stuck for a minute prints every thread's Python stack; the suite gets five minutes.
-  PATH=$PWD/build-gpu/pyenv/bin:$PATH timeout 300 build-gpu/pyenv/bin/python -m pytest -q -rs \
-    -o faulthandler_timeout=60 tests/python >"$OUT/pytest.log" 2>&1
+  # A test stuck for a minute prints every thread's Python stack; the suite gets PYTEST_LIMIT seconds (300).
+  PATH=$PWD/build-gpu/pyenv/bin:$PATH timeout "${PYTEST_LIMIT:-300}" build-gpu/pyenv/bin/python -m pytest -q -rs \
+    -o faulthandler_timeout="${PYTEST_STACKS_AFTER:-60}" tests/python >"$OUT/pytest.log" 2>&1
   say "pytest (rc $?): $(tail -1 "$OUT/pytest.log")"
 fi
 
