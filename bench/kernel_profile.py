@@ -55,11 +55,50 @@ def parse(log):
     return totals
 
 
-def short(name):
-    name = name.replace("(anonymous namespace)::", "")
-    name = re.sub(r"\(.*", "", name)  # drop arguments
-    name = re.sub(r"<.*>", "<>", name)  # and template arguments
-    return name.split("::")[-1][:70]
+def _top_level(text):
+    """text with bracketed parts removed, and the contents of its first <...>."""
+    out, first, depth, cur = [], None, 0, []
+    for ch in text:
+        if ch in "<(":
+            depth += 1
+            if depth == 1 and ch == "<":
+                cur = []
+                continue
+        elif ch in ">)":
+            depth = max(depth - 1, 0)
+            if depth == 0 and ch == ">" and first is None:
+                first = "".join(cur)
+            if depth == 0:
+                continue
+        if depth == 0:
+            out.append(ch)
+        else:
+            cur.append(ch)
+    return "".join(out), first
+
+
+def short(name, with_arg=True):
+    """The kernel's own name with its first template argument (namespaces, function arguments and
+    the return type dropped; brackets matched, so arguments holding '::', '(' or '<unnamed>' do not
+    cut the name short)."""
+    for anon in ("(anonymous namespace)::", "<unnamed>::"):
+        name = name.replace(anon, "")
+    bare, targs = _top_level(name)
+    words = bare.split()
+    parts = (words[-1] if words else name).split("::")
+    base = "::".join(parts[-2:]) if parts[-1].startswith("{lambda") else parts[-1] or name
+    if with_arg and targs:
+        depth, arg = 0, []
+        for ch in targs:
+            depth += ch in "<("
+            depth -= ch in ">)"
+            if ch == "," and depth == 0:
+                break
+            arg.append(ch)
+        first = short("".join(arg).strip(), with_arg=False)
+        if first and not first[0].isdigit():
+            base += f"<{first}>"
+    return base[:70]
 
 
 def table(title, totals, steps, top):

@@ -109,6 +109,11 @@ class Backend {
   /// dst (contiguous) <- src (any strides, same device), converting between any two dtypes.
   virtual void copy_strided(const Tensor& src, Tensor& dst) = 0;
   virtual void fill(Tensor& t, double value) = 0;
+  /// A batch gathered from a data set held on the device: for each i < x.size(0), with
+  /// s = order[begin + i], x[i] = images[s] / divisor (u8 samples to f32, divided as f32) and
+  /// y[i] = labels[s]. images u8 [N, ...], labels i32 [N], order i32 (values in [0, N)), x f32, y i32.
+  virtual void gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, int64_t begin,
+                              float divisor, Tensor& x, Tensor& y) = 0;
   /// Counter-based uniform [lo, hi) and Gaussian fills; element i uses counter offset + i.
   virtual void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
   virtual void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) = 0;

@@ -80,6 +80,11 @@ Runner add_train_command(CLI::App& app) {
   sub->add_option("--progress", cfg->progress, "Progress bar on stderr: auto (when a terminal), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  sub->add_option("--data-on-device", cfg->data_on_device,
+                  "Keep the data set on the device and gather each batch there (one kernel) instead of converting it "
+                  "on the host and uploading it: auto (on a GPU, for data sets up to 2 GiB), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   const char* dist = "Distributed (under tandem launch, mpiexec or torchrun)";
   sub->add_option("-d,--dist-option", cfg->dist_option,
                   "How ranks synchronise: plain (f32 gradients), half (f16 gradients), partialUpdate (local steps, "

@@ -28,6 +28,7 @@ struct TrainConfig : SessionConfig {
   int64_t limit_train = 0;  // 0: the whole split
   int64_t limit_test = 0;
   std::string progress = "auto";  // auto | on | off
+  std::string data_on_device = "auto";  // auto | on | off: keep the data set on the GPU (LoaderOptions::on_device)
   int64_t check_consistency = 0;  // every N steps (0: never)
   bool report_comm = false;
   // checkpoints

@@ -1,8 +1,10 @@
-// DataLoader: a producer thread gathers, converts and queues batches; the caller uploads them.
+// DataLoader: a producer thread gathers, converts and queues batches; the caller uploads them. With
+// on_device, the data set lives on the device and next() gathers each batch there instead.
 #include "tandem/data/loader.h"
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -10,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/counter_rng.h"
 #include "tandem/random.h"
 
@@ -50,6 +53,9 @@ struct DataLoader::State {
   std::thread worker;
 
   std::exception_ptr worker_error;  // the worker itself failed and has stopped
+
+  // on_device: the data set's copy on the device and this epoch's order of this rank's samples.
+  Tensor images_dev, labels_dev, order_dev;
 
   Prepared prepare(int64_t b, const std::vector<int64_t>& idx) const;
   void produce();
@@ -151,6 +157,18 @@ DataLoader::DataLoader(const Dataset& ds, LoaderOptions opt) : s_(std::make_uniq
   s.sample_numel = ds.images.numel() / std::max<int64_t>(n, 1);
   s.shard = shard;
   s.num_batches = batches;
+  if (opt.on_device) {
+    TANDEM_CHECK(n <= INT32_MAX, who, ": ", n, " samples are too many to keep on the device (at most 2^31 - 1)");
+    // The background thread checks each batch's labels as it converts them; here no batch passes
+    // through the host, so every label is checked once, before any reaches a loss kernel.
+    const int32_t* labels = ds.labels.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i)
+      TANDEM_CHECK(labels[i] >= 0 && labels[i] < ds.num_classes, "data set ", ds.name, ": label ", labels[i],
+                   " of sample ", i, " is outside [0, ", ds.num_classes, ")");
+    s.images_dev = ds.images.to(opt.device);
+    s.labels_dev = ds.labels.to(opt.device);
+    return;
+  }
   s.worker = std::thread([&s] { s.run(); });
 }
 
@@ -177,6 +195,16 @@ void DataLoader::start_epoch(int64_t epoch) {
     }
   }
   const int64_t begin = s.opt.rank * s.shard;
+  if (s.opt.on_device) {
+    // Queued on the device's stream after the batches already gathered from the previous order.
+    Tensor order = Tensor::empty({s.shard}, DType::i32);
+    int32_t* o = order.data<int32_t>();
+    for (int64_t i = 0; i < s.shard; ++i) o[i] = static_cast<int32_t>(all[static_cast<size_t>(begin + i)]);
+    s.order_dev = order.to(s.opt.device);
+    s.consumed = 0;
+    s.started = true;
+    return;
+  }
   auto order = std::make_shared<const std::vector<int64_t>>(all.begin() + begin, all.begin() + begin + s.shard);
   {
     std::lock_guard<std::mutex> lk(s.mu);
@@ -192,6 +220,24 @@ void DataLoader::start_epoch(int64_t epoch) {
 
 bool DataLoader::next(Batch& out) {
   State& s = *s_;
+  if (s.opt.on_device) {
+    TANDEM_CHECK(s.started, "DataLoader::next called before start_epoch");
+    if (s.consumed >= s.num_batches) return false;
+    const int64_t begin = s.consumed++ * s.opt.batch_size;
+    const int64_t n = std::min(s.opt.batch_size, s.shard - begin);
+    Shape xs = s.ds.images.shape();
+    xs[0] = n;
+    auto fit = [&](Tensor& t, const Shape& shape, DType dtype) {
+      if (!(s.opt.reuse_buffers && t.defined() && t.shape() == shape && t.dtype() == dtype &&
+            t.device() == s.opt.device && t.is_contiguous()))
+        t = Tensor::empty(shape, dtype, s.opt.device);
+    };
+    fit(out.x, xs, DType::f32);
+    fit(out.y, {n}, DType::i32);
+    backend::backend_for(s.opt.device)
+        .gather_samples(s.images_dev, s.labels_dev, s.order_dev, begin, 255.0f, out.x, out.y);
+    return true;
+  }
   Prepared p;
   {
     std::unique_lock<std::mutex> lk(s.mu);

@@ -1,5 +1,6 @@
 // CUDA backend: device discovery, copies, conversions between every pair of dtypes, fills, random
-// fills, the pinned allocator's reuse rule and the deferred label error.
+// fills, batches gathered from a data set on the device, the pinned allocator's reuse rule and the
+// deferred label error.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <thread>
 
 #include "cuda/cuda_test_util.h"
+#include "tandem/data/loader.h"
 #include "tandem/ops.h"
 
 namespace tandem {
@@ -267,6 +269,72 @@ TEST(CudaMemory, SecondDeviceComputesLikeTheCpu) {
   expect_close(softmax_cross_entropy(logits, labels), softmax_cross_entropy(logits.to(d1), labels.to(d1)), 1e-5,
                1e-7, "loss on cuda:1");
   synchronize(d1);
+}
+
+// The batch gather of a data set kept on the device, against the CPU backend's: samples whose size
+// is a multiple of four bytes (read four at a time), odd ones, and ones spread over several blocks.
+TEST(CudaMemory, GatherSamplesMatchesTheCpu) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (const Shape& sample : {Shape{1, 4, 4}, Shape{1, 3, 3}, Shape{3, 32, 33}, Shape{3, 32, 32}}) {
+    const int64_t n = 37, per = sample[0] * sample[1] * sample[2];
+    std::vector<uint8_t> px(static_cast<size_t>(n * per));
+    for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+    std::vector<int32_t> labels(static_cast<size_t>(n)), order(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      labels[static_cast<size_t>(i)] = static_cast<int32_t>(i * 3 % 10);
+      order[static_cast<size_t>(i)] = static_cast<int32_t>((i * 11 + 5) % n);  // a permutation (11 and 37 coprime)
+    }
+    Tensor images = Tensor::from_vector(px, {n, sample[0], sample[1], sample[2]});
+    Tensor lab = Tensor::from_vector(labels, {n}), ord = Tensor::from_vector(order, {n});
+    const int64_t begin = 5, b = 19;
+    Tensor x_cpu = Tensor::empty({b, sample[0], sample[1], sample[2]}), y_cpu = Tensor::empty({b}, DType::i32);
+    cpu_be().gather_samples(images, lab, ord, begin, 255.0f, x_cpu, y_cpu);
+    Tensor x_gpu = Tensor::empty(x_cpu.shape(), DType::f32, gpu()), y_gpu = Tensor::empty({b}, DType::i32, gpu());
+    gpu_be().gather_samples(images.to(gpu()), lab.to(gpu()), ord.to(gpu()), begin, 255.0f, x_gpu, y_gpu);
+    EXPECT_EQ(x_gpu.to_vector<float>(), x_cpu.to_vector<float>()) << shape_str(sample);
+    EXPECT_EQ(y_gpu.to_vector<int32_t>(), y_cpu.to_vector<int32_t>()) << shape_str(sample);
+    // The CPU's reference itself: sample order[begin + i], scaled.
+    const std::vector<float> xs = x_cpu.to_vector<float>();
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t s = order[static_cast<size_t>(begin + i)];
+      EXPECT_EQ(y_cpu.to_vector<int32_t>()[static_cast<size_t>(i)], labels[static_cast<size_t>(s)]);
+      EXPECT_EQ(xs[static_cast<size_t>(i * per + per - 1)], static_cast<float>(px[static_cast<size_t>(s * per + per - 1)]) / 255.0f);
+    }
+  }
+}
+
+// A loader keeping its data set on the GPU hands out the host path's batches, bit for bit.
+TEST(CudaMemory, LoaderOnDeviceMatchesTheHostPath) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const int64_t n = 301;
+  data::Dataset ds;
+  ds.name = "noise";
+  ds.num_classes = 10;
+  std::vector<uint8_t> px(static_cast<size_t>(n) * 784);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i * 40503u) >> 7);
+  std::vector<int32_t> labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) labels[static_cast<size_t>(i)] = static_cast<int32_t>(i % 10);
+  ds.images = Tensor::from_vector(px, {n, 1, 28, 28});
+  ds.labels = Tensor::from_vector(labels, {n});
+  data::LoaderOptions host, kept;
+  host.batch_size = kept.batch_size = 64;
+  host.seed = kept.seed = 7;
+  host.device = kept.device = gpu();
+  host.reuse_buffers = kept.reuse_buffers = true;
+  kept.on_device = true;
+  data::DataLoader a(ds, host), b(ds, kept);
+  for (int64_t epoch : {0, 1}) {
+    a.start_epoch(epoch);
+    b.start_epoch(epoch);
+    data::Batch ba, bb;
+    while (a.next(ba)) {
+      ASSERT_TRUE(b.next(bb));
+      EXPECT_TRUE(bb.x.device().is_cuda());
+      EXPECT_EQ(bb.x.to_vector<float>(), ba.x.to_vector<float>());
+      EXPECT_EQ(bb.y.to_vector<int32_t>(), ba.y.to_vector<int32_t>());
+    }
+    EXPECT_FALSE(b.next(bb));
+  }
 }
 
 }  // namespace

@@ -27,10 +27,16 @@ struct LoaderOptions {
   /// is queued after the work already queued on them), instead of allocating new ones: a recorded
   /// training step then reads each batch where it was recorded. Off: every batch is a new tensor.
   bool reuse_buffers = false;
+  /// Keep the whole data set (its u8 pixels and labels) on the device: each batch is then gathered
+  /// and scaled there by one kernel, from the epoch's order uploaded once per epoch, instead of being
+  /// converted on the host by the background thread and uploaded. The batches are the same bits
+  /// either way. Costs the data set's size in device memory (every rank holds all of it).
+  bool on_device = false;
 };
 
 /// Iterates over one rank's shard of a data set in batches. A background thread gathers and converts
-/// the next `prefetch` batches while the caller trains; next() uploads them to the device.
+/// the next `prefetch` batches while the caller trains; next() uploads them to the device (or, with
+/// on_device, gathers them from the device's copy of the data set).
 /// One caller thread uses a loader at a time.
 class DataLoader {
  public:

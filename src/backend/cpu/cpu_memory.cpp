@@ -1,4 +1,5 @@
 // CPU backend: memory, copies, conversions, fills and random numbers.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -92,6 +93,23 @@ void CpuBackend::fill(Tensor& t, double value) {
     cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) p[i] = v;
     });
+  });
+}
+
+void CpuBackend::gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, int64_t begin,
+                                float divisor, Tensor& x, Tensor& y) {
+  const int64_t n = x.size(0), sample = images.numel() / std::max<int64_t>(images.size(0), 1);
+  const uint8_t* src = images.data<uint8_t>();
+  const int32_t* lab = labels.data<int32_t>();
+  const int32_t* ord = order.data<int32_t>() + begin;
+  float* dst = x.data<float>();
+  int32_t* out = y.data<int32_t>();
+  cpu::parallel_for(n, cpu::grain_for(sample), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t s = ord[i];
+      out[i] = lab[s];
+      for (int64_t j = 0; j < sample; ++j) dst[i * sample + j] = static_cast<float>(src[s * sample + j]) / divisor;
+    }
   });
 }
 

@@ -1,7 +1,9 @@
-// CUDA kernels: dtype conversion and strided copies, fills, counter-based random fills, dropout masks.
+// CUDA kernels: dtype conversion and strided copies, batches gathered from a data set on the device, fills, counter-based random fills, dropout masks.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <type_traits>
 
@@ -173,6 +175,29 @@ __global__ void dropout_kernel(T* __restrict__ m, int64_t n, uint64_t seed, uint
     m[i] = kern::from_float<T>(rng::uniform_f(seed, offset + static_cast<uint64_t>(i)) >= p ? keep : 0.0f);
 }
 
+// One block row per sample (blockIdx.x), its columns spread over blockIdx.y; four bytes at a time
+// where every sample starts 4-byte aligned.
+template <bool kVec4>
+__global__ void gather_samples_kernel(const uint8_t* __restrict__ images, const int32_t* __restrict__ labels,
+                                      const int32_t* __restrict__ order, int64_t sample, float divisor,
+                                      float* __restrict__ x, int32_t* __restrict__ y) {
+  const int64_t i = blockIdx.x, s = order[i];
+  if (blockIdx.y == 0 && threadIdx.x == 0) y[i] = labels[s];
+  const uint8_t* src = images + s * sample;
+  float* dst = x + i * sample;
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x,
+                step = static_cast<int64_t>(gridDim.y) * blockDim.x;
+  if constexpr (kVec4) {
+    for (int64_t j = first; j < sample / 4; j += step) {
+      const uchar4 v = reinterpret_cast<const uchar4*>(src)[j];
+      reinterpret_cast<float4*>(dst)[j] = make_float4(static_cast<float>(v.x) / divisor, static_cast<float>(v.y) / divisor,
+                                                      static_cast<float>(v.z) / divisor, static_cast<float>(v.w) / divisor);
+    }
+  } else {
+    for (int64_t j = first; j < sample; j += step) dst[j] = static_cast<float>(src[j]) / divisor;
+  }
+}
+
 // The host value of a fill, converted as the CPU backend converts it, as raw bits.
 template <typename T>
 uint64_t fill_bits(double value) {
@@ -251,6 +276,27 @@ void CudaBackend::fill(Tensor& t, double value) {
     case 8: return launch_fill<uint64_t>(t.data_ptr(), n, bits, st.stream);
   }
   TANDEM_ASSERT(false, "fill of ", t.str());
+}
+
+void CudaBackend::gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, int64_t begin,
+                                 float divisor, Tensor& x, Tensor& y) {
+  const int64_t n = x.size(0);
+  if (n == 0) return;
+  TANDEM_CHECK(n <= INT_MAX, "gather_samples: ", n, " samples in one batch");
+  DeviceState& st = state_for(x);
+  const int64_t sample = images.numel() / std::max<int64_t>(images.size(0), 1);
+  const bool vec4 = sample % 4 == 0;
+  const int64_t per_block = vec4 ? sample / 4 : sample;
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(std::clamp<int64_t>((per_block + kBlock - 1) / kBlock, 1, 64)));
+  if (vec4)
+    gather_samples_kernel<true><<<grid, kBlock, 0, st.stream>>>(images.data<uint8_t>(), labels.data<int32_t>(),
+                                                                order.data<int32_t>() + begin, sample, divisor,
+                                                                x.data<float>(), y.data<int32_t>());
+  else
+    gather_samples_kernel<false><<<grid, kBlock, 0, st.stream>>>(images.data<uint8_t>(), labels.data<int32_t>(),
+                                                                 order.data<int32_t>() + begin, sample, divisor,
+                                                                 x.data<float>(), y.data<int32_t>());
+  TANDEM_CUDA_LAUNCH_CHECK("gather_samples_kernel");
 }
 
 void CudaBackend::random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) {
