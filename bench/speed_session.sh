@@ -4,7 +4,8 @@
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
 #   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [convlog] [profile]
 #   (default: build tests cnn resnet)
-# COMMIT labels the figures; PROFILE lists "model batch precision" triples separated by ';';
+# COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
+# PROFILE lists "model batch precision" triples separated by ';';
 # PEER_PROFILE=0 profiles tandem alone.
 # Expects the peer scripts in .data/peer (a copy of the shared bench folder).
 set -uo pipefail
@@ -43,7 +44,7 @@ if has python; then  # the package installed into build-gpu/pyenv, its tests, Py
     build-gpu/pyenv/bin/python -m pip install -q --no-index --find-links .data/whl pytest >>"$OUT/python_step.log" 2>&1
   # A test stuck for a minute prints every thread's Python stack; the suite gets PYTEST_LIMIT seconds (300).
   PATH=$PWD/build-gpu/pyenv/bin:$PATH timeout "${PYTEST_LIMIT:-300}" build-gpu/pyenv/bin/python -m pytest -q -rs \
-    -o faulthandler_timeout="${PYTEST_STACKS_AFTER:-60}" tests/python >"$OUT/pytest.log" 2>&1
+    -o faulthandler_timeout="${PYTEST_STACKS_AFTER:-60}" ${PYTEST_K:+-k "$PYTEST_K"} tests/python >"$OUT/pytest.log" 2>&1
   say "pytest (rc $?): $(tail -1 "$OUT/pytest.log")"
 fi
 
@@ -79,12 +80,13 @@ if has graph; then  # recorded steps: the guide's CNN at batch 64, and Fashion-M
   "$T" launch -n 1 -- "$T" bench train --device cuda --model cnn -b 64 --steps 3000 >"$OUT/launch1.log" 2>&1
   grep RESULT "$OUT/launch1.log" | sed 's/^/tandem cnn b64 tf32 recorded, launch -n 1: /' | tee -a "$OUT/summary.txt"
   peer "peer cnn b64 graph (again)" --model cnn --batch 64 --cuda-graph --steps 3000
-  for g in on off; do
+  for cfg in "on auto" "on off" "off auto"; do
+    set -- $cfg
+    log="$OUT/graph_$1_$2.log"
     "$T" train --model cnn --dataset fashion-mnist --data-dir "$PWD/.data/fashion-mnist" --epochs 10 --batch-size 64 \
-      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 --device cuda --cuda-graph $g --metrics "$OUT/graph_$g.jsonl" \
-      >"$OUT/graph_$g.log" 2>&1
-    say "fashion-mnist 10 epochs, --cuda-graph $g (rc $?): $(grep 'Evaluation accuracy' "$OUT/graph_$g.log" | tail -1)"
-    say "  epoch times: $(grep -o 'Elapsed Time = [0-9.]*' "$OUT/graph_$g.log" | awk '{printf "%s ", $4}')"
+      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 --device cuda --cuda-graph $1 --data-on-device $2 >"$log" 2>&1
+    say "fashion-mnist 10 epochs, --cuda-graph $1 --data-on-device $2 (rc $?): $(grep 'Evaluation accuracy' "$log" | tail -1)"
+    say "  epoch times: $(grep -o 'Elapsed Time = [0-9.]*' "$log" | awk '{printf "%s ", $4}')"
   done
 fi
 
@@ -100,13 +102,19 @@ if has resnet; then
   tan "tandem rn50 b256 f16" "${RN[@]}" -b 256 --precision f16
 fi
 
-if has accuracy; then  # the guide's CNN and hyper-parameters on Fashion-MNIST, 10 epochs, per precision
-  for p in f32 tf32 bf16 f16; do
-    "$T" train --model cnn --dataset fashion-mnist --data-dir "$PWD/.data/fashion-mnist" --epochs 10 --batch-size 64 \
-      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 --device cuda --precision $p --metrics "$OUT/acc_$p.jsonl" \
-      >"$OUT/acc_$p.log" 2>&1
-    say "accuracy $p (rc $?): $(grep 'Evaluation accuracy' "$OUT/acc_$p.log" | tail -1)"
+if has accuracy; then  # the guide's CNN and hyper-parameters on Fashion-MNIST, 10 epochs, per precision and seed
+  for seed in ${SEEDS:-0}; do
+    for p in f32 tf32 bf16 f16; do
+      "$T" train --model cnn --dataset fashion-mnist --data-dir "$PWD/.data/fashion-mnist" --epochs 10 --batch-size 64 \
+        --lr 0.005 --momentum 0.9 --weight-decay 1e-5 --device cuda --precision $p --seed "$seed" \
+        --metrics "$OUT/acc_${p}_$seed.jsonl" >"$OUT/acc_$p.log" 2>&1
+      rc=$?
+      acc=$(grep 'Evaluation accuracy' "$OUT/acc_$p.log" | tail -1)
+      say "accuracy $p seed $seed (rc $rc): $acc"
+      echo "$p ${acc#*= }" | sed 's/,.*//' >>"$OUT/acc_all.txt"
+    done
   done
+  say "mean final accuracy per precision: $(awk '{s[$1]+=$2; n[$1]++} END {for (p in s) printf "%s %.4f (%d runs)  ", p, s[p]/n[p], n[p]}' "$OUT/acc_all.txt")"
 fi
 
 if has convlog; then  # which algorithm cuDNN offered and which was taken, per convolution
