@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_parallel.h"
+#include "core/init_once.h"
 
 namespace tandem::backend::cpu {
 
@@ -184,12 +185,12 @@ class Pool {
 // The pool is never destroyed: its workers may be asleep in it when the process exits. A forked
 // child has none of the parent's workers, so it starts a pool of its own.
 Pool* g_pool = nullptr;
-std::once_flag g_pool_once;
+InitOnce g_pool_once;
 
 void reset_pool_in_child() { g_pool = new Pool(); }
 
 Pool& pool() {
-  std::call_once(g_pool_once, [] {
+  g_pool_once([] {
     g_pool = new Pool();
     pthread_atfork(nullptr, nullptr, reset_pool_in_child);
   });

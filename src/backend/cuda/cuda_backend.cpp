@@ -65,7 +65,7 @@ CudaBackend::CudaBackend() : device_count_(count_devices()) {
         }));
     states_.push_back(nullptr);
   }
-  state_once_ = std::make_unique<std::once_flag[]>(static_cast<size_t>(device_count_ > 0 ? device_count_ : 1));
+  state_once_ = std::make_unique<InitOnce[]>(static_cast<size_t>(device_count_ > 0 ? device_count_ : 1));
   pinned_ = std::make_unique<PinnedAllocator>(device_count_);
 }
 
@@ -84,7 +84,7 @@ DeviceState& CudaBackend::state(int device) {
   TANDEM_CHECK(device >= 0 && device < device_count_, "cuda:", device, " does not exist: this process sees ",
                device_count_, " GPU(s)");
   cuda::set_device(device);
-  std::call_once(state_once_[static_cast<size_t>(device)], [&] {
+  state_once_[static_cast<size_t>(device)]([&] {
     auto s = std::make_unique<DeviceState>();
     s->device = device;
     s->stream = cuda::compute_stream(device);

@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_context.h"
+#include "core/init_once.h"
 
 namespace tandem::backend {
 
@@ -42,7 +43,7 @@ struct DeviceState {
   int sm_count = 0;
   cublasHandle_t cublas = nullptr;
   std::mutex cublas_mu;  // a handle must not be used by two threads at once
-  std::once_flag cudnn_once;
+  InitOnce cudnn_once;
   cudnnHandle_t cudnn = nullptr;
   std::mutex cudnn_mu;  // guards the cuDNN handle and the convolution cache
   std::unique_ptr<ConvCache> conv;
@@ -176,7 +177,7 @@ class CudaBackend final : public Backend {
   std::vector<std::unique_ptr<CachingAllocator>> allocators_;
   std::unique_ptr<PinnedAllocator> pinned_;
   std::vector<std::unique_ptr<DeviceState>> states_;
-  std::unique_ptr<std::once_flag[]> state_once_;
+  std::unique_ptr<InitOnce[]> state_once_;
 };
 
 /// Temporary device memory from the caching allocator, returned on scope exit. Returning it while

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_context.h"
+#include "core/init_once.h"
 #include "tandem/error.h"
 
 namespace tandem::cuda {
@@ -14,7 +15,7 @@ namespace {
 constexpr int kMaxDevices = 64;
 
 struct StreamSlot {
-  std::once_flag once;
+  InitOnce once;
   cudaStream_t stream = nullptr;
   std::atomic<bool> created{false};
 };
@@ -43,8 +44,8 @@ void set_device(int device) {
 cudaStream_t compute_stream(int device) {
   TANDEM_ASSERT(device >= 0 && device < kMaxDevices, "CUDA device index ", device);
   StreamSlot& slot = g_streams[static_cast<size_t>(device)];
-  // call_once leaves the flag unset when creation throws, so a later call retries.
-  std::call_once(slot.once, [&] {
+  // A creation that throws leaves the flag unset, so a later call retries.
+  slot.once([&] {
     set_device(device);
     cudaStream_t s = nullptr;
     TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -225,7 +225,7 @@ DeviceState::~DeviceState() {
 
 namespace {
 cudnnHandle_t cudnn_handle(DeviceState& st) {
-  std::call_once(st.cudnn_once, [&] {
+  st.cudnn_once([&] {
     cudnnHandle_t h = nullptr;
     TANDEM_CUDNN_CHECK(cudnnCreate(&h));
     TANDEM_CUDNN_CHECK(cudnnSetStream(h, st.stream));

@@ -5,6 +5,7 @@
 
 #include <mutex>
 
+#include "core/init_once.h"
 #include "distributed/secret.h"
 #include "tandem/error.h"
 
@@ -15,8 +16,8 @@ bool available() { return true; }
 std::string hmac_sha256(const std::string& key, const std::string& message) {
   // OpenSSL frees its state from an exit handler by default; the thread that publishes this rank's
   // progress may still authenticate a connection then, so the state is left to the end of the process.
-  static std::once_flag init;
-  std::call_once(init, [] { OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr); });
+  static InitOnce init;
+  init([] { OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr); });
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   const unsigned char* r = HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
