@@ -31,6 +31,13 @@ uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
   return rng::mix(seed ^ 0x243F6A8885A308D3ull, static_cast<uint64_t>(epoch));
 }
 
+// Labels outside [0, classes) are stopped before they reach a loss kernel (a hand-built Dataset is
+// never scanned when loaded).
+void check_label(const Dataset& ds, int64_t sample, int32_t label) {
+  TANDEM_CHECK(label >= 0 && label < ds.num_classes, "data set ", ds.name, ": label ", label, " of sample ", sample,
+               " is outside [0, ", ds.num_classes, ")");
+}
+
 }  // namespace
 
 struct DataLoader::State {
@@ -58,6 +65,11 @@ struct DataLoader::State {
   Tensor images_dev, labels_dev, order_dev;
 
   Prepared prepare(int64_t b, const std::vector<int64_t>& idx) const;
+  // Whether next() may write a batch of this shape and dtype into dst instead of a new tensor.
+  bool reusable(const Tensor& dst, const Shape& shape, DType dtype) const {
+    return opt.reuse_buffers && dst.defined() && dst.shape() == shape && dst.dtype() == dtype &&
+           dst.device() == opt.device && dst.is_contiguous();
+  }
   void produce();
   void run();
 };
@@ -77,11 +89,8 @@ Prepared DataLoader::State::prepare(int64_t b, const std::vector<int64_t>& idx) 
   int32_t* y = p.y.data<int32_t>();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = idx[static_cast<size_t>(begin + i)];
-    const int32_t label = labels[s];
-    // A hand-built Dataset is never scanned up front; catching a bad label here keeps it from a loss kernel.
-    TANDEM_CHECK(label >= 0 && label < ds.num_classes, "data set ", ds.name, ": label ", label, " of sample ", s,
-                 " is outside [0, ", ds.num_classes, ")");
-    y[i] = label;
+    check_label(ds, s, labels[s]);
+    y[i] = labels[s];
     const uint8_t* src = images + s * sample_numel;
     float* dst = x + i * sample_numel;
     for (int64_t j = 0; j < sample_numel; ++j) dst[j] = static_cast<float>(src[j]) / 255.0f;
@@ -162,9 +171,7 @@ DataLoader::DataLoader(const Dataset& ds, LoaderOptions opt) : s_(std::make_uniq
     // The background thread checks each batch's labels as it converts them; here no batch passes
     // through the host, so every label is checked once, before any reaches a loss kernel.
     const int32_t* labels = ds.labels.data<int32_t>();
-    for (int64_t i = 0; i < n; ++i)
-      TANDEM_CHECK(labels[i] >= 0 && labels[i] < ds.num_classes, "data set ", ds.name, ": label ", labels[i],
-                   " of sample ", i, " is outside [0, ", ds.num_classes, ")");
+    for (int64_t i = 0; i < n; ++i) check_label(ds, i, labels[i]);
     s.images_dev = ds.images.to(opt.device);
     s.labels_dev = ds.labels.to(opt.device);
     return;
@@ -228,9 +235,7 @@ bool DataLoader::next(Batch& out) {
     Shape xs = s.ds.images.shape();
     xs[0] = n;
     auto fit = [&](Tensor& t, const Shape& shape, DType dtype) {
-      if (!(s.opt.reuse_buffers && t.defined() && t.shape() == shape && t.dtype() == dtype &&
-            t.device() == s.opt.device && t.is_contiguous()))
-        t = Tensor::empty(shape, dtype, s.opt.device);
+      if (!s.reusable(t, shape, dtype)) t = Tensor::empty(shape, dtype, s.opt.device);
     };
     fit(out.x, xs, DType::f32);
     fit(out.y, {n}, DType::i32);
@@ -255,8 +260,7 @@ bool DataLoader::next(Batch& out) {
   // The pinned host buffer is released once the upload has been queued; reusing it safely before an
   // asynchronous copy finishes is the pinned allocator's job.
   auto upload = [&](Tensor& dst, const Tensor& src) {
-    if (s.opt.reuse_buffers && dst.defined() && dst.shape() == src.shape() && dst.dtype() == src.dtype() &&
-        dst.device() == s.opt.device && dst.is_contiguous())
+    if (s.reusable(dst, src.shape(), src.dtype()))
       dst.copy_(src);
     else
       dst = src.to(s.opt.device);

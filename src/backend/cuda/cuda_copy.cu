@@ -1,4 +1,5 @@
-// CUDA kernels: dtype conversion and strided copies, batches gathered from a data set on the device, fills, counter-based random fills, dropout masks.
+// CUDA kernels: dtype conversion and strided copies, batches gathered from a data set on the device,
+// fills, counter-based random fills, dropout masks.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -190,8 +191,9 @@ __global__ void gather_samples_kernel(const uint8_t* __restrict__ images, const 
   if constexpr (kVec4) {
     for (int64_t j = first; j < sample / 4; j += step) {
       const uchar4 v = reinterpret_cast<const uchar4*>(src)[j];
-      reinterpret_cast<float4*>(dst)[j] = make_float4(static_cast<float>(v.x) / divisor, static_cast<float>(v.y) / divisor,
-                                                      static_cast<float>(v.z) / divisor, static_cast<float>(v.w) / divisor);
+      reinterpret_cast<float4*>(dst)[j] =
+          make_float4(static_cast<float>(v.x) / divisor, static_cast<float>(v.y) / divisor,
+                      static_cast<float>(v.z) / divisor, static_cast<float>(v.w) / divisor);
     }
   } else {
     for (int64_t j = first; j < sample; j += step) dst[j] = static_cast<float>(src[j]) / divisor;
@@ -287,15 +289,11 @@ void CudaBackend::gather_samples(const Tensor& images, const Tensor& labels, con
   const int64_t sample = images.numel() / std::max<int64_t>(images.size(0), 1);
   const bool vec4 = sample % 4 == 0;
   const int64_t per_block = vec4 ? sample / 4 : sample;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(std::clamp<int64_t>((per_block + kBlock - 1) / kBlock, 1, 64)));
-  if (vec4)
-    gather_samples_kernel<true><<<grid, kBlock, 0, st.stream>>>(images.data<uint8_t>(), labels.data<int32_t>(),
-                                                                order.data<int32_t>() + begin, sample, divisor,
-                                                                x.data<float>(), y.data<int32_t>());
-  else
-    gather_samples_kernel<false><<<grid, kBlock, 0, st.stream>>>(images.data<uint8_t>(), labels.data<int32_t>(),
-                                                                 order.data<int32_t>() + begin, sample, divisor,
-                                                                 x.data<float>(), y.data<int32_t>());
+  const dim3 grid(static_cast<unsigned>(n),
+                  static_cast<unsigned>(std::clamp<int64_t>((per_block + kBlock - 1) / kBlock, 1, 64)));
+  auto kernel = vec4 ? gather_samples_kernel<true> : gather_samples_kernel<false>;
+  kernel<<<grid, kBlock, 0, st.stream>>>(images.data<uint8_t>(), labels.data<int32_t>(), order.data<int32_t>() + begin,
+                                         sample, divisor, x.data<float>(), y.data<int32_t>());
   TANDEM_CUDA_LAUNCH_CHECK("gather_samples_kernel");
 }
 

@@ -3,8 +3,6 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include <mutex>
-
 #include "core/init_once.h"
 #include "distributed/secret.h"
 #include "tandem/error.h"
