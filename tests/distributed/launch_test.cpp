@@ -250,8 +250,11 @@ TEST(Launch, MaxRestartsStartsEveryRankAgain) {
   for (const char* line : {"attempt=1\n", "[rank 1] attempt=1\n", "[rank 2] attempt=1\n"})
     EXPECT_TRUE(contains(r.output, line)) << line << " missing from: " << r.output;
 
-  // A job that keeps failing ends with the failure once the restarts are used up.
-  r = launch({"-n", "2", "--max-restarts", "1", "--", "sh", "-c", "exit $((4 + TANDEM_RANK))"}, 30);
+  // A job that keeps failing ends with the failure once the restarts are used up. Only rank 0
+  // fails (rank 1 waits to be stopped), so which failure the launcher reports is not a race.
+  r = launch({"-n", "2", "--max-restarts", "1", "--", "sh", "-c",
+              "if [ $TANDEM_RANK = 0 ]; then exit 4; fi; sleep 30"},
+             30);
   EXPECT_EQ(r.exit_code, 4) << r.output;
   EXPECT_TRUE(contains(r.output, "restarting every rank (restart 1 of 1)")) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 3) << r.output;
