@@ -28,6 +28,11 @@ Runner add_train_command(CLI::App& app) {
   sub->add_option("-b,--batch-size", cfg->batch_size, "Samples per micro-batch on each process")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();
+  sub->add_option("--eval-batch-size", cfg->eval_batch_size,
+                  "Samples per evaluation batch on each process (default: " + std::to_string(kEvalBatchFactor) +
+                      " x --batch-size; evaluation keeps no activations for a backward pass, and its accuracy does "
+                      "not depend on the batch)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   sub->add_option("--accumulate", cfg->accumulate,
                   "Micro-batches per optimizer step: gradients of N batches are added up locally and averaged "
                   "across ranks once (a step sees N x --batch-size samples per rank)")

@@ -184,6 +184,7 @@ bool Trainer::setup() {
   lo.on_device = data_on_device(cfg_.data_on_device, s.device(), train_set_, test_set_);
   train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
   lo.shuffle = false;
+  lo.batch_size = cfg_.eval_batch();
   test_loader_ = std::make_unique<data::DataLoader>(test_set_, lo);
 
   if (s.lead()) {
@@ -364,6 +365,7 @@ void Trainer::report(int epoch, const EpochStats& train, const EvalStats& eval, 
                    {"precision", precision_name(s.precision())},
                    {"skipped_steps", c.skipped_updates},
                    {"batch_size", cfg_.batch_size},
+                   {"eval_batch_size", cfg_.eval_batch()},
                    {"bytes_sent_per_step", c.bytes_sent / std::max<int64_t>(c.steps, 1)},
                    {"bytes_received_per_step", c.bytes_received / std::max<int64_t>(c.steps, 1)},
                    {"comm_wait_s", c.wait_seconds}};

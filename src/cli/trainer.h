@@ -16,12 +16,20 @@
 
 namespace tandem::cli {
 
+/// Evaluation keeps no activations for a backward pass, so by default it takes batches this many
+/// times the training batch: fewer, fuller steps over the test set.
+constexpr int64_t kEvalBatchFactor = 4;
+
 struct TrainConfig : SessionConfig {
+  /// The evaluation batch per rank: eval_batch_size, or kEvalBatchFactor x batch_size when it is 0.
+  int64_t eval_batch() const { return eval_batch_size > 0 ? eval_batch_size : kEvalBatchFactor * batch_size; }
+
   std::string dataset = "fashion-mnist";
   std::string data_dir;  // empty: the data set's default directory
   int epochs = 10;
   int64_t batch_size = 64;
   int64_t accumulate = 1;  // micro-batches of batch_size per optimizer step
+  int64_t eval_batch_size = 0;  // 0: kEvalBatchFactor x batch_size
   std::string metrics_path;
   std::string tensorboard_dir;     // TensorBoard event files go here when set
   int64_t tensorboard_every = 50;  // steps between step-level points

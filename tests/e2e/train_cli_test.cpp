@@ -180,6 +180,24 @@ TEST(TrainCli, RanksStartedDifferentlyStopNamingTheSetting) {
   EXPECT_NE(seed.output.find("--seed"), std::string::npos) << seed.output;
 }
 
+TEST(TrainCli, TheEvaluationBatchChangesNeitherTrainingNorAccuracy) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  // 300 test samples: 7 batches of 43 and one of 1 against the default 4 x 32 = 128 (2 batches and 44).
+  std::string common =
+      " --epochs 1 --batch-size 32 --lr 0.01 --momentum 0.9 --limit-train 640 --limit-test 300 --progress off --seed 4";
+  auto def = run_tandem("train" + common);
+  ASSERT_EQ(def.status, 0) << def.output;
+  auto small = run_tandem("train --eval-batch-size 43" + common);
+  ASSERT_EQ(small.status, 0) << small.output;
+  EXPECT_EQ(last_value(small.output, "Training loss"), last_value(def.output, "Training loss"));
+  const double a = last_value(def.output, "Evaluation accuracy"), b = last_value(small.output, "Evaluation accuracy");
+  EXPECT_GT(a, 0.3) << def.output;
+  EXPECT_NEAR(a, b, 1.0 / 300) << def.output << small.output;  // at most one near-tie decided differently
+  auto bad = run_tandem("train --eval-batch-size 0" + common);
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--eval-batch-size"), std::string::npos) << bad.output;
+}
+
 TEST(TrainCli, ResumingFromACheckpointMatchesAnUninterruptedRun) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
   fs::path dir = temp_dir("resume");
