@@ -175,7 +175,7 @@ TEST(CudaGraph, TrainWithRecordingMatchesEager) {
     GTEST_SKIP() << "no Fashion-MNIST at " << dir << " (set TANDEM_FASHION_DIR)";
   const std::string args = "train --model cnn --dataset fashion-mnist --data-dir " + dir +
                            " --device cuda --precision f32 --epochs 2 --limit-train 2000 --limit-test 500 "
-                           "--batch-size 64 --progress off --deterministic";
+                           "--batch-size 64 --eval-batch-size 64 --progress off --deterministic";
   auto on = test::run_tandem(args);
   auto off = test::run_tandem(args + " --cuda-graph off");
   ASSERT_EQ(on.status, 0) << on.output;
