@@ -307,7 +307,8 @@ TEST(LaunchNodes, AFailureOnOneMachineStopsTheOtherAtOnce) {
   ProcResult n1 = nodes[1]->wait(30);
   auto failed_at = std::chrono::steady_clock::now();
   ProcResult n0 = nodes[0]->wait(30);
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count(), 1.0);
+  // Well before node 0's ranks would end on their own (30 s), with room for a loaded machine.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count(), 5.0);
   EXPECT_EQ(n1.exit_code, 4) << n1.output;
   EXPECT_TRUE(contains(n1.output, "tandem launch: rank 3 exited with status 4; stopped the other rank")) << n1.output;
   EXPECT_EQ(n0.exit_code, 4) << n0.output;
