@@ -116,20 +116,17 @@ Runner add_bench_command(CLI::App& app) {
   train->add_option("--steps", tc->steps, "Timed steps")->check(CLI::Range(1, 1 << 30))->capture_default_str();
   train->add_option("--warmup", tc->warmup, "Untimed steps first")->check(CLI::Range(0, 1 << 30))->capture_default_str();
   train->add_option("--device", tc->device, "cpu, cuda or cuda:N")->capture_default_str();
-  train->add_option("-d,--dist-option", tc->dist_option, "plain, half, partialUpdate, sparseTopK, sparseThreshold")
-      ->capture_default_str();
-  train->add_option("-s,--spars", tc->spars, "Sparsity parameter")->capture_default_str();
   train->add_option("--hidden", tc->hidden, "mlp hidden sizes")->delimiter(',');
   train->add_option("--image", tc->height, "Input height and width")->check(CLI::Range(int64_t{16}, int64_t{4096}))
       ->each([tc](const std::string& v) { tc->width = std::stoll(v); });
   train->add_option("--channels", tc->channels, "Input channels")->check(CLI::Range(int64_t{1}, int64_t{4096}));
   train->add_option("--classes", tc->classes, "Classes")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   train->add_option("--threads", tc->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
-  train->add_option("--bucket-mb", tc->bucket_mb, "Gradient bucket size in MiB")->check(CLI::Range(0.001, 4096.0));
   train->add_option("--precision", tc->precision,
                     "f32 (exact), tf32, bf16 or f16 (mixed precision); default tf32 on CUDA, f32 on the CPU")
       ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
   add_cuda_graph_option(*train, tc->cuda_graph);
+  add_sync_options(*train, *tc, "Distributed (under tandem launch, mpiexec or torchrun)");
   train->add_flag("--profile", tc->profile,
                   "Record only the timed steps under a profiler started with --profile-from-start off (ncu)");
 

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/session.h"
 
 namespace tandem::cli {
 int default_threads_per_rank(int local_size) {
@@ -26,12 +27,51 @@ Device device_for_rank(const std::string& spec, const dist::DistEnv& env) {
   check_device(device);
   return device;
 }
+
 void add_cuda_graph_option(CLI::App& app, bool& on) {
   app.add_option_function<std::string>(
          "--cuda-graph", [&on](const std::string& v) { on = v == "on"; },
          "on: after a few eager steps of one batch shape, record the step once (a CUDA graph) and replay it; "
          "steps that cannot be recorded run eagerly, saying why (default on)")
       ->check(CLI::IsMember({"on", "off"}));
+}
+
+void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& group) {
+  app.add_option("-d,--dist-option", cfg.dist_option,
+                 "How ranks synchronise: plain (f32 gradients), half (f16 gradients), partialUpdate (local steps, "
+                 "one chunk of the parameters averaged per step), sparseTopK, sparseThreshold, powerSGD (low-rank "
+                 "gradients)")
+      ->group(group)
+      ->capture_default_str();
+  app.add_option("-s,--spars", cfg.spars,
+                 "sparseTopK: fraction of each bucket's gradients sent; sparseThreshold: magnitude threshold")
+      ->group(group)
+      ->check(CLI::Range(0.0, 1e30))
+      ->capture_default_str();
+  app.add_flag("!--no-error-feedback", cfg.error_feedback,
+               "Sparse modes and powerSGD: drop what was not sent instead of adding it to the next step's gradient")
+      ->group(group);
+  app.add_option("--clip", cfg.clip, "half: clip each gradient value into [-clip, clip] before sending (0: off)")
+      ->group(group)
+      ->check(CLI::Range(0.0, 1e30));
+  app.add_flag("--sync-bn", cfg.sync_bn,
+               "Batch-norm statistics over the global batch (every rank's samples) instead of each rank's own")
+      ->group(group);
+  app.add_option("--rank", cfg.low_rank, "powerSGD: rank of each gradient matrix's approximation (default 2)")
+      ->group(group)
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--half-dtype", cfg.half_dtype, "half: the 16-bit type sent, f16 or bf16")
+      ->group(group)
+      ->check(CLI::IsMember({"f16", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--bucket-mb", cfg.bucket_mb, "Gradient bytes per all-reduce, in MiB")
+      ->group(group)
+      ->check(CLI::Range(0.001, 4096.0))
+      ->capture_default_str();
+  app.add_option("--first-bucket-mb", cfg.first_bucket_mb, "Size of the first (earliest) bucket, in MiB")
+      ->group(group)
+      ->check(CLI::Range(0.001, 4096.0))
+      ->capture_default_str();
 }
 
 }  // namespace tandem::cli

@@ -22,6 +22,12 @@ Runner add_plot_command(CLI::App& app);
 /// CPU threads for one of local_size ranks on this machine: an equal share of the cores.
 int default_threads_per_rank(int local_size);
 
+struct SessionConfig;
+
+/// How ranks synchronise, under `group` in the help: -d/--dist-option, -s/--spars,
+/// --no-error-feedback, --clip, --sync-bn, --rank, --half-dtype, --bucket-mb, --first-bucket-mb.
+void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& group);
+
 /// --cuda-graph on|off: whether steps on a GPU are recorded once and replayed (SessionConfig::cuda_graph).
 void add_cuda_graph_option(CLI::App& app, bool& on);
 

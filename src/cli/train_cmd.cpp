@@ -91,41 +91,7 @@ Runner add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   const char* dist = "Distributed (under tandem launch, mpiexec or torchrun)";
-  sub->add_option("-d,--dist-option", cfg->dist_option,
-                  "How ranks synchronise: plain (f32 gradients), half (f16 gradients), partialUpdate (local steps, "
-                  "one chunk of the parameters averaged per step), sparseTopK, sparseThreshold, powerSGD (low-rank "
-                  "gradients)")
-      ->group(dist)
-      ->capture_default_str();
-  sub->add_option("-s,--spars", cfg->spars,
-                  "sparseTopK: fraction of each bucket's gradients sent; sparseThreshold: magnitude threshold")
-      ->group(dist)
-      ->check(CLI::Range(0.0, 1e30))
-      ->capture_default_str();
-  sub->add_flag("!--no-error-feedback", cfg->error_feedback,
-                "Sparse modes and powerSGD: drop what was not sent instead of adding it to the next step's gradient")
-      ->group(dist);
-  sub->add_option("--clip", cfg->clip, "half: clip each gradient value into [-clip, clip] before sending (0: off)")
-      ->group(dist)
-      ->check(CLI::Range(0.0, 1e30));
-  sub->add_flag("--sync-bn", cfg->sync_bn,
-                "Batch-norm statistics over the global batch (every rank's samples) instead of each rank's own")
-      ->group(dist);
-  sub->add_option("--rank", cfg->low_rank, "powerSGD: rank of each gradient matrix's approximation (default 2)")
-      ->group(dist)
-      ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--half-dtype", cfg->half_dtype, "half: the 16-bit type sent, f16 or bf16")
-      ->group(dist)
-      ->check(CLI::IsMember({"f16", "bf16"}))
-      ->capture_default_str();
-  sub->add_option("--bucket-mb", cfg->bucket_mb, "Gradient bytes per all-reduce, in MiB")
-      ->group(dist)
-      ->check(CLI::Range(0.001, 4096.0))
-      ->capture_default_str();
-  sub->add_option("--first-bucket-mb", cfg->first_bucket_mb, "Size of the first (earliest) bucket, in MiB")
-      ->group(dist)
-      ->check(CLI::Range(0.001, 4096.0))
-      ->capture_default_str();
+  add_sync_options(*sub, *cfg, dist);
   sub->add_option("--check-consistency", cfg->check_consistency,
                   "Every N steps (and after each epoch), verify all ranks hold bit-identical parameters (0: off)")
       ->group(dist)

@@ -1,6 +1,8 @@
 // What a run leaves behind and the commands that use it: checkpoints (damaged, finished, unwritable),
-// eval, plot, stamped metrics and the summary line; data files that are not files; bench allreduce.
+// eval, plot, stamped metrics and the summary line; data files that are not files; bench allreduce and bench train.
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -118,4 +120,33 @@ TEST(OutputsCli, BenchAllReduceRunsOnTheCpuWithNcclTestsFlags) {
   auto r = run_tandem("bench allreduce -b 1K -e 16K -f 4 -n 2 -w 1");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(tandem::test::count_lines_with(r.output, " ok"), 3) << r.output;  // 1K, 4K, 16K
+}
+
+// bench train takes train's synchronisation options: two CPU ranks, plain against powerSGD of rank 1.
+TEST(OutputsCli, BenchTrainTakesTheSynchronisationOptions) {
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
+  auto bytes_sent = [](const std::string& flags) {
+    auto r = run_tandem(std::string("launch -n 2 -- ") + TANDEM_BIN +
+                        " bench train --model mlp --hidden 64 -b 16 --steps 3 --warmup 1 --threads 1 " + flags);
+    EXPECT_EQ(r.status, 0) << r.output;
+    const size_t at = r.output.find("RESULT {");
+    if (at == std::string::npos) {
+      ADD_FAILURE() << "no RESULT line: " << r.output;
+      return std::make_pair(-1.0, std::string());
+    }
+    auto j = nlohmann::json::parse(r.output.substr(at + 7, r.output.find('\n', at) - at - 7));
+    EXPECT_EQ(j["world"], 2) << r.output;
+    EXPECT_TRUE(j["params_changed"].get<bool>()) << r.output;
+    return std::make_pair(j["bytes_sent_per_step"].get<double>(), j["dist_option"].get<std::string>());
+  };
+  const auto plain = bytes_sent("-d plain");
+  const auto low_rank = bytes_sent("-d powerSGD --rank 1 --no-error-feedback --bucket-mb 0.01");
+  EXPECT_EQ(plain.second, "plain");
+  EXPECT_EQ(low_rank.second, "powerSGD");
+  EXPECT_GT(low_rank.first, 0.0);
+  // 784 x 64 and 64 x 10 gradients sent as rank-1 factors: a small fraction of plain's bytes.
+  EXPECT_LT(low_rank.first, plain.first / 4) << plain.first;
+  auto misplaced = run_tandem("bench train --model mlp --hidden 8 -b 4 --steps 1 --warmup 0 --rank 2");
+  EXPECT_EQ(misplaced.status, 2) << misplaced.output;
+  EXPECT_NE(misplaced.output.find("--rank"), std::string::npos) << misplaced.output;
 }
