@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# Builds tandem on a GPU machine and runs the GPU tests, the benchmarks against the PyTorch peer,
-# and the accuracy runs, in one go. Logs go to $OUT (default /tmp/tandem-gpu), a summary to stdout.
-#   bench/gpu_session.sh [build] [tests] [bench] [accuracy] [sanitize]   (default: all)
-# Expects Fashion-MNIST in .data/fashion-mnist and the peer scripts in .data/peer.
+# Two-GPU session: builds tandem on a GPU machine, runs the GPU tests, then times and checks tandem
+# next to PyTorch DDP (torchrun, the same number of processes) in the same call. Logs go to $OUT
+# (default /tmp/tandem-gpu), a summary to stdout and $OUT/summary.txt.
+#   bench/gpu_session.sh [build] [tests] [cnn] [resnet] [accuracy] [commbound] [sanitize]
+#   (default: all of them; each stage after tests wants 2 GPUs for its 2-GPU half)
+#   cnn:       the guide's CNN, batch 64 per GPU, recorded steps, 1 and 2 GPUs; PyTorch DDP beside
+#   resnet:    ResNet-50 3x224x224, 1000 classes: bf16 batch 256 and TF32 batch 128 per GPU, 1 and 2 GPUs
+#   accuracy:  Fashion-MNIST, 10 epochs on 2 GPUs, every -d option and bf16, through tandem launch and
+#              mpiexec --hostfile, with --check-consistency 200 (METHODS narrows the list)
+#   commbound: NCCL on sockets only, the 36.8 M-parameter MLP: bytes and time per step per option
+#   sanitize:  compute-sanitizer racecheck of two ranks replaying a recorded multi-bucket step
+# COMMIT labels the figures. Expects Fashion-MNIST in .data/fashion-mnist and the peer scripts in .data/peer.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -13,94 +21,101 @@ DATA=$PWD/.data/fashion-mnist
 PEER=$PWD/.data/peer
 T=$PWD/build-gpu/bin/tandem
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-stages=${*:-build tests bench accuracy}
+stages=${*:-build tests cnn resnet accuracy commbound sanitize}
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 has() { [[ " $stages " == *" $1 "* ]]; }
-say "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$NGPU; stages: $stages"
+say "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$NGPU commit ${COMMIT:-?}; stages: $stages"
 
 if has build; then
   t0=$SECONDS
-  if ! { cmake -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DTANDEM_NCCL=ON -DTANDEM_MPI=ON && cmake --build build-gpu -j32; } \
-      >"$OUT/build.log" 2>&1; then
+  if ! { cmake -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DTANDEM_NCCL=ON -DTANDEM_MPI=ON \
+           -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build-gpu -j"$(nproc)"; } >"$OUT/build.log" 2>&1; then
     tail -40 "$OUT/build.log"; exit 1
   fi
   say "build: $((SECONDS - t0)) s"
 fi
 
 if has tests; then
+  t0=$SECONDS
   ctest --test-dir build-gpu -L gpu --output-on-failure -j4 >"$OUT/ctest_gpu.log" 2>&1
-  say "ctest -L gpu: $(grep -E 'tests passed|tests failed|Errors while' "$OUT/ctest_gpu.log")"
-  grep -E '\(Failed\)|\(Timeout\)' "$OUT/ctest_gpu.log" | head -20 | tee -a "$OUT/summary.txt"
-  ctest --test-dir build-gpu -R 'Nccl|DistOpt|Cuda' -LE gpu --output-on-failure >"$OUT/ctest_nccl.log" 2>&1
-  say "ctest nccl/distopt: $(grep -E 'tests passed|tests failed' "$OUT/ctest_nccl.log")"
-  grep -E '\(Failed\)|\(Timeout\)' "$OUT/ctest_nccl.log" | head -20 | tee -a "$OUT/summary.txt"
+  say "ctest -L gpu ($((SECONDS - t0)) s): $(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log")"
+  grep -E '\(Failed\)|\(Timeout\)|\(SEGFAULT\)|\(Subprocess aborted\)' "$OUT/ctest_gpu.log" | head -20 | tee -a "$OUT/summary.txt"
 fi
 
-if has quickbench; then
-  for w in 1 2; do
-    $T launch -n $w -- $T bench train --model cnn -b 64 --steps 500 --device cuda 2>&1 | grep -E 'RESULT|error' \
-      | sed "s/^/tandem ${w}gpu b64: /" | tee -a "$OUT/summary.txt"
-  done
-  $T launch -n 2 -- $T bench allreduce --min 1K --max 64M --no-raw 2>&1 | tee -a "$OUT/summary.txt"
+peer() {  # label, processes, then peer flags
+  local label=$1 n=$2; shift 2
+  python3 -m torch.distributed.run --standalone --nproc_per_node="$n" "$PEER/pytorch_ddp.py" "$@" 2>"$OUT/peer_err.log" \
+    | grep RESULT | sed "s/^/$label: /" | tee -a "$OUT/summary.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || tail -3 "$OUT/peer_err.log" | tee -a "$OUT/summary.txt"
+}
+tan() {  # label, ranks, then tandem bench train flags
+  local label=$1 n=$2; shift 2
+  "$T" launch -n "$n" -- "$T" bench train --device cuda "$@" >"$OUT/tandem_run.log" 2>&1
+  local rc=$?
+  grep RESULT "$OUT/tandem_run.log" | sed "s/^/$label: /" | tee -a "$OUT/summary.txt"
+  [ $rc -eq 0 ] || { say "$label: rc $rc"; tail -5 "$OUT/tandem_run.log" | tee -a "$OUT/summary.txt"; }
+}
+
+if has cnn; then  # run 1: whole step recorded, NCCL all-reduces captured
+  peer "peer ddp 2gpu cnn b64" 2 --model cnn --batch 64 --steps 1000
+  peer "peer 1gpu cnn b64 graph" 1 --model cnn --batch 64 --cuda-graph --steps 3000
+  tan "tandem 1gpu cnn b64 recorded" 1 --model cnn -b 64 --steps 3000
+  [ "$NGPU" -ge 2 ] && tan "tandem 2gpu cnn b64 recorded" 2 --model cnn -b 64 --steps 3000
+  [ "$NGPU" -ge 2 ] && tan "tandem 2gpu cnn b64 eager" 2 --model cnn -b 64 --steps 1000 --cuda-graph off
+  peer "peer ddp 2gpu cnn b64 (again)" 2 --model cnn --batch 64 --steps 1000
 fi
 
-if has bench; then
-  for b in 64 512; do
-    python3 -m torch.distributed.run --standalone --nproc_per_node=1 "$PEER/pytorch_ddp.py" --model cnn --batch $b \
-      2>&1 | grep RESULT | sed "s/^/peer 1gpu b$b: /" | tee -a "$OUT/summary.txt"
-    $T bench train --model cnn -b $b --steps 500 --device cuda 2>&1 | grep -E 'RESULT|error' | sed "s/^/tandem 1gpu b$b: /" \
-      | tee -a "$OUT/summary.txt"
-    $T launch -n 1 -- $T bench train --model cnn -b $b --steps 500 --device cuda 2>&1 | grep -E 'RESULT|error' \
-      | sed "s/^/tandem launch-n1 b$b: /" | tee -a "$OUT/summary.txt"
-    if [ "$NGPU" -ge 2 ]; then
-      python3 -m torch.distributed.run --standalone --nproc_per_node=2 "$PEER/pytorch_ddp.py" --model cnn --batch $b \
-        2>&1 | grep RESULT | sed "s/^/peer 2gpu b$b: /" | tee -a "$OUT/summary.txt"
-      $T launch -n 2 -- $T bench train --model cnn -b $b --steps 500 --device cuda 2>&1 | grep -E 'RESULT|error' \
-        | sed "s/^/tandem 2gpu b$b: /" | tee -a "$OUT/summary.txt"
-    fi
-  done
-  if [ "$NGPU" -ge 2 ]; then
-    $T launch -n 2 -- $T bench allreduce --min 1K --max 1G --json "$OUT/allreduce.jsonl" >"$OUT/allreduce.txt" 2>&1
-    cat "$OUT/allreduce.txt" | tee -a "$OUT/summary.txt"
-  fi
+RN=(--model resnet50 --image 224 --channels 3 --classes 1000 --steps 40 --warmup 8)
+if has resnet; then  # run 2
+  peer "peer ddp 2gpu rn50 b256 bf16" 2 --model resnet50 --batch 256 --bf16 --steps 40
+  peer "peer 1gpu rn50 b256 bf16" 1 --model resnet50 --batch 256 --bf16 --steps 40
+  tan "tandem 1gpu rn50 b256 bf16" 1 "${RN[@]}" -b 256 --precision bf16
+  [ "$NGPU" -ge 2 ] && tan "tandem 2gpu rn50 b256 bf16" 2 "${RN[@]}" -b 256 --precision bf16
+  peer "peer ddp 2gpu rn50 b128 channels-last" 2 --model resnet50 --batch 128 --channels-last --steps 40
+  peer "peer 1gpu rn50 b128 channels-last" 1 --model resnet50 --batch 128 --channels-last --steps 40
+  tan "tandem 1gpu rn50 b128 tf32" 1 "${RN[@]}" -b 128 --precision tf32
+  [ "$NGPU" -ge 2 ] && tan "tandem 2gpu rn50 b128 tf32" 2 "${RN[@]}" -b 128 --precision tf32
 fi
 
-run_acc() {  # name, then the command
+run_acc() {  # name, then the command up to its train flags
   local name=$1; shift
   local t0=$SECONDS
   "$@" --dataset fashion-mnist --data-dir "$DATA" --epochs 10 --batch-size 64 --lr 0.005 --momentum 0.9 \
-    --weight-decay 1e-5 --device cuda --metrics "$OUT/acc_$name.jsonl" >"$OUT/acc_$name.log" 2>&1
+    --weight-decay 1e-5 --device cuda --check-consistency 200 --progress off --metrics "$OUT/acc_$name.jsonl" \
+    >"$OUT/acc_$name.log" 2>&1
   local rc=$?
   say "accuracy $name (rc $rc, $((SECONDS - t0)) s): $(grep 'Evaluation accuracy' "$OUT/acc_$name.log" | tail -1)"
+  say "  epoch times: $(grep -o 'Elapsed Time = [0-9.]*' "$OUT/acc_$name.log" | awk '{printf "%s ", $4}')"
   [ $rc -eq 0 ] || tail -5 "$OUT/acc_$name.log" | tee -a "$OUT/summary.txt"
 }
 
-if has accuracy; then
-  run_acc 1gpu "$T" train --model cnn
-  if [ "$NGPU" -ge 2 ]; then
-    run_acc launch2_plain "$T" launch -n 2 -- "$T" train --model cnn --check-consistency 200 --report-comm
-    printf 'localhost slots=2\n' >"$OUT/hostfile"
-    run_acc mpi2_plain mpiexec --hostfile "$OUT/hostfile" -n 2 "$T" train --model cnn --check-consistency 200
-    for d in half sparseTopK sparseThreshold partialUpdate; do
-      run_acc "launch2_$d" "$T" launch -n 2 -- "$T" train --model cnn -d $d -s 0.05 --check-consistency 200 --report-comm
-    done
-  fi
-fi
-
-if has commbound && [ "$NGPU" -ge 2 ]; then
-  # NCCL forced onto sockets: a commodity-network setting where gradient compression can pay.
-  for d in plain half sparseTopK sparseThreshold; do
-    NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$T" launch -n 2 -- "$T" bench train --model mlp \
-      --hidden 4096,4096,4096 -b 64 --steps 30 --warmup 5 -d $d -s 0.01 --device cuda 2>&1 \
-      | grep -E 'RESULT|error' | sed "s/^/sockets $d: /" | tee -a "$OUT/summary.txt"
+if has accuracy && [ "$NGPU" -ge 2 ]; then  # run 3
+  printf 'localhost slots=2\n' >"$OUT/hostfile"
+  for m in ${METHODS:-plain half partialUpdate sparseTopK sparseThreshold powerSGD bf16}; do
+    flags=(-d "$m")
+    case $m in
+      sparseTopK | sparseThreshold) flags+=(-s 0.05) ;;
+      bf16) flags=(--precision bf16) ;;
+    esac
+    run_acc "launch2_$m" "$T" launch -n 2 -- "$T" train --model cnn "${flags[@]}" --report-comm
+    run_acc "mpi2_$m" mpiexec --hostfile "$OUT/hostfile" -n 2 "$T" train --model cnn "${flags[@]}"
   done
 fi
 
-if has sanitize && [ "$NGPU" -ge 2 ]; then
-  for d in half sparseTopK; do  # several buckets (1 MiB each), two ranks, every rank under racecheck
+if has commbound && [ "$NGPU" -ge 2 ]; then  # run 4: NCCL forced onto sockets
+  for cfg in "plain" "half" "sparseTopK -s 0.01" "powerSGD --rank 2"; do
+    NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$T" launch -n 2 -- "$T" bench train --model mlp \
+      --hidden 4096,4096,4096 -b 64 --steps 30 --warmup 5 -d $cfg --device cuda 2>&1 \
+      | grep -E 'RESULT|error' | sed "s/^/sockets $cfg: /" | tee -a "$OUT/summary.txt"
+  done
+fi
+
+if has sanitize && [ "$NGPU" -ge 2 ]; then  # run 5: 1 MiB buckets, the step recorded after warm-up and replayed
+  for d in plain half sparseTopK; do
     "$T" launch -n 2 -- compute-sanitizer --tool racecheck "$T" bench train --model mlp --hidden 1024,1024 -b 32 \
-      --steps 3 --warmup 1 --bucket-mb 1 -d $d --device cuda >"$OUT/racecheck_$d.log" 2>&1
-    say "racecheck $d, multi-bucket: rc $? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck_$d.log" | tr '\n' ' ')"
+      --steps 4 --warmup 6 --bucket-mb 1 -d $d --device cuda >"$OUT/racecheck_$d.log" 2>&1
+    say "racecheck $d, multi-bucket, replayed (rc $?): $(grep -o '"cuda_graph":[a-z]*' "$OUT/racecheck_$d.log" | head -1)" \
+      "$(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck_$d.log" | sort | uniq -c | tr '\n' ' ')"
   done
 fi
 say "# done"
