@@ -2,7 +2,8 @@
 # GPU speed session: builds tandem on a GPU machine, runs the GPU tests, then times tandem next to the
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
-#   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [convlog] [profile]
+#   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [cnnconv] [convlog]
+#                          [profile]
 #   (default: build tests cnn resnet)
 # COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
 # PROFILE lists "model batch precision" triples separated by ';';
@@ -115,6 +116,11 @@ if has accuracy; then  # the guide's CNN and hyper-parameters on Fashion-MNIST, 
     done
   done
   say "mean final accuracy per precision: $(awk '{s[$1]+=$2; n[$1]++} END {for (p in s) printf "%s %.4f (%d runs)  ", p, s[p]/n[p], n[p]}' "$OUT/acc_all.txt")"
+fi
+
+if has cnnconv; then  # the guide's CNN at batch 64: each convolution pass's candidates, timed in a recording
+  TANDEM_CONV_LOG=1 "$T" bench train --device cuda --model cnn -b 64 --steps 3 --warmup 1 --cuda-graph off 2>&1 \
+    | grep '^conv' | tee "$OUT/convlog_cnn.txt" | tee -a "$OUT/summary.txt"
 fi
 
 if has convlog; then  # which algorithm cuDNN offered and which was taken, per convolution
