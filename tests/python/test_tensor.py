@@ -1,8 +1,11 @@
-"""Tensors: NumPy round trips for every dtype, DLPack both ways, attributes and arithmetic."""
+"""Tensors: NumPy round trips for every dtype, DLPack both ways (NumPy, PyTorch, GPU memory), attributes and arithmetic."""
 import numpy as np
 import pytest
 
+import tandem
 from tandem import tensor
+
+needs_gpu = pytest.mark.skipif(tandem.device.get_num_gpus() == 0, reason="no CUDA GPU")
 
 DTYPES = [
     (tensor.float32, np.float32),
@@ -115,6 +118,32 @@ def test_dlpack_torch(cpu):
     assert tb.dtype == torch.bfloat16 and tb.float().tolist() == [1.5, -2.0]
     back = tensor.from_dlpack(torch.tensor([1, 2, 3], dtype=torch.int32))
     assert back.dtype == tensor.int32 and back.to_numpy().tolist() == [1, 2, 3]
+
+
+@needs_gpu
+def test_dlpack_on_the_gpu_shares_memory():
+    gpu = tandem.device.create_cuda_gpu_on(0)
+    t = tensor.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3), gpu)
+    assert t.__dlpack_device__() == (2, 0)  # kDLCUDA, device 0
+    v = tensor.from_dlpack(t)  # a second tandem tensor over the same GPU memory
+    assert v.__dlpack_device__() == (2, 0) and v.shape == (2, 3)
+    t += 1
+    np.testing.assert_array_equal(v.to_numpy(), np.arange(1, 7).reshape(2, 3))
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    x = torch.from_dlpack(t)  # tandem's queued work is done before PyTorch sees the memory
+    assert x.is_cuda and x.device.index == 0 and x.dtype == torch.float32
+    x.mul_(2)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(t.to_numpy(), 2 * np.arange(1, 7).reshape(2, 3))
+    y = torch.arange(4, device="cuda", dtype=torch.float32)
+    u = tensor.from_dlpack(y)  # PyTorch's pending work is ordered before tandem's stream
+    assert u.__dlpack_device__() == (2, 0)
+    u += 10
+    assert u.to_numpy().tolist() == [10, 11, 12, 13]
+    assert y.tolist() == [10, 11, 12, 13]  # the same memory
 
 
 def test_arithmetic_and_in_place(cpu):
