@@ -1,4 +1,5 @@
-// What the subcommands that start ranks share: threads per rank, the device of a rank.
+// What the subcommands that start ranks share: threads per rank, the device of a rank, and the options
+// for recording steps and for how ranks synchronise.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
