@@ -36,7 +36,7 @@ void bind_graph(nb::module_& m) {
               nb::gil_scoped_release unlocked;
               r.graph->replay();
             }
-            if (r.opt && r.opt->communicator().size() > 1) r.opt->communicator().watch("a recorded training step");
+            if (r.opt) r.opt->communicator().watch("a recorded training step");
             if (r.opt) r.opt->count_replayed_step(r.delta);
             ++r.replays;
           },

@@ -200,7 +200,7 @@ StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track) {
   rec->delta = opt_->stats() - before;
   recorded_ = std::move(rec);
   recorded_->graph->replay();  // this batch's step
-  if (world() > 1) comm_->watch("a recorded training step");
+  comm_->watch("a recorded training step");
   ++replays_;
   return recorded_->out;
 }
@@ -208,7 +208,7 @@ StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track) {
 StepResult Session::replay_step(const Tensor& x, const Tensor& y) {
   Recorded& rec = *recorded_;
   rec.replay(x, y);
-  if (world() > 1) comm_->watch("a recorded training step");  // its collectives, held to the timeout
+  comm_->watch("a recorded training step");  // its collectives, held to the timeout
   opt_->count_replayed_step(rec.delta);
   ++replays_;
   return rec.out;

@@ -58,7 +58,8 @@ class Communicator {
   /// with it and run again by every replay (NCCL's are).
   virtual bool records_collectives() const { return false; }
   /// Holds the device work queued so far (a replayed step and the collectives in it) to the same
-  /// timeout as a collective, naming `what` when it is late.
+  /// timeout as a collective, naming `what` when it is late. A group of one rank waits on no peer:
+  /// nothing to watch.
   virtual void watch(const char* what) {}
 };
 
