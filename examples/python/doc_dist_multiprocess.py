@@ -11,6 +11,8 @@ from doc_dist_train import parse_args, run
 if __name__ == "__main__":
     # The ticket: the processes holding it find each other (the guide's NCCL id).
     nccl_id = tandem.NcclIdHolder()
+    if len(sys.argv) < 2 or not sys.argv[1].isdigit() or int(sys.argv[1]) < 1:
+        sys.exit(f"usage: {sys.argv[0]} PROCESSES [training options]\n{__doc__}")
     gpu_per_node = int(sys.argv[1])
     args = parse_args(sys.argv[2:])
 

@@ -58,6 +58,12 @@ def test_guide_multiprocessing_script():
               *run([sys.executable, str(EXAMPLES / "doc_dist_multiprocess.py"), "2"] + SHORT, cwd=str(EXAMPLES)))
 
 
+def test_multiprocessing_script_without_a_process_count_says_how_to_call_it():
+    for args in ([], ["--help"], ["0"]):
+        rc, out = run([sys.executable, str(EXAMPLES / "doc_dist_multiprocess.py")] + args, cwd=str(EXAMPLES))
+        assert rc == 1 and "usage:" in out and "Traceback" not in out, out
+
+
 def test_launchers_agree():
     if len(results) < 2:
         pytest.skip("fewer than two launchers ran")
