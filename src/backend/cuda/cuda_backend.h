@@ -211,6 +211,16 @@ void launch_col2im(const float* dcol, float* dx, const ConvGeom& g, cudaStream_t
 /// out[k][n][p] = in[n][k][p].
 void launch_nkp_to_knp(const float* in, float* out, int64_t n, int64_t k, int64_t p, cudaStream_t stream);
 
+// Direct kernels for small convolutions (cuda_conv_direct.cu): NCHW f32, stride 1, 3x3 or 5x5 filters.
+bool direct_conv_fits(const ConvGeom& g);
+/// y = the convolution of x with w (no bias).
+void launch_direct_forward(const float* x, const float* w, float* y, const ConvGeom& g, cudaStream_t stream);
+/// Workspace launch_direct_wgrad needs for its partial sums (0: none).
+size_t direct_wgrad_bytes(const ConvGeom& g, int sm_count);
+/// dw = the weight gradient, summed over the batch in a fixed order.
+void launch_direct_wgrad(const float* dy, const float* x, float* dw, float* partial, const ConvGeom& g, int sm_count,
+                         cudaStream_t stream);
+
 /// Throws unless t is f32 (the one floating type the CUDA kernels take).
 void require_f32(const Tensor& t, const char* op);
 
