@@ -419,6 +419,9 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
   const ConvMath math = check_conv(g, x, w, y, "conv2d");
   if (y.numel() == 0) return;
   DeviceState& st = state_for(y);
+  // The direct kernel adds an f32 bias itself.
+  const float* bias_f32 = b.defined() && b.dtype() == DType::f32 ? b.data<float>() : nullptr;
+  const bool direct_ok = !b.defined() || bias_f32;
   {
     cudnnHandle_t h = cudnn_handle(st);
     std::lock_guard<std::mutex> lock(st.cudnn_mu);
@@ -448,7 +451,8 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
             },
             [&] { gemm_forward(st, x, w, g, math, y, ws); });
       }
-      if (math.dtype == DType::f32 && direct_conv_fits(g)) {
+      if (math.dtype == DType::f32 && direct_ok && direct_conv_fits(g)) {
+        // Both sides timed with this call's bias and ReLU: the direct kernel adds them as it stores y.
         TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.fwd_math));
         void* ws = conv_workspace(st, std::max(p.fwd_ws, gemm_path_fits(g, math) ? gemm_fwd_bytes(g) : 0));
         p.fwd_direct = direct_wins(
@@ -459,14 +463,18 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
               else
                 TANDEM_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv,
                                                            p.fwd, ws, p.fwd_ws, &zero, p.y, y.data_ptr()));
+              conv_epilogue(g, b, relu, y);
             },
-            [&] { launch_direct_forward(x.data<float>(), w.data<float>(), y.data<float>(), g, st.stream); }, y);
+            [&] { launch_direct_forward(x.data<float>(), w.data<float>(), bias_f32, relu, y.data<float>(), g, st.stream); },
+            y);
       }
       p.has_fwd = true;
     }
-    if (p.fwd_direct) {
-      launch_direct_forward(x.data<float>(), w.data<float>(), y.data<float>(), g, st.stream);
-    } else if (p.fwd_gemm) {
+    if (p.fwd_direct && direct_ok) {
+      launch_direct_forward(x.data<float>(), w.data<float>(), bias_f32, relu, y.data<float>(), g, st.stream);
+      return;
+    }
+    if (p.fwd_gemm) {
       gemm_forward(st, x, w, g, math, y, conv_workspace(st, gemm_fwd_bytes(g)));
     } else {
       TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.fwd_math));
@@ -475,6 +483,10 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
                                                  ws, p.fwd_ws, &zero, p.y, y.data_ptr()));
     }
   }
+  conv_epilogue(g, b, relu, y);
+}
+
+void CudaBackend::conv_epilogue(const ConvGeom& g, const Tensor& b, bool relu, Tensor& y) {
   // Channels-last output is [n * oh * ow, k] rows for the bias.
   const int64_t n = g.nhwc ? g.n * g.oh * g.ow : g.n, s = g.nhwc ? 1 : g.oh * g.ow;
   if (relu)

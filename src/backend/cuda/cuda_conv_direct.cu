@@ -29,10 +29,12 @@ constexpr int kSmemFloats = 12 * 1024;    // 48 KiB of shared memory
 
 // y[n][k][oh][ow0 + t] for t < TW and kFwdChannels output channels: each thread keeps a strip of TW
 // outputs of every channel of its block in registers; the block's filters sit in shared memory.
+// With bias, y gets b[k] added; with relu, y = max(y, 0) after that.
 template <int KS, int TW>
 __global__ void __launch_bounds__(kFwdThreads) direct_fwd_kernel(const float* __restrict__ x,
-                                                                 const float* __restrict__ w, float* __restrict__ y,
-                                                                 Geom32 g, int strips_per_row) {
+                                                                 const float* __restrict__ w,
+                                                                 const float* __restrict__ bias, float* __restrict__ y,
+                                                                 Geom32 g, int strips_per_row, bool relu) {
   extern __shared__ float wsm[];  // [kFwdChannels][c][KS][KS]
   const int n = blockIdx.z, k0 = blockIdx.y * kFwdChannels;
   const int kcount = min(kFwdChannels, g.k - k0);
@@ -75,9 +77,12 @@ __global__ void __launch_bounds__(kFwdThreads) direct_fwd_kernel(const float* __
   for (int kb = 0; kb < kFwdChannels; ++kb) {
     if (kb >= kcount) break;
     float* out = y + ((static_cast<int64_t>(n) * g.k + k0 + kb) * g.oh + oh) * g.ow;
+    const float bv = bias ? bias[k0 + kb] : 0.0f;
 #pragma unroll
-    for (int t = 0; t < TW; ++t)
-      if (ow0 + t < g.ow) out[ow0 + t] = acc[kb][t];
+    for (int t = 0; t < TW; ++t) {
+      const float v = acc[kb][t] + bv;
+      if (ow0 + t < g.ow) out[ow0 + t] = relu ? fmaxf(v, 0.0f) : v;
+    }
   }
 }
 
@@ -89,13 +94,13 @@ template <int KS>
 __global__ void direct_wgrad_kernel(const float* __restrict__ dy, const float* __restrict__ x,
                                     float* __restrict__ partial, Geom32 g, int per_chunk, int row_splits,
                                     int k_group) {
-  extern __shared__ float xs[];  // [(h + 2 ph) * (w + 2 pw)]
+  extern __shared__ float xs[];  // [rows of the part + KS - 1][w + 2 pw]
   const int part = blockIdx.x, chunk = part / row_splits, split = part % row_splits;
   const int c = blockIdx.y, k0 = blockIdx.z * k_group;
   const int kb = threadIdx.x / KS, r = threadIdx.x % KS;
   const int k = k0 + kb;
   const bool active = kb < k_group && k < g.k;
-  const int pw_w = g.w + 2 * g.pw, ph_h = g.h + 2 * g.ph;
+  const int pw_w = g.w + 2 * g.pw;
   const int rows = (g.oh + row_splits - 1) / row_splits;
   const int oh_begin = split * rows, oh_end = min(g.oh, oh_begin + rows);
   const int n_begin = chunk * per_chunk, n_end = min(g.n, n_begin + per_chunk);
@@ -105,15 +110,16 @@ __global__ void direct_wgrad_kernel(const float* __restrict__ dy, const float* _
   for (int n = n_begin; n < n_end; ++n) {
     __syncthreads();
     const float* __restrict__ plane = x + (static_cast<int64_t>(n) * g.c + c) * g.h * g.w;
-    for (int i = threadIdx.x; i < ph_h * pw_w; i += blockDim.x) {
-      const int ih = i / pw_w - g.ph, iw = i % pw_w - g.pw;
+    // Only the padded rows under this part's output rows: oh_begin .. oh_end + KS - 2.
+    for (int i = threadIdx.x; i < (oh_end - oh_begin + KS - 1) * pw_w; i += blockDim.x) {
+      const int ih = oh_begin + i / pw_w - g.ph, iw = i % pw_w - g.pw;
       xs[i] = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w ? __ldg(plane + ih * g.w + iw) : 0.0f;
     }
     __syncthreads();
     if (!active) continue;
     const float* __restrict__ d = dy + (static_cast<int64_t>(n) * g.k + k) * g.oh * g.ow;
     for (int oh = oh_begin; oh < oh_end; ++oh) {
-      const float* xrow = xs + (oh + r) * pw_w;
+      const float* xrow = xs + (oh - oh_begin + r) * pw_w;
       const float* drow = d + oh * g.ow;
       for (int ow = 0; ow < g.ow; ++ow) {
         const float dv = __ldg(drow + ow);
@@ -129,14 +135,19 @@ __global__ void direct_wgrad_kernel(const float* __restrict__ dy, const float* _
   for (int s = 0; s < KS; ++s) out[s] = acc[s];
 }
 
-__global__ void direct_wgrad_total_kernel(const float* __restrict__ partial, float* __restrict__ dw, int64_t count,
-                                          int parts) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float sum = 0.0f;
-    for (int p = 0; p < parts; ++p) sum += partial[p * count + i];
-    dw[i] = sum;
-  }
+// One warp per weight: lane l sums parts l, l + 32, ... in order, then the lanes' sums are combined
+// by a fixed tree, so the total is the same bits on every run.
+constexpr int kTotalWarps = 8;
+__global__ void __launch_bounds__(kTotalWarps * 32) direct_wgrad_total_kernel(const float* __restrict__ partial,
+                                                                              float* __restrict__ dw, int64_t count,
+                                                                              int parts) {
+  const int lane = threadIdx.x & 31;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(kTotalWarps) + threadIdx.x / 32;
+  if (i >= count) return;  // whole warps leave together
+  float sum = 0.0f;
+  for (int p = lane; p < parts; p += 32) sum += partial[p * count + i];
+  sum = kern::warp_sum(sum);
+  if (lane == 0) dw[i] = sum;
 }
 
 // How the weight gradient's work is split: parts of the batch and of the output rows, enough blocks
@@ -177,7 +188,8 @@ size_t direct_wgrad_bytes(const ConvGeom& g, int sm_count) {
   return sp.parts() <= 1 ? 0 : static_cast<size_t>(sp.parts()) * static_cast<size_t>(g.k * g.c * g.r * g.s) * 4;
 }
 
-void launch_direct_forward(const float* x, const float* w, float* y, const ConvGeom& g, cudaStream_t stream) {
+void launch_direct_forward(const float* x, const float* w, const float* bias, bool relu, float* y, const ConvGeom& g,
+                           cudaStream_t stream) {
   const Geom32 g32 = narrow(g);
   const int tw = g.ow >= 16 ? 4 : 1;
   const int strips_per_row = static_cast<int>((g.ow + tw - 1) / tw);
@@ -186,13 +198,13 @@ void launch_direct_forward(const float* x, const float* w, float* y, const ConvG
                   static_cast<unsigned>((g.k + kFwdChannels - 1) / kFwdChannels), static_cast<unsigned>(g.n));
   const size_t smem = static_cast<size_t>(kFwdChannels * g.c * g.r * g.s) * sizeof(float);
   if (g.r == 5 && tw == 4)
-    direct_fwd_kernel<5, 4><<<grid, kFwdThreads, smem, stream>>>(x, w, y, g32, strips_per_row);
+    direct_fwd_kernel<5, 4><<<grid, kFwdThreads, smem, stream>>>(x, w, bias, y, g32, strips_per_row, relu);
   else if (g.r == 5)
-    direct_fwd_kernel<5, 1><<<grid, kFwdThreads, smem, stream>>>(x, w, y, g32, strips_per_row);
+    direct_fwd_kernel<5, 1><<<grid, kFwdThreads, smem, stream>>>(x, w, bias, y, g32, strips_per_row, relu);
   else if (tw == 4)
-    direct_fwd_kernel<3, 4><<<grid, kFwdThreads, smem, stream>>>(x, w, y, g32, strips_per_row);
+    direct_fwd_kernel<3, 4><<<grid, kFwdThreads, smem, stream>>>(x, w, bias, y, g32, strips_per_row, relu);
   else
-    direct_fwd_kernel<3, 1><<<grid, kFwdThreads, smem, stream>>>(x, w, y, g32, strips_per_row);
+    direct_fwd_kernel<3, 1><<<grid, kFwdThreads, smem, stream>>>(x, w, bias, y, g32, strips_per_row, relu);
   TANDEM_CUDA_LAUNCH_CHECK("direct_fwd_kernel");
 }
 
@@ -203,7 +215,8 @@ void launch_direct_wgrad(const float* dy, const float* x, float* dw, float* part
   float* out = sp.parts() <= 1 ? dw : partial;
   const dim3 grid(static_cast<unsigned>(sp.parts()), static_cast<unsigned>(g.c), static_cast<unsigned>(sp.k_groups));
   const int threads = sp.k_group * static_cast<int>(g.r);
-  const size_t smem = static_cast<size_t>((g.h + 2 * g.pad_h) * (g.w + 2 * g.pad_w)) * sizeof(float);
+  const int64_t rows = (g.oh + sp.row_splits - 1) / sp.row_splits;
+  const size_t smem = static_cast<size_t>((rows + g.r - 1) * (g.w + 2 * g.pad_w)) * sizeof(float);
   if (g.r == 5)
     direct_wgrad_kernel<5><<<grid, threads, smem, stream>>>(dy, x, out, g32, sp.per_chunk, sp.row_splits, sp.k_group);
   else
@@ -211,7 +224,8 @@ void launch_direct_wgrad(const float* dy, const float* x, float* dw, float* part
   TANDEM_CUDA_LAUNCH_CHECK("direct_wgrad_kernel");
   if (sp.parts() > 1) {
     const int64_t count = g.k * g.c * g.r * g.s;
-    direct_wgrad_total_kernel<<<kern::blocks_for(count), kern::kBlock, 0, stream>>>(partial, dw, count, sp.parts());
+    const auto blocks = static_cast<unsigned>((count + kTotalWarps - 1) / kTotalWarps);
+    direct_wgrad_total_kernel<<<blocks, kTotalWarps * 32, 0, stream>>>(partial, dw, count, sp.parts());
     TANDEM_CUDA_LAUNCH_CHECK("direct_wgrad_total_kernel");
   }
 }
