@@ -259,11 +259,13 @@ void check_convolutions(int64_t extra) {
             Tensor yb = Tensor::empty({g.n, g.k, g.oh, g.ow}, DType::f32, d);
             be.conv2d_forward(x.to(d), w.to(d), Tensor(), g, y);
             be.conv2d_forward(x.to(d), w.to(d), b.to(d), g, yb);
+            Tensor yr = Tensor::empty({g.n, g.k, g.oh, g.ow}, DType::f32, d);
+            be.conv2d_forward(x.to(d), w.to(d), b.to(d), g, yr, true);
             Tensor dx = Tensor::empty(x.shape(), DType::f32, d), dw = Tensor::empty(w.shape(), DType::f32, d);
             Tensor none;
             be.conv2d_backward_data(dy.to(d), w.to(d), g, dx);
             be.conv2d_backward_weight(dy.to(d), x.to(d), g, dw, none);
-            return Outputs{y, yb, dx, dw};
+            return Outputs{y, yb, yr, dx, dw};
           },
           1e-4, 0.0, what, true);
       compare(
