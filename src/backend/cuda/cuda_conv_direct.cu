@@ -23,7 +23,7 @@ Geom32 narrow(const ConvGeom& g) {
           static_cast<int>(g.pad_w), static_cast<int>(g.oh), static_cast<int>(g.ow)};
 }
 
-constexpr int kFwdChannels = 8;           // output channels per forward block
+constexpr int kFwdChannels = 8;           // output channels per forward block (two float4)
 constexpr int kFwdThreads = 64;
 constexpr int kSmemFloats = 12 * 1024;    // 48 KiB of shared memory
 
@@ -35,12 +35,16 @@ __global__ void __launch_bounds__(kFwdThreads) direct_fwd_kernel(const float* __
                                                                  const float* __restrict__ w,
                                                                  const float* __restrict__ bias, float* __restrict__ y,
                                                                  Geom32 g, int strips_per_row, bool relu) {
-  extern __shared__ float wsm[];  // [kFwdChannels][c][KS][KS]
+  // [c][KS][KS][kFwdChannels]: a tap's eight channel weights are two 16-byte shared-memory loads.
+  extern __shared__ float4 wsm4[];
+  float* wsm = reinterpret_cast<float*>(wsm4);
   const int n = blockIdx.z, k0 = blockIdx.y * kFwdChannels;
   const int kcount = min(kFwdChannels, g.k - k0);
   const int per_k = g.c * KS * KS;
-  for (int i = threadIdx.x; i < kFwdChannels * per_k; i += blockDim.x)
-    wsm[i] = i < kcount * per_k ? w[static_cast<int64_t>(k0) * per_k + i] : 0.0f;
+  for (int i = threadIdx.x; i < kFwdChannels * per_k; i += blockDim.x) {
+    const int kb = i / per_k, tap = i % per_k;
+    wsm[tap * kFwdChannels + kb] = kb < kcount ? w[static_cast<int64_t>(k0) * per_k + i] : 0.0f;
+  }
   __syncthreads();
   const int strip = blockIdx.x * blockDim.x + threadIdx.x;
   if (strip >= g.oh * strips_per_row) return;
@@ -62,15 +66,16 @@ __global__ void __launch_bounds__(kFwdThreads) direct_fwd_kernel(const float* __
         const int iw = ow0 + t - g.pw;
         xr[t] = iw >= 0 && iw < g.w ? __ldg(plane + ih * g.w + iw) : 0.0f;
       }
-      const float* wr = wsm + (c * KS + r) * KS;
+      const float4* wr = wsm4 + (c * KS + r) * KS * (kFwdChannels / 4);
 #pragma unroll
-      for (int s = 0; s < KS; ++s)
+      for (int s = 0; s < KS; ++s) {
+        const float4 lo = wr[s * 2], hi = wr[s * 2 + 1];
+        const float wv[kFwdChannels] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-        for (int kb = 0; kb < kFwdChannels; ++kb) {
-          const float wv = wr[kb * per_k + s];
+        for (int kb = 0; kb < kFwdChannels; ++kb)
 #pragma unroll
-          for (int t = 0; t < TW; ++t) acc[kb][t] = fmaf(wv, xr[t + s], acc[kb][t]);
-        }
+          for (int t = 0; t < TW; ++t) acc[kb][t] = fmaf(wv[kb], xr[t + s], acc[kb][t]);
+      }
     }
   }
 #pragma unroll
