@@ -126,10 +126,18 @@ __global__ void direct_wgrad_kernel(const float* __restrict__ dy, const float* _
     for (int oh = oh_begin; oh < oh_end; ++oh) {
       const float* xrow = xs + (oh - oh_begin + r) * pw_w;
       const float* drow = d + oh * g.ow;
-      for (int ow = 0; ow < g.ow; ++ow) {
-        const float dv = __ldg(drow + ow);
+      // Four outputs at a time: their KS + 3 inputs read once from shared memory for 4 x KS products.
+      for (int ow0 = 0; ow0 < g.ow; ow0 += 4) {
+        float dv[4], xv[KS + 3];
 #pragma unroll
-        for (int s = 0; s < KS; ++s) acc[s] = fmaf(dv, xrow[ow + s], acc[s]);
+        for (int t = 0; t < 4; ++t) dv[t] = ow0 + t < g.ow ? __ldg(drow + ow0 + t) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < KS + 3; ++t) xv[t] = ow0 + t < pw_w ? xrow[ow0 + t] : 0.0f;
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+          if (ow0 + t < g.ow)  // the same products, in the same order, as one output at a time
+#pragma unroll
+            for (int s = 0; s < KS; ++s) acc[s] = fmaf(dv[t], xv[t + s], acc[s]);
       }
     }
   }
