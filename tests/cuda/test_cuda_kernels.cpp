@@ -234,7 +234,8 @@ const backend::ConvGeom kConvs[] = {
     conv_geom(2, 3, 9, 7, 4, 3, 3, 1, 1, 1, 1),       conv_geom(3, 1, 28, 28, 20, 5, 5, 1, 1, 0, 0),
     conv_geom(2, 20, 12, 12, 50, 5, 5, 1, 1, 0, 0),   conv_geom(2, 5, 10, 11, 6, 3, 2, 2, 2, 1, 0),
     conv_geom(1, 2, 5, 5, 3, 1, 1, 2, 2, 2, 2),       conv_geom(4, 8, 15, 13, 16, 3, 3, 2, 1, 1, 2),
-    conv_geom(2, 16, 8, 8, 32, 1, 1, 1, 1, 0, 0),     conv_geom(1, 3, 32, 32, 64, 7, 7, 2, 2, 3, 3)};
+    conv_geom(2, 16, 8, 8, 32, 1, 1, 1, 1, 0, 0),     conv_geom(1, 3, 32, 32, 64, 7, 7, 2, 2, 3, 3),
+    conv_geom(2, 4, 7, 9, 9, 3, 3, 1, 1, 2, 2),       conv_geom(2, 3, 21, 19, 10, 3, 3, 1, 1, 1, 1)};
 
 std::string geom_name(const backend::ConvGeom& g) {
   return "conv n" + std::to_string(g.n) + " c" + std::to_string(g.c) + " " + std::to_string(g.h) + "x" +
@@ -258,11 +259,13 @@ void check_convolutions(int64_t extra) {
             Tensor yb = Tensor::empty({g.n, g.k, g.oh, g.ow}, DType::f32, d);
             be.conv2d_forward(x.to(d), w.to(d), Tensor(), g, y);
             be.conv2d_forward(x.to(d), w.to(d), b.to(d), g, yb);
+            Tensor yr = Tensor::empty({g.n, g.k, g.oh, g.ow}, DType::f32, d);
+            be.conv2d_forward(x.to(d), w.to(d), b.to(d), g, yr, true);
             Tensor dx = Tensor::empty(x.shape(), DType::f32, d), dw = Tensor::empty(w.shape(), DType::f32, d);
             Tensor none;
             be.conv2d_backward_data(dy.to(d), w.to(d), g, dx);
             be.conv2d_backward_weight(dy.to(d), x.to(d), g, dw, none);
-            return Outputs{y, yb, dx, dw};
+            return Outputs{y, yb, yr, dx, dw};
           },
           1e-4, 0.0, what, true);
       compare(
@@ -284,14 +287,27 @@ TEST(CudaKernels, ConvolutionForwardAndBackward) {
 }
 
 // The im2col + cuBLAS path, taken wherever it fits (TANDEM_CONV_GEMM=1), against the CPU; then cuDNN
-// alone (=0) on the same geometries with another batch size.
+// alone (=0) on the same geometries with another batch size. The direct kernels stay out of both.
 TEST(CudaKernels, ConvolutionAsMatrixProductsAndCudnnAlone) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  setenv("TANDEM_CONV_DIRECT", "0", 1);
   setenv("TANDEM_CONV_GEMM", "1", 1);
   check_convolutions(1);
   setenv("TANDEM_CONV_GEMM", "0", 1);
   check_convolutions(2);
   unsetenv("TANDEM_CONV_GEMM");
+  unsetenv("TANDEM_CONV_DIRECT");
+}
+
+// The direct kernels (stride 1, 3x3 and 5x5 filters: four of the geometries above, among them the
+// guide's CNN's, a padding of 2 and rows whose width is no multiple of four) taken wherever they fit
+// (TANDEM_CONV_DIRECT=1), against the CPU.
+TEST(CudaKernels, ConvolutionDirectKernels) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  setenv("TANDEM_CONV_DIRECT", "1", 1);
+  check_convolutions(3);
+  check_convolutions(61);  // batch 64 for the CNN's geometries: the weight gradient splits the batch
+  unsetenv("TANDEM_CONV_DIRECT");
 }
 
 backend::PoolGeom pool_geom(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw,

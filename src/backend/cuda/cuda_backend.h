@@ -172,6 +172,8 @@ class CudaBackend final : public Backend {
  private:
   /// Throws the label error a kernel recorded on the device, if any (call after a stream sync).
   void check_errors(int device);
+  /// Adds b[k] to y when b is defined, then max(y, 0) when relu: what follows a convolution that leaves both out.
+  void conv_epilogue(const ConvGeom& g, const Tensor& b, bool relu, Tensor& y);
 
   int device_count_ = 0;
   std::vector<std::unique_ptr<CachingAllocator>> allocators_;
@@ -210,6 +212,17 @@ void launch_im2col(const float* x, float* col, const ConvGeom& g, int64_t stride
 void launch_col2im(const float* dcol, float* dx, const ConvGeom& g, cudaStream_t stream);
 /// out[k][n][p] = in[n][k][p].
 void launch_nkp_to_knp(const float* in, float* out, int64_t n, int64_t k, int64_t p, cudaStream_t stream);
+
+// Direct kernels for small convolutions (cuda_conv_direct.cu): NCHW f32, stride 1, 3x3 or 5x5 filters.
+bool direct_conv_fits(const ConvGeom& g);
+/// y = the convolution of x with w, plus bias[k] when bias is not null, then max(y, 0) when relu.
+void launch_direct_forward(const float* x, const float* w, const float* bias, bool relu, float* y, const ConvGeom& g,
+                           cudaStream_t stream);
+/// Workspace launch_direct_wgrad needs for its partial sums (0: none).
+size_t direct_wgrad_bytes(const ConvGeom& g, int sm_count);
+/// dw = the weight gradient, summed over the batch in a fixed order.
+void launch_direct_wgrad(const float* dy, const float* x, float* dw, float* partial, const ConvGeom& g, int sm_count,
+                         cudaStream_t stream);
 
 /// Throws unless t is f32 (the one floating type the CUDA kernels take).
 void require_f32(const Tensor& t, const char* op);

@@ -3,11 +3,14 @@
 // Descriptors and algorithms are made once per geometry, element type, layout and math mode, and
 // kept in a small per-device map, so a training step does no descriptor work and no search. Exact
 // f32 uses FMA kernels only; TF32 and 16-bit data let cuDNN and cuBLAS pick tensor-core kernels.
+#include <algorithm>
 #include <array>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -151,6 +154,7 @@ struct ConvPlan {
   cudnnMathType_t fwd_math{}, bwd_data_math{}, bwd_filter_math{};
   size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
   bool fwd_gemm = false, bwd_data_gemm = false, bwd_filter_gemm = false;  // the matrix products won
+  bool fwd_direct = false, bwd_filter_direct = false;                     // the direct kernels won
   ConvMath math;
 
   ConvPlan(const ConvGeom& g, const ConvMath& m) : math(m) {
@@ -376,6 +380,37 @@ bool gemm_wins(DeviceState& st, const char* pass, const ConvGeom& g, CudnnRun&& 
   return t_gemm < t_cudnn;
 }
 
+// Times the direct kernel against the path chosen so far and takes it only when it is faster and its
+// result agrees with that path's (within TF32's rounding, against the largest value): a kernel
+// that disagrees is reported and left out. TANDEM_CONV_DIRECT=1 takes it wherever it fits, =0 never
+// (tests, comparisons).
+template <typename CurrentRun, typename DirectRun>
+bool direct_wins(DeviceState& st, const char* pass, const ConvGeom& g, CurrentRun&& current, DirectRun&& direct,
+                 const Tensor& out) {
+  if (const char* e = std::getenv("TANDEM_CONV_DIRECT"); e && (*e == '0' || *e == '1')) return *e == '1';
+  const float t_current = gpu_ms(st.stream, current), t_direct = gpu_ms(st.stream, direct);
+  if (log_search())
+    std::fprintf(stderr, "conv %s n%lld c%lld %lldx%lld k%lld %lldx%lld: chosen so far %.4f ms, direct %.4f ms%s\n",
+                 pass, (long long)g.n, (long long)g.c, (long long)g.h, (long long)g.w, (long long)g.k, (long long)g.r,
+                 (long long)g.s, t_current, t_direct, t_direct < t_current ? " *" : "");
+  if (t_direct >= t_current) return false;
+  current();
+  const std::vector<float> want = out.to_vector<float>();
+  direct();
+  const std::vector<float> got = out.to_vector<float>();
+  double largest = 0.0, worst = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    largest = std::max(largest, std::fabs(static_cast<double>(want[i])));
+    const double d = std::fabs(static_cast<double>(want[i]) - static_cast<double>(got[i]));
+    worst = std::isnan(d) ? HUGE_VAL : std::max(worst, d);
+  }
+  if (worst <= 1e-2 * largest + 1e-6) return true;
+  std::fprintf(stderr, "tandem: the direct convolution kernel (%s, n%lld c%lld %lldx%lld k%lld %lldx%lld) differs from "
+               "the other path by %g (largest value %g); it is not used\n", pass, (long long)g.n, (long long)g.c,
+               (long long)g.h, (long long)g.w, (long long)g.k, (long long)g.r, (long long)g.s, worst, largest);
+  return false;
+}
+
 const char* math_name(const ConvMath& m) { return m.exact() ? "exact f32" : m.tf32 ? "TF32" : dtype_name(m.dtype); }
 }  // namespace
 
@@ -384,6 +419,9 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
   const ConvMath math = check_conv(g, x, w, y, "conv2d");
   if (y.numel() == 0) return;
   DeviceState& st = state_for(y);
+  // The direct kernel adds an f32 bias itself.
+  const float* bias_f32 = b.defined() && b.dtype() == DType::f32 ? b.data<float>() : nullptr;
+  const bool direct_ok = !b.defined() || bias_f32;
   {
     cudnnHandle_t h = cudnn_handle(st);
     std::lock_guard<std::mutex> lock(st.cudnn_mu);
@@ -413,7 +451,28 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
             },
             [&] { gemm_forward(st, x, w, g, math, y, ws); });
       }
+      if (math.dtype == DType::f32 && direct_ok && direct_conv_fits(g)) {
+        // Both sides timed with this call's bias and ReLU: the direct kernel adds them as it stores y.
+        TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.fwd_math));
+        void* ws = conv_workspace(st, std::max(p.fwd_ws, gemm_path_fits(g, math) ? gemm_fwd_bytes(g) : 0));
+        p.fwd_direct = direct_wins(
+            st, "fwd", g,
+            [&] {
+              if (p.fwd_gemm)
+                gemm_forward(st, x, w, g, math, y, ws);
+              else
+                TANDEM_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv,
+                                                           p.fwd, ws, p.fwd_ws, &zero, p.y, y.data_ptr()));
+              conv_epilogue(g, b, relu, y);
+            },
+            [&] { launch_direct_forward(x.data<float>(), w.data<float>(), bias_f32, relu, y.data<float>(), g, st.stream); },
+            y);
+      }
       p.has_fwd = true;
+    }
+    if (p.fwd_direct && direct_ok) {
+      launch_direct_forward(x.data<float>(), w.data<float>(), bias_f32, relu, y.data<float>(), g, st.stream);
+      return;
     }
     if (p.fwd_gemm) {
       gemm_forward(st, x, w, g, math, y, conv_workspace(st, gemm_fwd_bytes(g)));
@@ -424,6 +483,10 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
                                                  ws, p.fwd_ws, &zero, p.y, y.data_ptr()));
     }
   }
+  conv_epilogue(g, b, relu, y);
+}
+
+void CudaBackend::conv_epilogue(const ConvGeom& g, const Tensor& b, bool relu, Tensor& y) {
   // Channels-last output is [n * oh * ow, k] rows for the bias.
   const int64_t n = g.nhwc ? g.n * g.oh * g.ow : g.n, s = g.nhwc ? 1 : g.oh * g.ow;
   if (relu)
@@ -542,7 +605,33 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
           },
           [&] { gemm_backward_filter(st, dy, x, g, math, dw, ws); });
     }
+    if (math.dtype == DType::f32 && direct_conv_fits(g)) {
+      TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_filter_math));
+      const size_t gemm_bytes = gemm_path_fits(g, math) ? gemm_bwd_filter_bytes(g) : 0;
+      void* ws = conv_workspace(st, std::max({p.bwd_filter_ws, gemm_bytes, direct_wgrad_bytes(g, st.sm_count)}));
+      p.bwd_filter_direct = direct_wins(
+          st, "bwd-filter", g,
+          [&] {
+            if (p.bwd_filter_gemm)
+              gemm_backward_filter(st, dy, x, g, math, dw, ws);
+            else
+              TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv,
+                                                                p.bwd_filter, ws, p.bwd_filter_ws, &zero, p.w,
+                                                                dw.data_ptr()));
+          },
+          [&] {
+            launch_direct_wgrad(dy.data<float>(), x.data<float>(), dw.data<float>(), static_cast<float*>(ws), g,
+                                st.sm_count, st.stream);
+          },
+          dw);
+    }
     p.has_bwd_filter = true;
+  }
+  if (p.bwd_filter_direct) {
+    void* ws = conv_workspace(st, direct_wgrad_bytes(g, st.sm_count));
+    launch_direct_wgrad(dy.data<float>(), x.data<float>(), dw.data<float>(), static_cast<float*>(ws), g, st.sm_count,
+                        st.stream);
+    return;
   }
   if (p.bwd_filter_gemm) {
     gemm_backward_filter(st, dy, x, g, math, dw, conv_workspace(st, gemm_bwd_filter_bytes(g)));
