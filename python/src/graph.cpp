@@ -17,6 +17,7 @@ struct RecordedStep {
   std::unique_ptr<DeviceGraph> graph;
   dist::DistOpt* opt = nullptr;  // kept alive by the Python object that owns this step
   dist::CommStats delta;         // what one step adds to the DistOpt's counters
+  bool first_counted = true;     // recording advanced the counters for the step the first replay runs
   int64_t replays = 0;
 };
 
@@ -37,10 +38,12 @@ void bind_graph(nb::module_& m) {
               r.graph->replay();
             }
             if (r.opt) r.opt->communicator().watch("a recorded training step");
-            if (r.opt) r.opt->count_replayed_step(r.delta);
+            if (r.opt && !r.first_counted) r.opt->count_replayed_step(r.delta);
+            r.first_counted = false;
             ++r.replays;
           },
-          "Queues the recorded step (returns at once) and advances the DistOpt's counters as the step did.")
+          "Queues the recorded step (returns at once) and advances the DistOpt's counters as the step did "
+          "(from the second replay on: recording counted the step the first replay runs).")
       .def_ro("replays", &RecordedStep::replays)
       .def_prop_ro("pool_bytes", [](const RecordedStep& r) { return r.graph->pool_bytes(); },
                    "Device memory reserved for the step's tensors.");

@@ -49,6 +49,7 @@ struct DeviceState {
   std::unique_ptr<ConvCache> conv;
   unsigned* reduce_counters = nullptr;   // per-channel reductions: completion counters, zero between launches
   int64_t reduce_counter_count = 0;
+  std::vector<unsigned*> outgrown_counters;  // kept for recorded steps that still use them
   ErrorSink errors{};                    // device-side addresses, passed to kernels
   // Replays of recorded work so far: each recording starts by adding one, and random kernels add
   // it to their counters, so that a replayed dropout draws a new mask every time.

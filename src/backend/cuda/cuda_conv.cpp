@@ -192,18 +192,19 @@ struct ConvPlan {
 class ConvCache {
  public:
   ~ConvCache() {
-    if (workspace_) (void)cudaFree(workspace_);  // at exit the runtime may be gone: nothing to do then
+    // At exit the runtime may be gone: nothing to do then.
+    for (void* p : outgrown_) (void)cudaFree(p);
+    if (workspace_) (void)cudaFree(workspace_);
   }
   /// One workspace for every convolution of the device (they run one after another on its stream),
-  /// grown to the largest need; growing waits for queued work, so it happens while plans are made.
-  void* workspace(cudaStream_t stream, size_t bytes) {
+  /// grown to the largest need. An outgrown workspace is kept until the device state goes: a recorded
+  /// step (a training step, then an evaluation at a larger batch that grows the workspace) replays
+  /// with the addresses it was recorded with.
+  void* workspace(cudaStream_t /*stream*/, size_t bytes) {
     if (bytes <= workspace_bytes_) return workspace_;
-    if (workspace_) {
-      TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
-      TANDEM_CUDA_CHECK(cudaFree(workspace_));
-      workspace_ = nullptr;
-      workspace_bytes_ = 0;
-    }
+    if (workspace_) outgrown_.push_back(workspace_);
+    workspace_ = nullptr;
+    workspace_bytes_ = 0;
     TANDEM_CUDA_CHECK(cudaMalloc(&workspace_, bytes));
     workspace_bytes_ = bytes;
     return workspace_;
@@ -220,11 +221,14 @@ class ConvCache {
   std::unordered_map<GeomKey, std::unique_ptr<ConvPlan>, GeomHash> plans_;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  std::vector<void*> outgrown_;
 };
 
 DeviceState::DeviceState() = default;
 DeviceState::~DeviceState() {
-  if (reduce_counters) (void)cudaFree(reduce_counters);  // at exit the runtime may be gone: nothing to do then
+  // At exit the runtime may be gone: nothing to do then.
+  for (void* p : outgrown_counters) (void)cudaFree(p);
+  if (reduce_counters) (void)cudaFree(reduce_counters);
 }
 
 namespace {

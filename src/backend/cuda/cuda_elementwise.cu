@@ -455,13 +455,11 @@ namespace chan {
 unsigned* reduce_counters(CudaBackend& be, int device, int64_t needed) {
   DeviceState& st = be.state(device);
   if (needed > st.reduce_counter_count) {
-    // Grows rarely (a wider layer than any before); queued reductions may still use the old array.
-    if (st.reduce_counters) {
-      TANDEM_CUDA_CHECK(cudaStreamSynchronize(st.stream));
-      TANDEM_CUDA_CHECK(cudaFree(st.reduce_counters));
-      st.reduce_counters = nullptr;
-      st.reduce_counter_count = 0;
-    }
+    // Grows rarely (a wider layer than any before). Queued reductions and recorded steps may still
+    // use the old array, so it stays allocated (its counters are zero between launches).
+    if (st.reduce_counters) st.outgrown_counters.push_back(st.reduce_counters);
+    st.reduce_counters = nullptr;
+    st.reduce_counter_count = 0;
     const int64_t count = std::max<int64_t>(needed, 4096);
     TANDEM_CUDA_CHECK(cudaMalloc(&st.reduce_counters, static_cast<size_t>(count) * sizeof(unsigned)));
     TANDEM_CUDA_CHECK(cudaMemsetAsync(st.reduce_counters, 0, static_cast<size_t>(count) * sizeof(unsigned), st.stream));
