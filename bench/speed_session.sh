@@ -43,6 +43,12 @@ if has python; then  # the package installed into build-gpu/pyenv, its tests, Py
   say "python step ($((SECONDS - t0)) s, rc $?): $(grep -E '^(median|fastest)' "$OUT/python_step.log" | tr '\n' ' ')"
   [ -x build-gpu/pyenv/bin/python ] && build-gpu/pyenv/bin/python -c "import pytest" 2>/dev/null ||
     build-gpu/pyenv/bin/python -m pip install -q --no-index --find-links .data/whl pytest >>"$OUT/python_step.log" 2>&1
+  # The DLPack tests exchange tensors with PyTorch: where it sits outside the venv's view (a user
+  # site), the venv is pointed at it.
+  if ! build-gpu/pyenv/bin/python -c "import torch" 2>/dev/null; then
+    tdir=$(python3 -c "import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))" 2>/dev/null) &&
+      echo "$tdir" >"$(build-gpu/pyenv/bin/python -c 'import site; print(site.getsitepackages()[0])')/system-torch.pth"
+  fi
   # A test stuck for a minute prints every thread's Python stack; the suite gets PYTEST_LIMIT seconds (300).
   PATH=$PWD/build-gpu/pyenv/bin:$PATH timeout "${PYTEST_LIMIT:-300}" build-gpu/pyenv/bin/python -m pytest -q -rs \
     -o faulthandler_timeout="${PYTEST_STACKS_AFTER:-60}" ${PYTEST_K:+-k "$PYTEST_K"} tests/python >"$OUT/pytest.log" 2>&1
