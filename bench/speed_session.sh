@@ -43,16 +43,20 @@ if has python; then  # the package installed into build-gpu/pyenv, its tests, Py
   say "python step ($((SECONDS - t0)) s, rc $?): $(grep -E '^(median|fastest)' "$OUT/python_step.log" | tr '\n' ' ')"
   [ -x build-gpu/pyenv/bin/python ] && build-gpu/pyenv/bin/python -c "import pytest" 2>/dev/null ||
     build-gpu/pyenv/bin/python -m pip install -q --no-index --find-links .data/whl pytest >>"$OUT/python_step.log" 2>&1
-  # The DLPack tests exchange tensors with PyTorch: where it sits outside the venv's view (a user
-  # site), the venv is pointed at it.
-  if ! build-gpu/pyenv/bin/python -c "import torch" 2>/dev/null; then
-    tdir=$(python3 -c "import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))" 2>/dev/null) &&
-      echo "$tdir" >"$(build-gpu/pyenv/bin/python -c 'import site; print(site.getsitepackages()[0])')/system-torch.pth"
-  fi
   # A test stuck for a minute prints every thread's Python stack; the suite gets PYTEST_LIMIT seconds (300).
+  # Plugins of other environments stay out.
+  export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
   PATH=$PWD/build-gpu/pyenv/bin:$PATH timeout "${PYTEST_LIMIT:-300}" build-gpu/pyenv/bin/python -m pytest -q -rs \
     -o faulthandler_timeout="${PYTEST_STACKS_AFTER:-60}" ${PYTEST_K:+-k "$PYTEST_K"} tests/python >"$OUT/pytest.log" 2>&1
   say "pytest (rc $?): $(tail -1 "$OUT/pytest.log")"
+  # The exchanges with PyTorch, where PyTorch sits outside the venv's view (another environment): its
+  # directory joins the path for these tests only.
+  if ! build-gpu/pyenv/bin/python -c "import torch" 2>/dev/null &&
+     tdir=$(python3 -c "import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))" 2>/dev/null); then
+    PYTHONPATH=$tdir timeout 120 build-gpu/pyenv/bin/python -m pytest -q -rs -k "torch or gpu" tests/python/test_tensor.py \
+      >"$OUT/pytest_torch.log" 2>&1
+    say "pytest with PyTorch from $tdir (rc $?): $(tail -1 "$OUT/pytest_torch.log")"
+  fi
 fi
 
 peer() {  # label, then peer flags
@@ -91,9 +95,12 @@ if has graph; then  # recorded steps: the guide's CNN at batch 64, and Fashion-M
     set -- $cfg
     log="$OUT/graph_$1_$2.log"
     "$T" train --model cnn --dataset fashion-mnist --data-dir "$PWD/.data/fashion-mnist" --epochs 10 --batch-size 64 \
-      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 --device cuda --cuda-graph $1 --data-on-device $2 >"$log" 2>&1
+      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 --device cuda --cuda-graph $1 --data-on-device $2 \
+      --metrics "$OUT/graph_$1_$2.jsonl" >"$log" 2>&1
     say "fashion-mnist 10 epochs, --cuda-graph $1 --data-on-device $2 (rc $?): $(grep 'Evaluation accuracy' "$log" | tail -1)"
     say "  epoch times: $(grep -o 'Elapsed Time = [0-9.]*' "$log" | awk '{printf "%s ", $4}')"
+    say "  evaluation / training seconds per epoch: $(grep -o '"train_s":[0-9.e-]*\|"eval_s":[0-9.e-]*' "$OUT/graph_$1_$2.jsonl" |
+      cut -d: -f2 | paste -d/ - - | tr '\n' ' ')"
   done
 fi
 

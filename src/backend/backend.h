@@ -112,7 +112,10 @@ class Backend {
   /// A batch gathered from a data set held on the device: for each i < x.size(0), with
   /// s = order[begin + i], x[i] = images[s] / divisor (u8 samples to f32, divided as f32) and
   /// y[i] = labels[s]. images u8 [N, ...], labels i32 [N], order i32 (values in [0, N)), x f32, y i32.
-  virtual void gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, int64_t begin,
+  /// begin is read on the device from cursor (i64 [2], on the device: [0] the position in order,
+  /// which the call advances by x.size(0); [1] scratch, zero between calls), so that a recorded step
+  /// that gathers its own batch reads the next one at every replay.
+  virtual void gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, Tensor& cursor,
                               float divisor, Tensor& x, Tensor& y) = 0;
   /// Counter-based uniform [lo, hi) and Gaussian fills; element i uses counter offset + i.
   virtual void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;

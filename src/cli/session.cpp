@@ -89,6 +89,7 @@ struct Session::RecordedBatch {
 struct Session::Recorded : RecordedBatch {
   StepResult out;  // rewritten by every replay
   bool track = false, training = true;
+  bool fills = false;  // the batch's gather is part of the recording
   double lr = 0;
   dist::CommStats delta;  // what one step adds to the communication counters
 };
@@ -147,28 +148,32 @@ constexpr int64_t kEagerStepsBeforeRecording = 3;
 
 }  // namespace
 
-StepResult Session::train_step(const Tensor& x, const Tensor& y, bool track) {
+StepResult Session::train_step(const Tensor& x, const Tensor& y, bool track, const std::function<void()>& fill) {
   sums_.samples += x.size(0);
+  auto eager = [&] {
+    if (fill) fill();
+    return eager_step(x, y, track);
+  };
   if (recorded_) {
-    if (fits_recording(x, y, track)) return replay_step(x, y);
+    if (fits_recording(x, y, track, static_cast<bool>(fill))) return replay_step(x, y);
     // Another batch shape (an epoch's last, smaller batch) runs eagerly and the recording stays;
     // a new learning rate or mode is recorded again after the warm-up.
-    if (x.shape() != recorded_->x.shape() || y.shape() != recorded_->y.shape()) return eager_step(x, y, track);
+    if (x.shape() != recorded_->x.shape() || y.shape() != recorded_->y.shape()) return eager();
     recorded_.reset();
     steady_steps_ = 0;
   }
-  if (!cfg_.cuda_graph || graph_given_up_ || !device_.is_cuda()) return eager_step(x, y, track);
+  if (!cfg_.cuda_graph || graph_given_up_ || !device_.is_cuda()) return eager();
   steady_steps_ = x.shape() == steady_shape_ ? steady_steps_ + 1 : 1;
   steady_shape_ = x.shape();
-  if (steady_steps_ <= kEagerStepsBeforeRecording) return eager_step(x, y, track);
+  if (steady_steps_ <= kEagerStepsBeforeRecording) return eager();
   std::string why = opt_->replay_blocker();
   if (why.empty() && scaler_) why = "f16 loss scaling decides on the host whether a step is skipped";
   if (why.empty() && cfg_.clip_norm > 0.0 && world() > 1) why = "--clip-norm agrees on the norm across ranks";
   if (!why.empty()) {
     run_eagerly_because(why);
-    return eager_step(x, y, track);
+    return eager();
   }
-  return record_step(x, y, track);
+  return record_step(x, y, track, fill);
 }
 
 StepResult Session::eager_step(const Tensor& x, const Tensor& y, bool track) {
@@ -181,20 +186,25 @@ StepResult Session::eager_step(const Tensor& x, const Tensor& y, bool track) {
   return r;
 }
 
-StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track) {
+StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track, const std::function<void()>& fill) {
   auto rec = std::make_unique<Recorded>();
   rec->x = x;
   rec->y = y;
   rec->track = track;
+  rec->fills = static_cast<bool>(fill);
   rec->training = model_->is_training();
   rec->lr = opt_->optimizer().lr();
   const dist::CommStats before = opt_->stats();
   try {
-    rec->graph = std::make_unique<DeviceGraph>(device_, [&] { rec->out = eager_step(rec->x, rec->y, track); });
+    rec->graph = std::make_unique<DeviceGraph>(device_, [&] {
+      if (fill) fill();
+      rec->out = eager_step(rec->x, rec->y, track);
+    });
   } catch (const Error& e) {
     // Nothing ran: the step is taken again, eagerly, from the start.
     opt_->abandon_step();
     run_eagerly_because(std::string("recording the step failed: ") + e.what());
+    if (fill) fill();
     return eager_step(x, y, track);
   }
   rec->delta = opt_->stats() - before;
@@ -207,16 +217,19 @@ StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track) {
 
 StepResult Session::replay_step(const Tensor& x, const Tensor& y) {
   Recorded& rec = *recorded_;
-  rec.replay(x, y);
+  rec.replay(x, y);  // with the gather recorded, x and y are the recorded tensors (fits_recording)
   comm_->watch("a recorded training step");  // its collectives, held to the timeout
   opt_->count_replayed_step(rec.delta);
   ++replays_;
   return rec.out;
 }
 
-bool Session::fits_recording(const Tensor& x, const Tensor& y, bool track) const {
+bool Session::fits_recording(const Tensor& x, const Tensor& y, bool track, bool fill) const {
   const Recorded& rec = *recorded_;
-  return rec.fits(x, y, device_) && track == rec.track && model_->is_training() == rec.training &&
+  // A recorded gather writes the recorded tensors: a batch that brings its own gather must be those.
+  const bool same_gather = fill == rec.fills && (!fill || (x.data_ptr() == rec.x.data_ptr() &&
+                                                           y.data_ptr() == rec.y.data_ptr()));
+  return rec.fits(x, y, device_) && same_gather && track == rec.track && model_->is_training() == rec.training &&
          opt_->optimizer().lr() == rec.lr;
 }
 

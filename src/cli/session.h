@@ -2,6 +2,7 @@
 // Internal: what `tandem train` and `tandem bench train` share — joining the job, the device, the
 // communicator, the model, its optimizer and the distributed optimizer — and the training step.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,7 +83,11 @@ class Session {
   /// shape replay it: the batch is copied into the recorded input (nothing when it already is that
   /// tensor) and the returned results are the recording's, rewritten by each replay. Other shapes,
   /// and steps that cannot be recorded (rank 0 prints why, once), run eagerly.
-  StepResult train_step(const Tensor& x, const Tensor& y, bool track = false);
+  /// `fill`, when given, queues the batch's arrival into x and y (a loader's deferred gather): it runs
+  /// before an eager step and is recorded into the step, so that a replay gathers its own batch;
+  /// a recording made with a fill is replayed only for steps that bring one, on the recorded tensors.
+  StepResult train_step(const Tensor& x, const Tensor& y, bool track = false,
+                        const std::function<void()>& fill = nullptr);
   StepSums& sums() { return sums_; }
   /// Zeroes sums() (queued on the device).
   void reset_sums();
@@ -128,9 +133,9 @@ class Session {
   struct RecordedBatch;
   struct Recorded;
   StepResult eager_step(const Tensor& x, const Tensor& y, bool track);
-  StepResult record_step(const Tensor& x, const Tensor& y, bool track);
+  StepResult record_step(const Tensor& x, const Tensor& y, bool track, const std::function<void()>& fill);
   StepResult replay_step(const Tensor& x, const Tensor& y);
-  bool fits_recording(const Tensor& x, const Tensor& y, bool track) const;
+  bool fits_recording(const Tensor& x, const Tensor& y, bool track, bool fill) const;
   void run_eagerly_because(const std::string& why);
 
   SessionConfig cfg_;

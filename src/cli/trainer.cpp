@@ -182,7 +182,10 @@ bool Trainer::setup() {
   lo.world_size = s.world();
   lo.reuse_buffers = s.device().is_cuda();  // a recorded step reads every batch where it read the first
   lo.on_device = data_on_device(cfg_.data_on_device, s.device(), train_set_, test_set_);
+  // A training batch's gather is left to the step, which records it: a replay then gathers its own batch.
+  lo.deferred_fill = lo.on_device;
   train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
+  lo.deferred_fill = false;
   lo.shuffle = false;
   lo.batch_size = cfg_.eval_batch();
   test_loader_ = std::make_unique<data::DataLoader>(test_set_, lo);
@@ -265,8 +268,9 @@ EpochStats Trainer::train_epoch(int epoch) {
     const bool last = i - first == in_step - 1;
     StepResult r;
     if (n == 1) {  // whole steps: the session may replay a recorded one, its sums kept on the device
-      r = s.train_step(batch.x, batch.y, /*track=*/true);
+      r = s.train_step(batch.x, batch.y, /*track=*/true, batch.fill);
     } else {
+      if (batch.fill) batch.fill();
       r = s.forward_backward(batch.x, batch.y, 1.0 / static_cast<double>(in_step), last);
       tally.add(&r.loss, r.logits, batch.y);
       if (last) s.apply_update();

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -29,6 +30,21 @@ struct Prepared {
 // Decorrelates the per-epoch streams of one seed (epoch e and seed s+1 must not collide).
 uint64_t epoch_seed(uint64_t seed, int64_t epoch) {
   return rng::mix(seed ^ 0x243F6A8885A308D3ull, static_cast<uint64_t>(epoch));
+}
+
+// The epoch's order of all n samples: with shuffle, a Fisher-Yates permutation drawn from (seed, epoch),
+// the same on every rank.
+std::vector<int64_t> epoch_order(int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) all[static_cast<size_t>(i)] = i;
+  if (shuffle) {
+    Generator gen(epoch_seed(seed, epoch));
+    for (int64_t i = n - 1; i > 0; --i) {
+      auto j = static_cast<int64_t>(gen.next_below(static_cast<uint64_t>(i + 1)));
+      std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(j)]);
+    }
+  }
+  return all;
 }
 
 // Labels outside [0, classes) are stopped before they reach a loss kernel (a hand-built Dataset is
@@ -61,8 +77,15 @@ struct DataLoader::State {
 
   std::exception_ptr worker_error;  // the worker itself failed and has stopped
 
-  // on_device: the data set's copy on the device and this epoch's order of this rank's samples.
-  Tensor images_dev, labels_dev, order_dev;
+  // on_device: the data set's copy on the device and this epoch's order of this rank's samples
+  // (rewritten in place each epoch: a recorded gather keeps reading it), and where the next gather
+  // starts in it (i64 [2], see Backend::gather_samples).
+  Tensor images_dev, labels_dev, order_dev, cursor_dev;
+
+  // The next epoch's order, drawn on another thread while this epoch trains (a shuffle of 60,000
+  // samples takes about a millisecond, during which the device would otherwise wait).
+  std::future<std::vector<int64_t>> next_order;
+  int64_t next_order_epoch = -1;
 
   Prepared prepare(int64_t b, const std::vector<int64_t>& idx) const;
   // Whether next() may write a batch of this shape and dtype into dst instead of a new tensor.
@@ -174,6 +197,8 @@ DataLoader::DataLoader(const Dataset& ds, LoaderOptions opt) : s_(std::make_uniq
     for (int64_t i = 0; i < n; ++i) check_label(ds, i, labels[i]);
     s.images_dev = ds.images.to(opt.device);
     s.labels_dev = ds.labels.to(opt.device);
+    s.order_dev = Tensor::empty({shard}, DType::i32, opt.device);
+    s.cursor_dev = Tensor::zeros({2}, DType::i64, opt.device);
     return;
   }
   s.worker = std::thread([&s] { s.run(); });
@@ -191,15 +216,16 @@ DataLoader::~DataLoader() {
 void DataLoader::start_epoch(int64_t epoch) {
   State& s = *s_;
   const int64_t n = s.ds.size();
-  std::vector<int64_t> all(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) all[static_cast<size_t>(i)] = i;
+  // Every sample is permuted, so all ranks draw the same order and their slices are disjoint.
+  std::vector<int64_t> all;
+  if (s.next_order.valid()) {
+    std::vector<int64_t> drawn = s.next_order.get();
+    if (s.next_order_epoch == epoch) all = std::move(drawn);
+  }
+  if (all.empty()) all = epoch_order(n, s.opt.shuffle, s.opt.seed, epoch);
   if (s.opt.shuffle) {
-    // Fisher-Yates over every sample, so all ranks draw the same permutation and their slices are disjoint.
-    Generator gen(epoch_seed(s.opt.seed, epoch));
-    for (int64_t i = n - 1; i > 0; --i) {
-      auto j = static_cast<int64_t>(gen.next_below(static_cast<uint64_t>(i + 1)));
-      std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(j)]);
-    }
+    s.next_order_epoch = epoch + 1;
+    s.next_order = std::async(std::launch::async, epoch_order, n, true, s.opt.seed, epoch + 1);
   }
   const int64_t begin = s.opt.rank * s.shard;
   if (s.opt.on_device) {
@@ -207,7 +233,8 @@ void DataLoader::start_epoch(int64_t epoch) {
     Tensor order = Tensor::empty({s.shard}, DType::i32);
     int32_t* o = order.data<int32_t>();
     for (int64_t i = 0; i < s.shard; ++i) o[i] = static_cast<int32_t>(all[static_cast<size_t>(begin + i)]);
-    s.order_dev = order.to(s.opt.device);
+    s.order_dev.copy_(order);
+    s.cursor_dev.zero_();
     s.consumed = 0;
     s.started = true;
     return;
@@ -239,10 +266,16 @@ bool DataLoader::next(Batch& out) {
     };
     fit(out.x, xs, DType::f32);
     fit(out.y, {n}, DType::i32);
-    backend::backend_for(s.opt.device)
-        .gather_samples(s.images_dev, s.labels_dev, s.order_dev, begin, 255.0f, out.x, out.y);
+    out.fill = [&s, x = out.x, y = out.y]() mutable {
+      backend::backend_for(s.opt.device).gather_samples(s.images_dev, s.labels_dev, s.order_dev, s.cursor_dev, 255.0f, x, y);
+    };
+    if (!s.opt.deferred_fill) {
+      out.fill();
+      out.fill = nullptr;
+    }
     return true;
   }
+  out.fill = nullptr;
   Prepared p;
   {
     std::unique_lock<std::mutex> lk(s.mu);

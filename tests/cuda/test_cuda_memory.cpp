@@ -286,19 +286,33 @@ TEST(CudaMemory, GatherSamplesMatchesTheCpu) {
     }
     Tensor images = Tensor::from_vector(px, {n, sample[0], sample[1], sample[2]});
     Tensor lab = Tensor::from_vector(labels, {n}), ord = Tensor::from_vector(order, {n});
-    const int64_t begin = 5, b = 19;
+    // Two batches in a row from position 5: each call reads the position from the cursor and advances it.
+    const int64_t begin = 5, b = 19, b2 = 13;
+    Tensor cur_cpu = Tensor::from_vector(std::vector<int64_t>{begin, 0}, {2}), cur_gpu = cur_cpu.to(gpu());
+    Tensor images_gpu = images.to(gpu()), lab_gpu = lab.to(gpu()), ord_gpu = ord.to(gpu());
     Tensor x_cpu = Tensor::empty({b, sample[0], sample[1], sample[2]}), y_cpu = Tensor::empty({b}, DType::i32);
-    cpu_be().gather_samples(images, lab, ord, begin, 255.0f, x_cpu, y_cpu);
+    Tensor x2_cpu = Tensor::empty({b2, sample[0], sample[1], sample[2]}), y2_cpu = Tensor::empty({b2}, DType::i32);
+    cpu_be().gather_samples(images, lab, ord, cur_cpu, 255.0f, x_cpu, y_cpu);
+    cpu_be().gather_samples(images, lab, ord, cur_cpu, 255.0f, x2_cpu, y2_cpu);
     Tensor x_gpu = Tensor::empty(x_cpu.shape(), DType::f32, gpu()), y_gpu = Tensor::empty({b}, DType::i32, gpu());
-    gpu_be().gather_samples(images.to(gpu()), lab.to(gpu()), ord.to(gpu()), begin, 255.0f, x_gpu, y_gpu);
+    Tensor x2_gpu = Tensor::empty(x2_cpu.shape(), DType::f32, gpu()), y2_gpu = Tensor::empty({b2}, DType::i32, gpu());
+    gpu_be().gather_samples(images_gpu, lab_gpu, ord_gpu, cur_gpu, 255.0f, x_gpu, y_gpu);
+    gpu_be().gather_samples(images_gpu, lab_gpu, ord_gpu, cur_gpu, 255.0f, x2_gpu, y2_gpu);
     EXPECT_EQ(x_gpu.to_vector<float>(), x_cpu.to_vector<float>()) << shape_str(sample);
     EXPECT_EQ(y_gpu.to_vector<int32_t>(), y_cpu.to_vector<int32_t>()) << shape_str(sample);
+    EXPECT_EQ(x2_gpu.to_vector<float>(), x2_cpu.to_vector<float>()) << shape_str(sample);
+    EXPECT_EQ(y2_gpu.to_vector<int32_t>(), y2_cpu.to_vector<int32_t>()) << shape_str(sample);
+    EXPECT_EQ(cur_cpu.to_vector<int64_t>(), (std::vector<int64_t>{begin + b + b2, 0}));
+    EXPECT_EQ(cur_gpu.to_vector<int64_t>(), (std::vector<int64_t>{begin + b + b2, 0})) << shape_str(sample);
     // The CPU's reference itself: sample order[begin + i], scaled.
-    const std::vector<float> xs = x_cpu.to_vector<float>();
-    for (int64_t i = 0; i < b; ++i) {
+    const std::vector<float> xs = x_cpu.to_vector<float>(), xs2 = x2_cpu.to_vector<float>();
+    for (int64_t i = 0; i < b + b2; ++i) {
       const int64_t s = order[static_cast<size_t>(begin + i)];
-      EXPECT_EQ(y_cpu.to_vector<int32_t>()[static_cast<size_t>(i)], labels[static_cast<size_t>(s)]);
-      EXPECT_EQ(xs[static_cast<size_t>(i * per + per - 1)], static_cast<float>(px[static_cast<size_t>(s * per + per - 1)]) / 255.0f);
+      const bool first = i < b;
+      const int64_t row = first ? i : i - b;
+      EXPECT_EQ((first ? y_cpu : y2_cpu).to_vector<int32_t>()[static_cast<size_t>(row)], labels[static_cast<size_t>(s)]);
+      EXPECT_EQ((first ? xs : xs2)[static_cast<size_t>(row * per + per - 1)],
+                static_cast<float>(px[static_cast<size_t>(s * per + per - 1)]) / 255.0f);
     }
   }
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <set>
 
 #include "data_test_util.h"
@@ -372,6 +373,45 @@ TEST(DataLoader, OnDeviceReusesTheBatchTensors) {
   EXPECT_EQ(b.x.data_ptr(), x);  // written in place, as a recorded step needs
   EXPECT_EQ(b.y.data_ptr(), y);
   EXPECT_NE(b.y.to_vector<int32_t>(), first);
+}
+
+// With deferred_fill, next() leaves the gather to Batch::fill; each fill takes the next batch of the
+// epoch's order wherever it runs, so running the first batch's fill again (as a replay of a step that
+// recorded it does) writes the second batch, and so on. The batches are those of the host path.
+TEST(DataLoader, DeferredFillsTakeTheBatchesInOrder) {
+  Dataset ds = numbered(50, 2, 3, 4);
+  LoaderOptions host = opts(8), kept = opts(8);
+  kept.on_device = kept.reuse_buffers = kept.deferred_fill = true;
+  DataLoader a(ds, host), b(ds, kept);
+  for (int64_t epoch : {0, 1}) {
+    a.start_epoch(epoch);
+    b.start_epoch(epoch);
+    Batch ba, bb;
+    std::function<void()> first_fill;  // the fill of the first full batch, run again for the later ones
+    int64_t batches = 0;
+    while (a.next(ba)) {
+      ASSERT_TRUE(b.next(bb));
+      ASSERT_TRUE(bb.fill) << "batch " << batches;
+      if (!first_fill) first_fill = bb.fill;
+      if (bb.x.size(0) == 8)
+        first_fill();  // the same buffers: next() reuses them
+      else
+        bb.fill();  // the short last batch has its own
+      ++batches;
+      EXPECT_EQ(bb.x.to_vector<float>(), ba.x.to_vector<float>()) << "epoch " << epoch << " batch " << batches;
+      EXPECT_EQ(bb.y.to_vector<int32_t>(), ba.y.to_vector<int32_t>()) << "epoch " << epoch << " batch " << batches;
+    }
+    EXPECT_FALSE(b.next(bb));
+    EXPECT_EQ(batches, 7);
+  }
+  // Without deferred_fill the batch comes filled and says so.
+  LoaderOptions direct = opts(8);
+  direct.on_device = true;
+  DataLoader c(ds, direct);
+  c.start_epoch(0);
+  Batch bc;
+  ASSERT_TRUE(c.next(bc));
+  EXPECT_FALSE(bc.fill);
 }
 
 TEST(DataLoader, OnDeviceChecksEveryLabelUpFront) {

@@ -198,6 +198,23 @@ TEST(TrainCli, TheEvaluationBatchChangesNeitherTrainingNorAccuracy) {
   EXPECT_NE(bad.output.find("--eval-batch-size"), std::string::npos) << bad.output;
 }
 
+// The data set kept in the device's memory (here the CPU's: each batch gathered by the step through
+// the loader's deferred fill, also under --accumulate) trains on the same batches as the host loader.
+TEST(TrainCli, DataOnTheDeviceTrainsOnTheSameBatches) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  std::string common = " --epochs 2 --batch-size 32 --lr 0.01 --momentum 0.9 --limit-train 650 --limit-test 100 "
+                       "--progress off --seed 4 --threads 1";
+  for (const char* extra : {"", " --accumulate 2"}) {
+    auto host = run_tandem(std::string("train --data-on-device off") + extra + common);
+    auto kept = run_tandem(std::string("train --data-on-device on") + extra + common);
+    ASSERT_EQ(host.status, 0) << host.output;
+    ASSERT_EQ(kept.status, 0) << kept.output;
+    EXPECT_EQ(last_value(kept.output, "Training loss"), last_value(host.output, "Training loss")) << extra;
+    EXPECT_EQ(last_value(kept.output, "Evaluation accuracy"), last_value(host.output, "Evaluation accuracy")) << extra;
+    EXPECT_GT(last_value(kept.output, "Evaluation accuracy"), 0.2) << kept.output;
+  }
+}
+
 TEST(TrainCli, ResumingFromACheckpointMatchesAnUninterruptedRun) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
   fs::path dir = temp_dir("resume");

@@ -1,6 +1,7 @@
 #pragma once
 // The data loader: shuffles, shards by rank, batches, and prepares batches on a background thread.
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "tandem/data/dataset.h"
@@ -13,6 +14,10 @@ namespace tandem::data {
 struct Batch {
   Tensor x;  // f32 [B, C, H, W], pixels scaled to [0, 1], on the loader's device
   Tensor y;  // i32 [B] on the loader's device
+  /// Set by a loader with on_device and deferred_fill: queues the gather of this batch into x and y.
+  /// Run it (or record it inside a step that reads the batch) once per batch, in the order next()
+  /// handed them out, before x and y are read. Empty when next() has filled them already.
+  std::function<void()> fill;
 };
 
 struct LoaderOptions {
@@ -32,6 +37,10 @@ struct LoaderOptions {
   /// converted on the host by the background thread and uploaded. The batches are the same bits
   /// either way. Costs the data set's size in device memory (every rank holds all of it).
   bool on_device = false;
+  /// With on_device: next() does not gather the batch but hands Batch::fill to the caller, who may
+  /// record the gather into a step that replays it. Each gather finds its place in the epoch's order
+  /// on the device (a cursor it advances), so a replay of the same recorded gather reads the next batch.
+  bool deferred_fill = false;
 };
 
 /// Iterates over one rank's shard of a data set in batches. A background thread gathers and converts

@@ -96,9 +96,14 @@ void CpuBackend::fill(Tensor& t, double value) {
   });
 }
 
-void CpuBackend::gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, int64_t begin,
+void CpuBackend::gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, Tensor& cursor,
                                 float divisor, Tensor& x, Tensor& y) {
   const int64_t n = x.size(0), sample = images.numel() / std::max<int64_t>(images.size(0), 1);
+  int64_t& position = cursor.data<int64_t>()[0];
+  const int64_t begin = position;
+  TANDEM_CHECK(begin >= 0 && begin + n <= order.numel(), "gather_samples: samples [", begin, ", ", begin + n,
+               ") of an order of ", order.numel());
+  position += n;
   const uint8_t* src = images.data<uint8_t>();
   const int32_t* lab = labels.data<int32_t>();
   const int32_t* ord = order.data<int32_t>() + begin;

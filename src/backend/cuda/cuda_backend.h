@@ -108,7 +108,7 @@ class CudaBackend final : public Backend {
 
   void copy_strided(const Tensor& src, Tensor& dst) override;
   void fill(Tensor& t, double value) override;
-  void gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, int64_t begin, float divisor,
+  void gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, Tensor& cursor, float divisor,
                       Tensor& x, Tensor& y) override;
   void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) override;
   void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) override;

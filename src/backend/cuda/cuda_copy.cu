@@ -177,12 +177,17 @@ __global__ void dropout_kernel(T* __restrict__ m, int64_t n, uint64_t seed, uint
 }
 
 // One block row per sample (blockIdx.x), its columns spread over blockIdx.y; four bytes at a time
-// where every sample starts 4-byte aligned.
+// where every sample starts 4-byte aligned. The first sample's place in order is read from cursor[0];
+// the last block to finish (counted in cursor[1]) advances it by the batch and zeroes the count: every
+// block has read it by then.
 template <bool kVec4>
 __global__ void gather_samples_kernel(const uint8_t* __restrict__ images, const int32_t* __restrict__ labels,
-                                      const int32_t* __restrict__ order, int64_t sample, float divisor,
-                                      float* __restrict__ x, int32_t* __restrict__ y) {
-  const int64_t i = blockIdx.x, s = order[i];
+                                      const int32_t* __restrict__ order, long long* cursor, int64_t sample,
+                                      float divisor, float* __restrict__ x, int32_t* __restrict__ y) {
+  __shared__ long long begin;
+  if (threadIdx.x == 0) begin = *reinterpret_cast<volatile long long*>(cursor);
+  __syncthreads();
+  const int64_t i = blockIdx.x, s = order[begin + i];
   if (blockIdx.y == 0 && threadIdx.x == 0) y[i] = labels[s];
   const uint8_t* src = images + s * sample;
   float* dst = x + i * sample;
@@ -197,6 +202,15 @@ __global__ void gather_samples_kernel(const uint8_t* __restrict__ images, const 
     }
   } else {
     for (int64_t j = first; j < sample; j += step) dst[j] = static_cast<float>(src[j]) / divisor;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned long long blocks = static_cast<unsigned long long>(gridDim.x) * gridDim.y;
+    auto* done = reinterpret_cast<unsigned long long*>(cursor + 1);
+    if (atomicAdd(done, 1ull) == blocks - 1) {  // the last block: all others have read the cursor
+      cursor[0] = begin + gridDim.x;
+      *done = 0;
+    }
   }
 }
 
@@ -280,7 +294,7 @@ void CudaBackend::fill(Tensor& t, double value) {
   TANDEM_ASSERT(false, "fill of ", t.str());
 }
 
-void CudaBackend::gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, int64_t begin,
+void CudaBackend::gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, Tensor& cursor,
                                  float divisor, Tensor& x, Tensor& y) {
   const int64_t n = x.size(0);
   if (n == 0) return;
@@ -292,8 +306,11 @@ void CudaBackend::gather_samples(const Tensor& images, const Tensor& labels, con
   const dim3 grid(static_cast<unsigned>(n),
                   static_cast<unsigned>(std::clamp<int64_t>((per_block + kBlock - 1) / kBlock, 1, 64)));
   auto kernel = vec4 ? gather_samples_kernel<true> : gather_samples_kernel<false>;
-  kernel<<<grid, kBlock, 0, st.stream>>>(images.data<uint8_t>(), labels.data<int32_t>(), order.data<int32_t>() + begin,
-                                         sample, divisor, x.data<float>(), y.data<int32_t>());
+  TANDEM_CHECK(cursor.dtype() == DType::i64 && cursor.numel() == 2 && cursor.device() == x.device(),
+               "gather_samples: the cursor must be i64 [2] on ", x.device().str(), ", got ", cursor.str());
+  kernel<<<grid, kBlock, 0, st.stream>>>(images.data<uint8_t>(), labels.data<int32_t>(), order.data<int32_t>(),
+                                         reinterpret_cast<long long*>(cursor.data<int64_t>()), sample, divisor,
+                                         x.data<float>(), y.data<int32_t>());
   TANDEM_CUDA_LAUNCH_CHECK("gather_samples_kernel");
 }
 
