@@ -49,13 +49,21 @@ if has python; then  # the package installed into build-gpu/pyenv, its tests, Py
   PATH=$PWD/build-gpu/pyenv/bin:$PATH timeout "${PYTEST_LIMIT:-300}" build-gpu/pyenv/bin/python -m pytest -q -rs \
     -o faulthandler_timeout="${PYTEST_STACKS_AFTER:-60}" ${PYTEST_K:+-k "$PYTEST_K"} tests/python >"$OUT/pytest.log" 2>&1
   say "pytest (rc $?): $(tail -1 "$OUT/pytest.log")"
-  # The exchanges with PyTorch, where PyTorch sits outside the venv's view (another environment): its
-  # directory joins the path for these tests only.
-  if ! build-gpu/pyenv/bin/python -c "import torch" 2>/dev/null &&
-     tdir=$(python3 -c "import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))" 2>/dev/null); then
-    PYTHONPATH=$tdir timeout 120 build-gpu/pyenv/bin/python -m pytest -q -rs -k "torch or gpu" tests/python/test_tensor.py \
+  # The exchanges with PyTorch, where PyTorch lives in another environment: that environment's Python
+  # runs those tests with the installed package (and pytest, numpy if it lacks them) on its path.
+  tpy=$(python3 -c "import torch, sys; print(sys.executable)" 2>/dev/null)
+  if ! build-gpu/pyenv/bin/python -c "import torch" 2>/dev/null && [ -n "$tpy" ]; then
+    dep=/tmp/tandem-for-torch
+    rm -rf "$dep" && mkdir -p "$dep"
+    ln -s "$(build-gpu/pyenv/bin/python -c 'import tandem, os; print(os.path.dirname(tandem.__file__))')" "$dep/tandem"
+    for m in pytest numpy; do
+      "$tpy" -c "import $m" 2>/dev/null ||
+        build-gpu/pyenv/bin/python -m pip install -q --no-index --find-links .data/whl --target "$dep" "$m" \
+          >>"$OUT/python_step.log" 2>&1
+    done
+    PYTHONPATH=$dep timeout 120 "$tpy" -m pytest -q -rs -p no:cacheprovider -k "torch or gpu" tests/python/test_tensor.py \
       >"$OUT/pytest_torch.log" 2>&1
-    say "pytest with PyTorch from $tdir (rc $?): $(tail -1 "$OUT/pytest_torch.log")"
+    say "pytest -k 'torch or gpu' under $tpy (rc $?): $(tail -1 "$OUT/pytest_torch.log")"
   fi
 fi
 

@@ -97,6 +97,11 @@ Tensor argmax(const Tensor& x);
 Tensor count_correct(const Tensor& logits, const Tensor& labels);
 /// count += count_correct(logits, labels), in place on the device (count: one i64 element there).
 void add_correct(const Tensor& logits, const Tensor& labels, Tensor& count);
+/// A training batch's running sums, in place on the device: loss_sum += loss (one f32 element each,
+/// as add_into adds them) and count += count_correct(logits, labels) (one i64), in one launch where
+/// the device can.
+void add_loss_and_correct(const Tensor& loss, const Tensor& logits, const Tensor& labels, Tensor& loss_sum,
+                          Tensor& count);
 /// acc += x in place, outside autograd (same shape, dtype and device): running sums kept on the
 /// device, such as a recorded step's loss total.
 void add_into(Tensor& acc, const Tensor& x);

@@ -191,6 +191,13 @@ class Backend {
   /// out (i64, one element) = number of rows of logits whose argmax equals the label.
   /// out (one i64) = the count, or out += the count with accumulate.
   virtual void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out, bool accumulate = false) = 0;
+  /// A batch's running sums: loss_sum (one f32) += loss (one f32), as binary Add computes it, and
+  /// correct (one i64) += count_correct(logits, labels); in one launch where the backend can.
+  virtual void tally_batch(const Tensor& loss, const Tensor& logits, const Tensor& labels, Tensor& loss_sum,
+                           Tensor& correct) {
+    binary(Binary::Add, loss_sum, loss, loss_sum);
+    count_correct(logits, labels, correct, true);
+  }
   /// mask = (uniform(counter) >= p) / (1 - p), element i using counter offset + i.
   virtual void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) = 0;
 

@@ -179,10 +179,7 @@ StepResult Session::train_step(const Tensor& x, const Tensor& y, bool track, con
 StepResult Session::eager_step(const Tensor& x, const Tensor& y, bool track) {
   StepResult r = forward_backward(x, y, 1.0, true);
   apply_update();
-  if (track) {
-    add_into(sums_.loss, r.loss);
-    add_correct(r.logits, y, sums_.correct);
-  }
+  if (track) add_loss_and_correct(r.loss, r.logits, y, sums_.loss, sums_.correct);
   return r;
 }
 

@@ -61,4 +61,21 @@ void add_correct(const Tensor& logits, const Tensor& labels, Tensor& count) {
   be(logits).count_correct(half ? logits.to(DType::f32) : logits.contiguous(), labels.contiguous(), count, true);
 }
 
+void add_loss_and_correct(const Tensor& loss, const Tensor& logits, const Tensor& labels, Tensor& loss_sum,
+                          Tensor& count) {
+  check_logits_labels(logits, labels, "add_loss_and_correct");
+  TANDEM_CHECK(count.dtype() == DType::i64 && count.numel() == 1 && count.device() == logits.device() &&
+                   count.is_contiguous(),
+               "add_loss_and_correct: the count must be one contiguous i64 element on ", logits.device().str(),
+               ", got ", count.str());
+  TANDEM_CHECK(loss.dtype() == DType::f32 && loss.numel() == 1 && loss_sum.dtype() == DType::f32 &&
+                   loss_sum.numel() == 1 && loss_sum.is_contiguous() && loss.device() == logits.device() &&
+                   loss_sum.device() == logits.device(),
+               "add_loss_and_correct: loss ", loss.str(), " and sum ", loss_sum.str(), " must be one f32 element each on ",
+               logits.device().str());
+  const bool half = logits.dtype() == DType::f16 || logits.dtype() == DType::bf16;
+  be(logits).tally_batch(loss.contiguous().view(loss_sum.shape()), half ? logits.to(DType::f32) : logits.contiguous(), labels.contiguous(),
+                         loss_sum, count);
+}
+
 }  // namespace tandem

@@ -153,5 +153,32 @@ TEST(CudaOps, SmallCnnTrainingStep) {
     expect_norm_close(lc[i].grad(), lg[i].grad(), 1e-4, "cnn gradient " + std::to_string(i));
 }
 
+// A batch's running sums in one launch: the loss added as add_into adds it, the correct rows counted
+// as count_correct counts them, batch after batch, on both devices, with i32 and i64 labels.
+TEST(CudaOps, LossAndCorrectSumsMatchTheCpu) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (DType lt : {DType::i32, DType::i64}) {
+    Tensor sum_c = Tensor::zeros({1}), sum_g = Tensor::zeros({1}, DType::f32, gpu());
+    Tensor cnt_c = Tensor::zeros({1}, DType::i64), cnt_g = Tensor::zeros({1}, DType::i64, gpu());
+    Tensor want_sum = Tensor::zeros({1}), want_cnt = Tensor::zeros({1}, DType::i64);
+    for (int64_t n : {1, 64, 300}) {
+      Tensor logits = rand_cpu({n, 10}, 40 + static_cast<uint64_t>(n), -1.0, 1.0);
+      std::vector<int32_t> lv(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) lv[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % 10);
+      Tensor labels = Tensor::from_vector(lv, {n}).to(lt);
+      Tensor loss = softmax_cross_entropy(logits, labels).detach();
+      add_into(want_sum, loss.view({1}));
+      add_correct(logits, labels, want_cnt);
+      add_loss_and_correct(loss, logits, labels, sum_c, cnt_c);
+      add_loss_and_correct(loss.to(gpu()), logits.to(gpu()), labels.to(gpu()), sum_g, cnt_g);
+    }
+    EXPECT_EQ(sum_c.to_vector<float>(), want_sum.to_vector<float>());
+    EXPECT_EQ(sum_g.to_vector<float>(), want_sum.to_vector<float>());
+    EXPECT_EQ(cnt_c.to_vector<int64_t>(), want_cnt.to_vector<int64_t>());
+    EXPECT_EQ(cnt_g.to_vector<int64_t>(), want_cnt.to_vector<int64_t>());
+    EXPECT_GT(want_cnt.to_vector<int64_t>()[0], 0);
+  }
+}
+
 }  // namespace
 }  // namespace tandem

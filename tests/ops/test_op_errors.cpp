@@ -81,6 +81,30 @@ TEST(OpErrors, LossAndMetrics) {
                {"label 4", "row 1", "[0, 4)"});
   expect_error([&] { count_correct(logits, Tensor::from_vector<int32_t>({0, 1, -2}, {3})); }, {"label -2", "row 2"});
   expect_error([&] { argmax(Tensor::zeros({4})); }, {"argmax", "2 dimensions"});
+  Tensor sum = Tensor::zeros({1}), count = Tensor::zeros({1}, DType::i64);
+  const Tensor labels = Tensor::from_vector<int32_t>({0, 1, 2}, {3}), loss = Tensor::ones({1});
+  expect_error([&] { add_loss_and_correct(loss, logits, labels, sum, sum); }, {"add_loss_and_correct", "i64"});
+  expect_error([&] { add_loss_and_correct(Tensor::ones({2}), logits, labels, sum, count); },
+               {"add_loss_and_correct", "one f32 element"});
+  expect_error([&] { add_loss_and_correct(loss, logits, Tensor::from_vector<int32_t>({0, 9, 1}, {3}), sum, count); },
+               {"label 9", "row 1"});
+}
+
+// The sums of a training pass: the loss added as add_into adds it, the rows counted as add_correct counts.
+TEST(Ops, LossAndCorrectSumsAddAsTheirParts) {
+  Tensor logits = Tensor::from_vector<float>({0.1f, 0.9f, 0.0f, 0.7f, 0.2f, 0.1f, 0.3f, 0.3f, 0.4f}, {3, 3});
+  const Tensor labels = Tensor::from_vector<int64_t>({1, 1, 2}, {3});
+  Tensor sum = Tensor::full({1}, 0.1), count = Tensor::zeros({1}, DType::i64);
+  Tensor want_sum = Tensor::full({1}, 0.1), want_count = Tensor::zeros({1}, DType::i64);
+  for (int i = 0; i < 3; ++i) {
+    const Tensor loss = softmax_cross_entropy(logits, labels);
+    add_loss_and_correct(loss, logits, labels, sum, count);
+    add_into(want_sum, loss.view({1}));
+  }
+  add_correct(logits, labels, want_count);
+  EXPECT_EQ(count.to_vector<int64_t>(), std::vector<int64_t>{6});  // rows 0 and 2, three times
+  EXPECT_EQ(sum.to_vector<float>(), want_sum.to_vector<float>());
+  EXPECT_EQ(want_count.to_vector<int64_t>(), std::vector<int64_t>{2});
 }
 
 TEST(OpErrors, DevicesThatDoNotExist) {

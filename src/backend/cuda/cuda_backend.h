@@ -154,6 +154,8 @@ class CudaBackend final : public Backend {
   void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss, Tensor& dlogits) override;
   void argmax_rows(const Tensor& x, Tensor& out) override;
   void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out, bool accumulate) override;
+  void tally_batch(const Tensor& loss, const Tensor& logits, const Tensor& labels, Tensor& loss_sum,
+                   Tensor& correct) override;
   void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;
 
   void scale_cast(const Tensor& src, Tensor& dst, double scale, double clip) override;

@@ -140,10 +140,13 @@ __global__ void argmax_kernel(const float* __restrict__ x, int64_t* __restrict__
   }
 }
 
+// With loss_sum, the first block also adds the batch's loss to it (the f32 sum binary Add computes).
 template <typename L>
 __global__ void count_correct_kernel(const float* __restrict__ x, const L* __restrict__ labels,
-                                     unsigned long long* __restrict__ out, int64_t n, int64_t c) {
+                                     unsigned long long* __restrict__ out, int64_t n, int64_t c,
+                                     const float* __restrict__ loss = nullptr, float* __restrict__ loss_sum = nullptr) {
   __shared__ unsigned long long scratch[32];
+  if (loss_sum && blockIdx.x == 0 && threadIdx.x == 0) *loss_sum = __fadd_rn(*loss_sum, *loss);
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
   unsigned long long hits = 0;
   for (int64_t r = thread_index() >> 5; r < n; r += warps) {
@@ -237,6 +240,27 @@ void CudaBackend::count_correct(const Tensor& logits, const Tensor& labels, Tens
     using L = std::remove_const_t<std::remove_pointer_t<decltype(lab)>>;
     count_correct_kernel<L><<<row_blocks(n), kWarpsPerBlock * 32, 0, st.stream>>>(
         logits.data<float>(), lab, reinterpret_cast<unsigned long long*>(out.data<int64_t>()), n, c);
+    TANDEM_CUDA_LAUNCH_CHECK("count_correct_kernel");
+  });
+}
+
+void CudaBackend::tally_batch(const Tensor& loss, const Tensor& logits, const Tensor& labels, Tensor& loss_sum,
+                              Tensor& correct) {
+  require_f32(logits, "tally_batch");
+  require_f32(loss, "tally_batch");
+  require_f32(loss_sum, "tally_batch");
+  TANDEM_CHECK(correct.dtype() == DType::i64, "tally_batch: the count must be i64, got ", correct.str());
+  TANDEM_ASSERT(logits.dim() == 2 && labels.numel() == logits.size(0) && correct.numel() == 1 && loss.numel() == 1 &&
+                    loss_sum.numel() == 1,
+                "tally_batch shapes");
+  const int64_t n = logits.size(0), c = logits.size(1);
+  if (n == 0 || c == 0) return Backend::tally_batch(loss, logits, labels, loss_sum, correct);
+  DeviceState& st = state_for(correct);
+  dispatch_labels(labels, "tally_batch", [&](auto* lab) {
+    using L = std::remove_const_t<std::remove_pointer_t<decltype(lab)>>;
+    count_correct_kernel<L><<<row_blocks(n), kWarpsPerBlock * 32, 0, st.stream>>>(
+        logits.data<float>(), lab, reinterpret_cast<unsigned long long*>(correct.data<int64_t>()), n, c,
+        loss.data<float>(), loss_sum.data<float>());
     TANDEM_CUDA_LAUNCH_CHECK("count_correct_kernel");
   });
 }
