@@ -61,7 +61,7 @@ if has python; then  # the package installed into build-gpu/pyenv, its tests, Py
         build-gpu/pyenv/bin/python -m pip install -q --no-index --find-links .data/whl --target "$dep" "$m" \
           >>"$OUT/python_step.log" 2>&1
     done
-    PYTHONPATH=$dep timeout 120 "$tpy" -m pytest -q -rs -p no:cacheprovider -k "torch or gpu" tests/python/test_tensor.py \
+    PATH=$PWD/build-gpu/pyenv/bin:$PATH PYTHONPATH=$dep timeout 120 "$tpy" -m pytest -q -rs -p no:cacheprovider -k "torch or gpu" tests/python/test_tensor.py \
       >"$OUT/pytest_torch.log" 2>&1
     say "pytest -k 'torch or gpu' under $tpy (rc $?): $(tail -1 "$OUT/pytest_torch.log")"
   fi

@@ -35,8 +35,11 @@ def run(args, timeout=180, env=None, cwd=None):
 
 
 def gloo_available():
-    """2-rank CPU jobs need a build with Gloo."""
-    rc, out = run([tandem_command(), "info"])
+    """2-rank CPU jobs need a build with Gloo (and the `tandem` command, to ask it)."""
+    cmd = tandem_command()
+    if cmd is None:
+        return False
+    rc, out = run([cmd, "info"])
     return rc == 0 and "gloo: yes" in out
 
 
