@@ -205,7 +205,8 @@ __global__ void gather_samples_kernel(const uint8_t* __restrict__ images, const 
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();  // this block's read of the cursor comes before its count
+    // No fence: the block's read of the cursor has completed (every thread's work above used it),
+    // and a fence here would wait for the block's stores to drain, a microsecond per batch.
     const unsigned long long blocks = static_cast<unsigned long long>(gridDim.x) * gridDim.y;
     auto* done = reinterpret_cast<unsigned long long*>(cursor + 1);
     if (atomicAdd(done, 1ull) == blocks - 1) {  // the last block: all others have read the cursor
