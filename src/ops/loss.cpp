@@ -16,15 +16,27 @@ void check_logits_labels(const Tensor& logits, const Tensor& labels, const char*
                " rows of logits");
   check_same_device(logits, labels, op);
 }
+
+// 16-bit logits (mixed precision) are read in f32; others as they are, contiguous.
+Tensor f32_logits(const Tensor& logits) {
+  const bool half = logits.dtype() == DType::f16 || logits.dtype() == DType::bf16;
+  return half ? logits.to(DType::f32) : logits.contiguous();
+}
+
+// A running count of correct rows: one contiguous i64 element beside the logits.
+void check_count(const Tensor& count, const Tensor& logits, const char* op) {
+  TANDEM_CHECK(count.dtype() == DType::i64 && count.numel() == 1 && count.device() == logits.device() &&
+                   count.is_contiguous(),
+               op, ": the count must be one contiguous i64 element on ", logits.device().str(), ", got ", count.str());
+}
 }  // namespace
 
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
   check_logits_labels(logits, labels, "softmax_cross_entropy");
   check_floating(logits, "softmax_cross_entropy", "logits");
   TANDEM_CHECK(logits.size(0) > 0, "softmax_cross_entropy: empty batch");
-  // 16-bit logits (mixed precision) are taken in f32: the softmax and the loss stay f32.
-  const bool half = logits.dtype() == DType::f16 || logits.dtype() == DType::bf16;
-  Tensor lc = half ? logits.to(DType::f32) : logits.contiguous(), yc = labels.contiguous();
+  // The softmax and the loss stay f32 for 16-bit logits too.
+  Tensor lc = f32_logits(logits), yc = labels.contiguous();
   Tensor loss = Tensor::empty({}, lc.dtype(), logits.device());
   Tensor probs = empty_like(lc);
   be(lc).softmax_xent_forward(lc, yc, loss, probs);
@@ -39,43 +51,34 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
 Tensor argmax(const Tensor& x) {
   check_dim(x, 2, "argmax", "input");
   Tensor out = Tensor::empty({x.size(0)}, DType::i64, x.device());
-  if (x.size(0)) be(x).argmax_rows(x.dtype() == DType::f16 || x.dtype() == DType::bf16 ? x.to(DType::f32) : x.contiguous(), out);
+  if (x.size(0)) be(x).argmax_rows(f32_logits(x), out);
   return out;
 }
 
 Tensor count_correct(const Tensor& logits, const Tensor& labels) {
   check_logits_labels(logits, labels, "count_correct");
   Tensor out = Tensor::empty({}, DType::i64, logits.device());
-  const bool half = logits.dtype() == DType::f16 || logits.dtype() == DType::bf16;
-  be(logits).count_correct(half ? logits.to(DType::f32) : logits.contiguous(), labels.contiguous(), out);
+  be(logits).count_correct(f32_logits(logits), labels.contiguous(), out);
   return out;
 }
 
 void add_correct(const Tensor& logits, const Tensor& labels, Tensor& count) {
   check_logits_labels(logits, labels, "add_correct");
-  TANDEM_CHECK(count.dtype() == DType::i64 && count.numel() == 1 && count.device() == logits.device() &&
-                   count.is_contiguous(),
-               "add_correct: the count must be one contiguous i64 element on ", logits.device().str(), ", got ",
-               count.str());
-  const bool half = logits.dtype() == DType::f16 || logits.dtype() == DType::bf16;
-  be(logits).count_correct(half ? logits.to(DType::f32) : logits.contiguous(), labels.contiguous(), count, true);
+  check_count(count, logits, "add_correct");
+  be(logits).count_correct(f32_logits(logits), labels.contiguous(), count, true);
 }
 
 void add_loss_and_correct(const Tensor& loss, const Tensor& logits, const Tensor& labels, Tensor& loss_sum,
                           Tensor& count) {
   check_logits_labels(logits, labels, "add_loss_and_correct");
-  TANDEM_CHECK(count.dtype() == DType::i64 && count.numel() == 1 && count.device() == logits.device() &&
-                   count.is_contiguous(),
-               "add_loss_and_correct: the count must be one contiguous i64 element on ", logits.device().str(),
-               ", got ", count.str());
+  check_count(count, logits, "add_loss_and_correct");
   TANDEM_CHECK(loss.dtype() == DType::f32 && loss.numel() == 1 && loss_sum.dtype() == DType::f32 &&
                    loss_sum.numel() == 1 && loss_sum.is_contiguous() && loss.device() == logits.device() &&
                    loss_sum.device() == logits.device(),
                "add_loss_and_correct: loss ", loss.str(), " and sum ", loss_sum.str(), " must be one f32 element each on ",
                logits.device().str());
-  const bool half = logits.dtype() == DType::f16 || logits.dtype() == DType::bf16;
-  be(logits).tally_batch(loss.contiguous().view(loss_sum.shape()), half ? logits.to(DType::f32) : logits.contiguous(), labels.contiguous(),
-                         loss_sum, count);
+  be(logits).tally_batch(loss.contiguous().view(loss_sum.shape()), f32_logits(logits), labels.contiguous(), loss_sum,
+                         count);
 }
 
 }  // namespace tandem
