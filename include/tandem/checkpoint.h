@@ -17,6 +17,12 @@ namespace tandem {
 void save_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer* opt,
                      const std::string& meta_json = "{}");
 
+/// Writes named tensors and `meta_json` (a JSON object) in the checkpoint format, as save_checkpoint
+/// does (beside path, then renamed over it); checkpoint_meta and read_checkpoint_tensors read it back.
+/// For state kept beside a checkpoint, such as each rank's own (DistOpt::rank_state).
+void save_tensor_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::string& meta_json = "{}");
+
 /// Checks, before any work is done, that a checkpoint can be written at path: its directory exists
 /// and is writable and path is not a directory. Throws tandem::Error (Input) saying what to fix.
 void check_checkpoint_path(const std::string& path);

@@ -55,6 +55,9 @@ struct SgdArgs {
   double lr, momentum, dampening, weight_decay;
   bool nesterov;
   bool first_step;  // momentum buffers hold no history yet: initialise them with the gradient
+  /// When set: one f32 value on the slots' device; the step changes nothing when it is not finite
+  /// (the skip of an overflowing f16 step, decided on the device so that the step can be recorded).
+  const float* guard = nullptr;
 };
 
 struct AdamArgs {
@@ -104,6 +107,8 @@ class Backend {
   virtual size_t captured_pool_bytes(int device) { return 0; }
   /// The most the recordings' tensors held at once (per recording, summed), in bytes.
   virtual size_t captured_pool_peak_bytes(int device) { return 0; }
+  /// Whether this thread is recording device work on `device` (inside capture's body).
+  virtual bool recording(int device) { return false; }
 
   // ---- layout, conversion, fills
   /// dst (contiguous) <- src (any strides, same device), converting between any two dtypes.
@@ -213,6 +218,26 @@ class Backend {
   virtual void sparse_accumulate(Tensor& dense, const Tensor& pairs, int64_t n, double scale) = 0;
   /// dense[index] = 0 for the first n pairs.
   virtual void sparse_zero(Tensor& dense, const Tensor& pairs, int64_t n) = 0;
+
+  // ---- a step's verdict kept on the device (the skip of a non-finite step, recorded steps). A verdict
+  // is one f32 value on the device, finite exactly when the step's gradients were.
+  /// out = x * factor[0], factor one f32 value on the device (x, out f32; out may alias x).
+  virtual void scale_by(const Tensor& x, const Tensor& factor, Tensor& out) = 0;
+  /// dst = saved when the verdict is not finite; otherwise dst is left as it is (same size and dtype).
+  virtual void restore_if_nonfinite(const Tensor& verdict, const Tensor& saved, Tensor& dst) = 0;
+  /// counter (one i64) += 1 when the verdict is not finite.
+  virtual void count_nonfinite(const Tensor& verdict, Tensor& counter) = 0;
+  /// Dynamic loss scaling after a step: scale (f32 [2]: the scale and its inverse) and counts (i64 [2]:
+  /// clean steps in a row, steps skipped). Not finite: the scale times backoff, clean = 0, skipped + 1;
+  /// finite: clean + 1, and at `interval` the scale times growth (unless that overflows f32), clean = 0.
+  virtual void loss_scale_update(const Tensor& verdict, Tensor& scale, Tensor& counts, double growth, double backoff,
+                                 int64_t interval) = 0;
+  /// With chunks of dst.numel() elements (src.numel() a multiple of it): dst = src's chunk index[0]
+  /// (one i64 on the device, in [0, chunks)); with into_chunk, chunk index[0] of dst = src instead
+  /// (src.numel() then the chunk size). f32.
+  virtual void copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index, bool into_chunk) = 0;
+  /// counter (one i64 on the device) = (counter + 1) % modulo.
+  virtual void advance_counter(Tensor& counter, int64_t modulo) = 0;
 
   // ---- optimizers, over many tensors in one call (f32 params)
   virtual void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) = 0;

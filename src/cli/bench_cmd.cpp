@@ -40,6 +40,15 @@ int run_train_bench(const TrainBenchConfig& cfg) {
   mc.width = cfg.width;
   mc.num_classes = cfg.classes;
   s.build_model(mc);
+  std::vector<dist::AgreementField> fields = s.agreement_fields();
+  fields.push_back({"--batch-size", std::to_string(cfg.batch_size)});
+  fields.push_back({"--steps", std::to_string(cfg.steps)});
+  fields.push_back({"--warmup", std::to_string(cfg.warmup)});
+  fields.push_back({"input shape (--image, --channels, --classes)", std::to_string(cfg.channels) + "x" +
+                                                                       std::to_string(cfg.height) + "x" +
+                                                                       std::to_string(cfg.width) + ", " +
+                                                                       std::to_string(cfg.classes) + " classes"});
+  dist::check_agreement(fields);
   s.sync_model();
 
   // Synthetic data, different on every rank, as in the PyTorch peer script.

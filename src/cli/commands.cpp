@@ -73,6 +73,10 @@ void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& grou
       ->group(group)
       ->check(CLI::Range(0.001, 4096.0))
       ->capture_default_str();
+  app.add_flag("--per-rank-optimizer-settings", cfg.per_rank_optimizer_settings,
+               "Let --lr, --momentum and --weight-decay differ between ranks (only warned about; the replicas then "
+               "drift apart). Without it, ranks started with different values stop at start-up")
+      ->group(group);
 }
 
 }  // namespace tandem::cli

@@ -113,6 +113,41 @@ void Session::build_model(nn::ModelConfig mc) {
 
 void Session::sync_model() { opt_->sync_parameters(*model_); }
 
+std::vector<dist::AgreementField> Session::agreement_fields() const {
+  // The parameters' names and shapes, hashed: ranks that built different models stop here, by name.
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](const std::string& t) {
+    for (unsigned char c : t) h = (h ^ c) * 0x100000001b3ull;
+  };
+  for (const auto& [name, t] : model_->named_parameters()) mix(name + shape_str(t.shape()) + dtype_name(t.dtype()));
+  const dist::SyncOptions& s = sync();
+  auto num = [](double v) { return detail::cat(v); };
+  auto on_off = [](bool b) { return std::string(b ? "on" : "off"); };
+  // Replicas whose optimizers differ drift apart: an error unless the user asked for it.
+  const bool hp_match = !cfg_.per_rank_optimizer_settings;
+  return {
+      {"--model", cfg_.model},
+      {"parameter names and shapes", std::to_string(h)},
+      {"--optimizer", cfg_.optimizer},
+      {"--nesterov", on_off(cfg_.nesterov)},
+      {"-d/--dist-option", s.method},
+      {"-s/--spars", num(s.spars)},
+      {"--clip", num(s.clip)},
+      {"--rank", std::to_string(s.rank)},
+      {"--half-dtype", dtype_name(s.half_dtype)},
+      {"--no-error-feedback", on_off(!s.error_feedback)},
+      {"--sync-bn", on_off(cfg_.sync_bn)},
+      {"--bucket-mb", num(cfg_.bucket_mb)},
+      {"--first-bucket-mb", num(cfg_.first_bucket_mb)},
+      {"--precision", precision_name(precision_)},
+      {"--per-rank-optimizer-settings", on_off(cfg_.per_rank_optimizer_settings)},
+      {"--lr", num(cfg_.lr), hp_match},
+      {"--momentum", num(cfg_.momentum), hp_match},
+      {"--weight-decay", num(cfg_.weight_decay), hp_match},
+      {"--seed", std::to_string(cfg_.seed), false},
+  };
+}
+
 StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double weight, bool last) {
   Tensor logits, loss;
   {
@@ -132,7 +167,6 @@ StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double we
 }
 
 void Session::apply_update() {
-  if (scaler_) scaler_->unscale();
   if (cfg_.clip_norm > 0.0) opt_->clip_grad_norm(cfg_.clip_norm);
   if (scaler_)
     scaler_->update();
@@ -167,7 +201,6 @@ StepResult Session::train_step(const Tensor& x, const Tensor& y, bool track, con
   steady_shape_ = x.shape();
   if (steady_steps_ <= kEagerStepsBeforeRecording) return eager();
   std::string why = opt_->replay_blocker();
-  if (why.empty() && scaler_) why = "f16 loss scaling decides on the host whether a step is skipped";
   if (why.empty() && cfg_.clip_norm > 0.0 && world() > 1) why = "--clip-norm agrees on the norm across ranks";
   if (!why.empty()) {
     run_eagerly_because(why);

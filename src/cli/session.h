@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/distributed/agreement.h"
 #include "tandem/distributed/bootstrap.h"
 #include "tandem/distributed/dist_opt.h"
 #include "tandem/distributed/loss_scaler.h"
@@ -43,6 +44,7 @@ struct SessionConfig {
   double bucket_mb = 16.0;
   double first_bucket_mb = 1.0;
   double timeout_s = 300.0;
+  bool per_rank_optimizer_settings = false;  // --lr, --momentum, --weight-decay may differ between ranks
   bool cuda_graph = true;  // replay a recorded step where it applies (see Session::train_step)
   bool deterministic = false;  // GPU algorithms that give the same bits on every run
 };
@@ -72,6 +74,9 @@ class Session {
   void build_model(nn::ModelConfig mc);
   /// Every rank continues from rank 0's model: call after any checkpoint is loaded.
   void sync_model();
+  /// What every rank must have been started with (model, parameters, optimizer, synchronisation,
+  /// precision), for dist::check_agreement after build_model; the command adds its own.
+  std::vector<dist::AgreementField> agreement_fields() const;
   /// Forward and backward of one micro-batch, its loss weighted by `weight` (1/N of a step of N
   /// micro-batches); the gradients are synchronised after the step's `last` micro-batch only.
   StepResult forward_backward(const Tensor& x, const Tensor& y, double weight, bool last);
@@ -122,6 +127,7 @@ class Session {
   Precision precision() const { return precision_; }
   /// f16's dynamic loss scaling (null in every other precision).
   const dist::LossScaler* loss_scaler() const { return scaler_.get(); }
+  dist::LossScaler* loss_scaler() { return scaler_.get(); }
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->size(); }
   /// Rank 0 prints the reports.

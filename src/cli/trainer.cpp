@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "cli/progress.h"
@@ -82,7 +84,7 @@ struct ResumePoint {
   bool finished = false;
 };
 
-ResumePoint resume_point(const TrainConfig& cfg, int world, bool lead) {
+ResumePoint resume_point(const TrainConfig& cfg, const std::string& dist_option, int world, bool lead) {
   const std::string& path = cfg.checkpoint;
   auto meta = nlohmann::json::parse(checkpoint_meta(path));
   auto text = [&](const char* key) {
@@ -94,6 +96,14 @@ ResumePoint resume_point(const TrainConfig& cfg, int world, bool lead) {
                             {"dataset", &cfg.dataset}, {"optimizer", &cfg.optimizer}})
     TANDEM_CHECK(text(key) == *value, "checkpoint '", path, "' was saved with --", key, " ", text(key),
                  "; resume with the same value or use another --checkpoint");
+  // The state each rank keeps beside the checkpoint belongs to its -d option: resuming under another
+  // would silently drop it (or misread it), so a change of option starts a new run instead.
+  if (meta.contains("dist_option")) {
+    const std::string saved = text("dist_option");
+    TANDEM_CHECK(saved == dist_option, "checkpoint '", path, "' was saved with -d ", saved, " and this run uses -d ",
+                 dist_option, ": the ranks' ", saved, " state cannot carry over. Resume with -d ", saved,
+                 ", or start a new run with another --checkpoint");
+  }
   TANDEM_CHECK(meta.contains("epoch") && meta["epoch"].is_number_integer() && meta["epoch"].get<int64_t>() >= 0,
                "checkpoint '", path, "' does not record the epoch it was saved after");
   ResumePoint at;
@@ -124,7 +134,16 @@ bool data_on_device(const std::string& mode, Device device, const data::Dataset&
   return device.is_cuda() && bytes <= (size_t(1) << 31);
 }
 
+std::string host_name() {
+  char buf[256] = {};
+  return gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string("this host");
+}
+
 }  // namespace
+
+std::string rank_state_path(const std::string& checkpoint, int rank) {
+  return checkpoint + ".rank" + std::to_string(rank);
+}
 
 Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {}
 Trainer::~Trainer() = default;
@@ -147,8 +166,13 @@ int Trainer::run() {
 }
 
 bool Trainer::setup() {
-  // A checkpoint that cannot be written is found before any training, not after the first epoch.
-  if (!cfg_.checkpoint.empty() && dist::detect_env().rank == 0) check_checkpoint_path(cfg_.checkpoint);
+  // A checkpoint that cannot be written is found before any training, not after the first epoch: rank 0
+  // writes the checkpoint, every rank its own state beside it.
+  if (!cfg_.checkpoint.empty()) {
+    const int rank = dist::detect_env().rank;
+    if (rank == 0) check_checkpoint_path(cfg_.checkpoint);
+    check_checkpoint_path(rank_state_path(cfg_.checkpoint, rank));
+  }
   session_ = std::make_unique<Session>(cfg_);
   Session& s = *session_;
   train_set_ = limited(data::load_dataset(cfg_.dataset, cfg_.data_dir, true), cfg_.limit_train);
@@ -162,16 +186,8 @@ bool Trainer::setup() {
   mc.num_classes = train_set_.num_classes;
   s.build_model(mc);
 
-  if (cfg_.resume && std::filesystem::exists(cfg_.checkpoint)) {
-    const ResumePoint at = resume_point(cfg_, s.world(), s.lead());
-    if (at.finished) return false;
-    load_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer());
-    first_epoch_ = at.next_epoch;
-    if (s.lead()) std::fprintf(stderr, "tandem: resuming from '%s' at epoch %d\n", cfg_.checkpoint.c_str(), first_epoch_);
-  } else if (cfg_.resume && s.lead()) {
-    std::fprintf(stderr, "tandem: no checkpoint at '%s' yet: starting at epoch 0\n", cfg_.checkpoint.c_str());
-  }
   check_ranks_agree();
+  if (cfg_.resume && !resume()) return false;
   s.sync_model();
 
   data::LoaderOptions lo;
@@ -203,40 +219,88 @@ bool Trainer::setup() {
 
 void Trainer::check_ranks_agree() {
   Session& s = *session_;
-  // The parameters' names and shapes, hashed: ranks that built different models stop here, by name.
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&h](const std::string& t) {
-    for (unsigned char c : t) h = (h ^ c) * 0x100000001b3ull;
-  };
-  for (const auto& [name, t] : s.model().named_parameters()) mix(name + shape_str(t.shape()) + dtype_name(t.dtype()));
-  const dist::SyncOptions& sync = s.sync();
+  std::vector<dist::AgreementField> fields = s.agreement_fields();
   auto num = [](double v) { return detail::cat(v); };
-  std::vector<dist::AgreementField> fields = {
-      {"--model", cfg_.model},
-      {"parameter names and shapes", std::to_string(h)},
+  std::vector<dist::AgreementField> mine = {
       {"--batch-size", std::to_string(cfg_.batch_size)},
       {"--accumulate", std::to_string(cfg_.accumulate)},
       {"--epochs", std::to_string(cfg_.epochs)},
       {"training samples (--limit-train)", std::to_string(train_set_.size())},
       {"test samples (--limit-test)", std::to_string(test_set_.size())},
       {"--dataset", cfg_.dataset},
-      {"-d/--dist-option", sync.method},
-      {"-s/--spars", num(sync.spars)},
-      {"--clip", num(sync.clip)},
       {"--clip-norm", num(cfg_.clip_norm)},
-      {"--rank", std::to_string(sync.rank)},
-      {"--half-dtype", dtype_name(sync.half_dtype)},
-      {"--no-error-feedback", sync.error_feedback ? "off" : "on"},
-      {"--sync-bn", cfg_.sync_bn ? "on" : "off"},
-      {"--bucket-mb", num(cfg_.bucket_mb)},
-      {"--precision", precision_name(s.precision())},
-      {"--optimizer", cfg_.optimizer},
-      {"--seed", std::to_string(cfg_.seed), false},
-      {"--lr", num(cfg_.lr), false},
-      {"--momentum", num(cfg_.momentum), false},
-      {"--weight-decay", num(cfg_.weight_decay), false},
+      {"--check-consistency", std::to_string(cfg_.check_consistency)},
+      {"--checkpoint (set or not)", cfg_.checkpoint.empty() ? "not set" : "set"},
   };
+  fields.insert(fields.end(), mine.begin(), mine.end());
   dist::check_agreement(fields);
+}
+
+bool Trainer::resume() {
+  Session& s = *session_;
+  const std::string& path = cfg_.checkpoint;
+  namespace fs = std::filesystem;
+  // What this rank sees at --checkpoint; every rank must see the same (one file on a shared disk).
+  std::error_code ec;
+  std::string seen = "no checkpoint";
+  if (fs::exists(path, ec)) {
+    try {
+      auto meta = nlohmann::json::parse(checkpoint_meta(path), nullptr, false);
+      seen = meta.is_object() && meta.contains("epoch") && meta["epoch"].is_number_integer()
+                 ? "the checkpoint of epoch " + std::to_string(meta["epoch"].get<int64_t>())
+                 : "a checkpoint without an epoch";
+    } catch (const Error& e) {
+      seen = std::string("an unreadable checkpoint (") + e.what() + ")";
+    }
+  }
+  dist::AgreementField field{"what --resume found", seen, true,
+                             fs::absolute(path, ec).string() + " on " + host_name(),
+                             "Every rank must find the same --checkpoint (on a disk all nodes share, or copied to "
+                             "each node before resuming)"};
+  dist::check_agreement({field});
+  if (seen == "no checkpoint") {
+    if (s.lead()) std::fprintf(stderr, "tandem: no checkpoint at '%s' yet: starting at epoch 0\n", path.c_str());
+    return true;
+  }
+  const ResumePoint at = resume_point(cfg_, s.sync().method, s.world(), s.lead());
+  if (at.finished) return false;
+  load_checkpoint(path, s.model(), &s.opt().optimizer());
+
+  // This rank's own state, when its file is there and from the same epoch (a run stopped between
+  // writing it and the checkpoint leaves an older or newer one: that state starts afresh, said below).
+  const std::string own = rank_state_path(path, s.rank());
+  dist::RankState state;
+  std::vector<std::pair<std::string, Tensor>> scale;
+  std::string why_not;
+  if (!fs::exists(own, ec)) {
+    why_not = "there is no '" + own + "'";
+  } else {
+    auto meta = nlohmann::json::parse(checkpoint_meta(own), nullptr, false);
+    const int64_t epoch = meta.is_object() ? meta.value("epoch", int64_t{-1}) : -1;
+    if (epoch != at.next_epoch - 1) {
+      why_not = "'" + own + "' is from epoch " + std::to_string(epoch) + ", the checkpoint from epoch " +
+                std::to_string(at.next_epoch - 1);
+    } else {
+      meta.erase("epoch");
+      state.meta_json = meta.dump();
+      for (auto& [name, t] : read_checkpoint_tensors(own)) {
+        if (name.rfind("dist/", 0) == 0) state.tensors.emplace_back(name.substr(5), t);
+        if (name.rfind("loss_scale/", 0) == 0) scale.emplace_back(name.substr(11), t);
+      }
+    }
+  }
+  std::vector<std::string> notes = s.opt().load_rank_state(state);
+  if (dist::LossScaler* scaler = s.loss_scaler()) {
+    if (!scale.empty())
+      scaler->load_state(scale);
+    else
+      notes.push_back("rank " + std::to_string(s.rank()) + ": the f16 loss scale starts afresh");
+  }
+  if (!why_not.empty() && !notes.empty()) notes.back() += " (" + why_not + ")";
+  for (const std::string& n : notes) std::fprintf(stderr, "tandem: resuming: %s\n", n.c_str());
+  first_epoch_ = at.next_epoch;
+  if (s.lead()) std::fprintf(stderr, "tandem: resuming from '%s' at epoch %d\n", path.c_str(), first_epoch_);
+  return true;
 }
 
 EpochStats Trainer::train_epoch(int epoch) {
@@ -378,8 +442,19 @@ void Trainer::report(int epoch, const EpochStats& train, const EvalStats& eval, 
 
 void Trainer::save_checkpoint(int epoch, const EvalStats& eval) {
   Session& s = *session_;
-  if (!s.lead() || cfg_.checkpoint.empty()) return;
-  nlohmann::json meta{{"epoch", epoch},
+  if (cfg_.checkpoint.empty()) return;
+  // Each rank's own state first: a run stopped between the two files resumes from the checkpoint with
+  // that state started afresh (its epoch tells), never with state newer than the model.
+  dist::RankState state = s.opt().rank_state();
+  auto meta = nlohmann::json::parse(state.meta_json);
+  meta["epoch"] = epoch;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, t] : state.tensors) tensors.emplace_back("dist/" + name, t);
+  if (const dist::LossScaler* scaler = s.loss_scaler())
+    for (auto& [name, t] : scaler->state()) tensors.emplace_back("loss_scale/" + name, t);
+  tandem::save_tensor_file(rank_state_path(cfg_.checkpoint, s.rank()), tensors, meta.dump());
+  if (!s.lead()) return;
+  nlohmann::json main{{"epoch", epoch},
                       {"epochs", cfg_.epochs},
                       {"model", cfg_.model},
                       {"hidden", cfg_.hidden},
@@ -388,8 +463,9 @@ void Trainer::save_checkpoint(int epoch, const EvalStats& eval) {
                       {"world_size", s.world()},
                       {"seed", cfg_.seed},
                       {"dist_option", s.sync().method},
+                      {"rank_files", s.world()},
                       {"eval_acc", eval.correct / std::max(eval.samples, 1.0)}};
-  tandem::save_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer(), meta.dump());
+  tandem::save_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer(), main.dump());
 }
 
 }  // namespace tandem::cli

@@ -44,6 +44,9 @@ struct TrainConfig : SessionConfig {
   bool resume = false;     // continue from `checkpoint` when it exists
 };
 
+/// Where rank `rank` keeps its own state beside the checkpoint `checkpoint` (`m.ck` -> `m.ck.rank1`).
+std::string rank_state_path(const std::string& checkpoint, int rank);
+
 /// One epoch's training figures, summed over ranks.
 struct EpochStats {
   double loss = 0;  // sum of the per-batch mean losses
@@ -71,6 +74,9 @@ class Trainer {
   /// Every rank was started with the same model, batch, data and synchronisation (rc 2 naming what
   /// differs otherwise); a differing seed or learning rate is only warned about.
   void check_ranks_agree();
+  /// --resume: every rank finds the same checkpoint (or none: then nothing happens), which suits this
+  /// run; each loads it and its own state beside it. Returns false when the run there is finished.
+  bool resume();
   /// One pass over this rank's shard of the training set.
   EpochStats train_epoch(int epoch);
   /// Agrees on one model across ranks, then one pass over the test set.

@@ -22,6 +22,7 @@ std::string encode(const std::vector<AgreementField>& fields) {
     parts.push_back(f.name);
     parts.push_back(f.value);
     parts.push_back(f.must_match ? "1" : "0");
+    parts.push_back(f.detail);
   }
   return proto::encode(0, parts);
 }
@@ -30,10 +31,10 @@ std::vector<AgreementField> decode(const std::string& bytes, int rank) {
   uint8_t code = 0;
   std::vector<std::string> parts;
   TANDEM_RUNTIME_CHECK(bytes.size() >= 4 && proto::decode(bytes.data() + 4, bytes.size() - 4, code, parts) &&
-                           parts.size() % 3 == 0,
+                           parts.size() % 4 == 0,
                        "start-up agreement: rank ", rank, " published a malformed record");
   std::vector<AgreementField> out;
-  for (size_t i = 0; i < parts.size(); i += 3) out.push_back({parts[i], parts[i + 1], parts[i + 2] == "1"});
+  for (size_t i = 0; i < parts.size(); i += 4) out.push_back({parts[i], parts[i + 1], parts[i + 2] == "1", parts[i + 3]});
   return out;
 }
 
@@ -46,15 +47,31 @@ std::string rank_list(const std::vector<int>& ranks) {
   return s;
 }
 
-// "64 on ranks 0, 2; 32 on rank 1": who holds which value, the most common first.
-std::string who_has_what(const std::map<std::string, std::vector<int>>& by_value) {
+// "64 on ranks 0, 2; 32 on rank 1": who holds which value, the most common first. With details, each
+// rank's follows it: "none on rank 1 (/data/m.ck on node-b)".
+std::string who_has_what(const std::map<std::string, std::vector<int>>& by_value,
+                         const std::vector<std::string>& details) {
   std::vector<std::pair<std::string, std::vector<int>>> groups(by_value.begin(), by_value.end());
   std::stable_sort(groups.begin(), groups.end(),
                    [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
   std::string s;
   for (const auto& [value, ranks] : groups) {
     std::string shown = value.size() > 200 ? value.substr(0, 200) + "..." : value;
-    s += (s.empty() ? "" : "; ") + shown + " on " + rank_list(ranks);
+    s += (s.empty() ? "" : "; ") + shown + " on ";
+    bool detailed = false;
+    for (int r : ranks) detailed = detailed || !details[static_cast<size_t>(r)].empty();
+    if (!detailed) {
+      s += rank_list(ranks);
+      continue;
+    }
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (i == 4) {
+        s += ", ... (" + std::to_string(ranks.size()) + " ranks in all)";
+        break;
+      }
+      const std::string& d = details[static_cast<size_t>(ranks[i])];
+      s += (i ? ", rank " : "rank ") + std::to_string(ranks[i]) + (d.empty() ? "" : " (" + d + ")");
+    }
   }
   return s;
 }
@@ -73,12 +90,20 @@ std::string compare(const std::vector<std::vector<AgreementField>>& all, std::ve
   }
   for (size_t i = 0; i < mine.size(); ++i) {
     std::map<std::string, std::vector<int>> by_value;
-    for (size_t r = 0; r < all.size(); ++r) by_value[all[r][i].value].push_back(static_cast<int>(r));
+    std::vector<std::string> details;
+    for (size_t r = 0; r < all.size(); ++r) {
+      by_value[all[r][i].value].push_back(static_cast<int>(r));
+      details.push_back(all[r][i].detail);
+    }
     if (by_value.size() == 1) continue;
     if (mine[i].must_match)
-      return "the ranks were started with different " + mine[i].name + ": " + who_has_what(by_value) +
-             ". Every rank must be started with the same value";
-    warnings.push_back("the ranks were started with different " + mine[i].name + ": " + who_has_what(by_value));
+      return mine[i].advice.empty() ? "the ranks were started with different " + mine[i].name + ": " +
+                                          who_has_what(by_value, details) +
+                                          ". Every rank must be started with the same value"
+                                    : "the ranks differ in " + mine[i].name + ": " + who_has_what(by_value, details) +
+                                          ". " + mine[i].advice;
+    warnings.push_back("the ranks were started with different " + mine[i].name + ": " +
+                       who_has_what(by_value, details));
   }
   return "";
 }

@@ -4,6 +4,9 @@
 #include "tandem/distributed/dist_opt.h"
 
 #include <cctype>
+#include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
 #include "distributed/grad_codec.h"
@@ -92,6 +95,7 @@ class DistOpt::Impl {
   bool accumulating_ = false;  // a backward ran since the last update: the next one adds to its gradients
   nn::NamedTensors buffers_;
   std::vector<std::string> names_;  // per parameter, from sync_parameters
+  Tensor skipped_;  // skip_nonfinite: i64 [1] on the device, the steps skipped since reset_stats
 };
 
 DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communicator> comm, DistOptOptions options)
@@ -105,6 +109,10 @@ DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communic
     TANDEM_CHECK(ps[i].dtype() == DType::f32, "DistOpt: parameter ", i, " is ", ps[i].str(),
                  "; f32 parameters are required");
   impl_ = std::make_unique<Impl>(ps, comm_, options);
+  if (options.skip_nonfinite) {
+    opt_->set_step_guard(impl_->reducer_.verdict());
+    impl_->skipped_ = Tensor::zeros({1}, DType::i64, comm_->device());
+  }
 }
 
 DistOpt::~DistOpt() = default;
@@ -153,6 +161,7 @@ void DistOpt::backward_and_sync_with(const SyncOptions& sync, const Tensor& loss
   m.stats_.steps++;
   if (m.partial()) {
     backward(loss);
+    m.reducer_.finish_unsynced();
   } else if (comm_->size() == 1) {
     backward(loss);
     m.reducer_.finish_locally();
@@ -186,13 +195,14 @@ void DistOpt::scale_gradients(const Tensor& coef) {
 bool DistOpt::update() {
   Impl& m = *impl_;
   m.accumulating_ = false;
-  if (m.reducer_.found_nonfinite()) {
-    m.stats_.skipped_updates++;
-    return false;
-  }
+  // With skip_nonfinite the optimizer reads the verdict where it lies (its guard) and counts nothing
+  // then; the skip count grows on the device as well. partialUpdate's average still runs on a
+  // skipped step: every rank takes part in it whatever its verdict.
+  if (m.skipped_.defined()) backend::backend_for(comm_->device()).count_nonfinite(m.reducer_.verdict(), m.skipped_);
   opt_->step();
   if (m.partial()) m.averager_.average_next_chunk();
-  return true;
+  if (!m.skipped_.defined() || backend::backend_for(comm_->device()).recording(comm_->device().index)) return true;
+  return !m.reducer_.found_nonfinite();
 }
 
 void DistOpt::step(const Tensor& loss) {
@@ -276,8 +286,17 @@ void DistOpt::check_consistency(bool include_buffers) {
 
 // ---- introspection
 
-const CommStats& DistOpt::stats() const { return impl_->stats_; }
-void DistOpt::reset_stats() { impl_->stats_ = CommStats{}; }
+const CommStats& DistOpt::stats() const {
+  Impl& m = *impl_;
+  if (m.skipped_.defined() && !backend::backend_for(comm_->device()).recording(comm_->device().index))
+    m.stats_.skipped_updates = m.skipped_.item<int64_t>();
+  return m.stats_;
+}
+
+void DistOpt::reset_stats() {
+  impl_->stats_ = CommStats{};
+  if (impl_->skipped_.defined()) impl_->skipped_.zero_();
+}
 void DistOpt::set_trace(bool on) { impl_->reducer_.set_trace(on); }
 const std::vector<std::string>& DistOpt::trace() const { return impl_->reducer_.trace(); }
 const DistOptOptions& DistOpt::options() const { return impl_->options_; }
@@ -288,7 +307,6 @@ std::string DistOpt::replay_blocker() const {
   if (!comm_->device().is_cuda()) return "steps on " + comm_->device().str() + " run their kernels as they come";
   if (comm_->size() > 1 && !comm_->records_collectives())
     return "steps of more than one rank over " + comm_->backend_name() + " are not recorded: its collectives run as issued";
-  if (m.options_.skip_nonfinite) return "f16 loss scaling decides on the host whether a step is skipped";
   if (m.no_sync_depth_ > 0 || m.accumulating_) return "gradients are being accumulated over micro-batches";
   if (!step_capturable()) return m.active_.method + " sends a number of values known only on the host";
   return opt_->replay_blocker();
@@ -302,8 +320,177 @@ void DistOpt::count_replayed_step(const CommStats& d) {
   s.collectives += d.collectives;
   s.bytes_sent += d.bytes_sent;
   s.bytes_received += d.bytes_received;
-  s.skipped_updates += d.skipped_updates;
+  if (!impl_->skipped_.defined()) s.skipped_updates += d.skipped_updates;  // else counted on the device
   opt_->count_replayed_step();
+}
+
+const Tensor& DistOpt::step_verdict() const { return impl_->reducer_.verdict(); }
+
+void DistOpt::set_gradient_scale(const Tensor& factor) {
+  TANDEM_CHECK(!factor.defined() || (factor.numel() == 1 && factor.dtype() == DType::f32 &&
+                                     factor.device() == comm_->device()),
+               "set_gradient_scale: the factor must be one f32 value on ", comm_->device().str(), ", got ",
+               factor.str());
+  impl_->reducer_.set_gradient_scale(factor.defined() ? factor.view({1}) : Tensor());
+}
+
+int64_t DistOpt::partial_chunk() const { return impl_->averager_.next_chunk(); }
+
+// ---- a rank's own state
+
+namespace {
+
+using Json = nlohmann::json;
+constexpr int kRankStateFormat = 1;
+
+Json sync_json(const SyncOptions& s) {
+  return {{"method", s.method},     {"half_dtype", dtype_name(s.half_dtype)}, {"clip", s.clip}, {"spars", s.spars},
+          {"error_feedback", s.error_feedback}, {"rank", s.rank}};
+}
+
+}  // namespace
+
+RankState DistOpt::rank_state() {
+  Impl& m = *impl_;
+  RankState out;
+  Json meta{{"format", kRankStateFormat},
+            {"rank", comm_->rank()},
+            {"world_size", comm_->size()},
+            {"parameters", opt_->params().size()},
+            {"sync", sync_json(m.active_)},
+            {"layout", m.reducer_.layout_order()},
+            {"layout_learnt", m.reducer_.layout_learnt()}};
+  if (m.reducer_.residuals().defined()) out.tensors.emplace_back("residuals", m.reducer_.residuals());
+  if (!m.partial())
+    for (auto& [name, t] : m.reducer_.codec().named_state()) out.tensors.emplace_back("codec/" + name, t);
+  if (m.partial()) {
+    meta["partial_chunk"] = m.averager_.next_chunk();
+    meta["partial_chunks"] = m.averager_.chunks();
+    // Replicas differ between averages, and so does each one's optimizer state.
+    const auto& ps = opt_->params();
+    for (auto& list : opt_->state_lists())
+      for (size_t i = 0; i < ps.size(); ++i)
+        if ((*list.tensors)[i].defined())
+          out.tensors.emplace_back("opt/" + list.kind + "/" + std::to_string(i), (*list.tensors)[i]);
+  }
+  out.meta_json = meta.dump();
+  return out;
+}
+
+namespace {
+
+// What load_rank_state takes from a saved rank's meta data, checked.
+struct SavedRank {
+  std::string problem;  // why nothing of it can be used ("" when it can)
+  std::vector<int> layout;  // the learnt bucket layout, empty when none was learnt
+  int64_t partial_chunk = -1, partial_chunks = -1;
+};
+
+SavedRank check_saved(const std::string& meta_json, int rank, int world, size_t params, const SyncOptions& active) {
+  SavedRank out;
+  if (meta_json.empty()) {
+    out.problem = "no state was saved for this rank";
+    return out;
+  }
+  try {
+    Json meta = Json::parse(meta_json);
+    if (!meta.is_object() || meta.value("format", 0) != kRankStateFormat) {
+      out.problem = "the saved rank state is not in a format this tandem reads";
+      return out;
+    }
+    const int saved_rank = meta.at("rank").get<int>(), saved_world = meta.at("world_size").get<int>();
+    const Json& sync = meta.at("sync");
+    const std::string method = sync.at("method").get<std::string>();
+    const bool compresses = method == "sparseTopK" || method == "sparseThreshold" || method == "powerSGD";
+    if (saved_rank != rank || saved_world != world)
+      out.problem = "it was saved by rank " + std::to_string(saved_rank) + " of " + std::to_string(saved_world) +
+                    " ranks, this is rank " + std::to_string(rank) + " of " + std::to_string(world);
+    else if (meta.at("parameters").get<int64_t>() != static_cast<int64_t>(params))
+      out.problem = "it was saved for another number of parameters";
+    else if (method != active.method)
+      out.problem = "it was saved under -d " + method + ", this run uses -d " + active.method;
+    else if ((compresses && sync.at("error_feedback").get<bool>() != active.error_feedback) ||
+             (method == "powerSGD" && sync.at("rank").get<int>() != active.rank))
+      out.problem = "it was saved with other " + method + " settings (--rank, --no-error-feedback)";
+    if (!out.problem.empty()) return out;
+    if (meta.value("layout_learnt", false)) out.layout = meta.at("layout").get<std::vector<int>>();
+    if (meta.contains("partial_chunk")) {
+      out.partial_chunk = meta.at("partial_chunk").get<int64_t>();
+      out.partial_chunks = meta.at("partial_chunks").get<int64_t>();
+    }
+  } catch (const Json::exception& e) {
+    out.problem = std::string("its description is malformed (") + e.what() + ")";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> DistOpt::load_rank_state(const RankState& saved) {
+  Impl& m = *impl_;
+  const auto& ps = opt_->params();
+  SavedRank mine = check_saved(saved.meta_json, comm_->rank(), comm_->size(), ps.size(), m.active_);
+  // Every rank must reduce the same buckets: all adopt rank 0's learnt layout (as a rebuild does), or
+  // none. [0] says whether rank 0 has one; its order follows.
+  std::vector<int> layout = mine.layout;
+  if (comm_->size() > 1) {
+    std::vector<int64_t> wire(ps.size() + 1, 0);
+    if (mine.layout.size() == ps.size()) {
+      wire[0] = 1;
+      for (size_t i = 0; i < ps.size(); ++i) wire[i + 1] = mine.layout[i];
+    }
+    Tensor t = Tensor::from_vector(wire, {static_cast<int64_t>(wire.size())}).to(comm_->device());
+    WorkPtr w = comm_->broadcast(t, 0);
+    detail::timed_wait(w, m.stats_);
+    std::vector<int64_t> agreed = t.to_vector<int64_t>();
+    layout.clear();
+    if (agreed[0] == 1)
+      for (size_t i = 1; i < agreed.size(); ++i) layout.push_back(static_cast<int>(agreed[i]));
+  }
+  if (layout.size() == ps.size()) m.reducer_.restore_layout(layout);
+  if (mine.problem.empty() && mine.layout != layout) mine.problem = "its bucket layout is not rank 0's";
+
+  std::vector<std::string> parts;  // what this rank's state holds
+  if (m.reducer_.residuals().defined()) parts.push_back("the error-feedback residuals");
+  if (!m.partial() && !m.reducer_.codec().named_state().empty()) parts.push_back(m.active_.method + "'s factors");
+  if (m.partial()) parts.push_back("partialUpdate's position and this rank's own optimizer state");
+  std::vector<std::string> fresh;
+  if (!mine.problem.empty()) {
+    if (parts.empty()) return fresh;  // nothing would have been loaded anyway
+    std::string list;
+    for (size_t i = 0; i < parts.size(); ++i) list += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
+    fresh.push_back("rank " + std::to_string(comm_->rank()) + ": " + list + " start afresh: " + mine.problem);
+    return fresh;
+  }
+  std::map<std::string, Tensor> by_name(saved.tensors.begin(), saved.tensors.end());
+  auto load_into = [&](const std::string& name, Tensor dst, const std::string& what) {
+    auto it = by_name.find(name);
+    if (it == by_name.end() || it->second.numel() != dst.numel() || it->second.dtype() != dst.dtype()) {
+      fresh.push_back("rank " + std::to_string(comm_->rank()) + ": " + what + " start afresh: the saved state " +
+                      (it == by_name.end() ? "lacks " + name : "holds " + name + " as " + it->second.str()));
+      return;
+    }
+    dst.copy_(it->second.view(dst.shape()));
+  };
+  if (m.reducer_.residuals().defined()) load_into("residuals", m.reducer_.residuals(), "the error-feedback residuals");
+  if (!m.partial())
+    for (auto& [name, t] : m.reducer_.codec().named_state()) load_into("codec/" + name, t, m.active_.method + "'s factors");
+  if (m.partial()) {
+    if (mine.partial_chunks == m.averager_.chunks() && mine.partial_chunk >= 0 && mine.partial_chunk < mine.partial_chunks)
+      m.averager_.set_next_chunk(mine.partial_chunk);
+    else
+      fresh.push_back("rank " + std::to_string(comm_->rank()) + ": partialUpdate's round robin starts at chunk 0: "
+                      "the parameters were cut into other chunks (--bucket-mb)");
+    for (auto& list : opt_->state_lists())
+      for (size_t i = 0; i < ps.size(); ++i) {
+        const std::string name = "opt/" + list.kind + "/" + std::to_string(i);
+        if (!by_name.count(name)) continue;
+        Tensor& slot = (*list.tensors)[i];
+        if (!slot.defined()) slot = Tensor::zeros(ps[i].shape(), ps[i].dtype(), ps[i].device());
+        load_into(name, slot, "this rank's " + list.kind);
+      }
+  }
+  return fresh;
 }
 
 std::vector<double> DistOpt::residual_norms() const { return impl_->reducer_.residual_norms(); }

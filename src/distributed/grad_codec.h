@@ -49,6 +49,11 @@ class GradCodec {
   virtual void finish(Bucket& b) = 0;
   /// A job of one rank: what the codec does to a gradient even with nothing to exchange.
   virtual void apply_locally(Bucket& b) {}
+  /// Buffers the codec carries from one step to the next, besides the residuals (PowerSGD's Q): the
+  /// reducer keeps a copy from before a step and puts it back when the step proves non-finite.
+  virtual std::vector<Tensor> carried_buffers() { return {}; }
+  /// The same state by parameter, for checkpoints: names stable across layouts ("q/3": parameter 3's Q).
+  virtual std::vector<std::pair<std::string, Tensor>> named_state() { return {}; }
 };
 
 /// Makes the codec `opts.method` names (parse_sync_method's spelling); throws for an unknown one or

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backend/backend.h"
 #include "core/tensor_impl.h"
 #include "distributed/grad_codec.h"
 
@@ -15,7 +16,9 @@ ParamAverager::ParamAverager(const std::vector<Tensor>& params, std::shared_ptr<
     TANDEM_CHECK(p.dtype() == DType::f32, "DistOpt: parameter ", p.str(), " is not f32; f32 parameters are required");
     total += p.numel();
   }
-  arena_ = Tensor::empty({total}, DType::f32, comm_->device());
+  chunk_ = std::max<int64_t>(1, std::min<int64_t>(static_cast<int64_t>(chunk_bytes / sizeof(float)), total));
+  chunks_ = std::max<int64_t>(1, (total + chunk_ - 1) / chunk_);
+  arena_ = Tensor::zeros({chunks_ * chunk_}, DType::f32, comm_->device());
   int64_t offset = 0;
   for (const Tensor& p : params) {
     Tensor slot = arena_.narrow(0, offset, p.numel()).view(p.shape());
@@ -23,8 +26,8 @@ ParamAverager::ParamAverager(const std::vector<Tensor>& params, std::shared_ptr<
     rebind_storage(p, slot);
     offset += p.numel();
   }
-  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(chunk_bytes / sizeof(float)));
-  for (int64_t off = 0; off < total; off += chunk) chunks_.emplace_back(off, std::min(chunk, total - off));
+  next_ = Tensor::zeros({1}, DType::i64, comm_->device());
+  if (chunks_ > 1 && comm_->size() > 1) staging_ = Tensor::empty({chunk_}, DType::f32, comm_->device());
 }
 
 void ParamAverager::broadcast(int root) {
@@ -34,19 +37,32 @@ void ParamAverager::broadcast(int root) {
 }
 
 void ParamAverager::average_next_chunk() {
-  average(chunks_[next_]);
-  next_ = (next_ + 1) % chunks_.size();
+  if (chunks_ == 1) return average(arena_);
+  backend::Backend& be = backend::backend_for(comm_->device());
+  if (comm_->size() > 1) {
+    be.copy_chunk(arena_, staging_, next_, /*into_chunk=*/false);
+    average(staging_);
+    be.copy_chunk(staging_, arena_, next_, /*into_chunk=*/true);
+  }
+  be.advance_counter(next_, chunks_);
 }
 
 void ParamAverager::average_all() {
-  for (const auto& c : chunks_) average(c);
+  for (int64_t k = 0; k < chunks_; ++k) average(arena_.narrow(0, k * chunk_, chunk_));
 }
 
-void ParamAverager::average(std::pair<int64_t, int64_t> chunk) {
-  if (comm_->size() == 1 || chunk.second == 0) return;
-  Tensor view = arena_.narrow(0, chunk.first, chunk.second);
+int64_t ParamAverager::next_chunk() const { return next_.item<int64_t>(); }
+
+void ParamAverager::set_next_chunk(int64_t k) {
+  TANDEM_CHECK(k >= 0 && k < chunks_, "partialUpdate: chunk ", k, " of ", chunks_);
+  next_.fill_(static_cast<double>(k));
+}
+
+void ParamAverager::average(const Tensor& range) {
+  if (comm_->size() == 1 || range.numel() == 0) return;
+  Tensor view = range;
   WorkPtr w = comm_->all_reduce(view, ReduceOp::Avg);
-  count_all_reduce(stats_, chunk.second * 4, comm_->size());
+  count_all_reduce(stats_, range.numel() * 4, comm_->size());
   timed_wait(w, stats_);
 }
 

@@ -48,6 +48,8 @@ Reducer::Reducer(const std::vector<Tensor>& params, std::shared_ptr<Communicator
   }
   arena_ = Tensor::zeros({total}, dtype, device_);
   if (!masters.empty()) master_arena_ = Tensor::zeros({total}, DType::f32, device_);
+  total_ = Tensor::zeros({1}, DType::f32, device_);
+  norm_sq_ = Tensor::zeros({1}, DType::f32, device_);
   // Until the first step shows the real order, expect gradients in reverse registration order.
   std::vector<int> order(slots_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(order.size() - 1 - i);
@@ -104,8 +106,6 @@ void Reducer::layout(const std::vector<int>& order) {
     if (residual_arena_.defined()) b.residual = residual_arena_.narrow(0, b.offset, b.numel);
   }
   bucket_sums_ = Tensor::zeros({static_cast<int64_t>(buckets_.size())}, DType::f32, device_);
-  total_ = Tensor::zeros({1}, DType::f32, device_);
-  norm_sq_ = Tensor::zeros({1}, DType::f32, device_);
   bucket_sum_views_.clear();
   for (size_t k = 0; k < buckets_.size(); ++k)
     bucket_sum_views_.push_back(bucket_sums_.narrow(0, static_cast<int64_t>(k), 1));
@@ -132,6 +132,7 @@ void Reducer::begin(bool accumulate) {
   if (!accumulate) {
     if (rebuild_due_) rebuild();
     arena_.zero_();
+    if (options_.check_finite) save_carried();
   }
   for (Slot& s : slots_) {
     s.ready = false;
@@ -159,7 +160,9 @@ void Reducer::on_ready(const Tensor& leaf) {
 void Reducer::launch_ready() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     if (trace_on_) trace_.push_back("launch " + std::to_string(next_launch_));
-    codec_->launch(buckets_[next_launch_++]);
+    Bucket& b = buckets_[next_launch_++];
+    apply_gradient_scale(b);
+    codec_->launch(b);
   }
 }
 
@@ -185,8 +188,42 @@ void Reducer::finish() {
 
 void Reducer::finish_locally() {
   TANDEM_ASSERT(codec_, "gradients synchronised before a codec was set");
-  for (Bucket& b : buckets_) codec_->apply_locally(b);
+  for (Bucket& b : buckets_) {
+    apply_gradient_scale(b);
+    codec_->apply_locally(b);
+  }
   finalize();
+}
+
+void Reducer::finish_unsynced() {
+  for (Bucket& b : buckets_) apply_gradient_scale(b);
+  finalize();
+}
+
+// A 16-bit arena is scaled in f32, after its conversion (finalize): its codecs keep no residual.
+void Reducer::apply_gradient_scale(Bucket& b) {
+  if (factor_.defined() && !master_arena_.defined()) backend::backend_for(device_).scale_by(b.grad, factor_, b.grad);
+}
+
+std::vector<Tensor> Reducer::carried() {
+  std::vector<Tensor> out;
+  if (residual_arena_.defined()) out.push_back(residual_arena_);
+  if (codec_)
+    for (Tensor& t : codec_->carried_buffers()) out.push_back(t);
+  return out;
+}
+
+// What a step will change and must not keep if it proves non-finite (an inf folded into a residual or
+// into PowerSGD's Q would make every later step non-finite too): copied before the step, put back by
+// finalize on the device when the verdict is not finite.
+void Reducer::save_carried() {
+  std::vector<Tensor> now = carried();
+  if (carried_saved_.size() != now.size()) carried_saved_.assign(now.size(), Tensor());
+  for (size_t i = 0; i < now.size(); ++i) {
+    if (!carried_saved_[i].defined() || carried_saved_[i].numel() != now[i].numel())
+      carried_saved_[i] = Tensor::empty({now[i].numel()}, now[i].dtype(), device_);
+    carried_saved_[i].copy_(now[i].view({now[i].numel()}));
+  }
 }
 
 // Hands f32 to the optimizer, and decides whether any average is inf/NaN: a bucket's sum is finite
@@ -199,6 +236,7 @@ void Reducer::finalize() {
     for (Bucket& b : buckets_) {
       Tensor dst = master_arena_.narrow(0, b.offset, b.numel);
       be.scale_cast(b.grad, dst, 1.0, 0.0);
+      if (factor_.defined()) be.scale_by(dst, factor_, dst);
     }
   if (!options_.check_finite) return;
   checked_ = true;
@@ -209,6 +247,12 @@ void Reducer::finalize() {
     count_all_reduce(stats_, 4, world_);
     timed_wait(w, stats_);
   }
+  std::vector<Tensor> now = carried();
+  if (now.size() == carried_saved_.size())
+    for (size_t i = 0; i < now.size(); ++i) {
+      Tensor flat = now[i].view({now[i].numel()});
+      be.restore_if_nonfinite(total_, carried_saved_[i], flat);
+    }
 }
 
 bool Reducer::found_nonfinite() const { return checked_ && !std::isfinite(total_.item<float>()); }
@@ -231,6 +275,27 @@ void Reducer::rebuild() {
   std::vector<int64_t> agreed = t.to_vector<int64_t>();
   order.assign(agreed.begin(), agreed.end());
   layout(order);
+}
+
+void Reducer::restore_layout(const std::vector<int>& order) {
+  TANDEM_CHECK(order.size() == slots_.size(), "a saved bucket layout of ", order.size(), " parameters for ",
+               slots_.size());
+  std::vector<bool> seen(slots_.size(), false);
+  for (int i : order) {
+    TANDEM_CHECK(i >= 0 && static_cast<size_t>(i) < slots_.size() && !seen[static_cast<size_t>(i)],
+                 "a saved bucket layout is not an order of the parameters");
+    seen[static_cast<size_t>(i)] = true;
+  }
+  layout(order);
+  rebuilt_ = true;
+  rebuild_due_ = false;
+  carried_saved_.clear();
+}
+
+std::vector<int> Reducer::layout_order() const {
+  std::vector<int> out;
+  for (const Bucket& b : buckets_) out.insert(out.end(), b.params.begin(), b.params.end());
+  return out;
 }
 
 // ---- between finish and the update

@@ -48,15 +48,36 @@ class Reducer {
   void finish();
   /// After backward in a job of one rank: nothing travels; the codec's local effect only.
   void finish_locally();
+  /// After backward when gradients stay this rank's own (partialUpdate): only the gradient scale and,
+  /// with check_finite, the verdict (agreed between ranks, so that every rank skips alike).
+  void finish_unsynced();
+
+  /// From the next step on, every gradient is multiplied by factor (one f32 on the device, read
+  /// there) before anything else sees it: f16 loss scaling's inverse, so that codecs, their
+  /// error-feedback residuals and the optimizer all work in unscaled units. Undefined: none.
+  void set_gradient_scale(Tensor factor) { factor_ = std::move(factor); }
 
   /// With check_finite: whether the last finish found an inf/NaN average (the same on every rank).
-  /// Reads the verdict on the host; a captured step would hand the flag to the optimizer instead.
+  /// Reads the verdict on the host (a wait for the device).
   bool found_nonfinite() const;
+  /// One f32 on the device, finite exactly when the last finish's averages were (with check_finite;
+  /// always finite otherwise). Its address never changes: optimizers and recorded steps read it.
+  const Tensor& verdict() const { return total_; }
   /// L2 norm of all the gradients (a one-element device tensor); with agree, made bit-identical on
   /// every rank by one tiny all-reduce.
   Tensor grad_norm(bool agree);
   /// Multiplies every gradient by coef (a one-element device tensor).
   void scale_grads(const Tensor& coef);
+
+  // ---- state that outlives a step (checkpoints)
+  /// Parameter indices in arena order (the bucket layout), and whether it is the learnt one.
+  std::vector<int> layout_order() const;
+  bool layout_learnt() const { return rebuilt_; }
+  /// Adopts a layout saved by layout_order (a permutation of the parameters), as the learnt one.
+  void restore_layout(const std::vector<int>& order);
+  /// The error-feedback residuals, every parameter's in arena order (undefined without them).
+  const Tensor& residuals() const { return residual_arena_; }
+  GradCodec& codec() { return *codec_; }
 
   // ---- introspection
   const std::vector<Bucket>& buckets() const { return buckets_; }
@@ -76,6 +97,9 @@ class Reducer {
   void launch_ready();
   void finalize();
   void rebuild();
+  void apply_gradient_scale(Bucket& b);
+  void save_carried();
+  std::vector<Tensor> carried();
 
   std::shared_ptr<Communicator> comm_;
   ReducerOptions options_;
@@ -92,7 +116,9 @@ class Reducer {
   bool rebuild_due_ = false, rebuilt_ = false;
   bool checked_ = false;  // the last finish decided found_nonfinite
   Tensor bucket_sums_;       // check_finite, grad_norm: one value per bucket
-  Tensor total_, norm_sq_;  // their sum, for check_finite and for grad_norm
+  Tensor total_, norm_sq_;  // their sum, for check_finite and for grad_norm (allocated once)
+  Tensor factor_;           // set_gradient_scale
+  std::vector<Tensor> carried_saved_;  // check_finite: the carried state as it was before this step
   std::vector<Tensor> bucket_sum_views_;
   Tensor scale_scratch_;  // scale_grads: the largest bucket, allocated on first use
   bool trace_on_ = false;

@@ -100,11 +100,11 @@ void write_file(const std::string& tmp, const std::string& head, const std::vect
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer* opt,
-                     const std::string& meta_json) {
-  Json meta = Json::parse(meta_json, nullptr, false);
-  TANDEM_CHECK(!meta.is_discarded() && meta.is_object(), "save_checkpoint: meta data must be a JSON object");
-  auto tensors = collect(model, opt);
+namespace {
+
+// Writes the tensors, with the header's other fields, beside path and renames the file over it.
+void write_checkpoint(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      Json header) {
   std::vector<Tensor> host;
   Json table = Json::array();
   uint64_t offset = 0;
@@ -115,7 +115,31 @@ void save_checkpoint(const std::string& path, const nn::Module& model, optim::Op
     offset += h.nbytes();
     host.push_back(h);
   }
-  Json header{{"meta", meta}, {"tensors", table}};
+  header["tensors"] = table;
+  const std::string tmp = path + ".partial";
+  try {
+    write_file(tmp, header.dump(), host);
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    TANDEM_RUNTIME_CHECK(!ec, "cannot move the checkpoint '", tmp, "' to '", path, "': ", ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);  // a full disk must not stay full because of a half-written file
+    throw;
+  }
+}
+
+Json parse_meta(const std::string& meta_json, const char* who) {
+  Json meta = Json::parse(meta_json, nullptr, false);
+  TANDEM_CHECK(!meta.is_discarded() && meta.is_object(), who, ": meta data must be a JSON object");
+  return meta;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer* opt,
+                     const std::string& meta_json) {
+  Json header{{"meta", parse_meta(meta_json, "save_checkpoint")}};
   if (opt) {
     header["optimizer_steps"] = opt->steps();
     if (auto* counts = opt->step_counts()) {
@@ -128,17 +152,16 @@ void save_checkpoint(const std::string& path, const nn::Module& model, optim::Op
       header["parameter_steps"] = per;
     }
   }
-  const std::string tmp = path + ".partial";
-  try {
-    write_file(tmp, header.dump(), host);
-    std::error_code ec;
-    fs::rename(tmp, path, ec);
-    TANDEM_RUNTIME_CHECK(!ec, "cannot move the checkpoint '", tmp, "' to '", path, "': ", ec.message());
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);  // a full disk must not stay full because of a half-written file
-    throw;
-  }
+  write_checkpoint(path, collect(model, opt), std::move(header));
+}
+
+void save_tensor_file(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::string& meta_json) {
+  std::set<std::string> names;
+  for (const auto& [name, t] : tensors)
+    TANDEM_CHECK(!name.empty() && names.insert(name).second, "save_tensor_file: tensor names must be unique and "
+                 "non-empty ('", name, "')");
+  write_checkpoint(path, tensors, Json{{"meta", parse_meta(meta_json, "save_tensor_file")}});
 }
 
 void check_checkpoint_path(const std::string& path) {

@@ -1,5 +1,6 @@
 #include "tandem/optim/optimizer.h"
 
+#include <cmath>
 #include <map>
 
 #include "backend/backend.h"
@@ -16,6 +17,14 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(
     TANDEM_CHECK(p.is_contiguous(), "optimizer parameters must be contiguous, got ", p.str());
   }
 }
+
+void Optimizer::set_step_guard(Tensor verdict) {
+  TANDEM_CHECK(!verdict.defined() || (verdict.numel() == 1 && verdict.dtype() == DType::f32),
+               "a step guard is one f32 value, got ", verdict.str());
+  guard_ = std::move(verdict);
+}
+
+bool Optimizer::guard_allows() const { return !guard_.defined() || std::isfinite(guard_.item<float>()); }
 
 void Optimizer::zero_grad(bool set_to_none) {
   for (Tensor& p : params_) {
@@ -58,6 +67,7 @@ void SGD::step() {
   NoGradGuard no_grad;
   // Slots whose momentum buffer is new start it from the gradient (first_step); the others update it.
   std::vector<ParamSlot> fresh, running;
+  std::vector<size_t> fresh_index;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) continue;
@@ -65,14 +75,29 @@ void SGD::step() {
     ParamSlot s{params_[i], g, Tensor(), Tensor()};
     if (opt_.momentum != 0.0) {
       bool first = !momentum_[i].defined();
-      if (first) momentum_[i] = Tensor::empty(params_[i].shape(), params_[i].dtype(), params_[i].device());
+      if (first) {
+        momentum_[i] = Tensor::empty(params_[i].shape(), params_[i].dtype(), params_[i].device());
+        fresh_index.push_back(i);
+      }
       s.buf0 = momentum_[i];
       (first ? fresh : running).push_back(std::move(s));
     } else {
       running.push_back(std::move(s));
     }
   }
+  // A first step decides on the host: a skipped one must leave the momentum buffers unborn (a
+  // running update from zeros would not be the first step's). Later steps leave the skip to the kernels.
+  if (!fresh.empty() && !guard_allows()) {
+    for (size_t i : fresh_index) momentum_[i] = Tensor();
+    steps_++;
+    return;
+  }
   backend::SgdArgs args{lr_, opt_.momentum, opt_.dampening, opt_.weight_decay, opt_.nesterov, false};
+  if (guard_.defined()) {
+    TANDEM_CHECK(running.empty() || guard_.device() == running.front().param.device(), "the step guard is on ",
+                 guard_.device().str(), " but the parameters are on ", running.front().param.device().str());
+    args.guard = guard_.data<float>();
+  }
   run_grouped(running, [&](backend::Backend& b, std::vector<ParamSlot>& g) {
     b.sgd_step(g.data(), static_cast<int64_t>(g.size()), args);
   });
@@ -100,6 +125,11 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& opt)
 
 void Adam::step() {
   NoGradGuard no_grad;
+  // Adam's step counts live on the host, so its guard is read there.
+  if (!guard_allows()) {
+    steps_++;
+    return;
+  }
   // Parameters are grouped by their step count, which differs only if some skipped a step.
   std::map<int64_t, std::vector<ParamSlot>> by_step;
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -38,8 +38,18 @@ struct DistOptOptions {
   bool rebuild_buckets = true;                  // after the first step, order buckets as gradients arrived
   SyncOptions sync;                             // what step() and backward_and_sync() do
   /// Check the averaged gradients for inf/NaN after each synchronisation (every rank reaches the
-  /// same verdict); update() then skips the step on every rank. For dynamic loss scaling.
+  /// same verdict); update() then skips the step on every rank. For dynamic loss scaling. The skip is
+  /// decided on the device, so such steps can be recorded; state carried between steps (residuals,
+  /// PowerSGD's Q) is put back as it was before a skipped step.
   bool skip_nonfinite = false;
+};
+
+/// A rank's own state beside the model and the optimizer, for checkpoints: the bucket layout, the
+/// error-feedback residuals, PowerSGD's Q, partialUpdate's position and (since its replicas differ
+/// between averages) the rank's own optimizer state. `meta_json` describes it (a JSON object).
+struct RankState {
+  std::string meta_json;
+  std::vector<std::pair<std::string, Tensor>> tensors;
 };
 
 /// Communication counters, per rank.
@@ -101,7 +111,9 @@ class DistOpt {
   /// (read on the device: no host wait). Call between backward_and_sync and update.
   void scale_gradients(const Tensor& coef);
   /// Applies the gradients with the wrapped optimizer (partialUpdate: then averages one chunk of
-  /// the parameters). Returns false, on every rank, when the step was skipped for inf/NaN gradients.
+  /// the parameters). Returns false, on every rank, when the step was skipped for inf/NaN gradients
+  /// (skip_nonfinite; the verdict is then read from the device, except while a DeviceGraph records the
+  /// step: the skip is decided on the device alone, and update() returns true).
   bool update();
   /// backward_and_sync, then update.
   void step(const Tensor& loss);
@@ -141,6 +153,26 @@ class DistOpt {
   /// Throws, naming the first tensor that differs, unless all ranks hold bit-identical parameters
   /// (and buffers, with include_buffers: batch-norm statistics agree only after average_buffers()).
   void check_consistency(bool include_buffers = true);
+
+  /// With skip_nonfinite: one f32 value on the device, finite exactly when the last synchronised
+  /// gradients were (every rank holds the same); always finite otherwise. Its address never changes.
+  const Tensor& step_verdict() const;
+  /// Every gradient is multiplied by `factor` (one f32 value on the communicator's device, read there
+  /// at each step) the moment backward has produced it, before it is sent: f16 loss scaling's inverse
+  /// scale, so that codecs, their error-feedback residuals, clipping and the optimizer all see
+  /// unscaled gradients whatever the scale does. An undefined tensor turns it off.
+  void set_gradient_scale(const Tensor& factor);
+
+  // ---- state beyond the model and the optimizer (checkpoints)
+
+  /// This rank's state (see RankState), for a checkpoint's per-rank file.
+  RankState rank_state();
+  /// Loads what rank_state() saved, on the rank of the same number in a job of the same size, method
+  /// and parameters; whatever does not fit starts afresh instead. Returns one line per part that
+  /// starts afresh, saying why (empty when everything was loaded). Every rank calls it.
+  std::vector<std::string> load_rank_state(const RankState& saved);
+  /// partialUpdate: the chunk of the parameters the next update() averages (a wait for the device).
+  int64_t partial_chunk() const;
 
   // ---- introspection
 

@@ -1,10 +1,15 @@
 #pragma once
 // Dynamic loss scaling for f16 mixed precision. f16 gradients underflow below about 6e-8 and overflow
 // above 65504: the loss is multiplied by a scale before backward, which lifts small gradients into
-// range, and the averaged gradients are divided by it again before the update. A step whose averaged
+// range, and every gradient is divided by it again as soon as backward produced it (before it is
+// sent, so that what codecs carry between steps stays in unscaled units). A step whose averaged
 // gradients hold an inf or NaN is skipped on every rank (they all see the same averages) and the scale
-// halved; after a run of clean steps it doubles. bf16 has f32's range and needs none of this.
+// halved; after a run of clean steps it doubles. The scale, its adjustment and the skip all live on the
+// device: such steps can be recorded. bf16 has f32's range and needs none of this.
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tandem/distributed/dist_opt.h"
 
@@ -18,29 +23,33 @@ struct LossScalerOptions {
 };
 
 /// Scales the losses of one DistOpt's steps. The DistOpt must check its averages for inf/NaN
-/// (DistOptOptions::skip_nonfinite). A step: scale_loss, backward_and_sync, unscale, (clipping), update.
+/// (DistOptOptions::skip_nonfinite); the scaler makes it divide every gradient by the scale as it
+/// arrives (DistOpt::set_gradient_scale). A step: scale_loss, backward_and_sync, (clipping), update.
 class LossScaler {
  public:
   LossScaler(DistOpt& opt, LossScalerOptions options = {});
+  ~LossScaler();
+  LossScaler(const LossScaler&) = delete;
+  LossScaler& operator=(const LossScaler&) = delete;
   /// loss * scale(), recorded for backward (every gradient comes out multiplied by the scale).
   Tensor scale_loss(const Tensor& loss) const;
-  /// Divides every averaged gradient by the scale (on the device). Once per step, after the step's
-  /// last backward_and_sync and before clipping or update.
-  void unscale();
-  /// DistOpt::update(), then the scale's adjustment. Returns whether the step was applied (false on
-  /// every rank alike when the gradients were not finite).
+  /// DistOpt::update(), then the scale's adjustment (on the device). Returns what DistOpt::update
+  /// returns: whether the step was applied (false on every rank alike when the gradients were not finite).
   bool update();
-  double scale() const { return scale_; }
-  /// Steps skipped for inf/NaN gradients so far.
-  int64_t skipped_steps() const { return skipped_; }
+  /// The current scale (read from the device: a wait).
+  double scale() const;
+  /// Steps skipped for inf/NaN gradients so far (read from the device: a wait).
+  int64_t skipped_steps() const;
+  /// The scale and its counters, for checkpoints ("scale": f32 [2], "counts": i64 [2]).
+  std::vector<std::pair<std::string, Tensor>> state() const;
+  /// Loads what state() returned; throws naming what does not fit.
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& saved);
 
  private:
-  void set_scale(double s);
   DistOpt& opt_;
   LossScalerOptions options_;
-  double scale_ = 0.0;
-  int64_t clean_ = 0, skipped_ = 0;
-  Tensor scale_t_, inverse_t_;  // the scale and its inverse, on the device
+  Tensor scale_;   // f32 [2] on the device: the scale and its inverse
+  Tensor counts_;  // i64 [2] on the device: clean steps in a row, steps skipped
 };
 
 }  // namespace tandem::dist

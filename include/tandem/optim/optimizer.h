@@ -30,7 +30,13 @@ class Optimizer {
   virtual std::vector<StateList> state_lists() { return {}; }
   /// Per-parameter step counts where the update depends on them (Adam's bias correction), else null.
   virtual std::vector<int64_t>* step_counts() { return nullptr; }
-  /// Steps taken so far.
+  /// From now on, a step changes nothing when `verdict` (one f32 value on the parameters' device)
+  /// is not finite at the time the step runs: the skip of a step whose gradients overflowed, decided
+  /// where the verdict is (on the device, where the optimizer's kernels can read it, so that such a
+  /// step can be recorded). An undefined tensor removes the guard.
+  void set_step_guard(Tensor verdict);
+  const Tensor& step_guard() const { return guard_; }
+  /// Steps taken so far (steps skipped by the guard included).
   int64_t steps() const { return steps_; }
   void set_steps(int64_t n) { steps_ = n; }
   /// Why the next step could not be recorded once and replayed as a DeviceGraph (its arguments
@@ -40,9 +46,13 @@ class Optimizer {
   virtual void count_replayed_step() { steps_++; }
 
  protected:
+  /// Whether the guard, read on the host (a wait for the device), lets this step run.
+  bool guard_allows() const;
+
   std::vector<Tensor> params_;
   double lr_;
   int64_t steps_ = 0;
+  Tensor guard_;
 };
 
 struct SgdOptions {

@@ -70,6 +70,14 @@ class CpuBackend final : public Backend {
   void sparse_accumulate(Tensor& dense, const Tensor& pairs, int64_t n, double scale) override;
   void sparse_zero(Tensor& dense, const Tensor& pairs, int64_t n) override;
 
+  void scale_by(const Tensor& x, const Tensor& factor, Tensor& out) override;
+  void restore_if_nonfinite(const Tensor& verdict, const Tensor& saved, Tensor& dst) override;
+  void count_nonfinite(const Tensor& verdict, Tensor& counter) override;
+  void loss_scale_update(const Tensor& verdict, Tensor& scale, Tensor& counts, double growth, double backoff,
+                         int64_t interval) override;
+  void copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index, bool into_chunk) override;
+  void advance_counter(Tensor& counter, int64_t modulo) override;
+
   void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) override;
   void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) override;
 

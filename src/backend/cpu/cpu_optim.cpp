@@ -85,6 +85,7 @@ void adam_one(const ParamSlot& s, const AdamArgs& a) {
 
 void CpuBackend::sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) {
   for (int64_t i = 0; i < count; ++i) check_slot(slots[i], i, a.momentum != 0.0, false, "sgd_step");
+  if (a.guard && !std::isfinite(*a.guard)) return;
   for (int64_t i = 0; i < count; ++i) {
     dispatch_float(slots[i].param.dtype(), "sgd_step", [&](auto tag) { sgd_one<decltype(tag)>(slots[i], a); });
   }

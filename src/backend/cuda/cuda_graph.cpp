@@ -126,6 +126,8 @@ struct Recording {
 
 Allocator* capture_pool(int device) { return t_pool_device == device ? t_pool : nullptr; }
 
+bool CudaBackend::recording(int device) { return capture_pool(device) != nullptr; }
+
 std::unique_ptr<CapturedWork> CudaBackend::capture(int device, const std::function<void()>& body) {
   DeviceState& st = state(device);
   TANDEM_CHECK(t_pool == nullptr, "a recording is already under way on this thread (recordings do not nest)");

@@ -45,7 +45,8 @@ __device__ __forceinline__ int locate(const TensorTable& t, int64_t& begin, int6
   return k;
 }
 
-__global__ void sgd_kernel(TensorTable t, SgdScalars s) {
+__global__ void sgd_kernel(TensorTable t, SgdScalars s, const float* guard) {
+  if (guard && !isfinite(*guard)) return;  // the step's gradients were not finite: skipped
   int64_t begin, end;
   const int k = locate(t, begin, end);
   float* __restrict__ p = t.p[k];
@@ -146,7 +147,7 @@ void CudaBackend::sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) {
   const SgdScalars s{static_cast<float>(a.lr), static_cast<float>(a.momentum), static_cast<float>(1.0 - a.dampening),
                      static_cast<float>(a.weight_decay), a.nesterov, a.first_step, use_momentum};
   for_each_table(slots, count, false, use_momentum, "sgd", [&](const TensorTable& t, int64_t blocks) {
-    sgd_kernel<<<static_cast<unsigned>(blocks), kOptimBlock, 0, st.stream>>>(t, s);
+    sgd_kernel<<<static_cast<unsigned>(blocks), kOptimBlock, 0, st.stream>>>(t, s, a.guard);
     TANDEM_CUDA_LAUNCH_CHECK("sgd_kernel");
   });
 }

@@ -33,6 +33,18 @@ class PowerSgdCodec final : public GradCodec {
   void on_layout(const std::vector<Bucket>& buckets) override;
   void launch(Bucket& b) override;
   void finish(Bucket& b) override;
+  std::vector<Tensor> carried_buffers() override {
+    std::vector<Tensor> out;
+    for (Plan& p : plans_)
+      if (p.q_buf.defined()) out.push_back(p.q_buf);
+    return out;
+  }
+  std::vector<std::pair<std::string, Tensor>> named_state() override {
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (size_t i = 0; i < q_.size(); ++i)
+      if (q_[i].defined()) out.emplace_back("q/" + std::to_string(i), q_[i]);
+    return out;
+  }
 
  private:
   struct Matrix {
