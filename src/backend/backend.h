@@ -234,10 +234,11 @@ class Backend {
                                  int64_t interval) = 0;
   /// With chunks of dst.numel() elements (src.numel() a multiple of it): dst = src's chunk index[0]
   /// (one i64 on the device, in [0, chunks)); with into_chunk, chunk index[0] of dst = src instead
-  /// (src.numel() then the chunk size). f32.
-  virtual void copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index, bool into_chunk) = 0;
-  /// counter (one i64 on the device) = (counter + 1) % modulo.
-  virtual void advance_counter(Tensor& counter, int64_t modulo) = 0;
+  /// (src.numel() then the chunk size). f32. With a verdict (defined), nothing happens unless it is finite.
+  virtual void copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index, bool into_chunk,
+                          const Tensor& verdict) = 0;
+  /// counter (one i64 on the device) = (counter + 1) % modulo; with a verdict, only when it is finite.
+  virtual void advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) = 0;
 
   // ---- optimizers, over many tensors in one call (f32 params)
   virtual void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) = 0;

@@ -195,12 +195,12 @@ void DistOpt::scale_gradients(const Tensor& coef) {
 bool DistOpt::update() {
   Impl& m = *impl_;
   m.accumulating_ = false;
-  // With skip_nonfinite the optimizer reads the verdict where it lies (its guard) and counts nothing
-  // then; the skip count grows on the device as well. partialUpdate's average still runs on a
-  // skipped step: every rank takes part in it whatever its verdict.
+  // With skip_nonfinite the optimizer reads the verdict where it lies (its guard); the skip count grows
+  // on the device as well. partialUpdate's chunk still travels on a skipped step (the ranks agree on
+  // the verdict, but a collective is issued regardless of it) and is then not written back.
   if (m.skipped_.defined()) backend::backend_for(comm_->device()).count_nonfinite(m.reducer_.verdict(), m.skipped_);
   opt_->step();
-  if (m.partial()) m.averager_.average_next_chunk();
+  if (m.partial()) m.averager_.average_next_chunk(m.skipped_.defined() ? m.reducer_.verdict() : Tensor());
   if (!m.skipped_.defined() || backend::backend_for(comm_->device()).recording(comm_->device().index)) return true;
   return !m.reducer_.found_nonfinite();
 }

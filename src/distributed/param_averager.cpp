@@ -27,7 +27,7 @@ ParamAverager::ParamAverager(const std::vector<Tensor>& params, std::shared_ptr<
     offset += p.numel();
   }
   next_ = Tensor::zeros({1}, DType::i64, comm_->device());
-  if (chunks_ > 1 && comm_->size() > 1) staging_ = Tensor::empty({chunk_}, DType::f32, comm_->device());
+  if (comm_->size() > 1) staging_ = Tensor::empty({chunk_}, DType::f32, comm_->device());
 }
 
 void ParamAverager::broadcast(int root) {
@@ -36,15 +36,14 @@ void ParamAverager::broadcast(int root) {
   timed_wait(w, stats_);
 }
 
-void ParamAverager::average_next_chunk() {
-  if (chunks_ == 1) return average(arena_);
+void ParamAverager::average_next_chunk(const Tensor& verdict) {
   backend::Backend& be = backend::backend_for(comm_->device());
   if (comm_->size() > 1) {
-    be.copy_chunk(arena_, staging_, next_, /*into_chunk=*/false);
+    be.copy_chunk(arena_, staging_, next_, /*into_chunk=*/false, Tensor());
     average(staging_);
-    be.copy_chunk(staging_, arena_, next_, /*into_chunk=*/true);
+    be.copy_chunk(staging_, arena_, next_, /*into_chunk=*/true, verdict);
   }
-  be.advance_counter(next_, chunks_);
+  if (chunks_ > 1) be.advance_counter(next_, chunks_, verdict);
 }
 
 void ParamAverager::average_all() {

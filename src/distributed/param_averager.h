@@ -22,8 +22,10 @@ class ParamAverager {
   /// Every rank takes root's parameters.
   void broadcast(int root);
   /// Averages the next chunk across ranks; chunk k at the k-th call, cycling (the position advances
-  /// on the device, also in a job of one rank, where nothing travels).
-  void average_next_chunk();
+  /// on the device, also in a job of one rank, where nothing travels). With a verdict (one f32 on the
+  /// device, the same on every rank), a step whose verdict is not finite keeps its parameters and its
+  /// position: the chunk still travels (every rank takes part) but is not written back.
+  void average_next_chunk(const Tensor& verdict = Tensor());
   /// Averages every parameter across ranks.
   void average_all();
   /// How many chunks the round robin cycles through.
@@ -40,7 +42,7 @@ class ParamAverager {
   CommStats& stats_;
   Tensor arena_;       // the parameters, then zeros up to whole chunks
   int64_t chunk_ = 0, chunks_ = 1;
-  Tensor staging_;     // chunks_ > 1: the chunk being averaged
+  Tensor staging_;     // the chunk being averaged (jobs of several ranks)
   Tensor next_;        // i64 [1] on the device: the chunk due
 };
 

@@ -141,6 +141,18 @@ TEST(DistOptGloo, LossScalingSkipsTheSameStepOnEveryRank) {
   run_scenarios(2, "lossscale");
 }
 
+// One overflowing step costs one skipped step under every method that carries state between steps, and
+// error-feedback residuals survive changes of the loss scale.
+TEST(DistOptGloo, NonFiniteStepsAndLossScaleChangesLeaveCarriedStateIntactTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "carried,scaledfeedback");
+}
+
+TEST(DistOptGloo, NonFiniteStepsAndLossScaleChangesLeaveCarriedStateIntactThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "carried,scaledfeedback");
+}
+
 TEST(DistOptGloo, ReducerSeamsThreeRanks) {
   REQUIRE_GLOO();
   run_scenarios(3, "introspection,nonfinite,arena16");
@@ -149,7 +161,8 @@ TEST(DistOptGloo, ReducerSeamsThreeRanks) {
 // One process: the same API with nothing to exchange.
 TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
-                                          "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale"};
+                                          "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale",
+                                          "carried", "scaledfeedback"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);
@@ -182,7 +195,9 @@ TEST(DistOptNccl, BucketsLaunchDuringBackwardInOrder) {
 
 TEST(DistOptNccl, StepApiCodecsSyncBatchNormAndSeams) {
   REQUIRE_TWO_GPUS();
-  run_scenarios(2, "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16,lossscale",
+  run_scenarios(2,
+                "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16,lossscale,carried,"
+                "scaledfeedback",
                 "cuda");
 }
 

@@ -178,6 +178,26 @@ TEST(TrainCli, RanksStartedDifferentlyStopNamingTheSetting) {
   auto seed = per_rank("--seed $TANDEM_RANK");
   EXPECT_EQ(seed.status, 0) << seed.output;
   EXPECT_NE(seed.output.find("--seed"), std::string::npos) << seed.output;
+  // Settings that used to fail inside a collective (the first bucket's size) or let the replicas drift
+  // apart silently (the optimizer's) stop every rank too, named.
+  const std::pair<const char*, const char*> settings[] = {
+      {"--first-bucket-mb $((1 + TANDEM_RANK))", "--first-bucket-mb"},
+      {"$([ $TANDEM_RANK = 0 ] && echo --nesterov)", "--nesterov"},
+      {"--lr 0.0$((1 + TANDEM_RANK))", "--lr"},
+      {"--momentum 0.$((5 + TANDEM_RANK))", "--momentum"},
+      {"--weight-decay 0.00$((1 + TANDEM_RANK))", "--weight-decay"},
+      {"--check-consistency $TANDEM_RANK", "--check-consistency"}};
+  for (const auto& [flag, name] : settings) {
+    auto r = per_rank(flag);
+    EXPECT_EQ(r.status, 2) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find(std::string("the ranks were started with different ") + name + ":"), std::string::npos)
+        << flag << "\n" << r.output;
+    EXPECT_EQ(r.output.find("Starting Epoch"), std::string::npos) << r.output;
+  }
+  // Asked for, per-rank learning rates are only warned about.
+  auto lr = per_rank("--per-rank-optimizer-settings --lr 0.0$((1 + TANDEM_RANK))");
+  EXPECT_EQ(lr.status, 0) << lr.output;
+  EXPECT_NE(lr.output.find("warning: the ranks were started with different --lr"), std::string::npos) << lr.output;
 }
 
 TEST(TrainCli, TheEvaluationBatchChangesNeitherTrainingNorAccuracy) {

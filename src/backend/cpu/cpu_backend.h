@@ -75,8 +75,9 @@ class CpuBackend final : public Backend {
   void count_nonfinite(const Tensor& verdict, Tensor& counter) override;
   void loss_scale_update(const Tensor& verdict, Tensor& scale, Tensor& counts, double growth, double backoff,
                          int64_t interval) override;
-  void copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index, bool into_chunk) override;
-  void advance_counter(Tensor& counter, int64_t modulo) override;
+  void copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index, bool into_chunk,
+                  const Tensor& verdict) override;
+  void advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) override;
 
   void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) override;
   void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) override;

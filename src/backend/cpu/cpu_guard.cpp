@@ -66,7 +66,9 @@ void CpuBackend::loss_scale_update(const Tensor& verdict, Tensor& scale, Tensor&
   }
 }
 
-void CpuBackend::copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index, bool into_chunk) {
+void CpuBackend::copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index, bool into_chunk,
+                            const Tensor& verdict) {
+  if (verdict.defined() && !finite_verdict(verdict)) return;
   TANDEM_ASSERT(src.dtype() == DType::f32 && dst.dtype() == DType::f32 && index.dtype() == DType::i64 &&
                     index.numel() == 1,
                 "copy_chunk: ", src.str(), " -> ", dst.str(), " at ", index.str());
@@ -80,8 +82,9 @@ void CpuBackend::copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index,
   std::memcpy(to, from, static_cast<size_t>(chunk) * sizeof(float));
 }
 
-void CpuBackend::advance_counter(Tensor& counter, int64_t modulo) {
+void CpuBackend::advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) {
   TANDEM_ASSERT(modulo > 0, "advance_counter: modulo ", modulo);
+  if (verdict.defined() && !finite_verdict(verdict)) return;
   int64_t& c = counter_at(counter, 0, "advance_counter");
   c = (c + 1) % modulo;
 }

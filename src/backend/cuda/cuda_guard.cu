@@ -53,7 +53,8 @@ __global__ void loss_scale_kernel(const float* verdict, float* scale, long long*
 }
 
 __global__ void copy_chunk_kernel(const float* src, float* dst, const long long* index, int64_t chunk,
-                                  bool into_chunk) {
+                                  bool into_chunk, const float* verdict) {
+  if (verdict && !isfinite(*verdict)) return;
   const int64_t base = *index * chunk;
   for (int64_t i = thread_index(); i < chunk; i += thread_count()) {
     if (into_chunk)
@@ -63,11 +64,22 @@ __global__ void copy_chunk_kernel(const float* src, float* dst, const long long*
   }
 }
 
-__global__ void advance_counter_kernel(long long* counter, long long modulo) { *counter = (*counter + 1) % modulo; }
+__global__ void advance_counter_kernel(long long* counter, long long modulo, const float* verdict) {
+  if (verdict && !isfinite(*verdict)) return;
+  *counter = (*counter + 1) % modulo;
+}
+
+
 
 void check_verdict(const Tensor& v, const char* op) {
   TANDEM_CHECK(v.numel() == 1 && v.dtype() == DType::f32 && v.device().is_cuda(), op,
                ": a verdict is one f32 value on a GPU, got ", v.str());
+}
+
+const float* optional_verdict(const Tensor& v, const char* op) {
+  if (!v.defined()) return nullptr;
+  check_verdict(v, op);
+  return v.data<float>();
 }
 
 void check_counter(const Tensor& c, int64_t n, const char* op) {
@@ -132,7 +144,8 @@ void CudaBackend::loss_scale_update(const Tensor& verdict, Tensor& scale, Tensor
   TANDEM_CUDA_LAUNCH_CHECK("loss_scale_kernel");
 }
 
-void CudaBackend::copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index, bool into_chunk) {
+void CudaBackend::copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index, bool into_chunk,
+                             const Tensor& verdict) {
   require_f32(src, "copy_chunk");
   require_f32(dst, "copy_chunk");
   check_counter(index, 1, "copy_chunk");
@@ -141,16 +154,18 @@ void CudaBackend::copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index
   TANDEM_CHECK(chunk > 0 && whole % chunk == 0, "copy_chunk: ", whole, " elements are not whole chunks of ", chunk);
   DeviceState& st = state_for(dst);
   copy_chunk_kernel<<<blocks_for(chunk), kBlock, 0, st.stream>>>(
-      src.data<float>(), dst.data<float>(), static_cast<const long long*>(index.data_ptr()), chunk, into_chunk);
+      src.data<float>(), dst.data<float>(), static_cast<const long long*>(index.data_ptr()), chunk, into_chunk,
+      optional_verdict(verdict, "copy_chunk"));
   TANDEM_CUDA_LAUNCH_CHECK("copy_chunk_kernel");
 }
 
-void CudaBackend::advance_counter(Tensor& counter, int64_t modulo) {
+void CudaBackend::advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) {
   check_counter(counter, 1, "advance_counter");
   TANDEM_CHECK(modulo > 0, "advance_counter: modulo ", modulo);
   DeviceState& st = state_for(counter);
   advance_counter_kernel<<<1, 1, 0, st.stream>>>(static_cast<long long*>(counter.data_ptr()),
-                                                  static_cast<long long>(modulo));
+                                                  static_cast<long long>(modulo),
+                                                  optional_verdict(verdict, "advance_counter"));
   TANDEM_CUDA_LAUNCH_CHECK("advance_counter_kernel");
 }
 

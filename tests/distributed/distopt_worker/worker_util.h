@@ -109,5 +109,7 @@ void scenario_introspection(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_nonfinite(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_arena16(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_loss_scaling(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_carried_nonfinite(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_scaled_feedback(const std::shared_ptr<dist::Communicator>& comm);
 
 }  // namespace distopt_worker

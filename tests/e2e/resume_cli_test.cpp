@@ -1,0 +1,141 @@
+// Resuming `tandem train` on several ranks: the run ends where the uninterrupted one ends for every -d
+// option (each rank's own state is saved beside the checkpoint), the ranks agree on what they resume
+// from, and a checkpoint is not resumed under another -d option.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "e2e/cli_util.h"
+#include "tandem/checkpoint.h"
+
+namespace fs = std::filesystem;
+using tandem::test::count_lines_with;
+using tandem::test::have_fashion_mnist;
+using tandem::test::run_tandem;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("tandem_resume_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+const std::string kBin = TANDEM_BIN;
+const std::string kTrain = " train --model cnn --limit-train 512 --limit-test 64 --batch-size 32 --threads 1 --seed 4 "
+                           "--progress off --timeout 60";
+
+std::string launch2(const std::string& args) { return "launch -n 2 -- " + kBin + kTrain + " " + args; }
+
+// Every tensor of a checkpoint file, by name.
+std::map<std::string, tandem::Tensor> tensors_of(const std::string& path) {
+  std::map<std::string, tandem::Tensor> out;
+  for (auto& [name, t] : tandem::read_checkpoint_tensors(path)) out.emplace(name, t);
+  return out;
+}
+
+// The two files hold the same tensors, bit for bit.
+void expect_same_tensors(const std::string& a, const std::string& b, const std::string& what) {
+  auto ta = tensors_of(a), tb = tensors_of(b);
+  ASSERT_EQ(ta.size(), tb.size()) << what;
+  for (auto& [name, t] : ta) {
+    auto it = tb.find(name);
+    ASSERT_NE(it, tb.end()) << what << ": " << name << " is missing";
+    ASSERT_EQ(t.nbytes(), it->second.nbytes()) << what << ": " << name;
+    EXPECT_EQ(0, std::memcmp(t.data_ptr(), it->second.data_ptr(), t.nbytes())) << what << ": " << name << " differs";
+  }
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+// Two epochs in one go and one epoch, then a resumed second, end in the same bits for every -d option:
+// the model, the optimizer and each rank's own state (residuals, PowerSGD's Q, partialUpdate's
+// position and rank-local momentum, the bucket layout).
+TEST(ResumeCli, EveryDistOptionResumesWhereTheUninterruptedRunEnds) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
+  fs::path dir = temp_dir("every");
+  // Small buckets, so that partialUpdate cycles through several chunks and the codecs see several buckets.
+  for (const char* method : {"plain", "half", "partialUpdate", "sparseTopK", "sparseThreshold", "powerSGD"}) {
+    SCOPED_TRACE(method);
+    const std::string opts = std::string("-d ") + method + " --bucket-mb 0.05 --first-bucket-mb 0.01" +
+                             (std::string(method) == "sparseThreshold" ? " --spars 0.01" : "");
+    const std::string whole = (dir / (std::string(method) + "_whole.ck")).string();
+    const std::string parted = (dir / (std::string(method) + "_parted.ck")).string();
+    auto a = run_tandem(launch2(opts + " --epochs 2 --checkpoint " + whole));
+    ASSERT_EQ(a.status, 0) << a.output;
+    auto b1 = run_tandem(launch2(opts + " --epochs 1 --checkpoint " + parted));
+    ASSERT_EQ(b1.status, 0) << b1.output;
+    auto b2 = run_tandem(launch2(opts + " --epochs 2 --resume --checkpoint " + parted));
+    ASSERT_EQ(b2.status, 0) << b2.output;
+    EXPECT_EQ(count_lines_with(b2.output, "Starting Epoch"), 1) << b2.output;
+    EXPECT_FALSE(contains(b2.output, "start afresh")) << b2.output;
+    expect_same_tensors(whole, parted, "the checkpoint");
+    for (int r = 0; r < 2; ++r)
+      expect_same_tensors(whole + ".rank" + std::to_string(r), parted + ".rank" + std::to_string(r),
+                          "rank " + std::to_string(r) + "'s state");
+  }
+  fs::remove_all(dir);
+}
+
+// A rank whose own state file is gone, or a resume on another number of ranks, starts that state afresh
+// and says so; training goes on.
+TEST(ResumeCli, StateThatCannotBeLoadedStartsAfreshAndIsNamed) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
+  fs::path dir = temp_dir("afresh");
+  const std::string ck = (dir / "ck").string();
+  auto first = run_tandem(launch2("-d sparseTopK --epochs 1 --checkpoint " + ck));
+  ASSERT_EQ(first.status, 0) << first.output;
+  fs::remove(ck + ".rank1");
+  auto missing = run_tandem(launch2("-d sparseTopK --epochs 2 --resume --checkpoint " + ck));
+  ASSERT_EQ(missing.status, 0) << missing.output;
+  EXPECT_TRUE(contains(missing.output, "rank 1: the error-feedback residuals start afresh")) << missing.output;
+  EXPECT_TRUE(contains(missing.output, ck + ".rank1")) << missing.output;
+  EXPECT_FALSE(contains(missing.output, "rank 0: the error-feedback residuals start afresh")) << missing.output;
+  auto one = run_tandem(kTrain.substr(1) + " -d sparseTopK --epochs 3 --resume --checkpoint " + ck);
+  ASSERT_EQ(one.status, 0) << one.output;
+  EXPECT_TRUE(contains(one.output, "saved by rank 0 of 2 ranks, this is rank 0 of 1")) << one.output;
+  fs::remove_all(dir);
+}
+
+// Ranks that see different checkpoints (a disk that is not shared) all stop before training, naming what
+// each found and where it looked.
+TEST(ResumeCli, RanksThatFindDifferentCheckpointsStopNamingThePaths) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
+  fs::path dir = temp_dir("unshared");
+  fs::create_directories(dir / "node0");
+  fs::create_directories(dir / "node1");
+  auto first = run_tandem(launch2("--epochs 1 --checkpoint " + (dir / "node0" / "ck").string()));
+  ASSERT_EQ(first.status, 0) << first.output;
+  // Rank r looks in node<r>/: only rank 0 finds the checkpoint.
+  auto r = run_tandem("launch -n 2 -- sh -c '" + kBin + kTrain + " --epochs 2 --resume --checkpoint " +
+                      dir.string() + "/node$TANDEM_RANK/ck'");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "what --resume found")) << r.output;
+  EXPECT_TRUE(contains(r.output, "the checkpoint of epoch 0 on rank 0 (" + (dir / "node0" / "ck").string()))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "no checkpoint on rank 1 (" + (dir / "node1" / "ck").string())) << r.output;
+  EXPECT_FALSE(contains(r.output, "Starting Epoch")) << r.output;
+  fs::remove_all(dir);
+}
+
+// A checkpoint carries its -d option's state: resuming it under another option is refused, naming both.
+TEST(ResumeCli, ResumingUnderAnotherDistOptionIsRefused) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  fs::path dir = temp_dir("method");
+  const std::string ck = (dir / "ck").string();
+  auto first = run_tandem(kTrain.substr(1) + " -d sparseTopK --epochs 1 --checkpoint " + ck);
+  ASSERT_EQ(first.status, 0) << first.output;
+  auto other = run_tandem(kTrain.substr(1) + " -d plain --epochs 2 --resume --checkpoint " + ck);
+  EXPECT_EQ(other.status, 2) << other.output;
+  EXPECT_TRUE(contains(other.output, "saved with -d sparseTopK and this run uses -d plain")) << other.output;
+  EXPECT_FALSE(contains(other.output, "Starting Epoch")) << other.output;
+  fs::remove_all(dir);
+}
