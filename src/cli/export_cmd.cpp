@@ -1,6 +1,5 @@
 // `tandem export`: a checkpoint's model weights (parameters and buffers, under their own names) as a
 // safetensors file, which Python's safetensors and PyTorch load directly.
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/safe_file.h"
 #include "tandem/checkpoint.h"
 #include "tandem/error.h"
 
@@ -35,7 +35,7 @@ const char* safetensors_dtype(DType t) {
   return "";
 }
 
-// Written beside path and renamed over it; a failure leaves no partial file.
+// Written as a new file beside path and renamed over it; a failure leaves no partial file.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
@@ -47,25 +47,12 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string head = header.dump();
   head.resize((head.size() + 7) / 8 * 8, ' ');  // the format pads the header with spaces to 8 bytes
-  const std::string tmp = path + ".partial";
-  try {
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(tmp.c_str(), "wb"), &std::fclose);
-    TANDEM_CHECK(f != nullptr, "cannot write '", tmp, "': ", std::strerror(errno));
-    uint64_t len = head.size();  // little-endian u64, as on every machine tandem runs on
-    bool ok = std::fwrite(&len, 8, 1, f.get()) == 1 && std::fwrite(head.data(), 1, head.size(), f.get()) == head.size();
-    for (const auto& [name, t] : tensors)
-      ok = ok && (t.nbytes() == 0 || std::fwrite(t.data_ptr(), 1, t.nbytes(), f.get()) == t.nbytes());
-    ok = ok && std::fflush(f.get()) == 0;
-    TANDEM_RUNTIME_CHECK(ok, "writing '", tmp, "' failed: ", std::strerror(errno), " (disk full?)");
-    f.reset();
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    TANDEM_CHECK(!ec, "cannot move '", tmp, "' to '", path, "': ", ec.message());
-  } catch (...) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    throw;
-  }
+  const uint64_t len = head.size();  // little-endian u64, as on every machine tandem runs on
+  io::write_file_atomically(path, "safetensors file", [&](int fd) {
+    io::write_all(fd, &len, sizeof len, path, "safetensors file");
+    io::write_all(fd, head.data(), head.size(), path, "safetensors file");
+    for (const auto& [name, t] : tensors) io::write_all(fd, t.data_ptr(), t.nbytes(), path, "safetensors file");
+  });
 }
 
 }  // namespace
