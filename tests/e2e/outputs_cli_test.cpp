@@ -1,6 +1,6 @@
 // What a run leaves behind and the commands that use it: checkpoints (damaged, finished, unwritable),
 // eval, plot, stamped metrics and the summary line; data files that are not files; bench allreduce and bench train;
-// outputs that meet a planted symbolic link.
+// outputs that meet a planted symbolic link or name their own input.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -197,6 +197,23 @@ TEST(OutputsCli, ExportDoesNotWriteThroughALinkBesideItsOutput) {
       EXPECT_EQ(std::memcmp(st.data() + 8 + len + from, t.data_ptr(), t.nbytes()), 0) << key;
     }
   }
+  fs::remove_all(dir);
+}
+
+TEST(OutputsCli, ExportRefusesToOverwriteItsInput) {
+  fs::path dir = temp_dir("export_self");
+  const fs::path ck = dir / "m.ck";
+  save_small_checkpoint(ck);
+  const std::string before = contents(ck);
+  fs::create_symlink(ck, dir / "soft.ck");
+  fs::create_hard_link(ck, dir / "hard.ck");
+  for (const fs::path& out : {ck, dir / "soft.ck", dir / "hard.ck", dir / "." / "m.ck"}) {
+    auto r = run_tandem("export --checkpoint " + ck.string() + " -o " + out.string());
+    EXPECT_EQ(r.status, 2) << out << ": " << r.output;
+    EXPECT_NE(r.output.find("is the checkpoint"), std::string::npos) << r.output;
+    EXPECT_EQ(contents(ck), before) << out;
+  }
+  EXPECT_TRUE(fs::is_symlink(dir / "soft.ck"));
   fs::remove_all(dir);
 }
 
