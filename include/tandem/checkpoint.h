@@ -12,8 +12,10 @@
 namespace tandem {
 
 /// Writes model and optimizer state plus `meta_json` (a JSON object of the caller's own) to path.
-/// The file is written beside path (path + ".partial") and renamed over it, so an interrupted save
-/// never leaves a damaged checkpoint behind; a failed save removes the partial file.
+/// The file is written as a new file beside path (".NAME.XXXXXXXX.partial", created exclusively, so
+/// no link planted there is followed) and renamed over it, so an interrupted save never leaves a
+/// damaged checkpoint behind and a link at path is replaced, not written through; a failed save
+/// removes the new file.
 void save_checkpoint(const std::string& path, const nn::Module& model, optim::Optimizer* opt,
                      const std::string& meta_json = "{}");
 
@@ -24,7 +26,8 @@ void save_tensor_file(const std::string& path, const std::vector<std::pair<std::
                       const std::string& meta_json = "{}");
 
 /// Checks, before any work is done, that a checkpoint can be written at path: its directory exists
-/// and is writable and path is not a directory. Throws tandem::Error (Input) saying what to fix.
+/// and a file can be created in it (the probe file is created exclusively and removed) and path is
+/// not a directory. Throws tandem::Error (Input) saying what to fix.
 void check_checkpoint_path(const std::string& path);
 
 /// The meta JSON of a checkpoint, without loading its tensors (to check it suits the run first).

@@ -6,10 +6,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "core/safe_file.h"
 #include "distributed/raw_nccl.h"
 #include "tandem/distributed/bootstrap.h"
 #include "tandem/error.h"
@@ -58,12 +58,16 @@ void add_allreduce_options(CLI::App& app, AllReduceBenchConfig& cfg) {
   app.add_option("--device", cfg.device, "auto (cuda when a GPU is visible, else cpu), cuda (NCCL) or cpu (Gloo)")
       ->capture_default_str();
   app.add_flag("!--no-raw", cfg.raw, "Skip timing the raw NCCL call beside tandem's");
-  app.add_option("--json", cfg.json_path, "Append one JSON line per size to this file");
+  app.add_option("--json", cfg.json_path,
+                 "Append one JSON line per size to this file (a regular file, not a symbolic link)");
 }
 
 int run_allreduce_bench(const AllReduceBenchConfig& cfg) {
   const std::vector<int64_t> sizes = sweep_sizes(parse_size(cfg.min_size), parse_size(cfg.max_size), cfg.factor);
   dist::DistEnv env = dist::detect_env();
+  // Opened before joining the other ranks: a --json path that cannot be used ends the run at once.
+  io::UniqueFd json;
+  if (env.rank == 0 && !cfg.json_path.empty()) json = io::open_for_append(cfg.json_path, "--json file");
   const std::string spec = cfg.device != "auto" ? cfg.device : cuda_device_count() > 0 ? "cuda" : "cpu";
   Device device = device_for_rank(spec, env);
   auto comm = dist::init_communicator(device);
@@ -76,8 +80,6 @@ int run_allreduce_bench(const AllReduceBenchConfig& cfg) {
   if (have_raw) raw = dist::raw_nccl_allreduce_seconds(sizes, cfg.iters, cfg.warmup, device.index);
   have_raw = have_raw && raw.size() == sizes.size();
 
-  std::ofstream json;
-  if (lead && !cfg.json_path.empty()) json.open(cfg.json_path, std::ios::app);
   if (lead) {
     std::printf("# tandem all-reduce, %d ranks, %s, f32, in place\n", world, comm->backend_name().c_str());
     std::printf("%12s %12s %10s %10s %10s %12s %8s %6s\n", "bytes", "count", "time_us", "algbw", "busbw",
@@ -115,11 +117,12 @@ int run_allreduce_bench(const AllReduceBenchConfig& cfg) {
         std::printf("%12lld %12lld %10.1f %10.2f %10.2f %12s %8s %6s\n", static_cast<long long>(sizes[si]),
                     static_cast<long long>(n), dt * 1e6, algbw, busbw, "", "", ok ? "ok" : "FAIL");
       std::fflush(stdout);
-      if (json.is_open()) {
+      if (json) {
         nlohmann::json j{{"bytes", sizes[si]}, {"time_us", dt * 1e6}, {"algbw_GBps", algbw}, {"busbw_GBps", busbw},
                          {"world", world},      {"backend", comm->backend_name()},         {"correct", ok}};
         if (have_raw) j["raw_busbw_GBps"] = raw_busbw;
-        json << j.dump() << "\n";
+        const std::string line = j.dump() + "\n";
+        io::write_all(json.get(), line.data(), line.size(), cfg.json_path, "--json file");
       }
     }
   }

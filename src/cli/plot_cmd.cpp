@@ -1,9 +1,14 @@
 // `tandem plot`: loss and accuracy curves of a --metrics file as a PNG, drawn by gnuplot.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -12,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/safe_file.h"
 #include "tandem/error.h"
 
 namespace tandem::cli {
@@ -60,6 +66,49 @@ std::vector<nlohmann::json> epochs_of_run(const PlotConfig& cfg, std::string& ru
   return out;
 }
 
+// Feeds script to gnuplot, whose standard output (the PNG) is out_fd: gnuplot opens no file itself,
+// so the picture lands in the file tandem created and nothing else.
+void draw_with_gnuplot(const std::string& script, int out_fd, const std::string& output) {
+  int in[2];
+  TANDEM_RUNTIME_CHECK(pipe2(in, O_CLOEXEC) == 0, "cannot start gnuplot: ", std::strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out_fd, 1);
+  // SIGPIPE is ignored below while the script is written; gnuplot gets the default back.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t pipe_only;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  posix_spawnattr_setsigdefault(&attr, &pipe_only);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+  char* argv[] = {const_cast<char*>("gnuplot"), nullptr};
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, "gnuplot", &actions, &attr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  ::close(in[0]);
+  if (rc != 0) ::close(in[1]);
+  TANDEM_RUNTIME_CHECK(rc == 0, "cannot start gnuplot: ", std::strerror(rc));
+  // A gnuplot that stops early must fail the plot, not kill tandem with SIGPIPE.
+  struct sigaction ignore {}, before {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore, &before);
+  for (size_t at = 0; at < script.size();) {
+    ssize_t w = ::write(in[1], script.data() + at, script.size() - at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;  // gnuplot's exit status says what went wrong
+    at += static_cast<size_t>(w);
+  }
+  ::close(in[1]);
+  sigaction(SIGPIPE, &before, nullptr);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  TANDEM_RUNTIME_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gnuplot failed to draw '", output, "'");
+}
+
 int run_plot(const PlotConfig& cfg) {
   std::string run;
   auto epochs = epochs_of_run(cfg, run);
@@ -74,7 +123,7 @@ int run_plot(const PlotConfig& cfg) {
   std::string title = "tandem run " + shown;
   if (!epochs.back().value("model", std::string()).empty())
     title += ": " + epochs.back()["model"].get<std::string>() + " on " + epochs.back().value("dataset", std::string("?"));
-  std::string script = "set terminal pngcairo size 1200,450 font ',10'\nset output " + gnuplot_string(cfg.output) + "\n" +
+  std::string script = "set terminal pngcairo size 1200,450 font ',10'\n"
                        "set multiplot layout 1,2 title " + gnuplot_string(title) + "\nset xlabel 'epoch'\nset grid\n" +
                        (epochs.size() <= 20 ? "set xtics 1\n" : "") +
                        "set key bottom right\nset ylabel 'training loss (sum of batch means)'\n" +
@@ -82,12 +131,8 @@ int run_plot(const PlotConfig& cfg) {
                        "set ylabel 'accuracy'\nset key bottom right\n" +
                        "plot '-' with linespoints title 'training', '-' with linespoints title 'evaluation'\n" +
                        series("train_acc") + series("eval_acc") + "unset multiplot\n";
-  FILE* gp = popen("gnuplot", "w");
-  TANDEM_RUNTIME_CHECK(gp != nullptr, "cannot start gnuplot");
-  std::fwrite(script.data(), 1, script.size(), gp);
-  int status = pclose(gp);
-  TANDEM_RUNTIME_CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                       "gnuplot failed to draw '", cfg.output, "' (is its directory writable?)");
+  // Drawn into a new file beside the output and renamed over it: a link at the output is replaced.
+  io::write_file_atomically(cfg.output, "plot", [&](int fd) { draw_with_gnuplot(script, fd, cfg.output); });
   std::printf("wrote %s (%zu epochs of run %s)\n", cfg.output.c_str(), epochs.size(), shown.c_str());
   return 0;
 }

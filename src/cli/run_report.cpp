@@ -29,18 +29,15 @@ std::string utc_timestamp() {
   return buf;
 }
 
-MetricsFile::MetricsFile(const std::string& path, std::string run_id) : path_(path), run_id_(std::move(run_id)) {
-  out_.open(path, std::ios::app);
-  TANDEM_CHECK(out_.good(), "cannot open the metrics file '", path, "' for writing");
-}
+MetricsFile::MetricsFile(const std::string& path, std::string run_id)
+    : path_(path), run_id_(std::move(run_id)), fd_(io::open_for_append(path, "metrics file")) {}
 
 void MetricsFile::write(nlohmann::json j) {
   j["run_id"] = run_id_;
   j["time"] = utc_timestamp();
   j["unix_time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  out_ << j.dump() << "\n";
-  out_.flush();
-  TANDEM_RUNTIME_CHECK(out_.good(), "writing the metrics file '", path_, "' failed (disk full?)");
+  const std::string line = j.dump() + "\n";  // one write: lines of runs sharing the file stay whole
+  io::write_all(fd_.get(), line.data(), line.size(), path_, "metrics file");
 }
 
 void RunSummary::add(const EpochFigures& e) {

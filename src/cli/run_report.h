@@ -2,10 +2,11 @@
 // Internal: what a training run reports besides its per-epoch lines: the --metrics JSON lines (each
 // with the run's id and a timestamp) and the one-line summary at the end.
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "core/safe_file.h"
 
 namespace tandem::cli {
 
@@ -18,14 +19,15 @@ std::string utc_timestamp();
 /// Appends JSON lines to a metrics file, each stamped with run_id, time (ISO 8601) and unix_time.
 class MetricsFile {
  public:
-  /// Opens path for appending; throws tandem::Error (Input) naming it when that fails.
+  /// Opens path for appending (creating it when missing); throws tandem::Error (Input) naming it when
+  /// that fails or path is a symbolic link, not a regular file or a file with other hard links.
   MetricsFile(const std::string& path, std::string run_id);
   /// Writes j plus the stamps as one line and flushes it.
   void write(nlohmann::json j);
 
  private:
   std::string path_, run_id_;
-  std::ofstream out_;
+  io::UniqueFd fd_;
 };
 
 /// One epoch's figures, as the summary needs them.

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/safe_file.h"
 #include "tandem/error.h"
 
 namespace tandem::cli {
@@ -87,8 +88,12 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   path_ = (std::filesystem::path(dir) / ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now_seconds())) +
                                          "." + host + "." + std::to_string(getpid())))
               .string();
-  file_ = std::fopen(path_.c_str(), "wb");
-  TANDEM_CHECK(file_ != nullptr, "cannot create the TensorBoard event file '", path_, "': ", std::strerror(errno));
+  // Created exclusively: a link planted at this predictable name is refused, never written through.
+  io::UniqueFd fd = io::create_new_file(path_, "TensorBoard event file");
+  file_ = fdopen(fd.get(), "wb");
+  TANDEM_RUNTIME_CHECK(file_ != nullptr, "cannot write the TensorBoard event file '", path_, "': ",
+                       std::strerror(errno));
+  fd.release();
   std::string version;
   put_bytes_field(version, 3, "brain.Event:2");  // file_version: what readers check first
   write_record(event(now_seconds(), 0, version));

@@ -15,7 +15,7 @@ uint32_t crc32c(const void* data, size_t n);
 class TensorBoardWriter {
  public:
   /// Creates dir when missing and a new file `events.out.tfevents.<time>.<host>.<pid>` in it;
-  /// throws tandem::Error (Input) when that is impossible.
+  /// throws tandem::Error (Input) when that is impossible or anything (a file, a link) has that name.
   explicit TensorBoardWriter(const std::string& dir);
   ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;

@@ -60,7 +60,8 @@ Runner add_train_command(CLI::App& app) {
   sub->add_flag("--deterministic", cfg->deterministic,
                 "GPU: only algorithms that give the same bits on every run (no atomics in convolution gradients)");
   sub->add_option("--metrics", cfg->metrics_path,
-                  "Append one JSON line per epoch to this file (with the run's id and a timestamp)");
+                  "Append one JSON line per epoch to this file (with the run's id and a timestamp); a regular "
+                  "file, not a symbolic link");
   sub->add_option("--tensorboard", cfg->tensorboard_dir,
                   "Write TensorBoard event files (loss, accuracy, images/s, bytes moved) into this directory");
   sub->add_option("--tensorboard-every", cfg->tensorboard_every, "Steps between step-level TensorBoard points")

@@ -5,8 +5,6 @@
 // for detecting damage on disk the polynomial makes no difference.
 #include "tandem/checkpoint.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -19,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
+#include "core/safe_file.h"
 #include "data/regular_file.h"
 
 namespace tandem {
@@ -72,37 +71,24 @@ struct FileCloser {
 };
 using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
-void write_or_throw(std::FILE* f, const void* p, size_t n, const std::string& tmp) {
-  if (n == 0) return;
-  TANDEM_RUNTIME_CHECK(std::fwrite(p, 1, n, f) == n, "writing the checkpoint '", tmp, "' failed: ",
-                       std::strerror(errno), " (disk full?)");
-}
-
-// Writes the whole file to tmp; throws on any failure.
-void write_file(const std::string& tmp, const std::string& head, const std::vector<Tensor>& host) {
-  FilePtr f(std::fopen(tmp.c_str(), "wb"));
-  TANDEM_CHECK(f != nullptr, "cannot write the checkpoint '", tmp, "': ", std::strerror(errno),
-               " (does its directory exist and is it writable?)");
+// The whole file: prefix, header, then the tensors' bytes in table order.
+void write_contents(int fd, const std::string& path, const std::string& head, const std::vector<Tensor>& host) {
   const uint64_t len = head.size();
   const uint32_t head_crc = crc_of(head.data(), head.size());
-  write_or_throw(f.get(), kMagic, sizeof kMagic, tmp);
-  write_or_throw(f.get(), &kVersion, sizeof kVersion, tmp);
-  write_or_throw(f.get(), &len, sizeof len, tmp);
-  write_or_throw(f.get(), &head_crc, sizeof head_crc, tmp);
-  write_or_throw(f.get(), head.data(), head.size(), tmp);
-  for (const Tensor& h : host) write_or_throw(f.get(), h.data_ptr(), h.nbytes(), tmp);
-  // The rename must not publish a file whose bytes are still only in the page cache.
-  TANDEM_RUNTIME_CHECK(std::fflush(f.get()) == 0 && fsync(fileno(f.get())) == 0, "writing the checkpoint '", tmp,
-                       "' failed: ", std::strerror(errno), " (disk full?)");
-  std::FILE* raw = f.release();
-  TANDEM_RUNTIME_CHECK(std::fclose(raw) == 0, "closing the checkpoint '", tmp, "' failed: ", std::strerror(errno));
+  std::string prefix(kMagic, sizeof kMagic);
+  prefix.append(reinterpret_cast<const char*>(&kVersion), sizeof kVersion);
+  prefix.append(reinterpret_cast<const char*>(&len), sizeof len);
+  prefix.append(reinterpret_cast<const char*>(&head_crc), sizeof head_crc);
+  prefix += head;
+  io::write_all(fd, prefix.data(), prefix.size(), path, "checkpoint");
+  for (const Tensor& h : host) io::write_all(fd, h.data_ptr(), h.nbytes(), path, "checkpoint");
 }
 
 }  // namespace
 
 namespace {
 
-// Writes the tensors, with the header's other fields, beside path and renames the file over it.
+// Writes the tensors, with the header's other fields, to a new file beside path renamed over it.
 void write_checkpoint(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       Json header) {
   std::vector<Tensor> host;
@@ -116,17 +102,8 @@ void write_checkpoint(const std::string& path, const std::vector<std::pair<std::
     host.push_back(h);
   }
   header["tensors"] = table;
-  const std::string tmp = path + ".partial";
-  try {
-    write_file(tmp, header.dump(), host);
-    std::error_code ec;
-    fs::rename(tmp, path, ec);
-    TANDEM_RUNTIME_CHECK(!ec, "cannot move the checkpoint '", tmp, "' to '", path, "': ", ec.message());
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);  // a full disk must not stay full because of a half-written file
-    throw;
-  }
+  const std::string head = header.dump();
+  io::write_file_atomically(path, "checkpoint", [&](int fd) { write_contents(fd, path, head, host); });
 }
 
 Json parse_meta(const std::string& meta_json, const char* who) {
@@ -172,13 +149,8 @@ void check_checkpoint_path(const std::string& path) {
   if (dir.empty()) dir = ".";
   TANDEM_CHECK(fs::is_directory(dir, ec), "the directory of --checkpoint '", path, "' (", dir.string(),
                ") does not exist; create it first");
-  // Creating the partial file is the only test that also catches read-only mounts and full quotas.
-  const std::string probe = path + ".partial";
-  std::FILE* f = std::fopen(probe.c_str(), "wb");
-  TANDEM_CHECK(f != nullptr, "cannot write the checkpoint '", path, "': ", std::strerror(errno),
-               " (is its directory writable?)");
-  std::fclose(f);
-  fs::remove(probe, ec);
+  // Creating a file is the only test that also catches read-only mounts and full quotas.
+  io::check_can_write(path, "checkpoint");
 }
 
 namespace {

@@ -8,6 +8,7 @@
 
 #include "cli/progress.h"
 #include "cli/run_report.h"
+#include "tandem/error.h"
 
 namespace fs = std::filesystem;
 using namespace tandem::cli;
@@ -48,6 +49,26 @@ TEST(Metrics, LinesCarryRunIdAndTimestamps) {
                                std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)")));
   EXPECT_GT(lines[1]["unix_time"].get<double>(), 1.7e9);
   fs::remove(p);
+}
+
+TEST(Metrics, ALinkAtThePathIsRefusedNotFollowed) {
+  fs::path dir = fs::temp_directory_path() / ("tandem_metrics_link_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "victim") << "not yours\n";
+  fs::create_symlink(dir / "victim", dir / "m.jsonl");
+  try {
+    MetricsFile m((dir / "m.jsonl").string(), new_run_id());
+    m.write({{"epoch", 0}});
+    ADD_FAILURE() << "a metrics path that is a symbolic link was written through";
+  } catch (const tandem::Error& e) {
+    EXPECT_EQ(e.kind(), tandem::Error::Kind::Input);
+    EXPECT_NE(std::string(e.what()).find((dir / "m.jsonl").string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("symbolic link"), std::string::npos) << e.what();
+  }
+  std::ifstream f(dir / "victim");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()), "not yours\n");
+  fs::remove_all(dir);
 }
 
 TEST(Progress, BarShowsRateAndTimeLeft) {

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -91,4 +93,30 @@ TEST(TensorBoard, UnusableDirectoryIsAnInputError) {
     EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
   }
   fs::remove(file);
+}
+
+TEST(TensorBoard, ALinkPlantedAtTheEventFileNameIsNotFollowed) {
+  // The event file's name is predictable (time, host, pid): links wait under the next few seconds' names.
+  fs::path dir = fresh_dir("planted");
+  fs::create_directories(dir);
+  std::ofstream(dir / "victim") << "not yours";
+  char host[HOST_NAME_MAX + 1] = "localhost";
+  gethostname(host, sizeof host - 1);
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+  for (auto t = now; t < now + 5; ++t)
+    fs::create_symlink(dir / "victim", dir / ("events.out.tfevents." + std::to_string(t) + "." + host + "." +
+                                              std::to_string(getpid())));
+  try {
+    TensorBoardWriter w(dir.string());
+    w.scalar("train/loss", 0.5, 1);
+    w.flush();
+    EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(w.path()))) << w.path();
+  } catch (const tandem::Error& e) {
+    EXPECT_EQ(e.kind(), tandem::Error::Kind::Input);
+    EXPECT_NE(std::string(e.what()).find(dir.string()), std::string::npos) << e.what();
+  }
+  std::ifstream f(dir / "victim");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()), "not yours");
+  fs::remove_all(dir);
 }

@@ -1,16 +1,20 @@
 // What a run leaves behind and the commands that use it: checkpoints (damaged, finished, unwritable),
-// eval, plot, stamped metrics and the summary line; data files that are not files; bench allreduce and bench train.
+// eval, plot, stamped metrics and the summary line; data files that are not files; bench allreduce and bench train;
+// outputs that meet a planted symbolic link or name their own input.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
 
 #include "e2e/cli_util.h"
+#include "tandem/checkpoint.h"
+#include "tandem/nn/models.h"
 
 namespace fs = std::filesystem;
 using tandem::test::have_fashion_mnist;
@@ -23,6 +27,18 @@ fs::path temp_dir(const std::string& name) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
+}
+
+std::string contents(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// A small mlp's checkpoint at p, written through the library (no data set needed).
+void save_small_checkpoint(const fs::path& p) {
+  tandem::nn::ModelConfig c;
+  c.hidden = {8};
+  tandem::save_checkpoint(p.string(), *tandem::nn::make_model("mlp", c), nullptr, R"({"model":"mlp"})");
 }
 
 const std::string kSmall = " --model mlp --hidden 16 --limit-train 256 --limit-test 128 --threads 1 --progress off";
@@ -149,4 +165,99 @@ TEST(OutputsCli, BenchTrainTakesTheSynchronisationOptions) {
   auto misplaced = run_tandem("bench train --model mlp --hidden 8 -b 4 --steps 1 --warmup 0 --rank 2");
   EXPECT_EQ(misplaced.status, 2) << misplaced.output;
   EXPECT_NE(misplaced.output.find("--rank"), std::string::npos) << misplaced.output;
+}
+
+TEST(OutputsCli, ExportDoesNotWriteThroughALinkBesideItsOutput) {
+  fs::path dir = temp_dir("export_link");
+  save_small_checkpoint(dir / "m.ck");
+  std::ofstream(dir / "victim") << "not yours";
+  fs::create_symlink(dir / "victim", dir / "m.safetensors.partial");
+  fs::create_symlink(dir / "victim", dir / "linked.safetensors");
+  for (const char* out : {"m.safetensors", "linked.safetensors"}) {
+    auto r = run_tandem("export --checkpoint " + (dir / "m.ck").string() + " -o " + (dir / out).string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(contents(dir / "victim"), "not yours") << out;
+    EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / out))) << out;
+    const std::string st = contents(dir / out);
+    ASSERT_GT(st.size(), 8u) << out;
+    uint64_t len = 0;
+    std::memcpy(&len, st.data(), 8);
+    ASSERT_LE(8 + len, st.size()) << out;
+    auto header = nlohmann::json::parse(st.substr(8, len));
+    EXPECT_EQ(header["__metadata__"]["tandem.model"], "mlp") << header;
+    // Every parameter of the checkpoint, under its own name, with its bytes.
+    auto tensors = tandem::read_checkpoint_tensors((dir / "m.ck").string());
+    ASSERT_FALSE(tensors.empty());
+    for (auto& [name, t] : tensors) {
+      const std::string key = name.substr(name.find('/') + 1);
+      ASSERT_TRUE(header.contains(key)) << key << " missing from " << header;
+      const uint64_t from = header[key]["data_offsets"][0], to = header[key]["data_offsets"][1];
+      ASSERT_EQ(to - from, t.nbytes()) << key;
+      ASSERT_LE(8 + len + to, st.size()) << key;
+      EXPECT_EQ(std::memcmp(st.data() + 8 + len + from, t.data_ptr(), t.nbytes()), 0) << key;
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST(OutputsCli, ExportRefusesToOverwriteItsInput) {
+  fs::path dir = temp_dir("export_self");
+  const fs::path ck = dir / "m.ck";
+  save_small_checkpoint(ck);
+  const std::string before = contents(ck);
+  fs::create_symlink(ck, dir / "soft.ck");
+  fs::create_hard_link(ck, dir / "hard.ck");
+  for (const fs::path& out : {ck, dir / "soft.ck", dir / "hard.ck", dir / "." / "m.ck"}) {
+    auto r = run_tandem("export --checkpoint " + ck.string() + " -o " + out.string());
+    EXPECT_EQ(r.status, 2) << out << ": " << r.output;
+    EXPECT_NE(r.output.find("is the checkpoint"), std::string::npos) << r.output;
+    EXPECT_EQ(contents(ck), before) << out;
+  }
+  EXPECT_TRUE(fs::is_symlink(dir / "soft.ck"));
+  fs::remove_all(dir);
+}
+
+TEST(OutputsCli, TrainDoesNotWriteThroughPlantedLinks) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  fs::path dir = temp_dir("train_links");
+  std::ofstream(dir / "victim") << "not yours";
+  fs::create_symlink(dir / "victim", dir / "ck.partial");
+  auto ok = run_tandem("train --epochs 1 --checkpoint " + (dir / "ck").string() + kSmall);
+  ASSERT_EQ(ok.status, 0) << ok.output;
+  EXPECT_EQ(contents(dir / "victim"), "not yours");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / "ck")));
+  EXPECT_EQ(run_tandem("eval --checkpoint " + (dir / "ck").string() + " --limit-test 64").status, 0);
+
+  fs::create_symlink(dir / "victim", dir / "m.jsonl");
+  auto refused = run_tandem("train --epochs 1 --metrics " + (dir / "m.jsonl").string() + kSmall);
+  EXPECT_EQ(refused.status, 2) << refused.output;
+  EXPECT_NE(refused.output.find("symbolic link"), std::string::npos) << refused.output;
+  EXPECT_EQ(contents(dir / "victim"), "not yours");
+  fs::remove_all(dir);
+}
+
+TEST(OutputsCli, PlotReplacesALinkAtItsOutput) {
+  fs::path dir = temp_dir("plot_link");
+  const fs::path metrics = dir / "m.jsonl", png = dir / "curves.png";
+  std::ofstream(metrics) << R"({"epoch":0,"train_loss":9.5,"train_acc":0.5,"eval_acc":0.6,"run_id":"a"})" "\n";
+  std::ofstream(dir / "victim") << "not yours";
+  fs::create_symlink(dir / "victim", png);
+  auto r = run_tandem("plot " + metrics.string() + " -o " + png.string());
+  if (r.status == 2 && r.output.find("gnuplot") != std::string::npos) GTEST_SKIP() << r.output;
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(contents(dir / "victim"), "not yours");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(png)));
+  EXPECT_EQ(contents(png).substr(1, 3), "PNG");
+  fs::remove_all(dir);
+}
+
+TEST(OutputsCli, BenchJsonIsNotAppendedThroughALink) {
+  fs::path dir = temp_dir("bench_link");
+  std::ofstream(dir / "victim") << "not yours";
+  fs::create_symlink(dir / "victim", dir / "bench.jsonl");
+  auto r = run_tandem("bench allreduce -b 1K -e 1K -n 1 -w 0 --json " + (dir / "bench.jsonl").string());
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("symbolic link"), std::string::npos) << r.output;
+  EXPECT_EQ(contents(dir / "victim"), "not yours");
+  fs::remove_all(dir);
 }

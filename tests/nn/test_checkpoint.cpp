@@ -289,12 +289,15 @@ TEST(Checkpoint, VersionOneFilesStillLoad) {
 
 TEST(Checkpoint, AFailedSaveLeavesNoPartialFile) {
   // The final rename cannot replace a non-empty directory: the save fails after writing everything.
-  fs::path dir = temp_file("dir_in_the_way");
-  fs::create_directories(dir / "x");
+  fs::path parent = temp_file("dir_in_the_way");
+  fs::remove_all(parent);
+  fs::create_directories(parent / "ck" / "x");
   auto a = small_mlp();
-  EXPECT_THROW(save_checkpoint(dir.string(), *a, nullptr), Error);
-  EXPECT_FALSE(fs::exists(dir.string() + ".partial"));
-  fs::remove_all(dir);
+  EXPECT_THROW(save_checkpoint((parent / "ck").string(), *a, nullptr), Error);
+  std::vector<std::string> left;
+  for (auto& e : fs::directory_iterator(parent)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"ck"});  // nothing written beside it stays behind
+  fs::remove_all(parent);
 }
 
 TEST(Checkpoint, PathIsCheckedBeforeTraining) {
@@ -332,4 +335,53 @@ TEST(Checkpoint, TensorsReadBackByName) {
     EXPECT_EQ(tensors[i].second.to_vector<float>(), params[i].second.to_vector<float>());
   }
   fs::remove(p);
+}
+
+namespace {
+
+std::string contents(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// A directory holding a file a save must never touch and a link to it at `link_name`.
+fs::path dir_with_planted_link(const std::string& name, const std::string& link_name) {
+  fs::path dir = temp_file(name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "victim") << "not yours";
+  fs::create_symlink(dir / "victim", dir / link_name);
+  return dir;
+}
+
+}  // namespace
+
+TEST(Checkpoint, ALinkPlantedAtThePartialNameIsNotWrittenThrough) {
+  fs::path dir = dir_with_planted_link("planted_partial", "ck.partial");
+  auto a = small_mlp();
+  save_checkpoint((dir / "ck").string(), *a, nullptr, R"({"epoch": 1})");
+  EXPECT_EQ(contents(dir / "victim"), "not yours");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / "ck")));
+  EXPECT_EQ(read_checkpoint_tensors((dir / "ck").string()).size(), a->named_parameters().size());
+  EXPECT_NE(checkpoint_meta((dir / "ck").string()).find("\"epoch\":1"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ALinkAtTheCheckpointItselfIsReplacedNotFollowed) {
+  fs::path dir = dir_with_planted_link("planted_target", "ck");
+  auto a = small_mlp();
+  save_checkpoint((dir / "ck").string(), *a, nullptr);
+  EXPECT_EQ(contents(dir / "victim"), "not yours");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / "ck")));
+  EXPECT_EQ(read_checkpoint_tensors((dir / "ck").string()).size(), a->named_parameters().size());
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, PathCheckDoesNotWriteThroughAPlantedLink) {
+  fs::path dir = dir_with_planted_link("planted_probe", "ck.partial");
+  EXPECT_NO_THROW(check_checkpoint_path((dir / "ck").string()));
+  EXPECT_EQ(contents(dir / "victim"), "not yours");
+  EXPECT_TRUE(fs::is_symlink(dir / "ck.partial"));  // someone else's link is theirs to remove
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 2);  // the probe left nothing
+  fs::remove_all(dir);
 }
