@@ -261,10 +261,16 @@ class Supervisor {
  private:
   void signal_all(int sig);
   void reap();
+  void on_local_failure(const Child& c);
   void on_signal(int sig);
   void begin_stop(int sig, double grace_s);
   size_t running() const;
   void check_others(Clock::time_point now);
+  bool failed_here() const { return local_ || named_ || interrupted_by_ != 0; }
+  bool ended() const;
+  detail::RoundFailure describe_local() const;
+  detail::RoundFailure fallback_failure() const;
+  Outcome outcome() const;
 
   const LaunchOptions& o_;
   int signal_fd_;
@@ -276,9 +282,13 @@ class Supervisor {
   std::optional<Clock::time_point> next_check_;
   bool stopping_ = false;
   std::optional<Clock::time_point> done_at_;  // when this machine's ranks had all succeeded
-  int failed_rank_ = -1;    // first rank of this machine that failed
-  int failed_status_ = 0;
-  std::optional<detail::RoundFailure> remote_;  // a failure elsewhere that stopped this machine's ranks
+  std::optional<Child> local_;               // the first of this machine's ranks that failed by itself
+  // Across machines: the job's failure as every launcher names it, and until it is named, when this
+  // launcher learnt that the attempt fails (then waits kBlameGrace for a cause to be claimed) and when
+  // it gives up waiting for a named failure to appear.
+  std::optional<detail::RoundFailure> named_;
+  std::optional<Clock::time_point> failing_since_;
+  std::optional<Clock::time_point> name_by_;
   size_t stopped_ = 0;      // ranks still running when the job was stopped
   int interrupted_by_ = 0;  // signal that interrupted the launcher
 };
@@ -303,6 +313,7 @@ void Supervisor::begin_stop(int sig, double grace_s) {
 }
 
 void Supervisor::reap() {
+  std::vector<Child*> ended;
   for (auto& c : children_) {
     if (!c.running) continue;
     int st = 0;
@@ -313,17 +324,43 @@ void Supervisor::reap() {
     if (r != c.pid) continue;
     c.running = false;
     c.status = st;
-    // What the rank started in its group goes with it once the job is being stopped.
-    if (stopping_) kill(-c.pid, SIGKILL);
-    bool failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    if (failed && !stopping_ && failed_rank_ < 0) {
-      failed_rank_ = c.rank;
-      failed_status_ = st;
-      begin_stop(SIGTERM, o_.stop_grace_s);
-      std::string where = o_.nnodes > 1 ? " (node " + std::to_string(o_.node_rank) + ", " + net::host_name() + ")" : "";
-      group_.fail_round(round_, {exit_code_of(st), false, "rank " + std::to_string(c.rank) + where + " " +
-                                                             describe_status(st)});
+    if (stopping_) {
+      kill(-c.pid, SIGKILL);  // what the rank started in its group goes with it once the job is being stopped
+    } else {
+      ended.push_back(&c);
     }
+  }
+  // Of ranks that ended together, one killed by a signal is the likelier cause: the others may have
+  // failed because it went.
+  const Child* first = nullptr;
+  for (const Child* c : ended) {
+    bool failed = !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
+    if (failed && (!first || (WIFSIGNALED(c->status) && !WIFSIGNALED(first->status)))) first = c;
+  }
+  if (first) on_local_failure(*first);
+}
+
+std::string rank_place(const LaunchOptions& o, int rank) {
+  return "rank " + std::to_string(rank) + " on node " + std::to_string(o.node_rank) + " (host " + net::host_name() + ")";
+}
+
+detail::RoundFailure Supervisor::describe_local() const {
+  return {exit_code_of(local_->status), false, rank_place(o_, local_->rank) + " " + describe_status(local_->status),
+          o_.node_rank, local_->rank};
+}
+
+void Supervisor::on_local_failure(const Child& c) {
+  local_ = c;
+  begin_stop(SIGTERM, o_.stop_grace_s);
+  if (!group_.multi()) return;
+  auto now = Clock::now();
+  if (WIFSIGNALED(c.status)) {
+    // Nothing in the job makes a rank die of a signal that the launcher did not send: a cause.
+    group_.claim_failure(round_, describe_local());
+    name_by_ = now + detail::kBlameGrace;
+  } else {
+    group_.note_exit(round_, describe_local());
+    if (!failing_since_) failing_since_ = now;
   }
 }
 
@@ -336,19 +373,47 @@ void Supervisor::on_signal(int sig) {
   interrupted_by_ = sig;
   // The ranks get the same signal the launcher got (SIGHUP arrives as SIGTERM).
   begin_stop(sig == SIGHUP ? SIGTERM : sig, o_.interrupt_grace_s);
-  group_.fail_round(round_, {128 + sig, true, "the launcher of node " + std::to_string(o_.node_rank) +
-                                                  " was interrupted by " + signal_name(sig)});
+  group_.claim_failure(round_, {128 + sig, true, "the launcher of node " + std::to_string(o_.node_rank) +
+                                                     " was interrupted by " + signal_name(sig), o_.node_rank, -1});
 }
 
-// Across machines: a failure elsewhere stops this machine's ranks too. Asked a few times a second.
+// Across machines: a failure anywhere stops this machine's ranks, and the launchers agree on which
+// failure to name. Asked a few times a second.
 void Supervisor::check_others(Clock::time_point now) {
-  if (!group_.multi() || (next_check_ && now < *next_check_)) return;
+  if (!group_.multi() || named_ || interrupted_by_ != 0 || (next_check_ && now < *next_check_)) return;
   next_check_ = now + std::chrono::milliseconds(100);
-  if (remote_ || failed_rank_ >= 0 || interrupted_by_ != 0) return;
+  // Before stopping the ranks for a failure elsewhere, a rank of this machine that died meanwhile is
+  // reported: its death may be what the others failed of.
   if (auto f = group_.round_failure(round_)) {
-    remote_ = f;
+    reap();
+    named_ = f;
+    if (running()) begin_stop(SIGTERM, o_.stop_grace_s);
+    return;
+  }
+  if (!failing_since_ && group_.round_failing(round_)) {
+    reap();
+    if (!failing_since_) failing_since_ = now;
     if (running()) begin_stop(SIGTERM, o_.stop_grace_s);
   }
+  if (failing_since_ && !name_by_ && now >= *failing_since_ + detail::kBlameGrace) {
+    group_.settle_failure(round_, fallback_failure());
+    name_by_ = now + detail::kBlameGrace;
+  }
+  // A claim whose launcher vanished before it could write it out: name what is known here.
+  if (name_by_ && now >= *name_by_) named_ = fallback_failure();
+}
+
+detail::RoundFailure Supervisor::fallback_failure() const {
+  if (local_) return describe_local();
+  return {1, false, "a rank on another node failed, and its launcher did not say which", -1, -1};
+}
+
+// The attempt is over on this machine once its ranks ended and, across machines, the failure that
+// ended it is named.
+bool Supervisor::ended() const {
+  if (interrupted_by_ != 0) return true;
+  if (!group_.multi()) return local_.has_value();
+  return named_.has_value();
 }
 
 Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<std::string>>& envs, int first_rank) {
@@ -385,8 +450,8 @@ Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<s
     for (const auto& rl : relays_) open_pipes = open_pipes || rl.fd() >= 0;
     if (!running()) {
       if (!drain_until) drain_until = now + std::chrono::seconds(1);
-      bool ended_here = failed_rank_ >= 0 || remote_ || interrupted_by_ != 0;
-      if (!ended_here && !done_at_) {
+      bool ended_here = ended();
+      if (!failed_here() && !failing_since_ && !done_at_) {
         group_.mark_done(round_);
         done_at_ = now;
       }
@@ -429,7 +494,11 @@ Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<s
   }
   for (auto& rl : relays_) rl.finish();
 
-  auto others = [&](size_t n) {
+  return outcome();
+}
+
+Outcome Supervisor::outcome() const {
+  auto others = [](size_t n) {
     return n == 0 ? std::string() : n == 1 ? std::string("; stopped the other rank")
                                            : "; stopped the other " + std::to_string(n) + " ranks";
   };
@@ -440,17 +509,26 @@ Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<s
     out.exit_code = 128 + interrupted_by_;
     out.final = true;
     out.message = "interrupted by " + signal_name(interrupted_by_) + "; stopped " + ranks(stopped_);
-  } else if (failed_rank_ >= 0) {
+  } else if (!group_.multi() && local_) {
     out.succeeded = false;
-    int code = exit_code_of(failed_status_);
-    out.exit_code = code == 0 ? 1 : code;
-    out.message = "rank " + std::to_string(failed_rank_) + " " + describe_status(failed_status_) + others(stopped_);
-  } else if (remote_) {
+    out.exit_code = exit_code_of(local_->status);
+    out.message = "rank " + std::to_string(local_->rank) + " " + describe_status(local_->status) + others(stopped_);
+  } else if (named_ || local_) {
+    detail::RoundFailure f = named_ ? *named_ : describe_local();
     out.succeeded = false;
-    out.exit_code = remote_->exit_code == 0 ? 1 : remote_->exit_code;
-    out.final = remote_->final;
-    out.message = remote_->what + (stopped_ ? "; stopped this node's " + ranks(stopped_) : std::string());
+    out.exit_code = f.exit_code;
+    out.final = f.final;
+    out.message = f.what;
+    if (local_ && f.node == o_.node_rank && f.rank == local_->rank) {
+      out.message += others(stopped_);
+    } else {
+      if (local_)
+        out.message += "; this node's rank " + std::to_string(local_->rank) + " " + describe_status(local_->status) +
+                       " after it";
+      if (stopped_) out.message += "; stopped this node's " + ranks(stopped_);
+    }
   }
+  if (!out.succeeded && out.exit_code == 0) out.exit_code = 1;
   return out;
 }
 

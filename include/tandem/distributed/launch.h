@@ -27,8 +27,9 @@ struct LaunchOptions {
 };
 
 /// Runs the job and returns the launcher's exit status: 0 when every rank exited with 0; else the status
-/// of the first rank that failed (128 + signal when it was killed), or 128 + signal when the launcher
-/// was interrupted. Throws tandem::Error (kind Input) for invalid options or a command that cannot run.
+/// of the first rank that failed (128 + signal when it was killed; across machines, the failure every
+/// launcher names), or 128 + signal when the launcher was interrupted. Throws tandem::Error (kind Input)
+/// for invalid options or a command that cannot run.
 int launch(const LaunchOptions& options);
 
 }  // namespace tandem::dist
