@@ -9,7 +9,9 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,10 +21,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include "distributed/launch_nodes.h"
 #include "distributed/launch_output.h"
 #include "distributed/net.h"
+#include "tandem/device.h"
 #include "tandem/error.h"
 
 extern char** environ;
@@ -62,6 +66,65 @@ std::string resolve_command(const std::string& cmd) {
     start = colon + 1;
   }
   TANDEM_CHECK(false, "launch: the command '", cmd, "' was not found in PATH");
+}
+
+// ---- how many ranks this machine holds
+
+// A job of tandem's programs asks for GPUs with --device cuda (or cuda:N); each local rank then
+// takes a GPU of its own.
+bool asks_for_gpus(const std::vector<std::string>& cmd) {
+  for (size_t i = 0; i < cmd.size(); ++i) {
+    std::string value;
+    if (cmd[i] == "--device" && i + 1 < cmd.size()) value = cmd[i + 1];
+    else if (cmd[i].rfind("--device=", 0) == 0) value = cmd[i].substr(9);
+    if (value.rfind("cuda", 0) == 0) return true;
+  }
+  return false;
+}
+
+// Without --oversubscribe a CPU job gets at most this many ranks per usable core, and always this many:
+// past a few per core every collective waits for ranks that the scheduler has not run yet, and each
+// rank holds a process, its threads and connections to every other rank.
+constexpr int kRanksPerCore = 4;
+constexpr int kMinCpuRanks = 8;
+
+// The cores this process may run on (its affinity mask, which taskset, cgroups' cpusets and Slurm set).
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// Refuses, before any process starts, a number of ranks this machine cannot hold: more than its
+// GPUs for a GPU job, past the per-core cap for a CPU job (unless --oversubscribe), or past the
+// process and open-file limits, which fork and pipe would hit part-way through starting them.
+void check_capacity(const LaunchOptions& o, int local) {
+  const std::string asked = o.nnodes > 1 ? "--nproc-per-node " + std::to_string(local) : "-n " + std::to_string(local);
+  if (asks_for_gpus(o.command)) {
+    int gpus = cuda_device_count();
+    std::string seen = gpus == 0 ? std::string("no GPU: run the job on the CPU (--device cpu)")
+                                 : std::to_string(gpus) + (gpus == 1 ? " (cuda:0)" : " (cuda:0 .. cuda:" +
+                                   std::to_string(gpus - 1) + ")") + ": start at most " + std::to_string(gpus) +
+                                   " ranks here, or run the job on the CPU (--device cpu)";
+    TANDEM_CHECK(local <= gpus, "launch: ", asked, " with --device cuda needs a GPU for each of its ", local, " ranks "
+                 "on this machine, but this process sees ", seen);
+  } else if (!o.oversubscribe) {
+    const int cores = usable_cores();
+    const int cap = std::max(kMinCpuRanks, kRanksPerCore * cores);
+    TANDEM_CHECK(local <= cap, "launch: ", asked, " is more ranks than this machine runs well: at most ", cap, " CPU ranks "
+                 "on ", cores, cores == 1 ? " core" : " cores", " (", kRanksPerCore, " per core, at least ", kMinCpuRanks,
+                 "); pass --oversubscribe to start them anyway");
+  }
+  rlimit procs{};
+  if (geteuid() != 0 && getrlimit(RLIMIT_NPROC, &procs) == 0 && procs.rlim_cur != RLIM_INFINITY)
+    TANDEM_CHECK(static_cast<rlim_t>(local) < procs.rlim_cur, "launch: ", asked, " is more processes than this user may "
+                 "run (ulimit -u: ", procs.rlim_cur, "): raise that limit or start fewer ranks");
+  rlimit files{};
+  const rlim_t need = 2 * static_cast<rlim_t>(local) + 32;  // the two pipes of each rank, and the launcher's own
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY)
+    TANDEM_CHECK(need <= files.rlim_cur, "launch: ", asked, " needs about ", need, " open files in the launcher (two per "
+                 "rank), more than its limit (ulimit -n: ", files.rlim_cur, "): raise that limit or start fewer ranks");
 }
 
 // ---- signals: the handler only writes the signal number into a pipe that the event loop polls
@@ -577,6 +640,7 @@ int launch(const LaunchOptions& o) {
   TANDEM_CHECK(o.stop_grace_s >= 0 && o.interrupt_grace_s >= 0, "launch: grace periods must not be negative");
   TANDEM_CHECK(!o.command.empty(), "launch: no command given; put the program to run and its arguments "
                "after --, e.g. `tandem launch -n 2 -- ./train --epochs 3`");
+  check_capacity(o, per_node);
   std::string path = resolve_command(o.command[0]);
 
   SignalScope signals;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "process_util.h"
+#include "tandem/device.h"
 
 using tandem::test::free_port;
 using tandem::test::Proc;
@@ -65,10 +66,80 @@ TEST(Launch, RejectsBadArgumentsWithStatus2) {
   }
 }
 
+// The files in dir (each rank of the jobs below makes one).
+size_t files_in(const std::string& dir) {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) n += e.is_regular_file() ? 1 : 0;
+  return n;
+}
+
+TEST(Launch, RefusesMoreRanksThanTheMachineHoldsBeforeStartingAny) {
+  std::string dir = ::testing::TempDir() + "/tandem_launch_cap_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto job = [&](const std::string& n, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"-n", n};
+    args.insert(args.end(), extra.begin(), extra.end());
+    for (const char* a : {"--", "sh", "-c", "touch \"$0\"/rank$TANDEM_RANK"}) args.push_back(a);
+    args.push_back(dir);
+    return args;
+  };
+
+  ProcResult r = launch(job("100000"), 60);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "pass --oversubscribe to start them anyway")) << r.output;
+  EXPECT_EQ(files_in(dir), 0u) << "ranks were started: " << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(-n 100000 is more ranks than this machine runs well: at )"
+                                                        R"(most (\d+) CPU ranks on (\d+) cores?)")))
+      << r.output;
+  const int cap = std::stoi(m[1].str()), cores = std::stoi(m[2].str());
+  EXPECT_EQ(cap, std::max(8, 4 * cores));
+
+  // The cap itself is allowed; one more is refused, unless the user says otherwise.
+  r = launch(job(std::to_string(cap)), 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(files_in(dir), static_cast<size_t>(cap));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  r = launch(job(std::to_string(cap + 1)), 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(files_in(dir), 0u) << r.output;
+  r = launch(job(std::to_string(cap + 1), {"--oversubscribe"}), 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(files_in(dir), static_cast<size_t>(cap + 1));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+
+  // A GPU job gets one GPU per rank: one rank more than this process sees is refused, even when told
+  // to oversubscribe.
+  const int gpus = tandem::cuda_device_count();
+  auto gpu_job = [&](int n) {
+    std::vector<std::string> args = job(std::to_string(n), {"--oversubscribe"});
+    for (const char* a : {"--device", "cuda"}) args.push_back(a);  // the command's own options ($1, $2)
+    return args;
+  };
+  r = launch(gpu_job(gpus + 1), 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "-n " + std::to_string(gpus + 1) + " with --device cuda needs a GPU for each of its " +
+                                     std::to_string(gpus + 1) + " ranks on this machine, but this process sees " +
+                                     (gpus == 0 ? std::string("no GPU") : std::to_string(gpus))))
+      << r.output;
+  EXPECT_EQ(files_in(dir), 0u) << r.output;
+  if (gpus > 0) {
+    r = launch(gpu_job(gpus), 60);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(files_in(dir), static_cast<size_t>(gpus));
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Launch, HelpExplainsTheFlags) {
   ProcResult r = launch({"--help"});
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* part : {"-n", "--gpus-per-node", "--timeout", "Example", "tandem launch -n"})
+  for (const char* part : {"-n", "--gpus-per-node", "--timeout", "--oversubscribe", "4 per usable core", "Example",
+                           "tandem launch -n"})
     EXPECT_TRUE(contains(r.output, part)) << part << " missing from: " << r.output;
 }
 
