@@ -55,13 +55,22 @@ Runner add_launch_command(CLI::App& app) {
   sub->add_option("--timeout", opts->timeout_s,
                   "Seconds a rank waits for the others when joining and in each collective before failing "
                   "(given to the ranks as TANDEM_TIMEOUT; default: the program's own, 300 s)");
+  sub->add_flag("--oversubscribe", opts->oversubscribe,
+               "A CPU job may start more ranks on this machine than 4 per usable core (at least 8 are always "
+               "allowed)");
   sub->add_option("command", opts->command, "The program to run and its arguments (best after --)");
   sub->footer(
       "Each rank gets TANDEM_RANK, TANDEM_WORLD_SIZE, TANDEM_LOCAL_RANK, TANDEM_LOCAL_SIZE, TANDEM_STORE_ADDR,\n"
       "TANDEM_JOB_ID, TANDEM_RESTART_COUNT and the job's secret. Rank 0's output is passed through; other ranks'\n"
       "lines are prefixed with [rank N]. If a rank fails, every rank of the job is stopped (on every machine)\n"
       "and the launcher exits with that rank's status, unless --max-restarts allows another attempt.\n"
-      "Ctrl-C is forwarded to the ranks; a second Ctrl-C kills them.\n\n"
+      "Across machines every launcher names the same failure, the first: a rank killed by a signal is named\n"
+      "over ranks that exit with an error status within 2 s of it (they likely failed because it went), and\n"
+      "when node 0's launcher (which hosts the store) is gone, the others stop at once and say so.\n"
+      "Ctrl-C is forwarded to the ranks; a second Ctrl-C kills them.\n"
+      "Before starting anything the launcher refuses more ranks than this machine holds: for a command with\n"
+      "--device cuda, more than the GPUs this process sees; for a CPU job, more than 4 per usable core (at least\n"
+      "8; --oversubscribe lifts this), or more than the process and open-file limits (ulimit -u, -n) allow.\n\n"
       "Examples:\n"
       "  tandem launch -n 4 -- tandem train --model cnn --dataset mnist --device cuda\n"
       "  tandem launch -n 2 --timeout 60 -- ./my_program --epochs 3\n"

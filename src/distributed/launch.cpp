@@ -9,7 +9,9 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,10 +21,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include "distributed/launch_nodes.h"
 #include "distributed/launch_output.h"
 #include "distributed/net.h"
+#include "tandem/device.h"
 #include "tandem/error.h"
 
 extern char** environ;
@@ -62,6 +66,65 @@ std::string resolve_command(const std::string& cmd) {
     start = colon + 1;
   }
   TANDEM_CHECK(false, "launch: the command '", cmd, "' was not found in PATH");
+}
+
+// ---- how many ranks this machine holds
+
+// A job of tandem's programs asks for GPUs with --device cuda (or cuda:N); each local rank then
+// takes a GPU of its own.
+bool asks_for_gpus(const std::vector<std::string>& cmd) {
+  for (size_t i = 0; i < cmd.size(); ++i) {
+    std::string value;
+    if (cmd[i] == "--device" && i + 1 < cmd.size()) value = cmd[i + 1];
+    else if (cmd[i].rfind("--device=", 0) == 0) value = cmd[i].substr(9);
+    if (value.rfind("cuda", 0) == 0) return true;
+  }
+  return false;
+}
+
+// Without --oversubscribe a CPU job gets at most this many ranks per usable core, and always this many:
+// past a few per core every collective waits for ranks that the scheduler has not run yet, and each
+// rank holds a process, its threads and connections to every other rank.
+constexpr int kRanksPerCore = 4;
+constexpr int kMinCpuRanks = 8;
+
+// The cores this process may run on (its affinity mask, which taskset, cgroups' cpusets and Slurm set).
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// Refuses, before any process starts, a number of ranks this machine cannot hold: more than its
+// GPUs for a GPU job, past the per-core cap for a CPU job (unless --oversubscribe), or past the
+// process and open-file limits, which fork and pipe would hit part-way through starting them.
+void check_capacity(const LaunchOptions& o, int local) {
+  const std::string asked = o.nnodes > 1 ? "--nproc-per-node " + std::to_string(local) : "-n " + std::to_string(local);
+  if (asks_for_gpus(o.command)) {
+    int gpus = cuda_device_count();
+    std::string seen = gpus == 0 ? std::string("no GPU: run the job on the CPU (--device cpu)")
+                                 : std::to_string(gpus) + (gpus == 1 ? " (cuda:0)" : " (cuda:0 .. cuda:" +
+                                   std::to_string(gpus - 1) + ")") + ": start at most " + std::to_string(gpus) +
+                                   " ranks here, or run the job on the CPU (--device cpu)";
+    TANDEM_CHECK(local <= gpus, "launch: ", asked, " with --device cuda needs a GPU for each of its ", local, " ranks "
+                 "on this machine, but this process sees ", seen);
+  } else if (!o.oversubscribe) {
+    const int cores = usable_cores();
+    const int cap = std::max(kMinCpuRanks, kRanksPerCore * cores);
+    TANDEM_CHECK(local <= cap, "launch: ", asked, " is more ranks than this machine runs well: at most ", cap, " CPU ranks "
+                 "on ", cores, cores == 1 ? " core" : " cores", " (", kRanksPerCore, " per core, at least ", kMinCpuRanks,
+                 "); pass --oversubscribe to start them anyway");
+  }
+  rlimit procs{};
+  if (geteuid() != 0 && getrlimit(RLIMIT_NPROC, &procs) == 0 && procs.rlim_cur != RLIM_INFINITY)
+    TANDEM_CHECK(static_cast<rlim_t>(local) < procs.rlim_cur, "launch: ", asked, " is more processes than this user may "
+                 "run (ulimit -u: ", procs.rlim_cur, "): raise that limit or start fewer ranks");
+  rlimit files{};
+  const rlim_t need = 2 * static_cast<rlim_t>(local) + 32;  // the two pipes of each rank, and the launcher's own
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY)
+    TANDEM_CHECK(need <= files.rlim_cur, "launch: ", asked, " needs about ", need, " open files in the launcher (two per "
+                 "rank), more than its limit (ulimit -n: ", files.rlim_cur, "): raise that limit or start fewer ranks");
 }
 
 // ---- signals: the handler only writes the signal number into a pipe that the event loop polls
@@ -261,10 +324,16 @@ class Supervisor {
  private:
   void signal_all(int sig);
   void reap();
+  void on_local_failure(const Child& c);
   void on_signal(int sig);
   void begin_stop(int sig, double grace_s);
   size_t running() const;
   void check_others(Clock::time_point now);
+  bool failed_here() const { return local_ || named_ || interrupted_by_ != 0; }
+  bool ended() const;
+  detail::RoundFailure describe_local() const;
+  detail::RoundFailure fallback_failure() const;
+  Outcome outcome() const;
 
   const LaunchOptions& o_;
   int signal_fd_;
@@ -276,9 +345,13 @@ class Supervisor {
   std::optional<Clock::time_point> next_check_;
   bool stopping_ = false;
   std::optional<Clock::time_point> done_at_;  // when this machine's ranks had all succeeded
-  int failed_rank_ = -1;    // first rank of this machine that failed
-  int failed_status_ = 0;
-  std::optional<detail::RoundFailure> remote_;  // a failure elsewhere that stopped this machine's ranks
+  std::optional<Child> local_;               // the first of this machine's ranks that failed by itself
+  // Across machines: the job's failure as every launcher names it, and until it is named, when this
+  // launcher learnt that the attempt fails (then waits kBlameGrace for a cause to be claimed) and when
+  // it gives up waiting for a named failure to appear.
+  std::optional<detail::RoundFailure> named_;
+  std::optional<Clock::time_point> failing_since_;
+  std::optional<Clock::time_point> name_by_;
   size_t stopped_ = 0;      // ranks still running when the job was stopped
   int interrupted_by_ = 0;  // signal that interrupted the launcher
 };
@@ -303,6 +376,7 @@ void Supervisor::begin_stop(int sig, double grace_s) {
 }
 
 void Supervisor::reap() {
+  std::vector<Child*> ended;
   for (auto& c : children_) {
     if (!c.running) continue;
     int st = 0;
@@ -313,17 +387,43 @@ void Supervisor::reap() {
     if (r != c.pid) continue;
     c.running = false;
     c.status = st;
-    // What the rank started in its group goes with it once the job is being stopped.
-    if (stopping_) kill(-c.pid, SIGKILL);
-    bool failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    if (failed && !stopping_ && failed_rank_ < 0) {
-      failed_rank_ = c.rank;
-      failed_status_ = st;
-      begin_stop(SIGTERM, o_.stop_grace_s);
-      std::string where = o_.nnodes > 1 ? " (node " + std::to_string(o_.node_rank) + ", " + net::host_name() + ")" : "";
-      group_.fail_round(round_, {exit_code_of(st), false, "rank " + std::to_string(c.rank) + where + " " +
-                                                             describe_status(st)});
+    if (stopping_) {
+      kill(-c.pid, SIGKILL);  // what the rank started in its group goes with it once the job is being stopped
+    } else {
+      ended.push_back(&c);
     }
+  }
+  // Of ranks that ended together, one killed by a signal is the likelier cause: the others may have
+  // failed because it went.
+  const Child* first = nullptr;
+  for (const Child* c : ended) {
+    bool failed = !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
+    if (failed && (!first || (WIFSIGNALED(c->status) && !WIFSIGNALED(first->status)))) first = c;
+  }
+  if (first) on_local_failure(*first);
+}
+
+std::string rank_place(const LaunchOptions& o, int rank) {
+  return "rank " + std::to_string(rank) + " on node " + std::to_string(o.node_rank) + " (host " + net::host_name() + ")";
+}
+
+detail::RoundFailure Supervisor::describe_local() const {
+  return {exit_code_of(local_->status), false, rank_place(o_, local_->rank) + " " + describe_status(local_->status),
+          o_.node_rank, local_->rank};
+}
+
+void Supervisor::on_local_failure(const Child& c) {
+  local_ = c;
+  begin_stop(SIGTERM, o_.stop_grace_s);
+  if (!group_.multi()) return;
+  auto now = Clock::now();
+  if (WIFSIGNALED(c.status)) {
+    // Nothing in the job makes a rank die of a signal that the launcher did not send: a cause.
+    group_.claim_failure(round_, describe_local());
+    name_by_ = now + detail::kBlameGrace;
+  } else {
+    group_.note_exit(round_, describe_local());
+    if (!failing_since_) failing_since_ = now;
   }
 }
 
@@ -336,19 +436,47 @@ void Supervisor::on_signal(int sig) {
   interrupted_by_ = sig;
   // The ranks get the same signal the launcher got (SIGHUP arrives as SIGTERM).
   begin_stop(sig == SIGHUP ? SIGTERM : sig, o_.interrupt_grace_s);
-  group_.fail_round(round_, {128 + sig, true, "the launcher of node " + std::to_string(o_.node_rank) +
-                                                  " was interrupted by " + signal_name(sig)});
+  group_.claim_failure(round_, {128 + sig, true, "the launcher of node " + std::to_string(o_.node_rank) +
+                                                     " was interrupted by " + signal_name(sig), o_.node_rank, -1});
 }
 
-// Across machines: a failure elsewhere stops this machine's ranks too. Asked a few times a second.
+// Across machines: a failure anywhere stops this machine's ranks, and the launchers agree on which
+// failure to name. Asked a few times a second.
 void Supervisor::check_others(Clock::time_point now) {
-  if (!group_.multi() || (next_check_ && now < *next_check_)) return;
+  if (!group_.multi() || named_ || interrupted_by_ != 0 || (next_check_ && now < *next_check_)) return;
   next_check_ = now + std::chrono::milliseconds(100);
-  if (remote_ || failed_rank_ >= 0 || interrupted_by_ != 0) return;
+  // Before stopping the ranks for a failure elsewhere, a rank of this machine that died meanwhile is
+  // reported: its death may be what the others failed of.
   if (auto f = group_.round_failure(round_)) {
-    remote_ = f;
+    reap();
+    named_ = f;
+    if (running()) begin_stop(SIGTERM, o_.stop_grace_s);
+    return;
+  }
+  if (!failing_since_ && group_.round_failing(round_)) {
+    reap();
+    if (!failing_since_) failing_since_ = now;
     if (running()) begin_stop(SIGTERM, o_.stop_grace_s);
   }
+  if (failing_since_ && !name_by_ && now >= *failing_since_ + detail::kBlameGrace) {
+    group_.settle_failure(round_, fallback_failure());
+    name_by_ = now + detail::kBlameGrace;
+  }
+  // A claim whose launcher vanished before it could write it out: name what is known here.
+  if (name_by_ && now >= *name_by_) named_ = fallback_failure();
+}
+
+detail::RoundFailure Supervisor::fallback_failure() const {
+  if (local_) return describe_local();
+  return {1, false, "a rank on another node failed, and its launcher did not say which", -1, -1};
+}
+
+// The attempt is over on this machine once its ranks ended and, across machines, the failure that
+// ended it is named.
+bool Supervisor::ended() const {
+  if (interrupted_by_ != 0) return true;
+  if (!group_.multi()) return local_.has_value();
+  return named_.has_value();
 }
 
 Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<std::string>>& envs, int first_rank) {
@@ -385,8 +513,8 @@ Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<s
     for (const auto& rl : relays_) open_pipes = open_pipes || rl.fd() >= 0;
     if (!running()) {
       if (!drain_until) drain_until = now + std::chrono::seconds(1);
-      bool ended_here = failed_rank_ >= 0 || remote_ || interrupted_by_ != 0;
-      if (!ended_here && !done_at_) {
+      bool ended_here = ended();
+      if (!failed_here() && !failing_since_ && !done_at_) {
         group_.mark_done(round_);
         done_at_ = now;
       }
@@ -429,7 +557,11 @@ Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<s
   }
   for (auto& rl : relays_) rl.finish();
 
-  auto others = [&](size_t n) {
+  return outcome();
+}
+
+Outcome Supervisor::outcome() const {
+  auto others = [](size_t n) {
     return n == 0 ? std::string() : n == 1 ? std::string("; stopped the other rank")
                                            : "; stopped the other " + std::to_string(n) + " ranks";
   };
@@ -440,17 +572,26 @@ Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<s
     out.exit_code = 128 + interrupted_by_;
     out.final = true;
     out.message = "interrupted by " + signal_name(interrupted_by_) + "; stopped " + ranks(stopped_);
-  } else if (failed_rank_ >= 0) {
+  } else if (!group_.multi() && local_) {
     out.succeeded = false;
-    int code = exit_code_of(failed_status_);
-    out.exit_code = code == 0 ? 1 : code;
-    out.message = "rank " + std::to_string(failed_rank_) + " " + describe_status(failed_status_) + others(stopped_);
-  } else if (remote_) {
+    out.exit_code = exit_code_of(local_->status);
+    out.message = "rank " + std::to_string(local_->rank) + " " + describe_status(local_->status) + others(stopped_);
+  } else if (named_ || local_) {
+    detail::RoundFailure f = named_ ? *named_ : describe_local();
     out.succeeded = false;
-    out.exit_code = remote_->exit_code == 0 ? 1 : remote_->exit_code;
-    out.final = remote_->final;
-    out.message = remote_->what + (stopped_ ? "; stopped this node's " + ranks(stopped_) : std::string());
+    out.exit_code = f.exit_code;
+    out.final = f.final;
+    out.message = f.what;
+    if (local_ && f.node == o_.node_rank && f.rank == local_->rank) {
+      out.message += others(stopped_);
+    } else {
+      if (local_)
+        out.message += "; this node's rank " + std::to_string(local_->rank) + " " + describe_status(local_->status) +
+                       " after it";
+      if (stopped_) out.message += "; stopped this node's " + ranks(stopped_);
+    }
   }
+  if (!out.succeeded && out.exit_code == 0) out.exit_code = 1;
   return out;
 }
 
@@ -499,6 +640,7 @@ int launch(const LaunchOptions& o) {
   TANDEM_CHECK(o.stop_grace_s >= 0 && o.interrupt_grace_s >= 0, "launch: grace periods must not be negative");
   TANDEM_CHECK(!o.command.empty(), "launch: no command given; put the program to run and its arguments "
                "after --, e.g. `tandem launch -n 2 -- ./train --epochs 3`");
+  check_capacity(o, per_node);
   std::string path = resolve_command(o.command[0]);
 
   SignalScope signals;

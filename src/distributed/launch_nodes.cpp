@@ -1,5 +1,6 @@
 #include "distributed/launch_nodes.h"
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
@@ -18,16 +19,22 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 std::string encode(const RoundFailure& f) {
-  return std::to_string(f.exit_code) + " " + (f.final ? "1" : "0") + " " + f.what;
+  return std::to_string(f.exit_code) + " " + (f.final ? "1" : "0") + " " + std::to_string(f.node) + " " +
+         std::to_string(f.rank) + " " + f.what;
 }
 
 std::optional<RoundFailure> decode(const std::string& v) {
   RoundFailure f;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), f.exit_code);
-  if (ec != std::errc() || v.size() < static_cast<size_t>(p - v.data()) + 3) return std::nullopt;
-  size_t at = static_cast<size_t>(p - v.data());
-  f.final = v[at + 1] == '1';
-  f.what = v.substr(at + 3);
+  const char* p = v.data();
+  const char* end = v.data() + v.size();
+  int final = 0;
+  for (int* field : {&f.exit_code, &final, &f.node, &f.rank}) {
+    auto [q, ec] = std::from_chars(p, end, *field);
+    if (ec != std::errc() || q == end || *q != ' ') return std::nullopt;
+    p = q + 1;
+  }
+  f.final = final == 1;
+  f.what.assign(p, end);
   return f;
 }
 
@@ -86,6 +93,9 @@ NodeGroup::NodeGroup(const LaunchOptions& o, int ranks_per_node, std::function<i
                                                                      "FILE (a file only you can read) or TANDEM_SECRET");
   }
   store_ = std::make_unique<Store>(o.master_addr, o.master_port, rendezvous_timeout(o), auth_);
+  // Node 0 answers at once while it lives: a reply that takes longer means it is gone, which every
+  // launcher must notice long before --timeout.
+  store_->set_timeout(std::min(rendezvous_timeout(o), std::chrono::milliseconds(kStoreReplyTimeout)));
 
   const std::string me = std::to_string(o.node_rank);
   TANDEM_CHECK(store_->add("launch/claim/" + me, 1) == 1, "two launchers joined as --node-rank ", o.node_rank,
@@ -97,6 +107,7 @@ NodeGroup::NodeGroup(const LaunchOptions& o, int ranks_per_node, std::function<i
   std::string mismatch;
   for (int r = 0; r < o.nnodes && mismatch.empty(); ++r) {
     std::string theirs = store_->get("launch/node/" + std::to_string(r));
+    if (r == 0) node0_host_ = theirs.substr(theirs.rfind(' ') + 1);
     std::string shape = theirs.substr(0, theirs.rfind(' '));
     if (shape != mine.substr(0, mine.rfind(' ')))
       mismatch = "node " + std::to_string(r) + " (" + theirs.substr(theirs.rfind(' ') + 1) +
@@ -118,7 +129,13 @@ void NodeGroup::wait_count(const std::string& key, const std::string& what) {
   auto timeout = rendezvous_timeout(o_);
   auto deadline = Clock::now() + timeout;
   for (;;) {
-    int64_t n = store_->add(key, 0);
+    int64_t n = 0;
+    try {
+      n = store_->add(key, 0);
+    } catch (const std::exception& e) {
+      lose(e);
+      TANDEM_RUNTIME_CHECK(false, lost_failure().what);
+    }
     if (n >= o_.nnodes) return;
     if (int sig = interrupted_()) throw LaunchInterrupted{sig};
     TANDEM_RUNTIME_CHECK(Clock::now() < deadline, what, " within ", net::format_duration(timeout), " (", n, " of ",
@@ -128,48 +145,112 @@ void NodeGroup::wait_count(const std::string& key, const std::string& what) {
   }
 }
 
+void NodeGroup::lose(const std::exception& e) {
+  if (lost_.empty()) lost_ = e.what();
+}
+
+RoundFailure NodeGroup::lost_failure() const {
+  std::string host = node0_host_.empty() ? std::string() : " (host " + node0_host_ + ")";
+  return {1, true, "the launcher of node 0" + host + " is gone, and with it the job's store: " + lost_, 0, -1};
+}
+
+std::string NodeGroup::round_key(int round, const char* name) const {
+  return "launch/r" + std::to_string(round) + "/" + name;
+}
+
 void NodeGroup::start_round(int round) {
   if (!store_) return;
-  std::string key = "launch/r" + std::to_string(round) + "/start";
-  store_->add(key, 1);
+  std::string key = round_key(round, "start");
+  try {
+    store_->add(key, 1);
+  } catch (const std::exception& e) {
+    lose(e);
+    TANDEM_RUNTIME_CHECK(false, lost_failure().what);
+  }
   wait_count(key, "not every node was ready for attempt " + std::to_string(round + 1) + " of the job");
 }
 
-void NodeGroup::fail_round(int round, const RoundFailure& f) {
-  if (!store_) return;
+void NodeGroup::claim_failure(int round, const RoundFailure& f) {
+  if (!store_ || !lost_.empty()) return;
   try {
-    std::string prefix = "launch/r" + std::to_string(round) + "/";
-    if (store_->add(prefix + "failures", 1) == 1) store_->set(prefix + "failure", encode(f));
-  } catch (const std::exception&) {
-    // the others learn of it through their own ranks' failures
+    // The counter decides who is first; the failure itself follows at once (a reader may see the count
+    // a moment before the value).
+    if (store_->add(round_key(round, "claims"), 1) == 1) store_->set(round_key(round, "failure"), encode(f));
+  } catch (const std::exception& e) {
+    lose(e);
+  }
+}
+
+void NodeGroup::note_exit(int round, const RoundFailure& f) {
+  if (!store_ || !lost_.empty()) return;
+  try {
+    if (store_->add(round_key(round, "exits"), 1) == 1) store_->set(round_key(round, "first_exit"), encode(f));
+  } catch (const std::exception& e) {
+    lose(e);
+  }
+}
+
+void NodeGroup::settle_failure(int round, const RoundFailure& own) {
+  if (!store_ || !lost_.empty()) return;
+  try {
+    if (store_->add(round_key(round, "claims"), 0) > 0) return;
+    std::optional<RoundFailure> first;
+    if (auto v = store_->try_get(round_key(round, "first_exit"))) first = decode(*v);
+    // Every launcher settles on the same first exit, so which of them claims it does not matter.
+    claim_failure(round, first ? *first : own);
+  } catch (const std::exception& e) {
+    lose(e);
   }
 }
 
 std::optional<RoundFailure> NodeGroup::round_failure(int round) {
   if (!store_) return std::nullopt;
+  if (auto it = named_.find(round); it != named_.end()) return it->second;
+  if (!lost_.empty()) return lost_failure();
   try {
-    auto v = store_->try_get("launch/r" + std::to_string(round) + "/failure");
-    return v ? decode(*v) : std::nullopt;
+    auto v = store_->try_get(round_key(round, "failure"));
+    std::optional<RoundFailure> f = v ? decode(*v) : std::nullopt;
+    if (f) named_[round] = *f;
+    return f;
   } catch (const std::exception& e) {
-    return RoundFailure{1, true, std::string("lost contact with the launcher of node 0: ") + e.what()};
+    lose(e);
+    return lost_failure();
+  }
+}
+
+bool NodeGroup::round_failing(int round) {
+  if (!store_) return false;
+  if (!lost_.empty() || named_.count(round)) return true;
+  try {
+    return store_->add(round_key(round, "exits"), 0) > 0 || store_->add(round_key(round, "claims"), 0) > 0;
+  } catch (const std::exception& e) {
+    lose(e);
+    return true;
   }
 }
 
 void NodeGroup::mark_done(int round) {
-  if (store_) store_->add("launch/r" + std::to_string(round) + "/done", 1);
+  if (!store_ || !lost_.empty()) return;
+  try {
+    store_->add(round_key(round, "done"), 1);
+  } catch (const std::exception& e) {
+    lose(e);
+  }
 }
 
 bool NodeGroup::all_done(int round) {
   if (!store_) return true;
+  if (!lost_.empty()) return false;  // round_failure says why
   try {
-    return store_->add("launch/r" + std::to_string(round) + "/done", 0) >= o_.nnodes;
-  } catch (const std::exception&) {
-    return false;  // round_failure says why
+    return store_->add(round_key(round, "done"), 0) >= o_.nnodes;
+  } catch (const std::exception& e) {
+    lose(e);
+    return false;
   }
 }
 
 void NodeGroup::leave() {
-  if (!store_) return;
+  if (!store_ || !lost_.empty()) return;
   try {
     store_->add("launch/left", 1);
     if (!server_) return;

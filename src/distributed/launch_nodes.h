@@ -4,6 +4,7 @@
 // the others, to learn of a failure anywhere, and to start each attempt of the job together.
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,14 @@ namespace tandem::dist::detail {
 /// How long the launchers wait for each other: --timeout, else 300 s.
 std::chrono::milliseconds rendezvous_timeout(const LaunchOptions& o);
 
+/// After a rank of the job exits with a failure status, how long the launchers wait for word of a rank
+/// killed by a signal before they blame the exit: a rank whose peer was killed fails moments later with
+/// a connection error, and the kill, not that error, is the cause to report.
+constexpr std::chrono::milliseconds kBlameGrace{2000};
+
+/// A launcher that gets no reply from node 0's store within this long counts node 0 as gone.
+constexpr std::chrono::milliseconds kStoreReplyTimeout{10000};
+
 /// Thrown from a wait that Ctrl-C (or another signal) interrupted.
 struct LaunchInterrupted {
   int signal = 0;
@@ -25,7 +34,9 @@ struct LaunchInterrupted {
 struct RoundFailure {
   int exit_code = 1;
   bool final = false;  // an interrupt or a lost launcher: no restart
-  std::string what;    // "rank 3 (node 1, host h1) exited with status 1"
+  std::string what;    // "rank 3 on node 1 (host h1) exited with status 1"
+  int node = -1;       // where it happened
+  int rank = -1;       // the rank that failed; -1 for a launcher interrupted or lost
 };
 
 class NodeGroup {
@@ -45,11 +56,19 @@ class NodeGroup {
 
   /// Returns once every launcher has reached attempt `round` (its ranks of the last one all stopped).
   void start_round(int round);
-  /// Tells the other launchers that attempt `round` failed here (the first failure reported wins).
-  void fail_round(int round, const RoundFailure& f);
-  /// The failure reported for `round` anywhere, if any; never waits. A launcher that cannot reach the
-  /// store any more counts as a final failure.
+  /// Makes `f` the failure of `round` unless one was named already (the first wins): for failures that
+  /// are a cause for certain, a rank killed by a signal or a launcher interrupted.
+  void claim_failure(int round, const RoundFailure& f);
+  /// Records a rank's failure status, which may be the consequence of a failure elsewhere: the first
+  /// recorded becomes the failure of `round` when no claim comes within kBlameGrace (settle_failure).
+  void note_exit(int round, const RoundFailure& f);
+  /// Once the grace has passed: claims the first recorded exit (else `own`) unless a failure was named.
+  void settle_failure(int round, const RoundFailure& own);
+  /// The failure named for `round`, if any; never waits. A launcher that cannot reach the store any
+  /// more reports node 0 as gone (a final failure).
   std::optional<RoundFailure> round_failure(int round);
+  /// True once some rank of `round` failed anywhere, even if the failure is not named yet.
+  bool round_failing(int round);
   /// Records that this machine's ranks of `round` all exited with 0.
   void mark_done(int round);
   /// True once every machine's ranks of `round` exited with 0.
@@ -60,6 +79,11 @@ class NodeGroup {
  private:
   // Waits until the counter at key reaches the number of nodes; `what` names the wait in errors.
   void wait_count(const std::string& key, const std::string& what);
+  // Remembers that node 0's store cannot be reached: the launchers' store is never reconnected to
+  // (a new server there would be a new job), so every later call answers from this.
+  void lose(const std::exception& e);
+  RoundFailure lost_failure() const;
+  std::string round_key(int round, const char* name) const;
 
   const LaunchOptions& o_;
   std::function<int()> interrupted_;
@@ -67,6 +91,9 @@ class NodeGroup {
   std::unique_ptr<Store> store_;  // several machines only
   std::string store_addr_;
   StoreAuth auth_;
+  std::string node0_host_;  // as node 0's launcher named its machine
+  std::string lost_;        // why the store cannot be reached; empty while it can
+  std::map<int, RoundFailure> named_;  // the failure of a round, once read (it never changes)
 };
 
 }  // namespace tandem::dist::detail

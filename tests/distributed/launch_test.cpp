@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <regex>
 #include <sstream>
 
 #include "process_util.h"
+#include "tandem/device.h"
 
 using tandem::test::free_port;
 using tandem::test::Proc;
@@ -64,10 +66,80 @@ TEST(Launch, RejectsBadArgumentsWithStatus2) {
   }
 }
 
+// The files in dir (each rank of the jobs below makes one).
+size_t files_in(const std::string& dir) {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) n += e.is_regular_file() ? 1 : 0;
+  return n;
+}
+
+TEST(Launch, RefusesMoreRanksThanTheMachineHoldsBeforeStartingAny) {
+  std::string dir = ::testing::TempDir() + "/tandem_launch_cap_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto job = [&](const std::string& n, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"-n", n};
+    args.insert(args.end(), extra.begin(), extra.end());
+    for (const char* a : {"--", "sh", "-c", "touch \"$0\"/rank$TANDEM_RANK"}) args.push_back(a);
+    args.push_back(dir);
+    return args;
+  };
+
+  ProcResult r = launch(job("100000"), 60);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "pass --oversubscribe to start them anyway")) << r.output;
+  EXPECT_EQ(files_in(dir), 0u) << "ranks were started: " << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(-n 100000 is more ranks than this machine runs well: at )"
+                                                        R"(most (\d+) CPU ranks on (\d+) cores?)")))
+      << r.output;
+  const int cap = std::stoi(m[1].str()), cores = std::stoi(m[2].str());
+  EXPECT_EQ(cap, std::max(8, 4 * cores));
+
+  // The cap itself is allowed; one more is refused, unless the user says otherwise.
+  r = launch(job(std::to_string(cap)), 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(files_in(dir), static_cast<size_t>(cap));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  r = launch(job(std::to_string(cap + 1)), 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(files_in(dir), 0u) << r.output;
+  r = launch(job(std::to_string(cap + 1), {"--oversubscribe"}), 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(files_in(dir), static_cast<size_t>(cap + 1));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+
+  // A GPU job gets one GPU per rank: one rank more than this process sees is refused, even when told
+  // to oversubscribe.
+  const int gpus = tandem::cuda_device_count();
+  auto gpu_job = [&](int n) {
+    std::vector<std::string> args = job(std::to_string(n), {"--oversubscribe"});
+    for (const char* a : {"--device", "cuda"}) args.push_back(a);  // the command's own options ($1, $2)
+    return args;
+  };
+  r = launch(gpu_job(gpus + 1), 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "-n " + std::to_string(gpus + 1) + " with --device cuda needs a GPU for each of its " +
+                                     std::to_string(gpus + 1) + " ranks on this machine, but this process sees " +
+                                     (gpus == 0 ? std::string("no GPU") : std::to_string(gpus))))
+      << r.output;
+  EXPECT_EQ(files_in(dir), 0u) << r.output;
+  if (gpus > 0) {
+    r = launch(gpu_job(gpus), 60);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(files_in(dir), static_cast<size_t>(gpus));
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Launch, HelpExplainsTheFlags) {
   ProcResult r = launch({"--help"});
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* part : {"-n", "--gpus-per-node", "--timeout", "Example", "tandem launch -n"})
+  for (const char* part : {"-n", "--gpus-per-node", "--timeout", "--oversubscribe", "4 per usable core", "Example",
+                           "tandem launch -n"})
     EXPECT_TRUE(contains(r.output, part)) << part << " missing from: " << r.output;
 }
 
@@ -272,12 +344,14 @@ TEST(Launch, CtrlCIsNotFollowedByARestart) {
 
 // Both launchers of a two-machine job, here on one machine (over loopback).
 std::vector<std::unique_ptr<Proc>> two_nodes(int port, const std::vector<std::vector<std::string>>& commands,
-                                             const std::vector<std::string>& extra = {}) {
+                                             const std::vector<std::string>& extra = {}, int per_node = 2,
+                                             int timeout_s = 30) {
   std::vector<std::unique_ptr<Proc>> nodes;
   for (int node = 0; node < 2; ++node) {
     std::vector<std::string> argv = {kTandem, "launch", "--nnodes", "2", "--node-rank", std::to_string(node),
                                      "--master-addr", "127.0.0.1", "--master-port", std::to_string(port),
-                                     "--nproc-per-node", "2", "--timeout", "30"};
+                                     "--nproc-per-node", std::to_string(per_node), "--timeout",
+                                     std::to_string(timeout_s)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.push_back("--");
     argv.insert(argv.end(), commands[static_cast<size_t>(node)].begin(), commands[static_cast<size_t>(node)].end());
@@ -310,11 +384,77 @@ TEST(LaunchNodes, AFailureOnOneMachineStopsTheOtherAtOnce) {
   // Well before node 0's ranks would end on their own (30 s), with room for a loaded machine.
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - failed_at).count(), 5.0);
   EXPECT_EQ(n1.exit_code, 4) << n1.output;
-  EXPECT_TRUE(contains(n1.output, "tandem launch: rank 3 exited with status 4; stopped the other rank")) << n1.output;
+  EXPECT_TRUE(contains(n1.output, "tandem launch: rank 3 on node 1 (host ")) << n1.output;
+  EXPECT_TRUE(contains(n1.output, ") exited with status 4; stopped the other rank")) << n1.output;
   EXPECT_EQ(n0.exit_code, 4) << n0.output;
   EXPECT_LT(n0.seconds, 10) << n0.output;
-  EXPECT_TRUE(contains(n0.output, "tandem launch: rank 3 (node 1, ")) << n0.output;
+  EXPECT_TRUE(contains(n0.output, "tandem launch: rank 3 on node 1 (host ")) << n0.output;
   EXPECT_TRUE(contains(n0.output, ") exited with status 4; stopped this node's 2 ranks")) << n0.output;
+}
+
+TEST(LaunchNodes, EveryLauncherNamesTheRankThatWasKilledFirst) {
+  // Rank 1 (node 1) is killed; rank 0 (node 0) then fails by itself, moments later: in the first job it
+  // exits with status 1 as soon as rank 1 is gone (within 10 ms of node 1's launcher reaping it), in
+  // the second with the connection error of its collective. Both launchers see a failure of their own
+  // rank at almost the same time: every try is a race that the blame must not depend on.
+  std::string dir = ::testing::TempDir() + "/tandem_launch_blame_" + std::to_string(getpid());
+  std::vector<std::vector<std::string>> jobs = {
+      {"sh", "-c",
+       "if [ $TANDEM_RANK = 1 ]; then echo $$ > \"$0\"/pid1.tmp && mv \"$0\"/pid1.tmp \"$0\"/pid1; echo ready pid=$$; "
+       "exec sleep 60; fi; "
+       "while [ ! -f \"$0\"/pid1 ]; do sleep 0.01; done; p=$(cat \"$0\"/pid1); "
+       "while kill -0 $p 2>/dev/null; do sleep 0.01; done; echo 'rank 0: my peer is gone'; exit 1",
+       dir}};
+  if (TANDEM_TEST_WITH_GLOO) jobs.push_back({kWorker, "reduce_loop"});
+  for (const auto& job : jobs) {
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      SCOPED_TRACE(job[0] + ", try " + std::to_string(attempt + 1));
+      std::filesystem::remove_all(dir);
+      std::filesystem::create_directories(dir);
+      auto nodes = two_nodes(free_port(), {job, job}, {}, 1);
+      std::vector<pid_t> ready = wait_ready(*nodes[1], 1);
+      ASSERT_EQ(ready.size(), 1u) << nodes[0]->output();
+      kill(ready[0], SIGKILL);
+      ProcResult n0 = nodes[0]->wait(30), n1 = nodes[1]->wait(30);
+      for (const auto* r : {&n0, &n1}) {
+        EXPECT_EQ(r->exit_code, 128 + SIGKILL) << r->output;
+        EXPECT_TRUE(std::regex_search(r->output, std::regex(R"(tandem launch: rank 1 on node 1 \(host [^)]+\) was )"
+                                                            R"(killed by signal 9 \(Killed\))")))
+            << r->output;
+      }
+      EXPECT_FALSE(contains(n0.output, "tandem launch: rank 0 ")) << n0.output;
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LaunchNodes, TheOthersStopAtOnceWhenNodeZerosLauncherDies) {
+  // Node 0's launcher hosts the job's store; killed outright, it takes its ranks along. Node 1 must see
+  // it gone and stop, well before its 120 s timeout, naming node 0 rather than its own rank (which, when
+  // it reduces, fails with a connection error).
+  std::vector<std::vector<std::string>> jobs = {{kWorker, "sleep"}};
+  if (TANDEM_TEST_WITH_GLOO) jobs.push_back({kWorker, "reduce_loop"});
+  for (const auto& job : jobs) {
+    SCOPED_TRACE(job[1]);
+    auto nodes = two_nodes(free_port(), {job, job}, {}, 2, 120);
+    std::vector<pid_t> ranks = wait_ready(*nodes[1], 2);
+    ASSERT_EQ(ranks.size(), 2u) << nodes[1]->output();
+    ASSERT_EQ(wait_ready(*nodes[0], 2).size(), 2u) << nodes[0]->output();
+    auto killed_at = std::chrono::steady_clock::now();
+    kill(nodes[0]->pid(), SIGKILL);
+    ProcResult n1 = nodes[1]->wait(60);
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    EXPECT_FALSE(n1.timed_out);
+    EXPECT_LT(took, 15) << n1.output;  // bounded by noticing the loss, not by --timeout
+    EXPECT_EQ(n1.exit_code, 1) << n1.output;
+    EXPECT_TRUE(contains(n1.output, "tandem launch: the launcher of node 0 (host ")) << n1.output;
+    EXPECT_TRUE(contains(n1.output, ") is gone")) << n1.output;
+    if (job[1] == "sleep") {
+      EXPECT_TRUE(contains(n1.output, "; stopped this node's 2 ranks")) << n1.output;
+    }
+    EXPECT_FALSE(contains(n1.output, "tandem launch: rank ")) << n1.output;
+    for (pid_t pid : ranks) EXPECT_FALSE(process_exists(pid)) << "rank process " << pid << " survived";
+  }
 }
 
 TEST(LaunchNodes, CtrlCOnOneMachineStopsEveryRankOnBoth) {

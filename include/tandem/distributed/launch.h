@@ -24,11 +24,13 @@ struct LaunchOptions {
   std::vector<std::string> command;  // program and its arguments
   double stop_grace_s = 3;           // after SIGTERM (a failed rank), the rest get this long before SIGKILL
   double interrupt_grace_s = 5;      // after a forwarded SIGINT/SIGTERM, the ranks get this long before SIGKILL
+  bool oversubscribe = false;        // a CPU job may start more ranks on a machine than 4 per core
 };
 
 /// Runs the job and returns the launcher's exit status: 0 when every rank exited with 0; else the status
-/// of the first rank that failed (128 + signal when it was killed), or 128 + signal when the launcher
-/// was interrupted. Throws tandem::Error (kind Input) for invalid options or a command that cannot run.
+/// of the first rank that failed (128 + signal when it was killed; across machines, the failure every
+/// launcher names), or 128 + signal when the launcher was interrupted. Throws tandem::Error (kind Input)
+/// for invalid options, a command that cannot run, or more ranks than this machine holds.
 int launch(const LaunchOptions& options);
 
 }  // namespace tandem::dist

@@ -272,6 +272,20 @@ void scenario_exit3(Communicator& c, bool stubborn) {
   std::this_thread::sleep_for(std::chrono::seconds(60));
 }
 
+// Ranks that keep reducing until a peer goes: a rank killed from outside makes the others fail with a
+// connection error moments later, as a training job's ranks do.
+void scenario_reduce_loop(Communicator& c) {
+  Tensor t = Tensor::ones({16}, DType::f32, g_device);
+  c.all_reduce(t)->wait();
+  std::printf("ready pid=%d\n", static_cast<int>(getpid()));
+  std::fflush(stdout);
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       std::chrono::steady_clock::now() < until;) {
+    c.all_reduce(t)->wait();
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+}
+
 // A peer that is gone (or never takes part) makes the collective fail within the timeout.
 void scenario_peer_fails(Communicator& c, bool dies) {
   Store& store = rendezvous_store();
@@ -410,6 +424,8 @@ int main(int argc, char** argv) {
       scenario_allgatherv(*comm);
       scenario_broadcast(*comm);
       scenario_barrier(*comm);
+    } else if (scenario == "reduce_loop") {
+      scenario_reduce_loop(*comm);
     } else if (scenario == "exit3" || scenario == "exit3_stubborn") {
       scenario_exit3(*comm, scenario == "exit3_stubborn");
     } else if (scenario == "peer_dies" || scenario == "peer_hangs") {
