@@ -9,6 +9,7 @@
 #include "e2e/cli_util.h"
 #include "tandem/distributed/bootstrap.h"
 #include "tandem/distributed/dist_opt.h"
+#include "tandem/distributed/loss_scaler.h"
 #include "tandem/graph.h"
 #include "tandem/nn/models.h"
 #include "tandem/ops.h"
@@ -132,6 +133,113 @@ TEST(CudaGraph, ReplayedTrainingMatchesEagerBitForBit) {
   std::vector<Tensor> eager = train_cnn(false, 12), replayed = train_cnn(true, 12);
   ASSERT_EQ(eager.size(), replayed.size());
   for (size_t i = 0; i < eager.size(); ++i) expect_same_bytes(eager[i], replayed[i], "parameter " + std::to_string(i));
+}
+
+// The CNN through DistOpt with other settings: partialUpdate over several chunks (its round robin's
+// position lives on the device, so each replay averages the next chunk), or f16 with dynamic loss
+// scaling (the skip of an overflowing step and the scale's adjustment decided on the device). Returns
+// the parameters, the chunk partialUpdate would average next and the steps the loss scaler skipped.
+struct Trained {
+  std::vector<Tensor> params;
+  int64_t next_chunk = -1, skipped = -1;
+  double scale = 0;
+};
+
+Trained train_cnn_with(bool record, int steps, const dist::DistOptOptions& o, bool f16) {
+  set_deterministic_algorithms(true);
+  nn::ModelConfig mc;
+  mc.seed = 3;
+  auto model = nn::make_model("cnn", mc);
+  model->to(gpu());
+  optim::SgdOptions so;
+  so.lr = 0.05;
+  so.momentum = 0.9;
+  dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), dist::make_single_communicator(gpu()), o);
+  std::unique_ptr<dist::LossScaler> scaler;
+  if (f16) {
+    dist::LossScalerOptions lo;
+    lo.init_scale = 4096;
+    lo.growth_interval = 1;  // the scale doubles at every clean step until f16 overflows: skips come often
+    scaler = std::make_unique<dist::LossScaler>(opt, lo);
+  }
+  Generator gen(11);
+  std::vector<Tensor> xs, ys;
+  for (int i = 0; i < steps; ++i) {
+    xs.push_back(Tensor::uniform({32, 1, 28, 28}, 0.0, 1.0, gen).to(gpu()));
+    std::vector<int32_t> labels(32);
+    for (auto& l : labels) l = static_cast<int32_t>(gen.next_below(10));
+    ys.push_back(Tensor::from_vector(labels, {32}).to(gpu()));
+  }
+  auto step = [&](const Tensor& x, const Tensor& y) {
+    PrecisionScope scope(f16 ? Precision::f16 : Precision::f32);
+    Tensor loss = softmax_cross_entropy(model->forward(x), y);
+    opt.backward_and_sync(scaler ? scaler->scale_loss(loss) : loss);
+    if (scaler)
+      scaler->update();
+    else
+      opt.update();
+  };
+  Tensor sx = xs[0].clone(), sy = ys[0].clone();
+  std::unique_ptr<DeviceGraph> graph;
+  for (int i = 0; i < steps; ++i) {
+    if (!record || i < 3) {
+      step(xs[static_cast<size_t>(i)], ys[static_cast<size_t>(i)]);
+      continue;
+    }
+    EXPECT_EQ(opt.replay_blocker(), "");
+    sx.copy_(xs[static_cast<size_t>(i)]);
+    sy.copy_(ys[static_cast<size_t>(i)]);
+    if (!graph)
+      graph = std::make_unique<DeviceGraph>(gpu(), [&] { step(sx, sy); });
+    else
+      opt.count_replayed_step(dist::CommStats{1, 0, 0, 0, 0.0, 0});
+    graph->replay();
+  }
+  Trained out;
+  for (const Tensor& p : model->parameters()) out.params.push_back(p.cpu());
+  if (o.sync.method == "partialUpdate") out.next_chunk = opt.partial_chunk();
+  if (scaler) {
+    out.skipped = scaler->skipped_steps();
+    out.scale = scaler->scale();
+    EXPECT_EQ(opt.stats().skipped_updates, out.skipped);
+  }
+  set_deterministic_algorithms(false);
+  return out;
+}
+
+TEST(CudaGraph, ReplayedPartialUpdateStepsCycleThroughTheChunks) {
+  REQUIRE_GPU();
+  dist::DistOptOptions o;
+  o.sync.method = "partialUpdate";
+  o.bucket_bytes = 256 << 10;  // the CNN's 431,080 parameters in 7 chunks of 65,536
+  const int steps = 12;
+  Trained eager = train_cnn_with(false, steps, o, false), replayed = train_cnn_with(true, steps, o, false);
+  EXPECT_EQ(eager.next_chunk, steps % 7);
+  EXPECT_EQ(replayed.next_chunk, steps % 7);  // the recording was made at step 3, its replays moved on
+  for (size_t i = 0; i < eager.params.size(); ++i)
+    expect_same_bytes(eager.params[i], replayed.params[i], "parameter " + std::to_string(i));
+}
+
+TEST(CudaGraph, ReplayedF16StepsSkipOverflowsOnTheDevice) {
+  REQUIRE_GPU();
+  dist::DistOptOptions o;
+  o.skip_nonfinite = true;
+  const int steps = 30;
+  Trained eager = train_cnn_with(false, steps, o, true), replayed = train_cnn_with(true, steps, o, true);
+  EXPECT_GT(eager.skipped, 0) << "no step overflowed: the test shows nothing";
+  EXPECT_EQ(replayed.skipped, eager.skipped);
+  EXPECT_EQ(replayed.scale, eager.scale);
+  for (size_t i = 0; i < eager.params.size(); ++i)
+    expect_same_bytes(eager.params[i], replayed.params[i], "parameter " + std::to_string(i));
+}
+
+// tandem train in f16 records its steps like the other precisions (the skip decision is on the device).
+TEST(CudaGraph, F16TrainingIsRecorded) {
+  REQUIRE_GPU();
+  auto r = test::run_tandem("bench train --device cuda --precision f16 --steps 20 --warmup 5");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\"cuda_graph\":true"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("steps run eagerly"), std::string::npos) << r.output;
 }
 
 TEST(CudaGraph, AdamAndThresholdStepsSayWhyTheyRunEagerly) {
