@@ -54,7 +54,8 @@ Runner add_launch_command(CLI::App& app) {
                   "One machine: ranks per node, so a rank's local rank (its GPU index) is rank % G; default N");
   sub->add_option("--timeout", opts->timeout_s,
                   "Seconds a rank waits for the others when joining and in each collective before failing "
-                  "(given to the ranks as TANDEM_TIMEOUT; default: the program's own, 300 s)");
+                  "(given to the ranks as TANDEM_TIMEOUT; default: the program's own, 300 s)")
+      ->check(finite_in(0.0, 1e6));
   sub->add_option("command", opts->command, "The program to run and its arguments (best after --)");
   sub->footer(
       "Each rank gets TANDEM_RANK, TANDEM_WORLD_SIZE, TANDEM_LOCAL_RANK, TANDEM_LOCAL_SIZE, TANDEM_STORE_ADDR,\n"
