@@ -141,6 +141,12 @@ TEST(DistOptGloo, LossScalingSkipsTheSameStepOnEveryRank) {
   run_scenarios(2, "lossscale");
 }
 
+// update() twice after one backward_and_sync, and a loss that reaches no parameter, refused on every rank.
+TEST(DistOptGloo, MisusedStepsAreRefusedTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "misuse");
+}
+
 TEST(DistOptGloo, ReducerSeamsThreeRanks) {
   REQUIRE_GLOO();
   run_scenarios(3, "introspection,nonfinite,arena16");
@@ -149,7 +155,8 @@ TEST(DistOptGloo, ReducerSeamsThreeRanks) {
 // One process: the same API with nothing to exchange.
 TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
-                                          "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale"};
+                                          "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale",
+                                          "misuse"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);

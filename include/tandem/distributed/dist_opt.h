@@ -92,6 +92,7 @@ class DistOpt {
   /// Backward with each bucket of gradients averaged across ranks (options().sync) as soon as it
   /// is complete; on return every parameter's grad() holds the average (partialUpdate: its own).
   /// Gradients are zeroed by the first backward after an update; until update(), later ones add up.
+  /// Throws when the loss depends on none of the optimizer's parameters (the step would do nothing).
   void backward_and_sync(const Tensor& loss);
   /// Scales the averaged gradients so that their global L2 norm is at most max_norm (by
   /// max_norm / (norm + 1e-6) when above). Returns the norm before clipping, a one-element tensor
@@ -102,6 +103,7 @@ class DistOpt {
   void scale_gradients(const Tensor& coef);
   /// Applies the gradients with the wrapped optimizer (partialUpdate: then averages one chunk of
   /// the parameters). Returns false, on every rank, when the step was skipped for inf/NaN gradients.
+  /// Throws unless a backward_and_sync ran since the last update (its gradients would apply twice).
   bool update();
   /// backward_and_sync, then update.
   void step(const Tensor& loss);

@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
       {"introspection", scenario_introspection}, {"nonfinite", scenario_nonfinite}, {"arena16", scenario_arena16},
       {"clipnorm", scenario_clip_norm},  {"accumulate", scenario_accumulate},
       {"syncbn", scenario_sync_bn},      {"powersgd", scenario_power_sgd},
-      {"lossscale", scenario_loss_scaling}};
+      {"lossscale", scenario_loss_scaling}, {"misuse", scenario_misuse}};
   std::vector<std::string> names;
   std::stringstream list(argv[1]);
   for (std::string s; std::getline(list, s, ',');) {
