@@ -114,9 +114,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--from-logs", nargs=2, metavar=("TANDEM_CSV", "PEER_CSV"),
                    help="summarise two earlier ncu logs instead of profiling")
-    p.add_argument("--model", default="resnet50", choices=["cnn", "resnet50"])
+    p.add_argument("--model", default="resnet50", choices=["cnn", "resnet18", "resnet50"])
+    p.add_argument("--geometry", default="", help="tandem only: input as 'IMAGE CHANNELS CLASSES' (default: the "
+                   "model's; resnet50 224 3 1000)")
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--precision", default="tf32", choices=["f32", "tf32", "bf16"])
+    p.add_argument("--precision", default="tf32", choices=["f32", "tf32", "bf16", "f16"])
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--tandem", default="build-gpu/bin/tandem")
@@ -124,6 +126,9 @@ def main():
     p.add_argument("--out", default="/tmp", help="where the ncu logs go")
     a = p.parse_args()
     geometry = ["--image", "224", "--channels", "3", "--classes", "1000"] if a.model == "resnet50" else []
+    if a.geometry:
+        image, channels, classes = a.geometry.split()
+        geometry = ["--image", image, "--channels", channels, "--classes", classes]
     here = os.path.dirname(os.path.abspath(__file__))
     if a.from_logs:
         tandem, peer = (parse(path) for path in a.from_logs)

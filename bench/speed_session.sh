@@ -3,7 +3,7 @@
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
 #   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [cnnconv] [convlog]
-#                          [profile]
+#                          [r18] [f16] [profile]
 #   (default: build tests cnn resnet)
 # COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
 # PROFILE lists "model batch precision" triples separated by ';';
@@ -149,6 +149,34 @@ if has convlog; then  # which algorithm cuDNN offered and which was taken, per c
     --precision f32 --steps 1 --warmup 1 2>&1 \
     | grep '^conv' >"$OUT/convlog_f32.txt"
   say "conv searches logged: $(wc -l <"$OUT/convlog_f32.txt")"
+fi
+
+if has r18; then  # ResNet-18 on Fashion-MNIST (1 channel, 28x28) per precision: images/s, epoch times, conv choices
+  for run in "bf16 auto" "tf32 auto" "bf16 1" "tf32 1" "bf16 auto"; do
+    set -- $run
+    log="$OUT/r18_$1_cl$2.log"
+    ( [ "$2" = auto ] || export TANDEM_CHANNELS_LAST=$2
+      TANDEM_CONV_LOG=1 "$T" train --model resnet18 --dataset fashion-mnist --data-dir "$PWD/.data/fashion-mnist" --epochs 2 \
+        --batch-size 128 --lr 0.05 --device cuda --precision $1 --metrics "$OUT/r18_$1_cl$2.jsonl" >"$log" 2>&1 )
+    say "resnet18 fashion-mnist $1 channels-last=$2 (rc $?): epoch times $(grep -o 'Elapsed Time = [0-9.]*' "$log" |
+      awk '{printf "%s ", $4}'); train images/s $(grep -o '"train_images_per_s":[0-9.]*' "$OUT/r18_$1_cl$2.jsonl" |
+      cut -d: -f2 | tr '\n' ' '); $(grep 'Evaluation accuracy' "$log" | tail -1)"
+  done
+  for p in bf16 tf32; do
+    TANDEM_CONV_LOG=1 "$T" bench train --device cuda --model resnet18 --image 28 --channels 1 --classes 10 -b 128 \
+      --precision $p --steps 3 --warmup 3 2>&1 | grep '^conv' >"$OUT/r18_convlog_$p.txt"
+    say "resnet18 $p conv searches: $(wc -l <"$OUT/r18_convlog_$p.txt")"
+  done
+fi
+
+if has f16; then  # Fashion-MNIST epochs with the guide's CNN per 16-bit precision: f16 recorded like the others
+  for p in f16 bf16 tf32; do
+    log="$OUT/f16_$p.log"
+    "$T" train --model cnn --dataset fashion-mnist --data-dir "$PWD/.data/fashion-mnist" --epochs 10 --batch-size 64 \
+      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 --device cuda --precision $p >"$log" 2>&1
+    say "fashion-mnist 10 epochs $p (rc $?): $(grep 'Evaluation accuracy' "$log" | tail -1); eager: $(grep -c 'run eagerly' "$log")"
+    say "  epoch times: $(grep -o 'Elapsed Time = [0-9.]*' "$log" | awk '{printf "%s ", $4}')"
+  done
 fi
 
 if has memory; then

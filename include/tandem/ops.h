@@ -89,7 +89,9 @@ Tensor batch_norm2d_act(const Tensor& x, const Tensor& residual, const Tensor& g
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 
 // ---- losses and metrics
-/// Mean over the batch of -log softmax(logits)[label]; logits [N, C], labels [N] of i32 or i64.
+/// Mean over the batch of -log softmax(logits)[label]; logits [N, C], labels [N] of i32 or i64. Labels
+/// [N, C] are targets (one-hot rows, or a distribution per row): the mean of -sum_j t_j log softmax_j.
+/// Other shapes are refused.
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
 /// Index of the largest element of each row of x [N, C], as i64 [N].
 Tensor argmax(const Tensor& x);

@@ -97,7 +97,8 @@ void bind_ops(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("kernel"), nb::arg("stride"), nb::arg("padding") = Pair{0, 0}, release_gil());
   m.def("softmax_cross_entropy", &softmax_cross_entropy, nb::arg("logits"), nb::arg("labels"), release_gil(),
-        "Mean over the batch of -log softmax(logits)[label]; labels i32 or i64 [N].");
+        "Mean over the batch of -log softmax(logits)[label]; labels i32 or i64 [N], or targets [N, C] "
+        "(one-hot rows or a distribution per row: the mean of -sum(t * log softmax)).");
   m.def("argmax", &argmax, nb::arg("x"), release_gil(), "Index of the largest element of each row, i64 [N].");
   m.def("count_correct", &count_correct, nb::arg("logits"), nb::arg("labels"), release_gil(),
         "Rows whose argmax equals the label, as a one-element i64 tensor on the device.");

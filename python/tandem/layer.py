@@ -300,11 +300,10 @@ class Dropout(Layer):
 
 class SoftMaxCrossEntropy(Layer):
     """Mean over the batch of -log softmax(x)[label], as a tensor of shape (1,) (SINGA's); labels are
-    class indices [N] (int32 or int64) or one-hot rows [N, C]."""
+    class indices [N] (int32 or int64) or targets [N, C]: one-hot rows, or a distribution per row
+    (the loss is then the mean of -sum(t * log softmax(x))). Other shapes are refused."""
 
     def forward(self, x, t):
-        if t.ndim == 2:
-            t = _tandem.argmax(t.as_type(_tandem.DType.float32))
         return _tandem.reshape(_tandem.softmax_cross_entropy(x, t), [1])
 
 

@@ -230,7 +230,8 @@ class DistOpt(Optimizer):
 
     def backward_and_sync(self, loss):
         """Backward with the gradients averaged across ranks (``p.grad`` then holds the average);
-        ``update()`` applies them. Between the two, user code may inspect or change the gradients."""
+        ``update()`` applies them. Between the two, user code may inspect or change the gradients.
+        A loss that reaches none of the parameters raises ValueError."""
         self._ensure(loss)
         self._impl.backward_and_sync(loss)
 
@@ -240,7 +241,8 @@ class DistOpt(Optimizer):
         return self._require_impl().clip_grad_norm(float(max_norm))
 
     def update(self):
-        """Applies the gradients; False, on every rank, when the step was skipped (skip_nonfinite)."""
+        """Applies the gradients; False, on every rank, when the step was skipped (skip_nonfinite).
+        ValueError without a backward_and_sync since the last update."""
         return self._require_impl().update()
 
     def no_sync(self):

@@ -191,6 +191,13 @@ class Backend {
   /// dlogits = (probs - onehot(labels)) * dloss / n, dloss a one-element tensor.
   virtual void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,
                                      Tensor& dlogits) = 0;
+  /// With targets [n, c] (logits' dtype: one-hot rows or a distribution per row) for labels:
+  /// loss = mean_i sum_j -targets_ij log softmax(logits_i)_j, a zero target adding nothing.
+  virtual void softmax_xent_targets_forward(const Tensor& logits, const Tensor& targets, Tensor& loss,
+                                            Tensor& probs) = 0;
+  /// dlogits = (probs * rowsum(targets) - targets) * dloss / n.
+  virtual void softmax_xent_targets_backward(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
+                                             Tensor& dlogits) = 0;
   /// out (i64 [n]) = argmax of each row of x [n, c] (the first maximum).
   virtual void argmax_rows(const Tensor& x, Tensor& out) = 0;
   /// out (i64, one element) = number of rows of logits whose argmax equals the label.

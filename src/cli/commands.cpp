@@ -1,6 +1,8 @@
 // What the subcommands that start ranks share: threads per rank, the device of a rank, and the options
 // for recording steps and for how ranks synchronise.
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -29,6 +31,24 @@ Device device_for_rank(const std::string& spec, const dist::DistEnv& env) {
   return device;
 }
 
+CLI::Validator finite_in(double lo, double hi) {
+  auto show = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
+  };
+  const std::string range = "[" + show(lo) + ", " + show(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, range](std::string& input) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(input, v)) return "'" + input + "' is not a number";
+        if (!std::isfinite(v)) return input + " is not a finite number; give one in " + range;
+        if (v < lo || v > hi) return input + " is outside " + range;
+        return "";
+      },
+      "FLOAT in " + range);
+}
+
 void add_cuda_graph_option(CLI::App& app, bool& on) {
   app.add_option_function<std::string>(
          "--cuda-graph", [&on](const std::string& v) { on = v == "on"; },
@@ -47,14 +67,14 @@ void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& grou
   app.add_option("-s,--spars", cfg.spars,
                  "sparseTopK: fraction of each bucket's gradients sent; sparseThreshold: magnitude threshold")
       ->group(group)
-      ->check(CLI::Range(0.0, 1e30))
+      ->check(finite_in(0.0, 1e30))
       ->capture_default_str();
   app.add_flag("!--no-error-feedback", cfg.error_feedback,
                "Sparse modes and powerSGD: drop what was not sent instead of adding it to the next step's gradient")
       ->group(group);
   app.add_option("--clip", cfg.clip, "half: clip each gradient value into [-clip, clip] before sending (0: off)")
       ->group(group)
-      ->check(CLI::Range(0.0, 1e30));
+      ->check(finite_in(0.0, 1e30));
   app.add_flag("--sync-bn", cfg.sync_bn,
                "Batch-norm statistics over the global batch (every rank's samples) instead of each rank's own")
       ->group(group);
@@ -67,11 +87,11 @@ void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& grou
       ->capture_default_str();
   app.add_option("--bucket-mb", cfg.bucket_mb, "Gradient bytes per all-reduce, in MiB")
       ->group(group)
-      ->check(CLI::Range(0.001, 4096.0))
+      ->check(finite_in(0.001, 4096.0))
       ->capture_default_str();
   app.add_option("--first-bucket-mb", cfg.first_bucket_mb, "Size of the first (earliest) bucket, in MiB")
       ->group(group)
-      ->check(CLI::Range(0.001, 4096.0))
+      ->check(finite_in(0.001, 4096.0))
       ->capture_default_str();
   app.add_flag("--per-rank-optimizer-settings", cfg.per_rank_optimizer_settings,
                "Let --lr, --momentum and --weight-decay differ between ranks (only warned about; the replicas then "

@@ -24,6 +24,10 @@ int default_threads_per_rank(int local_size);
 
 struct SessionConfig;
 
+/// The check of every floating-point flag: a finite number in [lo, hi]. CLI::Range lets NaN through
+/// (each comparison with it is false), and a NaN read as "not positive" would switch a setting off.
+CLI::Validator finite_in(double lo, double hi);
+
 /// How ranks synchronise, under `group` in the help: -d/--dist-option, -s/--spars,
 /// --no-error-feedback, --clip, --sync-bn, --rank, --half-dtype, --bucket-mb, --first-bucket-mb.
 void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& group);

@@ -54,7 +54,8 @@ Runner add_launch_command(CLI::App& app) {
                   "One machine: ranks per node, so a rank's local rank (its GPU index) is rank % G; default N");
   sub->add_option("--timeout", opts->timeout_s,
                   "Seconds a rank waits for the others when joining and in each collective before failing "
-                  "(given to the ranks as TANDEM_TIMEOUT; default: the program's own, 300 s)");
+                  "(given to the ranks as TANDEM_TIMEOUT; default: the program's own, 300 s)")
+      ->check(finite_in(0.0, 1e6));
   sub->add_flag("--oversubscribe", opts->oversubscribe,
                "A CPU job may start more ranks on this machine than 4 per usable core (at least 8 are always "
                "allowed)");

@@ -40,14 +40,14 @@ Runner add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--clip-norm", cfg->clip_norm,
                   "Scale the averaged gradients so their global L2 norm is at most X before each update (0: off)")
-      ->check(CLI::Range(0.0, 1e30));
+      ->check(finite_in(0.0, 1e30));
   sub->add_option("--optimizer", cfg->optimizer, "sgd or adam")
       ->check(CLI::IsMember({"sgd", "adam"}))
       ->capture_default_str();
-  sub->add_option("-l,--lr", cfg->lr, "Learning rate")->check(CLI::Range(0.0, 1e6))->capture_default_str();
-  sub->add_option("--momentum", cfg->momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  sub->add_option("-l,--lr", cfg->lr, "Learning rate")->check(finite_in(0.0, 1e6))->capture_default_str();
+  sub->add_option("--momentum", cfg->momentum, "SGD momentum")->check(finite_in(0.0, 1.0))->capture_default_str();
   sub->add_option("--weight-decay", cfg->weight_decay, "L2 weight decay")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(finite_in(0.0, 1.0))
       ->capture_default_str();
   sub->add_flag("--nesterov", cfg->nesterov, "Nesterov momentum (SGD)");
   sub->add_option("--device", cfg->device, "cpu, cuda or cuda:N")->capture_default_str();
@@ -101,7 +101,7 @@ Runner add_train_command(CLI::App& app) {
       ->group(dist);
   sub->add_option("--timeout", cfg->timeout_s, "Seconds before a collective that does not complete fails")
       ->group(dist)
-      ->check(CLI::Range(1.0, 1e6))
+      ->check(finite_in(1.0, 1e6))
       ->capture_default_str();
   sub->footer(sub->get_footer() +
               "\n\nDistributed: start with `tandem launch -n N -- tandem train ...` or `mpiexec --hostfile FILE tandem\n"

@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <map>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -61,8 +62,23 @@ class DistOpt::Impl {
         averager_(params, comm, options.bucket_bytes, stats_),
         env_{*comm, stats_, comm->device(), comm->rank(), comm->size(), DType::f32, {}},
         one_(Tensor::ones({1}, DType::f32, comm->device())) {
-    for (const Tensor& p : params) env_.shapes.push_back(p.shape());
+    for (const Tensor& p : params) {
+      env_.shapes.push_back(p.shape());
+      param_impls_.insert(p.impl());
+    }
     use(options.sync);
+  }
+
+  // Backward from loss, with `then` (the reducer's hook, or nothing) called for each leaf. Throws when
+  // backward reaches none of the optimizer's parameters: the step would change nothing.
+  void backward_counted(const Tensor& loss, const GradReadyHook& then = {}) {
+    int64_t reached = 0;
+    backward(loss, [&](const Tensor& leaf) {
+      reached += param_impls_.count(leaf.impl());
+      if (then) then(leaf);
+    });
+    TANDEM_CHECK(reached > 0, "DistOpt: the loss does not depend on any of the optimizer's ",
+                 param_impls_.size(), " parameters (was it computed from detached tensors or another model?)");
   }
 
   // Makes `s` the settings of the next step. A codec is made only when they change; residuals
@@ -96,6 +112,7 @@ class DistOpt::Impl {
   nn::NamedTensors buffers_;
   std::vector<std::string> names_;  // per parameter, from sync_parameters
   Tensor skipped_;  // skip_nonfinite: i64 [1] on the device, the steps skipped since reset_stats
+  std::unordered_set<const void*> param_impls_;  // the optimizer's parameters, as backward's leaves name them
 };
 
 DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communicator> comm, DistOptOptions options)
@@ -152,23 +169,25 @@ void DistOpt::backward_and_sync_with(const SyncOptions& sync, const Tensor& loss
   Impl& m = *impl_;
   m.use(sync);
   const bool accumulating = m.accumulating_;
-  m.accumulating_ = true;
   m.reducer_.begin(accumulating);
   if (m.no_sync_depth_ > 0) {
-    backward(loss);
+    m.backward_counted(loss);
+    m.accumulating_ = true;
     return;
   }
-  m.stats_.steps++;
   if (m.partial()) {
-    backward(loss);
+    m.backward_counted(loss);
     m.reducer_.finish_unsynced();
   } else if (comm_->size() == 1) {
-    backward(loss);
+    m.backward_counted(loss);
     m.reducer_.finish_locally();
   } else {
-    backward(loss, [&m](const Tensor& leaf) { m.reducer_.on_ready(leaf); });
+    m.backward_counted(loss, [&m](const Tensor& leaf) { m.reducer_.on_ready(leaf); });
     m.reducer_.finish();
   }
+  // Counted once backward succeeded: a failed one leaves no step for update() to apply.
+  m.stats_.steps++;
+  m.accumulating_ = true;
 }
 
 Tensor DistOpt::clip_grad_norm(double max_norm) {
@@ -194,6 +213,8 @@ void DistOpt::scale_gradients(const Tensor& coef) {
 
 bool DistOpt::update() {
   Impl& m = *impl_;
+  TANDEM_CHECK(m.accumulating_, "update() called without backward_and_sync since the last update: its gradients "
+               "were applied already (call backward_and_sync(loss) before each update)");
   m.accumulating_ = false;
   // With skip_nonfinite the optimizer reads the verdict where it lies (its guard); the skip count grows
   // on the device as well. partialUpdate's chunk still travels on a skipped step (the ranks agree on

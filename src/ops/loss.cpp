@@ -32,16 +32,36 @@ void check_count(const Tensor& count, const Tensor& logits, const char* op) {
 }  // namespace
 
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
-  check_logits_labels(logits, labels, "softmax_cross_entropy");
-  check_floating(logits, "softmax_cross_entropy", "logits");
+  const char* op = "softmax_cross_entropy";
+  check_dim(logits, 2, op, "logits");
+  check_floating(logits, op, "logits");
   TANDEM_CHECK(logits.size(0) > 0, "softmax_cross_entropy: empty batch");
+  const int64_t n = logits.size(0), c = logits.size(1);
+  // Labels [N, 1] (C > 1) are neither: refused, not guessed at.
+  const bool targets = labels.dim() == 2 && labels.size(0) == n && labels.size(1) == c;
+  TANDEM_CHECK(targets || (labels.dim() == 1 && labels.size(0) == n), op, ": labels ", labels.str(),
+               " do not fit logits ", logits.str(), "; give class indices [", n, "] (i32 or i64) or targets [", n,
+               ", ", c, "] (a one-hot row or a distribution over the classes per sample)");
+  if (!targets) check_logits_labels(logits, labels, op);
+  check_same_device(logits, labels, op);
   // The softmax and the loss stay f32 for 16-bit logits too.
-  Tensor lc = f32_logits(logits), yc = labels.contiguous();
+  Tensor lc = f32_logits(logits);
   Tensor loss = Tensor::empty({}, lc.dtype(), logits.device());
   Tensor probs = empty_like(lc);
-  be(lc).softmax_xent_forward(lc, yc, loss, probs);
   const DType in_dtype = logits.dtype();
-  return record_op(loss, {logits}, "softmax_cross_entropy", [probs, yc, in_dtype](const Tensor& g) {
+  if (targets) {
+    // Targets are data, as class indices are: they take no gradient.
+    Tensor tc = labels.detach().to(lc.dtype()).contiguous();
+    be(lc).softmax_xent_targets_forward(lc, tc, loss, probs);
+    return record_op(loss, {logits}, op, [probs, tc, in_dtype](const Tensor& g) {
+      Tensor dlogits = empty_like(probs);
+      be(probs).softmax_xent_targets_backward(probs, tc, g.contiguous().to(probs.dtype()), dlogits);
+      return std::vector<Tensor>{dlogits.to(in_dtype)};
+    });
+  }
+  Tensor yc = labels.contiguous();
+  be(lc).softmax_xent_forward(lc, yc, loss, probs);
+  return record_op(loss, {logits}, op, [probs, yc, in_dtype](const Tensor& g) {
     Tensor dlogits = empty_like(probs);
     be(probs).softmax_xent_backward(probs, yc, g.contiguous().to(probs.dtype()), dlogits);
     return std::vector<Tensor>{dlogits.to(in_dtype)};

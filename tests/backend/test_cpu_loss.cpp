@@ -68,6 +68,56 @@ TEST(CpuSoftmaxXent, LabelOutOfRangeNamesLabelRowAndClasses) {
     }
 }
 
+// Targets [n, c]: rows of non-negative weights (one-hot, a distribution or neither), a class of
+// target 0 adding nothing to the loss even where its logit is -inf.
+TEST(CpuSoftmaxXent, TargetsForwardAndBackward) {
+  Generator gen(53);
+  for (DType dt : float_types())
+    for (auto [n, c] : {std::pair<int64_t, int64_t>{1, 1}, {4, 10}, {64, 10}, {7, 1000}}) {
+      Tensor logits = rand_tensor({n, c}, dt, gen, -30.0, 30.0);
+      std::vector<double> tv = values(rand_tensor({n, c}, dt, gen, 0.0, 1.0));
+      for (int64_t i = 0; i < n; i += 3)  // every third row one-hot
+        for (int64_t j = 0; j < c; ++j) tv[i * c + j] = j == (i * 7 + 3) % c ? 1.0 : 0.0;
+      if (c > 1) {
+        std::vector<double> vx = values(logits);
+        vx[1] = -INFINITY;  // row 0 is one-hot at class 3 % c
+        tv[1] = 0.0;
+        logits = Tensor::from_vector(vx, {n, c}).to(dt);
+      }
+      Tensor targets = Tensor::from_vector(tv, {n, c}).to(dt);
+      tv = values(targets);  // as rounded to dt
+      Tensor loss = Tensor::empty({}, dt), probs = Tensor::empty({n, c}, dt);
+      cpu().softmax_xent_targets_forward(logits, targets, loss, probs);
+
+      auto vx = values(logits);
+      std::vector<double> want_p(n * c), row_sum(n, 0.0);
+      double want_loss = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        double mx = vx[i * c];
+        for (int64_t j = 0; j < c; ++j) mx = std::max(mx, vx[i * c + j]);
+        double z = 0;
+        for (int64_t j = 0; j < c; ++j) z += std::exp(vx[i * c + j] - mx);
+        for (int64_t j = 0; j < c; ++j) {
+          want_p[i * c + j] = std::exp(vx[i * c + j] - mx) / z;
+          row_sum[i] += tv[i * c + j];
+          if (tv[i * c + j] != 0.0) want_loss += tv[i * c + j] * (std::log(z) + mx - vx[i * c + j]) / n;
+        }
+      }
+      const Tol tol = tol_for(dt, 5);
+      expect_close(probs, want_p, tol, "probs");
+      ASSERT_TRUE(std::isfinite(loss.item<double>()));
+      EXPECT_NEAR(loss.item<double>(), want_loss, tol.atol + tol.rtol * std::abs(want_loss));
+
+      Tensor dloss = Tensor::full({}, 2.5, dt), dlogits = Tensor::empty({n, c}, dt);
+      cpu().softmax_xent_targets_backward(probs, targets, dloss, dlogits);
+      std::vector<double> want_d(n * c);
+      auto vp = values(probs);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < c; ++j) want_d[i * c + j] = (vp[i * c + j] * row_sum[i] - tv[i * c + j]) * 2.5 / n;
+      expect_close(dlogits, want_d, tol, "dlogits");
+    }
+}
+
 TEST(CpuMetrics, ArgmaxTakesTheFirstMaximum) {
   Tensor x = Tensor::from_vector<float>({1, 3, 3, 0,  //
                                          5, 5, 5, 5,  //

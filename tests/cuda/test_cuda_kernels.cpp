@@ -447,6 +447,29 @@ TEST(CudaKernels, SoftmaxCrossEntropy) {
   }
 }
 
+// Targets [n, c] (one-hot rows, distributions, other weights), in the one-block and the per-row
+// launches, as the CPU computes them.
+TEST(CudaKernels, SoftmaxCrossEntropyWithTargets) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (NC s : {NC{64, 10}, NC{1, 3}, NC{300, 1000}, NC{5, 70000}, NC{4000, 2}}) {
+    Tensor logits = rand_cpu({s.n, s.c}, 31, -5.0, 5.0);
+    std::vector<float> tv = rand_cpu({s.n, s.c}, 32, 0.0, 1.0).to_vector<float>();
+    for (int64_t i = 0; i < s.n; i += 2)  // every other row one-hot
+      for (int64_t j = 0; j < s.c; ++j) tv[static_cast<size_t>(i * s.c + j)] = j == (i * 7 + 3) % s.c ? 1.0f : 0.0f;
+    Tensor targets = Tensor::from_vector(tv, {s.n, s.c});
+    Tensor dloss = Tensor::full({}, 0.7);
+    compare(
+        [&](Backend& be, Device d) {
+          Tensor loss = Tensor::empty({}, DType::f32, d), probs = Tensor::empty({s.n, s.c}, DType::f32, d);
+          be.softmax_xent_targets_forward(logits.to(d), targets.to(d), loss, probs);
+          Tensor dl = Tensor::empty({s.n, s.c}, DType::f32, d);
+          be.softmax_xent_targets_backward(probs, targets.to(d), dloss.to(d), dl);
+          return Outputs{loss, probs, dl};
+        },
+        1e-5, 1e-8, "softmax xent targets n=" + std::to_string(s.n) + " c=" + std::to_string(s.c));
+  }
+}
+
 TEST(CudaKernels, ArgmaxAndCountCorrect) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   for (NC s : {NC{64, 10}, NC{1, 1}, NC{1000, 37}, NC{3, 5000}, NC{70000, 3}}) {

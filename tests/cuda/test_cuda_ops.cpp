@@ -127,6 +127,19 @@ TEST(CudaOps, SoftmaxCrossEntropy) {
       1e-5, 1e-7, "softmax_cross_entropy");
 }
 
+// Targets [N, C] as on the CPU: rows of weights, and integer one-hot rows (converted on the device).
+TEST(CudaOps, SoftmaxCrossEntropyWithTargets) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  std::vector<int32_t> hot(640, 0);
+  for (size_t i = 0; i < 64; ++i) hot[i * 10 + (i * 3) % 10] = 1;
+  std::vector<Tensor> in = {rand_cpu({64, 10}, 23, -3.0, 3.0)};
+  for (const Tensor& targets : {rand_cpu({64, 10}, 24, 0.0, 1.0), Tensor::from_vector(hot, {64, 10})})
+    compare_graph(
+        in,
+        [&](const std::vector<Tensor>& t) { return softmax_cross_entropy(t[0], targets.to(t[0].device())); },
+        1e-5, 1e-7, std::string("softmax_cross_entropy, targets ") + dtype_name(targets.dtype()));
+}
+
 TEST(CudaOps, SmallCnnTrainingStep) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   // The guide's CNN in miniature: conv, relu, pool, conv, relu, pool, flatten, linear, loss.

@@ -153,6 +153,12 @@ TEST(DistOptGloo, NonFiniteStepsAndLossScaleChangesLeaveCarriedStateIntactThreeR
   run_scenarios(3, "carried,scaledfeedback");
 }
 
+// update() twice after one backward_and_sync, and a loss that reaches no parameter, refused on every rank.
+TEST(DistOptGloo, MisusedStepsAreRefusedTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "misuse");
+}
+
 TEST(DistOptGloo, ReducerSeamsThreeRanks) {
   REQUIRE_GLOO();
   run_scenarios(3, "introspection,nonfinite,arena16");
@@ -162,7 +168,7 @@ TEST(DistOptGloo, ReducerSeamsThreeRanks) {
 TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
                                           "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale",
-                                          "carried", "scaledfeedback"};
+                                          "carried", "scaledfeedback", "misuse"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);

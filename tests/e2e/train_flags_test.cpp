@@ -5,6 +5,8 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "e2e/cli_util.h"
 
@@ -154,4 +156,33 @@ TEST(TrainFlags, PowerSgdSendsFarFewerBytes) {
   auto misplaced = run_tandem("train -d plain --rank 4 --epochs 1 --limit-train 64 --limit-test 64");
   EXPECT_EQ(misplaced.status, 2) << misplaced.output;
   EXPECT_NE(misplaced.output.find("--rank"), std::string::npos) << misplaced.output;
+}
+
+// Every floating-point flag of train, bench train and launch refuses NaN, the infinities and values
+// below its range with an input error that names the flag and the value; NaN used to pass the range
+// check and then read as "off" (--clip-norm nan trained without clipping).
+TEST(TrainFlags, NonFiniteAndNegativeNumbersAreInputErrors) {
+  const std::string small = " --epochs 1 --limit-train 64 --limit-test 64 --threads 1 --progress off";
+  const std::string bench = " --steps 1 --warmup 0 --device cpu --threads 1";
+  struct Case {
+    std::string command, flag, rest;
+  };
+  std::vector<Case> cases;
+  for (const char* flag : {"--clip-norm", "--clip", "--lr", "--momentum", "--weight-decay", "--spars", "--bucket-mb",
+                           "--first-bucket-mb", "--timeout"})
+    cases.push_back({"train", flag, small});
+  for (const char* flag : {"--clip", "--spars", "--bucket-mb", "--first-bucket-mb"})
+    cases.push_back({"bench train", flag, bench});
+  cases.push_back({"launch -n 1", "--timeout", " -- true"});
+  for (const Case& c : cases)
+    for (const char* value : {"nan", "NaN", "inf", "-inf", "-1"}) {
+      const std::string args = c.command + " " + c.flag + "=" + value + c.rest;
+      auto r = run_tandem(args);
+      EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+      EXPECT_NE(r.output.find(c.flag), std::string::npos) << args << "\n" << r.output;
+      EXPECT_NE(r.output.find(value), std::string::npos) << args << "\n" << r.output;
+      const bool finite = std::string(value) == "-1";
+      EXPECT_NE(r.output.find(finite ? "is outside [" : "is not a finite number"), std::string::npos)
+          << args << "\n" << r.output;
+    }
 }

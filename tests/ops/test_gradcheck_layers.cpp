@@ -138,6 +138,49 @@ TEST(GradCheck, SoftmaxCrossEntropy) {
   }
 }
 
+// Targets [N, C]: one-hot rows, a distribution per row, and rows of any weights (the gradient's
+// softmax term is weighed by each row's sum, which is 1 only for distributions).
+TEST(GradCheck, SoftmaxCrossEntropyWithTargets) {
+  Generator gen(23);
+  Tensor logits = leaf({5, 4}, gen, -2, 2);
+  std::vector<double> one_hot(20, 0.0);
+  for (int64_t i = 0; i < 5; ++i) one_hot[static_cast<size_t>(i * 4 + (i * 3 + 1) % 4)] = 1.0;
+  std::vector<double> weights = Tensor::uniform({5, 4}, 0.0, 1.0, gen, DType::f64).to_vector<double>();
+  std::vector<double> dist = weights;
+  for (int64_t i = 0; i < 5; ++i) {
+    double s = 0;
+    for (int64_t j = 0; j < 4; ++j) s += dist[static_cast<size_t>(i * 4 + j)];
+    for (int64_t j = 0; j < 4; ++j) dist[static_cast<size_t>(i * 4 + j)] /= s;
+  }
+  for (const auto& tv : {one_hot, dist, weights}) {
+    Tensor targets = Tensor::from_vector(tv, {5, 4});
+    EXPECT_TRUE(gradcheck1([&](const Tensor& t) { return softmax_cross_entropy(t, targets); }, logits));
+    EXPECT_TRUE(gradcheck1([&](const Tensor& t) { return scale(softmax_cross_entropy(t, targets), 3.0); }, logits));
+  }
+}
+
+// One-hot targets, in a float type or an integer one, give the loss and gradient of the class indices.
+TEST(GradCheck, OneHotTargetsAreTheClassIndices) {
+  Generator gen(29);
+  const std::vector<int64_t> idx = {3, 0, 9, 9, 1, 4, 7, 2};
+  std::vector<float> hot(8 * 10, 0.0f);
+  for (size_t i = 0; i < idx.size(); ++i) hot[i * 10 + static_cast<size_t>(idx[i])] = 1.0f;
+  Tensor base = Tensor::uniform({8, 10}, -3.0, 3.0, gen, DType::f32);
+  auto loss_and_grad = [&](const Tensor& labels) {
+    Tensor x = base.clone().requires_grad_();
+    Tensor loss = softmax_cross_entropy(x, labels);
+    backward(loss);
+    return std::make_pair(loss.item<double>(), x.grad().to_vector<float>());
+  };
+  const auto [want_loss, want_grad] = loss_and_grad(Tensor::from_vector(idx, {8}));
+  for (DType dt : {DType::f32, DType::i32}) {
+    const auto [loss, grad] = loss_and_grad(Tensor::from_vector(hot, {8, 10}).to(dt));
+    EXPECT_NEAR(loss, want_loss, 1e-6 * want_loss) << dtype_name(dt);
+    ASSERT_EQ(grad.size(), want_grad.size());
+    for (size_t k = 0; k < grad.size(); ++k) EXPECT_NEAR(grad[k], want_grad[k], 1e-7) << dtype_name(dt) << " " << k;
+  }
+}
+
 TEST(GradCheck, SmallNetworkEndToEnd) {
   // conv -> relu -> max pool -> flatten -> linear -> softmax cross-entropy, every parameter at once.
   Generator gen(20);

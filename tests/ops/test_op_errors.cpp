@@ -76,7 +76,8 @@ TEST(OpErrors, NormalisationAndDropout) {
 TEST(OpErrors, LossAndMetrics) {
   Tensor logits = Tensor::zeros({3, 4});
   expect_error([&] { softmax_cross_entropy(logits, Tensor::zeros({3})); }, {"labels must be i32 or i64"});
-  expect_error([&] { softmax_cross_entropy(logits, Tensor::zeros({2}, DType::i64)); }, {"2 labels for 3 rows"});
+  expect_error([&] { softmax_cross_entropy(logits, Tensor::zeros({2}, DType::i64)); },
+               {"labels i64[2]", "logits f32[3, 4]", "class indices [3]", "targets [3, 4]"});
   expect_error([&] { softmax_cross_entropy(logits, Tensor::from_vector<int64_t>({0, 4, 1}, {3})); },
                {"label 4", "row 1", "[0, 4)"});
   expect_error([&] { count_correct(logits, Tensor::from_vector<int32_t>({0, 1, -2}, {3})); }, {"label -2", "row 2"});
@@ -105,6 +106,21 @@ TEST(Ops, LossAndCorrectSumsAddAsTheirParts) {
   EXPECT_EQ(count.to_vector<int64_t>(), std::vector<int64_t>{6});  // rows 0 and 2, three times
   EXPECT_EQ(sum.to_vector<float>(), want_sum.to_vector<float>());
   EXPECT_EQ(want_count.to_vector<int64_t>(), std::vector<int64_t>{2});
+}
+
+// Labels are class indices [N] or targets [N, C]; any other shape is refused, naming both shapes and
+// what fits. [N, 1] used to pass as targets and read every sample as class 0.
+TEST(OpErrors, CrossEntropyLabelShapes) {
+  Tensor logits = Tensor::zeros({8, 10});
+  for (const Tensor& labels : {Tensor::zeros({8, 1}, DType::i32), Tensor::zeros({8, 1}), Tensor::zeros({8, 2}),
+                               Tensor::zeros({7}, DType::i64), Tensor::zeros({7, 10}), Tensor::zeros({8, 10, 1}),
+                               Tensor::zeros({}, DType::i64)}) {
+    const std::string shape = labels.str();
+    expect_error([&] { softmax_cross_entropy(logits, labels); },
+                 {shape.substr(0, shape.find(" on ")).c_str(), "logits f32[8, 10]", "class indices [8] (i32 or i64)",
+                  "targets [8, 10]"});
+  }
+  expect_error([&] { softmax_cross_entropy(Tensor::zeros({8, 1}), Tensor::zeros({8, 10})); }, {"targets [8, 1]"});
 }
 
 TEST(OpErrors, DevicesThatDoNotExist) {

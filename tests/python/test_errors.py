@@ -11,7 +11,7 @@ import pytest
 
 import tandem
 from conftest import needs_gloo, run
-from tandem import _tandem, data, device, layer, opt, tensor
+from tandem import _tandem, data, device, layer, model, opt, tensor
 
 JOIN = """
 import sys, tandem
@@ -69,6 +69,55 @@ def test_distopt_arguments():
         opt.DistOpt(opt.DistOpt(opt.SGD()))
     with pytest.raises(ValueError, match="powerSGD"):
         opt.DistOpt(opt.SGD(), dist_option="gzip")
+
+
+class _Tiny(model.Model):
+    def __init__(self):
+        super().__init__()
+        self.fc = layer.Linear(3)
+        self.loss = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        return self.fc(x)
+
+    def train_one_batch(self, x, y):
+        out = self.forward(x)
+        loss = self.loss(out, y)
+        self.optimizer(loss)
+        return out, loss
+
+
+def test_distopt_step_misuse(cpu):
+    """A second update() after one backward_and_sync would apply its gradients again, and a loss that
+    reaches none of the optimizer's parameters would step nothing: both are refused, and change nothing."""
+    rng = np.random.RandomState(0)
+    x = tensor.from_numpy(rng.standard_normal((4, 5)).astype(np.float32), cpu)
+    y = tensor.from_numpy(np.array([0, 2, 1, 2], dtype=np.int32), cpu)
+    net, other = _Tiny(), _Tiny()
+    sgd = opt.DistOpt(opt.SGD(lr=0.1))  # no launcher: one rank
+    net.set_optimizer(sgd)
+    net.compile([x])
+    other.set_optimizer(opt.SGD(lr=0.1))
+    other.compile([x])
+    sgd.backward_and_sync(net.loss(net.forward(x), y))
+    assert sgd.update() is True
+    params = {k: v.to_numpy() for k, v in net.get_params().items()}
+    with pytest.raises(ValueError, match=r"update\(\) called without backward_and_sync since the last update"):
+        sgd.update()
+    stray = "does not depend on any of the optimizer's 2 parameters"
+    for call in (sgd.backward_and_sync, sgd.step, sgd, sgd.backward_and_update, sgd.backward_and_update_half,
+                 sgd.backward_and_partial_update, sgd.backward_and_sparse_update):
+        with pytest.raises(ValueError, match=stray):
+            call(other.loss(other.forward(x), y))
+    with pytest.raises(ValueError, match=r"update\(\) called without backward_and_sync"):
+        sgd.update()  # a refused backward_and_sync leaves nothing to apply
+    for k, v in net.get_params().items():
+        np.testing.assert_array_equal(v.to_numpy(), params[k], err_msg=k)
+    with sgd.no_sync():  # accumulation: several backward_and_sync, one update
+        sgd.backward_and_sync(net.loss(net.forward(x), y))
+    sgd.backward_and_sync(net.loss(net.forward(x), y))
+    assert sgd.update() is True
+    assert not np.array_equal(net.get_params()["fc.weight"].to_numpy(), params["fc.weight"])
 
 
 @needs_gloo

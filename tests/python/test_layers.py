@@ -86,6 +86,39 @@ def test_softmax_cross_entropy_against_numpy(cpu):
     assert sce(tensor.from_numpy(logits, cpu), tensor.from_numpy(one_hot, cpu)).item() == pytest.approx(expected, rel=1e-5)
 
 
+def test_softmax_cross_entropy_targets(cpu):
+    """SINGA's float one-hot targets (batch, classes) give the class-index loss; other targets give
+    -sum(t * log softmax) / N with its gradient; labels of any other shape are refused."""
+    logits = rand((8, 10), seed=3)
+    labels = np.array([3, 0, 9, 9, 1, 4, 7, 2], dtype=np.int32)
+    sce = layer.SoftMaxCrossEntropy()
+    log_p = logits - logits.max(1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(1, keepdims=True))
+    expected = -np.mean(log_p[np.arange(8), labels])
+    by_index = sce(tensor.from_numpy(logits, cpu), tensor.from_numpy(labels, cpu)).item()
+    one_hot = np.eye(10, dtype=np.float32)[labels]
+    by_one_hot = sce(tensor.from_numpy(logits, cpu), tensor.from_numpy(one_hot, cpu)).item()
+    assert by_index == pytest.approx(expected, rel=1e-6)
+    assert by_one_hot == pytest.approx(expected, rel=1e-6)
+
+    soft = np.random.RandomState(4).uniform(0, 1, (8, 10)).astype(np.float32)
+    soft[:4] /= soft[:4].sum(1, keepdims=True)  # half the rows distributions, half other weights
+    x = tensor.from_numpy(logits, cpu)
+    x.requires_grad = True
+    loss = sce(x, tensor.from_numpy(soft, cpu))
+    assert loss.shape == (1,)
+    assert loss.item() == pytest.approx(-np.sum(soft * log_p) / 8, rel=1e-5)
+    loss.backward()
+    p = np.exp(log_p)
+    np.testing.assert_allclose(x.grad.to_numpy(), (p * soft.sum(1, keepdims=True) - soft) / 8, rtol=1e-5, atol=1e-7)
+
+    refused = (r"labels \w+\[.*\] on cpu do not fit logits f32\[8, 10\] on cpu; "
+               r"give class indices \[8\] \(i32 or i64\) or targets \[8, 10\]")
+    for bad in (labels.reshape(8, 1), np.ascontiguousarray(one_hot[:, :2]), labels[:7]):
+        with pytest.raises(ValueError, match=refused):
+            sce(tensor.from_numpy(logits, cpu), tensor.from_numpy(bad, cpu))
+
+
 def test_batchnorm_and_dropout(cpu):
     x = rand((4, 3, 2, 2)) * 3 + 1
     bn = layer.BatchNorm2d(3, momentum=0.9)

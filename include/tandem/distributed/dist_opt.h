@@ -102,6 +102,7 @@ class DistOpt {
   /// Backward with each bucket of gradients averaged across ranks (options().sync) as soon as it
   /// is complete; on return every parameter's grad() holds the average (partialUpdate: its own).
   /// Gradients are zeroed by the first backward after an update; until update(), later ones add up.
+  /// Throws when the loss depends on none of the optimizer's parameters (the step would do nothing).
   void backward_and_sync(const Tensor& loss);
   /// Scales the averaged gradients so that their global L2 norm is at most max_norm (by
   /// max_norm / (norm + 1e-6) when above). Returns the norm before clipping, a one-element tensor
@@ -114,6 +115,7 @@ class DistOpt {
   /// the parameters). Returns false, on every rank, when the step was skipped for inf/NaN gradients
   /// (skip_nonfinite; the verdict is then read from the device, except while a DeviceGraph records the
   /// step: the skip is decided on the device alone, and update() returns true).
+  /// Throws unless a backward_and_sync ran since the last update (its gradients would apply twice).
   bool update();
   /// backward_and_sync, then update.
   void step(const Tensor& loss);

@@ -60,6 +60,9 @@ class CpuBackend final : public Backend {
 
   void softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs) override;
   void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss, Tensor& dlogits) override;
+  void softmax_xent_targets_forward(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& probs) override;
+  void softmax_xent_targets_backward(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
+                                     Tensor& dlogits) override;
   void argmax_rows(const Tensor& x, Tensor& out) override;
   void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out, bool accumulate) override;
   void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override;

@@ -100,6 +100,74 @@ void CpuBackend::softmax_xent_backward(const Tensor& probs, const Tensor& labels
   });
 }
 
+void CpuBackend::softmax_xent_targets_forward(const Tensor& logits, const Tensor& targets, Tensor& loss,
+                                              Tensor& probs) {
+  const int64_t n = logits.size(0), c = logits.size(1);
+  TANDEM_ASSERT(probs.numel() == n * c && targets.numel() == n * c && targets.dtype() == logits.dtype() &&
+                    loss.numel() == 1 && n > 0,
+                "softmax_xent_targets_forward on ", logits.str(), " and ", targets.str());
+  TANDEM_CHECK(c > 0, "softmax_cross_entropy: logits ", logits.str(), " have no classes");
+  dispatch_float(logits.dtype(), "softmax_cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = static_cast<const T*>(logits.data_ptr());
+    const T* t = static_cast<const T*>(targets.data_ptr());
+    T* pr = static_cast<T*>(probs.data_ptr());
+    Tensor row_loss_t = cpu::scratch<double>(n);
+    double* row_loss = row_loss_t.data<double>();
+    cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const T* xr = x + i * c;
+        const T* tr = t + i * c;
+        T* pw = pr + i * c;
+        T mx = xr[0];
+        for (int64_t j = 1; j < c; ++j) mx = xr[j] > mx ? xr[j] : mx;
+        double sum = 0.0;
+        for (int64_t j = 0; j < c; ++j) {
+          const T e = std::exp(xr[j] - mx);
+          pw[j] = e;
+          sum += static_cast<double>(e);
+        }
+        const T inv = static_cast<T>(1.0 / sum);
+        for (int64_t j = 0; j < c; ++j) pw[j] *= inv;
+        // -log softmax[j] = log(sum) - (x[j] - max); a class of target 0 adds nothing, even at -inf logits.
+        const double lse = std::log(sum);
+        double l = 0.0;
+        for (int64_t j = 0; j < c; ++j)
+          if (tr[j] != T(0))
+            l += static_cast<double>(tr[j]) * (lse - (static_cast<double>(xr[j]) - static_cast<double>(mx)));
+        row_loss[i] = l;
+      }
+    });
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) total += row_loss[i];
+    *static_cast<T*>(loss.data_ptr()) = static_cast<T>(total / static_cast<double>(n));
+  });
+}
+
+void CpuBackend::softmax_xent_targets_backward(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
+                                               Tensor& dlogits) {
+  const int64_t n = probs.size(0), c = probs.size(1);
+  TANDEM_ASSERT(dlogits.numel() == n * c && targets.numel() == n * c && targets.dtype() == probs.dtype() &&
+                    dloss.numel() == 1 && n > 0,
+                "softmax_xent_targets_backward on ", probs.str(), " and ", targets.str());
+  dispatch_float(probs.dtype(), "softmax_cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(probs.data_ptr());
+    const T* t = static_cast<const T*>(targets.data_ptr());
+    T* d = static_cast<T*>(dlogits.data_ptr());
+    const T scale = static_cast<T>(static_cast<double>(*static_cast<const T*>(dloss.data_ptr())) / n);
+    cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        // The targets' row sum weighs the softmax: d/dx_j of sum_k -t_k log softmax_k is p_j sum_k t_k - t_j.
+        double s = 0.0;
+        for (int64_t j = 0; j < c; ++j) s += static_cast<double>(t[i * c + j]);
+        const T rs = static_cast<T>(s);
+        for (int64_t j = 0; j < c; ++j) d[i * c + j] = (p[i * c + j] * rs - t[i * c + j]) * scale;
+      }
+    });
+  });
+}
+
 void CpuBackend::argmax_rows(const Tensor& x, Tensor& out) {
   const int64_t n = x.size(0), c = x.size(1);
   TANDEM_ASSERT(out.dtype() == DType::i64 && out.numel() == n, "argmax into ", out.str());

@@ -26,14 +26,15 @@ __device__ void report_label(ErrorSink sink, int64_t row, int64_t label, int64_t
   sink.rec->flag = 1;
 }
 
-// Softmax of one row into probs; returns the row's loss (the same value in every lane). Exponentials
-// are f32, their sum and the loss double, as on the CPU.
-template <typename L>
-__device__ double xent_row(const float* __restrict__ logits, const L* __restrict__ labels, float* __restrict__ probs,
-                           int64_t row, int64_t c, ErrorSink sink) {
+// A row's maximum and its sum of exp(x - max), which every lane of the warp gets.
+struct RowSoftmax {
+  float mx;
+  double se;
+};
+
+// Softmax of the row x (of c) into p, by the warp. Exponentials are f32, their sum double, as on the CPU.
+__device__ RowSoftmax softmax_row(const float* __restrict__ x, float* __restrict__ p, int64_t c) {
   const int lane = threadIdx.x & 31;
-  const float* x = logits + row * c;
-  float* p = probs + row * c;
   float mx = -INFINITY;
   for (int64_t j = lane; j < c; j += 32) mx = fmaxf(mx, x[j]);
   mx = kern::warp_max(mx);
@@ -42,12 +43,44 @@ __device__ double xent_row(const float* __restrict__ logits, const L* __restrict
   se = kern::warp_sum(se);
   const float inv = static_cast<float>(1.0 / se);
   for (int64_t j = lane; j < c; j += 32) p[j] = expf(x[j] - mx) * inv;
+  return {mx, se};
+}
+
+// Softmax of one row into probs; returns the row's loss (the same value in every lane), in double.
+template <typename L>
+__device__ double xent_row(const float* __restrict__ logits, const L* __restrict__ labels, float* __restrict__ probs,
+                           int64_t row, int64_t c, ErrorSink sink) {
+  const int lane = threadIdx.x & 31;
+  const float* x = logits + row * c;
+  const RowSoftmax s = softmax_row(x, probs + row * c, c);
   const int64_t label = static_cast<int64_t>(labels[row]);
   if (label < 0 || label >= c) {
     if (lane == 0) report_label(sink, row, label, c);
     return NAN;
   }
-  return log(se) - (static_cast<double>(x[label]) - static_cast<double>(mx));
+  return log(s.se) - (static_cast<double>(x[label]) - static_cast<double>(s.mx));
+}
+
+// One element of targets [n, c] (one-hot rows or a distribution per row): the kernels that take labels
+// take these in their place, and xent_row below reads a row of them.
+struct Target {
+  float w;
+};
+
+// With targets: the row's loss is sum_j -t_j log softmax_j; a class of target 0 adds nothing.
+__device__ double xent_row(const float* __restrict__ logits, const Target* __restrict__ targets,
+                           float* __restrict__ probs, int64_t row, int64_t c, ErrorSink) {
+  const int lane = threadIdx.x & 31;
+  const float* x = logits + row * c;
+  const Target* t = targets + row * c;
+  const RowSoftmax s = softmax_row(x, probs + row * c, c);
+  const double lse = log(s.se);
+  double l = 0.0;
+  for (int64_t j = lane; j < c; j += 32) {
+    const float w = t[j].w;
+    if (w != 0.0f) l += static_cast<double>(w) * (lse - (static_cast<double>(x[j]) - static_cast<double>(s.mx)));
+  }
+  return kern::warp_sum(l);
 }
 
 // Small batches: one block does every row and the mean, in one launch.
@@ -95,6 +128,22 @@ __global__ void xent_backward_kernel(const float* __restrict__ probs, const L* _
     if (col == 0 && (label < 0 || label >= c)) report_label(sink, row, label, c);
     const float d = probs[i] * scale;
     dlogits[i] = col == label ? d - scale : d;
+  }
+}
+
+// dlogits = (probs * rowsum(targets) - targets) * dloss / n, a warp per row.
+__global__ void xent_targets_backward_kernel(const float* __restrict__ probs, const float* __restrict__ targets,
+                                             const float* __restrict__ dloss, float* __restrict__ dlogits, int64_t n,
+                                             int64_t c) {
+  const float scale = static_cast<float>(static_cast<double>(dloss[0]) / static_cast<double>(n));
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t r = thread_index() >> 5; r < n; r += warps) {
+    const float* t = targets + r * c;
+    double s = 0.0;
+    for (int64_t j = lane; j < c; j += 32) s += static_cast<double>(t[j]);
+    const float rs = static_cast<float>(kern::warp_sum(s));
+    for (int64_t j = lane; j < c; j += 32) dlogits[r * c + j] = (probs[r * c + j] * rs - t[j]) * scale;
   }
 }
 
@@ -213,6 +262,50 @@ void CudaBackend::softmax_xent_backward(const Tensor& probs, const Tensor& label
         probs.data<float>(), lab, dloss.data<float>(), dlogits.data<float>(), n, c, st.errors);
     TANDEM_CUDA_LAUNCH_CHECK("xent_backward_kernel");
   });
+}
+
+void CudaBackend::softmax_xent_targets_forward(const Tensor& logits, const Tensor& targets, Tensor& loss,
+                                               Tensor& probs) {
+  require_f32(logits, "softmax_cross_entropy");
+  require_f32(targets, "softmax_cross_entropy");
+  require_f32(loss, "softmax_cross_entropy");
+  require_f32(probs, "softmax_cross_entropy");
+  TANDEM_ASSERT(logits.dim() == 2 && targets.numel() == logits.numel() && probs.numel() == logits.numel() &&
+                    loss.numel() == 1,
+                "softmax_cross_entropy shapes");
+  const int64_t n = logits.size(0), c = logits.size(1);
+  TANDEM_CHECK(n > 0 && c > 0, "softmax_cross_entropy: empty logits ", logits.str());
+  DeviceState& st = state_for(loss);
+  const auto* t = reinterpret_cast<const Target*>(targets.data<float>());
+  if (n * c <= kFusedLimit) {
+    xent_fused_kernel<Target><<<1, kFusedThreads, 0, st.stream>>>(logits.data<float>(), t, probs.data<float>(),
+                                                                   loss.data<float>(), n, c, st.errors);
+    TANDEM_CUDA_LAUNCH_CHECK("xent_fused_kernel");
+    return;
+  }
+  Scratch row_loss(allocator(st.device), static_cast<size_t>(n) * sizeof(double));
+  xent_rows_kernel<Target><<<row_blocks(n), kWarpsPerBlock * 32, 0, st.stream>>>(
+      logits.data<float>(), t, probs.data<float>(), row_loss.as<double>(), n, c, st.errors);
+  TANDEM_CUDA_LAUNCH_CHECK("xent_rows_kernel");
+  mean_kernel<<<1, 1024, 0, st.stream>>>(row_loss.as<double>(), n, loss.data<float>());
+  TANDEM_CUDA_LAUNCH_CHECK("mean_kernel");
+}
+
+void CudaBackend::softmax_xent_targets_backward(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
+                                                Tensor& dlogits) {
+  require_f32(probs, "softmax_cross_entropy backward");
+  require_f32(targets, "softmax_cross_entropy backward");
+  require_f32(dloss, "softmax_cross_entropy backward");
+  require_f32(dlogits, "softmax_cross_entropy backward");
+  TANDEM_ASSERT(probs.dim() == 2 && targets.numel() == probs.numel() && dlogits.numel() == probs.numel() &&
+                    dloss.numel() == 1,
+                "softmax_cross_entropy backward shapes");
+  const int64_t n = probs.size(0), c = probs.size(1);
+  if (n * c == 0) return;
+  DeviceState& st = state_for(dlogits);
+  xent_targets_backward_kernel<<<row_blocks(n), kWarpsPerBlock * 32, 0, st.stream>>>(
+      probs.data<float>(), targets.data<float>(), dloss.data<float>(), dlogits.data<float>(), n, c);
+  TANDEM_CUDA_LAUNCH_CHECK("xent_targets_backward_kernel");
 }
 
 void CudaBackend::argmax_rows(const Tensor& x, Tensor& out) {

@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
       {"clipnorm", scenario_clip_norm},  {"accumulate", scenario_accumulate},
       {"syncbn", scenario_sync_bn},      {"powersgd", scenario_power_sgd},
       {"lossscale", scenario_loss_scaling}, {"carried", scenario_carried_nonfinite},
-      {"scaledfeedback", scenario_scaled_feedback}};
+      {"scaledfeedback", scenario_scaled_feedback}, {"misuse", scenario_misuse}};
   std::vector<std::string> names;
   std::stringstream list(argv[1]);
   for (std::string s; std::getline(list, s, ',');) {

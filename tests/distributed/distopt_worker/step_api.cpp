@@ -1,9 +1,11 @@
 // Scenarios on what a step leaves behind and how its settings apply: the gradients a caller reads
-// after a step, and clipping that applies to the call that asked for it only.
+// after a step, clipping that applies to the call that asked for it only, and the calls refused.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "tandem/error.h"
+#include "tandem/ops.h"
 #include "worker_util.h"
 
 namespace distopt_worker {
@@ -114,6 +116,82 @@ void scenario_clip_norm(const std::shared_ptr<dist::Communicator>& comm) {
       CHECK_OR_REPORT(std::memcmp(&v, &norms[0], sizeof v) == 0, "ranks computed different norms: %.9g and %.9g", v,
                       norms[0]);
   }
+}
+
+// Calls the step API refuses: update() with no backward_and_sync since the last update (it would
+// apply the same gradients again), and a loss that reaches none of the optimizer's parameters, with
+// every method and under no_sync (the step would change nothing). A refused call changes no
+// parameter, and the optimizer then steps as before; accumulation (several backward_and_sync, one
+// update) stays legal.
+void scenario_misuse(const std::shared_ptr<dist::Communicator>& comm) {
+  const int W = comm->size(), me = comm->rank();
+  const std::vector<int64_t> sizes = {100, 37};
+  GradFn g = [](int r, size_t i, int64_t j) {
+    return static_cast<float>((j * 3 + static_cast<int64_t>(i) * 5 + r) % 9 - 4) * 0.25f;
+  };
+  Fixture f = make_fixture(comm, sizes, small_buckets());
+  auto refused = [&](const char* what, const std::function<void()>& call, const char* needle) {
+    const Values before = host_values(f.params);
+    const int64_t steps = f.opt->stats().steps;
+    try {
+      call();
+      CHECK_OR_REPORT(false, "%s was accepted", what);
+    } catch (const Error& e) {
+      CHECK_OR_REPORT(e.kind() == Error::Kind::Input && std::strstr(e.what(), needle) != nullptr,
+                      "%s: expected an input error saying '%s', got '%s'", what, needle, e.what());
+    }
+    CHECK_OR_REPORT(host_values(f.params) == before, "%s changed the parameters", what);
+    CHECK_OR_REPORT(f.opt->stats().steps == steps, "%s counted a synchronisation", what);
+  };
+  const char* again = "update() called without backward_and_sync since the last update";
+  const char* stray = "the loss does not depend on any of the optimizer's 2 parameters";
+  // Another tensor that requires a gradient: backward runs, but reaches no parameter of f.
+  Tensor other = Tensor::ones({5}, DType::f32, g_device).requires_grad_();
+  auto stray_loss = [&] { return sum(mul(other, other)); };
+
+  refused("update() before any backward_and_sync", [&] { f.opt->update(); }, again);
+  Expect once = average(W, sizes, as_contrib(g), kF32Eps);
+  Change c = measure_change(f, [&] {
+    f.opt->backward_and_sync(known_loss(f.params, me, g));
+    f.opt->update();
+  });
+  expect_near("a step split in two", c.drop, once.value, once.tol, &c.rounding);
+  refused("a second update() after one backward_and_sync", [&] { f.opt->update(); }, again);
+
+  const std::vector<std::pair<const char*, std::function<void(const Tensor&)>>> calls = {
+      {"backward_and_sync", [&](const Tensor& l) { f.opt->backward_and_sync(l); }},
+      {"step", [&](const Tensor& l) { f.opt->step(l); }},
+      {"backward_and_update", [&](const Tensor& l) { f.opt->backward_and_update(l); }},
+      {"backward_and_update_half", [&](const Tensor& l) { f.opt->backward_and_update_half(l); }},
+      {"backward_and_partial_update", [&](const Tensor& l) { f.opt->backward_and_partial_update(l); }},
+      {"backward_and_sparse_update topK", [&](const Tensor& l) { f.opt->backward_and_sparse_update(l, 0.5, true); }},
+      {"backward_and_sparse_update threshold",
+       [&](const Tensor& l) { f.opt->backward_and_sparse_update(l, 0.1, false); }},
+      {"backward_and_sync under no_sync",
+       [&](const Tensor& l) {
+         auto local_only = f.opt->no_sync();
+         f.opt->backward_and_sync(l);
+       }},
+  };
+  for (const auto& [name, call] : calls)
+    refused(strf("%s of a loss without the parameters", name).c_str(), [&] { call(stray_loss()); }, stray);
+  refused("update() after a refused backward_and_sync", [&] { f.opt->update(); }, again);
+
+  // Two micro-batches, a refused one between them: the step applies the sum of the two.
+  Expect twice = average(W, sizes, [&](int r, size_t i, int64_t j) { return 2.0 * g(r, i, j); }, kF32Eps);
+  c = measure_change(f, [&] {
+    {
+      auto local_only = f.opt->no_sync();
+      f.opt->backward_and_sync(known_loss(f.params, me, g));
+    }
+    refused("a loss without the parameters between two micro-batches",
+            [&] { f.opt->backward_and_sync(stray_loss()); }, stray);
+    f.opt->backward_and_sync(known_loss(f.params, me, g));
+    f.opt->update();
+  });
+  expect_near("two micro-batches, one update", c.drop, twice.value, twice.tol, &c.rounding);
+  c = measure_change(f, [&] { f.opt->step(known_loss(f.params, me, g)); });
+  expect_near("step() after the refused calls", c.drop, once.value, once.tol, &c.rounding);
 }
 
 }  // namespace distopt_worker

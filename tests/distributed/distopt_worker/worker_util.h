@@ -111,5 +111,6 @@ void scenario_arena16(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_loss_scaling(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_carried_nonfinite(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_scaled_feedback(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_misuse(const std::shared_ptr<dist::Communicator>& comm);
 
 }  // namespace distopt_worker
