@@ -466,7 +466,10 @@ TEST(CudaKernels, SoftmaxCrossEntropyWithTargets) {
           be.softmax_xent_targets_backward(probs, targets.to(d), dloss.to(d), dl);
           return Outputs{loss, probs, dl};
         },
-        1e-5, 1e-8, "softmax xent targets n=" + std::to_string(s.n) + " c=" + std::to_string(s.c));
+        // The gradient (p * sum(t) - t) / n cancels where p * sum(t) is near t: the rounding of the row
+        // sum (70,000 terms, summed in another order by each device) shows there on the scale of t / n,
+        // not of the result: an absolute bound of 1e-7 is 5e-7 of the largest t / n.
+        1e-5, 1e-7, "softmax xent targets n=" + std::to_string(s.n) + " c=" + std::to_string(s.c));
   }
 }
 

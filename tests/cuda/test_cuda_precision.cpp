@@ -3,6 +3,7 @@
 // relative L2 norm with a tolerance per precision). Also the wide per-channel reductions, their
 // determinism, and a few mixed-precision training steps of a residual network.
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 
 #include "backend/backend.h"
@@ -91,6 +92,32 @@ TEST(CudaPrecision, ConvolutionInEveryPrecisionAndLayout) {
     compare_with_cpu([&](const std::vector<Tensor>& t) { return conv2d(t[0], t[1], t[2], opt); }, {x, w, b},
                      "conv " + shape_str(c.x) + " * " + shape_str(c.w) + (c.relu ? " relu" : ""), c.relu ? 3.0 : 1.0);
   }
+}
+
+// Strided 1x1 convolutions (residual shortcuts) with their gradients as matrix products, forced on
+// (TANDEM_CONV_STRIDED=1; the geometries are new to this process, so their plans are made under it):
+// strides that divide the input and one that does not, and an input whose gradient accumulates from
+// two such convolutions.
+TEST(CudaPrecision, StridedPointwiseGradientsAsMatrixProducts) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  setenv("TANDEM_CONV_STRIDED", "1", 1);
+  struct Case {
+    Shape x, w;
+    int stride;
+  };
+  for (const Case& c : {Case{{4, 32, 10, 10}, {16, 32, 1, 1}, 2}, Case{{3, 16, 11, 11}, {24, 16, 1, 1}, 3}}) {
+    Tensor x = rand_cpu(c.x, 111), w = rand_cpu(c.w, 112, -0.3, 0.3);
+    Conv2dOptions opt{{c.stride, c.stride}, {0, 0}, false};
+    compare_with_cpu([&](const std::vector<Tensor>& t) { return conv2d(t[0], t[1], Tensor(), opt); }, {x, w},
+                     "strided pointwise conv " + shape_str(c.x) + " * " + shape_str(c.w));
+  }
+  Tensor x = rand_cpu({2, 40, 9, 9}, 113), w1 = rand_cpu({48, 40, 1, 1}, 114, -0.3, 0.3),
+         w2 = rand_cpu({48, 40, 1, 1}, 115, -0.3, 0.3);
+  Conv2dOptions opt{{2, 2}, {0, 0}, false};
+  compare_with_cpu(
+      [&](const std::vector<Tensor>& t) { return add(conv2d(t[0], t[1], Tensor(), opt), conv2d(t[0], t[2], Tensor(), opt)); },
+      {x, w1, w2}, "two strided pointwise convs of one input");
+  unsetenv("TANDEM_CONV_STRIDED");
 }
 
 TEST(CudaPrecision, ReducedPrecisionKeepsConvolutionsChannelsLast) {

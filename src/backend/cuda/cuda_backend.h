@@ -188,6 +188,10 @@ class CudaBackend final : public Backend {
  private:
   /// Throws the label error a kernel recorded on the device, if any (call after a stream sync).
   void check_errors(int device);
+  /// A strided pointwise convolution's input gradient (with accumulate: added to dx) and weight gradient
+  /// as matrix products (channels-last, 16-bit; see cuda_conv.cpp).
+  void strided_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx, bool accumulate);
+  void strided_backward_filter(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw);
   /// Adds b[k] to y when b is defined, then max(y, 0) when relu: what follows a convolution that leaves both out.
   void conv_epilogue(const ConvGeom& g, const Tensor& b, bool relu, Tensor& y);
 
@@ -239,6 +243,13 @@ size_t direct_wgrad_bytes(const ConvGeom& g, int sm_count);
 /// dw = the weight gradient, summed over the batch in a fixed order.
 void launch_direct_wgrad(const float* dy, const float* x, float* dw, float* partial, const ConvGeom& g, int sm_count,
                          cudaStream_t stream);
+
+// Strided pointwise convolutions in channels-last storage (cuda_conv_pointwise.cu).
+/// rows[(n, oh, ow)][c] = x[n, oh * stride_h, ow * stride_w, c]; c * element size a multiple of 16 bytes.
+void launch_gather_strided_nhwc(const void* x, void* rows, DType dtype, const ConvGeom& g, cudaStream_t stream);
+/// dx = the rows put back at the positions the stride picks, zeros elsewhere (with accumulate: added to dx).
+void launch_scatter_strided_nhwc(const void* rows, void* dx, DType dtype, const ConvGeom& g, bool accumulate,
+                                 cudaStream_t stream);
 
 /// Throws unless t is f32 (the one floating type the CUDA kernels take).
 void require_f32(const Tensor& t, const char* op);

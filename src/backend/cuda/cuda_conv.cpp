@@ -82,6 +82,12 @@ bool accurate(cudnnConvolutionBwdFilterAlgo_t a) {
          a != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
+// Whether the environment variable is set to exactly this one character (TANDEM_CONV_*=0 or 1).
+bool getenv_is(const char* name, char value) {
+  const char* e = std::getenv(name);
+  return e && e[0] == value && e[1] == '\0';
+}
+
 // TANDEM_CONV_LOG=1 prints every algorithm search (for choosing and checking the rules below).
 bool log_search() {
   static const bool on = [] {
@@ -155,6 +161,7 @@ struct ConvPlan {
   size_t fwd_ws = 0, bwd_data_ws = 0, bwd_filter_ws = 0;
   bool fwd_gemm = false, bwd_data_gemm = false, bwd_filter_gemm = false;  // the matrix products won
   bool fwd_direct = false, bwd_filter_direct = false;                     // the direct kernels won
+  bool bwd_data_strided = false, bwd_filter_strided = false;             // the strided pointwise products won
   ConvMath math;
 
   ConvPlan(const ConvGeom& g, const ConvMath& m) : math(m) {
@@ -276,6 +283,16 @@ bool pointwise(const ConvGeom& g) {
 size_t gemm_fwd_bytes(const ConvGeom& g) { return pointwise(g) ? 0 : static_cast<size_t>(col_elems(g)) * 4; }
 size_t gemm_bwd_filter_bytes(const ConvGeom& g) {
   return static_cast<size_t>(col_elems(g) + g.n * g.k * g.oh * g.ow) * 4;
+}
+
+// A 1x1 convolution with a stride above 1 and no padding, channels-last in 16 bits (a residual
+// network's downsampling shortcut): its input gradient is one matrix product put back at every
+// stride-th position, its weight gradient one product with the input at those positions. cuDNN's
+// legacy API offers no tensor-core algorithm for these two passes (about 1.2 and 0.6 ms at ResNet-18's
+// shapes on an H200, against 0.1 ms in TF32), so the products are timed against it.
+bool strided_pointwise(const ConvGeom& g, const ConvMath& m) {
+  return g.nhwc && m.dtype != DType::f32 && g.r == 1 && g.s == 1 && g.pad_h == 0 && g.pad_w == 0 &&
+         (g.stride_h > 1 || g.stride_w > 1) && g.c % 8 == 0 && g.k % 8 == 0;
 }
 
 cublasComputeType_t gemm_compute(const ConvMath& m) { return m.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F; }
@@ -412,6 +429,34 @@ bool direct_wins(DeviceState& st, const char* pass, const ConvGeom& g, CurrentRu
   std::fprintf(stderr, "tandem: the direct convolution kernel (%s, n%lld c%lld %lldx%lld k%lld %lldx%lld) differs from "
                "the other path by %g (largest value %g); it is not used\n", pass, (long long)g.n, (long long)g.c,
                (long long)g.h, (long long)g.w, (long long)g.k, (long long)g.r, (long long)g.s, worst, largest);
+  return false;
+}
+
+// Times `other` against the path chosen so far and takes it only when it is faster and its result
+// agrees with that path's (within 16-bit rounding, against the largest value).
+template <typename CurrentRun, typename OtherRun>
+bool other_wins(DeviceState& st, const char* pass, const char* other_name, const ConvGeom& g, CurrentRun&& current,
+                OtherRun&& other, const Tensor& out) {
+  const float t_current = gpu_ms(st.stream, current), t_other = gpu_ms(st.stream, other);
+  if (log_search())
+    std::fprintf(stderr, "conv %s n%lld c%lld %lldx%lld k%lld %lldx%lld s%lld: chosen so far %.4f ms, %s %.4f ms%s\n",
+                 pass, (long long)g.n, (long long)g.c, (long long)g.h, (long long)g.w, (long long)g.k, (long long)g.r,
+                 (long long)g.s, (long long)g.stride_h, t_current, other_name, t_other, t_other < t_current ? " *" : "");
+  if (t_other >= t_current) return false;
+  current();
+  const std::vector<float> want = out.to(DType::f32).to_vector<float>();
+  other();
+  const std::vector<float> got = out.to(DType::f32).to_vector<float>();
+  double largest = 0.0, worst = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    largest = std::max(largest, std::fabs(static_cast<double>(want[i])));
+    const double d = std::fabs(static_cast<double>(want[i]) - static_cast<double>(got[i]));
+    worst = std::isnan(d) ? HUGE_VAL : std::max(worst, d);
+  }
+  if (worst <= 2e-2 * largest + 1e-6) return true;
+  std::fprintf(stderr, "tandem: the %s convolution path (%s, n%lld c%lld %lldx%lld k%lld) differs from cuDNN's by %g "
+               "(largest value %g); it is not used\n", other_name, pass, (long long)g.n, (long long)g.c,
+               (long long)g.h, (long long)g.w, (long long)g.k, worst, largest);
   return false;
 }
 
@@ -552,7 +597,24 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
           },
           [&] { gemm_backward_data(st, dy, w, g, math, dx, ws, false); });
     }
+    if (strided_pointwise(g, math) && !getenv_is("TANDEM_CONV_STRIDED", '0')) {
+      TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_data_math));
+      void* ws = conv_workspace(st, p.bwd_data_ws);
+      p.bwd_data_strided = getenv_is("TANDEM_CONV_STRIDED", '1') ||
+                           other_wins(
+                               st, "bwd-data", "strided pointwise", g,
+                               [&] {
+                                 TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(
+                                     h, &one, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.bwd_data, ws,
+                                     p.bwd_data_ws, &zero, p.x, dx.data_ptr()));
+                               },
+                               [&] { strided_backward_data(dy, w, g, dx, false); }, dx);
+    }
     p.has_bwd_data = true;
+  }
+  if (p.bwd_data_strided) {
+    strided_backward_data(dy, w, g, dx, accumulate);
+    return;
   }
   if (p.bwd_data_gemm) {
     gemm_backward_data(st, dy, w, g, math, dx, conv_workspace(st, gemm_fwd_bytes(g)), accumulate);
@@ -629,7 +691,24 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
           },
           dw);
     }
+    if (strided_pointwise(g, math) && !getenv_is("TANDEM_CONV_STRIDED", '0')) {
+      TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_filter_math));
+      void* ws = conv_workspace(st, p.bwd_filter_ws);
+      p.bwd_filter_strided = getenv_is("TANDEM_CONV_STRIDED", '1') ||
+                             other_wins(
+                                 st, "bwd-filter", "strided pointwise", g,
+                                 [&] {
+                                   TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+                                       h, &one, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv, p.bwd_filter, ws,
+                                       p.bwd_filter_ws, &zero, p.w, dw.data_ptr()));
+                                 },
+                                 [&] { strided_backward_filter(dy, x, g, dw); }, dw);
+    }
     p.has_bwd_filter = true;
+  }
+  if (p.bwd_filter_strided) {
+    strided_backward_filter(dy, x, g, dw);
+    return;
   }
   if (p.bwd_filter_direct) {
     void* ws = conv_workspace(st, direct_wgrad_bytes(g, st.sm_count));
@@ -646,6 +725,27 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
   TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv,
                                                     p.bwd_filter, ws, p.bwd_filter_ws, &zero, p.w,
                                                     dw.data_ptr()));
+}
+
+// dx = (dy as [n oh ow, k]) x (w as [k, c]), put back at the positions the stride picks.
+void CudaBackend::strided_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx,
+                                        bool accumulate) {
+  const int64_t m = g.n * g.oh * g.ow;
+  Tensor rows = Tensor::empty({m, g.c}, dy.dtype(), dy.device());
+  Tensor dyv = as_strided(dy, {m, g.k}, {g.k, 1}, dy.impl()->offset);
+  Tensor wv = as_strided(w, {g.k, g.c}, {g.c, 1}, w.impl()->offset);
+  gemm(false, false, m, g.c, g.k, 1.0, dyv, wv, 0.0, rows);
+  launch_scatter_strided_nhwc(rows.data_ptr(), dx.data_ptr(), dx.dtype(), g, accumulate, state_for(dx).stream);
+}
+
+// dw (as [k, c]) = (dy as [n oh ow, k])^T x (the input at the picked positions, [n oh ow, c]).
+void CudaBackend::strided_backward_filter(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw) {
+  const int64_t m = g.n * g.oh * g.ow;
+  Tensor rows = Tensor::empty({m, g.c}, x.dtype(), x.device());
+  launch_gather_strided_nhwc(x.data_ptr(), rows.data_ptr(), x.dtype(), g, state_for(x).stream);
+  Tensor dyv = as_strided(dy, {m, g.k}, {g.k, 1}, dy.impl()->offset);
+  Tensor dwv = as_strided(dw, {g.k, g.c}, {g.c, 1}, dw.impl()->offset);
+  gemm(true, false, g.k, g.c, m, 1.0, dyv, rows, 0.0, dwv);
 }
 
 }  // namespace tandem::backend
