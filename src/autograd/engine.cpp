@@ -10,6 +10,7 @@
 #include "core/tensor_impl.h"
 #include "ops/op_utils.h"
 #include "tandem/autograd.h"
+#include "tandem/profiler.h"
 
 namespace tandem {
 
@@ -135,6 +136,7 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
     TANDEM_CHECK(seed.shape() == loss.shape(), "backward: grad_output ", seed.str(), " does not match ", loss.str());
   }
   NoGradGuard no_grad;
+  profiler::BackwardScope profiled_as_backward;
 
   std::shared_ptr<Node> root = loss.grad_fn() ? loss.grad_fn() : accumulator_for(loss);
 
@@ -224,6 +226,9 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
       if (--deps[c] == 0) ready.push({c});
     }
   }
+  // A pass is one iteration of the device's time profile; recording a step runs no kernel.
+  if (profiler::detail::any_enabled() && !backend::backend_for(loss.device()).recording(loss.device().index))
+    profiler::end_iteration(loss.device());
 }
 
 }  // namespace tandem
