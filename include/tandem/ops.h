@@ -65,6 +65,8 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t length);
 // ---- reductions
 /// Sum of all elements, as a one-element tensor.
 Tensor sum(const Tensor& x);
+/// Sum over the given dimensions (negative: from the end), which keepdim keeps as extents of 1.
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
 /// Mean of all elements, as a one-element tensor.
 Tensor mean(const Tensor& x);
 

@@ -109,6 +109,28 @@ Tensor sum(const Tensor& x) {
   });
 }
 
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  check_floating(x, "sum", "input");
+  const int64_t nd = x.dim();
+  Shape kept = x.shape();
+  std::vector<bool> reduced(nd, false);
+  for (int64_t dim : dims) {
+    const int64_t d = dim < 0 ? dim + nd : dim;
+    TANDEM_CHECK(d >= 0 && d < nd, "sum: dimension ", dim, " is out of range for ", x.str());
+    TANDEM_CHECK(!reduced[d], "sum: dimension ", d, " is given twice");
+    reduced[d] = true;
+    kept[d] = 1;
+  }
+  Shape out_shape;
+  for (int64_t d = 0; d < nd; ++d)
+    if (keepdim || !reduced[d]) out_shape.push_back(kept[d]);
+  Tensor y = sum_to_raw(x.detach(), kept).contiguous().view(out_shape);
+  Shape in_shape = x.shape();
+  return record_op(y, {x}, "sum", [in_shape, kept](const Tensor& g) {
+    return std::vector<Tensor>{expand_raw(g.contiguous().view(kept), in_shape)};
+  });
+}
+
 Tensor mean(const Tensor& x) {
   check_floating(x, "mean", "input");
   TANDEM_CHECK(x.numel() > 0, "mean of the empty tensor ", x.str());

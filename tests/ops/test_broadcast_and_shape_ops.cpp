@@ -1,5 +1,5 @@
 // Broadcasting elementwise ops, division, exp and log, comparisons, and the reordering, joining,
-// slicing and softmax ops: values against hand-computed expectations, gradients by finite differences.
+// slicing, summing and softmax ops: values against hand-computed expectations, gradients by finite differences.
 #include <cmath>
 
 #include "gradcheck.h"
@@ -120,6 +120,21 @@ TEST(Slice, CopiesARangeAndSendsTheGradientBack) {
   EXPECT_TRUE(gradcheck1([](const Tensor& t) { return slice(t, 1, 1, 3); }, x));
   EXPECT_TRUE(gradcheck1([](const Tensor& t) { return slice(t, 0, 0, 1); }, x));
   EXPECT_TRUE(gradcheck1([](const Tensor& t) { return slice(t, -1, 4, 1); }, x));
+}
+
+TEST(SumOverDimensions, ValuesShapesAndGradients) {
+  Tensor a = f64({1, 2, 3, 4, 5, 6}, {2, 3});
+  EXPECT_EQ(sum(a, {0}).to_vector<double>(), (std::vector<double>{5, 7, 9}));
+  EXPECT_EQ(sum(a, {-1}, true).shape(), (Shape{2, 1}));
+  EXPECT_EQ(sum(a, {1}).to_vector<double>(), (std::vector<double>{6, 15}));
+  EXPECT_EQ(sum(a, {0, 1}).shape(), (Shape{}));
+  EXPECT_THROW(sum(a, {0, 0}), Error);
+  EXPECT_THROW(sum(a, {2}), Error);
+  Generator gen(38);
+  Tensor x = leaf({2, 3, 4}, gen);
+  EXPECT_TRUE(gradcheck1([](const Tensor& t) { return sum(t, {1}); }, x));
+  EXPECT_TRUE(gradcheck1([](const Tensor& t) { return sum(t, {0, 2}, true); }, x));
+  EXPECT_TRUE(gradcheck1([](const Tensor& t) { return sum(t, {}); }, x));
 }
 
 TEST(Softmax, RowsSumToOneAlongTheDimension) {
