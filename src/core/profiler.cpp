@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -16,13 +17,15 @@ namespace tandem::profiler {
 namespace {
 
 // An iteration runs from its first forward kernel to the next iteration's: the optimizer's step
-// after a backward pass belongs to the pass's iteration.
+// after a backward pass belongs to the pass's iteration. Only the thread that ran the pass begins the
+// next one (a data loader's uploads on another thread do not).
 struct DeviceProfile {
   int verbosity = 0;
   int skip = 5;
   int64_t iterations = 0;  // backward passes (and replays) finished
   int64_t started = 0;     // iterations begun: the current one's index
   bool ended = false;      // the current iteration's backward pass has finished
+  std::thread::id ended_by;  // the thread that finished it
   std::vector<OpTime> ops;
   std::unordered_map<std::string, size_t> index;  // name + phase -> position in ops
 };
@@ -45,7 +48,7 @@ int64_t profiled_iterations(const DeviceProfile& p) { return std::max<int64_t>(0
 
 // A forward kernel after a finished backward pass begins the next iteration.
 void maybe_begin_iteration(DeviceProfile& p, Phase phase) {
-  if (p.ended && (phase == Phase::Forward || phase == Phase::Recorded)) {
+  if (p.ended && (phase == Phase::Forward || phase == Phase::Recorded) && p.ended_by == std::this_thread::get_id()) {
     ++p.started;
     p.ended = false;
   }
@@ -104,6 +107,7 @@ void end_iteration(Device d) {
   if (p.ended) ++p.started;  // a pass without forward kernels of its own on this device
   ++p.iterations;
   p.ended = true;
+  p.ended_by = std::this_thread::get_id();
 }
 
 std::string report(Device d) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <thread>
 
 #include "tandem/autograd.h"
 #include "tandem/ops.h"
@@ -79,6 +80,19 @@ TEST(Profiler, ListsEachKernelByPhaseAfterTheSkippedIterations) {
   EXPECT_NE(r.find("softmax_xent_forward [forward] : "), std::string::npos) << r;
   EXPECT_NE(r.find("sgd_step [update] : "), std::string::npos) << r;
   EXPECT_NE(r.find(", 1 call\n"), std::string::npos) << r;
+}
+
+TEST(Profiler, OnlyTheTrainingThreadBeginsTheNextIteration) {
+  ProfiledCpu on(2, 1);
+  Tensor w = Tensor::ones({3});
+  w.requires_grad_();
+  backward(sum(mul(w, w)));  // iteration 0 (skipped) has ended
+  std::thread([] { Tensor::ones({4}); }).join();  // another thread's kernel (a loader's upload)
+  EXPECT_TRUE(profiler::profile(Device::cpu()).ops.empty());
+  Tensor::ones({4});  // the training thread's next forward kernel begins iteration 1: timed
+  const profiler::Profile p = profiler::profile(Device::cpu());
+  ASSERT_EQ(p.ops.size(), 1u);
+  EXPECT_EQ(p.ops[0].name, "fill");
 }
 
 TEST(Profiler, ForwardAndBackwardTotalsAtVerbosityOne) {
