@@ -61,6 +61,15 @@ class Model(Layer):
         if self.optimizer is not None:
             self.optimizer._use_model(self)
 
+    def graph(self, mode=True, sequential=False):
+        """SINGA's switch for recorded steps after compile: mode False runs every training step eagerly,
+        True records them on a GPU (as compile(use_graph=True)); sequential is accepted."""
+        self.graph_mode = bool(mode)
+        self.sequential = bool(sequential)
+        if not self.graph_mode:
+            self._recorded = None
+            self._steady_key, self._steady_calls = None, 0
+
     def train(self, mode=True):
         """Training mode (or evaluation with mode False) for the model and its layers; sets
         ``autograd.training`` as SINGA's does."""

@@ -2,7 +2,6 @@
 the distributed-training guide's backward loop, the losses' values, the functional operations against
 NumPy, and the devices' time profiles."""
 import inspect
-import math
 import re
 
 import numpy as np
@@ -651,10 +650,13 @@ def test_device_methods():
     assert device.get_gpu_ids() == list(range(device.get_num_gpus()))
 
 
-def test_model_train_and_eval_set_the_training_flag():
+def test_model_train_and_eval_set_the_training_flag_and_graph_switches_recording():
     net = Tiny()
     net.train()
     assert autograd.training is True
     net.eval()
     assert autograd.training is False
-    assert math.isclose(1.0, 1.0)
+    net.graph(True, False)
+    assert net.graph_mode and not net.sequential
+    net.graph(mode=False, sequential=True)
+    assert not net.graph_mode and net.sequential
