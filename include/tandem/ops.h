@@ -2,6 +2,7 @@
 // Differentiable operations. Each runs on the device of its inputs and records itself for autograd.
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "tandem/autograd.h"
 #include "tandem/random.h"
@@ -9,13 +10,24 @@
 
 namespace tandem {
 
-// ---- elementwise (operands of one shape, dtype and device)
+// ---- elementwise (operands of one dtype and device; shapes broadcast as NumPy's do: aligned at the
+// right, an extent of 1 or a missing one stretched to the other's)
 /// a + b
 Tensor add(const Tensor& a, const Tensor& b);
 /// a - b
 Tensor sub(const Tensor& a, const Tensor& b);
 /// a * b, elementwise
 Tensor mul(const Tensor& a, const Tensor& b);
+/// a / b, elementwise
+Tensor div(const Tensor& a, const Tensor& b);
+/// e^x
+Tensor exp(const Tensor& x);
+/// natural logarithm
+Tensor log(const Tensor& x);
+enum class Comparison { Greater, GreaterEqual, Less, LessEqual, Equal };
+/// 1 where `a op b` holds and 0 elsewhere (NaN compares false), in the operands' dtype; records no
+/// gradient (a mask is data).
+Tensor compare(const Tensor& a, const Tensor& b, Comparison op);
 /// a * s
 Tensor scale(const Tensor& a, double s);
 /// a + s
@@ -39,10 +51,22 @@ inline Tensor operator*(const Tensor& a, double s) { return scale(a, s); }
 Tensor reshape(const Tensor& x, const Shape& shape);
 /// Collapses dimensions start_dim.. into one: [N, C, H, W] -> [N, C*H*W] for start_dim 1.
 Tensor flatten(const Tensor& x, int64_t start_dim = 1);
+/// x stretched to shape by broadcasting (a copy); its gradient sums over the stretched dimensions.
+Tensor expand(const Tensor& x, const Shape& shape);
+/// Dimensions reordered: dimension i of the result is dimension perm[i] of x (a copy; negative
+/// entries count from the end).
+Tensor permute(const Tensor& x, const std::vector<int64_t>& perm);
+/// The tensors joined along dim (negative: from the end); they agree in every other extent, dtype
+/// and device.
+Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
+/// Elements [start, start + length) of dimension dim (a copy; the other dimensions whole).
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t length);
 
 // ---- reductions
 /// Sum of all elements, as a one-element tensor.
 Tensor sum(const Tensor& x);
+/// Sum over the given dimensions (negative: from the end), which keepdim keeps as extents of 1.
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
 /// Mean of all elements, as a one-element tensor.
 Tensor mean(const Tensor& x);
 
@@ -87,6 +111,9 @@ Tensor batch_norm2d_act(const Tensor& x, const Tensor& residual, const Tensor& g
                         double eps = 1e-5);
 /// Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+
+/// exp(x) / sum(exp(x)) along dim (negative: from the end), the maximum subtracted first. CUDA: f32.
+Tensor softmax(const Tensor& x, int64_t dim = -1);
 
 // ---- losses and metrics
 /// Mean over the batch of -log softmax(logits)[label]; logits [N, C], labels [N] of i32 or i64. Labels

@@ -22,6 +22,10 @@ using release_gil = nb::call_guard<nb::gil_scoped_release>;
 struct PyDevice {
   Device device;
   Generator generator;
+  // SINGA's EnableGraph and ResetGraph: whether models may record their steps on the device, and a
+  // count that ResetGraph raises so that models drop the recordings they hold.
+  bool graph_enabled = true;
+  uint64_t graph_generation = 0;
   explicit PyDevice(Device d) : device(d) {}
 };
 

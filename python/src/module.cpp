@@ -8,6 +8,7 @@
 
 #include "binding.h"
 #include "tandem/error.h"
+#include "tandem/profiler.h"
 
 namespace tandem::py {
 
@@ -70,6 +71,76 @@ void bind_core(nb::module_& m) {
           "generator", [](PyDevice& d) -> Generator& { return d.generator; }, nb::rv_policy::reference_internal)
       .def("synchronize", [](const PyDevice& d) { synchronize(d.device); }, release_gil(),
            "Waits until all work queued on the device is done.")
+      .def("Sync", [](const PyDevice& d) { synchronize(d.device); }, release_gil(),
+           "SINGA's spelling of synchronize: waits until all work queued on the device is done.")
+      .def(
+          "SetVerbosity", [](const PyDevice& d, int verbosity) { profiler::set_verbosity(d.device, verbosity); },
+          nb::arg("verbosity"),
+          "Time profiling of the operations run on the device: 0 off (the default), 1 forward and backward time "
+          "per iteration, 2 each operation, 3 the distributed optimizer's operations. While on, each operation "
+          "is timed alone (on a GPU the host waits for it), so steps run slower.")
+      .def(
+          "SetSkipIteration",
+          [](const PyDevice& d, int skip_iteration) { profiler::set_skip_iterations(d.device, skip_iteration); },
+          nb::arg("skip_iteration"), "The first skip_iteration iterations (default 5) are not profiled.")
+      .def(
+          "PrintTimeProfiling",
+          [](const PyDevice& d) {
+            const std::string r = profiler::report(d.device);
+            if (!r.empty()) nb::print(nb::str(r.c_str()), nb::str(""));
+          },
+          "Prints the time profile at the verbosity set (nothing at 0): per iteration after the skipped ones.")
+      .def(
+          "time_profile",
+          [](const PyDevice& d) {
+            const profiler::Profile p = profiler::profile(d.device);
+            nb::list ops;
+            for (const profiler::OpTime& op : p.ops) {
+              nb::dict e;
+              e["name"] = op.name;
+              e["phase"] = profiler::phase_name(op.phase);
+              e["calls"] = op.calls;
+              e["seconds"] = op.seconds;
+              ops.append(e);
+            }
+            nb::dict out;
+            out["verbosity"] = p.verbosity;
+            out["skip_iterations"] = p.skip_iterations;
+            out["iterations"] = p.iterations;
+            out["profiled_iterations"] = p.profiled;
+            out["ops"] = ops;
+            return out;
+          },
+          "The profile as data: iterations, and per operation and phase its calls and seconds (summed).")
+      .def(
+          "ResetTimeProfiling", [](const PyDevice& d) { profiler::reset(d.device); },
+          "Forgets the time profile measured so far; the skipped iterations start again.")
+      .def(
+          "EnableGraph", [](PyDevice& d, bool enable) { d.graph_enabled = enable; }, nb::arg("enable"),
+          "Whether models compiled with use_graph=True may record their training steps on this device and "
+          "replay them (on by default; off: every step runs eagerly).")
+      .def("graph_enabled", [](const PyDevice& d) { return d.graph_enabled; },
+           "False after EnableGraph(False).")
+      .def(
+          "ResetGraph", [](PyDevice& d) { ++d.graph_generation; },
+          "Drops the recorded steps of models on this device: the next steps run eagerly and are recorded anew.")
+      .def_prop_ro("graph_generation", [](const PyDevice& d) { return d.graph_generation; },
+                   "How many times ResetGraph was called on this device.")
+      .def(
+          "Reset",
+          [](PyDevice& d) {
+            {
+              nb::gil_scoped_release unlocked;
+              synchronize(d.device);
+            }
+            d.graph_enabled = true;
+            ++d.graph_generation;
+            profiler::set_verbosity(d.device, 0);
+            profiler::set_skip_iterations(d.device, 5);
+            profiler::reset(d.device);
+          },
+          "SINGA's Device.Reset: waits for the device, drops recorded steps, turns profiling off (skip 5).")
+      .def("host", [](const PyDevice&) { return device_object(Device::cpu()); }, "The CPU (SINGA's host device).")
       .def("__str__", [](const PyDevice& d) { return d.device.str(); })
       .def("__repr__", [](const PyDevice& d) { return "Device('" + d.device.str() + "')"; });
 

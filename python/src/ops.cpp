@@ -8,7 +8,9 @@
 #include <array>
 #include <memory>
 #include <optional>
+#include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "binding.h"
@@ -61,6 +63,23 @@ void bind_ops(nb::module_& m) {
   m.def("mul", &mul, nb::arg("a"), nb::arg("b"), release_gil());
   m.def("scale", &scale, nb::arg("a"), nb::arg("s"), release_gil());
   m.def("add_scalar", &add_scalar, nb::arg("a"), nb::arg("s"), release_gil());
+  m.def("div", &div, nb::arg("a"), nb::arg("b"), release_gil());
+  m.def("exp", static_cast<Tensor (*)(const Tensor&)>(&tandem::exp), nb::arg("x"), release_gil());
+  m.def("log", static_cast<Tensor (*)(const Tensor&)>(&tandem::log), nb::arg("x"), release_gil());
+  m.def(
+      "compare",
+      [](const Tensor& a, const Tensor& b, const std::string& op) {
+        static const std::pair<const char*, Comparison> ops[] = {
+            {"gt", Comparison::Greater}, {"ge", Comparison::GreaterEqual}, {"lt", Comparison::Less},
+            {"le", Comparison::LessEqual}, {"eq", Comparison::Equal}};
+        for (const auto& [name, c] : ops) {
+          if (op != name) continue;
+          nb::gil_scoped_release unlocked;
+          return compare(a, b, c);
+        }
+        throw nb::value_error(("compare: unknown comparison '" + op + "' (gt, ge, lt, le, eq)").c_str());
+      },
+      nb::arg("a"), nb::arg("b"), nb::arg("op"), "1 where `a op b` holds, else 0 (op: gt, ge, lt, le, eq); b broadcasts.");
   m.def("relu", &relu, nb::arg("x"), release_gil());
   m.def("sigmoid", &sigmoid, nb::arg("x"), release_gil());
   m.def("tanh", static_cast<Tensor (*)(const Tensor&)>(&tandem::tanh), nb::arg("x"), release_gil());
@@ -68,7 +87,19 @@ void bind_ops(nb::module_& m) {
   m.def("reshape", [](const Tensor& x, const std::vector<int64_t>& s) { return reshape(x, s); }, nb::arg("x"),
         nb::arg("shape"), release_gil());
   m.def("flatten", &flatten, nb::arg("x"), nb::arg("start_dim") = 1, release_gil());
-  m.def("sum", &sum, nb::arg("x"), release_gil());
+  m.def("sum", static_cast<Tensor (*)(const Tensor&)>(&sum), nb::arg("x"), release_gil());
+  m.def("sum_dims", static_cast<Tensor (*)(const Tensor&, const std::vector<int64_t>&, bool)>(&sum), nb::arg("x"),
+        nb::arg("dims"), nb::arg("keepdim") = false, release_gil(), "Sum over the dimensions (keepdim: as extents of 1).");
+  m.def("expand", [](const Tensor& x, const std::vector<int64_t>& s) { return expand(x, s); }, nb::arg("x"),
+        nb::arg("shape"), release_gil(), "x stretched to shape by broadcasting.");
+  m.def("permute", &permute, nb::arg("x"), nb::arg("perm"), release_gil(),
+        "Dimension i of the result is dimension perm[i] of x.");
+  m.def("concat", &concat, nb::arg("tensors"), nb::arg("dim"), release_gil(), "The tensors joined along dim.");
+  m.def("slice", &slice, nb::arg("x"), nb::arg("dim"), nb::arg("start"), nb::arg("length"), release_gil(),
+        "Elements [start, start + length) of dimension dim.");
+  m.def("softmax", &softmax, nb::arg("x"), nb::arg("dim") = -1, release_gil(), "Softmax along one dimension.");
+  m.def("dropout", &dropout, nb::arg("x"), nb::arg("p"), nb::arg("training"), nb::arg("generator"), release_gil(),
+        "Zeroes each element with probability p and scales the rest by 1/(1-p) in training; x itself otherwise.");
   m.def("mean", &mean, nb::arg("x"), release_gil());
   m.def("matmul", &matmul, nb::arg("a"), nb::arg("b"), release_gil());
   m.def(
@@ -106,6 +137,20 @@ void bind_ops(nb::module_& m) {
   m.def("backward", [](const Tensor& loss, const std::optional<Tensor>& g) { backward(loss, {}, g.value_or(Tensor())); },
         nb::arg("loss"), nb::arg("grad_output").none() = nb::none(), release_gil(),
         "Back-propagates from loss into the gradients of every leaf that requires one.");
+  m.def(
+      "backward_fresh",
+      [](const Tensor& loss, const std::optional<Tensor>& grad_output) {
+        std::vector<Tensor> ready;
+        nb::gil_scoped_release unlocked;
+        for (Tensor& leaf : graph_leaves(loss)) leaf.set_grad(Tensor());
+        backward(
+            loss, [&](const Tensor& leaf) { if (leaf.grad().defined()) ready.push_back(leaf); },
+            grad_output.value_or(Tensor()));
+        return ready;
+      },
+      nb::arg("loss"), nb::arg("grad_output").none() = nb::none(),
+      "Back-propagates from loss into fresh gradients (each leaf's earlier gradient dropped first) and returns the "
+      "leaves in the order their gradients became final (SINGA's autograd.backward).");
   m.def("graph_leaves", &graph_leaves, nb::arg("tensor"),
         "The leaves needing a gradient that tensor was computed from, in a deterministic order.");
   m.def("grad_enabled", &grad_enabled, "False inside a no_grad block.");

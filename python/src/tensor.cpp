@@ -6,9 +6,12 @@
 #include <nanobind/stl/vector.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "binding.h"
+#include "core/tensor_impl.h"
+#include "tandem/error.h"
 #include "tandem/autograd.h"
 #include "tandem/ops.h"
 
@@ -54,13 +57,45 @@ void bind_tensor(nb::module_& m) {
   nb::class_<Tensor> t(m, "Tensor", "An n-dimensional array on the CPU or a GPU; copying it copies the handle.");
   t.def(
        "__init__",
-       [](Tensor* self, const std::vector<int64_t>& shape, nb::handle device, DType dtype) {
-         Device d = to_device(device);
-         nb::gil_scoped_release unlocked;
-         new (self) Tensor(Tensor::zeros(shape, dtype, d));
+       [](Tensor* self, const std::vector<int64_t>& shape, nb::handle device, DType dtype, nb::handle data,
+          bool requires_grad, bool stores_grad, nb::handle creator, std::optional<std::string> name) {
+         if (!creator.is_none())
+           throw nb::value_error(
+               "Tensor(creator=...): tandem records the operations that make a tensor itself; pass creator=None");
+         Tensor made;
+         if (data.is_none()) {
+           Device d = to_device(device);
+           nb::gil_scoped_release unlocked;
+           made = Tensor::zeros(shape, dtype, d);
+         } else if (nb::isinstance<Tensor>(data)) {
+           // The same memory, with an autograd role of its own (SINGA wraps the given tensor).
+           const Tensor& src = nb::cast<const Tensor&>(data);
+           TANDEM_CHECK(device.is_none() || to_device(device) == src.device(), "Tensor(data=...): the data is on ",
+                        src.device().str(), ", not on the device given (", to_device(device).str(), ")");
+           made = src.detach();
+         } else {
+           // An array (or anything NumPy makes one of): its values, converted to dtype, on the device.
+           nb::object array = nb::module_::import_("numpy").attr("ascontiguousarray")(data);
+           Tensor src = tensor_from_array(nb::cast<nb::ndarray<>>(array));
+           Device d = to_device(device);
+           nb::gil_scoped_release unlocked;
+           made = Tensor::empty(src.shape(), dtype, d);
+           NoGradGuard no_grad;
+           made.copy_(src);
+         }
+         // SINGA computes gradients for every tensor that requires one but keeps only those of tensors
+         // that store them; tandem computes only the kept ones.
+         if (requires_grad && stores_grad) made.requires_grad_(true);
+         if (name) made.impl()->name = *name;
+         new (self) Tensor(std::move(made));
        },
        nb::arg("shape") = std::vector<int64_t>{}, nb::arg("device").none() = nb::none(), nb::arg("dtype") = DType::f32,
-       "Tensor(shape, dev, dtype): zeros of that shape and element type on the device (None: the CPU).")
+       nb::arg("data").none() = nb::none(), nb::arg("requires_grad") = true, nb::arg("stores_grad") = false,
+       nb::arg("creator").none() = nb::none(), nb::arg("name").none() = nb::none(),
+       "Tensor(shape=(), device=None, dtype=float32, data=None, requires_grad=True, stores_grad=False, "
+       "creator=None, name=None), as SINGA's: zeros of that shape on the device (None: the CPU), or a copy of the "
+       "array `data` converted to dtype, or a tensor sharing the memory of the tensor `data`. A tensor that "
+       "requires and stores a gradient is a leaf autograd fills the gradient of (a parameter).")
       .def_prop_ro("shape", [](const Tensor& x) { return shape_tuple(x.shape()); })
       .def_prop_ro("strides", [](const Tensor& x) { return shape_tuple(x.strides()); })
       .def_prop_ro("dtype", &Tensor::dtype)
@@ -82,6 +117,20 @@ void bind_tensor(nb::module_& m) {
       .def("__repr__", &Tensor::str)
       // autograd
       .def_prop_rw("requires_grad", &Tensor::requires_grad, [](Tensor& x, bool on) { x.requires_grad_(on); })
+      .def_prop_rw(
+          "stores_grad", [](const Tensor& x) { return x.is_leaf() && x.requires_grad(); },
+          [](Tensor& x, bool on) { x.requires_grad_(on); },
+          "True for a leaf whose gradient backward computes and keeps (a parameter).")
+      .def_prop_rw(
+          "name",
+          [](const Tensor& x) {
+            // Unnamed tensors are told apart as SINGA's are ("Dummy#N"), by a name kept from then on.
+            static uint64_t next = 0;
+            std::string& n = x.impl()->name;
+            if (n.empty()) n = "Dummy#" + std::to_string(next++);
+            return n;
+          },
+          [](Tensor& x, const std::string& n) { x.impl()->name = n; }, "The tensor's name (parameters: their path).")
       .def_prop_ro("grad", [](const Tensor& x) { return maybe(x.grad()); })
       .def_prop_ro("is_leaf", &Tensor::is_leaf)
       .def("backward", [](const Tensor& x, std::optional<Tensor> g) { backward(x, {}, g.value_or(Tensor())); },
@@ -104,7 +153,20 @@ void bind_tensor(nb::module_& m) {
             return x.to(d);
           },
           nb::arg("target"), "A copy on another device (Device or name) or of another DType; itself when already so.")
-      .def("as_type", [](const Tensor& x, DType dt) { return x.to(dt); }, nb::arg("dtype"), release_gil())
+      .def("as_type", [](const Tensor& x, DType dt) { return x.to(dt); }, nb::arg("dtype"), release_gil(),
+           "A copy converted to dtype (the tensor itself when already of it).")
+      .def(
+          "to_type",
+          [](nb::handle_t<Tensor> self, DType dt) {
+            Tensor& x = nb::cast<Tensor&>(self);
+            {
+              nb::gil_scoped_release unlocked;
+              Tensor converted = x.to(dt);
+              x = converted;
+            }
+            return nb::borrow(self);
+          },
+          nb::arg("dtype"), "Converts this handle's data to dtype, in place (other handles keep the old values).")
       .def(
           "to_device",
           [](Tensor& x, nb::handle device) {
@@ -116,7 +178,8 @@ void bind_tensor(nb::module_& m) {
           nb::arg("device"), "Moves this handle's data to the device (other handles keep the old copy).")
       .def("copy_", [](nb::handle_t<Tensor> self, const Tensor& src) { return assign(self, src); }, nb::arg("src"),
            "Copies src's values (same element count; any device and type) into this tensor.")
-      .def("copy_data", [](nb::handle_t<Tensor> self, const Tensor& src) { return assign(self, src); }, nb::arg("src"))
+      .def("copy_data", [](nb::handle_t<Tensor> self, const Tensor& t) { return assign(self, t); }, nb::arg("t"),
+           "Copies the values of t (same element count) into this tensor.")
       .def(
           "set_value",
           [](nb::handle_t<Tensor> self, double v) {
@@ -168,7 +231,10 @@ void bind_tensor(nb::module_& m) {
       .def("__mul__", [](const Tensor& a, const Tensor& b) { return mul(a, b); }, release_gil())
       .def("__mul__", [](const Tensor& a, double s) { return scale(a, s); }, release_gil())
       .def("__rmul__", [](const Tensor& a, double s) { return scale(a, s); }, release_gil())
+      .def("__truediv__", [](const Tensor& a, const Tensor& b) { return div(a, b); }, release_gil())
       .def("__truediv__", [](const Tensor& a, double s) { return scale(a, 1.0 / s); }, release_gil())
+      .def("__rtruediv__", [](const Tensor& a, double s) { return div(Tensor::full({}, s, a.dtype(), a.device()), a); },
+           release_gil())
       .def("__neg__", [](const Tensor& a) { return scale(a, -1.0); }, release_gil())
       .def("__matmul__", [](const Tensor& a, const Tensor& b) { return matmul(a, b); }, release_gil())
       .def("__iadd__", [](nb::handle_t<Tensor> h, const Tensor& b) {

@@ -1,8 +1,21 @@
-"""Autograd and numerics: graphs are recorded as operations run, ``backward`` fills the leaves'
-gradients; ``with precision("bf16"):`` runs GPU convolutions and products at that precision."""
+"""Autograd (SINGA's ``singa.autograd``): operations record a graph as they run, and ``backward``
+walks it from a loss, yielding each parameter with its gradient.
+
+SINGA's functions and operator classes are here by SINGA's names, arguments and defaults, built on
+tandem's C++ operations (so they run on the CPU and on GPUs alike). ``with precision("bf16"):`` runs
+GPU convolutions and products at that precision.
+"""
+import numpy as np
+
 from . import _tandem
 
-backward = _tandem.backward
+Tensor = _tandem.Tensor
+
+#: SINGA's training flag: True while training (``Model.train()`` and ``compile(is_train=True)`` set it,
+#: ``Model.eval()`` clears it). :func:`dropout` drops only while it is True. Graph recording does not
+#: depend on it: operations record whenever gradients are enabled (``no_grad`` turns that off).
+training = False
+
 no_grad = _tandem.no_grad
 grad_enabled = _tandem.grad_enabled
 graph_leaves = _tandem.graph_leaves
@@ -12,3 +25,647 @@ current_precision = _tandem.current_precision
 default_precision = _tandem.default_precision
 set_deterministic_algorithms = _tandem.set_deterministic_algorithms
 deterministic_algorithms = _tandem.deterministic_algorithms
+
+
+# ---- backward
+def backward(y, dy=None):
+    """Back-propagates from y (usually the loss) and yields ``(parameter, gradient)`` for every tensor
+    that stores a gradient (``stores_grad``: the parameters), each once, in the order their gradients
+    become final. As SINGA's, this is a generator: nothing runs until it is iterated.
+
+    dy is the gradient of the objective with respect to y: None for 1.0, a number, or a tensor of y's
+    shape. Each call gives this pass's gradients (a parameter's earlier gradient is dropped first, not
+    added to); the gradient yielded is also the parameter's ``grad``.
+    """
+    if not isinstance(y, Tensor):
+        raise TypeError(f"backward: y must be a tandem Tensor, got {type(y).__name__}")
+    if dy is not None and not isinstance(dy, Tensor):
+        dy = _tandem.full(list(y.shape), float(dy), y.device, y.dtype)
+    for p in _tandem.backward_fresh(y, dy):
+        yield p, p.grad
+
+
+def gradients(y, dy=None):
+    """The gradients of every parameter y depends on, by parameter name (SINGA keys them by ``id``;
+    tandem's Python handles of one tensor are not one object, its name is the same)."""
+    return {p.name: g for p, g in backward(y, dy)}
+
+
+# ---- operators
+class Operator:
+    """SINGA's operator classes: an instance is called on tensors and returns a tuple of outputs
+    (``ReLU()(x)[0]``). tandem's operators run C++ operations, which record their own gradients:
+    subclasses that define SINGA's ``forward`` / ``backward`` on raw tensors are not supported."""
+
+    op_count = 0
+
+    def __init__(self, name=None):
+        if name is None:
+            name = f"{type(self).__name__}#{Operator.op_count}"
+            Operator.op_count += 1
+        self.name = name
+
+    def __call__(self, *xs):
+        for x in xs:
+            if not isinstance(x, Tensor):
+                raise TypeError(f"{type(self).__name__}: inputs must be tandem Tensors, got {type(x).__name__}")
+        y = self._apply(*xs)
+        return y if isinstance(y, tuple) else (y,)
+
+    def _apply(self, *xs):
+        raise NotImplementedError(
+            f"{type(self).__name__}: tandem operators compute with C++ operations; a Python forward/backward "
+            "pair on raw tensors is not supported")
+
+
+class _Elementwise(Operator):
+    def _apply(self, x):
+        return type(self)._fn(x)
+
+
+class ReLU(_Elementwise):
+    """max(x, 0) elementwise."""
+
+    _fn = _tandem.relu
+
+
+class Sigmoid(_Elementwise):
+    """1 / (1 + exp(-x)) elementwise."""
+
+    _fn = _tandem.sigmoid
+
+
+class Tanh(_Elementwise):
+    """tanh(x) elementwise."""
+
+    _fn = _tandem.tanh
+
+
+class Exp(_Elementwise):
+    """exp(x) elementwise."""
+
+    _fn = _tandem.exp
+
+
+class Log(_Elementwise):
+    """The natural logarithm elementwise."""
+
+    _fn = _tandem.log
+
+
+class Identity(Operator):
+    """A copy of x."""
+
+    def _apply(self, x):
+        return _tandem.scale(x, 1.0)
+
+
+class Negative(Operator):
+    """-x elementwise."""
+
+    def _apply(self, x):
+        return _tandem.scale(x, -1.0)
+
+
+class Matmul(Operator):
+    """The matrix product x w of 2-d tensors."""
+
+    def _apply(self, x, w):
+        return _tandem.matmul(x, w)
+
+
+class Add(Operator):
+    """a + b elementwise, broadcast as NumPy's."""
+
+    def _apply(self, a, b):
+        return _tandem.add(a, b)
+
+
+class Sub(Operator):
+    """a - b elementwise, broadcast as NumPy's."""
+
+    def _apply(self, a, b):
+        return _tandem.sub(a, b)
+
+
+class Mul(Operator):
+    """a * b elementwise, broadcast as NumPy's."""
+
+    def _apply(self, a, b):
+        return _tandem.mul(a, b)
+
+
+class Div(Operator):
+    """a / b elementwise, broadcast as NumPy's."""
+
+    def _apply(self, a, b):
+        return _tandem.div(a, b)
+
+
+class _Comparison(Operator):
+    _op = "eq"
+
+    def _apply(self, x, y):
+        return _tandem.compare(x, y, self._op)
+
+
+class Greater(_Comparison):
+    """1 where x > y, else 0 (no gradient)."""
+
+    _op = "gt"
+
+
+class Less(_Comparison):
+    """1 where x < y, else 0 (no gradient)."""
+
+    _op = "lt"
+
+
+class Equal(_Comparison):
+    """1 where x == y, else 0 (no gradient)."""
+
+    _op = "eq"
+
+
+class AddBias(Operator):
+    """Adds the bias b to each row (axis 0: b has one value per column) or to each column (axis 1: one
+    value per row) of the 2-d x."""
+
+    def __init__(self, axis=0):
+        super().__init__()
+        self.axis = axis
+
+    def _apply(self, x, b):
+        if x.dim() != 2 or b.dim() != 1:
+            raise ValueError(f"add_bias: x must be 2-d and b 1-d, got {x.shape} and {b.shape}")
+        if self.axis == 0:
+            return _tandem.bias_add(x, b)
+        if self.axis == 1:
+            n, c = x.shape
+            return _tandem.reshape(_tandem.bias_add(_tandem.reshape(x, [1, n, c]), b), [n, c])
+        raise ValueError(f"add_bias: axis must be 0 or 1, got {self.axis}")
+
+
+class Reshape(Operator):
+    """x in another shape: one extent may be -1 (inferred), an extent 0 keeps x's extent there."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = shape
+
+    def _apply(self, x):
+        shape = [x.shape[i] if s == 0 and i < x.dim() else int(s) for i, s in enumerate(self.shape)]
+        return _tandem.reshape(x, shape)
+
+
+class Flatten(Operator):
+    """x as a 2-d tensor: dimensions before axis make the rows, the rest the columns (axis 0: one row)."""
+
+    def __init__(self, axis=1):
+        super().__init__()
+        self.axis = axis
+
+    def _apply(self, x):
+        axis = self.axis + x.dim() if self.axis < 0 else self.axis
+        if not 0 <= axis <= x.dim():
+            raise ValueError(f"flatten: axis {self.axis} is outside [-{x.dim()}, {x.dim()}] for shape {x.shape}")
+        rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+        return _tandem.reshape(x, [rows, int(np.prod(x.shape[axis:], dtype=np.int64))])
+
+
+class Transpose(Operator):
+    """x with its dimensions reordered: dimension i of the result is dimension perm[i] of x."""
+
+    def __init__(self, perm):
+        super().__init__()
+        self.perm = list(perm)
+
+    def _apply(self, x):
+        return _tandem.permute(x, self.perm)
+
+
+class Squeeze(Operator):
+    """x without the dimensions of extent 1 listed in axis (all of them when axis is empty)."""
+
+    def __init__(self, axis=[]):  # noqa: B006 (SINGA's default)
+        super().__init__()
+        self.axis = [axis] if isinstance(axis, int) else list(axis)
+
+    def _apply(self, x):
+        n = x.dim()
+        axes = {a % n for a in self.axis} if n else set()
+        for a in axes:
+            if x.shape[a] != 1:
+                raise ValueError(f"squeeze: dimension {a} of {x.shape} has extent {x.shape[a]}, not 1")
+        shape = [s for i, s in enumerate(x.shape) if (s != 1 if not self.axis else i not in axes)]
+        return _tandem.reshape(x, shape)
+
+
+class Unsqueeze(Operator):
+    """x with dimensions of extent 1 inserted at the positions in axis (positions in the result)."""
+
+    def __init__(self, axis):
+        super().__init__()
+        self.axis = [axis] if isinstance(axis, int) else list(axis)
+
+    def _apply(self, x):
+        n = x.dim() + len(self.axis)
+        positions = sorted(a + n if a < 0 else a for a in self.axis)
+        shape = list(x.shape)
+        for p in positions:
+            if not 0 <= p <= len(shape):
+                raise ValueError(f"unsqueeze: position {p} is outside a result of {n} dimensions")
+            shape.insert(p, 1)
+        return _tandem.reshape(x, shape)
+
+
+class Concat(Operator):
+    """The inputs joined along axis (they agree in every other extent)."""
+
+    def __init__(self, axis=0):
+        super().__init__()
+        self.axis = axis
+
+    def _apply(self, *xs):
+        return _tandem.concat(list(xs), self.axis)
+
+
+class SoftMax(Operator):
+    """Softmax over the dimensions from axis on, taken together (SINGA's and ONNX's first definition;
+    for a 2-d x and axis 1: each row)."""
+
+    def __init__(self, axis=1):
+        super().__init__()
+        self.axis = axis
+
+    def _apply(self, x):
+        n = x.dim()
+        axis = self.axis + n if self.axis < 0 else self.axis
+        if not 0 <= axis < max(n, 1):
+            raise ValueError(f"softmax: axis {self.axis} is out of range for shape {x.shape}")
+        if axis == n - 1:
+            return _tandem.softmax(x, -1)
+        rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+        flat = _tandem.reshape(x, [rows, x.size() // rows if rows else 0])
+        return _tandem.reshape(_tandem.softmax(flat, -1), list(x.shape))
+
+
+class Sum(Operator):
+    """The elementwise sum of the inputs."""
+
+    def _apply(self, *xs):
+        if not xs:
+            raise ValueError("sum: no tensors to add")
+        y = xs[0]
+        for x in xs[1:]:
+            y = _tandem.add(y, x)
+        return _tandem.scale(y, 1.0) if len(xs) == 1 else y
+
+
+class Mean(Operator):
+    """The elementwise mean of the inputs."""
+
+    def _apply(self, *xs):
+        return _tandem.scale(Sum()._apply(*xs), 1.0 / len(xs))
+
+
+class SoftMaxCrossEntropy(Operator):
+    """The mean over the batch of -log softmax(x)[t]: t holds class indices [N] (int) or targets [N, C]
+    (one-hot rows or a distribution per row). The losses here are tensors of shape (1,), as SINGA's."""
+
+    def __init__(self, t):
+        super().__init__()
+        self.t = t
+
+    def _apply(self, x):
+        if x.dim() != 2 or self.t.dim() > 2:
+            raise ValueError(
+                f"softmax_cross_entropy: x must be 2-d and t at most 2-d, got {x.shape} and {self.t.shape}")
+        return _tandem.reshape(_tandem.softmax_cross_entropy(x, self.t), [1])
+
+
+class CrossEntropy(Operator):
+    """-sum(t * log(x)) / N for probabilities x [N, C]: t holds targets [N, C] or class indices [N]."""
+
+    def __init__(self, t):
+        super().__init__()
+        self.t = t
+
+    def _apply(self, x):
+        if x.dim() != 2 or self.t.dim() > 2:
+            raise ValueError(f"cross_entropy: x must be 2-d and t at most 2-d, got {x.shape} and {self.t.shape}")
+        t = _targets(self.t, x)
+        return _tandem.reshape(_tandem.scale(_tandem.sum(_tandem.mul(t, _tandem.log(x))), -1.0 / x.shape[0]), [1])
+
+
+class MeanSquareError(Operator):
+    """The mean over every element of (x - t)^2."""
+
+    def __init__(self, t):
+        super().__init__()
+        self.t = t
+
+    def _apply(self, x):
+        if tuple(x.shape) != tuple(self.t.shape):
+            raise ValueError(f"mse_loss: input and target shapes differ: {x.shape} and {self.t.shape}")
+        err = _tandem.sub(x, self.t.detach())
+        return _tandem.reshape(_tandem.scale(_tandem.sum(_tandem.mul(err, err)), 1.0 / x.size()), [1])
+
+
+_dropout_generators = {}
+
+
+class Dropout(Operator):
+    """While ``autograd.training`` is True, zeroes each element with probability ratio and scales the
+    rest by 1 / (1 - ratio); x itself otherwise. Masks come from a random stream per seed, which goes
+    on from call to call (the same seed gives the same sequence of masks)."""
+
+    def __init__(self, seed=0, ratio=0.5):
+        super().__init__()
+        self.seed = int(seed)
+        self.ratio = ratio
+
+    def _apply(self, x):
+        gen = _dropout_generators.get(self.seed)
+        if gen is None:
+            gen = _dropout_generators[self.seed] = _tandem.Generator(self.seed)
+        return _tandem.dropout(x, float(self.ratio), bool(training), gen)
+
+
+class Where(Operator):
+    """x where the condition is true (nonzero), y elsewhere; the condition is a tensor, an array or a
+    list, broadcast with x and y."""
+
+    def __init__(self, condition):
+        super().__init__()
+        self.condition = condition
+
+    def _apply(self, x, y):
+        c = self.condition
+        if not isinstance(c, Tensor):
+            c = _tandem.from_array(np.asarray(c, dtype=np.float32), x.device, x.dtype)
+        elif c.dtype != x.dtype:
+            c = c.as_type(x.dtype)
+        c = c.detach()
+        one = _tandem.full([], 1.0, x.device, x.dtype)
+        return _tandem.add(_tandem.mul(c, x), _tandem.mul(_tandem.sub(one, c), y))
+
+
+class BinaryCrossEntropy(Operator):
+    """-(sum(t log(x + 1e-4)) + sum((1 - t) log(1.0001 - x))) / N for probabilities x [N, ...] and
+    targets t of x's shape (SINGA's, with its guard against log 0)."""
+
+    def __init__(self, t):
+        super().__init__()
+        self.t = t
+
+    def _apply(self, x):
+        t = self.t.detach() if self.t.dtype == x.dtype else self.t.as_type(x.dtype).detach()
+        if tuple(t.shape) != tuple(x.shape):
+            raise ValueError(f"binary_cross_entropy: input and target shapes differ: {x.shape} and {self.t.shape}")
+        pos = _tandem.mul(t, _tandem.log(_tandem.add_scalar(x, 1e-4)))
+        neg = _tandem.mul(_tandem.add_scalar(_tandem.scale(t, -1.0), 1.0),
+                          _tandem.log(_tandem.add_scalar(_tandem.scale(x, -1.0), 1.0001)))
+        total = _tandem.add(_tandem.sum(pos), _tandem.sum(neg))
+        return _tandem.reshape(_tandem.scale(total, -1.0 / x.shape[0]), [1])
+
+
+class _Reduce(Operator):
+    def __init__(self, axes=None, keepdims=1):
+        super().__init__()
+        self.axes = axes
+        self.keepdims = keepdims
+
+    def _dims(self, x):
+        return list(range(x.dim())) if self.axes is None else [a + x.dim() if a < 0 else a for a in self.axes]
+
+
+class ReduceSum(_Reduce):
+    """The sum over the axes (None: all); keepdims 1 keeps them as extents of 1."""
+
+    def _apply(self, x):
+        return _tandem.sum_dims(x, self._dims(x), bool(self.keepdims))
+
+
+class ReduceMean(_Reduce):
+    """The mean over the axes (None: all); keepdims 1 keeps them as extents of 1."""
+
+    def _apply(self, x):
+        dims = self._dims(x)
+        count = int(np.prod([x.shape[d] for d in dims], dtype=np.int64))
+        return _tandem.scale(_tandem.sum_dims(x, dims, bool(self.keepdims)), 1.0 / max(count, 1))
+
+
+class Expand(Operator):
+    """x broadcast to shape (NumPy's rules; the result has the larger of each extent)."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = list(shape)
+
+    def _apply(self, x):
+        n = max(len(self.shape), x.dim())
+        mine = [1] * (n - len(self.shape)) + self.shape
+        theirs = [1] * (n - x.dim()) + list(x.shape)
+        return _tandem.expand(x, [max(a, b) for a, b in zip(mine, theirs)])
+
+
+class Slice(Operator):
+    """Elements starts[i] to ends[i] (exclusive, clipped to the extent) along axes[i] (default: the
+    first len(starts) dimensions), every steps[i]-th (default 1; negative: backwards)."""
+
+    def __init__(self, starts, ends, axes=None, steps=None):
+        super().__init__()
+        self.starts, self.ends, self.axes, self.steps = starts, ends, axes, steps
+
+    def _apply(self, x):
+        axes = list(range(len(self.starts))) if self.axes is None else [a + x.dim() if a < 0 else a for a in self.axes]
+        steps = [1] * len(axes) if self.steps is None else list(self.steps)
+        y = x
+        for axis, start, end, step in zip(axes, self.starts, self.ends, steps):
+            if step == 0:
+                raise ValueError("slice: steps cannot be 0")
+            picked = range(x.shape[axis])[start:end:step]
+            if len(picked) == 0:
+                raise ValueError(f"slice: nothing selected along axis {axis} by [{start}:{end}:{step}]")
+            if step == 1:
+                y = _tandem.slice(y, axis, picked[0], len(picked))
+            else:
+                y = _tandem.concat([_tandem.slice(y, axis, i, 1) for i in picked], axis)
+        return y
+
+
+def _targets(t, x):
+    """t as targets of x's shape and dtype: class indices [N] become one-hot rows."""
+    t = t.detach()
+    if t.dim() == 1:
+        classes = _tandem.from_array(np.arange(x.shape[1], dtype=np.float32).reshape(1, -1), x.device, x.dtype)
+        return _tandem.compare(_tandem.reshape(t.as_type(x.dtype), [t.shape[0], 1]), classes, "eq")
+    return t if t.dtype == x.dtype else t.as_type(x.dtype)
+
+
+# ---- functions (SINGA's)
+def relu(x):
+    """max(x, 0) elementwise."""
+    return _tandem.relu(x)
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x)) elementwise."""
+    return _tandem.sigmoid(x)
+
+
+def tanh(x):
+    """tanh(x) elementwise."""
+    return _tandem.tanh(x)
+
+
+def exp(a):
+    """exp(a) elementwise."""
+    return _tandem.exp(a)
+
+
+def log(x):
+    """The natural logarithm elementwise."""
+    return _tandem.log(x)
+
+
+def identity(x):
+    return Identity()(x)[0]
+
+
+def negative(x):
+    return Negative()(x)[0]
+
+
+def matmul(x, w):
+    """The matrix product of 2-d x and w."""
+    return _tandem.matmul(x, w)
+
+
+def add_bias(x, b, axis=0):
+    """b added to each row (axis 0) or each column (axis 1) of the 2-d x."""
+    return AddBias(axis)(x, b)[0]
+
+
+def add(a, b):
+    return _tandem.add(a, b)
+
+
+def sub(a, b):
+    return _tandem.sub(a, b)
+
+
+def mul(x, y):
+    return _tandem.mul(x, y)
+
+
+def div(a, b):
+    return _tandem.div(a, b)
+
+
+def greater(x, y):
+    return Greater()(x, y)[0]
+
+
+def less(x, y):
+    return Less()(x, y)[0]
+
+
+def equal(x, y):
+    return Equal()(x, y)[0]
+
+
+def reshape(x, shape):
+    """x in another shape (-1: inferred; 0: x's extent kept)."""
+    return Reshape(shape)(x)[0]
+
+
+def flatten(x, axis=1):
+    """x as a 2-d tensor: [product of the extents before axis, product of the rest]."""
+    return Flatten(axis)(x)[0]
+
+
+def transpose(x, shape):
+    """x with its dimensions reordered by the permutation ``shape``."""
+    return Transpose(shape)(x)[0]
+
+
+def squeeze(x, axis=[]):  # noqa: B006 (SINGA's default)
+    """x without the extent-1 dimensions listed in axis (all of them by default)."""
+    return Squeeze(axis)(x)[0]
+
+
+def unsqueeze(x, axis=-1):
+    """x with extent-1 dimensions inserted at the positions in axis (an int or a list)."""
+    return Unsqueeze(axis)(x)[0]
+
+
+def cat(xs, axis=0):
+    """The tensors of the list xs joined along axis."""
+    return Concat(axis)(*xs)[0]
+
+
+def softmax(x, axis=1):
+    """Softmax over the dimensions from axis on (each row of a 2-d x)."""
+    return SoftMax(axis)(x)[0]
+
+
+def sum(*l):
+    """The elementwise sum of the tensors."""
+    return Sum()(*l)[0]
+
+
+def mean(*l):
+    """The elementwise mean of the tensors."""
+    return Mean()(*l)[0]
+
+
+def softmax_cross_entropy(x, t):
+    """The mean over the batch of -log softmax(x)[t]; t: class indices [N] or targets [N, C]."""
+    return SoftMaxCrossEntropy(t)(x)[0]
+
+
+def cross_entropy(x, t):
+    """-sum(t log x) / N for probabilities x [N, C]; t: targets [N, C] or class indices [N]."""
+    return CrossEntropy(t)(x)[0]
+
+
+def mse_loss(x, t):
+    """The mean of (x - t)^2 over every element."""
+    return MeanSquareError(t)(x)[0]
+
+
+def dropout(x, seed=0, ratio=0.5):
+    """Zeroes elements with probability ratio while ``training`` (the rest scaled by 1 / (1 - ratio))."""
+    return Dropout(seed, ratio)(x)[0]
+
+
+def binary_cross_entropy(x, t):
+    """-(sum(t log x) + sum((1 - t) log(1 - x))) / N for probabilities x (guarded against log 0)."""
+    return BinaryCrossEntropy(t)(x)[0]
+
+
+def reduce_sum(x, axes=None, keepdims=1):
+    """The sum over the axes (None: all), kept as extents of 1 with keepdims 1."""
+    return ReduceSum(axes, keepdims)(x)[0]
+
+
+def reduce_mean(x, axes=None, keepdims=1):
+    """The mean over the axes (None: all), kept as extents of 1 with keepdims 1."""
+    return ReduceMean(axes, keepdims)(x)[0]
+
+
+def expand(x, shape):
+    """x broadcast to shape."""
+    return Expand(shape)(x)[0]
+
+
+def slice(x, starts, ends, axes=None, steps=None):
+    """Elements [starts[i], ends[i]) of axes[i], every steps[i]-th."""
+    return Slice(starts, ends, axes, steps)(x)[0]
+
+
+def where(x, y, condition):
+    """x where condition is nonzero, y elsewhere."""
+    return Where(condition)(x, y)[0]

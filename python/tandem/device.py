@@ -1,7 +1,10 @@
 """Devices: the CPU and CUDA GPUs (SINGA's ``singa.device``).
 
 Each device carries the random generator its layers initialise their parameters from; seed it with
-``dev.SetRandSeed(seed)`` (or ``dev.set_rand_seed``) before the model's first call.
+``dev.SetRandSeed(seed)`` (or ``dev.set_rand_seed``) before the model's first call. SINGA's device
+methods are there too: ``Sync()``, ``SetVerbosity(n)``, ``SetSkipIteration(n)`` and
+``PrintTimeProfiling()`` (time profiles of the operations run on the device), ``EnableGraph(enable)``,
+``ResetGraph()``, ``graph_enabled()``, ``Reset()``, ``host()`` and ``id()``.
 """
 from . import _tandem
 
@@ -43,6 +46,11 @@ def create_cuda_gpus_on(device_ids):
 def get_num_gpus():
     """Number of usable CUDA GPUs (0 in a build without CUDA)."""
     return _tandem.cuda_device_count()
+
+
+def get_gpu_ids():
+    """The indices of the usable CUDA GPUs."""
+    return list(range(get_num_gpus()))
 
 
 def set_num_threads(n):

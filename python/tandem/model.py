@@ -9,11 +9,12 @@ whole (a CUDA graph): after three eager calls with the same input tensors, the f
 rewriting the tensors ``train_one_batch`` returned. Python code in ``train_one_batch`` runs only when
 the step is recorded. Other input tensors, another learning rate or precision run eagerly (and are
 recorded in turn); steps that cannot be recorded (the CPU, ranks over Gloo, Adam, loss scaling)
-run eagerly, with the reason printed once."""
+run eagerly, with the reason printed once. ``device.EnableGraph(False)`` makes a device's steps run
+eagerly; ``device.ResetGraph()`` drops the steps recorded on it (they are recorded anew)."""
 import json
 import sys
 
-from . import _tandem
+from . import _tandem, autograd
 from .layer import Layer
 
 # Eager calls with the same inputs before the step is recorded: the first creates the optimizer's state,
@@ -54,9 +55,26 @@ class Model(Layer):
         with _tandem.no_grad():
             self.forward(*inputs)
         self._initialized = True
+        for name, t in self.get_states().items():  # SINGA's tensors carry their names (p.name)
+            t.name = name
         self.train(is_train)
         if self.optimizer is not None:
             self.optimizer._use_model(self)
+
+    def graph(self, mode=True, sequential=False):
+        """SINGA's switch for recorded steps after compile: mode False runs every training step eagerly,
+        True records them on a GPU (as compile(use_graph=True)); sequential is accepted."""
+        self.graph_mode = bool(mode)
+        self.sequential = bool(sequential)
+        if not self.graph_mode:
+            self._recorded = None
+            self._steady_key, self._steady_calls = None, 0
+
+    def train(self, mode=True):
+        """Training mode (or evaluation with mode False) for the model and its layers; sets
+        ``autograd.training`` as SINGA's does."""
+        super().train(mode)
+        autograd.training = bool(mode)
 
     def __call__(self, *args, **kwargs):
         self._initialized = True
@@ -100,9 +118,12 @@ class Model(Layer):
 
     def _recorded_step(self, args, kwargs):
         key, dev = self._step_key(args, kwargs)
-        if key is None:
+        if key is None or not dev.graph_enabled():
             return self.train_one_batch(*args, **kwargs)
         rec = self._recorded
+        if rec is not None and rec["generation"] != dev.graph_generation:  # the device's ResetGraph
+            rec = self._recorded = None
+            self._steady_key, self._steady_calls = None, 0
         if rec is not None and rec["key"] == key:
             rec["step"].replay()
             return rec["out"]
@@ -128,7 +149,7 @@ class Model(Layer):
             self._give_up_recording(f"recording the step failed: {e}")
             return self.train_one_batch(*args, **kwargs)
         step.replay()
-        self._recorded = {"key": key, "step": step, "out": result.get("out")}
+        self._recorded = {"key": key, "step": step, "out": result.get("out"), "generation": dev.graph_generation}
         return self._recorded["out"]
 
     @property

@@ -1,7 +1,16 @@
-"""Tensors (SINGA's ``singa.tensor``): ``Tensor(shape, dev, dtype)``, NumPy copies, DLPack views."""
+"""Tensors (SINGA's ``singa.tensor``).
+
+``Tensor(shape=(), device=None, dtype=float32, data=None, requires_grad=True, stores_grad=False,
+creator=None, name=None)`` takes SINGA's arguments in SINGA's order. The functions and methods below
+keep SINGA's names, arguments and defaults; NumPy copies and DLPack views come with them.
+"""
+import atexit
+import math
+
 import numpy as np
 
 from . import _tandem
+from .device import get_default_device
 
 Tensor = _tandem.Tensor
 DType = _tandem.DType
@@ -15,16 +24,36 @@ int64 = DType.int64
 uint8 = DType.uint8
 
 _DLPACK_CUDA = 2
+_SIZES = {float32: 4, float64: 8, float16: 2, bfloat16: 2, int32: 4, int64: 8, uint8: 1}
 
 
-def from_numpy(array, dev=None, dtype=None):
-    """A new tensor with a copy of the array's values, on ``dev`` (None: the CPU)."""
-    return _tandem.from_array(np.asarray(array), dev, dtype)
+# ---- module functions
+def from_numpy(np_array, dev=None, dtype=None):
+    """A new tensor with a copy of the array's values, on ``dev`` (None: the CPU). As SINGA's, float64
+    arrays become float32 tensors and int64 arrays int32 ones, unless ``dtype`` says otherwise."""
+    a = np.asarray(np_array)
+    if dtype is None:
+        dtype = {np.dtype(np.float64): float32, np.dtype(np.int64): int32}.get(a.dtype)
+    return _tandem.from_array(a, dev, dtype)
 
 
 def to_numpy(t):
     """A NumPy copy of the tensor's values (bfloat16 arrives as float32)."""
     return t.to_numpy()
+
+
+def to_host(t):
+    """A copy of the tensor on the CPU."""
+    return t.to(get_default_device())
+
+
+def from_raw_tensor(t):
+    """The tensor itself (SINGA wraps its C++ tensors; tandem's are the same objects)."""
+    return t
+
+
+def from_raw_tensors(tt):
+    return list(tt)
 
 
 def from_dlpack(x):
@@ -41,13 +70,436 @@ def from_dlpack(x):
     return _tandem._from_dlpack(x)
 
 
-def zeros(shape, dev=None, dtype=float32):
-    return _tandem.full(list(shape), 0.0, dev, dtype)
+def zeros(shape, device=get_default_device(), dtype=float32):
+    return _tandem.full(list(shape), 0.0, device, dtype)
 
 
-def ones(shape, dev=None, dtype=float32):
-    return _tandem.full(list(shape), 1.0, dev, dtype)
+def ones(shape, device=get_default_device(), dtype=float32):
+    return _tandem.full(list(shape), 1.0, device, dtype)
 
 
 def full(shape, value, dev=None, dtype=float32):
     return _tandem.full(list(shape), float(value), dev, dtype)
+
+
+def random(shape, device=get_default_device()):
+    """Uniform values in [0, 1) from the device's generator."""
+    return Tensor(shape, device).uniform(0.0, 1.0)
+
+
+def zeros_like(t):
+    return _tandem.full(list(t.shape), 0.0, t.device, t.dtype)
+
+
+def ones_like(t):
+    return _tandem.full(list(t.shape), 1.0, t.device, t.dtype)
+
+
+def product(shape):
+    """The number of elements of a shape."""
+    return math.prod(shape)
+
+
+def sizeof(dtype):
+    """Bytes per element of the type."""
+    return _SIZES[dtype]
+
+
+def contiguous(tensor):
+    return tensor.contiguous()
+
+
+def reshape(tensor, shape):
+    """A tensor of the same elements in another shape (one extent may be -1)."""
+    return tensor.reshape(list(shape))
+
+
+def transpose(t, axes=None):
+    """The dimensions reversed (axes None) or reordered as axes says."""
+    return t.transpose(axes)
+
+
+def copy_data_to_from(dst, src, size, dst_offset=0, src_offset=0):
+    """Copies ``size`` elements of src from src_offset on into dst from dst_offset on (flat, any devices)."""
+    _flat(dst, dst_offset, size).copy_(src.contiguous().reshape([-1]).detach()[src_offset:src_offset + size])
+
+
+def copy_from_numpy(data, np_array):
+    """Copies the array's values into the tensor ``data`` (same element count)."""
+    return data.copy_from_numpy(np_array)
+
+
+def concatenate(tensors, axis):
+    return _tandem.concat(list(tensors), int(axis))
+
+
+def softmax(t, out=None):
+    """Softmax of each row of a 1-d or 2-d tensor (SINGA's: over the dimensions from 1 on, flattened)."""
+    from . import autograd
+
+    y = autograd.softmax(t, 1 if t.dim() > 1 else 0)
+    return _into(out, y)
+
+
+def sum(t, axis=None, out=None):
+    """Sum of all elements (a 0-d tensor when axis is None), or over the axis (an int or a tuple of ints)."""
+    if axis is None:
+        return _into(out, _tandem.sum(t))
+    axes = [axis] if isinstance(axis, int) else list(axis)
+    return _into(out, _tandem.sum_dims(t, axes, False))
+
+
+def average(t, axis=None):
+    """Mean of all elements as a float (axis None), or along the axis."""
+    if axis is None:
+        return _tandem.sum(t).item() / t.size()
+    return _tandem.sum_dims(t, [axis], False) * (1.0 / t.shape[axis])
+
+
+def exp(t):
+    return _tandem.exp(t)
+
+
+def log(t):
+    return _tandem.log(t)
+
+
+def sigmoid(t):
+    return _tandem.sigmoid(t)
+
+
+def tanh(t):
+    return _tandem.tanh(t)
+
+
+def relu(t):
+    return _tandem.relu(t)
+
+
+def square(t):
+    return _tandem.mul(t, t)
+
+
+def pow(t, x, out=None):
+    """t ** x elementwise (x a float or a tensor), as exp(x log t): for t > 0."""
+    xt = x if isinstance(x, Tensor) else _scalar(float(x), t)
+    return _into(out, _tandem.exp(_tandem.mul(xt, _tandem.log(t))))
+
+
+def lt(t, x):
+    return t < x
+
+
+def le(t, x):
+    return t <= x
+
+
+def gt(t, x):
+    return t > x
+
+
+def ge(t, x):
+    return t >= x
+
+
+def eq(t, x):
+    """1 where t equals x (a tensor or a number), 0 elsewhere."""
+    return _compare(t, x, "eq")
+
+
+def add(lhs, rhs, ret=None):
+    return _into(ret, lhs + rhs)
+
+
+def sub(lhs, rhs, ret=None):
+    return _into(ret, lhs - rhs)
+
+
+def eltwise_mult(lhs, rhs, ret=None):
+    return _into(ret, lhs * rhs)
+
+
+def div(lhs, rhs, ret=None):
+    return _into(ret, lhs / rhs)
+
+
+def mult(A, B, C=None, alpha=1.0, beta=0.0):
+    """alpha * A B + beta * C for 2-d A and B (B may be 1-d); into C when given."""
+    vector = B.dim() == 1
+    y = _tandem.matmul(A, B.reshape([B.shape[0], 1]) if vector else B)
+    if vector:
+        y = y.reshape([A.shape[0]])
+    if alpha != 1.0:
+        y = y * float(alpha)
+    if C is None:
+        return y
+    if beta != 0.0:
+        y = y + C * float(beta)
+    C.copy_(y)
+    return C
+
+
+def axpy(alpha, x, y):
+    """y += alpha * x, in place; returns y."""
+    y += x * float(alpha)
+    return y
+
+
+def bernoulli(p, t):
+    return t.bernoulli(p)
+
+
+def gaussian(mean, std, t):
+    return t.gaussian(mean, std)
+
+
+def uniform(low, high, t):
+    return t.uniform(low, high)
+
+
+# ---- helpers
+def _scalar(value, like):
+    return _tandem.full([], value, like.device, like.dtype)
+
+
+def _compare(t, x, op):
+    return _tandem.compare(t, x if isinstance(x, Tensor) else _scalar(float(x), t), op)
+
+
+def _into(out, y):
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def _flat(t, offset, size):
+    if offset < 0 or size < 0 or offset + size > t.size():
+        raise ValueError(f"elements [{offset}, {offset + size}) are outside the tensor of {t.size()} elements "
+                         "(element count and offset do not fit)")
+    if not t.is_contiguous():
+        raise ValueError("copying into part of a tensor needs a contiguous tensor")
+    return t.view([-1]).narrow(0, offset, size)
+
+
+# ---- SINGA's Tensor methods, in Python (see _install below)
+class _Count(int):
+    """An int that may also be called: ``t.ndim`` (NumPy's attribute) and ``t.ndim()`` (SINGA's method)."""
+
+    def __call__(self):
+        return int(self)
+
+
+_c = {name: getattr(Tensor, name) for name in ("copy_from_numpy", "set_value", "gaussian", "uniform", "transpose")}
+
+
+def _ndim(self):
+    return _Count(self.dim())
+
+
+def _is_dummy(self):
+    """True for a tensor nobody named (SINGA's names such tensors Dummy#N)."""
+    return self.name.startswith("Dummy#")
+
+
+def _is_empty(self):
+    return self.dim() == 0
+
+
+def _is_transpose(self):
+    """True when the elements are not stored in row-major order."""
+    return not self.is_contiguous()
+
+
+def _memsize(self):
+    return self.nbytes
+
+
+def _transpose(self, axes=None, dim1=None):
+    """A copy with the dimensions reversed (axes None) or ordered as axes; ``t.transpose(0, 1)``
+    swaps two dimensions. Recorded by autograd."""
+    if dim1 is not None:
+        perm = list(range(self.dim()))
+        perm[axes], perm[dim1] = perm[dim1], perm[axes]
+    elif axes is None:
+        perm = list(range(self.dim()))[::-1]
+    else:
+        perm = list(axes)
+        if len(perm) != self.dim():
+            raise ValueError(f"transpose: {len(perm)} axes for a tensor of {self.dim()} dimensions")
+    return _tandem.permute(self, perm)
+
+
+def _T(self):
+    """The 2-d transpose (a copy)."""
+    return _transpose(self)
+
+
+def _to_host(self):
+    """Moves this handle's data to the CPU."""
+    self.to_device(get_default_device())
+
+
+def _l1(self):
+    """SINGA's L1 value: the mean absolute value of the elements."""
+    a = _tandem.add(_tandem.relu(self), _tandem.relu(self * -1.0))
+    return _tandem.sum(a).item() / self.size()
+
+
+def _l2(self):
+    """SINGA's L2 value: the Euclidean norm of the elements divided by their number."""
+    return math.sqrt(_tandem.sum(_tandem.mul(self, self)).item()) / self.size()
+
+
+def _set_value(self, x, inplace=True):
+    """Sets every element to x (inplace False: a new tensor of that value)."""
+    if not inplace:
+        return _tandem.full(list(self.shape), float(x), self.device, self.dtype)
+    return _c["set_value"](self, float(x))
+
+
+def _copy_from_numpy(self, np_array, offset=0):
+    """Copies the array's values into this tensor, converting their type; from element ``offset`` on
+    when given (the array then fills part of the tensor)."""
+    a = np.asarray(np_array)
+    if offset == 0:
+        return _c["copy_from_numpy"](self, a)
+    _c["copy_from_numpy"](_flat(self, offset, a.size), a.reshape(-1))
+    return self
+
+
+def _copy_from(self, t, offset=0):
+    """Copies a tensor's or an array's values into this tensor (from element offset on)."""
+    if isinstance(t, Tensor):
+        if offset == 0:
+            return self.copy_data(t)
+        _flat(self, offset, t.size()).copy_(t.contiguous().reshape([-1]).detach())
+        return self
+    if isinstance(t, np.ndarray):
+        return _copy_from_numpy(self, t, offset)
+    raise ValueError("copy_from: t should be a Tensor or a NumPy array")
+
+
+def _copy(self):
+    """A new handle sharing this tensor's memory."""
+    return Tensor(data=self, requires_grad=False)
+
+
+def _deepcopy(self):
+    return self.clone()
+
+
+def _random(self, inplace, fill):
+    t = self if inplace else Tensor(self.shape, self.device, self.dtype)
+    fill(t)
+    return t
+
+
+def _gaussian(self, mean, std, inplace=True):
+    """N(mean, std^2) values from the device's generator, into this tensor (inplace False: a new one)."""
+    return _random(self, inplace, lambda t: _c["gaussian"](t, float(mean), float(std)))
+
+
+def _uniform(self, low, high, inplace=True):
+    """U[low, high) values from the device's generator, into this tensor (inplace False: a new one)."""
+    return _random(self, inplace, lambda t: _c["uniform"](t, float(low), float(high)))
+
+
+def _bernoulli(self, p, inplace=True):
+    """1 with probability p, else 0, per element (inplace False: a new tensor)."""
+    def fill(t):
+        u = Tensor(t.shape, t.device, float32 if t.dtype not in (float32, float64) else t.dtype)
+        _c["uniform"](u, 0.0, 1.0)
+        t.copy_(_compare(u, float(p), "lt"))
+
+    return _random(self, inplace, fill)
+
+
+def _getitem(self, keys):
+    """Elements selected per dimension by an int (the dimension is kept, of extent 1, as SINGA's) or a
+    slice of step 1. Recorded by autograd."""
+    if not isinstance(keys, tuple):
+        keys = (keys,)
+    if len(keys) > self.dim():
+        raise ValueError(f"{len(keys)} indices for a tensor of {self.dim()} dimensions")
+    out = self
+    for axis, key in enumerate(keys):
+        n = self.shape[axis]
+        if isinstance(key, int):
+            k = key + n if key < 0 else key
+            if not 0 <= k < n:
+                raise ValueError(f"index {key} is outside dimension {axis} of extent {n}")
+            start, stop = k, k + 1
+        elif isinstance(key, slice):
+            if key.step not in (None, 1):
+                raise ValueError("slices of a tensor take step 1 only")
+            start, stop, _ = key.indices(n)
+            if start >= stop:
+                raise ValueError(f"the slice {key} selects nothing of dimension {axis} (extent {n})")
+        else:
+            raise ValueError(f"a tensor is indexed by ints and slices, not {type(key).__name__}")
+        if (start, stop) != (0, n):
+            out = _tandem.slice(out, axis, start, stop - start)
+    return out
+
+
+def _lt(self, rhs):
+    return _compare(self, rhs, "lt")
+
+
+def _le(self, rhs):
+    return _compare(self, rhs, "le")
+
+
+def _gt(self, rhs):
+    return _compare(self, rhs, "gt")
+
+
+def _ge(self, rhs):
+    return _compare(self, rhs, "ge")
+
+
+_METHODS = {
+    "ndim": property(_ndim, doc="The number of dimensions: t.ndim, or SINGA's t.ndim()."),
+    "T": property(_T, doc="The 2-d transpose (a copy)."),
+    "is_dummy": _is_dummy,
+    "is_empty": _is_empty,
+    "is_transpose": _is_transpose,
+    "memsize": _memsize,
+    "transpose": _transpose,
+    "to_host": _to_host,
+    "l1": _l1,
+    "l2": _l2,
+    "set_value": _set_value,
+    "copy_from_numpy": _copy_from_numpy,
+    "copy_from": _copy_from,
+    "copy": _copy,
+    "deepcopy": _deepcopy,
+    "gaussian": _gaussian,
+    "uniform": _uniform,
+    "bernoulli": _bernoulli,
+    "__getitem__": _getitem,
+    "__lt__": _lt,
+    "__le__": _le,
+    "__gt__": _gt,
+    "__ge__": _ge,
+}
+
+
+def _install():
+    for name, f in _METHODS.items():
+        setattr(Tensor, name, f)
+
+
+def _uninstall():
+    # Before the interpreter shuts down: these Python functions refer to this module, which refers to
+    # the Tensor type; removing them lets the type go with the extension module.
+    for name in _METHODS:
+        try:
+            delattr(Tensor, name)
+        except AttributeError:
+            pass
+
+
+_install()
+atexit.register(_uninstall)

@@ -10,6 +10,7 @@
 #include "core/tensor_impl.h"
 #include "ops/op_utils.h"
 #include "tandem/autograd.h"
+#include "tandem/profiler.h"
 
 namespace tandem {
 
@@ -85,12 +86,14 @@ Tensor grad_add_target(size_t i) {
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
 
-Tensor record_op(Tensor out, std::initializer_list<Tensor> inputs, const char* name, Node::BackwardFn fn) {
+namespace {
+Tensor record(Tensor out, const Tensor* begin, const Tensor* end, const char* name, Node::BackwardFn fn) {
   if (!t_grad_enabled) return out;
   std::vector<std::shared_ptr<Node>> next;
-  next.reserve(inputs.size());
+  next.reserve(static_cast<size_t>(end - begin));
   bool any = false;
-  for (const Tensor& in : inputs) {
+  for (const Tensor* it = begin; it != end; ++it) {
+    const Tensor& in = *it;
     if (in.defined() && in.requires_grad()) {
       any = true;
       next.push_back(in.grad_fn() ? in.grad_fn() : accumulator_for(in));
@@ -109,6 +112,15 @@ Tensor record_op(Tensor out, std::initializer_list<Tensor> inputs, const char* n
   out.impl()->requires_grad = true;
   return out;
 }
+}  // namespace
+
+Tensor record_op(Tensor out, std::initializer_list<Tensor> inputs, const char* name, Node::BackwardFn fn) {
+  return record(std::move(out), inputs.begin(), inputs.end(), name, std::move(fn));
+}
+
+Tensor record_op(Tensor out, const std::vector<Tensor>& inputs, const char* name, Node::BackwardFn fn) {
+  return record(std::move(out), inputs.data(), inputs.data() + inputs.size(), name, std::move(fn));
+}
 
 void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tensor& grad_output) {
   TANDEM_CHECK(loss.defined(), "backward: the loss is an undefined tensor");
@@ -124,6 +136,7 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
     TANDEM_CHECK(seed.shape() == loss.shape(), "backward: grad_output ", seed.str(), " does not match ", loss.str());
   }
   NoGradGuard no_grad;
+  profiler::BackwardScope profiled_as_backward;
 
   std::shared_ptr<Node> root = loss.grad_fn() ? loss.grad_fn() : accumulator_for(loss);
 
@@ -213,6 +226,9 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
       if (--deps[c] == 0) ready.push({c});
     }
   }
+  // A pass is one iteration of the device's time profile; recording a step runs no kernel.
+  if (profiler::detail::any_enabled() && !backend::backend_for(loss.device()).recording(loss.device().index))
+    profiler::end_iteration(loss.device());
 }
 
 }  // namespace tandem

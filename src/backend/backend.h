@@ -17,7 +17,8 @@
 
 namespace tandem::backend {
 
-enum class Binary { Add, Sub, Mul, Div, Max, Min };
+/// Gt, Ge, Lt, Le and Eq give 1 where the comparison holds and 0 elsewhere, in the operands' type.
+enum class Binary { Add, Sub, Mul, Div, Max, Min, Gt, Ge, Lt, Le, Eq };
 enum class Unary { Neg, Relu, Sigmoid, Tanh, Exp, Log, Abs, Sqrt };
 
 /// Geometry of a 2-D convolution: x [n, c, h, w], w [k, c, r, s], y [n, k, oh, ow]. With nhwc, x, y
@@ -146,6 +147,11 @@ class Backend {
                               Tensor& db) = 0;
   /// out (one element) = sum of all elements of x (integers summed into i64 or their own type).
   virtual void sum(const Tensor& x, Tensor& out) = 0;
+  /// y = softmax of each row of x viewed as [n, c] (the row's maximum subtracted first). CPU: f32, f64;
+  /// CUDA: f32.
+  virtual void softmax_rows(const Tensor& x, int64_t n, int64_t c, Tensor& y) = 0;
+  /// dx = y * (dy - sum over the row of dy * y), rows of [n, c]: softmax's gradient from its output y.
+  virtual void softmax_rows_backward(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, Tensor& dx) = 0;
 
   // ---- dense linear algebra, row-major: C = alpha * op(A) op(B) + beta * C (CUDA: f32, f16, bf16; 16-bit
   // operands accumulate in f32)

@@ -1,5 +1,7 @@
 #include "backend/backend.h"
+#include "backend/profiling_backend.h"
 #include "tandem/error.h"
+#include "tandem/profiler.h"
 
 namespace tandem::backend {
 
@@ -17,9 +19,10 @@ Backend* cuda_backend() {
 }
 
 Backend& backend_for(Device d) {
-  if (d.is_cpu()) return cpu_backend();
-  Backend* b = cuda_backend();
+  Backend* b = d.is_cpu() ? &cpu_backend() : cuda_backend();
   TANDEM_CHECK(b != nullptr, "device ", d.str(), " requested, but tandem was built without CUDA");
+  if (profiler::detail::any_enabled()) [[unlikely]]
+    return profiling_backend(*b, d);
   return *b;
 }
 

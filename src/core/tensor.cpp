@@ -276,6 +276,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
                start + length, ") outside dimension ", d, " of ", str());
   auto impl = std::make_shared<TensorImpl>(*impl_);
   impl->requires_grad = false;
+  impl->name.clear();
   impl->grad_fn.reset();
   impl->grad.reset();
   impl->grad_accumulator.reset();

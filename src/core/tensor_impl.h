@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "tandem/autograd.h"
 #include "tandem/tensor.h"
@@ -38,6 +39,7 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;
   bool grad_zeroed = false;  // grad holds zeros: the first gradient of a backward pass may overwrite it
   std::weak_ptr<Node> grad_accumulator;  // for leaves: the node that accumulates into grad
+  std::string name;  // set by the Python API (SINGA's Tensor.name); empty until then
 
   Device device() const { return storage->device; }
   int64_t numel() const { return shape_numel(shape); }

@@ -1,4 +1,4 @@
-// Elementwise ops and bias addition.
+// Elementwise ops (operands broadcast as NumPy's are), comparisons and bias addition.
 #include "ops/layout.h"
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
@@ -9,26 +9,90 @@ using backend::Binary;
 using backend::Unary;
 using namespace ops;
 
+namespace {
+// Operands of different shapes are stretched to their common shape (each expansion recorded, so that
+// an operand's gradient is summed back to its shape); returns false when they already agree.
+bool broadcast_operands(const Tensor& a, const Tensor& b, const char* op, Tensor& ea, Tensor& eb) {
+  check_defined(a, op, "first operand");
+  check_defined(b, op, "second operand");
+  if (a.shape() == b.shape()) {
+    check_same(a, b, op);
+    return false;
+  }
+  TANDEM_CHECK(a.device() == b.device(), op, ": operands on different devices (", a.str(), " and ", b.str(), ")");
+  TANDEM_CHECK(a.dtype() == b.dtype(), op, ": operands of different dtypes (", a.str(), " and ", b.str(), ")");
+  const Shape s = broadcast_shape(a, b, op);
+  ea = expand(a, s);
+  eb = expand(b, s);
+  return true;
+}
+}  // namespace
+
 Tensor add(const Tensor& a, const Tensor& b) {
-  check_same(a, b, "add");
+  if (Tensor ea, eb; broadcast_operands(a, b, "add", ea, eb)) return add(ea, eb);
   return record_op(binary_raw(Binary::Add, a, b), {a, b}, "add",
                    [](const Tensor& g) { return std::vector<Tensor>{g, g}; });
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
-  check_same(a, b, "sub");
+  if (Tensor ea, eb; broadcast_operands(a, b, "sub", ea, eb)) return sub(ea, eb);
   return record_op(binary_raw(Binary::Sub, a, b), {a, b}, "sub",
                    [](const Tensor& g) { return std::vector<Tensor>{g, affine_raw(g, -1.0, 0.0)}; });
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  check_same(a, b, "mul");
+  if (Tensor ea, eb; broadcast_operands(a, b, "mul", ea, eb)) return mul(ea, eb);
   bool need_a = a.requires_grad(), need_b = b.requires_grad();
   Tensor sa = need_b ? a.detach() : Tensor(), sb = need_a ? b.detach() : Tensor();
   return record_op(binary_raw(Binary::Mul, a, b), {a, b}, "mul", [sa, sb](const Tensor& g) {
     return std::vector<Tensor>{sb.defined() ? binary_raw(Binary::Mul, g, sb) : Tensor(),
                                sa.defined() ? binary_raw(Binary::Mul, g, sa) : Tensor()};
   });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  if (Tensor ea, eb; broadcast_operands(a, b, "div", ea, eb)) return div(ea, eb);
+  bool need_b = b.requires_grad();
+  Tensor sa = need_b ? a.detach() : Tensor(), sb = b.detach();
+  return record_op(binary_raw(Binary::Div, a, b), {a, b}, "div", [sa, sb](const Tensor& g) {
+    Tensor da = binary_raw(Binary::Div, g, sb);
+    // d(a/b)/db = -(a/b)/b: -g * a / b^2
+    Tensor db = sa.defined() ? affine_raw(binary_raw(Binary::Div, binary_raw(Binary::Mul, da, sa), sb), -1.0, 0.0)
+                             : Tensor();
+    return std::vector<Tensor>{da, db};
+  });
+}
+
+Tensor exp(const Tensor& x) {
+  check_floating(x, "exp", "input");
+  Tensor y = unary_raw(Unary::Exp, x);
+  Tensor saved = y.detach();
+  return record_op(y, {x}, "exp",
+                   [saved](const Tensor& g) { return std::vector<Tensor>{binary_raw(Binary::Mul, g, saved)}; });
+}
+
+Tensor log(const Tensor& x) {
+  check_floating(x, "log", "input");
+  Tensor saved = x.detach();
+  return record_op(unary_raw(Unary::Log, x), {x}, "log",
+                   [saved](const Tensor& g) { return std::vector<Tensor>{binary_raw(Binary::Div, g, saved)}; });
+}
+
+Tensor compare(const Tensor& a, const Tensor& b, Comparison op) {
+  static constexpr const char* names[] = {"greater", "greater_equal", "less", "less_equal", "equal"};
+  static constexpr Binary kernels[] = {Binary::Gt, Binary::Ge, Binary::Lt, Binary::Le, Binary::Eq};
+  const int k = static_cast<int>(op);
+  TANDEM_CHECK(k >= 0 && k < 5, "compare: unknown comparison ", k);
+  check_defined(a, names[k], "first operand");
+  check_defined(b, names[k], "second operand");
+  if (a.shape() == b.shape()) {
+    check_same(a, b, names[k]);
+    return binary_raw(kernels[k], a, b);
+  }
+  TANDEM_CHECK(a.device() == b.device(), names[k], ": operands on different devices (", a.str(), " and ", b.str(), ")");
+  TANDEM_CHECK(a.dtype() == b.dtype(), names[k], ": operands of different dtypes (", a.str(), " and ", b.str(), ")");
+  const Shape s = broadcast_shape(a, b, names[k]);
+  return binary_raw(kernels[k], expand_raw(a, s), expand_raw(b, s));
 }
 
 Tensor scale(const Tensor& a, double s) {

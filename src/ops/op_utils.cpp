@@ -1,5 +1,8 @@
 #include "ops/op_utils.h"
 
+#include <numeric>
+
+#include "core/tensor_impl.h"
 #include "ops/layout.h"
 
 namespace tandem::ops {
@@ -80,6 +83,120 @@ Tensor broadcast_scalar(const Tensor& s, const Shape& shape) {
   int64_t n = out.numel();
   if (n) be(s).bias_add(out, s.contiguous().view({1}), 1, 1, n, out);
   return out;
+}
+
+Shape broadcast_shape(const Tensor& a, const Tensor& b, const char* op) {
+  const Shape &sa = a.shape(), &sb = b.shape();
+  const size_t n = std::max(sa.size(), sb.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {  // from the right
+    const int64_t da = i < sa.size() ? sa[sa.size() - 1 - i] : 1, db = i < sb.size() ? sb[sb.size() - 1 - i] : 1;
+    TANDEM_CHECK(da == db || da == 1 || db == 1, op, ": operands of different shapes (", a.str(), " and ", b.str(),
+                 ") that do not broadcast: extents ", da, " and ", db, " differ and neither is 1");
+    out[n - 1 - i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+Tensor expand_raw(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  const Shape& xs = x.shape();
+  TANDEM_CHECK(xs.size() <= shape.size(), "expand: ", x.str(), " has more dimensions than the shape it is expanded to");
+  const size_t lead = shape.size() - xs.size();
+  Shape strides(shape.size(), 0);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    TANDEM_CHECK(xs[i] == shape[lead + i] || xs[i] == 1, "expand: ", x.str(), " does not broadcast to extent ",
+                 shape[lead + i], " in dimension ", lead + i);
+    strides[lead + i] = xs[i] == 1 ? 0 : x.strides()[i];
+  }
+  // A view that reads each element of x as often as broadcasting repeats it; the copy makes it dense.
+  return as_strided(x, shape, strides, x.impl()->offset).contiguous();
+}
+
+Tensor sum_to_raw(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  const Shape& gs = g.shape();
+  TANDEM_ASSERT(shape.size() <= gs.size(), "sum_to ", g.str(), " into ", shape.size(), " dimensions");
+  const size_t lead = gs.size() - shape.size();
+  std::vector<int64_t> reduced, kept;
+  int64_t n = 1, c = 1;
+  for (size_t i = 0; i < gs.size(); ++i) {
+    const int64_t target = i < lead ? 1 : shape[i - lead];
+    if (target == 1 && gs[i] != 1) {
+      reduced.push_back(static_cast<int64_t>(i));
+      n *= gs[i];
+    } else {
+      kept.push_back(static_cast<int64_t>(i));
+      c *= gs[i];
+    }
+  }
+  if (reduced.empty()) return g.contiguous().view(shape);
+  // The stretched dimensions first: then the sum is over the rows of an [n, c] matrix.
+  std::vector<int64_t> perm = reduced;
+  perm.insert(perm.end(), kept.begin(), kept.end());
+  Tensor gp = permute_raw(g, perm);
+  Tensor out = Tensor::zeros({c}, g.dtype(), g.device());
+  if (n * c > 0) be(g).bias_grad(gp, n, c, 1, out);
+  return out.view(shape);
+}
+
+std::vector<int64_t> check_permutation(const std::vector<int64_t>& perm, int64_t dim, const char* op) {
+  TANDEM_CHECK(static_cast<int64_t>(perm.size()) == dim, op, ": a permutation of ", dim, " dimensions needs ", dim,
+               " entries, got ", perm.size());
+  std::vector<int64_t> out(perm.size());
+  std::vector<bool> seen(perm.size(), false);
+  for (size_t i = 0; i < perm.size(); ++i) {
+    int64_t p = perm[i] < 0 ? perm[i] + dim : perm[i];
+    TANDEM_CHECK(p >= 0 && p < dim, op, ": dimension ", perm[i], " is out of range for ", dim, " dimensions");
+    TANDEM_CHECK(!seen[p], op, ": dimension ", p, " appears twice in the permutation");
+    seen[p] = true;
+    out[i] = p;
+  }
+  return out;
+}
+
+Tensor permute_raw(const Tensor& x, const std::vector<int64_t>& perm) {
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+  if (identity) return x.contiguous();
+  Shape shape(perm.size()), strides(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) {
+    shape[i] = x.shape()[perm[i]];
+    strides[i] = x.strides()[perm[i]];
+  }
+  return as_strided(x, shape, strides, x.impl()->offset).contiguous();
+}
+
+std::vector<int64_t> inverse_permutation(const std::vector<int64_t>& perm) {
+  std::vector<int64_t> inv(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
+  return inv;
+}
+
+Tensor concat_raw(const std::vector<Tensor>& xs, int64_t dim) {
+  TANDEM_ASSERT(!xs.empty(), "concat of no tensors");
+  const int64_t nd = xs[0].dim();
+  // Joined along the first dimension, every input is one contiguous block of the output; other
+  // dimensions are moved to the front and back.
+  std::vector<int64_t> perm(nd);
+  std::iota(perm.begin(), perm.end(), 0);
+  if (dim != 0) {
+    perm.erase(perm.begin() + dim);
+    perm.insert(perm.begin(), dim);
+  }
+  Shape shape = xs[0].shape();
+  shape[dim] = 0;
+  for (const Tensor& x : xs) shape[dim] += x.size(dim);
+  Shape front(nd);
+  for (int64_t i = 0; i < nd; ++i) front[i] = shape[perm[i]];
+  Tensor out = Tensor::empty(front, xs[0].dtype(), xs[0].device());
+  int64_t at = 0;
+  for (const Tensor& x : xs) {
+    const int64_t len = x.size(dim);
+    if (len > 0) out.narrow(0, at, len).copy_(permute_raw(x, perm));
+    at += len;
+  }
+  return dim == 0 ? out : permute_raw(out, inverse_permutation(perm));
 }
 
 }  // namespace tandem::ops

@@ -34,4 +34,24 @@ Tensor grad_buffer(size_t i, const Shape& shape, DType dtype, Device device);
 /// A tensor of the given shape filled with the value of the one-element tensor s (no host sync).
 Tensor broadcast_scalar(const Tensor& s, const Shape& shape);
 
+// Broadcasting (NumPy's rules: shapes aligned at the right, an extent of 1 or a missing one stretches).
+/// The shape a and b broadcast to; throws, naming op and both operands, when they do not.
+Shape broadcast_shape(const Tensor& a, const Tensor& b, const char* op);
+/// A dense copy of x stretched to shape (x's shape must broadcast to it); x itself when already of it.
+Tensor expand_raw(const Tensor& x, const Shape& shape);
+/// The sum of g over the dimensions that broadcasting stretched to make g's shape from `shape`, as a
+/// tensor of `shape`: the gradient of an operand that was broadcast.
+Tensor sum_to_raw(const Tensor& g, const Shape& shape);
+
+/// Throws unless perm orders the dimensions 0 .. dim-1 (each once); returns it with negative entries
+/// counted from the end.
+std::vector<int64_t> check_permutation(const std::vector<int64_t>& perm, int64_t dim, const char* op);
+/// A contiguous copy of x with dimension i taken from dimension perm[i] of x (x itself, contiguous,
+/// for the identity).
+Tensor permute_raw(const Tensor& x, const std::vector<int64_t>& perm);
+/// The permutation that undoes perm.
+std::vector<int64_t> inverse_permutation(const std::vector<int64_t>& perm);
+/// xs joined along dim (shapes checked by the caller), unrecorded.
+Tensor concat_raw(const std::vector<Tensor>& xs, int64_t dim);
+
 }  // namespace tandem::ops

@@ -15,6 +15,7 @@
 #include "tandem/ops.h"
 #include "tandem/optim/optimizer.h"
 #include "tandem/precision.h"
+#include "tandem/profiler.h"
 
 namespace tandem {
 namespace {
@@ -23,6 +24,37 @@ using namespace cudatest;
 
 #define REQUIRE_GPU() \
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU"
+
+TEST(CudaGraph, ProfiledKernelsAndReplaysAreTimedAndRecordingsStillWork) {
+  REQUIRE_GPU();
+  profiler::reset(gpu());
+  profiler::set_verbosity(gpu(), 2);
+  profiler::set_skip_iterations(gpu(), 0);
+  Tensor w = rand_cpu({64, 32}, 5).to(gpu());
+  w.requires_grad_();
+  Tensor x = rand_cpu({16, 32}, 6).to(gpu());
+  for (int i = 0; i < 2; ++i) backward(sum(relu(linear(x, w, Tensor()))));
+  // A recording while profiled: nothing in it is timed (no kernel runs), each replay is, whole.
+  Tensor y;
+  DeviceGraph graph(gpu(), [&] { y = scale(x, 2.0); });
+  graph.replay();
+  graph.replay();
+  synchronize(gpu());
+  expect_close(scale(x.cpu(), 2.0), y.cpu(), 0.0, 0.0, "replayed while profiled");
+  const profiler::Profile p = profiler::profile(gpu());
+  profiler::set_verbosity(gpu(), 0);
+  profiler::set_skip_iterations(gpu(), 5);
+  profiler::reset(gpu());
+  EXPECT_EQ(p.iterations, 4);  // two backward passes, two replays
+  bool gemm = false, relu_grad = false, replays = false;
+  for (const profiler::OpTime& op : p.ops) {
+    EXPECT_GT(op.seconds, 0.0) << op.name;
+    gemm |= op.name == "gemm" && op.phase == profiler::Phase::Forward && op.calls == 2;
+    relu_grad |= op.name == "relu_backward" && op.phase == profiler::Phase::Backward && op.calls == 2;
+    replays |= op.name == "recorded_step" && op.phase == profiler::Phase::Recorded && op.calls == 2;
+  }
+  EXPECT_TRUE(gemm && relu_grad && replays) << profiler::report(gpu());
+}
 
 TEST(CudaGraph, ReplaysReadInputsInPlaceAndRewriteOutputs) {
   REQUIRE_GPU();

@@ -1,8 +1,9 @@
 // CUDA backend kernels against the CPU backend on the same random inputs: elementwise ops, bias
-// broadcast and reduction, sums, GEMM, convolution, pooling, batch norm, losses and metrics.
+// broadcast and reduction, sums, GEMM, convolution, pooling, batch norm, losses and metrics, softmax.
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <utility>
 
 #include "cuda/cuda_test_util.h"
 
@@ -43,7 +44,8 @@ const int64_t kSizes[] = {1, 7, 1000, 65537};
 
 TEST(CudaKernels, BinaryF32) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  for (Binary op : {Binary::Add, Binary::Sub, Binary::Mul, Binary::Div, Binary::Max, Binary::Min}) {
+  for (Binary op : {Binary::Add, Binary::Sub, Binary::Mul, Binary::Div, Binary::Max, Binary::Min, Binary::Gt,
+                    Binary::Ge, Binary::Lt, Binary::Le, Binary::Eq}) {
     for (int64_t n : kSizes) {
       Tensor a = rand_cpu({n}, 1), b = rand_cpu({n}, 2, 0.25, 2.0);
       compare(
@@ -59,6 +61,21 @@ TEST(CudaKernels, BinaryF32) {
   }
 }
 
+TEST(CudaKernels, SoftmaxRowsAndTheirGradient) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (auto [n, c] : {std::pair<int64_t, int64_t>{1, 1}, {3, 10}, {64, 1000}, {5, 33}}) {
+    Tensor x = rand_cpu({n, c}, 11, -8.0, 8.0), dy = rand_cpu({n, c}, 12);
+    compare(
+        [&](Backend& be, Device d) {
+          Tensor y = Tensor::empty({n, c}, DType::f32, d), dx = Tensor::empty({n, c}, DType::f32, d);
+          be.softmax_rows(x.to(d), n, c, y);
+          be.softmax_rows_backward(dy.to(d), y, n, c, dx);
+          return Outputs{y, dx};
+        },
+        1e-5, 1e-7, "softmax rows n=" + std::to_string(n) + " c=" + std::to_string(c));
+  }
+}
+
 TEST(CudaKernels, BinaryIntegers) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   std::vector<int64_t> av, bv;
@@ -69,7 +86,8 @@ TEST(CudaKernels, BinaryIntegers) {
   }
   for (DType dt : {DType::i32, DType::i64}) {
     Tensor a = Tensor::from_vector(av, {3001}).to(dt), b = Tensor::from_vector(bv, {3001}).to(dt);
-    for (Binary op : {Binary::Add, Binary::Sub, Binary::Mul, Binary::Div, Binary::Max, Binary::Min}) {
+    for (Binary op : {Binary::Add, Binary::Sub, Binary::Mul, Binary::Div, Binary::Max, Binary::Min, Binary::Gt,
+                      Binary::Ge, Binary::Lt, Binary::Le, Binary::Eq}) {
       compare_exact(
           [&](Backend& be, Device d) {
             Tensor o = Tensor::empty({3001}, dt, d);

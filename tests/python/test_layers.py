@@ -177,7 +177,7 @@ def test_guide_cnn_matches_the_cpp_model(cpu):
     loss = layer.SoftMaxCrossEntropy()(net.forward(x), y)
     ref = _tandem.softmax_cross_entropy(cpp(x), y)
     assert loss.item() == ref.item()
-    autograd.backward(loss)
-    autograd.backward(ref)
+    loss.backward()
+    ref.backward()
     for name in ours:
         np.testing.assert_array_equal(ours[name].grad.to_numpy(), theirs[name].grad.to_numpy(), err_msg=name)

@@ -95,3 +95,31 @@ def test_steps_that_cannot_be_recorded_run_eagerly_and_say_why(capfd):
     assert net.replays == 0
     assert "tandem: steps run eagerly:" in capfd.readouterr().err
     assert all(np.isfinite(losses))
+
+
+@needs_gpu
+def test_enable_graph_and_reset_graph_of_the_device():
+    dev = tandem.device.create_cuda_gpu_on(0)
+    try:
+        dev.EnableGraph(False)  # every step eager
+        net, _, _ = train(dev, True, opt.SGD(lr=0.05), batches(6))
+        assert net.replays == 0
+        dev.EnableGraph(True)
+        dev.SetRandSeed(3)
+        net = Net()
+        tx = tensor.Tensor((16, 1, 8, 8), dev, tensor.float32)
+        ty = tensor.Tensor((16,), dev, tensor.int32)
+        net.set_optimizer(opt.SGD(lr=0.05))
+        net.compile([tx], is_train=True, use_graph=True)
+        data = batches(11)
+        for i, (x, y) in enumerate(data):
+            if i == 6:
+                first = net._recorded["step"]
+                assert net.replays == 3  # calls 1-3 eager, the 4th recorded, replayed from then on
+                dev.ResetGraph()  # the recording is dropped: three eager calls with the same tensors, a new one
+            tx.copy_from_numpy(x)
+            ty.copy_from_numpy(y)
+            net(tx, ty)
+        assert net._recorded["step"] is not first and net.replays == 2
+    finally:
+        dev.EnableGraph(True)

@@ -29,7 +29,7 @@ def sample(np_dtype):
 @pytest.mark.parametrize("dtype,np_dtype", DTYPES)
 def test_numpy_round_trip(cpu, dtype, np_dtype):
     a = sample(np_dtype)
-    t = tensor.from_numpy(a, cpu)
+    t = tensor.from_numpy(a, cpu, dtype)
     assert t.dtype == dtype and t.shape == (2, 3, 4) and t.ndim == 3 and len(t) == 2 and t.size() == 24
     b = tensor.to_numpy(t)
     assert b.dtype == np_dtype
@@ -39,6 +39,15 @@ def test_numpy_round_trip(cpu, dtype, np_dtype):
     assert u.copy_from_numpy(a) is u
     np.testing.assert_array_equal(u.to_numpy(), a)
     np.testing.assert_array_equal(np.asarray(u), a)
+
+
+def test_from_numpy_makes_float64_float32_and_int64_int32_as_singa(cpu):
+    for np_dtype, dtype in [(np.float64, tensor.float32), (np.int64, tensor.int32), (np.float32, tensor.float32),
+                            (np.float16, tensor.float16), (np.int32, tensor.int32), (np.uint8, tensor.uint8)]:
+        a = sample(np_dtype)
+        t = tensor.from_numpy(a, cpu)
+        assert t.dtype == dtype, np_dtype
+        np.testing.assert_array_equal(t.to_numpy(), a.astype(t.to_numpy().dtype))
 
 
 def test_bfloat16_round_trip(cpu):

@@ -20,6 +20,11 @@ const char* binary_name(Binary op) {
     case Binary::Div: return "div";
     case Binary::Max: return "max";
     case Binary::Min: return "min";
+    case Binary::Gt: return "gt";
+    case Binary::Ge: return "ge";
+    case Binary::Lt: return "lt";
+    case Binary::Le: return "le";
+    case Binary::Eq: return "eq";
   }
   return "?";
 }
@@ -53,9 +58,23 @@ void map1(const T* a, T* out, int64_t n, F f) {
   });
 }
 
+// Comparisons give 1 or 0 in the operands' type (false wherever a NaN takes part).
+template <typename T>
+bool compare(Binary op, const T* a, const T* b, T* out, int64_t n) {
+  switch (op) {
+    case Binary::Gt: map2(a, b, out, n, [](T x, T y) { return static_cast<T>(x > y); }); return true;
+    case Binary::Ge: map2(a, b, out, n, [](T x, T y) { return static_cast<T>(x >= y); }); return true;
+    case Binary::Lt: map2(a, b, out, n, [](T x, T y) { return static_cast<T>(x < y); }); return true;
+    case Binary::Le: map2(a, b, out, n, [](T x, T y) { return static_cast<T>(x <= y); }); return true;
+    case Binary::Eq: map2(a, b, out, n, [](T x, T y) { return static_cast<T>(x == y); }); return true;
+    default: return false;
+  }
+}
+
 // Integer arithmetic wraps (as unsigned arithmetic does) instead of overflowing into undefined behaviour.
 template <typename T>
 void binary_int(Binary op, const T* a, const T* b, T* out, int64_t n) {
+  if (compare(op, a, b, out, n)) return;
   using U = std::make_unsigned_t<T>;
   auto u = [](T v) { return static_cast<U>(v); };
   switch (op) {
@@ -71,12 +90,14 @@ void binary_int(Binary op, const T* a, const T* b, T* out, int64_t n) {
       return map2(a, b, out, n,
                   [u](T x, T y) { return y == T(-1) ? static_cast<T>(U(0) - u(x)) : static_cast<T>(x / y); });
     }
+    default: return;
   }
 }
 
 // Floating max and min propagate NaN from either operand.
 template <typename T>
 void binary_float(Binary op, const T* a, const T* b, T* out, int64_t n) {
+  if (compare(op, a, b, out, n)) return;
   switch (op) {
     case Binary::Add: return map2(a, b, out, n, [](T x, T y) { return x + y; });
     case Binary::Sub: return map2(a, b, out, n, [](T x, T y) { return x - y; });
@@ -84,6 +105,7 @@ void binary_float(Binary op, const T* a, const T* b, T* out, int64_t n) {
     case Binary::Div: return map2(a, b, out, n, [](T x, T y) { return x / y; });
     case Binary::Max: return map2(a, b, out, n, [](T x, T y) { return (x > y || x != x) ? x : y; });
     case Binary::Min: return map2(a, b, out, n, [](T x, T y) { return (x < y || x != x) ? x : y; });
+    default: return;
   }
 }
 

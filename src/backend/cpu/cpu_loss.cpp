@@ -1,4 +1,4 @@
-// CPU backend: softmax cross-entropy and classification metrics, one row per task.
+// CPU backend: softmax, softmax cross-entropy and classification metrics, one row per task.
 #include <atomic>
 #include <cmath>
 
@@ -202,6 +202,56 @@ void CpuBackend::count_correct(const Tensor& logits, const Tensor& labels, Tenso
         hits.fetch_add(local, std::memory_order_relaxed);
       });
       *out.data<int64_t>() = base + hits.load();
+    });
+  });
+}
+
+void CpuBackend::softmax_rows(const Tensor& x, int64_t n, int64_t c, Tensor& y) {
+  TANDEM_ASSERT(x.numel() == n * c && y.numel() == n * c && x.dtype() == y.dtype(), "softmax_rows of ", x.str(),
+                " as [", n, ", ", c, "] into ", y.str());
+  if (n == 0 || c == 0) return;
+  dispatch_float(x.dtype(), "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = static_cast<const T*>(x.data_ptr());
+    T* py = static_cast<T*>(y.data_ptr());
+    cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const T* xr = px + i * c;
+        T* yr = py + i * c;
+        T mx = xr[0];
+        for (int64_t j = 1; j < c; ++j) mx = xr[j] > mx ? xr[j] : mx;
+        double sum = 0.0;  // as the loss sums its exponentials, so that both give the same probabilities
+        for (int64_t j = 0; j < c; ++j) {
+          yr[j] = std::exp(xr[j] - mx);
+          sum += static_cast<double>(yr[j]);
+        }
+        const T inv = static_cast<T>(1.0 / sum);
+        for (int64_t j = 0; j < c; ++j) yr[j] *= inv;
+      }
+    });
+  });
+}
+
+void CpuBackend::softmax_rows_backward(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, Tensor& dx) {
+  TANDEM_ASSERT(dy.numel() == n * c && y.numel() == n * c && dx.numel() == n * c && dy.dtype() == y.dtype() &&
+                    dx.dtype() == y.dtype(),
+                "softmax_rows_backward of ", dy.str(), " and ", y.str(), " into ", dx.str());
+  if (n == 0 || c == 0) return;
+  dispatch_float(y.dtype(), "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = static_cast<const T*>(dy.data_ptr());
+    const T* py = static_cast<const T*>(y.data_ptr());
+    T* pd = static_cast<T*>(dx.data_ptr());
+    cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const T* gr = pg + i * c;
+        const T* yr = py + i * c;
+        T* dr = pd + i * c;
+        double dot = 0.0;
+        for (int64_t j = 0; j < c; ++j) dot += static_cast<double>(gr[j]) * static_cast<double>(yr[j]);
+        const T d = static_cast<T>(dot);
+        for (int64_t j = 0; j < c; ++j) dr[j] = yr[j] * (gr[j] - d);
+      }
     });
   });
 }

@@ -124,6 +124,8 @@ class CudaBackend final : public Backend {
   void relu_bias_grad(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, int64_t s, Tensor& dx,
                       Tensor& db) override;
   void sum(const Tensor& x, Tensor& out) override;
+  void softmax_rows(const Tensor& x, int64_t n, int64_t c, Tensor& y) override;
+  void softmax_rows_backward(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, Tensor& dx) override;
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
             const Tensor& b, double beta, Tensor& c) override;

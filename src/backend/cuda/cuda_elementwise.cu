@@ -36,6 +36,12 @@ __device__ __forceinline__ T apply_binary(T a, T b) {
     else
       return a < b ? a : b;
   }
+  // Comparisons: 1 or 0 (false wherever a NaN takes part).
+  if constexpr (OP == Binary::Gt) return static_cast<T>(a > b);
+  if constexpr (OP == Binary::Ge) return static_cast<T>(a >= b);
+  if constexpr (OP == Binary::Lt) return static_cast<T>(a < b);
+  if constexpr (OP == Binary::Le) return static_cast<T>(a <= b);
+  if constexpr (OP == Binary::Eq) return static_cast<T>(a == b);
 }
 
 // Floating operands in 16-byte packs (n a multiple of the pack width, pointers aligned).
@@ -249,6 +255,11 @@ void launch_binary(Binary op, const T* a, const T* b, T* out, int64_t n, cudaStr
         case Binary::Div: binary_pack_kernel<Binary::Div, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
         case Binary::Max: binary_pack_kernel<Binary::Max, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
         case Binary::Min: binary_pack_kernel<Binary::Min, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
+        case Binary::Gt: binary_pack_kernel<Binary::Gt, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
+        case Binary::Ge: binary_pack_kernel<Binary::Ge, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
+        case Binary::Lt: binary_pack_kernel<Binary::Lt, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
+        case Binary::Le: binary_pack_kernel<Binary::Le, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
+        case Binary::Eq: binary_pack_kernel<Binary::Eq, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
       }
       TANDEM_CUDA_LAUNCH_CHECK("binary_pack_kernel");
       return;
@@ -262,6 +273,11 @@ void launch_binary(Binary op, const T* a, const T* b, T* out, int64_t n, cudaStr
     case Binary::Div: binary_kernel<Binary::Div><<<g, kBlock, 0, st>>>(a, b, out, n); break;
     case Binary::Max: binary_kernel<Binary::Max><<<g, kBlock, 0, st>>>(a, b, out, n); break;
     case Binary::Min: binary_kernel<Binary::Min><<<g, kBlock, 0, st>>>(a, b, out, n); break;
+    case Binary::Gt: binary_kernel<Binary::Gt><<<g, kBlock, 0, st>>>(a, b, out, n); break;
+    case Binary::Ge: binary_kernel<Binary::Ge><<<g, kBlock, 0, st>>>(a, b, out, n); break;
+    case Binary::Lt: binary_kernel<Binary::Lt><<<g, kBlock, 0, st>>>(a, b, out, n); break;
+    case Binary::Le: binary_kernel<Binary::Le><<<g, kBlock, 0, st>>>(a, b, out, n); break;
+    case Binary::Eq: binary_kernel<Binary::Eq><<<g, kBlock, 0, st>>>(a, b, out, n); break;
   }
   TANDEM_CUDA_LAUNCH_CHECK("binary_kernel");
 }

@@ -1,4 +1,4 @@
-// CUDA kernels: softmax cross-entropy (a warp per row), row argmax and correct-prediction counts.
+// CUDA kernels: softmax and softmax cross-entropy (a warp per row), row argmax and correct-prediction counts.
 // A label outside [0, classes) cannot be reported without a host sync: the kernel records it in the
 // device's error record (synchronize and copy_to_host throw it) and the loss becomes NaN.
 #include "backend/cuda/cuda_backend.h"
@@ -206,6 +206,26 @@ __global__ void count_correct_kernel(const float* __restrict__ x, const L* __res
   if (threadIdx.x == 0 && hits) atomicAdd(out, hits);  // integer sums: order does not matter
 }
 
+__global__ void softmax_rows_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, int64_t c) {
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t r = thread_index() >> 5; r < n; r += warps) softmax_row(x + r * c, y + r * c, c);
+}
+
+// dx = y * (dy - sum_j dy_j y_j) per row, the sum in double as on the CPU.
+__global__ void softmax_rows_backward_kernel(const float* __restrict__ dy, const float* __restrict__ y,
+                                             float* __restrict__ dx, int64_t n, int64_t c) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t r = thread_index() >> 5; r < n; r += warps) {
+    const float* g = dy + r * c;
+    const float* p = y + r * c;
+    double dot = 0.0;
+    for (int64_t j = lane; j < c; j += 32) dot += static_cast<double>(g[j]) * static_cast<double>(p[j]);
+    const float d = static_cast<float>(kern::warp_sum(dot));
+    for (int64_t j = lane; j < c; j += 32) dx[r * c + j] = p[j] * (g[j] - d);
+  }
+}
+
 unsigned row_blocks(int64_t n) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, kern::kMaxBlocks));
 }
@@ -356,6 +376,28 @@ void CudaBackend::tally_batch(const Tensor& loss, const Tensor& logits, const Te
         loss.data<float>(), loss_sum.data<float>());
     TANDEM_CUDA_LAUNCH_CHECK("count_correct_kernel");
   });
+}
+
+void CudaBackend::softmax_rows(const Tensor& x, int64_t n, int64_t c, Tensor& y) {
+  require_f32(x, "softmax");
+  require_f32(y, "softmax");
+  TANDEM_ASSERT(x.numel() == n * c && y.numel() == n * c, "softmax_rows of ", x.str(), " as [", n, ", ", c, "]");
+  if (n * c == 0) return;
+  DeviceState& st = state_for(y);
+  softmax_rows_kernel<<<row_blocks(n), kWarpsPerBlock * 32, 0, st.stream>>>(x.data<float>(), y.data<float>(), n, c);
+  TANDEM_CUDA_LAUNCH_CHECK("softmax_rows_kernel");
+}
+
+void CudaBackend::softmax_rows_backward(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, Tensor& dx) {
+  require_f32(dy, "softmax backward");
+  require_f32(y, "softmax backward");
+  require_f32(dx, "softmax backward");
+  TANDEM_ASSERT(dy.numel() == n * c && y.numel() == n * c && dx.numel() == n * c, "softmax_rows_backward shapes");
+  if (n * c == 0) return;
+  DeviceState& st = state_for(dx);
+  softmax_rows_backward_kernel<<<row_blocks(n), kWarpsPerBlock * 32, 0, st.stream>>>(dy.data<float>(), y.data<float>(),
+                                                                                     dx.data<float>(), n, c);
+  TANDEM_CUDA_LAUNCH_CHECK("softmax_rows_backward_kernel");
 }
 
 }  // namespace tandem::backend

@@ -1,0 +1,389 @@
+// The timing wrapper backend_for hands out while a device is profiled: each kernel call is timed alone,
+// by name (host wall time; on a GPU the device is waited for before and after the kernel, so that
+// the time is the kernel's own), and passed on to the device's backend. Nothing is timed while the
+// device's work is being recorded (a recording runs no kernel) or inside another timed call.
+#include "backend/profiling_backend.h"
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "tandem/profiler.h"
+
+namespace tandem::backend {
+
+namespace {
+
+using profiler::Phase;
+
+thread_local int t_depth = 0;  // timed calls open on this thread
+
+const char* binary_name(Binary op) {
+  switch (op) {
+    case Binary::Add:
+      return "add";
+    case Binary::Sub:
+      return "sub";
+    case Binary::Mul:
+      return "mul";
+    case Binary::Div:
+      return "div";
+    case Binary::Max:
+      return "max";
+    case Binary::Min:
+      return "min";
+    case Binary::Gt:
+      return "greater";
+    case Binary::Ge:
+      return "greater_equal";
+    case Binary::Lt:
+      return "less";
+    case Binary::Le:
+      return "less_equal";
+    case Binary::Eq:
+      return "equal";
+  }
+  return "binary";
+}
+
+const char* unary_name(Unary op) {
+  switch (op) {
+    case Unary::Neg:
+      return "neg";
+    case Unary::Relu:
+      return "relu";
+    case Unary::Sigmoid:
+      return "sigmoid";
+    case Unary::Tanh:
+      return "tanh";
+    case Unary::Exp:
+      return "exp";
+    case Unary::Log:
+      return "log";
+    case Unary::Abs:
+      return "abs";
+    case Unary::Sqrt:
+      return "sqrt";
+  }
+  return "unary";
+}
+
+const char* unary_backward_name(Unary op) {
+  switch (op) {
+    case Unary::Relu:
+      return "relu_backward";
+    case Unary::Sigmoid:
+      return "sigmoid_backward";
+    case Unary::Tanh:
+      return "tanh_backward";
+    default:
+      return "unary_backward";
+  }
+}
+
+// Times the call it encloses, when the device is timed now.
+class Timed {
+ public:
+  Timed(Backend& inner, const std::atomic<int>& recordings, Device d, const char* name, Phase phase)
+      : inner_(inner), device_(d), name_(name), phase_(phase) {
+    const bool outermost = t_depth++ == 0;
+    // While any thread records the device's work, waiting for the device would break the recording.
+    if (!outermost || recordings.load() > 0 || inner.recording(d.index) || !profiler::detail::timing(d, phase))
+      return;
+    if (d.is_cuda()) inner.synchronize(d.index);  // earlier work is not this kernel's
+    active_ = true;
+    exceptions_ = std::uncaught_exceptions();
+    start_ = std::chrono::steady_clock::now();
+  }
+  ~Timed() {
+    --t_depth;
+    if (!active_ || std::uncaught_exceptions() > exceptions_) return;  // a failed call is not timed
+    try {
+      if (device_.is_cuda()) inner_.synchronize(device_.index);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      profiler::detail::add(device_, name_, phase_, s);
+    } catch (...) {
+      // the device's failure reaches the caller at its next synchronisation
+    }
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  Backend& inner_;
+  Device device_;
+  const char* name_;
+  Phase phase_;
+  bool active_ = false;
+  int exceptions_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+class ProfilingBackend final : public Backend {
+ public:
+  ProfilingBackend(Backend& inner, Device d) : inner_(inner), device_(d) {}
+
+  int device_count() override { return inner_.device_count(); }
+  Allocator& allocator(int device) override { return inner_.allocator(device); }
+  Allocator* pinned_allocator() override { return inner_.pinned_allocator(); }
+  void copy_from_host(const void* src, void* dst, size_t nbytes, int device) override {
+    Timed timed(inner_, recordings_, device_, "copy_from_host", profiler::detail::thread_phase());
+    inner_.copy_from_host(src, dst, nbytes, device);
+  }
+  void copy_to_host(const void* src, void* dst, size_t nbytes, int device) override {
+    Timed timed(inner_, recordings_, device_, "copy_to_host", profiler::detail::thread_phase());
+    inner_.copy_to_host(src, dst, nbytes, device);
+  }
+  void copy_bytes(const void* src, void* dst, size_t nbytes, int device) override {
+    Timed timed(inner_, recordings_, device_, "copy_bytes", profiler::detail::thread_phase());
+    inner_.copy_bytes(src, dst, nbytes, device);
+  }
+  void synchronize(int device) override { return inner_.synchronize(device); }
+  void profile_range(bool on) override { return inner_.profile_range(on); }
+  std::unique_ptr<CapturedWork> capture(int device, const std::function<void()>& body) override {
+    ++recordings_;
+    struct Done {
+      std::atomic<int>& n;
+      ~Done() { --n; }
+    } done{recordings_};
+    return inner_.capture(device, body);
+  }
+  size_t captured_pool_bytes(int device) override { return inner_.captured_pool_bytes(device); }
+  size_t captured_pool_peak_bytes(int device) override { return inner_.captured_pool_peak_bytes(device); }
+  bool recording(int device) override { return inner_.recording(device); }
+  void copy_strided(const Tensor& src, Tensor& dst) override {
+    Timed timed(inner_, recordings_, device_, "copy_strided", profiler::detail::thread_phase());
+    inner_.copy_strided(src, dst);
+  }
+  void fill(Tensor& t, double value) override {
+    Timed timed(inner_, recordings_, device_, "fill", profiler::detail::thread_phase());
+    inner_.fill(t, value);
+  }
+  void gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, Tensor& cursor, float divisor,
+                      Tensor& x, Tensor& y) override {
+    Timed timed(inner_, recordings_, device_, "gather_samples", profiler::detail::thread_phase());
+    inner_.gather_samples(images, labels, order, cursor, divisor, x, y);
+  }
+  void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) override {
+    Timed timed(inner_, recordings_, device_, "random_uniform", profiler::detail::thread_phase());
+    inner_.random_uniform(t, seed, offset, lo, hi);
+  }
+  void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) override {
+    Timed timed(inner_, recordings_, device_, "random_normal", profiler::detail::thread_phase());
+    inner_.random_normal(t, seed, offset, mean, std);
+  }
+  void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, binary_name(op), profiler::detail::thread_phase());
+    inner_.binary(op, a, b, out);
+  }
+  void unary(Unary op, const Tensor& a, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, unary_name(op), profiler::detail::thread_phase());
+    inner_.unary(op, a, out);
+  }
+  void affine(const Tensor& a, double alpha, double beta, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "affine", profiler::detail::thread_phase());
+    inner_.affine(a, alpha, beta, out);
+  }
+  void axpy(double alpha, const Tensor& x, Tensor& y) override {
+    Timed timed(inner_, recordings_, device_, "axpy", profiler::detail::thread_phase());
+    inner_.axpy(alpha, x, y);
+  }
+  void unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, unary_backward_name(op), profiler::detail::thread_phase());
+    inner_.unary_backward(op, grad, y, out);
+  }
+  void bias_add(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "bias_add", profiler::detail::thread_phase());
+    inner_.bias_add(x, b, n, c, s, out);
+  }
+  void bias_grad(const Tensor& g, int64_t n, int64_t c, int64_t s, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "bias_grad", profiler::detail::thread_phase());
+    inner_.bias_grad(g, n, c, s, out);
+  }
+  void bias_relu(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "bias_relu", profiler::detail::thread_phase());
+    inner_.bias_relu(x, b, n, c, s, out);
+  }
+  void relu_bias_grad(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, int64_t s, Tensor& dx,
+                      Tensor& db) override {
+    Timed timed(inner_, recordings_, device_, "relu_bias_grad", profiler::detail::thread_phase());
+    inner_.relu_bias_grad(dy, y, n, c, s, dx, db);
+  }
+  void sum(const Tensor& x, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "sum", profiler::detail::thread_phase());
+    inner_.sum(x, out);
+  }
+  void softmax_rows(const Tensor& x, int64_t n, int64_t c, Tensor& y) override {
+    Timed timed(inner_, recordings_, device_, "softmax_rows", profiler::detail::thread_phase());
+    inner_.softmax_rows(x, n, c, y);
+  }
+  void softmax_rows_backward(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, Tensor& dx) override {
+    Timed timed(inner_, recordings_, device_, "softmax_rows_backward", profiler::detail::thread_phase());
+    inner_.softmax_rows_backward(dy, y, n, c, dx);
+  }
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a, const Tensor& b,
+            double beta, Tensor& c) override {
+    Timed timed(inner_, recordings_, device_, "gemm", profiler::detail::thread_phase());
+    inner_.gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+  }
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y,
+                      bool relu) override {
+    Timed timed(inner_, recordings_, device_, "conv2d_forward", profiler::detail::thread_phase());
+    inner_.conv2d_forward(x, w, b, g, y, relu);
+  }
+  void conv2d_backward_data(const Tensor& dy, const Tensor& w, const ConvGeom& g, Tensor& dx,
+                            bool accumulate) override {
+    Timed timed(inner_, recordings_, device_, "conv2d_backward_data", profiler::detail::thread_phase());
+    inner_.conv2d_backward_data(dy, w, g, dx, accumulate);
+  }
+  void conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw, Tensor& db) override {
+    Timed timed(inner_, recordings_, device_, "conv2d_backward_weight", profiler::detail::thread_phase());
+    inner_.conv2d_backward_weight(dy, x, g, dw, db);
+  }
+  void max_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y, Tensor& indices) override {
+    Timed timed(inner_, recordings_, device_, "max_pool2d_forward", profiler::detail::thread_phase());
+    inner_.max_pool2d_forward(x, g, y, indices);
+  }
+  void max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& indices, const PoolGeom& g,
+                           Tensor& dx) override {
+    Timed timed(inner_, recordings_, device_, "max_pool2d_backward", profiler::detail::thread_phase());
+    inner_.max_pool2d_backward(dy, x, y, indices, g, dx);
+  }
+  void avg_pool2d_forward(const Tensor& x, const PoolGeom& g, Tensor& y) override {
+    Timed timed(inner_, recordings_, device_, "avg_pool2d_forward", profiler::detail::thread_phase());
+    inner_.avg_pool2d_forward(x, g, y);
+  }
+  void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, Tensor& dx) override {
+    Timed timed(inner_, recordings_, device_, "avg_pool2d_backward", profiler::detail::thread_phase());
+    inner_.avg_pool2d_backward(dy, g, dx);
+  }
+  void batch_norm_forward_train(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                                Tensor& running_mean, Tensor& running_var, const BnArgs& a, Tensor& y,
+                                Tensor& save_mean, Tensor& save_invstd) override {
+    Timed timed(inner_, recordings_, device_, "batch_norm_forward_train", profiler::detail::thread_phase());
+    inner_.batch_norm_forward_train(x, z, gamma, beta, running_mean, running_var, a, y, save_mean, save_invstd);
+  }
+  void batch_norm_forward_eval(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+                               const Tensor& running_mean, const Tensor& running_var, const BnArgs& a,
+                               Tensor& y) override {
+    Timed timed(inner_, recordings_, device_, "batch_norm_forward_eval", profiler::detail::thread_phase());
+    inner_.batch_norm_forward_eval(x, z, gamma, beta, running_mean, running_var, a, y);
+  }
+  void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& gamma,
+                           const Tensor& save_mean, const Tensor& save_invstd, const BnArgs& a, Tensor& dx, Tensor& dz,
+                           Tensor& dgamma, Tensor& dbeta) override {
+    Timed timed(inner_, recordings_, device_, "batch_norm_backward", profiler::detail::thread_phase());
+    inner_.batch_norm_backward(dy, x, y, gamma, save_mean, save_invstd, a, dx, dz, dgamma, dbeta);
+  }
+  void softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs) override {
+    Timed timed(inner_, recordings_, device_, "softmax_xent_forward", profiler::detail::thread_phase());
+    inner_.softmax_xent_forward(logits, labels, loss, probs);
+  }
+  void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss, Tensor& dlogits) override {
+    Timed timed(inner_, recordings_, device_, "softmax_xent_backward", profiler::detail::thread_phase());
+    inner_.softmax_xent_backward(probs, labels, dloss, dlogits);
+  }
+  void softmax_xent_targets_forward(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& probs) override {
+    Timed timed(inner_, recordings_, device_, "softmax_xent_targets_forward", profiler::detail::thread_phase());
+    inner_.softmax_xent_targets_forward(logits, targets, loss, probs);
+  }
+  void softmax_xent_targets_backward(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
+                                     Tensor& dlogits) override {
+    Timed timed(inner_, recordings_, device_, "softmax_xent_targets_backward", profiler::detail::thread_phase());
+    inner_.softmax_xent_targets_backward(probs, targets, dloss, dlogits);
+  }
+  void argmax_rows(const Tensor& x, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "argmax_rows", profiler::detail::thread_phase());
+    inner_.argmax_rows(x, out);
+  }
+  void count_correct(const Tensor& logits, const Tensor& labels, Tensor& out, bool accumulate) override {
+    Timed timed(inner_, recordings_, device_, "count_correct", profiler::detail::thread_phase());
+    inner_.count_correct(logits, labels, out, accumulate);
+  }
+  void tally_batch(const Tensor& loss, const Tensor& logits, const Tensor& labels, Tensor& loss_sum,
+                   Tensor& correct) override {
+    Timed timed(inner_, recordings_, device_, "tally_batch", profiler::detail::thread_phase());
+    inner_.tally_batch(loss, logits, labels, loss_sum, correct);
+  }
+  void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, double p) override {
+    Timed timed(inner_, recordings_, device_, "dropout_mask", profiler::detail::thread_phase());
+    inner_.dropout_mask(mask, seed, offset, p);
+  }
+  void scale_cast(const Tensor& src, Tensor& dst, double scale, double clip) override {
+    Timed timed(inner_, recordings_, device_, "scale_cast", Phase::Distributed);
+    inner_.scale_cast(src, dst, scale, clip);
+  }
+  void sparse_topk(const Tensor& g, int64_t k, Tensor& pairs) override {
+    Timed timed(inner_, recordings_, device_, "sparse_topk", Phase::Distributed);
+    inner_.sparse_topk(g, k, pairs);
+  }
+  void sparse_threshold(const Tensor& g, double threshold, Tensor& pairs, Tensor& count) override {
+    Timed timed(inner_, recordings_, device_, "sparse_threshold", Phase::Distributed);
+    inner_.sparse_threshold(g, threshold, pairs, count);
+  }
+  void sparse_accumulate(Tensor& dense, const Tensor& pairs, int64_t n, double scale) override {
+    Timed timed(inner_, recordings_, device_, "sparse_accumulate", Phase::Distributed);
+    inner_.sparse_accumulate(dense, pairs, n, scale);
+  }
+  void sparse_zero(Tensor& dense, const Tensor& pairs, int64_t n) override {
+    Timed timed(inner_, recordings_, device_, "sparse_zero", Phase::Distributed);
+    inner_.sparse_zero(dense, pairs, n);
+  }
+  void scale_by(const Tensor& x, const Tensor& factor, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "scale_by", Phase::Distributed);
+    inner_.scale_by(x, factor, out);
+  }
+  void restore_if_nonfinite(const Tensor& verdict, const Tensor& saved, Tensor& dst) override {
+    Timed timed(inner_, recordings_, device_, "restore_if_nonfinite", Phase::Distributed);
+    inner_.restore_if_nonfinite(verdict, saved, dst);
+  }
+  void count_nonfinite(const Tensor& verdict, Tensor& counter) override {
+    Timed timed(inner_, recordings_, device_, "count_nonfinite", Phase::Distributed);
+    inner_.count_nonfinite(verdict, counter);
+  }
+  void loss_scale_update(const Tensor& verdict, Tensor& scale, Tensor& counts, double growth, double backoff,
+                         int64_t interval) override {
+    Timed timed(inner_, recordings_, device_, "loss_scale_update", Phase::Distributed);
+    inner_.loss_scale_update(verdict, scale, counts, growth, backoff, interval);
+  }
+  void copy_chunk(const Tensor& src, Tensor& dst, const Tensor& index, bool into_chunk,
+                  const Tensor& verdict) override {
+    Timed timed(inner_, recordings_, device_, "copy_chunk", Phase::Distributed);
+    inner_.copy_chunk(src, dst, index, into_chunk, verdict);
+  }
+  void advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) override {
+    Timed timed(inner_, recordings_, device_, "advance_counter", Phase::Distributed);
+    inner_.advance_counter(counter, modulo, verdict);
+  }
+  void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) override {
+    Timed timed(inner_, recordings_, device_, "sgd_step", Phase::Update);
+    inner_.sgd_step(slots, count, a);
+  }
+  void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) override {
+    Timed timed(inner_, recordings_, device_, "adam_step", Phase::Update);
+    inner_.adam_step(slots, count, a);
+  }
+
+ private:
+  Backend& inner_;
+  Device device_;
+  std::atomic<int> recordings_{0};  // captures under way on the device, from any thread
+};
+
+}  // namespace
+
+Backend& profiling_backend(Backend& inner, Device d) {
+  if (!profiler::detail::enabled(d)) return inner;
+  static std::mutex mu;
+  static auto* wrappers = new std::map<std::pair<int, int>, std::unique_ptr<ProfilingBackend>>();  // never freed
+  std::lock_guard<std::mutex> lock(mu);
+  auto& w = (*wrappers)[{static_cast<int>(d.type), d.is_cpu() ? 0 : d.index}];
+  if (!w) w = std::make_unique<ProfilingBackend>(inner, d);
+  return *w;
+}
+
+}  // namespace tandem::backend
