@@ -59,5 +59,7 @@ Tensor grad_add_target(size_t i);
 /// Attaches a backward function to an op's output when grad mode is on and an input needs a
 /// gradient; returns out (now carrying the graph node). Used by every differentiable op.
 Tensor record_op(Tensor out, std::initializer_list<Tensor> inputs, const char* name, Node::BackwardFn fn);
+/// record_op for ops whose number of inputs is known only at run time (cat).
+Tensor record_op(Tensor out, const std::vector<Tensor>& inputs, const char* name, Node::BackwardFn fn);
 
 }  // namespace tandem

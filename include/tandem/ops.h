@@ -39,6 +39,9 @@ inline Tensor operator*(const Tensor& a, double s) { return scale(a, s); }
 Tensor reshape(const Tensor& x, const Shape& shape);
 /// Collapses dimensions start_dim.. into one: [N, C, H, W] -> [N, C*H*W] for start_dim 1.
 Tensor flatten(const Tensor& x, int64_t start_dim = 1);
+/// The tensors joined along dimension dim (negative: from the end); every other extent, the dtype and
+/// the device must agree.
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
 
 // ---- reductions
 /// Sum of all elements, as a one-element tensor.
@@ -58,9 +61,12 @@ struct Conv2dOptions {
   std::array<int, 2> stride{1, 1};
   std::array<int, 2> padding{0, 0};
   bool relu = false;  // max(., 0) fused into the convolution's output
+  /// The channels split into this many groups, each convolved with its own K/groups filters (C and K
+  /// divisible by it); groups == C is a depthwise convolution.
+  int groups = 1;
 };
-/// x [N, C, H, W] * w [K, C, R, S] + b [K] (b may be undefined). Under a PrecisionScope of bf16 / f16 on
-/// CUDA, x and w are taken in 16-bit (the output is 16-bit; gradients return in x's and w's types).
+/// x [N, C, H, W] * w [K, C/groups, R, S] + b [K] (b may be undefined). Under a PrecisionScope of bf16 /
+/// f16 on CUDA, x and w are taken in 16-bit (the output is 16-bit; gradients return in x's and w's types).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& opt = {});
 
 struct Pool2dOptions {

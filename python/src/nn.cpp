@@ -74,10 +74,10 @@ void bind_nn(nb::module_& m) {
       .def("add_module", &ParamModule::add_module, nb::arg("name"), nb::arg("module"));
 
   nb::class_<nn::Conv2d, nn::Module>(m, "Conv2d")
-      .def(nb::init<int64_t, int64_t, int, Generator&, int, int, bool, bool>(), nb::arg("in_channels"),
+      .def(nb::init<int64_t, int64_t, int, Generator&, int, int, bool, bool, int>(), nb::arg("in_channels"),
            nb::arg("out_channels"), nb::arg("kernel"), nb::arg("generator"), nb::arg("stride") = 1,
-           nb::arg("padding") = 0, nb::arg("bias") = true, nb::arg("relu") = false,
-           "relu fuses max(., 0) into the output.")
+           nb::arg("padding") = 0, nb::arg("bias") = true, nb::arg("relu") = false, nb::arg("groups") = 1,
+           "relu fuses max(., 0) into the output; groups splits the channels (groups == in_channels: depthwise).")
       .def_prop_ro("weight", [](const nn::Conv2d& c) { return c.weight; })
       .def_prop_ro("bias", [](const nn::Conv2d& c) { return c.bias.defined() ? nb::cast(c.bias) : nb::none(); });
   nb::class_<nn::Linear, nn::Module>(m, "Linear")

@@ -3,6 +3,7 @@
 // most recently recorded op first (reverse of forward order).
 #include <atomic>
 #include <queue>
+#include <span>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -85,12 +86,13 @@ Tensor grad_add_target(size_t i) {
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
 
-Tensor record_op(Tensor out, std::initializer_list<Tensor> inputs, const char* name, Node::BackwardFn fn) {
+namespace {
+Tensor record_inputs(Tensor out, const Tensor* inputs, size_t count, const char* name, Node::BackwardFn fn) {
   if (!t_grad_enabled) return out;
   std::vector<std::shared_ptr<Node>> next;
-  next.reserve(inputs.size());
+  next.reserve(count);
   bool any = false;
-  for (const Tensor& in : inputs) {
+  for (const Tensor& in : std::span<const Tensor>(inputs, count)) {
     if (in.defined() && in.requires_grad()) {
       any = true;
       next.push_back(in.grad_fn() ? in.grad_fn() : accumulator_for(in));
@@ -108,6 +110,15 @@ Tensor record_op(Tensor out, std::initializer_list<Tensor> inputs, const char* n
   out.impl()->grad_fn = std::move(node);
   out.impl()->requires_grad = true;
   return out;
+}
+}  // namespace
+
+Tensor record_op(Tensor out, std::initializer_list<Tensor> inputs, const char* name, Node::BackwardFn fn) {
+  return record_inputs(std::move(out), inputs.begin(), inputs.size(), name, std::move(fn));
+}
+
+Tensor record_op(Tensor out, const std::vector<Tensor>& inputs, const char* name, Node::BackwardFn fn) {
+  return record_inputs(std::move(out), inputs.data(), inputs.size(), name, std::move(fn));
 }
 
 void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tensor& grad_output) {

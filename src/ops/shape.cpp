@@ -1,4 +1,7 @@
-// Reshaping and reductions.
+// Reshaping, joining and reductions.
+#include <utility>
+#include <vector>
+
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
 
@@ -24,6 +27,51 @@ Tensor flatten(const Tensor& x, int64_t start_dim) {
   for (int64_t i = start_dim; i < n; ++i) rest *= x.size(i);
   s.push_back(rest);
   return reshape(x, s);
+}
+
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
+  TANDEM_CHECK(!xs.empty(), "cat: no tensors to join");
+  check_defined(xs[0], "cat", "first tensor");
+  const Tensor& first = xs[0];
+  const int64_t nd = first.dim();
+  TANDEM_CHECK(nd >= 1, "cat: cannot join zero-dimensional tensors such as ", first.str());
+  TANDEM_CHECK(dim >= -nd && dim < nd, "cat: dimension ", dim, " is out of range for ", first.str());
+  if (dim < 0) dim += nd;
+  Shape shape = first.shape();
+  int64_t total = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
+    check_defined(x, "cat", "tensor");
+    TANDEM_CHECK(x.device() == first.device() && x.dtype() == first.dtype(), "cat: tensor ", i, " ", x.str(),
+                 " differs from the first, ", first.str(), ", in device or dtype");
+    bool fits = x.dim() == nd;
+    for (int64_t d = 0; fits && d < nd; ++d) fits = d == dim || x.size(d) == first.size(d);
+    TANDEM_CHECK(fits, "cat: tensor ", i, " ", x.str(), " does not match ", first.str(), " outside dimension ", dim);
+    total += x.size(dim);
+  }
+  shape[dim] = total;
+  // Filled with `dim` swapped to the front, where each input is one contiguous block.
+  Shape front = shape;
+  std::swap(front[0], front[dim]);
+  Tensor buf = Tensor::empty(front, first.dtype(), first.device());
+  std::vector<int64_t> sizes;
+  int64_t offset = 0;
+  for (const Tensor& x : xs) {
+    const int64_t n = x.size(dim);
+    sizes.push_back(n);
+    if (n > 0 && x.numel() > 0) buf.narrow(0, offset, n).copy_(dim == 0 ? x : x.transpose(0, dim));
+    offset += n;
+  }
+  Tensor y = dim == 0 ? buf : buf.transpose(0, dim).contiguous();
+  return record_op(y, xs, "cat", [sizes, dim](const Tensor& g) {
+    std::vector<Tensor> grads;
+    int64_t at = 0;
+    for (int64_t n : sizes) {
+      grads.push_back(g.narrow(dim, at, n).contiguous());
+      at += n;
+    }
+    return grads;
+  });
 }
 
 Tensor sum(const Tensor& x) {
