@@ -113,6 +113,9 @@ void bind_nn(nb::module_& m) {
       nb::arg("num_classes") = 10, nb::arg("hidden") = std::vector<int64_t>{}, nb::arg("seed") = 0,
       "One of the C++ models of `tandem train --model` (cnn, mlp, resnet18 ... resnet152).");
   m.def("model_names", &nn::model_names);
+  // Bound here for layer.Cat; the op itself is tandem::cat (tandem/ops.h).
+  m.def("cat", &tandem::cat, nb::arg("tensors"), nb::arg("dim") = 0, release_gil(),
+        "The tensors joined along dimension dim (negative: from the end); the other extents must agree.");
 
   nb::class_<optim::Optimizer>(m, "Optimizer", "Applies accumulated gradients to parameters.")
       .def("step", &optim::Optimizer::step, release_gil())

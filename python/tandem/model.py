@@ -59,7 +59,6 @@ class Model(Layer):
             self.optimizer._use_model(self)
 
     def __call__(self, *args, **kwargs):
-        self._initialized = True
         if not self.training:
             return self.forward(*args, **kwargs)
         if self.graph_mode:
