@@ -37,6 +37,31 @@ class ParamModule : public nn::Module {
   }
 };
 
+// SINGA's Optimizer.apply(name, param, grad): one parameter's step with a gradient given for it. The
+// other parameters' gradients are set aside meanwhile, so that the step touches that parameter alone.
+void step_param(optim::Optimizer& opt, size_t index, const Tensor& grad) {
+  const std::vector<Tensor>& params = opt.params();
+  TANDEM_CHECK(index < params.size(), "step_param: parameter ", index, " of ", params.size());
+  Tensor param = params[index];
+  TANDEM_CHECK(grad.defined() && grad.shape() == param.shape() && grad.dtype() == param.dtype() &&
+                   grad.device() == param.device(),
+               "the gradient ", grad.defined() ? grad.str() : std::string("None"), " does not match its parameter ",
+               param.str(), " in shape, dtype or device");
+  std::vector<Tensor> saved;
+  for (const Tensor& p : params) {
+    saved.push_back(p.grad());
+    Tensor(p).set_grad(Tensor());
+  }
+  param.set_grad(grad);
+  try {
+    opt.step();
+  } catch (...) {
+    for (size_t i = 0; i < params.size(); ++i) Tensor(params[i]).set_grad(i == index ? Tensor() : saved[i]);
+    throw;
+  }
+  for (size_t i = 0; i < params.size(); ++i) Tensor(params[i]).set_grad(i == index ? Tensor() : saved[i]);
+}
+
 // A missing checkpoint is an OSError (FileNotFoundError), as Python's own file functions raise.
 void require_file(const std::string& path) {
   if (!std::filesystem::exists(path)) {
@@ -124,7 +149,10 @@ void bind_nn(nb::module_& m) {
       .def_prop_ro("steps", &optim::Optimizer::steps)
       .def("params", &optim::Optimizer::params)
       .def("replay_blocker", &optim::Optimizer::replay_blocker,
-           "Why its steps could not be recorded once and replayed; empty when they can.");
+           "Why its steps could not be recorded once and replayed; empty when they can.")
+      .def("step_param", &step_param, nb::arg("index"), nb::arg("grad"), release_gil(),
+           "Steps parameter `index` alone with `grad` (the others' gradients are left as they were); its own "
+           "gradient is cleared afterwards.");
   nb::class_<optim::SGD, optim::Optimizer>(m, "SGD")
       .def(
           "__init__",
