@@ -71,13 +71,12 @@ def _wrap_forward(forward):
         first = not self._initialized
         if first:
             self.initialize(*args, **kwargs)
+            self._initialized = True
         stack.append((self, first))
         try:
             return forward(self, *args, **kwargs)
         finally:
             stack.pop()
-            if first:
-                self._initialized = True
 
     call.__name__, call.__qualname__, call.__doc__ = forward.__name__, forward.__qualname__, forward.__doc__
     call.__wrapped__ = forward

@@ -446,3 +446,10 @@ def test_train_one_batch_under_every_dist_option(cpu, dist_option):
     changed = [k for k, v in net.get_params().items() if not np.array_equal(v.to_numpy(), before[k])]
     assert "Bottleneck_2.Conv2d_0.weight" in changed  # the closure's downsampling convolution trains too
     assert len(changed) > len(before) // 2
+
+
+def test_a_first_call_refused_by_initialize_can_be_retried(cpu):
+    conv = layer.Conv2d(4, 3)
+    with pytest.raises(ValueError, match="NCHW"):
+        conv(tensor.from_numpy(rand((3, 5, 5)), cpu))
+    assert conv(tensor.from_numpy(rand((1, 3, 5, 5)), cpu)).shape == (1, 4, 3, 3)

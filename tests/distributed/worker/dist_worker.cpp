@@ -262,8 +262,11 @@ void scenario_sparse(Communicator& c) {
     bool top_k, feedback;
     double spars;
   };
-  for (const Case& k : {Case{"topK", true, true, 0.25}, Case{"topK without accumulation", true, false, 0.1},
-                        Case{"threshold", false, true, 3.0}, Case{"threshold without accumulation", false, false, 40.0}}) {
+  const Case cases[] = {{"topK", true, true, 0.25},
+                        {"topK without accumulation", true, false, 0.1},
+                        {"threshold", false, true, 3.0},
+                        {"threshold without accumulation", false, false, 40.0}};
+  for (const Case& k : cases) {
     std::vector<std::vector<double>> residual(static_cast<size_t>(W), std::vector<double>(n, 0.0));
     Tensor acc = k.feedback ? Tensor::zeros({n}).to(g_device) : Tensor();
     for (int s = 0; s < 2; ++s) {
