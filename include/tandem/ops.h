@@ -61,6 +61,8 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& perm);
 Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
 /// Elements [start, start + length) of dimension dim (a copy; the other dimensions whole).
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+/// concat under SINGA's name (`autograd.cat`, `layer.Cat`).
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
 
 // ---- reductions
 /// Sum of all elements, as a one-element tensor.
@@ -82,9 +84,12 @@ struct Conv2dOptions {
   std::array<int, 2> stride{1, 1};
   std::array<int, 2> padding{0, 0};
   bool relu = false;  // max(., 0) fused into the convolution's output
+  /// The channels split into this many groups, each convolved with its own K/groups filters (C and K
+  /// divisible by it); groups == C is a depthwise convolution.
+  int groups = 1;
 };
-/// x [N, C, H, W] * w [K, C, R, S] + b [K] (b may be undefined). Under a PrecisionScope of bf16 / f16 on
-/// CUDA, x and w are taken in 16-bit (the output is 16-bit; gradients return in x's and w's types).
+/// x [N, C, H, W] * w [K, C/groups, R, S] + b [K] (b may be undefined). Under a PrecisionScope of bf16 /
+/// f16 on CUDA, x and w are taken in 16-bit (the output is 16-bit; gradients return in x's and w's types).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOptions& opt = {});
 
 struct Pool2dOptions {

@@ -8,6 +8,7 @@
 #include "tandem/distributed/communicator.h"
 #include "tandem/distributed/dist_opt.h"
 #include "tandem/distributed/loss_scaler.h"
+#include "tandem/distributed/sparse_all_reduce.h"
 #include "tandem/distributed/sync_batch_norm.h"
 #include "tandem/dtype.h"
 #include "tandem/error.h"

@@ -1,5 +1,6 @@
 // The distributed side: where this process sits in the job, communicators, DistOpt, and the
 // rendezvous store server behind the multiprocessing ticket.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -8,6 +9,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "tandem/distributed/bootstrap.h"
 #include "tandem/distributed/communicator.h"
 #include "tandem/distributed/dist_opt.h"
+#include "tandem/distributed/sparse_all_reduce.h"
 #include "tandem/distributed/store.h"
 #include "tandem/distributed/sync_batch_norm.h"
 
@@ -93,6 +96,15 @@ void bind_dist(nb::module_& m) {
            nb::arg("input"), nb::arg("output"), release_gil(), "output [size * n] = every rank's input [n].")
       .def("barrier", &dist::Communicator::barrier, release_gil())
       .def("set_timeout", [](dist::Communicator& c, double s) { c.set_timeout(to_ms(s)); }, nb::arg("seconds"));
+  m.def(
+      "sparse_all_reduce",
+      [](dist::Communicator& c, Tensor t, const std::optional<Tensor>& accumulation, double spars, bool top_k) {
+        dist::sparse_all_reduce(c, t, accumulation.value_or(Tensor()), spars, top_k);
+      },
+      nb::arg("communicator"), nb::arg("tensor"), nb::arg("accumulation").none(), nb::arg("spars"),
+      nb::arg("top_k"), release_gil(),
+      "In place, blocking: the sum over ranks of each rank's selection from tensor (+ accumulation): the "
+      "ceil(spars * n) largest magnitudes with top_k, else |x| >= spars; accumulation keeps what was not sent.");
   m.def(
       "init_communicator", [](nb::handle device, double timeout_s) {
         Device d = to_device(device);

@@ -37,6 +37,31 @@ class ParamModule : public nn::Module {
   }
 };
 
+// SINGA's Optimizer.apply(name, param, grad): one parameter's step with a gradient given for it. The
+// other parameters' gradients are set aside meanwhile, so that the step touches that parameter alone.
+void step_param(optim::Optimizer& opt, size_t index, const Tensor& grad) {
+  const std::vector<Tensor>& params = opt.params();
+  TANDEM_CHECK(index < params.size(), "step_param: parameter ", index, " of ", params.size());
+  Tensor param = params[index];
+  TANDEM_CHECK(grad.defined() && grad.shape() == param.shape() && grad.dtype() == param.dtype() &&
+                   grad.device() == param.device(),
+               "the gradient ", grad.defined() ? grad.str() : std::string("None"), " does not match its parameter ",
+               param.str(), " in shape, dtype or device");
+  std::vector<Tensor> saved;
+  for (const Tensor& p : params) {
+    saved.push_back(p.grad());
+    Tensor(p).set_grad(Tensor());
+  }
+  param.set_grad(grad);
+  try {
+    opt.step();
+  } catch (...) {
+    for (size_t i = 0; i < params.size(); ++i) Tensor(params[i]).set_grad(i == index ? Tensor() : saved[i]);
+    throw;
+  }
+  for (size_t i = 0; i < params.size(); ++i) Tensor(params[i]).set_grad(i == index ? Tensor() : saved[i]);
+}
+
 // A missing checkpoint is an OSError (FileNotFoundError), as Python's own file functions raise.
 void require_file(const std::string& path) {
   if (!std::filesystem::exists(path)) {
@@ -74,10 +99,10 @@ void bind_nn(nb::module_& m) {
       .def("add_module", &ParamModule::add_module, nb::arg("name"), nb::arg("module"));
 
   nb::class_<nn::Conv2d, nn::Module>(m, "Conv2d")
-      .def(nb::init<int64_t, int64_t, int, Generator&, int, int, bool, bool>(), nb::arg("in_channels"),
+      .def(nb::init<int64_t, int64_t, int, Generator&, int, int, bool, bool, int>(), nb::arg("in_channels"),
            nb::arg("out_channels"), nb::arg("kernel"), nb::arg("generator"), nb::arg("stride") = 1,
-           nb::arg("padding") = 0, nb::arg("bias") = true, nb::arg("relu") = false,
-           "relu fuses max(., 0) into the output.")
+           nb::arg("padding") = 0, nb::arg("bias") = true, nb::arg("relu") = false, nb::arg("groups") = 1,
+           "relu fuses max(., 0) into the output; groups splits the channels (groups == in_channels: depthwise).")
       .def_prop_ro("weight", [](const nn::Conv2d& c) { return c.weight; })
       .def_prop_ro("bias", [](const nn::Conv2d& c) { return c.bias.defined() ? nb::cast(c.bias) : nb::none(); });
   nb::class_<nn::Linear, nn::Module>(m, "Linear")
@@ -113,6 +138,9 @@ void bind_nn(nb::module_& m) {
       nb::arg("num_classes") = 10, nb::arg("hidden") = std::vector<int64_t>{}, nb::arg("seed") = 0,
       "One of the C++ models of `tandem train --model` (cnn, mlp, resnet18 ... resnet152).");
   m.def("model_names", &nn::model_names);
+  // Bound here for layer.Cat; the op itself is tandem::cat (tandem/ops.h).
+  m.def("cat", &tandem::cat, nb::arg("tensors"), nb::arg("dim") = 0, release_gil(),
+        "The tensors joined along dimension dim (negative: from the end); the other extents must agree.");
 
   nb::class_<optim::Optimizer>(m, "Optimizer", "Applies accumulated gradients to parameters.")
       .def("step", &optim::Optimizer::step, release_gil())
@@ -121,7 +149,10 @@ void bind_nn(nb::module_& m) {
       .def_prop_ro("steps", &optim::Optimizer::steps)
       .def("params", &optim::Optimizer::params)
       .def("replay_blocker", &optim::Optimizer::replay_blocker,
-           "Why its steps could not be recorded once and replayed; empty when they can.");
+           "Why its steps could not be recorded once and replayed; empty when they can.")
+      .def("step_param", &step_param, nb::arg("index"), nb::arg("grad"), release_gil(),
+           "Steps parameter `index` alone with `grad` (the others' gradients are left as they were); its own "
+           "gradient is cleared afterwards.");
   nb::class_<optim::SGD, optim::Optimizer>(m, "SGD")
       .def(
           "__init__",

@@ -2,13 +2,24 @@
 
 A layer creates its parameters at its first call, from the input: their shapes follow the input's
 (``Linear(500)`` takes its input size then), they are placed on the input's device, and they are
-drawn from that device's generator (``dev.SetRandSeed``). Layers assigned as attributes of a layer
-or model are its sublayers, in the order of assignment; parameters are named by attribute path
-("conv1.weight").
+drawn from that device's generator (``dev.SetRandSeed``). A layer's sublayers are, in the order they
+joined it, the layers assigned as its attributes, those given to ``register_layers``, and any layer
+first called during the layer's own first call that belongs to no other layer (SINGA's ResNet keeps
+its downsampling convolution only in a closure; such a layer is named ``ClassName_index``).
+Parameters are named by path ("conv1.weight", "Bottleneck_0.conv1.weight"); the order is the same on
+every rank.
 """
+import threading
+from collections import OrderedDict
+
 from . import _tandem
 
 _ACTIVATIONS = (None, "NOTSET", "RELU")
+_PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER")
+# Keyword arguments SINGA's Conv2d passes to cuDNN; tandem chooses its algorithms itself.
+_CONV_TUNING = ("cudnn_prefer", "workspace_MB_limit")
+
+_calls = threading.local()  # the layers whose forward is running on this thread, innermost last
 
 
 def _pair(v, what):
@@ -26,27 +37,94 @@ def _square(v, what):
     return a
 
 
+def _padding(v, what):
+    """SINGA's padding: an int, (h, w), or (top, bottom, left, right) with equal sides."""
+    if isinstance(v, (tuple, list)) and len(v) == 4:
+        top, bottom, left, right = (int(p) for p in v)
+        if top != bottom or left != right:
+            raise ValueError(f"{what} {v!r}: padding must be the same on both sides of each dimension")
+        return top, left
+    return _pair(v, what)
+
+
+def _same_padding(size, kernel, stride, mode, what):
+    """The padding per side that makes the output size ceil(size / stride) (SAME_UPPER / SAME_LOWER)."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    if total % 2:
+        raise ValueError(f"{what}: pad_mode={mode!r} needs {total} padding in a dimension of {size}, which cannot "
+                         "be split evenly between the two sides; give the padding explicitly")
+    return total // 2
+
+
+def _wrap_forward(forward):
+    """The layer's forward, run as the layer's call: the first one initialises the layer from its
+    inputs, and a layer first called inside it that belongs to no other layer becomes its sublayer."""
+    def call(self, *args, **kwargs):
+        stack = _calls.__dict__.setdefault("stack", [])
+        if stack and stack[-1][0] is self:  # a forward calling its base class's
+            return forward(self, *args, **kwargs)
+        if stack:
+            parent, parent_first = stack[-1]
+            if parent_first and self.__dict__.get("_parent") is None:
+                parent._adopt(self)
+        first = not self._initialized
+        if first:
+            self.initialize(*args, **kwargs)
+            self._initialized = True
+        stack.append((self, first))
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            stack.pop()
+
+    call.__name__, call.__qualname__, call.__doc__ = forward.__name__, forward.__qualname__, forward.__doc__
+    call.__wrapped__ = forward
+    return call
+
+
 class Layer:
     """Base of layers and models."""
+
+    sep = "."
 
     def __init__(self):
         self.__dict__.setdefault("_layers", {})
         self.__dict__.setdefault("_params", {})
+        self.__dict__.setdefault("_parent", None)
+        self.__dict__.setdefault("name", None)
         self._cpp = None  # the C++ module of a built-in layer, once initialised
         self._initialized = False
         self.training = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "forward" in cls.__dict__:
+            cls.forward = _wrap_forward(cls.__dict__["forward"])
 
     def __setattr__(self, name, value):
         layers = self.__dict__.setdefault("_layers", {})
         layers.pop(name, None)
         if isinstance(value, Layer):
             layers[name] = value
+            value.__dict__["_parent"] = self
+            if value.__dict__.get("name") is None:
+                value.__dict__["name"] = name
         object.__setattr__(self, name, value)
 
+    def __getattr__(self, name):
+        # Only reached for names that are not attributes: layers given to register_layers.
+        layers = self.__dict__.get("_layers", {})
+        if name in layers:
+            return layers[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __delattr__(self, name):
+        self.__dict__.get("_layers", {}).pop(name, None)
+        if name in self.__dict__:
+            object.__delattr__(self, name)
+
     def __call__(self, *args, **kwargs):
-        if not self._initialized:
-            self.initialize(*args, **kwargs)
-            self._initialized = True
         return self.forward(*args, **kwargs)
 
     def initialize(self, *args, **kwargs):
@@ -54,6 +132,37 @@ class Layer:
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
+
+    def register_layers(self, *layers):
+        """Makes layers held elsewhere (a list, a closure) sublayers of this one, as SINGA does: named
+        ``ClassName_index`` by their position here, or by key when given one OrderedDict of them."""
+        if len(layers) == 1 and isinstance(layers[0], (OrderedDict, dict)):
+            items = list(layers[0].items())
+        else:
+            items = [(f"{type(v).__name__}_{i}", v) for i, v in enumerate(layers)]
+        mine = self.__dict__.setdefault("_layers", {})
+        for name, value in items:
+            if not isinstance(value, Layer):
+                raise TypeError(f"register_layers takes layers, got {type(value).__name__} for '{name}'")
+            if mine.get(name, value) is not value:
+                raise ValueError(f"register_layers: '{name}' already names another sublayer; register every layer "
+                                 "in one call, or pass an OrderedDict of distinct names")
+            mine[name] = value
+            value.__dict__["_parent"] = self
+            value.__dict__["name"] = name
+
+    def _adopt(self, layer):
+        """Makes a layer called inside this one's first call, and held by no other, a sublayer."""
+        mine = self.__dict__.setdefault("_layers", {})
+        if any(v is layer for v in mine.values()):
+            return
+        base = type(layer).__name__
+        i = 0
+        while f"{base}_{i}" in mine:
+            i += 1
+        mine[f"{base}_{i}"] = layer
+        layer.__dict__["_parent"] = self
+        layer.__dict__["name"] = f"{base}_{i}"
 
     def register_param(self, name, t):
         """Makes a tensor this layer created itself a trainable parameter named ``name``."""
@@ -118,34 +227,51 @@ class Layer:
 
 
 class Conv2d(Layer):
-    """2-D convolution: ``Conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0,
-    activation=None)``, or SINGA's ``Conv2d(out_channels, kernel_size, ...)`` with the input channels
-    taken at the first call. ``activation="RELU"`` fuses a ReLU into the output."""
+    """2-D convolution, SINGA's signature: ``Conv2d(nb_kernels, kernel_size, stride=1, padding=0,
+    dilation=1, group=1, bias=True, pad_mode="NOTSET", activation="NOTSET")`` with the input channels
+    taken at the first call, or the older ``Conv2d(in_channels, nb_kernels, kernel_size, stride,
+    padding)`` (the input channels are then checked). ``group`` splits the channels into groups with
+    filters of their own (``group`` = input channels: depthwise); ``activation="RELU"`` fuses a ReLU;
+    ``pad_mode`` "SAME_UPPER" / "SAME_LOWER" pads so that the output is ceil(input / stride)."""
 
-    def __init__(self, *args, stride=1, padding=0, bias=True, activation=None, dilation=1, group=1, **kwargs):
+    def __init__(self, nb_kernels, kernel_size, *args, stride=1, padding=0, dilation=1, group=1, bias=True,
+                 pad_mode="NOTSET", activation="NOTSET", **kwargs):
         super().__init__()
-        names = ("in_channels", "out_channels", "kernel_size")
-        given = dict(zip(names if len(args) == 3 else names[1:], args))
-        if len(args) not in (2, 3) and not kwargs:
-            raise TypeError("Conv2d(in_channels, out_channels, kernel_size) or Conv2d(out_channels, kernel_size)")
-        given.update({k: kwargs.pop(k) for k in names if k in kwargs})
-        if "nb_kernels" in kwargs:
-            given["out_channels"] = kwargs.pop("nb_kernels")
-        if kwargs:
-            raise TypeError(f"Conv2d got unexpected arguments {sorted(kwargs)}")
-        if "out_channels" not in given or "kernel_size" not in given:
-            raise TypeError("Conv2d needs out_channels and kernel_size")
-        if _pair(dilation, "dilation") != (1, 1) or group != 1:
-            raise ValueError("Conv2d: dilation and groups other than 1 are not supported")
+        self.in_channels = None
+        if len(args) > 3:
+            raise TypeError("Conv2d(in_channels, nb_kernels, kernel_size, stride, padding) takes at most 5 "
+                            f"positional arguments, got {2 + len(args)}")
+        if args:  # the older form: the first argument is the input channel count
+            self.in_channels, nb_kernels, kernel_size = int(nb_kernels), kernel_size, args[0]
+            if len(args) > 1:
+                stride = args[1]
+            if len(args) > 2:
+                padding = args[2]
+        unknown = sorted(k for k in kwargs if k not in _CONV_TUNING)
+        if unknown:
+            raise TypeError(f"Conv2d got unexpected keyword arguments {unknown}")
+        if _pair(dilation, "Conv2d dilation") != (1, 1):
+            raise ValueError(f"Conv2d: dilation {dilation!r} is not supported (only 1)")
         if activation not in _ACTIVATIONS:
-            raise ValueError(f"Conv2d: activation must be None or 'RELU', got {activation!r}")
-        self.in_channels = given.get("in_channels")
-        self.out_channels = int(given["out_channels"])
-        self.kernel_size = _square(given["kernel_size"], "Conv2d kernel_size")
-        self.stride = _square(stride, "Conv2d stride")
-        self.padding = _square(padding, "Conv2d padding")
+            raise ValueError(f"Conv2d: activation must be 'NOTSET' or 'RELU', got {activation!r}")
+        if pad_mode not in _PAD_MODES:
+            raise ValueError(f"Conv2d: pad_mode must be one of {', '.join(_PAD_MODES)}, got {pad_mode!r}")
+        self.nb_kernels = int(nb_kernels)
+        self.kernel_size = (_square(kernel_size, "Conv2d kernel_size"),) * 2
+        self.stride = (_square(stride, "Conv2d stride"),) * 2
+        self.padding = (_square(_padding(padding, "Conv2d padding"), "Conv2d padding"),) * 2
+        self.group = int(group)
         self.bias = bool(bias)
-        self.activation = activation if activation != "NOTSET" else None
+        self.pad_mode = pad_mode
+        self.activation = activation if activation is not None else "NOTSET"
+        if self.nb_kernels < 1 or self.group < 1 or self.nb_kernels % self.group:
+            raise ValueError(f"Conv2d: group ({self.group}) must be positive and divide nb_kernels ({self.nb_kernels})")
+        if self.in_channels is not None and self.in_channels % self.group:
+            raise ValueError(f"Conv2d: group ({self.group}) must divide the input channels ({self.in_channels})")
+
+    @property
+    def out_channels(self):
+        return self.nb_kernels
 
     def initialize(self, x):
         if x.ndim != 4:
@@ -153,32 +279,83 @@ class Conv2d(Layer):
         channels = x.shape[1]
         if self.in_channels is not None and self.in_channels != channels:
             raise ValueError(f"Conv2d was built for {self.in_channels} input channels but got {x}")
+        if channels % self.group:
+            raise ValueError(f"Conv2d: group ({self.group}) must divide the input channels, got {x}")
         self.in_channels = channels
-        self._set_cpp(_tandem.Conv2d(channels, self.out_channels, self.kernel_size, x.device.generator,
-                                     self.stride, self.padding, self.bias, self.activation == "RELU"), x.device)
+        k, s = self.kernel_size[0], self.stride[0]
+        if self.pad_mode != "NOTSET":
+            ph = _same_padding(x.shape[2], k, s, self.pad_mode, "Conv2d")
+            pw = _same_padding(x.shape[3], k, s, self.pad_mode, "Conv2d")
+            if ph != pw:
+                raise ValueError(f"Conv2d: pad_mode={self.pad_mode!r} needs padding {ph} x {pw} for {x}; this layer "
+                                 "takes the same padding for height and width")
+            self.padding = (ph, ph)
+        self._set_cpp(_tandem.Conv2d(channels, self.nb_kernels, k, x.device.generator, s, self.padding[0], self.bias,
+                                     self.activation == "RELU", self.group), x.device)
 
     def forward(self, x):
         return self._cpp(x)
 
     @property
     def W(self):
-        return self._cpp.weight
+        return self._cpp.weight if self._cpp is not None else None
 
     @property
     def b(self):
-        return self._cpp.bias
+        return self._cpp.bias if self._cpp is not None else None
+
+
+class SeparableConv2d(Layer):
+    """A depthwise convolution (one ``kernel_size`` filter per input channel) followed by a pointwise
+    (1x1) one to ``nb_kernels`` channels, as SINGA's: ``SeparableConv2d(nb_kernels, kernel_size,
+    stride=1, padding=0, bias=False)``, or ``SeparableConv2d(in_channels, nb_kernels, kernel_size,
+    stride, padding)``. Its sublayers are ``depthwise_conv`` and ``point_conv``."""
+
+    def __init__(self, nb_kernels, kernel_size, *args, stride=1, padding=0, bias=False):
+        super().__init__()
+        self.in_channels = None
+        if len(args) > 3:
+            raise TypeError("SeparableConv2d(in_channels, nb_kernels, kernel_size, stride, padding) takes at most 5 "
+                            f"positional arguments, got {2 + len(args)}")
+        if args:
+            self.in_channels, nb_kernels, kernel_size = int(nb_kernels), kernel_size, args[0]
+            if len(args) > 1:
+                stride = args[1]
+            if len(args) > 2:
+                padding = args[2]
+        self.nb_kernels = int(nb_kernels)
+        self.kernel_size, self.stride, self.padding, self.bias = kernel_size, stride, padding, bool(bias)
+
+    def initialize(self, x):
+        if x.ndim != 4:
+            raise ValueError(f"SeparableConv2d expects NCHW input, got {x}")
+        if self.in_channels is not None and self.in_channels != x.shape[1]:
+            raise ValueError(f"SeparableConv2d was built for {self.in_channels} input channels but got {x}")
+        self.in_channels = x.shape[1]
+        self.depthwise_conv = Conv2d(self.in_channels, self.kernel_size, stride=self.stride, padding=self.padding,
+                                     group=self.in_channels, bias=self.bias)
+        self.point_conv = Conv2d(self.nb_kernels, 1, bias=self.bias)
+
+    def forward(self, x):
+        return self.point_conv(self.depthwise_conv(x))
 
 
 class Linear(Layer):
-    """Fully connected: ``Linear(out_features)`` (input size from the first call) or
-    ``Linear(in_features, out_features)``; ``activation="RELU"`` fuses a ReLU into the output."""
+    """Fully connected, SINGA's signature: ``Linear(out_features, bias=True)`` (input size from the
+    first call) or the older ``Linear(in_features, out_features, bias)``; ``activation="RELU"`` fuses a
+    ReLU into the output."""
 
     def __init__(self, *args, bias=True, activation=None, **kwargs):
         super().__init__()
+        if len(args) > 3:
+            raise TypeError(f"Linear(in_features, out_features, bias) takes at most 3 positional arguments, got "
+                            f"{len(args)}")
         if len(args) == 1:
             self.in_features, self.out_features = kwargs.pop("in_features", None), args[0]
-        elif len(args) == 2:
-            self.in_features, self.out_features = args
+        elif len(args) >= 2:
+            self.in_features, self.out_features = args[0], args[1]
+            if len(args) == 3:
+                bias = args[2]
         else:
             self.in_features = kwargs.pop("in_features", None)
             self.out_features = kwargs.pop("out_features", None)
@@ -206,33 +383,66 @@ class Linear(Layer):
 
     @property
     def W(self):
-        return self._cpp.weight
+        return self._cpp.weight if self._cpp is not None else None
 
     @property
     def b(self):
-        return self._cpp.bias
+        return self._cpp.bias if self._cpp is not None else None
 
 
-class _Pool2d(Layer):
-    def __init__(self, kernel_size, stride=None, padding=0):
+class Pooling2d(Layer):
+    """Max (``is_max``) or average pooling, SINGA's: ``Pooling2d(kernel_size, stride=kernel_size,
+    padding=0, is_max=True, pad_mode="NOTSET")``; kernel, stride and padding are ints or pairs. The
+    average counts padded positions as zeros."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, is_max=True, pad_mode="NOTSET"):
         super().__init__()
+        if pad_mode not in _PAD_MODES:
+            raise ValueError(f"pooling: pad_mode must be one of {', '.join(_PAD_MODES)}, got {pad_mode!r}")
         self.kernel_size = _pair(kernel_size, "pooling kernel_size")
         self.stride = self.kernel_size if stride is None else _pair(stride, "pooling stride")
-        self.padding = _pair(padding, "pooling padding")
+        self.padding = _padding(padding, "pooling padding")
+        self.is_max = bool(is_max)
+        self.pad_mode = pad_mode
 
-
-class MaxPool2d(_Pool2d):
-    """Max over each window: ``MaxPool2d(kernel_size, stride=kernel_size, padding=0)``."""
+    def initialize(self, x):
+        if self.pad_mode != "NOTSET" and x.ndim == 4:
+            self.padding = tuple(_same_padding(x.shape[2 + i], self.kernel_size[i], self.stride[i], self.pad_mode,
+                                               type(self).__name__) for i in range(2))
 
     def forward(self, x):
-        return _tandem.max_pool2d(x, self.kernel_size, self.stride, self.padding)
+        pool = _tandem.max_pool2d if self.is_max else _tandem.avg_pool2d
+        return pool(x, self.kernel_size, self.stride, self.padding)
 
 
-class AvgPool2d(_Pool2d):
+class MaxPool2d(Pooling2d):
+    """Max over each window: ``MaxPool2d(kernel_size, stride=kernel_size, padding=0, pad_mode="NOTSET")``."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode="NOTSET"):
+        super().__init__(kernel_size, stride, padding, True, pad_mode)
+
+
+class AvgPool2d(Pooling2d):
     """Mean over each window (padding counted as zeros)."""
 
-    def forward(self, x):
-        return _tandem.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode="NOTSET"):
+        super().__init__(kernel_size, stride, padding, False, pad_mode)
+
+
+class MaxPool1d(Pooling2d):
+    """Max over windows of the last dimension of [N, C, 1, W]."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode="NOTSET"):
+        stride = kernel_size if stride is None else stride
+        super().__init__((1, kernel_size), (1, stride), (0, padding), True, pad_mode)
+
+
+class AvgPool1d(Pooling2d):
+    """Mean over windows of the last dimension of [N, C, 1, W]."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode="NOTSET"):
+        stride = kernel_size if stride is None else stride
+        super().__init__((1, kernel_size), (1, stride), (0, padding), False, pad_mode)
 
 
 class ReLU(Layer):
@@ -243,6 +453,31 @@ class ReLU(Layer):
 class Sigmoid(Layer):
     def forward(self, x):
         return _tandem.sigmoid(x)
+
+
+class Add(Layer):
+    """a + b (same shape and dtype): the residual connection."""
+
+    def forward(self, a, b):
+        return _tandem.add(a, b)
+
+
+class Cat(Layer):
+    """The tensors of a list joined along ``axis`` (their other extents must agree)."""
+
+    def __init__(self, axis=0):
+        super().__init__()
+        self.axis = int(axis)
+
+    def forward(self, xs):
+        return _tandem.cat(list(xs), self.axis)
+
+
+class Reshape(Layer):
+    """``Reshape()(x, shape)``: the same elements in ``shape`` (one extent may be -1)."""
+
+    def forward(self, x, shape):
+        return _tandem.reshape(x, [int(s) for s in shape])
 
 
 class Flatten(Layer):
@@ -268,6 +503,10 @@ class BatchNorm2d(Layer):
         self.momentum = float(momentum)
         self.eps = float(eps)
 
+    @property
+    def channels(self):
+        return self.num_features
+
     def initialize(self, x):
         if x.ndim != 4:
             raise ValueError(f"BatchNorm2d expects NCHW input, got {x}")
@@ -278,6 +517,18 @@ class BatchNorm2d(Layer):
 
     def forward(self, x):
         return self._cpp(x)
+
+    @property
+    def scale(self):
+        return self._cpp.gamma if self._cpp is not None else None
+
+    @property
+    def running_mean(self):
+        return self._cpp.running_mean if self._cpp is not None else None
+
+    @property
+    def running_var(self):
+        return self._cpp.running_var if self._cpp is not None else None
 
 
 class Dropout(Layer):
@@ -316,6 +567,6 @@ class Sequential(Layer):
             setattr(self, str(i), l)
 
     def forward(self, x):
-        for l in self._layers.values():
+        for l in list(self._layers.values()):
             x = l(x)
         return x

@@ -10,12 +10,19 @@ rewriting the tensors ``train_one_batch`` returned. Python code in ``train_one_b
 the step is recorded. Other input tensors, another learning rate or precision run eagerly (and are
 recorded in turn); steps that cannot be recorded (the CPU, ranks over Gloo, Adam, loss scaling)
 run eagerly, with the reason printed once. ``device.EnableGraph(False)`` makes a device's steps run
-eagerly; ``device.ResetGraph()`` drops the steps recorded on it (they are recorded anew)."""
+eagerly; ``device.ResetGraph()`` drops the steps recorded on it (they are recorded anew).
+
+A model whose optimizer has a 16-bit ``dtype`` (SINGA's ``opt.SGD(dtype=tensor.float16)``), or whose
+input tensors are 16-bit, runs its calls in that precision (``autograd.precision``) with float32
+parameters; on the CPU, which computes in float32, 16-bit inputs are converted to float32 first."""
+import contextlib
 import json
 import sys
 
 from . import _tandem, autograd
 from .layer import Layer
+
+_SIXTEEN_BIT = {_tandem.DType.float16: "f16", _tandem.DType.bfloat16: "bf16"}
 
 # Eager calls with the same inputs before the step is recorded: the first creates the optimizer's state,
 # the first two settle the convolution algorithms and the memory the step needs.
@@ -52,7 +59,8 @@ class Model(Layer):
         self._steady_calls = 0
         self.sequential = bool(sequential)
         self.eval()
-        with _tandem.no_grad():
+        inputs, scope = self._precision_scope(inputs, {})
+        with _tandem.no_grad(), scope:
             self.forward(*inputs)
         self._initialized = True
         for name, t in self.get_states().items():  # SINGA's tensors carry their names (p.name)
@@ -77,12 +85,29 @@ class Model(Layer):
         autograd.training = bool(mode)
 
     def __call__(self, *args, **kwargs):
-        self._initialized = True
-        if not self.training:
-            return self.forward(*args, **kwargs)
-        if self.graph_mode:
-            return self._recorded_step(args, kwargs)
-        return self.train_one_batch(*args, **kwargs)
+        args, scope = self._precision_scope(args, kwargs)
+        with scope:
+            if not self.training:
+                return self.forward(*args, **kwargs)
+            if self.graph_mode:
+                return self._recorded_step(args, kwargs)
+            return self.train_one_batch(*args, **kwargs)
+
+    # ---- 16-bit models
+    def _precision_scope(self, args, kwargs):
+        """The inputs to run with (16-bit CPU tensors as float32) and the precision block to run in."""
+        want = getattr(self.optimizer, "precision", None) if self.optimizer is not None else None
+        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, _tandem.Tensor)]
+        if want is None:
+            want = next((_SIXTEEN_BIT[t.dtype] for t in tensors if t.dtype in _SIXTEEN_BIT), None)
+        if want is None:
+            return args, contextlib.nullcontext()
+        args = tuple(a.as_type(_tandem.DType.float32) if isinstance(a, _tandem.Tensor) and a.dtype in _SIXTEEN_BIT
+                     and a.device.is_cpu() else a for a in args)
+        current = _tandem.current_precision()
+        if current in (_tandem.Precision.f16, _tandem.Precision.bf16):  # the caller chose one already
+            return args, contextlib.nullcontext()
+        return args, _tandem.precision(want)
 
     # ---- recorded steps
     def _step_key(self, args, kwargs):
@@ -126,6 +151,8 @@ class Model(Layer):
             self._steady_key, self._steady_calls = None, 0
         if rec is not None and rec["key"] == key:
             rec["step"].replay()
+            inner = getattr(self.optimizer, "opt", self.optimizer)
+            inner._count_step()  # the replayed step counts for the learning-rate schedule
             return rec["out"]
         if self._graph_given_up:
             return self.train_one_batch(*args, **kwargs)

@@ -1,25 +1,122 @@
-"""Optimizers (SINGA's ``singa.opt``): SGD, Adam, and DistOpt, which averages gradients across the
-ranks of a job while backward runs.
+"""Optimizers (SINGA's ``singa.opt``): SGD, Adam, learning-rate schedules, and DistOpt, which sums or
+averages across the ranks of a job.
 
-An optimizer learns its parameters from the model it is given (``model.set_optimizer``), or else
-from the graph of the first loss it steps on.
+An optimizer learns its parameters from the model it is given (``model.set_optimizer``, or a model's
+``compile`` when ``set_optimizer`` only stored it), or else from the graph of the first loss it steps
+on. ``dtype=tensor.float16`` (SINGA's 16-bit training) keeps the parameters and the optimizer's state
+in float32 and makes the model compute in tandem's f16 precision: 16-bit convolutions and matrix
+products on GPUs, exact float32 on CPUs (see ``Optimizer``).
 """
+import math
+
 from . import _tandem
 from .device import _share_cores
 from .distributed import _abort_job_on_uncaught_error
-from .tensor import float16, float32
+from .tensor import bfloat16, float16, float32
+
+# SINGA's fusion threshold (elements): accepted by DistOpt's steps, whose buckets replace it.
+_SINGA_THRESHOLD = 2097152
+# The 16-bit dtypes an optimizer accepts and the precision the model then computes in.
+_PRECISIONS = {float16: "f16", bfloat16: "bf16"}
+
+
+# ---- schedules (SINGA's DecayScheduler)
+
+def _number(step):
+    """A step count given as a number or a one-element tensor."""
+    return float(step.item()) if isinstance(step, _tandem.Tensor) else float(step)
+
+
+class DecayScheduler:
+    """A value that follows the step count: ``sched(step)`` is a one-element tensor (SINGA's), where
+    ``step`` is a number or a one-element tensor. Subclasses define ``call(step)``."""
+
+    def __init__(self, init_value):
+        self.init_value = init_value
+
+    def __call__(self, step):
+        value = self.call(step)
+        if isinstance(value, _tandem.Tensor):
+            return value
+        return _tandem.full([1], float(value), step.device if isinstance(step, _tandem.Tensor) else None,
+                            float32)
+
+    def call(self, step):
+        raise NotImplementedError(f"{type(self).__name__} must define call(step)")
+
+    def value_at(self, step):
+        """The value at ``step``, as a float (computed in double precision where ``call`` returns a number)."""
+        v = self.call(step)
+        return v.item() if isinstance(v, _tandem.Tensor) else float(v)
+
+
+class Constant(DecayScheduler):
+    """``init_value`` at every step."""
+
+    def call(self, step):
+        return float(self.init_value)
+
+
+class ExponentialDecay(DecayScheduler):
+    """``init_value * decay_rate ** (step / decay_steps)`` (with ``staircase``, the exponent rounded
+    down)."""
+
+    def __init__(self, init_value, decay_steps, decay_rate, staircase=False):
+        super().__init__(init_value)
+        if decay_steps <= 0:
+            raise ValueError(f"ExponentialDecay: decay_steps must be positive, got {decay_steps}")
+        self.decay_steps = decay_steps
+        self.decay_rate = decay_rate
+        self.staircase = bool(staircase)
+
+    def call(self, step):
+        s = _number(step) / self.decay_steps
+        if self.staircase:
+            s = math.floor(s)
+        return float(self.init_value) * float(self.decay_rate) ** s
+
+
+def _schedule(value, what, fixed=False):
+    """A number or DecayScheduler as a DecayScheduler; ``fixed`` ones must be constant."""
+    if isinstance(value, DecayScheduler):
+        if fixed and not isinstance(value, Constant):
+            raise ValueError(f"{what} must be a number or opt.Constant in tandem (only lr may follow a schedule)")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number or a DecayScheduler, got {type(value).__name__}")
+    return Constant(value)
 
 
 class Optimizer:
-    """Base: holds the hyper-parameters until the parameters are known, then a C++ optimizer."""
+    """Base: holds the hyper-parameters until the parameters are known, then a C++ optimizer.
+
+    ``lr`` is a number or a DecayScheduler (then read at each step, from the steps taken so far).
+    ``dtype`` is ``tensor.float32``, or ``tensor.float16`` / ``tensor.bfloat16`` for 16-bit training:
+    tandem then keeps float32 parameters and optimizer state (the master copies) and the model computes
+    in that precision (``autograd.precision``): on GPUs, convolutions and matrix products take 16-bit
+    copies of activations and weights, and gradients of the weights come back in float32; on CPUs
+    everything is float32. A model whose optimizer has a 16-bit dtype, or whose input tensors are
+    16-bit, runs its steps in that precision (CPU inputs are converted to float32 first). No loss is
+    scaled, as in SINGA's float16 training.
+    """
 
     def __init__(self, lr, dtype=float32):
-        if dtype != float32:
-            raise ValueError("optimizer state is kept in float32; pass dtype=tensor.float32")
-        self._lr = float(lr)
+        if dtype != float32 and dtype not in _PRECISIONS:
+            raise ValueError(f"dtype must be tensor.float32, tensor.float16 or tensor.bfloat16, got {dtype}")
+        self.dtype = dtype
+        self._schedule = _schedule(lr, "lr")
+        self._steps = 0
+        self._lr = self._schedule.value_at(0)
         self._model = None
         self._module = None  # the C++ module listing the parameters
         self._impl = None
+        self._singles = {}  # apply() of parameters the C++ optimizer does not hold: name -> (param, impl)
+        self._leaves_checked = False
+
+    @property
+    def precision(self):
+        """The precision the model computes in with this optimizer ("f16", "bf16"), or None."""
+        return _PRECISIONS.get(self.dtype)
 
     # ---- parameters
     def _use_model(self, model):
@@ -38,10 +135,28 @@ class Optimizer:
             if not module.parameters():
                 raise ValueError("the loss depends on no parameter: nothing to optimise")
             self._build(module)
+        if not self._leaves_checked:
+            self._leaves_checked = True
+            self._check_leaves(loss)
+
+    def _check_leaves(self, loss):
+        """A loss that reaches the model's parameters and also tensors outside them would leave those
+        untrained: refused (a loss reaching none of them is the C++ optimizer's to refuse)."""
+        if self._model is None:
+            return
+        mine = {(p.data_ptr, tuple(p.shape)) for p in self._module.parameters()}
+        leaves = _tandem.graph_leaves(loss)
+        stray = [t for t in leaves if (t.data_ptr, tuple(t.shape)) not in mine]
+        if stray and len(stray) < len(leaves):
+            shapes = ", ".join(str(list(t.shape)) for t in stray[:5])
+            raise ValueError(f"the loss depends on {len(stray)} tensor(s) that require a gradient but are not "
+                             f"parameters of the model ({shapes}): make their layers attributes of a layer of the "
+                             "model or give them to register_layers, or set requires_grad=False")
 
     def _build(self, module):
         self._module = module
         self._impl = self._create(module.parameters())
+        self._impl.lr = self._lr
 
     def _create(self, params):
         raise NotImplementedError
@@ -51,16 +166,40 @@ class Optimizer:
             self._build(self._model._module())
         return self._impl
 
-    # ---- hyper-parameters
+    # ---- hyper-parameters and the step count
     @property
     def lr(self):
+        """The learning rate of the next step (a float; set it to a number or a DecayScheduler)."""
         return self._lr
 
     @lr.setter
     def lr(self, value):
-        self._lr = float(value)
+        self._schedule = _schedule(value, "lr")
+        self._refresh_lr()
+
+    @property
+    def step_counter(self):
+        """Steps taken so far (SINGA's counter, which drives the schedules)."""
+        return self._steps
+
+    def _refresh_lr(self):
+        self._lr = self._schedule.value_at(self._steps)
         if self._impl is not None:
             self._impl.lr = self._lr
+        for _, impl in self._singles.values():
+            impl.lr = self._lr
+
+    def _count_step(self):
+        self._steps += 1
+        self._refresh_lr()
+
+    def get_states(self):
+        """The step counter (the moments travel with the model's checkpoints: model.save_states)."""
+        return {"step_counter": self._steps}
+
+    def set_states(self, states):
+        self._steps = int(states["step_counter"])
+        self._refresh_lr()
 
     # ---- steps
     def __call__(self, loss):
@@ -72,36 +211,81 @@ class Optimizer:
         _tandem.backward(loss)
         self.step()
 
+    def call(self, loss):
+        """SINGA's first half of a step: back-propagates and applies the gradients, without counting the
+        step (``step()`` counts it)."""
+        self._ensure(loss)
+        _tandem.backward(loss)
+        self._impl.step()
+        self._impl.zero_grad(True)
+
     def step(self):
-        """Applies the accumulated gradients, then clears them."""
+        """Applies the accumulated gradients, then clears them, and counts the step."""
         if self._impl is None:
             raise RuntimeError("the optimizer has no parameters yet: call it on a loss or use model.set_optimizer")
         self._impl.step()
         self._impl.zero_grad(True)
+        self._count_step()
+
+    def apply(self, param_name, param_value, param_grad):
+        """SINGA's per-parameter step: updates ``param_value`` in place with ``param_grad`` (the
+        gradient may be changed; do not use it afterwards). The optimizer's state for it (momentum)
+        is the one its other steps use; ``param_name`` keys it for parameters it does not hold."""
+        impl, index = self._slot(param_name, param_value)
+        impl.step_param(index, param_grad)
+
+    def update(self, param, grad):
+        """SINGA's (deprecated) ``apply`` keyed by the parameter itself."""
+        self.apply(getattr(param, "name", None) or id(param), param, grad)
+
+    def _slot(self, name, param):
+        if self._impl is not None:
+            for i, p in enumerate(self._impl.params()):
+                if p.data_ptr == param.data_ptr and p.shape == param.shape:
+                    return self._impl, i
+        held = self._singles.get(name)
+        if held is None or held[0].data_ptr != param.data_ptr:
+            impl = self._create([param])
+            impl.lr = self._lr
+            held = self._singles[name] = (param, impl)
+        return held[1], 0
 
 
 class SGD(Optimizer):
-    """SGD with momentum, dampening, weight decay and Nesterov momentum."""
+    """SGD with momentum, dampening, weight decay and Nesterov momentum (SINGA's signature):
+    buf = momentum * buf + (1 - dampening) * (g + weight_decay * p), p -= lr * buf (Nesterov: p -= lr *
+    (g + momentum * buf)). A momentum buffer starts from the first gradient. momentum, dampening and
+    weight_decay may be opt.Constant."""
 
-    def __init__(self, lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, dtype=float32):
+    def __init__(self, lr=0.1, momentum=0, dampening=0, weight_decay=0, nesterov=False, dtype=float32):
         super().__init__(lr, dtype)
-        self.momentum = float(momentum)
-        self.dampening = float(dampening)
-        self.weight_decay = float(weight_decay)
+        self.momentum = float(_schedule(momentum, "momentum", fixed=True).init_value)
+        self.dampening = float(_schedule(dampening, "dampening", fixed=True).init_value)
+        self.weight_decay = float(_schedule(weight_decay, "weight_decay", fixed=True).init_value)
         self.nesterov = bool(nesterov)
+        if self.momentum < 0:
+            raise ValueError(f"Invalid momentum value: {self.momentum}")
+        if self.weight_decay < 0:
+            raise ValueError(f"Invalid weight_decay value: {self.weight_decay}")
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
     def _create(self, params):
         return _tandem.SGD(params, self._lr, self.momentum, self.dampening, self.weight_decay, self.nesterov)
 
 
 class Adam(Optimizer):
-    """Adam with bias correction (``decoupled=True``: AdamW)."""
+    """Adam with bias correction (SINGA's signature; ``decoupled=True``: AdamW)."""
 
-    def __init__(self, lr=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-8, weight_decay=0.0, decoupled=False,
+    def __init__(self, lr=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-8, weight_decay=0, decoupled=False,
                  dtype=float32):
         super().__init__(lr, dtype)
-        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
-        self.weight_decay = float(weight_decay)
+        self.beta_1 = float(_schedule(beta_1, "beta_1", fixed=True).init_value)
+        self.beta_2 = float(_schedule(beta_2, "beta_2", fixed=True).init_value)
+        self.epsilon = float(_schedule(epsilon, "epsilon", fixed=True).init_value)
+        self.weight_decay = float(_schedule(weight_decay, "weight_decay", fixed=True).init_value)
+        if self.weight_decay < 0:
+            raise ValueError(f"Invalid weight_decay value: {self.weight_decay}")
         self.decoupled = bool(decoupled)
 
     def _create(self, params):
@@ -110,7 +294,8 @@ class Adam(Optimizer):
 
 
 class DistOpt(Optimizer):
-    """The distributed optimizer: wraps ``opt`` and averages gradients across the job's ranks.
+    """The distributed optimizer (SINGA's signature): wraps ``opt`` and averages gradients across the
+    job's ranks.
 
     The ranks come from the launcher (``tandem launch``, ``mpiexec``, torchrun) or, for processes
     started by ``multiprocessing``, from ``nccl_id`` (a :class:`tandem.NcclIdHolder` made by the
@@ -122,7 +307,7 @@ class DistOpt(Optimizer):
     ``error_feedback`` and ``powersgd_rank``); the guide's ``backward_and_*`` calls pick their own.
     ``buffSize`` is the number of float32 gradients per all-reduce bucket; ``skip_nonfinite`` makes
     ``update`` skip, on every rank, a step whose averaged gradients hold inf or NaN; ``timeout``
-    (seconds) bounds joining the job and each collective.
+    (seconds) bounds joining the job and each collective. ``opt=None`` is SINGA's default, ``SGD()``.
     """
 
     def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None, buffSize=4194304, *,
@@ -132,7 +317,7 @@ class DistOpt(Optimizer):
         opt = opt if opt is not None else SGD()
         if not isinstance(opt, Optimizer) or isinstance(opt, DistOpt):
             raise TypeError("DistOpt wraps an SGD or Adam optimizer")
-        super().__init__(opt.lr)
+        super().__init__(opt.lr, opt.dtype)
         self.opt = opt
         local_rank = _either(local_rank, gpu_num, "local_rank", "gpu_num")
         world_size = _either(world_size, gpu_per_node, "world_size", "gpu_per_node")
@@ -159,7 +344,8 @@ class DistOpt(Optimizer):
                              skip_nonfinite=bool(skip_nonfinite))
         self._timeout = float(timeout)
         self._comms = {}
-        self._pending = []
+        self._pending = []  # (work, what to do once it finished) of the collectives wait() completes
+        self._staged = {"plain": [], "half": []}  # fused_all_reduce(..., send=False) copies, by kind
         _share_cores(env.local_size)
         if env.launcher == "mpi":
             _abort_job_on_uncaught_error()
@@ -188,7 +374,11 @@ class DistOpt(Optimizer):
     def lr(self, value):
         self.opt.lr = value
 
-    # ---- communication
+    @property
+    def step_counter(self):
+        return self.opt.step_counter
+
+    # ---- communication (SINGA's helpers: sums over the ranks, finished by wait())
     def communicator(self, dev):
         """The job's communicator for tensors on ``dev`` (joined on first use; every rank must ask
         for the same kinds of device in the same order)."""
@@ -197,16 +387,69 @@ class DistOpt(Optimizer):
             self._comms[key] = _tandem.init_communicator(dev, self._timeout)
         return self._comms[key]
 
-    def all_reduce(self, t):
-        """Starts summing ``t`` over the ranks, in place; ``wait()`` finishes it."""
-        self._pending.append(self.communicator(t.device).all_reduce(t))
+    def all_reduce(self, tensor):
+        """Starts summing ``tensor`` over the ranks, in place; ``wait()`` finishes it."""
+        self._pending.append((self.communicator(tensor.device).all_reduce(tensor), None))
+
+    def all_reduce_half(self, tensor):
+        """As all_reduce with the values sent and summed in float16 (the tensor is float32); ``wait()``
+        writes the sums back."""
+        _check_f32(tensor, "all_reduce_half")
+        half = tensor.as_type(float16)
+        self._pending.append((self.communicator(tensor.device).all_reduce(half), lambda: tensor.copy_(half)))
+
+    def fused_all_reduce(self, tensor, send=True):
+        """SINGA's fused all-reduce of a list of tensors. ``send=False`` copies their values into the
+        fusion buffer; ``send=True`` sums the buffer over the ranks (or, with nothing copied in, the
+        tensors given) and, at ``wait()``, writes the sums into the tensors given, in order."""
+        self._fused(_tensor_list(tensor, "fused_all_reduce"), send, "plain")
+
+    def fused_all_reduce_half(self, tensor, send=True):
+        """As fused_all_reduce with the fused values sent and summed in float16 (the tensors are float32)."""
+        tensors = _tensor_list(tensor, "fused_all_reduce_half")
+        for t in tensors:
+            _check_f32(t, "fused_all_reduce_half")
+        self._fused(tensors, send, "half")
+
+    def _fused(self, tensors, send, kind):
+        if not send:
+            self._staged[kind].append(_flat_copy(tensors))
+            return
+        staged, self._staged[kind] = self._staged[kind], []
+        buf = _flat_copy(tensors) if not staged else staged[0] if len(staged) == 1 else _flat_copy(staged)
+        total = sum(t.numel() for t in tensors)
+        if buf.numel() != total:
+            raise ValueError(f"{'fused_all_reduce' if kind == 'plain' else 'fused_all_reduce_half'}: the fusion buffer "
+                             f"holds {buf.numel()} values (from the calls with send=False) but the tensors given "
+                             f"hold {total}")
+        wire = buf.as_type(float16) if kind == "half" else buf
+        work = self.communicator(buf.device).all_reduce(wire)
+        self._pending.append((work, lambda: _scatter(wire, tensors)))
+
+    def sparsification(self, tensor, accumulation, spars, topK):
+        """SINGA's sparsified all-reduce of one float32 tensor, in place: the sum over the ranks of
+        each rank's selection from tensor (+ accumulation): with ``topK`` the ceil(spars * n) values of
+        largest magnitude, else those with |x| >= spars. ``accumulation`` (a float32 tensor of as many
+        elements, or None) keeps what this rank did not send, for the next call."""
+        _tandem.sparse_all_reduce(self.communicator(tensor.device), tensor, accumulation, float(spars), bool(topK))
+
+    def fused_sparsification(self, tensor, accumulation, spars, topK):
+        """As sparsification over a list of tensors fused into one buffer (one selection across all of
+        them); ``accumulation`` holds as many elements as the tensors together."""
+        tensors = _tensor_list(tensor, "fused_sparsification")
+        buf = _flat_copy(tensors)
+        _tandem.sparse_all_reduce(self.communicator(buf.device), buf, accumulation, float(spars), bool(topK))
+        _scatter(buf, tensors)
 
     def wait(self):
-        """Waits for every all_reduce started since the last wait."""
+        """Waits for every collective started since the last wait and writes back what they return."""
         pending, self._pending = self._pending, []
-        for w in pending:
-            w.wait()
+        for work, finish in pending:
+            work.wait()
+            if finish is not None:
+                finish()
 
+    # ---- the C++ DistOpt
     def _build(self, module):
         self.opt._build(module)
         self._module = module
@@ -219,14 +462,20 @@ class DistOpt(Optimizer):
             self._build(self._model._module())
         return self.opt._impl
 
+    def _run(self, name, loss, *args):
+        """A whole step of the C++ DistOpt, at the learning rate the schedule gives it, then counted."""
+        self._ensure(loss)
+        self.opt._refresh_lr()
+        getattr(self._impl, name)(loss, *args)
+        self.opt._count_step()
+
     # ---- a step of the configured dist_option, whole or split around the synchronisation
     def __call__(self, loss):
         self.step(loss)
 
     def step(self, loss):
         """backward_and_sync, then update."""
-        self._ensure(loss)
-        self._impl.step(loss)
+        self._run("step", loss)
 
     def backward_and_sync(self, loss):
         """Backward with the gradients averaged across ranks (``p.grad`` then holds the average);
@@ -240,10 +489,22 @@ class DistOpt(Optimizer):
         backward_and_sync and update); returns the norm before, the same on every rank."""
         return self._require_impl().clip_grad_norm(float(max_norm))
 
-    def update(self):
-        """Applies the gradients; False, on every rank, when the step was skipped (skip_nonfinite).
-        ValueError without a backward_and_sync since the last update."""
-        return self._require_impl().update()
+    def update(self, param=None, grad=None):
+        """Without arguments: applies the gradients of the last backward_and_sync; False, on every
+        rank, when the step was skipped (skip_nonfinite); ValueError without a backward_and_sync since
+        the last update. With them (SINGA's): divides ``grad``, this rank's sum, by the world size in
+        place and applies it to ``param`` with the wrapped optimizer."""
+        if param is None and grad is None:
+            impl = self._require_impl()
+            self.opt._refresh_lr()
+            applied = impl.update()
+            self.opt._count_step()
+            return applied
+        if param is None or grad is None:
+            raise TypeError("update(param, grad) takes both, or neither (to apply the synchronised gradients)")
+        grad /= self.world_size
+        self.opt.update(param, grad)
+        return True
 
     def no_sync(self):
         """``with sgd.no_sync():`` backward_and_sync only accumulates this rank's gradients; the next
@@ -258,30 +519,26 @@ class DistOpt(Optimizer):
             raise RuntimeError("the model has no parameters yet: compile it first")
         return _tandem.convert_sync_batch_norm(module, self.communicator(module.parameters()[0].device))
 
-    # ---- the guide's steps
-    def backward_and_update(self, loss, threshold=None):
-        """Backward with gradients averaged in buckets as they become ready, then the update.
-        (``threshold`` is SINGA's fusion size, which the buckets replace.)"""
-        self._ensure(loss)
-        self._impl.backward_and_update(loss)
+    # ---- the guide's steps. SINGA's `threshold` is its fusion size (in values), which tandem's buckets
+    # (buffSize) replace: it is accepted and changes nothing.
+    def backward_and_update(self, loss, threshold=_SINGA_THRESHOLD):
+        """Backward with gradients averaged in buckets as they become ready, then the update."""
+        self._run("backward_and_update", loss)
 
-    def backward_and_update_half(self, loss, clipping=False, clip_Value=100, threshold=None):
+    def backward_and_update_half(self, loss, threshold=_SINGA_THRESHOLD, clipping=False, clip_Value=100):
         """As backward_and_update with gradients sent in 16 bits; with ``clipping``, each gradient
         value is first clipped into [-clip_Value, clip_Value]."""
-        self._ensure(loss)
-        self._impl.backward_and_update_half(loss, bool(clipping), float(clip_Value))
+        self._run("backward_and_update_half", loss, bool(clipping), float(clip_Value))
 
-    def backward_and_partial_update(self, loss, threshold=None):
+    def backward_and_partial_update(self, loss, threshold=_SINGA_THRESHOLD):
         """A local update, then one chunk of the parameters averaged across ranks (round robin)."""
-        self._ensure(loss)
-        self._impl.backward_and_partial_update(loss)
+        self._run("backward_and_partial_update", loss)
 
-    def backward_and_sparse_update(self, loss, spars=0.05, topK=True, corr=True, threshold=None):
+    def backward_and_sparse_update(self, loss, threshold=_SINGA_THRESHOLD, spars=0.05, topK=False, corr=True):
         """Sends only part of the gradients: with ``topK`` the fraction ``spars`` of largest
-        magnitudes, else those with |g| >= spars; with ``corr`` what was not sent is kept for the
-        next step."""
-        self._ensure(loss)
-        self._impl.backward_and_sparse_update(loss, float(spars), bool(topK), bool(corr))
+        magnitudes (per bucket), else those with |g| >= spars; with ``corr`` what was not sent is kept
+        for the next step."""
+        self._run("backward_and_sparse_update", loss, float(spars), bool(topK), bool(corr))
 
     # ---- between steps
     def sync_parameters(self):
@@ -329,4 +586,31 @@ def _either(value, alias, name, alias_name):
     return None if v is None else int(v)
 
 
-__all__ = ["Optimizer", "SGD", "Adam", "DistOpt"]
+def _tensor_list(tensors, what):
+    ts = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+    if not ts or not all(isinstance(t, _tandem.Tensor) for t in ts):
+        raise TypeError(f"{what} takes a non-empty list of tensors")
+    return ts
+
+
+def _check_f32(t, what):
+    if t.dtype != float32:
+        raise ValueError(f"{what} sends float32 tensors as float16; got {t}")
+
+
+def _flat_copy(tensors):
+    """A new 1-D tensor holding the tensors' values one after another."""
+    with _tandem.no_grad():
+        return _tandem.cat([_tandem.reshape(t.detach(), [t.numel()]) for t in tensors], 0)
+
+
+def _scatter(buf, tensors):
+    """Copies consecutive slices of the 1-D ``buf`` into the tensors."""
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(buf.narrow(0, offset, n))
+        offset += n
+
+
+__all__ = ["Optimizer", "SGD", "Adam", "DistOpt", "DecayScheduler", "Constant", "ExponentialDecay"]

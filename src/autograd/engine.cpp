@@ -3,6 +3,7 @@
 // most recently recorded op first (reverse of forward order).
 #include <atomic>
 #include <queue>
+#include <span>
 #include <unordered_map>
 #include <unordered_set>
 

@@ -21,13 +21,17 @@ namespace tandem::backend {
 enum class Binary { Add, Sub, Mul, Div, Max, Min, Gt, Ge, Lt, Le, Eq };
 enum class Unary { Neg, Relu, Sigmoid, Tanh, Exp, Log, Abs, Sqrt };
 
-/// Geometry of a 2-D convolution: x [n, c, h, w], w [k, c, r, s], y [n, k, oh, ow]. With nhwc, x, y
-/// (and their gradients) are stored n, h, w, c and w is stored k, r, s, c.
+/// Geometry of a 2-D convolution: x [n, c, h, w], w [k, c / groups, r, s], y [n, k, oh, ow]; output
+/// channels [j k/groups, (j+1) k/groups) see input channels [j c/groups, (j+1) c/groups) only. With nhwc,
+/// x, y (and their gradients) are stored n, h, w, c and w is stored k, r, s, c / groups.
 struct ConvGeom {
   int64_t n, c, h, w, k, r, s;
   int64_t stride_h, stride_w, pad_h, pad_w;
   int64_t oh, ow;
   bool nhwc = false;
+  int64_t groups = 1;
+  /// Input channels each filter sees.
+  int64_t group_c() const { return c / groups; }
 };
 
 /// Geometry of a 2-D pooling: x [n, c, h, w] -> y [n, c, oh, ow]; with nhwc both are stored n, h, w, c.

@@ -19,20 +19,25 @@ Pool2dOptions pool_options(int kernel, int stride, int padding) {
 }  // namespace
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int kernel, Generator& gen, int stride, int padding,
-               bool with_bias, bool relu)
-    : opt_{{stride, stride}, {padding, padding}, relu} {
+               bool with_bias, bool relu, int groups)
+    : opt_{{stride, stride}, {padding, padding}, relu, groups} {
   TANDEM_CHECK(in_channels > 0 && out_channels > 0 && kernel > 0, "Conv2d: channels and kernel must be positive");
-  int64_t k2 = static_cast<int64_t>(kernel) * kernel;
-  weight = register_parameter(
-      "weight", gaussian_init({out_channels, in_channels, kernel, kernel}, in_channels * k2, out_channels * k2, gen));
+  TANDEM_CHECK(groups >= 1 && in_channels % groups == 0 && out_channels % groups == 0, "Conv2d: groups (", groups,
+               ") must be positive and divide both the input channels (", in_channels, ") and the output channels (",
+               out_channels, ")");
+  const int64_t k2 = static_cast<int64_t>(kernel) * kernel, in_group = in_channels / groups;
+  weight = register_parameter("weight", gaussian_init({out_channels, in_group, kernel, kernel}, in_group * k2,
+                                                      out_channels / groups * k2, gen));
   if (with_bias) bias = register_parameter("bias", Tensor::zeros({out_channels}));
 }
 
 Tensor Conv2d::forward(const Tensor& x) { return conv2d(x, weight, bias, opt_); }
 
 std::string Conv2d::describe() const {
-  return detail::cat("Conv2d(", weight.size(1), " -> ", weight.size(0), ", ", weight.size(2), "x", weight.size(3),
-                     ", stride ", opt_.stride[0], ", padding ", opt_.padding[0], opt_.relu ? ", ReLU" : "", ")");
+  return detail::cat("Conv2d(", weight.size(1) * opt_.groups, " -> ", weight.size(0), ", ", weight.size(2), "x",
+                     weight.size(3), ", stride ", opt_.stride[0], ", padding ", opt_.padding[0],
+                     opt_.groups > 1 ? detail::cat(", groups ", opt_.groups) : std::string(),
+                     opt_.relu ? ", ReLU" : "", ")");
 }
 
 Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool with_bias, bool relu) : relu_(relu) {

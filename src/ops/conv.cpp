@@ -17,8 +17,18 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   const bool mixed = compute_dtype(x.device(), prec, DType::f64) != DType::f64;  // 16-bit copies are made here
   TANDEM_CHECK(x.dtype() == w.dtype() || mixed, "conv2d: input ", x.str(), " and weight ", w.str(),
                " differ in dtype");
-  TANDEM_CHECK(x.size(1) == w.size(1), "conv2d: input ", x.str(), " has ", x.size(1), " channels, the weight ",
-               w.str(), " expects ", w.size(1));
+  const int64_t groups = opt.groups;
+  TANDEM_CHECK(groups >= 1, "conv2d: groups must be at least 1, got ", groups);
+  if (groups == 1) {
+    TANDEM_CHECK(x.size(1) == w.size(1), "conv2d: input ", x.str(), " has ", x.size(1), " channels, the weight ",
+                 w.str(), " expects ", w.size(1));
+  } else {
+    TANDEM_CHECK(x.size(1) % groups == 0 && w.size(0) % groups == 0, "conv2d: ", groups,
+                 " groups must divide the input channels (", x.size(1), ") and the filters (", w.size(0), ")");
+    TANDEM_CHECK(x.size(1) == w.size(1) * groups, "conv2d: input ", x.str(), " has ", x.size(1),
+                 " channels, the weight ", w.str(), " expects ", w.size(1), " per group, ", w.size(1) * groups, " in ",
+                 groups, " groups");
+  }
   TANDEM_CHECK(opt.stride[0] >= 1 && opt.stride[1] >= 1, "conv2d: stride must be at least 1");
   TANDEM_CHECK(opt.padding[0] >= 0 && opt.padding[1] >= 0, "conv2d: padding must not be negative");
   if (b.defined()) {
@@ -33,7 +43,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   TANDEM_CHECK(eh >= 0 && ew >= 0, "conv2d: kernel ", g.r, "x", g.s, " larger than the padded input ", x.str());
   g.oh = eh / g.stride_h + 1;
   g.ow = ew / g.stride_w + 1;
-  g.nhwc = conv_channels_last(x.device(), prec, g.k);
+  g.groups = groups;
+  // Grouped convolutions stay NCHW: their channel slices are too narrow for the 16-bit tensor-core
+  // kernels that channels-last exists for.
+  g.nhwc = groups == 1 && conv_channels_last(x.device(), prec, g.k);
   // 16-bit only where tensor cores take it (channels-last, input channels in multiples of 8 too): cuDNN's
   // other 16-bit kernels are slower than TF32 ones (a 1-channel input's weight gradient: 0.63 ms in bf16
   // against 0.08 ms in TF32 at ResNet-18's stem on Fashion-MNIST), so such a convolution computes in f32.

@@ -1,4 +1,7 @@
 // Reshaping, reordering, joining and slicing, and reductions.
+#include <utility>
+#include <vector>
+
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
 
@@ -74,6 +77,8 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
     return grads;
   });
 }
+
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim) { return concat(xs, dim); }
 
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   check_defined(x, "slice", "input");

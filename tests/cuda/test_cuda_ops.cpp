@@ -72,6 +72,56 @@ TEST(CudaOps, Conv2d) {
   }
 }
 
+// Grouped and depthwise convolutions (cuDNN's group count) against the CPU's per-group im2col. The
+// matrix-product and direct paths, forced on wherever they fit, must pass such convolutions over: they
+// know one group only.
+TEST(CudaOps, GroupedConv2d) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  struct Case {
+    Shape x, w;
+    Conv2dOptions opt;
+    bool bias;
+  };
+  const Case cases[] = {Case{{2, 4, 9, 8}, {6, 2, 3, 3}, {{1, 1}, {1, 1}, false, 2}, true},
+                        Case{{3, 8, 12, 12}, {8, 1, 3, 3}, {{1, 1}, {1, 1}, false, 8}, false},  // depthwise
+                        Case{{2, 6, 11, 10}, {12, 1, 5, 5}, {{2, 2}, {2, 2}, true, 6}, true},  // two per channel
+                        Case{{2, 8, 7, 7}, {4, 4, 1, 1}, {{1, 1}, {0, 0}, false, 2}, true}};   // grouped pointwise
+  for (const char* forced : {"", "1"}) {
+    if (*forced) {
+      setenv("TANDEM_CONV_GEMM", forced, 1);
+      setenv("TANDEM_CONV_DIRECT", forced, 1);
+    }
+    for (const Case& c : cases) {
+      std::vector<Tensor> in;
+      in.push_back(rand_cpu(c.x, 21));
+      in.push_back(rand_cpu(c.w, 22));
+      if (c.bias) in.push_back(rand_cpu({c.w[0]}, 23));
+      // Another batch size on the second pass: a new plan, chosen with the fast paths forced on.
+      if (*forced) in[0] = rand_cpu({c.x[0] + 1, c.x[1], c.x[2], c.x[3]}, 24);
+      compare_graph(
+          in,
+          [&](const std::vector<Tensor>& t) { return conv2d(t[0], t[1], t.size() > 2 ? t[2] : Tensor(), c.opt); },
+          1e-4, 0.0,
+          "conv2d " + shape_str(in[0].shape()) + " * " + shape_str(c.w) + " in " + std::to_string(c.opt.groups) +
+              " groups" + (*forced ? " (fast paths forced)" : ""),
+          true);
+    }
+  }
+  unsetenv("TANDEM_CONV_GEMM");
+  unsetenv("TANDEM_CONV_DIRECT");
+}
+
+TEST(CudaOps, Cat) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  std::vector<Tensor> in = {rand_cpu({2, 3, 4, 5}, 41), rand_cpu({2, 1, 4, 5}, 42), rand_cpu({2, 2, 4, 5}, 43)};
+  for (int64_t dim : {1, -1}) {
+    std::vector<Tensor> parts = in;
+    if (dim == -1) parts = {in[0], rand_cpu({2, 3, 4, 2}, 44), rand_cpu({2, 3, 4, 1}, 45)};
+    compare_graph(parts, [&](const std::vector<Tensor>& t) { return tanh(cat(t, dim)); }, 1e-6, 1e-7,
+                  "cat along " + std::to_string(dim));
+  }
+}
+
 TEST(CudaOps, Pools) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   for (const Pool2dOptions& opt : {Pool2dOptions{{2, 2}, {2, 2}, {0, 0}}, Pool2dOptions{{3, 3}, {2, 2}, {1, 1}},

@@ -120,6 +120,22 @@ TEST(CudaPrecision, StridedPointwiseGradientsAsMatrixProducts) {
   unsetenv("TANDEM_CONV_STRIDED");
 }
 
+// Grouped convolutions stay in planes (NCHW) at every precision, computing in f32 or TF32.
+TEST(CudaPrecision, GroupedConvolutionInEveryPrecisionStaysPlanar) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const Conv2dOptions depthwise{{1, 1}, {1, 1}, false, 16};
+  compare_with_cpu([&](const std::vector<Tensor>& t) { return conv2d(t[0], t[1], t[2], depthwise); },
+                   {rand_cpu({2, 16, 10, 10}, 31), rand_cpu({16, 1, 3, 3}, 32), rand_cpu({16}, 33)},
+                   "depthwise conv2d");
+  Tensor x = rand_cpu({2, 16, 10, 10}, 34).to(gpu()), w = rand_cpu({16, 1, 3, 3}, 35).to(gpu());
+  for (Precision p : kPrecisions) {
+    PrecisionScope scope(p);
+    Tensor y = conv2d(x, w, Tensor(), depthwise);
+    EXPECT_FALSE(ops::strictly_channels_last(y)) << precision_name(p);
+    EXPECT_EQ(y.dtype(), DType::f32) << precision_name(p);
+  }
+}
+
 TEST(CudaPrecision, ReducedPrecisionKeepsConvolutionsChannelsLast) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   Tensor x = rand_cpu({2, 16, 8, 8}, 104).to(gpu()), w = rand_cpu({32, 16, 3, 3}, 105).to(gpu());

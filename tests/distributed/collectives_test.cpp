@@ -61,6 +61,11 @@ TEST(GlooLaunch, GathersBroadcastBarrierThreeRanks) {
     expect_every_rank(r, 3, what);
 }
 
+TEST(GlooLaunch, SparseAllReduceTwoAndThreeRanks) {
+  SKIP_WITHOUT_GLOO();
+  for (int n : {2, 3}) expect_every_rank(launch(n, "sparse"), n, "sparse all-reduce ok");
+}
+
 TEST(GlooLaunch, APeerThatDiedFailsTheCollective) {
   SKIP_WITHOUT_GLOO();
   ProcResult r = launch(2, "peer_dies", 30);

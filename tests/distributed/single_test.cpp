@@ -1,7 +1,11 @@
 // The one-process communicator, and init_communicator outside a distributed launch.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+
 #include "tandem/distributed/bootstrap.h"
+#include "tandem/distributed/sparse_all_reduce.h"
 #include "tandem/error.h"
 
 using namespace tandem;
@@ -75,6 +79,38 @@ TEST(SingleCommunicator, RejectsWhatAGroupWouldReject) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("must hold 1 x 4 = 4 elements"), std::string::npos) << e.what();
   }
+}
+
+// One rank: the sum is this rank's selection, and the accumulation keeps the rest.
+TEST(SingleCommunicator, SparseAllReduceKeepsTheSelection) {
+  auto c = make_single_communicator();
+  Tensor t = Tensor::from_vector<float>({0.5f, -3.f, 2.f, -0.25f}, {2, 2});
+  Tensor acc = Tensor::from_vector<float>({0.f, 0.f, 1.f, 0.f}, {4});
+  sparse_all_reduce(*c, t, acc, 0.5, true);  // the 2 largest of {0.5, -3, 3, -0.25}
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{0.f, -3.f, 3.f, 0.f}));
+  EXPECT_EQ(acc.to_vector<float>(), (std::vector<float>{0.5f, 0.f, 0.f, -0.25f}));
+  Tensor u = Tensor::from_vector<float>({0.5f, -3.f, 2.f, -0.25f}, {4});
+  sparse_all_reduce(*c, u, Tensor(), 0.5, false);  // |x| >= 0.5
+  EXPECT_EQ(u.to_vector<float>(), (std::vector<float>{0.5f, -3.f, 2.f, 0.f}));
+}
+
+TEST(SingleCommunicator, SparseAllReduceRefusesBadArguments) {
+  auto c = make_single_communicator();
+  Tensor t = Tensor::zeros({4});
+  Tensor d = Tensor::zeros({4}, DType::f64), small = Tensor::zeros({3});
+  auto message = [&](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { sparse_all_reduce(*c, d, Tensor(), 0.5, true); }).find("must be f32"), std::string::npos);
+  EXPECT_NE(message([&] { sparse_all_reduce(*c, t, small, 0.5, true); }).find("of 4 elements"), std::string::npos);
+  EXPECT_NE(message([&] { sparse_all_reduce(*c, t, Tensor(), 1.5, true); }).find("in (0, 1]"), std::string::npos);
+  EXPECT_NE(message([&] { sparse_all_reduce(*c, t, Tensor(), -1.0, false); }).find("must not be negative"),
+            std::string::npos);
 }
 
 TEST(SingleCommunicator, IsWhatInitCommunicatorGivesASingleProcess) {

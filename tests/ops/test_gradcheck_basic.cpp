@@ -77,6 +77,28 @@ TEST(GradCheck, ReshapeAndFlatten) {
   EXPECT_TRUE(gradcheck1([](const Tensor& x) { return sigmoid(flatten(x, 0)); }, a));
 }
 
+TEST(GradCheck, Cat) {
+  Generator gen(9);
+  Tensor a = leaf({2, 3, 4}, gen), b = leaf({2, 1, 4}, gen), c = leaf({2, 2, 4}, gen);
+  // A nonlinearity after the join: each input's gradient must come from its own slice.
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return tanh(cat(t, 1)); }, {a, b, c}));
+  Tensor d = leaf({1, 3, 4}, gen), e = leaf({2, 3, 2}, gen);
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return tanh(cat({t[0], t[1]}, 0)); }, {a, d}));
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return tanh(cat({t[0], t[1]}, -1)); }, {a, e}));
+  // The same tensor twice: both slices' gradients reach it.
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return tanh(cat({t[0], t[0]}, 2)); }, {a}));
+}
+
+// cat places each input's values in its slice, in order, along any dimension.
+TEST(Cat, ValuesInOrder) {
+  Tensor a = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = Tensor::from_vector(std::vector<double>{7, 8}, {2, 1});
+  EXPECT_EQ(cat({a, b}, 1).to_vector<double>(), (std::vector<double>{1, 2, 3, 7, 4, 5, 6, 8}));
+  Tensor c = Tensor::from_vector(std::vector<double>{9, 10, 11}, {1, 3});
+  EXPECT_EQ(cat({a, c}, 0).to_vector<double>(), (std::vector<double>{1, 2, 3, 4, 5, 6, 9, 10, 11}));
+  EXPECT_EQ(cat({a}, 0).shape(), Shape({2, 3}));
+}
+
 TEST(GradCheck, SumAndMean) {
   Generator gen(8);
   Tensor a = leaf({3, 5}, gen);

@@ -61,6 +61,53 @@ TEST(GradCheck, Conv2d) {
   EXPECT_TRUE(gradcheck([&](const Ts& t) { return conv2d(x, w, t[0]); }, {b}));
 }
 
+TEST(GradCheck, GroupedConv2d) {
+  struct GroupCase {
+    Shape x, w;
+    Conv2dOptions opt;
+    bool bias;
+  };
+  const GroupCase cases[] = {
+      {{2, 4, 6, 5}, {6, 2, 3, 3}, {{1, 1}, {0, 0}, false, 2}, true},
+      {{2, 6, 7, 6}, {3, 2, 3, 2}, {{2, 2}, {1, 1}, false, 3}, true},  // stride 2, padding 1, non-square kernel
+      {{2, 3, 5, 5}, {3, 1, 3, 3}, {{1, 1}, {1, 1}, false, 3}, false},  // depthwise (SeparableConv2d's first half)
+      {{1, 2, 5, 4}, {4, 1, 3, 3}, {{1, 1}, {1, 1}, true, 2}, true},    // depthwise, two filters per channel, ReLU
+      {{3, 4, 4, 4}, {6, 2, 1, 1}, {{1, 1}, {0, 0}, false, 2}, true},   // grouped pointwise
+  };
+  Generator gen(17);
+  for (const GroupCase& c : cases) {
+    Tensor x = leaf(c.x, gen), w = leaf(c.w, gen);
+    Tensor b = c.bias ? leaf({c.w[0]}, gen) : Tensor();
+    const Conv2dOptions opt = c.opt;
+    const std::string what = shape_str(c.x) + " * " + shape_str(c.w) + " in " + std::to_string(opt.groups) + " groups";
+    if (c.bias)
+      EXPECT_TRUE(gradcheck([opt](const Ts& t) { return conv2d(t[0], t[1], t[2], opt); }, {x, w, b})) << what;
+    else
+      EXPECT_TRUE(gradcheck([opt](const Ts& t) { return conv2d(t[0], t[1], Tensor(), opt); }, {x, w})) << what;
+  }
+}
+
+// A grouped convolution is the channel-wise concatenation of one ordinary convolution per group, each
+// over its slice of the input channels with its slice of the filters.
+TEST(Conv2dGroups, EqualSeparateConvolutionsPerGroup) {
+  Generator gen(18);
+  const int64_t groups = 3, cg = 2, kg = 2;
+  Tensor x = Tensor::uniform({2, groups * cg, 6, 7}, -1, 1, gen, DType::f64);
+  Tensor w = Tensor::uniform({groups * kg, cg, 3, 3}, -1, 1, gen, DType::f64);
+  Tensor b = Tensor::uniform({groups * kg}, -1, 1, gen, DType::f64);
+  const Conv2dOptions opt{{2, 1}, {1, 1}, false, static_cast<int>(groups)};
+  const Tensor y = conv2d(x, w, b, opt);
+  ASSERT_EQ(y.shape(), Shape({2, groups * kg, 3, 7}));
+  for (int64_t j = 0; j < groups; ++j) {
+    const Tensor part = conv2d(x.narrow(1, j * cg, cg).contiguous(), w.narrow(0, j * kg, kg).contiguous(),
+                               b.narrow(0, j * kg, kg).contiguous(), {{2, 1}, {1, 1}});
+    const std::vector<double> want = part.to_vector<double>();
+    const std::vector<double> got = y.narrow(1, j * kg, kg).contiguous().to_vector<double>();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << "group " << j << " element " << i;
+  }
+}
+
 // Distinct values at least 0.01 apart, shuffled: no ties, and +-eps never changes a window's maximum.
 Tensor tie_free(const Shape& shape, Generator& gen) {
   const int64_t n = shape_numel(shape);

@@ -38,6 +38,11 @@ TEST(OpErrors, ShapesAndReductions) {
   expect_error([&] { flatten(a, 5); }, {"flatten", "start_dim"});
   expect_error([&] { mean(Tensor::zeros({0})); }, {"mean", "empty"});
   expect_error([&] { sum(Tensor::zeros({3}, DType::i64)); }, {"sum", "floating"});
+  expect_error([&] { cat({}, 0); }, {"cat", "no tensors"});
+  expect_error([&] { cat({a, Tensor::zeros({3, 3})}, 1); }, {"cat", "tensor 1", "outside dimension 1"});
+  expect_error([&] { cat({a, Tensor::zeros({2, 3}, DType::f64)}, 0); }, {"cat", "dtype"});
+  expect_error([&] { cat({a, a}, 2); }, {"cat", "dimension 2 is out of range"});
+  expect_error([&] { cat({Tensor::zeros({})}, 0); }, {"cat", "zero-dimensional"});
 }
 
 TEST(OpErrors, MatrixProducts) {
@@ -56,6 +61,16 @@ TEST(OpErrors, ConvolutionAndPooling) {
   expect_error([&] { conv2d(x, Tensor::zeros({2, 3, 3, 3}), Tensor(), {{0, 1}, {0, 0}}); }, {"stride"});
   expect_error([&] { conv2d(Tensor::zeros({3, 5, 5}), Tensor::zeros({2, 3, 3, 3}), Tensor()); },
                {"conv2d", "4 dimensions"});
+  Tensor x4 = Tensor::zeros({1, 4, 5, 5});
+  const Conv2dOptions two_groups{{1, 1}, {0, 0}, false, 2};
+  expect_error([&] { conv2d(x4, Tensor::zeros({2, 4, 3, 3}), Tensor(), two_groups); },
+               {"conv2d", "4 channels", "expects 4 per group", "8 in 2 groups"});
+  expect_error([&] { conv2d(x4, Tensor::zeros({3, 2, 3, 3}), Tensor(), two_groups); },
+               {"conv2d", "2 groups must divide", "filters (3)"});
+  expect_error([&] { conv2d(x, Tensor::zeros({2, 1, 3, 3}), Tensor(), {{1, 1}, {0, 0}, false, 2}); },
+               {"conv2d", "input channels (3)"});
+  expect_error([&] { conv2d(x, Tensor::zeros({2, 3, 3, 3}), Tensor(), {{1, 1}, {0, 0}, false, 0}); },
+               {"conv2d", "groups must be at least 1"});
   expect_error([&] { max_pool2d(x, {{2, 2}, {2, 2}, {2, 2}}); }, {"max_pool2d", "padding"});
   expect_error([&] { avg_pool2d(x, {{7, 7}, {1, 1}, {0, 0}}); }, {"avg_pool2d", "larger than"});
   expect_error([&] { max_pool2d(x, {{2, 2}, {0, 2}, {0, 0}}); }, {"max_pool2d", "stride"});

@@ -134,6 +134,64 @@ def main():
     check(rank, "backward_and_sparse_update threshold", net.get_params()["w"].to_numpy(),
           sparse_expectation(world, 2, lambda acc: np.abs(acc) >= 0.7, False), atol=1e-5)
 
+    # SINGA's defaults and positional order: backward_and_sparse_update(loss) is the threshold method with
+    # spars 0.05 and error feedback, as C++'s DistOpt::backward_and_sparse_update(loss) (the binding's defaults).
+    d, net = setup(rank)
+    dc, netc = setup(rank)
+    for s in range(2):
+        d.backward_and_sparse_update(net.forward(tensor.from_numpy(inputs(rank, s))))
+        dc._impl.backward_and_sparse_update(netc.forward(tensor.from_numpy(inputs(rank, s))))
+    check(rank, "backward_and_sparse_update defaults", net.get_params()["w"].to_numpy(),
+          sparse_expectation(world, 2, lambda acc: np.abs(acc) >= 0.05, True), atol=1e-5)
+    check(rank, "backward_and_sparse_update defaults as C++'s", net.get_params()["w"].to_numpy(),
+          netc.get_params()["w"].to_numpy(), atol=0)
+    d, net = setup(rank)
+    for s in range(2):
+        d.backward_and_sparse_update(net.forward(tensor.from_numpy(inputs(rank, s))), 2097152, 0.25, True, False)
+    check(rank, "backward_and_sparse_update positional", net.get_params()["w"].to_numpy(),
+          sparse_expectation(world, 2, top_k, False), atol=1e-5)
+    d, net = setup(rank)
+    d.backward_and_update_half(net.forward(tensor.from_numpy(inputs(rank))), 2097152, True, 0.5)
+    check(rank, "backward_and_update_half positional", net.get_params()["w"].to_numpy(), W0 - LR * clipped, atol=2e-3)
+
+    # SINGA's helpers on lists of tensors: sums over the ranks, finished by wait().
+    vals = lambda r, n, s=0: np.arange(n, dtype=np.float32) * (r + 1) + s  # noqa: E731  (exact in float16)
+    total = lambda n, s=0: sum(vals(r, n, s) for r in range(world))  # noqa: E731
+    a, b = tensor.from_numpy(vals(rank, 4).reshape(2, 2)), tensor.from_numpy(vals(rank, 3, 1))
+    sgd.fused_all_reduce([a], send=False)
+    sgd.fused_all_reduce([b], send=False)
+    sgd.fused_all_reduce([a, b])
+    sgd.wait()
+    check(rank, "fused_all_reduce", np.concatenate([a.to_numpy().ravel(), b.to_numpy()]),
+          np.concatenate([total(4), total(3, 1)]))
+    a, b = tensor.from_numpy(vals(rank, 4)), tensor.from_numpy(vals(rank, 5, 2))
+    sgd.all_reduce_half(a)
+    sgd.fused_all_reduce_half([b])
+    sgd.wait()
+    check(rank, "all_reduce_half", a.to_numpy(), total(4))
+    check(rank, "fused_all_reduce_half", b.to_numpy(), total(5, 2))
+    # Sparsification: each rank's selection from tensor + accumulation, summed; what was not sent stays.
+    g = lambda r: inputs(r, 7)  # noqa: E731
+    t, acc = tensor.from_numpy(g(rank)), tensor.from_numpy(np.full(N, 0.1 * (rank + 1), np.float32))
+    sgd.sparsification(t, acc, 0.25, True)
+    sgd.wait()
+    xs = [g(r) + np.float32(0.1 * (r + 1)) for r in range(world)]
+    check(rank, "sparsification", t.to_numpy(), sum(np.where(top_k(x), x, 0) for x in xs), atol=1e-6)
+    check(rank, "sparsification accumulation", acc.to_numpy(), np.where(top_k(xs[rank]), 0, xs[rank]), atol=1e-6)
+    p, q = tensor.from_numpy(g(rank)[:3]), tensor.from_numpy(g(rank)[3:].reshape(1, N - 3))
+    sgd.fused_sparsification([p, q], None, 0.7, False)
+    sgd.wait()
+    check(rank, "fused_sparsification", np.concatenate([p.to_numpy(), q.to_numpy().ravel()]),
+          sum(np.where(np.abs(g(r)) >= 0.7, g(r), 0) for r in range(world)), atol=1e-6)
+    # update(param, grad): SINGA's: this rank's gradient, which wait() made a sum, divided by the world size.
+    d, net = setup(rank)
+    w = net.get_params()["w"]
+    grad = tensor.from_numpy(inputs(rank))
+    d.all_reduce(grad)
+    d.wait()
+    d.update(w, grad)
+    check(rank, "update(param, grad)", w.to_numpy(), W0 - LR * mean_x)
+
     # Parameters found from the loss's graph (no model given).
     d = opt.DistOpt(opt.SGD(lr=LR))
     lin = layer.Linear(N, 1)

@@ -7,6 +7,10 @@ CHECKS = ["all_reduce", "synchronize", "__call__", "backward_and_update", "sync_
           "backward_and_update_half clipping", "backward_and_partial_update", "backward_and_sync", "clip_grad_norm",
           "update", "no_sync", "powerSGD",
           "backward_and_sparse_update topK corr", "backward_and_sparse_update threshold",
+          "backward_and_sparse_update defaults", "backward_and_sparse_update defaults as C++'s",
+          "backward_and_sparse_update positional", "backward_and_update_half positional", "fused_all_reduce",
+          "all_reduce_half", "fused_all_reduce_half", "sparsification", "sparsification accumulation",
+          "fused_sparsification", "update(param, grad)",
           "parameters from the graph", "average_buffers", "convert_sync_batch_norm"]
 
 

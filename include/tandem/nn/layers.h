@@ -10,12 +10,13 @@
 
 namespace tandem::nn {
 
-/// 2-D convolution; weight [out, in, k, k] drawn from N(0, 2/(fan_in+fan_out)), bias zero. With relu, a
-/// ReLU is fused into the output.
+/// 2-D convolution; weight [out, in / groups, k, k] drawn from N(0, 2/(fan_in+fan_out)) (fans of one
+/// group), bias zero. With relu, a ReLU is fused into the output; groups > 1 convolves each of that many
+/// slices of the channels with its own filters (groups == in_channels: depthwise).
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, int kernel, Generator& gen, int stride = 1, int padding = 0,
-         bool bias = true, bool relu = false);
+         bool bias = true, bool relu = false, int groups = 1);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
   Tensor weight, bias;

@@ -1,4 +1,4 @@
-// CPU backend: 2-D convolution as im2col + GEMM, one image per GEMM.
+// CPU backend: 2-D convolution as im2col + GEMM, one image (and group of channels) per GEMM.
 //
 // Images are handed out to the backend's threads one at a time and each thread runs single-threaded
 // GEMMs with its own im2col buffer: per-image GEMMs land directly in the NCHW layout (no
@@ -159,8 +159,18 @@ void col2im(const T* __restrict col, const ConvGeom& g, const ColPlan& plan, T* 
 
 void check_geom(const ConvGeom& g) {
   check_blas_extent(g.k, "the output channel count");
-  check_blas_extent(g.c * g.r * g.s, "the receptive field size");
+  check_blas_extent(g.group_c() * g.r * g.s, "the receptive field size");
   check_blas_extent(g.oh * g.ow, "the output plane size");
+}
+
+// One group's convolution: its slice of the input channels and of the filters. im2col and col2im
+// work on a group's slice of an image through it.
+ConvGeom one_group(const ConvGeom& g) {
+  ConvGeom gg = g;
+  gg.c = g.group_c();
+  gg.k = g.k / g.groups;
+  gg.groups = 1;
+  return gg;
 }
 
 // Threads that share out the images of a batch; 1 when there are fewer images than threads, in
@@ -192,22 +202,24 @@ void gemm_any(bool split, bool ta, bool tb, int64_t m, int64_t n, int64_t k, con
 
 template <typename T>
 void conv_forward(const T* x, const T* w, const T* bias, const ConvGeom& g, T* y) {
-  const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w;
+  const ConvGeom gg = one_group(g);
+  const int64_t crs = gg.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w, gchw = gg.c * g.h * g.w;
   const bool direct = is_pointwise(g);
   const int threads = image_threads(g.n);
   Tensor col_t = direct ? Tensor() : scratch<T>(threads * crs * p);
   T* col_base = direct ? nullptr : col_t.data<T>();
   const ColPlan plan(g);
   for_each_task(g.n, threads, [&](int64_t i, int slot, bool split) {
-    const T* xn = x + i * chw;
-    const T* src = xn;
-    if (!direct) {
-      T* col = col_base + slot * crs * p;
-      im2col(xn, g, plan, col);
-      src = col;
-    }
     T* yn = y + i * g.k * p;
-    gemm_any<T>(split, false, false, g.k, p, crs, w, crs, src, p, T(0), yn, p);
+    for (int64_t j = 0; j < g.groups; ++j) {
+      const T* src = x + i * chw + j * gchw;
+      if (!direct) {
+        T* col = col_base + slot * crs * p;
+        im2col(src, gg, plan, col);
+        src = col;
+      }
+      gemm_any<T>(split, false, false, gg.k, p, crs, w + j * gg.k * crs, crs, src, p, T(0), yn + j * gg.k * p, p);
+    }
     if (bias) {
       for (int64_t k = 0; k < g.k; ++k) {
         const T bv = bias[k];
@@ -220,22 +232,26 @@ void conv_forward(const T* x, const T* w, const T* bias, const ConvGeom& g, T* y
 
 template <typename T>
 void conv_backward_data(const T* dy, const T* w, const ConvGeom& g, T* dx) {
-  const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w;
+  const ConvGeom gg = one_group(g);
+  const int64_t crs = gg.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w, gchw = gg.c * g.h * g.w;
   const bool direct = is_pointwise(g);
   const int threads = image_threads(g.n);
   Tensor col_t = direct ? Tensor() : scratch<T>(threads * crs * p);
   T* col_base = direct ? nullptr : col_t.data<T>();
   const ColPlan plan(g);
   for_each_task(g.n, threads, [&](int64_t i, int slot, bool split) {
-    const T* dyn = dy + i * g.k * p;
-    T* dxn = dx + i * chw;
-    if (direct) {
-      gemm_any<T>(split, true, false, crs, p, g.k, w, crs, dyn, p, T(0), dxn, p);
-      return;
+    for (int64_t j = 0; j < g.groups; ++j) {
+      const T* dyn = dy + i * g.k * p + j * gg.k * p;
+      const T* wj = w + j * gg.k * crs;
+      T* dxn = dx + i * chw + j * gchw;
+      if (direct) {
+        gemm_any<T>(split, true, false, crs, p, gg.k, wj, crs, dyn, p, T(0), dxn, p);
+        continue;
+      }
+      T* col = col_base + slot * crs * p;
+      gemm_any<T>(split, true, false, crs, p, gg.k, wj, crs, dyn, p, T(0), col, p);
+      col2im(col, gg, plan, dxn);
     }
-    T* col = col_base + slot * crs * p;
-    gemm_any<T>(split, true, false, crs, p, g.k, w, crs, dyn, p, T(0), col, p);
-    col2im(col, g, plan, dxn);
   });
 }
 
@@ -244,7 +260,9 @@ void conv_backward_data(const T* dy, const T* w, const ConvGeom& g, T* dx) {
 // added in order: the result does not depend on which thread ran which chunk.
 template <typename T>
 void conv_backward_weight(const T* dy, const T* x, const ConvGeom& g, T* dw, T* db) {
-  const int64_t crs = g.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w, wsize = g.k * crs;
+  const ConvGeom gg = one_group(g);
+  const int64_t crs = gg.c * g.r * g.s, p = g.oh * g.ow, chw = g.c * g.h * g.w, gchw = gg.c * g.h * g.w;
+  const int64_t wsize = g.k * crs;
   if (g.n == 0) {
     if (dw) std::fill(dw, dw + wsize, T(0));
     if (db) std::fill(db, db + g.k, T(0));
@@ -270,14 +288,16 @@ void conv_backward_weight(const T* dy, const T* x, const ConvGeom& g, T* dw, T* 
     for (int64_t i = lo; i < hi; ++i) {
       const T* dyn = dy + i * g.k * p;
       if (dw) {
-        const T* src = x + i * chw;
-        if (!direct) {
-          T* col = col_base + slot * crs * p;
-          im2col(src, g, plan, col);
-          src = col;
+        for (int64_t j = 0; j < g.groups; ++j) {
+          const T* src = x + i * chw + j * gchw;
+          if (!direct) {
+            T* col = col_base + slot * crs * p;
+            im2col(src, gg, plan, col);
+            src = col;
+          }
+          gemm_any<T>(split, false, true, gg.k, crs, p, dyn + j * gg.k * p, p, src, p, i == lo ? T(0) : T(1),
+                      part_base + chunk * wsize + j * gg.k * crs, crs);
         }
-        gemm_any<T>(split, false, true, g.k, crs, p, dyn, p, src, p, i == lo ? T(0) : T(1), part_base + chunk * wsize,
-                    crs);
       }
       if (acc) {
         for (int64_t k = 0; k < g.k; ++k) {
@@ -323,7 +343,7 @@ T* mut_ptr_or_null(Tensor& t) {
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y,
                                 bool relu) {
   TANDEM_ASSERT(!g.nhwc, "the CPU backend takes NCHW convolutions only");
-  TANDEM_ASSERT(x.numel() == g.n * g.c * g.h * g.w && w.numel() == g.k * g.c * g.r * g.s &&
+  TANDEM_ASSERT(x.numel() == g.n * g.c * g.h * g.w && w.numel() == g.k * g.group_c() * g.r * g.s &&
                     y.numel() == g.n * g.k * g.oh * g.ow && (!b.defined() || b.numel() == g.k),
                 "conv2d_forward geometry does not match ", x.str(), ", ", w.str(), ", ", y.str());
   check_geom(g);
@@ -345,7 +365,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const C
     return;
   }
   TANDEM_ASSERT(!g.nhwc, "the CPU backend takes NCHW inputs only");
-  TANDEM_ASSERT(dy.numel() == g.n * g.k * g.oh * g.ow && w.numel() == g.k * g.c * g.r * g.s &&
+  TANDEM_ASSERT(dy.numel() == g.n * g.k * g.oh * g.ow && w.numel() == g.k * g.group_c() * g.r * g.s &&
                     dx.numel() == g.n * g.c * g.h * g.w,
                 "conv2d_backward_data geometry does not match ", dy.str(), ", ", w.str(), ", ", dx.str());
   check_geom(g);
@@ -360,7 +380,8 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const C
 void CpuBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw,
                                         Tensor& db) {
   TANDEM_ASSERT(!g.nhwc, "the CPU backend takes NCHW inputs only");
-  TANDEM_ASSERT(dy.numel() == g.n * g.k * g.oh * g.ow && (!dw.defined() || dw.numel() == g.k * g.c * g.r * g.s) &&
+  TANDEM_ASSERT(dy.numel() == g.n * g.k * g.oh * g.ow &&
+                    (!dw.defined() || dw.numel() == g.k * g.group_c() * g.r * g.s) &&
                     (!dw.defined() || (x.defined() && x.numel() == g.n * g.c * g.h * g.w)) &&
                     (!db.defined() || db.numel() == g.k),
                 "conv2d_backward_weight geometry does not match ", dy.str(), ", ", dw.str(), ", ", db.str());

@@ -24,7 +24,7 @@ namespace {
 constexpr size_t kWorkspaceLimit = size_t(1) << 30;
 constexpr size_t kMaxPlans = 256;
 
-using GeomKey = std::array<int64_t, 16>;
+using GeomKey = std::array<int64_t, 17>;
 
 /// How a convolution may compute: its element type and whether f32 may use TF32 tensor cores.
 struct ConvMath {
@@ -35,7 +35,7 @@ struct ConvMath {
 
 GeomKey key_of(const ConvGeom& g, const ConvMath& m) {
   return {g.n,  g.c,  g.h,    g.w,  g.k,  g.r,  g.s,  g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.oh, g.ow,
-          g.nhwc, static_cast<int64_t>(m.dtype) * 2 + m.tf32, deterministic_algorithms()};
+          g.nhwc, static_cast<int64_t>(m.dtype) * 2 + m.tf32, deterministic_algorithms(), g.groups};
 }
 
 cudnnDataType_t cudnn_type(DType t) {
@@ -175,11 +175,13 @@ struct ConvPlan {
                                                   to_int(g.h, "height"), to_int(g.w, "width")));
     TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, fmt, dt, to_int(g.n, "batch"), to_int(g.k, "filters"),
                                                   to_int(g.oh, "output height"), to_int(g.ow, "output width")));
-    TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, dt, fmt, to_int(g.k, "filters"), to_int(g.c, "channels"),
+    TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, dt, fmt, to_int(g.k, "filters"),
+                                                  to_int(g.group_c(), "channels per group"),
                                                   to_int(g.r, "kernel height"), to_int(g.s, "kernel width")));
     TANDEM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, to_int(g.pad_h, "padding"), to_int(g.pad_w, "padding"),
                                                        to_int(g.stride_h, "stride"), to_int(g.stride_w, "stride"), 1,
                                                        1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    TANDEM_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, to_int(g.groups, "groups")));
     TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, m.exact() ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
     int n = 0, k = 0, oh = 0, ow = 0;
     TANDEM_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv, x, w, &n, &k, &oh, &ow));
@@ -252,7 +254,7 @@ cudnnHandle_t cudnn_handle(DeviceState& st) {
 
 // Checks shapes and that the data tensors share one floating type; returns the math to use.
 ConvMath check_conv(const ConvGeom& g, const Tensor& x, const Tensor& w, const Tensor& y, const char* op) {
-  TANDEM_ASSERT(x.numel() == g.n * g.c * g.h * g.w && w.numel() == g.k * g.c * g.r * g.s &&
+  TANDEM_ASSERT(x.numel() == g.n * g.c * g.h * g.w && w.numel() == g.k * g.group_c() * g.r * g.s &&
                     y.numel() == g.n * g.k * g.oh * g.ow,
                 op, ": tensors do not match the geometry");
   TANDEM_CHECK(x.dtype() == w.dtype() && x.dtype() == y.dtype(), op, ": ", x.str(), ", ", w.str(), " and ", y.str(),
@@ -267,9 +269,11 @@ void* conv_workspace(DeviceState& st, size_t bytes) { return st.conv->workspace(
 // ---- convolution as matrix products: im2col, then cuBLAS (row-major products written column-major)
 
 // Unfolded inputs up to 256 MiB (2^26 f32, which also keeps indices in 32 bits); beyond that cuDNN's
-// kernels fill the GPU anyway.
+// kernels fill the GPU anyway. The matrix products treat all channels as one group: grouped
+// convolutions are cuDNN's.
 bool gemm_path_fits(const ConvGeom& g, const ConvMath& m) {
-  if (g.nhwc || m.dtype != DType::f32 || g.r > 64 || g.s > 64) return false;  // col2im unrolls up to 64 taps
+  if (g.groups != 1 || g.nhwc || m.dtype != DType::f32) return false;
+  if (g.r > 64 || g.s > 64) return false;  // col2im unrolls up to 64 taps
   const int64_t limit = int64_t(1) << 26;
   return g.n * g.c * g.r * g.s * g.oh * g.ow <= limit && g.n * g.k * g.oh * g.ow <= limit &&
          g.n * g.c * g.h * g.w <= limit;

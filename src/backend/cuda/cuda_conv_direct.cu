@@ -187,7 +187,8 @@ WgradSplit wgrad_split(const ConvGeom& g, int sm_count) {
 }  // namespace
 
 bool direct_conv_fits(const ConvGeom& g) {
-  if (g.nhwc || g.stride_h != 1 || g.stride_w != 1 || g.r != g.s || (g.r != 3 && g.r != 5)) return false;
+  if (g.groups != 1 || g.nhwc || g.stride_h != 1 || g.stride_w != 1 || g.r != g.s || (g.r != 3 && g.r != 5))
+    return false;
   if (g.pad_h >= g.r || g.pad_w >= g.s || g.n * g.c * g.h * g.w >= (int64_t(1) << 31) ||
       g.n * g.k * g.oh * g.ow >= (int64_t(1) << 31) || g.n >= 65536)
     return false;

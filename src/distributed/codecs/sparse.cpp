@@ -1,6 +1,15 @@
 #include "distributed/codecs/sparse.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace tandem::dist::detail {
+
+int64_t top_k_count(double spars, int64_t n) {
+  double exact = spars * static_cast<double>(n);
+  auto k = static_cast<int64_t>(std::ceil(exact - 1e-9 * std::max(exact, 1.0)));
+  return std::clamp<int64_t>(k, 1, n);
+}
 
 void SparseCodec::add_residual(Bucket& b) {
   if (feedback_) be().binary(backend::Binary::Add, b.grad, b.residual, b.grad);

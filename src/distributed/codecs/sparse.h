@@ -7,6 +7,11 @@
 
 namespace tandem::dist::detail {
 
+/// How many of n values sparseTopK sends: ceil(spars * n), clamped to [1, n]. The product is taken a
+/// hair low: spars arrives rounded to a double (0.07 is 0.07000000000000000666), and 0.07 * 700 must
+/// give 49 values, not 50.
+int64_t top_k_count(double spars, int64_t n);
+
 class SparseCodec : public GradCodec {
  public:
   SparseCodec(const CodecEnv& env, bool feedback) : env_(env), feedback_(feedback) {}

@@ -1,21 +1,10 @@
 // sparseTopK: per bucket, each rank sends the ceil(spars * n) gradients of largest magnitude.
 // Sizes are fixed by the layout, so a step allocates nothing and never waits on the host.
-#include <algorithm>
-#include <cmath>
-
 #include "distributed/codecs/sparse.h"
 
 namespace tandem::dist::detail {
 
 namespace {
-
-// ceil(spars * n), clamped to [1, n]. The product is taken a hair low: spars arrives rounded to a
-// double (0.07 is 0.07000000000000000666), and 0.07 * 700 must give 49 values, not 50.
-int64_t top_k_count(double spars, int64_t n) {
-  double exact = spars * static_cast<double>(n);
-  auto k = static_cast<int64_t>(std::ceil(exact - 1e-9 * std::max(exact, 1.0)));
-  return std::clamp<int64_t>(k, 1, n);
-}
 
 class TopKCodec final : public SparseCodec {
  public:

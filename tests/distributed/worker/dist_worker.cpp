@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,7 @@
 
 #include "tandem/distributed/agreement.h"
 #include "tandem/distributed/bootstrap.h"
+#include "tandem/distributed/sparse_all_reduce.h"
 #include "tandem/error.h"
 #include "tandem/tensor.h"
 
@@ -245,6 +247,71 @@ void scenario_broadcast(Communicator& c) {
   std::printf("rank %d: broadcast ok\n", c.rank());
 }
 
+// sparse_all_reduce (SINGA's sparsification) against the same selection made here for every rank.
+// Rank r's call s: element i has magnitude scale_s * ((7 i + 3 r) mod n + 1), a permutation, so that no two
+// magnitudes tie; its sign alternates with i, and so does the residual's.
+void scenario_sparse(Communicator& c) {
+  const int W = c.size(), me = c.rank();
+  const int64_t n = 20;
+  auto value = [n](int r, int s, int64_t i) {
+    const double scale = s == 0 ? 0.25 : 16.0;  // the second call's values dwarf what the first kept
+    return (i % 2 ? -1.0 : 1.0) * scale * static_cast<double>((7 * i + 3 * r) % n + 1);
+  };
+  struct Case {
+    const char* name;
+    bool top_k, feedback;
+    double spars;
+  };
+  const Case cases[] = {{"topK", true, true, 0.25},
+                        {"topK without accumulation", true, false, 0.1},
+                        {"threshold", false, true, 3.0},
+                        {"threshold without accumulation", false, false, 40.0}};
+  for (const Case& k : cases) {
+    std::vector<std::vector<double>> residual(static_cast<size_t>(W), std::vector<double>(n, 0.0));
+    Tensor acc = k.feedback ? Tensor::zeros({n}).to(g_device) : Tensor();
+    for (int s = 0; s < 2; ++s) {
+      std::vector<double> want(n, 0.0);
+      for (int r = 0; r < W; ++r) {
+        std::vector<double> x(n);
+        for (int64_t i = 0; i < n; ++i) x[i] = value(r, s, i) + residual[r][i];
+        std::vector<bool> sent(n, false);
+        if (k.top_k) {
+          const auto count = static_cast<size_t>(std::ceil(k.spars * n - 1e-9));
+          std::vector<double> mags;
+          for (double v : x) mags.push_back(std::fabs(v));
+          std::sort(mags.rbegin(), mags.rend());
+          for (int64_t i = 0; i < n; ++i) sent[i] = std::fabs(x[i]) >= mags[count - 1];
+        } else {
+          for (int64_t i = 0; i < n; ++i) sent[i] = std::fabs(x[i]) >= k.spars;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          if (sent[i]) want[i] += x[i];
+          if (k.feedback) residual[r][i] = sent[i] ? 0.0 : x[i];
+        }
+      }
+      std::vector<float> mine(n);
+      for (int64_t i = 0; i < n; ++i) mine[i] = static_cast<float>(value(me, s, i));
+      Tensor t = make(mine);
+      sparse_all_reduce(c, t, acc, k.spars, k.top_k);
+      std::vector<float> got = host<float>(t);
+      std::vector<float> kept = acc.defined() ? host<float>(acc) : std::vector<float>();
+      for (int64_t i = 0; i < n; ++i) {
+        if (got[i] != static_cast<float>(want[i])) {
+          EXPECT_OR_REPORT(false, "sparse all-reduce %s call %d: element %lld is %g, expected %g", k.name, s,
+                           static_cast<long long>(i), got[i], want[i]);
+          break;
+        }
+        if (k.feedback && kept[i] != static_cast<float>(residual[me][i])) {
+          EXPECT_OR_REPORT(false, "sparse all-reduce %s call %d: accumulation %lld is %g, expected %g", k.name, s,
+                           static_cast<long long>(i), kept[i], residual[me][i]);
+          break;
+        }
+      }
+    }
+  }
+  std::printf("rank %d: sparse all-reduce ok\n", c.rank());
+}
+
 void scenario_barrier(Communicator& c) {
   Store& store = rendezvous_store();
   for (int round = 0; round < 3; ++round) {
@@ -424,6 +491,8 @@ int main(int argc, char** argv) {
       scenario_allgatherv(*comm);
       scenario_broadcast(*comm);
       scenario_barrier(*comm);
+    } else if (scenario == "sparse") {
+      scenario_sparse(*comm);
     } else if (scenario == "reduce_loop") {
       scenario_reduce_loop(*comm);
     } else if (scenario == "exit3" || scenario == "exit3_stubborn") {
