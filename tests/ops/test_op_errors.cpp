@@ -42,7 +42,7 @@ TEST(OpErrors, ShapesAndReductions) {
   expect_error([&] { cat({a, Tensor::zeros({3, 3})}, 1); }, {"cat", "tensor 1", "outside dimension 1"});
   expect_error([&] { cat({a, Tensor::zeros({2, 3}, DType::f64)}, 0); }, {"cat", "dtype"});
   expect_error([&] { cat({a, a}, 2); }, {"cat", "dimension 2 is out of range"});
-  expect_error([&] { cat({Tensor::zeros({})}, 0); }, {"cat", "zero-dimensional"});
+  expect_error([&] { cat({Tensor::zeros({})}, 0); }, {"cat", "0-dimensional"});
 }
 
 TEST(OpErrors, MatrixProducts) {
