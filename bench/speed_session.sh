@@ -152,14 +152,17 @@ if has convlog; then  # which algorithm cuDNN offered and which was taken, per c
 fi
 
 if has r18; then  # ResNet-18 on Fashion-MNIST (1 channel, 28x28) per precision: images/s, epoch times, conv choices
-  for run in "bf16 auto" "tf32 auto" "bf16 1" "tf32 1" "bf16 auto"; do
+  # Each run is "precision layout strided": layout auto or TANDEM_CHANNELS_LAST's value, strided auto or
+  # TANDEM_CONV_STRIDED's (0: cuDNN's kernels for the strided 1x1 gradients, as before they had a choice).
+  for run in ${R18_RUNS:-"bf16 auto auto" "tf32 auto auto" "bf16 auto 0" "bf16 auto auto"}; do
     set -- $run
-    log="$OUT/r18_$1_cl$2.log"
+    log="$OUT/r18_$1_cl$2_st$3.log"
     ( [ "$2" = auto ] || export TANDEM_CHANNELS_LAST=$2
+      [ "$3" = auto ] || export TANDEM_CONV_STRIDED=$3
       TANDEM_CONV_LOG=1 "$T" train --model resnet18 --dataset fashion-mnist --data-dir "$PWD/.data/fashion-mnist" --epochs 2 \
-        --batch-size 128 --lr 0.05 --device cuda --precision $1 --metrics "$OUT/r18_$1_cl$2.jsonl" >"$log" 2>&1 )
-    say "resnet18 fashion-mnist $1 channels-last=$2 (rc $?): epoch times $(grep -o 'Elapsed Time = [0-9.]*' "$log" |
-      awk '{printf "%s ", $4}'); train images/s $(grep -o '"train_images_per_s":[0-9.]*' "$OUT/r18_$1_cl$2.jsonl" |
+        --batch-size 128 --lr 0.05 --device cuda --precision $1 --metrics "$OUT/r18_$1_cl$2_st$3.jsonl" >"$log" 2>&1 )
+    say "resnet18 fashion-mnist $1 channels-last=$2 strided=$3 (rc $?): epoch times $(grep -o 'Elapsed Time = [0-9.]*' "$log" |
+      awk '{printf "%s ", $4}'); train images/s $(grep -o '"train_images_per_s":[0-9.]*' "$OUT/r18_$1_cl$2_st$3.jsonl" |
       cut -d: -f2 | tr '\n' ' '); $(grep 'Evaluation accuracy' "$log" | tail -1)"
   done
   for p in bf16 tf32; do
@@ -170,11 +173,14 @@ if has r18; then  # ResNet-18 on Fashion-MNIST (1 channel, 28x28) per precision:
 fi
 
 if has f16; then  # Fashion-MNIST epochs with the guide's CNN per 16-bit precision: f16 recorded like the others
-  for p in f16 bf16 tf32; do
-    log="$OUT/f16_$p.log"
+  # "f16 off": the f16 steps eager (--cuda-graph off), as they ran before their skip moved to the device.
+  for run in "f16 on" "f16 off" "bf16 on" "tf32 on"; do
+    set -- $run
+    p=$1
+    log="$OUT/f16_${p}_$2.log"
     "$T" train --model cnn --dataset fashion-mnist --data-dir "$PWD/.data/fashion-mnist" --epochs 10 --batch-size 64 \
-      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 --device cuda --precision $p >"$log" 2>&1
-    say "fashion-mnist 10 epochs $p (rc $?): $(grep 'Evaluation accuracy' "$log" | tail -1); eager: $(grep -c 'run eagerly' "$log")"
+      --lr 0.005 --momentum 0.9 --weight-decay 1e-5 --device cuda --precision $p --cuda-graph $2 >"$log" 2>&1
+    say "fashion-mnist 10 epochs $p --cuda-graph $2 (rc $?): $(grep 'Evaluation accuracy' "$log" | tail -1); eager: $(grep -c 'run eagerly' "$log")"
     say "  epoch times: $(grep -o 'Elapsed Time = [0-9.]*' "$log" | awk '{printf "%s ", $4}')"
   done
 fi
