@@ -599,9 +599,10 @@ def _check_f32(t, what):
 
 
 def _flat_copy(tensors):
-    """A new 1-D tensor holding the tensors' values one after another."""
+    """A new 1-D tensor holding the tensors' values one after another (a copy even of one tensor:
+    joining one tensor, and reshaping a contiguous one, give views of it)."""
     with _tandem.no_grad():
-        return _tandem.cat([_tandem.reshape(t.detach(), [t.numel()]) for t in tensors], 0)
+        return _tandem.cat([_tandem.reshape(t.detach(), [t.numel()]) for t in tensors], 0).clone()
 
 
 def _scatter(buf, tensors):

@@ -105,7 +105,7 @@ def test_separable_conv2d_against_numpy(cpu):
     want = conv_ref(conv_ref(x, dw, None, 1, 1, groups=4).astype(np.float32), pw, None, 1, 0)
     np.testing.assert_allclose(y.to_numpy(), want, rtol=1e-4, atol=1e-4)
     # Gradients reach both halves.
-    autograd.backward(_flat_sum(y))
+    list(autograd.backward(_flat_sum(y)))  # SINGA's backward is a generator: iterated, it runs
     assert np.abs(params["depthwise_conv.weight"].grad.to_numpy()).sum() > 0
     with pytest.raises(ValueError, match="built for 3 input channels"):
         layer.SeparableConv2d(3, 6, 3)(tensor.from_numpy(x, cpu))
@@ -127,7 +127,7 @@ def test_add_cat_reshape_and_pooling(cpu):
     # The gradient of a joined tensor reaches each part.
     wa = tensor.from_numpy(a, cpu)
     wa.requires_grad = True
-    autograd.backward(_flat_sum(layer.Cat(1)([wa, wa])))
+    list(autograd.backward(_flat_sum(layer.Cat(1)([wa, wa]))))
     np.testing.assert_array_equal(wa.grad.to_numpy(), np.full(a.shape, 2.0))
     with pytest.raises(ValueError, match="outside dimension 0"):
         layer.Cat(0)([ta, tensor.from_numpy(c, cpu)])

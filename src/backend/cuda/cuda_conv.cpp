@@ -97,6 +97,13 @@ bool log_search() {
   return on;
 }
 
+// The math a search may explore: cuDNN's Find only tries the algorithms of the descriptor's math type,
+// and a pass that ran with FMA math (a forward whose fastest algorithm was an FMA one) left the
+// descriptor so, which hid every tensor-core algorithm from the backward passes' searches (a 16-bit
+// backward then ran 10-14 ms FMA kernels instead of 0.25 ms tensor-core ones, depending on which way
+// the forward's timing happened to fall). Every search starts from the widest math allowed.
+cudnnMathType_t search_math(const ConvMath& m) { return m.exact() ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH; }
+
 // The fastest usable algorithm (the list comes sorted fastest first); under deterministic_algorithms()
 // only one that gives the same bits on every run.
 template <typename Perf>
@@ -484,6 +491,7 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
       SearchWorkspace ws;
       cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
       int found = 0;
+      TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, search_math(math)));
       TANDEM_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv, p.y,
                                                                 y.data_ptr(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found,
                                                                 perf, ws.ptr(), ws.size()));
@@ -581,6 +589,7 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
     SearchWorkspace ws;
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int found = 0;
+    TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, search_math(math)));
     TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
         h, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.x, dx.data_ptr(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
         &found, perf, ws.ptr(), ws.size()));
@@ -654,6 +663,7 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
     SearchWorkspace ws;
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int found = 0;
+    TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, search_math(math)));
     TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
         h, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv, p.w, dw.data_ptr(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
         &found, perf, ws.ptr(), ws.size()));
