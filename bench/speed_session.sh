@@ -154,15 +154,18 @@ fi
 if has r18; then  # ResNet-18 on Fashion-MNIST (1 channel, 28x28) per precision: images/s, epoch times, conv choices
   # Each run is "precision layout strided": layout auto or TANDEM_CHANNELS_LAST's value, strided auto or
   # TANDEM_CONV_STRIDED's (0: cuDNN's kernels for the strided 1x1 gradients, as before they had a choice).
-  for run in ${R18_RUNS:-"bf16 auto auto" "tf32 auto auto" "bf16 auto 0" "bf16 auto auto"}; do
+  IFS=, read -ra r18_runs <<<"${R18_RUNS:-bf16 auto auto,tf32 auto auto,bf16 auto 0,bf16 auto auto,tf32 auto auto}"
+  i=0
+  for run in "${r18_runs[@]}"; do
     set -- $run
-    log="$OUT/r18_$1_cl$2_st$3.log"
+    i=$((i + 1))
+    log="$OUT/r18_${i}_$1_cl$2_st$3.log"
     ( [ "$2" = auto ] || export TANDEM_CHANNELS_LAST=$2
       [ "$3" = auto ] || export TANDEM_CONV_STRIDED=$3
       TANDEM_CONV_LOG=1 "$T" train --model resnet18 --dataset fashion-mnist --data-dir "$PWD/.data/fashion-mnist" --epochs 2 \
-        --batch-size 128 --lr 0.05 --device cuda --precision $1 --metrics "$OUT/r18_$1_cl$2_st$3.jsonl" >"$log" 2>&1 )
+        --batch-size 128 --lr 0.05 --device cuda --precision $1 --metrics "$OUT/r18_${i}_$1_cl$2_st$3.jsonl" >"$log" 2>&1 )
     say "resnet18 fashion-mnist $1 channels-last=$2 strided=$3 (rc $?): epoch times $(grep -o 'Elapsed Time = [0-9.]*' "$log" |
-      awk '{printf "%s ", $4}'); train images/s $(grep -o '"train_images_per_s":[0-9.]*' "$OUT/r18_$1_cl$2_st$3.jsonl" |
+      awk '{printf "%s ", $4}'); train images/s $(grep -o '"train_images_per_s":[0-9.]*' "$OUT/r18_${i}_$1_cl$2_st$3.jsonl" |
       cut -d: -f2 | tr '\n' ' '); $(grep 'Evaluation accuracy' "$log" | tail -1)"
   done
   for p in bf16 tf32; do

@@ -48,8 +48,8 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
   // kernels that channels-last exists for.
   g.nhwc = groups == 1 && conv_channels_last(x.device(), prec, g.k);
   // 16-bit only where tensor cores take it (channels-last, input channels in multiples of 8 too): cuDNN's
-  // other 16-bit kernels are slower than TF32 ones (a 1-channel input's weight gradient: 0.63 ms in bf16
-  // against 0.08 ms in TF32 at ResNet-18's stem on Fashion-MNIST), so such a convolution computes in f32.
+  // other 16-bit kernels are slower than TF32 ones, so such a convolution computes in f32 (TF32); a
+  // 1-channel image's first layer takes its input as it comes, in f32.
   const DType cdt = !mixed ? x.dtype() : g.nhwc && g.c % 8 == 0 ? activation_dtype(prec) : DType::f32;
   // Under a mixed precision the 16-bit copies of input and weight are made here (with the change of
   // storage order, in one pass each); gradients go back in the types of x and w.
