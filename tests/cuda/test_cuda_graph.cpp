@@ -108,76 +108,20 @@ TEST(CudaGraph, DropoutMasksDifferBetweenReplays) {
   EXPECT_NE(masks[1], masks[2]);
 }
 
-// The guide's CNN with SGD (momentum, weight decay) through DistOpt on one GPU: N steps run eagerly
-// and the same N steps with the fourth onwards replayed from one recording end in the same bits.
-std::vector<Tensor> train_cnn(bool record, int steps) {
-  set_deterministic_algorithms(true);
-  nn::ModelConfig mc;
-  mc.seed = 3;
-  auto model = nn::make_model("cnn", mc);
-  model->to(gpu());
-  optim::SgdOptions so;
-  so.lr = 0.05;
-  so.momentum = 0.9;
-  so.weight_decay = 1e-4;
-  dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), dist::make_single_communicator(gpu()));
-  std::vector<Tensor> xs, ys;
-  Generator gen(11);
-  for (int i = 0; i < steps; ++i) {
-    xs.push_back(Tensor::uniform({32, 1, 28, 28}, 0.0, 1.0, gen).to(gpu()));
-    std::vector<int32_t> labels(32);
-    for (auto& l : labels) l = static_cast<int32_t>(gen.next_below(10));
-    ys.push_back(Tensor::from_vector(labels, {32}).to(gpu()));
-  }
-  auto step = [&](const Tensor& x, const Tensor& y) {
-    opt.backward_and_sync(softmax_cross_entropy(model->forward(x), y));
-    opt.update();
-  };
-  Tensor sx = xs[0].clone(), sy = ys[0].clone();
-  std::unique_ptr<DeviceGraph> graph;
-  for (int i = 0; i < steps; ++i) {
-    if (!record || i < 3) {
-      step(xs[static_cast<size_t>(i)], ys[static_cast<size_t>(i)]);
-      continue;
-    }
-    EXPECT_EQ(opt.replay_blocker(), "");
-    sx.copy_(xs[static_cast<size_t>(i)]);
-    sy.copy_(ys[static_cast<size_t>(i)]);
-    if (!graph) {
-      const dist::CommStats before = opt.stats();
-      graph = std::make_unique<DeviceGraph>(gpu(), [&] { step(sx, sy); });
-      EXPECT_EQ(opt.stats().steps, before.steps + 1);
-    } else {
-      opt.count_replayed_step(dist::CommStats{1, 0, 0, 0, 0.0, 0});
-    }
-    graph->replay();
-  }
-  EXPECT_EQ(opt.optimizer().steps(), steps);
-  EXPECT_EQ(opt.stats().steps, steps);
-  std::vector<Tensor> out;
-  for (const Tensor& p : model->parameters()) out.push_back(p.cpu());
-  set_deterministic_algorithms(false);
-  return out;
-}
-
-TEST(CudaGraph, ReplayedTrainingMatchesEagerBitForBit) {
-  REQUIRE_GPU();
-  std::vector<Tensor> eager = train_cnn(false, 12), replayed = train_cnn(true, 12);
-  ASSERT_EQ(eager.size(), replayed.size());
-  for (size_t i = 0; i < eager.size(); ++i) expect_same_bytes(eager[i], replayed[i], "parameter " + std::to_string(i));
-}
-
-// The CNN through DistOpt with other settings: partialUpdate over several chunks (its round robin's
-// position lives on the device, so each replay averages the next chunk), or f16 with dynamic loss
-// scaling (the skip of an overflowing step and the scale's adjustment decided on the device). Returns
-// the parameters, the chunk partialUpdate would average next and the steps the loss scaler skipped.
+// The guide's CNN with SGD (momentum, weight decay) through DistOpt on one GPU: N steps run eagerly, or
+// the same N steps with the fourth onwards replayed from one recording. Options vary the step:
+// partialUpdate over several chunks (its round robin's position lives on the device, so each replay
+// averages the next chunk), or f16 with dynamic loss scaling (the skip of an overflowing step and the
+// scale's adjustment decided on the device). Returns the parameters, the chunk partialUpdate would
+// average next and the steps the loss scaler skipped.
 struct Trained {
   std::vector<Tensor> params;
   int64_t next_chunk = -1, skipped = -1;
   double scale = 0;
 };
 
-Trained train_cnn_with(bool record, int steps, const dist::DistOptOptions& o, bool f16) {
+Trained train_cnn(bool record, int steps, const dist::DistOptOptions& o = {}, bool f16 = false,
+                  double weight_decay = 0.0) {
   set_deterministic_algorithms(true);
   nn::ModelConfig mc;
   mc.seed = 3;
@@ -186,6 +130,7 @@ Trained train_cnn_with(bool record, int steps, const dist::DistOptOptions& o, bo
   optim::SgdOptions so;
   so.lr = 0.05;
   so.momentum = 0.9;
+  so.weight_decay = weight_decay;
   dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), dist::make_single_communicator(gpu()), o);
   std::unique_ptr<dist::LossScaler> scaler;
   if (f16) {
@@ -221,12 +166,16 @@ Trained train_cnn_with(bool record, int steps, const dist::DistOptOptions& o, bo
     EXPECT_EQ(opt.replay_blocker(), "");
     sx.copy_(xs[static_cast<size_t>(i)]);
     sy.copy_(ys[static_cast<size_t>(i)]);
-    if (!graph)
+    if (!graph) {
+      const dist::CommStats before = opt.stats();
       graph = std::make_unique<DeviceGraph>(gpu(), [&] { step(sx, sy); });
-    else
+      EXPECT_EQ(opt.stats().steps, before.steps + 1);
+    } else
       opt.count_replayed_step(dist::CommStats{1, 0, 0, 0, 0.0, 0});
     graph->replay();
   }
+  EXPECT_EQ(opt.optimizer().steps(), steps);
+  EXPECT_EQ(opt.stats().steps, steps);
   Trained out;
   for (const Tensor& p : model->parameters()) out.params.push_back(p.cpu());
   if (o.sync.method == "partialUpdate") out.next_chunk = opt.partial_chunk();
@@ -239,13 +188,21 @@ Trained train_cnn_with(bool record, int steps, const dist::DistOptOptions& o, bo
   return out;
 }
 
+TEST(CudaGraph, ReplayedTrainingMatchesEagerBitForBit) {
+  REQUIRE_GPU();
+  const std::vector<Tensor> eager = train_cnn(false, 12, {}, false, 1e-4).params,
+                            replayed = train_cnn(true, 12, {}, false, 1e-4).params;
+  ASSERT_EQ(eager.size(), replayed.size());
+  for (size_t i = 0; i < eager.size(); ++i) expect_same_bytes(eager[i], replayed[i], "parameter " + std::to_string(i));
+}
+
 TEST(CudaGraph, ReplayedPartialUpdateStepsCycleThroughTheChunks) {
   REQUIRE_GPU();
   dist::DistOptOptions o;
   o.sync.method = "partialUpdate";
   o.bucket_bytes = 256 << 10;  // the CNN's 431,080 parameters in 7 chunks of 65,536
   const int steps = 12;
-  Trained eager = train_cnn_with(false, steps, o, false), replayed = train_cnn_with(true, steps, o, false);
+  Trained eager = train_cnn(false, steps, o, false), replayed = train_cnn(true, steps, o, false);
   EXPECT_EQ(eager.next_chunk, steps % 7);
   EXPECT_EQ(replayed.next_chunk, steps % 7);  // the recording was made at step 3, its replays moved on
   for (size_t i = 0; i < eager.params.size(); ++i)
@@ -257,7 +214,7 @@ TEST(CudaGraph, ReplayedF16StepsSkipOverflowsOnTheDevice) {
   dist::DistOptOptions o;
   o.skip_nonfinite = true;
   const int steps = 30;
-  Trained eager = train_cnn_with(false, steps, o, true), replayed = train_cnn_with(true, steps, o, true);
+  Trained eager = train_cnn(false, steps, o, true), replayed = train_cnn(true, steps, o, true);
   EXPECT_GT(eager.skipped, 0) << "no step overflowed: the test shows nothing";
   EXPECT_EQ(replayed.skipped, eager.skipped);
   EXPECT_EQ(replayed.scale, eager.scale);

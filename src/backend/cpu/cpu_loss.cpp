@@ -1,6 +1,7 @@
 // CPU backend: softmax, softmax cross-entropy and classification metrics, one row per task.
 #include <atomic>
 #include <cmath>
+#include <utility>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dispatch.h"
@@ -42,6 +43,23 @@ int64_t row_argmax(const T* row, int64_t c) {
   return best;
 }
 
+// pw = softmax of the row xr[0, c); returns the row's maximum and log(sum exp(x - max)), so that
+// -log softmax[j] = lse - (x[j] - max).
+template <typename T>
+std::pair<T, double> softmax_row(const T* xr, T* pw, int64_t c) {
+  T mx = xr[0];
+  for (int64_t j = 1; j < c; ++j) mx = xr[j] > mx ? xr[j] : mx;
+  double sum = 0.0;
+  for (int64_t j = 0; j < c; ++j) {
+    const T e = std::exp(xr[j] - mx);  // <= 1: no overflow
+    pw[j] = e;
+    sum += static_cast<double>(e);
+  }
+  const T inv = static_cast<T>(1.0 / sum);
+  for (int64_t j = 0; j < c; ++j) pw[j] *= inv;
+  return {mx, std::log(sum)};
+}
+
 }  // namespace
 
 void CpuBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs) {
@@ -58,19 +76,8 @@ void CpuBackend::softmax_xent_forward(const Tensor& logits, const Tensor& labels
       cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           const T* xr = x + i * c;
-          T* pw = pr + i * c;
-          T mx = xr[0];
-          for (int64_t j = 1; j < c; ++j) mx = xr[j] > mx ? xr[j] : mx;
-          double sum = 0.0;
-          for (int64_t j = 0; j < c; ++j) {
-            const T e = std::exp(xr[j] - mx);  // <= 1: no overflow
-            pw[j] = e;
-            sum += static_cast<double>(e);
-          }
-          const T inv = static_cast<T>(1.0 / sum);
-          for (int64_t j = 0; j < c; ++j) pw[j] *= inv;
-          // -log softmax[label] = log(sum exp(x - max)) - (x[label] - max)
-          row_loss[i] = std::log(sum) - (static_cast<double>(xr[lab[i]]) - static_cast<double>(mx));
+          const auto [mx, lse] = softmax_row(xr, pr + i * c, c);
+          row_loss[i] = lse - (static_cast<double>(xr[lab[i]]) - static_cast<double>(mx));
         }
       });
       double total = 0.0;
@@ -118,19 +125,8 @@ void CpuBackend::softmax_xent_targets_forward(const Tensor& logits, const Tensor
       for (int64_t i = begin; i < end; ++i) {
         const T* xr = x + i * c;
         const T* tr = t + i * c;
-        T* pw = pr + i * c;
-        T mx = xr[0];
-        for (int64_t j = 1; j < c; ++j) mx = xr[j] > mx ? xr[j] : mx;
-        double sum = 0.0;
-        for (int64_t j = 0; j < c; ++j) {
-          const T e = std::exp(xr[j] - mx);
-          pw[j] = e;
-          sum += static_cast<double>(e);
-        }
-        const T inv = static_cast<T>(1.0 / sum);
-        for (int64_t j = 0; j < c; ++j) pw[j] *= inv;
-        // -log softmax[j] = log(sum) - (x[j] - max); a class of target 0 adds nothing, even at -inf logits.
-        const double lse = std::log(sum);
+        const auto [mx, lse] = softmax_row(xr, pr + i * c, c);
+        // A class of target 0 adds nothing, even at -inf logits.
         double l = 0.0;
         for (int64_t j = 0; j < c; ++j)
           if (tr[j] != T(0))
