@@ -669,3 +669,9 @@ def slice(x, starts, ends, axes=None, steps=None):
 def where(x, y, condition):
     """x where condition is nonzero, y elsewhere."""
     return Where(condition)(x, y)[0]
+
+
+# SINGA 3.0 kept its layers in autograd, and the distributed-training guide writes its CNN with
+# autograd.Conv2d, autograd.Linear and autograd.MaxPool2d: they are tandem.layer's classes.
+from .layer import (AvgPool1d, AvgPool2d, BatchNorm2d, Conv2d, Layer, Linear, MaxPool1d, MaxPool2d,  # noqa: E402
+                    Pooling2d, SeparableConv2d)

@@ -344,7 +344,6 @@ class DistOpt(Optimizer):
                              skip_nonfinite=bool(skip_nonfinite))
         self._timeout = float(timeout)
         self._comms = {}
-        self._pending = []  # (work, what to do once it finished) of the collectives wait() completes
         self._staged = {"plain": [], "half": []}  # fused_all_reduce(..., send=False) copies, by kind
         _share_cores(env.local_size)
         if env.launcher == "mpi":
@@ -378,7 +377,11 @@ class DistOpt(Optimizer):
     def step_counter(self):
         return self.opt.step_counter
 
-    # ---- communication (SINGA's helpers: sums over the ranks, finished by wait())
+    # ---- communication (SINGA's helpers: sums over the ranks). Each is finished when its call returns:
+    # the guide's synchronize() divides the tensor right after all_reduce, without wait(), and SINGA's
+    # own streams leave that division racing with the collective. On GPUs "finished" means that later
+    # work on the device is ordered after the collective (the host does not wait for it); on CPUs the
+    # sum is there when the call returns.
     def communicator(self, dev):
         """The job's communicator for tensors on ``dev`` (joined on first use; every rank must ask
         for the same kinds of device in the same order)."""
@@ -388,20 +391,20 @@ class DistOpt(Optimizer):
         return self._comms[key]
 
     def all_reduce(self, tensor):
-        """Starts summing ``tensor`` over the ranks, in place; ``wait()`` finishes it."""
-        self._pending.append((self.communicator(tensor.device).all_reduce(tensor), None))
+        """Sums ``tensor`` over the ranks, in place; what runs after the call sees the sum."""
+        self.communicator(tensor.device).all_reduce(tensor).wait()
 
     def all_reduce_half(self, tensor):
-        """As all_reduce with the values sent and summed in float16 (the tensor is float32); ``wait()``
-        writes the sums back."""
+        """As all_reduce with the values sent and summed in float16 (the tensor is float32)."""
         _check_f32(tensor, "all_reduce_half")
         half = tensor.as_type(float16)
-        self._pending.append((self.communicator(tensor.device).all_reduce(half), lambda: tensor.copy_(half)))
+        self.communicator(tensor.device).all_reduce(half).wait()
+        tensor.copy_(half)
 
     def fused_all_reduce(self, tensor, send=True):
         """SINGA's fused all-reduce of a list of tensors. ``send=False`` copies their values into the
         fusion buffer; ``send=True`` sums the buffer over the ranks (or, with nothing copied in, the
-        tensors given) and, at ``wait()``, writes the sums into the tensors given, in order."""
+        tensors given) and writes the sums into the tensors given, in order."""
         self._fused(_tensor_list(tensor, "fused_all_reduce"), send, "plain")
 
     def fused_all_reduce_half(self, tensor, send=True):
@@ -423,8 +426,8 @@ class DistOpt(Optimizer):
                              f"holds {buf.numel()} values (from the calls with send=False) but the tensors given "
                              f"hold {total}")
         wire = buf.as_type(float16) if kind == "half" else buf
-        work = self.communicator(buf.device).all_reduce(wire)
-        self._pending.append((work, lambda: _scatter(wire, tensors)))
+        self.communicator(buf.device).all_reduce(wire).wait()
+        _scatter(wire, tensors)
 
     def sparsification(self, tensor, accumulation, spars, topK):
         """SINGA's sparsified all-reduce of one float32 tensor, in place: the sum over the ranks of
@@ -442,12 +445,8 @@ class DistOpt(Optimizer):
         _scatter(buf, tensors)
 
     def wait(self):
-        """Waits for every collective started since the last wait and writes back what they return."""
-        pending, self._pending = self._pending, []
-        for work, finish in pending:
-            work.wait()
-            if finish is not None:
-                finish()
+        """SINGA's end of the collectives above; tandem's are finished when their calls return, so
+        there is nothing left to wait for."""
 
     # ---- the C++ DistOpt
     def _build(self, module):

@@ -74,6 +74,14 @@ def main():
     check(rank, "all_reduce", t.to_numpy(), np.full(3, world * (world + 1) / 2))
     t /= sgd.world_size
     check(rank, "synchronize", t.to_numpy(), np.full(3, (world + 1) / 2))
+    # The guide's synchronize() divides right after all_reduce, without wait(): the sum must be there.
+    big = tensor.full((1 << 18,), rank + 1.0)
+    sgd.all_reduce(big.data)
+    check(rank, "all_reduce without wait", big.to_numpy(), np.full(1 << 18, world * (world + 1) / 2))
+    for p in (tensor.full((3,), rank + 1.0), tensor.full((1 << 18,), rank + 1.0)):
+        sgd.all_reduce(p.data)
+        p /= sgd.world_size
+        check(rank, "synchronize without wait", p.to_numpy(), np.full(p.shape, (world + 1) / 2))
 
     for how in ("__call__", "backward_and_update"):
         d, net = setup(rank)

@@ -3,7 +3,7 @@ import sys
 
 from conftest import HERE, needs_gloo, run, tandem_command
 
-CHECKS = ["all_reduce", "synchronize", "__call__", "backward_and_update", "sync_parameters", "backward_and_update_half",
+CHECKS = ["all_reduce", "synchronize", "all_reduce without wait", "synchronize without wait", "__call__", "backward_and_update", "sync_parameters", "backward_and_update_half",
           "backward_and_update_half clipping", "backward_and_partial_update", "backward_and_sync", "clip_grad_norm",
           "update", "no_sync", "powerSGD",
           "backward_and_sparse_update topK corr", "backward_and_sparse_update threshold",

@@ -354,6 +354,48 @@ def test_the_guides_synchronizing_loop_meets_every_parameter_once():
     assert autograd.training is False
 
 
+class GuideAutogradCNN:
+    """The guide's CNN as its text writes it: a plain class of SINGA 3.0's autograd layers."""
+
+    def __init__(self):
+        self.conv1 = autograd.Conv2d(1, 20, 5, padding=0)
+        self.conv2 = autograd.Conv2d(20, 50, 5, padding=0)
+        self.linear1 = autograd.Linear(4 * 4 * 50, 500)
+        self.linear2 = autograd.Linear(500, 10)
+        self.pooling1 = autograd.MaxPool2d(2, 2, padding=0)
+        self.pooling2 = autograd.MaxPool2d(2, 2, padding=0)
+
+    def forward(self, x):
+        y = self.pooling1(autograd.relu(self.conv1(x)))
+        y = self.pooling2(autograd.relu(self.conv2(y)))
+        y = autograd.relu(self.linear1(autograd.flatten(y)))
+        return self.linear2(y)
+
+
+def test_the_guides_autograd_layers_build_and_train_its_cnn():
+    # SINGA 3.0 kept its layers in autograd; they are tandem.layer's classes.
+    for name in ("Layer", "Conv2d", "SeparableConv2d", "Linear", "BatchNorm2d", "Pooling2d", "MaxPool2d",
+                 "AvgPool2d", "MaxPool1d", "AvgPool1d"):
+        assert getattr(autograd, name) is getattr(layer, name), name
+    CPU.SetRandSeed(0)
+    net = GuideAutogradCNN()
+    rng = np.random.RandomState(5)
+    tx = tensor.Tensor((4, 1, 28, 28), CPU, tensor.float32)
+    ty = tensor.Tensor((4, 10), CPU, tensor.int32)  # the guide's one-hot targets
+    tx.copy_from_numpy(rng.random_sample((4, 1, 28, 28)).astype(np.float32))
+    ty.copy_from_numpy(np.eye(10, dtype=np.int32)[[1, 3, 5, 7]])
+    autograd.training = True
+    sgd = opt.SGD(lr=0.05, momentum=0.9, weight_decay=1e-5)
+    losses = []
+    for _ in range(3):
+        loss = autograd.softmax_cross_entropy(net.forward(tx), ty)
+        losses.append(tensor.to_numpy(loss)[0])
+        sgd(loss)
+    shapes = sorted(tuple(p.shape) for p, _ in autograd.backward(autograd.softmax_cross_entropy(net.forward(tx), ty)))
+    assert shapes == sorted([(20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (500, 800), (500,), (10, 500), (10,)])
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
 # ---- losses
 def test_softmax_cross_entropy_with_labels_and_one_hot_targets():
     logits = np.array([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0], [0.5, -2.0, 4.0]], dtype=np.float32)
