@@ -601,7 +601,8 @@ def _flat_copy(tensors):
     """A new 1-D tensor holding the tensors' values one after another (a copy even of one tensor:
     joining one tensor, and reshaping a contiguous one, give views of it)."""
     with _tandem.no_grad():
-        return _tandem.cat([_tandem.reshape(t.detach(), [t.numel()]) for t in tensors], 0).clone()
+        flat = [_tandem.reshape(t.detach(), [t.numel()]) for t in tensors]
+        return flat[0].clone() if len(flat) == 1 else _tandem.cat(flat, 0)
 
 
 def _scatter(buf, tensors):

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 
 #include <unistd.h>
@@ -84,9 +85,9 @@ struct ResumePoint {
   bool finished = false;
 };
 
-ResumePoint resume_point(const TrainConfig& cfg, const std::string& dist_option, int world, bool lead) {
+ResumePoint resume_point(const TrainConfig& cfg, const nlohmann::json& meta, const std::string& dist_option,
+                         int world, bool lead) {
   const std::string& path = cfg.checkpoint;
-  auto meta = nlohmann::json::parse(checkpoint_meta(path));
   auto text = [&](const char* key) {
     TANDEM_CHECK(meta.contains(key) && meta[key].is_string(), "checkpoint '", path, "' does not record its --", key,
                  " (was it written by tandem train?)");
@@ -243,14 +244,17 @@ bool Trainer::resume() {
   // What this rank sees at --checkpoint; every rank must see the same (one file on a shared disk).
   std::error_code ec;
   std::string seen = "no checkpoint";
+  nlohmann::json meta;
+  std::exception_ptr unreadable;  // raised once the ranks agree that they all found this file
   if (fs::exists(path, ec)) {
     try {
-      auto meta = nlohmann::json::parse(checkpoint_meta(path), nullptr, false);
+      meta = nlohmann::json::parse(checkpoint_meta(path), nullptr, false);
       seen = meta.is_object() && meta.contains("epoch") && meta["epoch"].is_number_integer()
                  ? "the checkpoint of epoch " + std::to_string(meta["epoch"].get<int64_t>())
                  : "a checkpoint without an epoch";
     } catch (const Error& e) {
       seen = std::string("an unreadable checkpoint (") + e.what() + ")";
+      unreadable = std::current_exception();
     }
   }
   dist::AgreementField field{"what --resume found", seen, true,
@@ -262,7 +266,8 @@ bool Trainer::resume() {
     if (s.lead()) std::fprintf(stderr, "tandem: no checkpoint at '%s' yet: starting at epoch 0\n", path.c_str());
     return true;
   }
-  const ResumePoint at = resume_point(cfg_, s.sync().method, s.world(), s.lead());
+  if (unreadable) std::rethrow_exception(unreadable);
+  const ResumePoint at = resume_point(cfg_, meta, s.sync().method, s.world(), s.lead());
   if (at.finished) return false;
   load_checkpoint(path, s.model(), &s.opt().optimizer());
 
@@ -275,14 +280,14 @@ bool Trainer::resume() {
   if (!fs::exists(own, ec)) {
     why_not = "there is no '" + own + "'";
   } else {
-    auto meta = nlohmann::json::parse(checkpoint_meta(own), nullptr, false);
-    const int64_t epoch = meta.is_object() ? meta.value("epoch", int64_t{-1}) : -1;
+    auto own_meta = nlohmann::json::parse(checkpoint_meta(own), nullptr, false);
+    const int64_t epoch = own_meta.is_object() ? own_meta.value("epoch", int64_t{-1}) : -1;
     if (epoch != at.next_epoch - 1) {
       why_not = "'" + own + "' is from epoch " + std::to_string(epoch) + ", the checkpoint from epoch " +
                 std::to_string(at.next_epoch - 1);
     } else {
-      meta.erase("epoch");
-      state.meta_json = meta.dump();
+      own_meta.erase("epoch");
+      state.meta_json = own_meta.dump();
       for (auto& [name, t] : read_checkpoint_tensors(own)) {
         if (name.rfind("dist/", 0) == 0) state.tensors.emplace_back(name.substr(5), t);
         if (name.rfind("loss_scale/", 0) == 0) scale.emplace_back(name.substr(11), t);

@@ -27,7 +27,7 @@ ParamAverager::ParamAverager(const std::vector<Tensor>& params, std::shared_ptr<
     offset += p.numel();
   }
   next_ = Tensor::zeros({1}, DType::i64, comm_->device());
-  if (comm_->size() > 1) staging_ = Tensor::empty({chunk_}, DType::f32, comm_->device());
+  if (comm_->size() > 1 && chunks_ > 1) staging_ = Tensor::empty({chunk_}, DType::f32, comm_->device());
 }
 
 void ParamAverager::broadcast(int root) {
@@ -37,8 +37,11 @@ void ParamAverager::broadcast(int root) {
 }
 
 void ParamAverager::average_next_chunk(const Tensor& verdict) {
+  // One chunk with no verdict to heed is the whole buffer, averaged where it lies.
+  if (chunks_ == 1 && !verdict.defined()) return average(arena_);
   backend::Backend& be = backend::backend_for(comm_->device());
   if (comm_->size() > 1) {
+    if (!staging_.defined()) staging_ = Tensor::empty({chunk_}, DType::f32, comm_->device());
     be.copy_chunk(arena_, staging_, next_, /*into_chunk=*/false, Tensor());
     average(staging_);
     be.copy_chunk(staging_, arena_, next_, /*into_chunk=*/true, verdict);

@@ -42,7 +42,7 @@ class ParamAverager {
   CommStats& stats_;
   Tensor arena_;       // the parameters, then zeros up to whole chunks
   int64_t chunk_ = 0, chunks_ = 1;
-  Tensor staging_;     // the chunk being averaged (jobs of several ranks)
+  Tensor staging_;     // the chunk being averaged (jobs of several ranks; with one chunk, only under a verdict)
   Tensor next_;        // i64 [1] on the device: the chunk due
 };
 

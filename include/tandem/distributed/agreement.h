@@ -14,8 +14,8 @@ struct AgreementField {
   std::string name;         // as the user knows it, e.g. "--batch-size"
   std::string value;
   bool must_match = true;   // false: ranks may differ (a seed, a learning rate): a warning, not an error
-  std::string detail;       // not compared; shown beside the rank in a message (the path a rank looked at)
-  std::string advice;       // rank 0's ends the error instead of "Every rank must be started with the same value"
+  std::string detail{};     // not compared; shown beside the rank in a message (the path a rank looked at)
+  std::string advice{};     // rank 0's ends the error instead of "Every rank must be started with the same value"
 };
 
 /// Compares every rank's fields through the job's rendezvous store; every rank must call it with the

@@ -404,7 +404,7 @@ float gpu_ms(cudaStream_t stream, F&& run) {
 // TANDEM_CONV_GEMM=1 takes the matrix products wherever they fit, =0 never (tests, comparisons).
 template <typename CudnnRun, typename GemmRun>
 bool gemm_wins(DeviceState& st, const char* pass, const ConvGeom& g, CudnnRun&& cudnn, GemmRun&& gemm) {
-  if (const char* e = std::getenv("TANDEM_CONV_GEMM"); e && (*e == '0' || *e == '1')) return *e == '1';
+  if (getenv_is("TANDEM_CONV_GEMM", '0') || getenv_is("TANDEM_CONV_GEMM", '1')) return getenv_is("TANDEM_CONV_GEMM", '1');
   const float t_cudnn = gpu_ms(st.stream, cudnn), t_gemm = gpu_ms(st.stream, gemm);
   if (log_search())
     std::fprintf(stderr, "conv %s n%lld c%lld %lldx%lld k%lld %lldx%lld: cuDNN %.4f ms, im2col+cuBLAS %.4f ms%s\n",
@@ -413,47 +413,20 @@ bool gemm_wins(DeviceState& st, const char* pass, const ConvGeom& g, CudnnRun&& 
   return t_gemm < t_cudnn;
 }
 
-// Times the direct kernel against the path chosen so far and takes it only when it is faster and its
-// result agrees with that path's (within TF32's rounding, against the largest value): a kernel
-// that disagrees is reported and left out. TANDEM_CONV_DIRECT=1 takes it wherever it fits, =0 never
-// (tests, comparisons).
-template <typename CurrentRun, typename DirectRun>
-bool direct_wins(DeviceState& st, const char* pass, const ConvGeom& g, CurrentRun&& current, DirectRun&& direct,
-                 const Tensor& out) {
-  if (const char* e = std::getenv("TANDEM_CONV_DIRECT"); e && (*e == '0' || *e == '1')) return *e == '1';
-  const float t_current = gpu_ms(st.stream, current), t_direct = gpu_ms(st.stream, direct);
-  if (log_search())
-    std::fprintf(stderr, "conv %s n%lld c%lld %lldx%lld k%lld %lldx%lld: chosen so far %.4f ms, direct %.4f ms%s\n",
-                 pass, (long long)g.n, (long long)g.c, (long long)g.h, (long long)g.w, (long long)g.k, (long long)g.r,
-                 (long long)g.s, t_current, t_direct, t_direct < t_current ? " *" : "");
-  if (t_direct >= t_current) return false;
-  current();
-  const std::vector<float> want = out.to_vector<float>();
-  direct();
-  const std::vector<float> got = out.to_vector<float>();
-  double largest = 0.0, worst = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    largest = std::max(largest, std::fabs(static_cast<double>(want[i])));
-    const double d = std::fabs(static_cast<double>(want[i]) - static_cast<double>(got[i]));
-    worst = std::isnan(d) ? HUGE_VAL : std::max(worst, d);
-  }
-  if (worst <= 1e-2 * largest + 1e-6) return true;
-  std::fprintf(stderr, "tandem: the direct convolution kernel (%s, n%lld c%lld %lldx%lld k%lld %lldx%lld) differs from "
-               "the other path by %g (largest value %g); it is not used\n", pass, (long long)g.n, (long long)g.c,
-               (long long)g.h, (long long)g.w, (long long)g.k, (long long)g.r, (long long)g.s, worst, largest);
-  return false;
-}
-
-// Times `other` against the path chosen so far and takes it only when it is faster and its result
-// agrees with that path's (within 16-bit rounding, against the largest value).
+// Times another path (tandem's direct kernel, the strided pointwise products) against the path chosen
+// so far and takes it only when it is faster and its result agrees with that path's within rel_tol of
+// the largest value (TF32's rounding for the direct f32 kernels, 16-bit rounding for the others): a
+// path that disagrees is reported and left out. The environment variable `env` set to 1 takes the other
+// path wherever it fits, 0 never (tests, comparisons).
 template <typename CurrentRun, typename OtherRun>
-bool other_wins(DeviceState& st, const char* pass, const char* other_name, const ConvGeom& g, CurrentRun&& current,
-                OtherRun&& other, const Tensor& out) {
+bool other_wins(DeviceState& st, const char* pass, const char* name, const char* env, double rel_tol,
+                const ConvGeom& g, CurrentRun&& current, OtherRun&& other, const Tensor& out) {
+  if (getenv_is(env, '0') || getenv_is(env, '1')) return getenv_is(env, '1');
   const float t_current = gpu_ms(st.stream, current), t_other = gpu_ms(st.stream, other);
   if (log_search())
     std::fprintf(stderr, "conv %s n%lld c%lld %lldx%lld k%lld %lldx%lld s%lld: chosen so far %.4f ms, %s %.4f ms%s\n",
                  pass, (long long)g.n, (long long)g.c, (long long)g.h, (long long)g.w, (long long)g.k, (long long)g.r,
-                 (long long)g.s, (long long)g.stride_h, t_current, other_name, t_other, t_other < t_current ? " *" : "");
+                 (long long)g.s, (long long)g.stride_h, t_current, name, t_other, t_other < t_current ? " *" : "");
   if (t_other >= t_current) return false;
   current();
   const std::vector<float> want = out.to(DType::f32).to_vector<float>();
@@ -465,10 +438,10 @@ bool other_wins(DeviceState& st, const char* pass, const char* other_name, const
     const double d = std::fabs(static_cast<double>(want[i]) - static_cast<double>(got[i]));
     worst = std::isnan(d) ? HUGE_VAL : std::max(worst, d);
   }
-  if (worst <= 2e-2 * largest + 1e-6) return true;
-  std::fprintf(stderr, "tandem: the %s convolution path (%s, n%lld c%lld %lldx%lld k%lld) differs from cuDNN's by %g "
-               "(largest value %g); it is not used\n", other_name, pass, (long long)g.n, (long long)g.c,
-               (long long)g.h, (long long)g.w, (long long)g.k, worst, largest);
+  if (worst <= rel_tol * largest + 1e-6) return true;
+  std::fprintf(stderr, "tandem: the %s convolution path (%s, n%lld c%lld %lldx%lld k%lld %lldx%lld) differs from the "
+               "other path by %g (largest value %g); it is not used\n", name, pass, (long long)g.n, (long long)g.c,
+               (long long)g.h, (long long)g.w, (long long)g.k, (long long)g.r, (long long)g.s, worst, largest);
   return false;
 }
 
@@ -517,8 +490,8 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
         // Both sides timed with this call's bias and ReLU: the direct kernel adds them as it stores y.
         TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.fwd_math));
         void* ws = conv_workspace(st, std::max(p.fwd_ws, gemm_path_fits(g, math) ? gemm_fwd_bytes(g) : 0));
-        p.fwd_direct = direct_wins(
-            st, "fwd", g,
+        p.fwd_direct = other_wins(
+            st, "fwd", "direct", "TANDEM_CONV_DIRECT", 1e-2, g,
             [&] {
               if (p.fwd_gemm)
                 gemm_forward(st, x, w, g, math, y, ws);
@@ -611,12 +584,11 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
           },
           [&] { gemm_backward_data(st, dy, w, g, math, dx, ws, false); });
     }
-    if (strided_pointwise(g, math) && !getenv_is("TANDEM_CONV_STRIDED", '0')) {
+    if (strided_pointwise(g, math)) {
       TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_data_math));
       void* ws = conv_workspace(st, p.bwd_data_ws);
-      p.bwd_data_strided = getenv_is("TANDEM_CONV_STRIDED", '1') ||
-                           other_wins(
-                               st, "bwd-data", "strided pointwise", g,
+      p.bwd_data_strided = other_wins(
+                               st, "bwd-data", "strided pointwise", "TANDEM_CONV_STRIDED", 2e-2, g,
                                [&] {
                                  TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(
                                      h, &one, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.bwd_data, ws,
@@ -690,8 +662,8 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
       TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_filter_math));
       const size_t gemm_bytes = gemm_path_fits(g, math) ? gemm_bwd_filter_bytes(g) : 0;
       void* ws = conv_workspace(st, std::max({p.bwd_filter_ws, gemm_bytes, direct_wgrad_bytes(g, st.sm_count)}));
-      p.bwd_filter_direct = direct_wins(
-          st, "bwd-filter", g,
+      p.bwd_filter_direct = other_wins(
+          st, "bwd-filter", "direct", "TANDEM_CONV_DIRECT", 1e-2, g,
           [&] {
             if (p.bwd_filter_gemm)
               gemm_backward_filter(st, dy, x, g, math, dw, ws);
@@ -706,12 +678,11 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
           },
           dw);
     }
-    if (strided_pointwise(g, math) && !getenv_is("TANDEM_CONV_STRIDED", '0')) {
+    if (strided_pointwise(g, math)) {
       TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.bwd_filter_math));
       void* ws = conv_workspace(st, p.bwd_filter_ws);
-      p.bwd_filter_strided = getenv_is("TANDEM_CONV_STRIDED", '1') ||
-                             other_wins(
-                                 st, "bwd-filter", "strided pointwise", g,
+      p.bwd_filter_strided = other_wins(
+                                 st, "bwd-filter", "strided pointwise", "TANDEM_CONV_STRIDED", 2e-2, g,
                                  [&] {
                                    TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
                                        h, &one, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv, p.bwd_filter, ws,
