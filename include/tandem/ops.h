@@ -140,4 +140,8 @@ void add_loss_and_correct(const Tensor& loss, const Tensor& logits, const Tensor
 /// device, such as a recorded step's loss total.
 void add_into(Tensor& acc, const Tensor& x);
 
+// ---- attention
+
+// ---- embedding and recurrent networks
+
 }  // namespace tandem

@@ -50,5 +50,10 @@ void bind_nn(nb::module_& m);
 void bind_dist(nb::module_& m);
 void bind_data(nb::module_& m);
 void bind_graph(nb::module_& m);
+// op families in files of their own (ops_*.cpp)
+// elementwise ops
+// reductions, shape and indexing ops, products
+// softmax, normalisation, losses, attention
+// embedding, recurrent networks, optimizers, schedules
 
 }  // namespace tandem::py

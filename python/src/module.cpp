@@ -162,4 +162,8 @@ NB_MODULE(_tandem, m) {
   tandem::py::bind_dist(m);
   tandem::py::bind_data(m);
   tandem::py::bind_graph(m);
+  // elementwise ops
+  // reductions, shape and indexing ops, products
+  // softmax, normalisation, losses, attention
+  // embedding, recurrent networks, optimizers, schedules
 }

@@ -671,6 +671,15 @@ def where(x, y, condition):
     return Where(condition)(x, y)[0]
 
 
+# ---- elementwise ops
+
+# ---- reductions, shape and indexing ops, products
+
+# ---- softmax, normalisation, losses, attention
+
+# ---- embedding, recurrent networks
+
+
 # SINGA 3.0 kept its layers in autograd, and the distributed-training guide writes its CNN with
 # autograd.Conv2d, autograd.Linear and autograd.MaxPool2d: they are tandem.layer's classes.
 from .layer import (AvgPool1d, AvgPool2d, BatchNorm2d, Conv2d, Layer, Linear, MaxPool1d, MaxPool2d,  # noqa: E402

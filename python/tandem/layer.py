@@ -570,3 +570,12 @@ class Sequential(Layer):
         for l in list(self._layers.values()):
             x = l(x)
         return x
+
+
+# ---- elementwise ops
+
+# ---- reductions, shape and indexing ops, products
+
+# ---- softmax, normalisation, losses, attention
+
+# ---- embedding, recurrent networks

@@ -503,3 +503,12 @@ def _uninstall():
 
 _install()
 atexit.register(_uninstall)
+
+
+# ---- elementwise ops
+
+# ---- reductions, shape and indexing ops, products
+
+# ---- softmax, normalisation, losses, attention
+
+# ---- embedding, recurrent networks

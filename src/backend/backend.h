@@ -257,6 +257,12 @@ class Backend {
   /// counter (one i64 on the device) = (counter + 1) % modulo; with a verdict, only when it is finite.
   virtual void advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) = 0;
 
+  // ---- reductions along axes and indexing
+
+  // ---- softmax along an axis, layer / RMS normalisation, losses over N-D logits, attention
+
+  // ---- embedding and recurrent networks
+
   // ---- optimizers, over many tensors in one call (f32 params)
   virtual void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) = 0;
   virtual void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) = 0;

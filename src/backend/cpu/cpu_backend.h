@@ -84,6 +84,12 @@ class CpuBackend final : public Backend {
                   const Tensor& verdict) override;
   void advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) override;
 
+  // ---- reductions along axes and indexing
+
+  // ---- softmax along an axis, layer / RMS normalisation, losses over N-D logits, attention
+
+  // ---- embedding and recurrent networks
+
   void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) override;
   void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) override;
 
