@@ -123,4 +123,12 @@ class Sequential : public Module {
   std::vector<ModulePtr> layers_;
 };
 
+// ---- elementwise layers (activations)
+
+// ---- shape layers and products (Gemm, Reshape, 1-D pooling)
+
+// ---- normalisation, softmax, losses, attention
+
+// ---- embedding and recurrent layers
+
 }  // namespace tandem::nn
