@@ -3,7 +3,7 @@
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
 #   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [cnnconv] [convlog]
-#                          [r18] [f16] [profile]
+#                          [r18] [f16] [profile] [singa]
 #   (default: build tests cnn resnet)
 # COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
 # PROFILE lists "model batch precision" triples separated by ';';
@@ -65,6 +65,31 @@ if has python; then  # the package installed into build-gpu/pyenv, its tests, Py
       >"$OUT/pytest_torch.log" 2>&1
     say "pytest -k 'torch or gpu' under $tpy (rc $?): $(tail -1 "$OUT/pytest_torch.log")"
   fi
+fi
+
+# SINGA's own example programs on one GPU (after `python`): exported from a SINGA checkout into
+# .data/singa/examples with the import changed from singa to tandem, the data at the paths SINGA's
+# scripts read (/tmp/*-ubyte.gz: Fashion-MNIST, in MNIST's format). SINGA_MODELS picks the
+# train_cnn.py models (default: cnn mlp); SINGA_LIMIT caps each run's seconds (default 240).
+if has singa; then
+  S=$PWD/.data/singa/examples
+  PY=$PWD/build-gpu/pyenv/bin/python
+  $PY -c "import PIL" 2>/dev/null || $PY -m pip install -q --no-index --find-links .data/whl pillow >>"$OUT/singa.log" 2>&1
+  cp .data/fashion-mnist/*-ubyte.gz /tmp/
+  singa_run() {  # label, directory, then the command
+    local label=$1 dir=$2; shift 2
+    local t0=$SECONDS log="$OUT/singa_${label// /_}.log"
+    (cd "$dir" && PATH=$PWD/build-gpu/pyenv/bin:$PATH timeout "${SINGA_LIMIT:-240}" "$@") >"$log" 2>&1
+    local rc=$?
+    say "singa $label (rc $rc, $((SECONDS - t0)) s): $(grep -E 'accuracy|Error|error' "$log" | tail -2 | tr '\n' ' ')"
+  }
+  for m in ${SINGA_MODELS:-cnn mlp}; do singa_run "train_cnn $m" "$S/cnn" $PY train_cnn.py "$m" mnist -m 1; done
+  singa_run "train_cnn cnn float16" "$S/cnn" $PY train_cnn.py cnn mnist -m 1 -p float16
+  singa_run "train_cnn cnn -v 1" "$S/cnn" $PY train_cnn.py cnn mnist -m 1 -v 1
+  singa_run "autograd mnist_cnn" "$S/cnn/autograd" $PY mnist_cnn.py
+  for d in plain half partialUpdate sparseTopK sparseThreshold; do
+    singa_run "guide $d" "$PWD/examples/singa" "$T" launch -n 1 -- $PY guide_dist_train.py -m 1 -d "$d"
+  done
 fi
 
 peer() {  # label, then peer flags
