@@ -23,7 +23,7 @@ Runner add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"fashion-mnist", "mnist", "cifar10"}))
       ->capture_default_str();
   sub->add_option("--data-dir", cfg->data_dir,
-                  "Directory holding the data set's files (default: /usr/share/datasets/<dataset>)");
+                  "Directory holding the data set's files (default: $TANDEM_DATA_DIR/<dataset> when set, else /usr/share/datasets/<dataset>)");
   sub->add_option("-m,--epochs", cfg->epochs, "Epochs to train")->check(CLI::Range(1, 1000000))->capture_default_str();
   sub->add_option("-b,--batch-size", cfg->batch_size, "Samples per micro-batch on each process")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))

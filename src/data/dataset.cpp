@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -227,7 +228,8 @@ Dataset load_dataset(const std::string& name, const std::string& dir, bool train
 
 std::string default_data_dir(const std::string& name) {
   check_name(name);
-  return "/usr/share/datasets/" + name;
+  const char* root = std::getenv("TANDEM_DATA_DIR");
+  return std::string(root && *root ? root : "/usr/share/datasets") + "/" + name;
 }
 
 std::vector<std::string> dataset_names() { return {"mnist", "fashion-mnist", "cifar10"}; }

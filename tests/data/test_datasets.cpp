@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 
 #include "data_test_util.h"
@@ -29,12 +30,21 @@ IdxSet make_idx_set(uint32_t n, uint32_t side = 28) {
 }
 
 TEST(Datasets, NamesAndDefaultDirs) {
+  const char* set = std::getenv("TANDEM_DATA_DIR");
+  const std::string saved = set ? set : "";
+  unsetenv("TANDEM_DATA_DIR");
   std::vector<std::string> names = dataset_names();
   EXPECT_EQ(names, (std::vector<std::string>{"mnist", "fashion-mnist", "cifar10"}));
   EXPECT_EQ(default_data_dir("fashion-mnist"), "/usr/share/datasets/fashion-mnist");
   EXPECT_EQ(default_data_dir("mnist"), "/usr/share/datasets/mnist");
   EXPECT_EQ(default_data_dir("cifar10"), "/usr/share/datasets/cifar10");
   expect_input_error([] { default_data_dir("imagenet"); }, {"imagenet", "mnist, fashion-mnist, cifar10"});
+  // TANDEM_DATA_DIR names the directory that holds one directory per data set.
+  setenv("TANDEM_DATA_DIR", "/data/sets", 1);
+  EXPECT_EQ(default_data_dir("fashion-mnist"), "/data/sets/fashion-mnist");
+  setenv("TANDEM_DATA_DIR", "", 1);
+  EXPECT_EQ(default_data_dir("mnist"), "/usr/share/datasets/mnist");
+  if (set) setenv("TANDEM_DATA_DIR", saved.c_str(), 1); else unsetenv("TANDEM_DATA_DIR");
 }
 
 TEST(Datasets, UnknownNameListsValidOnes) {

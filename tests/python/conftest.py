@@ -12,7 +12,7 @@ import tandem
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 EXAMPLES = ROOT / "examples" / "python"
-FASHION = pathlib.Path("/usr/share/datasets/fashion-mnist")
+FASHION = pathlib.Path(os.environ.get("TANDEM_DATA_DIR") or "/usr/share/datasets") / "fashion-mnist"
 
 
 def tandem_command():

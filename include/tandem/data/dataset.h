@@ -25,9 +25,8 @@ Tensor read_idx(const std::string& path);
 /// directory when dir is empty; train selects the training or the test split.
 Dataset load_dataset(const std::string& name, const std::string& dir, bool train);
 
-/// Where a data set is looked for by default (fashion-mnist: /usr/share/datasets/fashion-mnist,
-/// the Debian package dataset-fashion-mnist; mnist: /usr/share/datasets/mnist; cifar10:
-/// /usr/share/datasets/cifar10).
+/// Where a data set is looked for by default: $TANDEM_DATA_DIR/<name> when that variable is set, else
+/// /usr/share/datasets/<name> (fashion-mnist: the Debian package dataset-fashion-mnist).
 std::string default_data_dir(const std::string& name);
 
 /// Names accepted by load_dataset.
