@@ -1,11 +1,16 @@
-// CUDA kernels: elementwise arithmetic, activations and their derivatives, bias broadcast and
-// reduction, and whole-tensor sums.
+// CUDA kernels: the generic elementwise kernel (every elementwise op and its gradient, broadcasting
+// through strides; a vectorised path for operands in the output's order), bias broadcast and reduction,
+// and whole-tensor sums.
+#include <initializer_list>
+#include <span>
+#include <string>
 #include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_channel.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernel_utils.cuh"
+#include "backend/elementwise_functors.h"
 
 namespace tandem::backend {
 
@@ -17,91 +22,194 @@ using kern::to_float;
 using kern::thread_count;
 using kern::thread_index;
 
-template <Binary OP, typename T>
-__device__ __forceinline__ T apply_binary(T a, T b) {
-  if constexpr (OP == Binary::Add) return a + b;
-  if constexpr (OP == Binary::Sub) return a - b;
-  if constexpr (OP == Binary::Mul) return a * b;
-  if constexpr (OP == Binary::Div) return a / b;
-  // Floats: a NaN in either operand propagates; ties give the second operand (as on the CPU).
-  if constexpr (OP == Binary::Max) {
-    if constexpr (std::is_floating_point_v<T>)
-      return (a > b || a != a) ? a : b;
-    else
-      return a > b ? a : b;
-  }
-  if constexpr (OP == Binary::Min) {
-    if constexpr (std::is_floating_point_v<T>)
-      return (a < b || a != a) ? a : b;
-    else
-      return a < b ? a : b;
-  }
-  // Comparisons: 1 or 0 (false wherever a NaN takes part).
-  if constexpr (OP == Binary::Gt) return static_cast<T>(a > b);
-  if constexpr (OP == Binary::Ge) return static_cast<T>(a >= b);
-  if constexpr (OP == Binary::Lt) return static_cast<T>(a < b);
-  if constexpr (OP == Binary::Le) return static_cast<T>(a <= b);
-  if constexpr (OP == Binary::Eq) return static_cast<T>(a == b);
+using chan::FastDiv;
+using ew::Geometry;
+
+// ---- the generic elementwise kernel: one functor (elementwise_functors.h) per op, operands read
+// through their strides (0 where broadcast). 16-bit types compute in float.
+template <typename T>
+using Compute = std::conditional_t<std::is_integral_v<T>, T, float>;
+
+template <typename T>
+__device__ __forceinline__ Compute<T> load_c(T v) {
+  if constexpr (std::is_integral_v<T>)
+    return v;
+  else
+    return to_float(v);
 }
 
-// Floating operands in 16-byte packs (n a multiple of the pack width, pointers aligned).
-template <Binary OP, typename T, int V>
-__global__ void binary_pack_kernel(const T* a, const T* b, T* out, int64_t packs) {
-  for (int64_t p = thread_index(); p < packs; p += thread_count()) {
-    const chan::Pack<T, V> av = chan::load_pack<V>(a, p * V), bv = chan::load_pack<V>(b, p * V);
-    chan::Pack<T, V> ov;
+template <typename T>
+__device__ __forceinline__ T store_c(Compute<T> v) {
+  if constexpr (std::is_integral_v<T>)
+    return v;
+  else
+    return from_float<T>(v);
+}
+
+template <typename T, int N>
+struct Operands {
+  const T* p[N];
+};
+
+template <int N, typename F, typename C>
+__device__ __forceinline__ C call(const F& f, const C (&x)[N]) {
+  if constexpr (N == 1)
+    return f(x[0]);
+  else if constexpr (N == 2)
+    return f(x[0], x[1]);
+  else
+    return f(x[0], x[1], x[2]);
+}
+
+// Every operand read in the output's order or one element (bit k of `scalar`): packs of V elements
+// move in 16-byte accesses, the tail one by one.
+template <int V, int N, typename T, typename F>
+__global__ void __launch_bounds__(kBlock) ew_flat_kernel(F f, T* out, Operands<T, N> in, unsigned scalar,
+                                                         int64_t n) {
+  using C = Compute<T>;
+  C sv[N];
 #pragma unroll
-    for (int u = 0; u < V; ++u) ov.v[u] = from_float<T>(apply_binary<OP>(to_float(av.v[u]), to_float(bv.v[u])));
-    chan::store_pack<V>(out, p * V, ov);
+  for (int k = 0; k < N; ++k) sv[k] = (scalar >> k) & 1u ? load_c(in.p[k][0]) : C(0);
+  const int64_t packs = n / V;
+  for (int64_t p = thread_index(); p < packs; p += thread_count()) {
+    chan::Pack<T, V> v[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      if (!((scalar >> k) & 1u)) v[k] = chan::load_pack<V>(in.p[k], p * V);
+    chan::Pack<T, V> o;
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      C x[N];
+#pragma unroll
+      for (int k = 0; k < N; ++k) x[k] = (scalar >> k) & 1u ? sv[k] : load_c(v[k].v[u]);
+      o.v[u] = store_c<T>(call<N>(f, x));
+    }
+    chan::store_pack<V>(out, p * V, o);
+  }
+  for (int64_t i = packs * V + thread_index(); i < n; i += thread_count()) {
+    C x[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) x[k] = (scalar >> k) & 1u ? sv[k] : load_c(in.p[k][i]);
+    out[i] = store_c<T>(call<N>(f, x));
   }
 }
 
-template <Binary OP, typename T>
-__global__ void binary_kernel(const T* a, const T* b, T* out, int64_t n) {
+// Division by the extents of the walk: multiply-shift for 32-bit indices, plain for 64-bit ones.
+struct Div32 {
+  using Index = uint32_t;
+  FastDiv d;
+  __device__ __forceinline__ uint32_t div(uint32_t i) const { return d.div(i); }
+  __device__ __forceinline__ uint32_t mod(uint32_t i, uint32_t q) const { return i - q * d.divisor; }
+  static Div32 make(int64_t v) { return Div32{FastDiv(static_cast<uint32_t>(v))}; }
+};
+struct Div64 {
+  using Index = int64_t;
+  int64_t d;
+  __device__ __forceinline__ int64_t div(int64_t i) const { return i / d; }
+  __device__ __forceinline__ int64_t mod(int64_t i, int64_t q) const { return i - q * d; }
+  static Div64 make(int64_t v) { return Div64{v}; }
+};
+
+template <int N, typename D>
+struct Walk {
+  int ndim;
+  D sizes[ew::kMaxDims];
+  int64_t strides[N][ew::kMaxDims];
+};
+
+// Any strides: output element i is split into the walk's coordinates (innermost first), which give
+// each operand's offset.
+template <int N, typename T, typename F, typename D>
+__global__ void __launch_bounds__(kBlock) ew_strided_kernel(F f, T* out, Operands<T, N> in, Walk<N, D> w,
+                                                            int64_t n) {
+  using C = Compute<T>;
+  using I = typename D::Index;
   for (int64_t i = thread_index(); i < n; i += thread_count()) {
-    if constexpr (std::is_integral_v<T> || std::is_same_v<T, float>)
-      out[i] = apply_binary<OP>(a[i], b[i]);
-    else
-      out[i] = from_float<T>(apply_binary<OP>(to_float(a[i]), to_float(b[i])));
+    I q = static_cast<I>(i);
+    int64_t off[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = 0;
+    for (int d = w.ndim - 1; d > 0; --d) {
+      const I next = w.sizes[d].div(q);
+      const int64_t r = static_cast<int64_t>(w.sizes[d].mod(q, next));
+#pragma unroll
+      for (int k = 0; k < N; ++k) off[k] += r * w.strides[k][d];
+      q = next;
+    }
+    C x[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) x[k] = load_c(in.p[k][off[k] + static_cast<int64_t>(q) * w.strides[k][0]]);
+    out[i] = store_c<T>(call<N>(f, x));
   }
 }
 
-template <Unary OP>
-__device__ __forceinline__ float apply_unary(float x) {
-  if constexpr (OP == Unary::Neg) return -x;
-  if constexpr (OP == Unary::Relu) return x < 0.0f ? 0.0f : x;
-  if constexpr (OP == Unary::Sigmoid) return 1.0f / (1.0f + expf(-x));
-  if constexpr (OP == Unary::Tanh) return tanhf(x);
-  if constexpr (OP == Unary::Exp) return expf(x);
-  if constexpr (OP == Unary::Log) return logf(x);
-  if constexpr (OP == Unary::Abs) return fabsf(x);
-  if constexpr (OP == Unary::Sqrt) return sqrtf(x);
-}
-
-template <Unary OP, typename T>
-__global__ void unary_kernel(const T* a, T* out, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count()) out[i] = from_float<T>(apply_unary<OP>(to_float(a[i])));
-}
-
-template <Unary OP, typename T>
-__global__ void unary_backward_kernel(const T* g, const T* y, T* out, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count()) {
-    const float yi = to_float(y[i]), gi = to_float(g[i]);
-    if constexpr (OP == Unary::Relu) out[i] = from_float<T>(yi > 0.0f ? gi : 0.0f);
-    if constexpr (OP == Unary::Sigmoid) out[i] = from_float<T>(gi * yi * (1.0f - yi));
-    if constexpr (OP == Unary::Tanh) out[i] = from_float<T>(gi * (1.0f - yi * yi));
+template <int N, typename D>
+Walk<N, D> walk_of(const Geometry& g) {
+  Walk<N, D> w{};
+  w.ndim = g.ndim;
+  for (int d = 0; d < g.ndim; ++d) {
+    w.sizes[d] = D::make(g.sizes[d]);
+    for (int k = 0; k < N; ++k) w.strides[k][d] = g.strides[k][d];
   }
+  return w;
 }
 
-template <typename T>
-__global__ void affine_kernel(const T* a, float alpha, float beta, T* out, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count()) out[i] = from_float<T>(fmaf(alpha, to_float(a[i]), beta));
+// Builds the walk of out and its operands (broadcast copies past kMaxDims merged dimensions) and
+// launches the kernel that fits it.
+template <typename T, int N, typename F>
+void elementwise(const F& f, Tensor& out, const Tensor* const (&operands)[N], cudaStream_t stream) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  Geometry g;
+  Tensor copies[N];
+  const Tensor* use[N];
+  for (int k = 0; k < N; ++k) use[k] = operands[k];
+  if (!ew::make_geometry(out, std::span<const Tensor* const>(use, N), g)) {
+    for (int k = 0; k < N; ++k) {
+      copies[k] = ew::broadcast_copy(*operands[k], out);
+      use[k] = &copies[k];
+    }
+    const bool ok = ew::make_geometry(out, std::span<const Tensor* const>(use, N), g);
+    TANDEM_ASSERT(ok, "elementwise over ", out.str());
+  }
+  Operands<T, N> in;
+  for (int k = 0; k < N; ++k) in.p[k] = static_cast<const T*>(use[k]->data_ptr());
+  T* o = static_cast<T*>(out.data_ptr());
+  if (g.flat()) {
+    constexpr int V = chan::pack_width<T>();
+    unsigned scalar = 0;
+    bool aligned = chan::aligned16({o});
+    for (int k = 0; k < N; ++k) {
+      if (g.strides[k][0] == 0)
+        scalar |= 1u << k;
+      else
+        aligned = aligned && chan::aligned16({in.p[k]});
+    }
+    if (aligned) {
+      ew_flat_kernel<V, N><<<blocks_for(std::max<int64_t>(n / V, 1)), kBlock, 0, stream>>>(f, o, in, scalar, n);
+      TANDEM_CUDA_LAUNCH_CHECK("ew_flat_kernel");
+      return;
+    }
+  }
+  if (n < (int64_t(1) << 31))
+    ew_strided_kernel<N><<<blocks_for(n), kBlock, 0, stream>>>(f, o, in, walk_of<N, Div32>(g), n);
+  else
+    ew_strided_kernel<N><<<blocks_for(n), kBlock, 0, stream>>>(f, o, in, walk_of<N, Div64>(g), n);
+  TANDEM_CUDA_LAUNCH_CHECK("ew_strided_kernel");
 }
 
-template <typename T>
-__global__ void axpy_kernel(float alpha, const T* x, T* y, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count())
-    y[i] = from_float<T>(fmaf(alpha, to_float(x[i]), to_float(y[i])));
+// Calls f(tag) with the device type of a floating dtype, or of i32 / i64 when ints; names the op otherwise.
+template <typename F>
+void dispatch_types(DType t, bool ints, const std::string& op, F&& f) {
+  if (ints && t == DType::i32) return f(int32_t{});
+  if (ints && t == DType::i64) return f(int64_t{});
+  kern::dispatch_float(t, op.c_str(), f);
+}
+
+void check_types(const std::string& op, const Tensor& out, std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands)
+    TANDEM_CHECK(t->dtype() == out.dtype(), op, ": operands of dtypes ", dtype_name(t->dtype()), " and ",
+                 dtype_name(out.dtype()), " differ (", t->str(), " into ", out.str(), ")");
 }
 
 using chan::load_pack;
@@ -241,142 +349,66 @@ void launch_sum(const T* x, int64_t n, Out* out, Allocator& alloc, cudaStream_t 
   TANDEM_CUDA_LAUNCH_CHECK("sum_finish_kernel");
 }
 
-template <typename T>
-void launch_binary(Binary op, const T* a, const T* b, T* out, int64_t n, cudaStream_t st) {
-  if constexpr (!std::is_integral_v<T>) {
-    constexpr int V = chan::pack_width<T>();
-    if (n % V == 0 && chan::aligned16({a, b, out})) {
-      const int64_t packs = n / V;
-      const unsigned g = blocks_for(packs);
-      switch (op) {
-        case Binary::Add: binary_pack_kernel<Binary::Add, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Sub: binary_pack_kernel<Binary::Sub, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Mul: binary_pack_kernel<Binary::Mul, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Div: binary_pack_kernel<Binary::Div, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Max: binary_pack_kernel<Binary::Max, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Min: binary_pack_kernel<Binary::Min, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Gt: binary_pack_kernel<Binary::Gt, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Ge: binary_pack_kernel<Binary::Ge, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Lt: binary_pack_kernel<Binary::Lt, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Le: binary_pack_kernel<Binary::Le, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Eq: binary_pack_kernel<Binary::Eq, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-      }
-      TANDEM_CUDA_LAUNCH_CHECK("binary_pack_kernel");
-      return;
-    }
-  }
-  const unsigned g = blocks_for(n);
-  switch (op) {
-    case Binary::Add: binary_kernel<Binary::Add><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Sub: binary_kernel<Binary::Sub><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Mul: binary_kernel<Binary::Mul><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Div: binary_kernel<Binary::Div><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Max: binary_kernel<Binary::Max><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Min: binary_kernel<Binary::Min><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Gt: binary_kernel<Binary::Gt><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Ge: binary_kernel<Binary::Ge><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Lt: binary_kernel<Binary::Lt><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Le: binary_kernel<Binary::Le><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Eq: binary_kernel<Binary::Eq><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-  }
-  TANDEM_CUDA_LAUNCH_CHECK("binary_kernel");
-}
 }  // namespace
 
 void CudaBackend::binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) {
-  TANDEM_CHECK(a.dtype() == b.dtype() && a.dtype() == out.dtype(), "binary: operands of dtypes ",
-               dtype_name(a.dtype()), ", ", dtype_name(b.dtype()), " and ", dtype_name(out.dtype()), " differ");
-  TANDEM_ASSERT(a.numel() == out.numel() && b.numel() == out.numel(), "binary ", a.str(), " ", b.str(), " ", out.str());
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  DeviceState& st = state_for(out);
-  auto run = [&](auto tag) {
+  const std::string name = std::string("binary ") + op_name(op);
+  check_types(name, out, {&a, &b});
+  if (out.numel() == 0) return;
+  const cudaStream_t stream = state_for(out).stream;
+  dispatch_types(out.dtype(), takes_integers(op), name, [&](auto tag) {
     using T = decltype(tag);
-    launch_binary(op, static_cast<const T*>(a.data_ptr()), static_cast<const T*>(b.data_ptr()),
-                  static_cast<T*>(out.data_ptr()), n, st.stream);
-  };
-  switch (out.dtype()) {
-    case DType::i32: return run(int32_t{});
-    case DType::i64: return run(int64_t{});
-    default: return kern::dispatch_float(out.dtype(), "binary", run);
-  }
+    ewf::with_binary<Compute<T>>(op, [&](auto f) { elementwise<T>(f, out, {&a, &b}, stream); });
+  });
 }
 
-void CudaBackend::unary(Unary op, const Tensor& a, Tensor& out) {
-  TANDEM_CHECK(a.dtype() == out.dtype(), "unary: input ", a.str(), " and output ", out.str(), " differ in dtype");
-  TANDEM_ASSERT(a.numel() == out.numel(), "unary ", a.str(), " ", out.str());
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  DeviceState& st = state_for(out);
-  const unsigned g = blocks_for(n);
-  kern::dispatch_float(a.dtype(), "unary", [&](auto tag) {
+void CudaBackend::unary(Unary op, const Tensor& a, Tensor& out, const EwArgs& args) {
+  const std::string name = std::string("unary ") + op_name(op);
+  check_types(name, out, {&a});
+  if (out.numel() == 0) return;
+  const cudaStream_t stream = state_for(out).stream;
+  kern::dispatch_float(out.dtype(), name.c_str(), [&](auto tag) {
     using T = decltype(tag);
-    const T* x = static_cast<const T*>(a.data_ptr());
-    T* y = static_cast<T*>(out.data_ptr());
-    switch (op) {
-      case Unary::Neg: unary_kernel<Unary::Neg><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Relu: unary_kernel<Unary::Relu><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Sigmoid: unary_kernel<Unary::Sigmoid><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Tanh: unary_kernel<Unary::Tanh><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Exp: unary_kernel<Unary::Exp><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Log: unary_kernel<Unary::Log><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Abs: unary_kernel<Unary::Abs><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Sqrt: unary_kernel<Unary::Sqrt><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-    }
+    ewf::with_unary<float>(op, args, [&](auto f) { elementwise<T>(f, out, {&a}, stream); });
   });
-  TANDEM_CUDA_LAUNCH_CHECK("unary_kernel");
+}
+
+void CudaBackend::ternary(Ternary op, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) {
+  const std::string name = std::string("ternary ") + op_name(op);
+  check_types(name, out, {&a, &b, &c});
+  if (out.numel() == 0) return;
+  const cudaStream_t stream = state_for(out).stream;
+  dispatch_types(out.dtype(), op == Ternary::Where, name, [&](auto tag) {
+    using T = decltype(tag);
+    ewf::with_ternary<Compute<T>>(op, [&](auto f) { elementwise<T>(f, out, {&a, &b, &c}, stream); });
+  });
 }
 
 void CudaBackend::affine(const Tensor& a, double alpha, double beta, Tensor& out) {
-  TANDEM_CHECK(a.dtype() == out.dtype(), "affine: input ", a.str(), " and output ", out.str(), " differ in dtype");
-  TANDEM_ASSERT(a.numel() == out.numel(), "affine ", a.str(), " ", out.str());
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  DeviceState& st = state_for(out);
-  kern::dispatch_float(a.dtype(), "affine", [&](auto tag) {
-    using T = decltype(tag);
-    affine_kernel<<<blocks_for(n), kBlock, 0, st.stream>>>(static_cast<const T*>(a.data_ptr()),
-                                                            static_cast<float>(alpha), static_cast<float>(beta),
-                                                            static_cast<T*>(out.data_ptr()), n);
-  });
-  TANDEM_CUDA_LAUNCH_CHECK("affine_kernel");
+  unary(Unary::Affine, a, out, EwArgs{alpha, beta});
 }
 
 void CudaBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
-  TANDEM_CHECK(x.dtype() == y.dtype(), "axpy: ", x.str(), " and ", y.str(), " differ in dtype");
-  TANDEM_ASSERT(x.numel() == y.numel(), "axpy ", x.str(), " ", y.str());
-  const int64_t n = y.numel();
-  if (n == 0) return;
-  DeviceState& st = state_for(y);
+  check_types("axpy", y, {&x});
+  if (y.numel() == 0) return;
+  const cudaStream_t stream = state_for(y).stream;
   kern::dispatch_float(y.dtype(), "axpy", [&](auto tag) {
     using T = decltype(tag);
-    axpy_kernel<<<blocks_for(n), kBlock, 0, st.stream>>>(static_cast<float>(alpha), static_cast<const T*>(x.data_ptr()),
-                                                          static_cast<T*>(y.data_ptr()), n);
+    elementwise<T>(ewf::AxpyF<float>{static_cast<float>(alpha)}, y, {&x, &y}, stream);
   });
-  TANDEM_CUDA_LAUNCH_CHECK("axpy_kernel");
 }
 
-void CudaBackend::unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) {
-  TANDEM_CHECK(grad.dtype() == out.dtype() && y.dtype() == out.dtype(), "unary_backward: ", grad.str(), ", ",
-               y.str(), " and ", out.str(), " differ in dtype");
-  TANDEM_ASSERT(grad.numel() == out.numel() && y.numel() == out.numel(), "unary_backward shapes");
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  DeviceState& st = state_for(out);
-  const unsigned g = blocks_for(n);
-  kern::dispatch_float(out.dtype(), "unary_backward", [&](auto tag) {
+void CudaBackend::unary_backward(Unary op, const Tensor& grad, const Tensor& saved, Tensor& out,
+                                 const EwArgs& args) {
+  const std::string name = std::string("unary_backward ") + backward_name(op);
+  check_types(name, out, {&grad, &saved});
+  TANDEM_CHECK(!grad_is_zero(op), "unary_backward: ", op_name(op), " has a zero derivative and no gradient kernel");
+  if (out.numel() == 0) return;
+  const cudaStream_t stream = state_for(out).stream;
+  kern::dispatch_float(out.dtype(), name.c_str(), [&](auto tag) {
     using T = decltype(tag);
-    const T *gp = static_cast<const T*>(grad.data_ptr()), *yp = static_cast<const T*>(y.data_ptr());
-    T* op_ = static_cast<T*>(out.data_ptr());
-    switch (op) {
-      case Unary::Relu: unary_backward_kernel<Unary::Relu><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
-      case Unary::Sigmoid: unary_backward_kernel<Unary::Sigmoid><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
-      case Unary::Tanh: unary_backward_kernel<Unary::Tanh><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
-      default:
-        TANDEM_CHECK(false, "unary_backward: only relu, sigmoid and tanh are differentiated from their output");
-    }
+    ewf::with_unary_grad<float>(op, args, [&](auto f) { elementwise<T>(f, out, {&grad, &saved}, stream); });
   });
-  TANDEM_CUDA_LAUNCH_CHECK("unary_backward_kernel");
 }
 
 namespace {
