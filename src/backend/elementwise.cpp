@@ -117,6 +117,17 @@ bool make_geometry(const Tensor& out, std::span<const Tensor* const> operands, G
   g.nargs = nargs;
   g.numel = out.numel();
   if (g.numel == 0) return true;
+  if (out.is_contiguous()) {  // the common case: contiguous operands of out's shape, or single elements
+    bool flat = true;
+    for (const Tensor* t : operands) flat = flat && ((t->shape() == shape && t->is_contiguous()) || t->numel() == 1);
+    if (flat) {
+      g.ndim = 1;
+      g.sizes[0] = g.numel;
+      int k = 0;
+      for (const Tensor* t : operands) g.strides[k++][0] = t->numel() == 1 && g.numel != 1 ? 0 : 1;
+      return true;
+    }
+  }
 
   // Each operand's strides over out's dimensions (0 where it is broadcast).
   std::vector<std::array<int64_t, kMaxArgs - 1>> st(static_cast<size_t>(nd));
