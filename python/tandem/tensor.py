@@ -567,7 +567,17 @@ def _tensor_ne(self, rhs):
     return NotImplemented
 
 
+def _tensor_bool(self):
+    """A one-element tensor is true when nonzero; a larger one has no single truth value (as NumPy's),
+    so that ``t == u`` inside ``if`` or ``in`` cannot pass unnoticed."""
+    if self.size() != 1:
+        raise ValueError(f"the truth value of a tensor of {self.size()} elements is ambiguous: reduce it first "
+                         "(tensor.sum, .item()) or compare tensors by identity (is)")
+    return self.item() != 0
+
+
 _ELEMENTWISE_METHODS = {
+    "__bool__": _tensor_bool,
     "__pow__": _tensor_pow,
     "__rpow__": _tensor_rpow,
     "__abs__": _tensor_abs,
