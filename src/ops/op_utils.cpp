@@ -1,5 +1,6 @@
 #include "ops/op_utils.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/tensor_impl.h"
@@ -47,10 +48,22 @@ Tensor binary_raw(backend::Binary op, const Tensor& a, const Tensor& b, const Sh
   return out;
 }
 
+namespace {
+bool broadcastable(const Shape& a, const Shape& b) {
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const int64_t da = a[a.size() - 1 - i], db = b[b.size() - 1 - i];
+    if (da != db && da != 1 && db != 1) return false;
+  }
+  return true;
+}
+}  // namespace
+
 Tensor binary_raw(backend::Binary op, const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() && a.numel() == b.numel())  // one tensor's gradients in two shapes: flat
+  if (a.shape() == b.shape()) return binary_raw(op, a, b, a.shape());
+  // Shapes that do not broadcast but hold as many elements: one tensor's gradients in two shapes, flat.
+  if (!broadcastable(a.shape(), b.shape()) && a.numel() == b.numel())
     return binary_raw(op, a, b.contiguous().view(a.shape()), a.shape());
-  return binary_raw(op, a, b, a.shape() == b.shape() ? a.shape() : broadcast_shape(a, b, backend::op_name(op)));
+  return binary_raw(op, a, b, broadcast_shape(a, b, backend::op_name(op)));
 }
 
 Tensor ternary_raw(backend::Ternary op, const Tensor& a, const Tensor& b, const Tensor& c, const Shape& shape) {

@@ -32,8 +32,8 @@ inline Tensor empty_like(const Tensor& a) { return Tensor::empty(a.shape(), a.dt
 Tensor ew_output(const Shape& shape, DType dtype, Device device, std::initializer_list<const Tensor*> operands);
 /// op(a, b) of the given shape (the operands' broadcast shape).
 Tensor binary_raw(backend::Binary op, const Tensor& a, const Tensor& b, const Shape& shape);
-/// op(a, b), broadcast; operands of one element count but different shapes are taken flat, in a's shape
-/// (two gradients of one tensor).
+/// op(a, b), broadcast; operands whose shapes do not broadcast but hold as many elements are taken
+/// flat, in a's shape (two gradients of one tensor).
 Tensor binary_raw(backend::Binary op, const Tensor& a, const Tensor& b);
 /// op(a, b, c) of the given shape (the operands' broadcast shape), in b's dtype.
 Tensor ternary_raw(backend::Ternary op, const Tensor& a, const Tensor& b, const Tensor& c, const Shape& shape);

@@ -1,6 +1,5 @@
-// CUDA kernels: the generic elementwise kernel (every elementwise op and its gradient, broadcasting
-// through strides; a vectorised path for operands in the output's order), bias broadcast and reduction,
-// and whole-tensor sums.
+// CUDA backend: the elementwise entry points (their walks and launches; the kernel is in
+// cuda_elementwise.cuh), bias broadcast and reduction kernels, and whole-tensor sums.
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -10,7 +9,7 @@
 #include "backend/cuda/cuda_channel.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernel_utils.cuh"
-#include "backend/elementwise_functors.h"
+#include "backend/cuda/cuda_elementwise.cuh"
 
 namespace tandem::backend {
 
@@ -22,194 +21,41 @@ using kern::to_float;
 using kern::thread_count;
 using kern::thread_index;
 
-using chan::FastDiv;
-using ew::Geometry;
-
-// ---- the generic elementwise kernel: one functor (elementwise_functors.h) per op, operands read
-// through their strides (0 where broadcast). 16-bit types compute in float.
-template <typename T>
-using Compute = std::conditional_t<std::is_integral_v<T>, T, float>;
-
-template <typename T>
-__device__ __forceinline__ Compute<T> load_c(T v) {
-  if constexpr (std::is_integral_v<T>)
-    return v;
-  else
-    return to_float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T store_c(Compute<T> v) {
-  if constexpr (std::is_integral_v<T>)
-    return v;
-  else
-    return from_float<T>(v);
-}
-
-template <typename T, int N>
-struct Operands {
-  const T* p[N];
+// Checks an elementwise call's dtypes (one for all, one the backend takes for the op: floats, and i32 /
+// i64 where ints) and builds its launch: the walk of out and the operands, over broadcast copies of
+// them when it has more dimensions than a walk holds.
+struct Prepared {
+  ewcuda::Launch launch;
+  Tensor copies[ew::kMaxArgs - 1];
 };
 
-template <int N, typename F, typename C>
-__device__ __forceinline__ C call(const F& f, const C (&x)[N]) {
-  if constexpr (N == 1)
-    return f(x[0]);
-  else if constexpr (N == 2)
-    return f(x[0], x[1]);
-  else
-    return f(x[0], x[1], x[2]);
-}
-
-// Every operand read in the output's order or one element (bit k of `scalar`): packs of V elements
-// move in 16-byte accesses, the tail one by one.
-template <int V, int N, typename T, typename F>
-__global__ void __launch_bounds__(kBlock) ew_flat_kernel(F f, T* out, Operands<T, N> in, unsigned scalar,
-                                                         int64_t n) {
-  using C = Compute<T>;
-  C sv[N];
-#pragma unroll
-  for (int k = 0; k < N; ++k) sv[k] = (scalar >> k) & 1u ? load_c(in.p[k][0]) : C(0);
-  const int64_t packs = n / V;
-  for (int64_t p = thread_index(); p < packs; p += thread_count()) {
-    chan::Pack<T, V> v[N];
-#pragma unroll
-    for (int k = 0; k < N; ++k)
-      if (!((scalar >> k) & 1u)) v[k] = chan::load_pack<V>(in.p[k], p * V);
-    chan::Pack<T, V> o;
-#pragma unroll
-    for (int u = 0; u < V; ++u) {
-      C x[N];
-#pragma unroll
-      for (int k = 0; k < N; ++k) x[k] = (scalar >> k) & 1u ? sv[k] : load_c(v[k].v[u]);
-      o.v[u] = store_c<T>(call<N>(f, x));
-    }
-    chan::store_pack<V>(out, p * V, o);
-  }
-  for (int64_t i = packs * V + thread_index(); i < n; i += thread_count()) {
-    C x[N];
-#pragma unroll
-    for (int k = 0; k < N; ++k) x[k] = (scalar >> k) & 1u ? sv[k] : load_c(in.p[k][i]);
-    out[i] = store_c<T>(call<N>(f, x));
-  }
-}
-
-// Division by the extents of the walk: multiply-shift for 32-bit indices, plain for 64-bit ones.
-struct Div32 {
-  using Index = uint32_t;
-  FastDiv d;
-  __device__ __forceinline__ uint32_t div(uint32_t i) const { return d.div(i); }
-  __device__ __forceinline__ uint32_t mod(uint32_t i, uint32_t q) const { return i - q * d.divisor; }
-  static Div32 make(int64_t v) { return Div32{FastDiv(static_cast<uint32_t>(v))}; }
-};
-struct Div64 {
-  using Index = int64_t;
-  int64_t d;
-  __device__ __forceinline__ int64_t div(int64_t i) const { return i / d; }
-  __device__ __forceinline__ int64_t mod(int64_t i, int64_t q) const { return i - q * d; }
-  static Div64 make(int64_t v) { return Div64{v}; }
-};
-
-template <int N, typename D>
-struct Walk {
-  int ndim;
-  D sizes[ew::kMaxDims];
-  int64_t strides[N][ew::kMaxDims];
-};
-
-// Any strides: output element i is split into the walk's coordinates (innermost first), which give
-// each operand's offset.
-template <int N, typename T, typename F, typename D>
-__global__ void __launch_bounds__(kBlock) ew_strided_kernel(F f, T* out, Operands<T, N> in, Walk<N, D> w,
-                                                            int64_t n) {
-  using C = Compute<T>;
-  using I = typename D::Index;
-  for (int64_t i = thread_index(); i < n; i += thread_count()) {
-    I q = static_cast<I>(i);
-    int64_t off[N];
-#pragma unroll
-    for (int k = 0; k < N; ++k) off[k] = 0;
-    for (int d = w.ndim - 1; d > 0; --d) {
-      const I next = w.sizes[d].div(q);
-      const int64_t r = static_cast<int64_t>(w.sizes[d].mod(q, next));
-#pragma unroll
-      for (int k = 0; k < N; ++k) off[k] += r * w.strides[k][d];
-      q = next;
-    }
-    C x[N];
-#pragma unroll
-    for (int k = 0; k < N; ++k) x[k] = load_c(in.p[k][off[k] + static_cast<int64_t>(q) * w.strides[k][0]]);
-    out[i] = store_c<T>(call<N>(f, x));
-  }
-}
-
-template <int N, typename D>
-Walk<N, D> walk_of(const Geometry& g) {
-  Walk<N, D> w{};
-  w.ndim = g.ndim;
-  for (int d = 0; d < g.ndim; ++d) {
-    w.sizes[d] = D::make(g.sizes[d]);
-    for (int k = 0; k < N; ++k) w.strides[k][d] = g.strides[k][d];
-  }
-  return w;
-}
-
-// Builds the walk of out and its operands (broadcast copies past kMaxDims merged dimensions) and
-// launches the kernel that fits it.
-template <typename T, int N, typename F>
-void elementwise(const F& f, Tensor& out, const Tensor* const (&operands)[N], cudaStream_t stream) {
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  Geometry g;
-  Tensor copies[N];
-  const Tensor* use[N];
-  for (int k = 0; k < N; ++k) use[k] = operands[k];
-  if (!ew::make_geometry(out, std::span<const Tensor* const>(use, N), g)) {
-    for (int k = 0; k < N; ++k) {
-      copies[k] = ew::broadcast_copy(*operands[k], out);
-      use[k] = &copies[k];
-    }
-    const bool ok = ew::make_geometry(out, std::span<const Tensor* const>(use, N), g);
-    TANDEM_ASSERT(ok, "elementwise over ", out.str());
-  }
-  Operands<T, N> in;
-  for (int k = 0; k < N; ++k) in.p[k] = static_cast<const T*>(use[k]->data_ptr());
-  T* o = static_cast<T*>(out.data_ptr());
-  if (g.flat()) {
-    constexpr int V = chan::pack_width<T>();
-    unsigned scalar = 0;
-    bool aligned = chan::aligned16({o});
-    for (int k = 0; k < N; ++k) {
-      if (g.strides[k][0] == 0)
-        scalar |= 1u << k;
-      else
-        aligned = aligned && chan::aligned16({in.p[k]});
-    }
-    if (aligned) {
-      ew_flat_kernel<V, N><<<blocks_for(std::max<int64_t>(n / V, 1)), kBlock, 0, stream>>>(f, o, in, scalar, n);
-      TANDEM_CUDA_LAUNCH_CHECK("ew_flat_kernel");
-      return;
-    }
-  }
-  if (n < (int64_t(1) << 31))
-    ew_strided_kernel<N><<<blocks_for(n), kBlock, 0, stream>>>(f, o, in, walk_of<N, Div32>(g), n);
-  else
-    ew_strided_kernel<N><<<blocks_for(n), kBlock, 0, stream>>>(f, o, in, walk_of<N, Div64>(g), n);
-  TANDEM_CUDA_LAUNCH_CHECK("ew_strided_kernel");
-}
-
-// Calls f(tag) with the device type of a floating dtype, or of i32 / i64 when ints; names the op otherwise.
-template <typename F>
-void dispatch_types(DType t, bool ints, const std::string& op, F&& f) {
-  if (ints && t == DType::i32) return f(int32_t{});
-  if (ints && t == DType::i64) return f(int64_t{});
-  kern::dispatch_float(t, op.c_str(), f);
-}
-
-void check_types(const std::string& op, const Tensor& out, std::initializer_list<const Tensor*> operands) {
+void prepare(Prepared& p, const std::string& op, bool ints, Tensor& out, std::initializer_list<const Tensor*> operands,
+             cudaStream_t stream) {
   for (const Tensor* t : operands)
     TANDEM_CHECK(t->dtype() == out.dtype(), op, ": operands of dtypes ", dtype_name(t->dtype()), " and ",
                  dtype_name(out.dtype()), " differ (", t->str(), " into ", out.str(), ")");
+  const DType dt = out.dtype();
+  const bool takes = dt == DType::f32 || dt == DType::f16 || dt == DType::bf16 ||
+                     (ints && (dt == DType::i32 || dt == DType::i64));
+  TANDEM_CHECK(takes, op, ": dtype ", dtype_name(dt), " is not supported on CUDA (use f32, f16 or bf16",
+               ints ? ", or i32 or i64)" : ")");
+  ewcuda::Launch& l = p.launch;
+  l.dtype = dt;
+  l.out = out.data_ptr();
+  l.stream = stream;
+  const int n = static_cast<int>(operands.size());
+  const Tensor* use[ew::kMaxArgs - 1];
+  int k = 0;
+  for (const Tensor* t : operands) use[k++] = t;
+  if (!ew::make_geometry(out, std::span<const Tensor* const>(use, n), l.g)) {
+    for (k = 0; k < n; ++k) {
+      p.copies[k] = ew::broadcast_copy(*use[k], out);
+      use[k] = &p.copies[k];
+    }
+    const bool ok = ew::make_geometry(out, std::span<const Tensor* const>(use, n), l.g);
+    TANDEM_ASSERT(ok, "elementwise over ", out.str());
+  }
+  for (k = 0; k < n; ++k) l.in[k] = use[k]->data_ptr();
 }
 
 using chan::load_pack;
@@ -351,37 +197,27 @@ void launch_sum(const T* x, int64_t n, Out* out, Allocator& alloc, cudaStream_t 
 
 }  // namespace
 
+// The copies a launch may read stay alive until the launch is queued; the caching allocator hands
+// their memory out again only to work queued after it on the same stream.
 void CudaBackend::binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) {
-  const std::string name = std::string("binary ") + op_name(op);
-  check_types(name, out, {&a, &b});
   if (out.numel() == 0) return;
-  const cudaStream_t stream = state_for(out).stream;
-  dispatch_types(out.dtype(), takes_integers(op), name, [&](auto tag) {
-    using T = decltype(tag);
-    ewf::with_binary<Compute<T>>(op, [&](auto f) { elementwise<T>(f, out, {&a, &b}, stream); });
-  });
+  Prepared p;
+  prepare(p, std::string("binary ") + op_name(op), takes_integers(op), out, {&a, &b}, state_for(out).stream);
+  ewcuda::binary(op, p.launch);
 }
 
 void CudaBackend::unary(Unary op, const Tensor& a, Tensor& out, const EwArgs& args) {
-  const std::string name = std::string("unary ") + op_name(op);
-  check_types(name, out, {&a});
   if (out.numel() == 0) return;
-  const cudaStream_t stream = state_for(out).stream;
-  kern::dispatch_float(out.dtype(), name.c_str(), [&](auto tag) {
-    using T = decltype(tag);
-    ewf::with_unary<float>(op, args, [&](auto f) { elementwise<T>(f, out, {&a}, stream); });
-  });
+  Prepared p;
+  prepare(p, std::string("unary ") + op_name(op), false, out, {&a}, state_for(out).stream);
+  ewcuda::unary(op, args, p.launch);
 }
 
 void CudaBackend::ternary(Ternary op, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) {
-  const std::string name = std::string("ternary ") + op_name(op);
-  check_types(name, out, {&a, &b, &c});
   if (out.numel() == 0) return;
-  const cudaStream_t stream = state_for(out).stream;
-  dispatch_types(out.dtype(), op == Ternary::Where, name, [&](auto tag) {
-    using T = decltype(tag);
-    ewf::with_ternary<Compute<T>>(op, [&](auto f) { elementwise<T>(f, out, {&a, &b, &c}, stream); });
-  });
+  Prepared p;
+  prepare(p, std::string("ternary ") + op_name(op), op == Ternary::Where, out, {&a, &b, &c}, state_for(out).stream);
+  ewcuda::ternary(op, p.launch);
 }
 
 void CudaBackend::affine(const Tensor& a, double alpha, double beta, Tensor& out) {
@@ -389,26 +225,19 @@ void CudaBackend::affine(const Tensor& a, double alpha, double beta, Tensor& out
 }
 
 void CudaBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
-  check_types("axpy", y, {&x});
   if (y.numel() == 0) return;
-  const cudaStream_t stream = state_for(y).stream;
-  kern::dispatch_float(y.dtype(), "axpy", [&](auto tag) {
-    using T = decltype(tag);
-    elementwise<T>(ewf::AxpyF<float>{static_cast<float>(alpha)}, y, {&x, &y}, stream);
-  });
+  Prepared p;
+  prepare(p, "axpy", false, y, {&x, &y}, state_for(y).stream);
+  ewcuda::axpy(alpha, p.launch);
 }
 
 void CudaBackend::unary_backward(Unary op, const Tensor& grad, const Tensor& saved, Tensor& out,
                                  const EwArgs& args) {
-  const std::string name = std::string("unary_backward ") + backward_name(op);
-  check_types(name, out, {&grad, &saved});
   TANDEM_CHECK(!grad_is_zero(op), "unary_backward: ", op_name(op), " has a zero derivative and no gradient kernel");
   if (out.numel() == 0) return;
-  const cudaStream_t stream = state_for(out).stream;
-  kern::dispatch_float(out.dtype(), name.c_str(), [&](auto tag) {
-    using T = decltype(tag);
-    ewf::with_unary_grad<float>(op, args, [&](auto f) { elementwise<T>(f, out, {&grad, &saved}, stream); });
-  });
+  Prepared p;
+  prepare(p, std::string("unary_backward ") + backward_name(op), false, out, {&grad, &saved}, state_for(out).stream);
+  ewcuda::unary_grad(op, args, p.launch);
 }
 
 namespace {
