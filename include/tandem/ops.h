@@ -24,9 +24,9 @@ Tensor div(const Tensor& a, const Tensor& b);
 Tensor exp(const Tensor& x);
 /// natural logarithm
 Tensor log(const Tensor& x);
-enum class Comparison { Greater, GreaterEqual, Less, LessEqual, Equal };
-/// 1 where `a op b` holds and 0 elsewhere (NaN compares false), in the operands' dtype; records no
-/// gradient (a mask is data).
+enum class Comparison { Greater, GreaterEqual, Less, LessEqual, Equal, NotEqual };
+/// 1 where `a op b` holds and 0 elsewhere (NaN compares false, except under NotEqual), in the operands'
+/// dtype (floating or i32 / i64); records no gradient (a mask is data).
 Tensor compare(const Tensor& a, const Tensor& b, Comparison op);
 /// a * s
 Tensor scale(const Tensor& a, double s);
@@ -41,10 +41,109 @@ Tensor tanh(const Tensor& x);
 /// x [N, C, ...] + b [C], b broadcast over every dimension but the second
 Tensor bias_add(const Tensor& x, const Tensor& b);
 
+
+// Every op below takes operands of any strides (read in place) and any shape, empty ones included; the
+// two- and three-operand ones broadcast as add does. Their gradients flow to floating operands; masks
+// (comparisons, logical ops) and integer results record none.
+/// a^b elementwise (floating operands, broadcast). Gradients as PyTorch's: 0 for a where b is 0, and for
+/// b where a is 0 and b >= 0.
+Tensor pow(const Tensor& a, const Tensor& b);
+/// x^p
+Tensor pow(const Tensor& x, double p);
+/// s^x
+Tensor pow(double s, const Tensor& x);
+/// sqrt(x)
+Tensor sqrt(const Tensor& x);
+/// 1 / x
+Tensor reciprocal(const Tensor& x);
+/// |x|; its gradient is sign(x) (0 at 0)
+Tensor abs(const Tensor& x);
+/// -x
+Tensor neg(const Tensor& x);
+/// 1, 0 or -1 by the sign of x (0 for NaN); zero gradient
+Tensor sign(const Tensor& x);
+/// x limited to [lo, hi] (hi everywhere when lo > hi, as min(max(x, lo), hi)); the gradient passes where
+/// lo <= x <= hi. An infinite bound is no bound.
+Tensor clip(const Tensor& x, double lo, double hi);
+/// The larger of a and b elementwise (NaN wins); a tie sends half the gradient to each, as PyTorch does.
+Tensor maximum(const Tensor& a, const Tensor& b);
+/// The smaller of a and b elementwise (NaN wins); a tie sends half the gradient to each.
+Tensor minimum(const Tensor& a, const Tensor& b);
+/// a where cond is nonzero, else b; cond (a mask of any dtype, no gradient), a and b broadcast together.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+/// Masks of comparisons (see compare); the double overloads compare with a number.
+Tensor less(const Tensor& a, const Tensor& b);
+Tensor less_equal(const Tensor& a, const Tensor& b);
+Tensor greater(const Tensor& a, const Tensor& b);
+Tensor greater_equal(const Tensor& a, const Tensor& b);
+Tensor equal(const Tensor& a, const Tensor& b);
+Tensor not_equal(const Tensor& a, const Tensor& b);
+Tensor less(const Tensor& a, double b);
+Tensor less_equal(const Tensor& a, double b);
+Tensor greater(const Tensor& a, double b);
+Tensor greater_equal(const Tensor& a, double b);
+Tensor equal(const Tensor& a, double b);
+Tensor not_equal(const Tensor& a, double b);
+/// Logical ops on operands read as true where nonzero: 1 or 0 in the operands' dtype, no gradient.
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_xor(const Tensor& a, const Tensor& b);
+Tensor logical_not(const Tensor& x);
+/// The error function
+Tensor erf(const Tensor& x);
+/// Trigonometric and hyperbolic functions and their inverses
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+Tensor tan(const Tensor& x);
+Tensor asin(const Tensor& x);
+Tensor acos(const Tensor& x);
+Tensor atan(const Tensor& x);
+Tensor sinh(const Tensor& x);
+Tensor cosh(const Tensor& x);
+Tensor asinh(const Tensor& x);
+Tensor acosh(const Tensor& x);
+Tensor atanh(const Tensor& x);
+/// Rounding, of zero gradient: up, down, to the nearest integer with halves away from zero (C's round,
+/// SINGA's Round), and with halves to the even neighbour (NumPy's and PyTorch's round, SINGA's Rounde).
+Tensor ceil(const Tensor& x);
+Tensor floor(const Tensor& x);
+Tensor round(const Tensor& x);
+Tensor rounde(const Tensor& x);
+/// x for x > 0, alpha * x below
+Tensor leaky_relu(const Tensor& x, double alpha = 0.01);
+/// x for x > 0, alpha * (e^x - 1) below
+Tensor elu(const Tensor& x, double alpha = 1.0);
+/// scale * elu(x, alpha), with the self-normalising constants by default
+Tensor selu(const Tensor& x, double alpha = 1.6732632423543772, double scale = 1.0507009873554805);
+/// log(1 + e^x), computed without overflow
+Tensor softplus(const Tensor& x);
+/// x / (1 + |x|)
+Tensor softsign(const Tensor& x);
+/// max(0, min(1, alpha * x + beta)) (SINGA's defaults)
+Tensor hard_sigmoid(const Tensor& x, double alpha = 0.2, double beta = 0.5);
+/// x * Phi(x) with Phi the Gaussian CDF (erf form), or its tanh approximation
+Tensor gelu(const Tensor& x, bool tanh_approximation = false);
+/// x * sigmoid(x)
+Tensor silu(const Tensor& x);
+/// x for x > 0, slope * x below; slope broadcasts with x (one value, one per channel, ...)
+Tensor prelu(const Tensor& x, const Tensor& slope);
+/// x converted to dtype (a new handle sharing x's data when already of it); the gradient is converted
+/// back to x's dtype. Conversions to or from integers record no gradient.
+Tensor cast(const Tensor& x, DType dtype);
+
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
 inline Tensor operator*(const Tensor& a, double s) { return scale(a, s); }
+inline Tensor operator*(double s, const Tensor& a) { return scale(a, s); }
+inline Tensor operator+(const Tensor& a, double s) { return add_scalar(a, s); }
+inline Tensor operator+(double s, const Tensor& a) { return add_scalar(a, s); }
+inline Tensor operator-(const Tensor& a, double s) { return add_scalar(a, -s); }
+inline Tensor operator-(double s, const Tensor& a) { return add_scalar(neg(a), s); }
+inline Tensor operator/(const Tensor& a, double s) { return scale(a, 1.0 / s); }
+inline Tensor operator/(double s, const Tensor& a) { return scale(reciprocal(a), s); }
 
 // ---- shape
 /// Same elements with another shape (one extent may be -1); a view when possible.

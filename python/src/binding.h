@@ -52,6 +52,8 @@ void bind_data(nb::module_& m);
 void bind_graph(nb::module_& m);
 // op families in files of their own (ops_*.cpp)
 // elementwise ops
+/// Elementwise math, activations, comparisons, logical masks, where and cast (ops_elementwise.cpp).
+void bind_elementwise(nb::module_& m);
 // reductions, shape and indexing ops, products
 // softmax, normalisation, losses, attention
 // embedding, recurrent networks, optimizers, schedules

@@ -163,6 +163,7 @@ NB_MODULE(_tandem, m) {
   tandem::py::bind_data(m);
   tandem::py::bind_graph(m);
   // elementwise ops
+  tandem::py::bind_elementwise(m);
   // reductions, shape and indexing ops, products
   // softmax, normalisation, losses, attention
   // embedding, recurrent networks, optimizers, schedules

@@ -5,6 +5,8 @@ SINGA's functions and operator classes are here by SINGA's names, arguments and 
 tandem's C++ operations (so they run on the CPU and on GPUs alike). ``with precision("bf16"):`` runs
 GPU convolutions and products at that precision.
 """
+import builtins as _builtins
+
 import numpy as np
 
 from . import _tandem
@@ -401,14 +403,7 @@ class Where(Operator):
         self.condition = condition
 
     def _apply(self, x, y):
-        c = self.condition
-        if not isinstance(c, Tensor):
-            c = _tandem.from_array(np.asarray(c, dtype=np.float32), x.device, x.dtype)
-        elif c.dtype != x.dtype:
-            c = c.as_type(x.dtype)
-        c = c.detach()
-        one = _tandem.full([], 1.0, x.device, x.dtype)
-        return _tandem.add(_tandem.mul(c, x), _tandem.mul(_tandem.sub(one, c), y))
+        return _tandem.where(_mask(self.condition, x), x, y)
 
 
 class BinaryCrossEntropy(Operator):
@@ -672,6 +667,540 @@ def where(x, y, condition):
 
 
 # ---- elementwise ops
+# SINGA's elementwise operators and functions by SINGA's names and arguments, on tandem's C++ ops (CPU
+# and GPU alike; operands broadcast as NumPy's, any strides). Where SINGA's backward is wrong, tandem's
+# is the true gradient (docs/ops.md lists the differences): Max and Min pass the incoming gradient (ties
+# split it as PyTorch does), Erf differentiates erf at x (not at dy).
+
+def _operand(v, like):
+    """A number as a 0-d tensor of like's dtype and device (a tensor itself)."""
+    return v if isinstance(v, Tensor) else _tandem.full([], float(v), like.device, like.dtype)
+
+
+def _mask(c, like):
+    """A condition (a tensor, an array or a list) as a detached tensor of like's dtype and device."""
+    if not isinstance(c, Tensor):
+        c = _tandem.from_array(np.asarray(c, dtype=np.float32), like.device, like.dtype)
+    return c.detach()
+
+
+class _Unary(Operator):
+    """An operator of one tensor computed by the C++ op ``_fn``."""
+
+    def _apply(self, x):
+        return type(self)._fn(x)
+
+
+class Abs(_Unary):
+    """|x| elementwise (gradient sign(x))."""
+
+    _fn = _tandem.abs
+
+
+class Sqrt(_Unary):
+    """x^0.5 elementwise."""
+
+    _fn = _tandem.sqrt
+
+
+class Sign(_Unary):
+    """1 where x > 0, -1 where x < 0, 0 where x is 0 (zero gradient)."""
+
+    _fn = _tandem.sign
+
+
+class Reciprocal(_Unary):
+    """1 / x elementwise."""
+
+    _fn = _tandem.reciprocal
+
+
+class Erf(_Unary):
+    """The error function elementwise."""
+
+    _fn = _tandem.erf
+
+
+class Cos(_Unary):
+    """cos(x) elementwise."""
+
+    _fn = _tandem.cos
+
+
+class Cosh(_Unary):
+    """cosh(x) elementwise."""
+
+    _fn = _tandem.cosh
+
+
+class Acos(_Unary):
+    """arccos(x) elementwise."""
+
+    _fn = _tandem.acos
+
+
+class Acosh(_Unary):
+    """arcosh(x) elementwise."""
+
+    _fn = _tandem.acosh
+
+
+class Sin(_Unary):
+    """sin(x) elementwise."""
+
+    _fn = _tandem.sin
+
+
+class Sinh(_Unary):
+    """sinh(x) elementwise."""
+
+    _fn = _tandem.sinh
+
+
+class Asin(_Unary):
+    """arcsin(x) elementwise."""
+
+    _fn = _tandem.asin
+
+
+class Asinh(_Unary):
+    """arsinh(x) elementwise."""
+
+    _fn = _tandem.asinh
+
+
+class Tan(_Unary):
+    """tan(x) elementwise."""
+
+    _fn = _tandem.tan
+
+
+class Atan(_Unary):
+    """arctan(x) elementwise."""
+
+    _fn = _tandem.atan
+
+
+class Atanh(_Unary):
+    """artanh(x) elementwise."""
+
+    _fn = _tandem.atanh
+
+
+class SoftPlus(_Unary):
+    """log(exp(x) + 1) elementwise (computed without overflow)."""
+
+    _fn = _tandem.softplus
+
+
+class SoftSign(_Unary):
+    """x / (1 + |x|) elementwise."""
+
+    _fn = _tandem.softsign
+
+
+class Ceil(_Unary):
+    """The smallest integer >= x, elementwise (zero gradient)."""
+
+    _fn = _tandem.ceil
+
+
+class Floor(_Unary):
+    """The largest integer <= x, elementwise (zero gradient)."""
+
+    _fn = _tandem.floor
+
+
+class Round(_Unary):
+    """x rounded to the nearest integer, halves away from zero (zero gradient)."""
+
+    _fn = _tandem.round
+
+
+class Rounde(_Unary):
+    """x rounded to the nearest integer, halves to the even one (zero gradient)."""
+
+    _fn = _tandem.rounde
+
+
+class Silu(_Unary):
+    """x * sigmoid(x) elementwise (not in SINGA)."""
+
+    _fn = _tandem.silu
+
+
+class Not(_Unary):
+    """1 where x is 0, else 0 (a mask: no gradient)."""
+
+    _fn = _tandem.logical_not
+
+
+class LeakyRelu(Operator):
+    """x for x > 0 and a * x below, elementwise."""
+
+    def __init__(self, a):
+        super().__init__()
+        self.a = a
+
+    def _apply(self, x):
+        return _tandem.leaky_relu(x, float(self.a))
+
+
+class Elu(Operator):
+    """x for x > 0 and alpha * (exp(x) - 1) below, elementwise."""
+
+    def __init__(self, alpha=1.):
+        super().__init__()
+        self.alpha = alpha
+
+    def _apply(self, x):
+        return _tandem.elu(x, float(self.alpha))
+
+
+class SeLU(Operator):
+    """gamma * x for x > 0 and gamma * alpha * (exp(x) - 1) below, elementwise."""
+
+    def __init__(self, alpha=1.67326, gamma=1.0507):
+        super().__init__()
+        self.alpha = alpha
+        self.gamma = gamma
+
+    def _apply(self, x):
+        return _tandem.selu(x, float(self.alpha), float(self.gamma))
+
+
+class HardSigmoid(Operator):
+    """max(0, min(1, alpha * x + gamma)) elementwise."""
+
+    def __init__(self, alpha=0.2, gamma=0.5):
+        super().__init__()
+        self.alpha = alpha
+        self.gamma = gamma
+
+    def _apply(self, x):
+        return _tandem.hard_sigmoid(x, float(self.alpha), float(self.gamma))
+
+
+class Gelu(Operator):
+    """x * Phi(x), Phi the standard normal CDF; approximate="tanh" takes its tanh approximation (as
+    PyTorch's GELU; not in SINGA)."""
+
+    def __init__(self, approximate="none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def _apply(self, x):
+        return _tandem.gelu(x, self.approximate == "tanh")
+
+
+class Clip(Operator):
+    """x limited to [min, max] elementwise (None: no bound); the gradient passes where min <= x <= max."""
+
+    def __init__(self, min, max):  # noqa: A002 (SINGA's names)
+        super().__init__()
+        self.min = min
+        self.max = max
+
+    def _apply(self, x):
+        return _tandem.clip(x, None if self.min is None else float(self.min),
+                            None if self.max is None else float(self.max))
+
+
+class Pow(Operator):
+    """a ** b elementwise, broadcast (either may be a number)."""
+
+    def _apply(self, a, b):
+        return _tandem.pow(a, b)
+
+    def __call__(self, a, b):
+        if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+            raise TypeError("pow: at least one operand must be a tandem Tensor")
+        return (self._apply(a, b),)
+
+
+class PRelu(Operator):
+    """x for x > 0 and slope * x below, elementwise; slope broadcasts with x."""
+
+    def _apply(self, x, slope):
+        return _tandem.prelu(x, slope)
+
+
+class _Fold(Operator):
+    """The elementwise fold of ``_fn`` over the inputs (broadcast)."""
+
+    def _apply(self, *xs):
+        if not xs:
+            raise ValueError(f"{type(self).__name__.lower()}: no tensors given")
+        if len(xs) == 1:
+            return xs[0]
+        y = type(self)._fn(xs[0], xs[1])
+        for x in xs[2:]:
+            y = type(self)._fn(y, x)
+        return y
+
+
+class Max(_Fold):
+    """The elementwise maximum of the inputs (broadcast). Its gradient goes to the largest input (a tie
+    splits it in halves, pairwise from the left), times the incoming gradient."""
+
+    _fn = _tandem.maximum
+
+
+class Min(_Fold):
+    """The elementwise minimum of the inputs (broadcast); gradients as Max's, to the smallest."""
+
+    _fn = _tandem.minimum
+
+
+class _Logical(Operator):
+    _fn = None
+
+    def _apply(self, a, b):
+        return type(self)._fn(a, b)
+
+
+class And(_Logical):
+    """1 where both a and b are nonzero, else 0 (a mask: no gradient)."""
+
+    _fn = _tandem.logical_and
+
+
+class Or(_Logical):
+    """1 where a or b is nonzero, else 0 (a mask: no gradient)."""
+
+    _fn = _tandem.logical_or
+
+
+class Xor(_Logical):
+    """1 where exactly one of a and b is nonzero, else 0 (a mask: no gradient)."""
+
+    _fn = _tandem.logical_xor
+
+
+class LessEqual(_Comparison):
+    """1 where x <= y, else 0 (no gradient; not in SINGA)."""
+
+    _op = "le"
+
+
+class GreaterEqual(_Comparison):
+    """1 where x >= y, else 0 (no gradient; not in SINGA)."""
+
+    _op = "ge"
+
+
+class NotEqual(Operator):
+    """1 where x != y, else 0 (no gradient; not in SINGA)."""
+
+    def _apply(self, x, y):
+        return _tandem.not_equal(x, y)
+
+
+#: SINGA's data type codes for Cast's ``to`` (kFloat32, kFloat16, kInt, kDouble).
+_CAST_CODES = {0: "float32", 1: "float16", 2: "int32", 4: "float64"}
+
+
+def _dtype_of(to):
+    if isinstance(to, _tandem.DType):
+        return to
+    if isinstance(to, str):
+        return _tandem.parse_dtype(to)
+    if isinstance(to, (int, np.integer)) and int(to) in _CAST_CODES:
+        return getattr(_tandem.DType, _CAST_CODES[int(to)])
+    raise ValueError(f"cast: unknown data type {to!r} (a tandem DType, a name such as 'float32', or SINGA's "
+                     "code: 0 float32, 1 float16, 2 int32, 4 float64)")
+
+
+class Cast(Operator):
+    """x converted to the data type ``to`` (a tandem DType, a name, or SINGA's code: 0 float32,
+    1 float16, 2 int32, 4 float64). Between floating types the gradient is converted back; SINGA's
+    Cast has none."""
+
+    def __init__(self, to):
+        super().__init__()
+        self.to = to
+
+    def _apply(self, x):
+        return _tandem.cast(x, _dtype_of(self.to))
+
+
+def abs(a):  # noqa: A001 (SINGA's name)
+    """|a| elementwise (numbers: Python's abs)."""
+    return Abs()(a)[0] if isinstance(a, Tensor) else _builtins.abs(a)
+
+
+def sqrt(x):
+    return Sqrt()(x)[0]
+
+
+def sign(a):
+    return Sign()(a)[0]
+
+
+def reciprocal(x):
+    return Reciprocal()(x)[0]
+
+
+def erf(x):
+    return Erf()(x)[0]
+
+
+def cos(x):
+    return Cos()(x)[0]
+
+
+def cosh(x):
+    return Cosh()(x)[0]
+
+
+def acos(x):
+    return Acos()(x)[0]
+
+
+def acosh(x):
+    return Acosh()(x)[0]
+
+
+def sin(x):
+    return Sin()(x)[0]
+
+
+def sinh(x):
+    return Sinh()(x)[0]
+
+
+def asin(x):
+    return Asin()(x)[0]
+
+
+def asinh(x):
+    return Asinh()(x)[0]
+
+
+def tan(x):
+    return Tan()(x)[0]
+
+
+def atan(x):
+    return Atan()(x)[0]
+
+
+def atanh(x):
+    return Atanh()(x)[0]
+
+
+def softplus(x):
+    return SoftPlus()(x)[0]
+
+
+def softsign(x):
+    return SoftSign()(x)[0]
+
+
+def ceil(x):
+    return Ceil()(x)[0]
+
+
+def floor(x):
+    return Floor()(x)[0]
+
+
+def round(x):  # noqa: A001 (SINGA's name)
+    """x rounded elementwise, halves away from zero (numbers: Python's round)."""
+    return Round()(x)[0] if isinstance(x, Tensor) else _builtins.round(x)
+
+
+def rounde(x):
+    """x rounded elementwise, halves to the even integer."""
+    return Rounde()(x)[0]
+
+
+def silu(x):
+    return Silu()(x)[0]
+
+
+def gelu(x, approximate="none"):
+    return Gelu(approximate)(x)[0]
+
+
+def leakyrelu(x, a=0.01):
+    return LeakyRelu(a)(x)[0]
+
+
+def elu(x, alpha=1):
+    return Elu(alpha)(x)[0]
+
+
+def selu(x, alpha=1.67326, gamma=1.0507):
+    return SeLU(alpha, gamma)(x)[0]
+
+
+def hardsigmoid(x, alpha=0.2, gamma=0.5):
+    return HardSigmoid(alpha, gamma)(x)[0]
+
+
+def clip(x, min=None, max=None):  # noqa: A002 (SINGA's names)
+    return Clip(min, max)(x)[0]
+
+
+def pow(a, b):  # noqa: A001 (SINGA's name)
+    """a ** b elementwise, broadcast; a or b may be a number (two numbers: Python's pow)."""
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return _builtins.pow(a, b)
+    return Pow()(a, b)[0]
+
+
+def prelu(x, slope):
+    return PRelu()(x, slope)[0]
+
+
+def max(*l):  # noqa: A001 (SINGA's name)
+    """The elementwise maximum of the tensors (anything else: Python's max)."""
+    if not l or not _builtins.all(isinstance(x, Tensor) for x in l):
+        return _builtins.max(*l)
+    return Max()(*l)[0]
+
+
+def min(*l):  # noqa: A001 (SINGA's name)
+    """The elementwise minimum of the tensors (anything else: Python's min)."""
+    if not l or not _builtins.all(isinstance(x, Tensor) for x in l):
+        return _builtins.min(*l)
+    return Min()(*l)[0]
+
+
+def _and(a, b):
+    return And()(a, b)[0]
+
+
+def _or(a, b):
+    return Or()(a, b)[0]
+
+
+def _xor(a, b):
+    return Xor()(a, b)[0]
+
+
+def _not(x):
+    return Not()(x)[0]
+
+
+def less_equal(x, y):
+    return LessEqual()(x, y)[0]
+
+
+def greater_equal(x, y):
+    return GreaterEqual()(x, y)[0]
+
+
+def not_equal(x, y):
+    return NotEqual()(x, y)[0]
+
+
+def cast(x, to):
+    return Cast(to)(x)[0]
+
 
 # ---- reductions, shape and indexing ops, products
 

@@ -573,6 +573,109 @@ class Sequential(Layer):
 
 
 # ---- elementwise ops
+# Activation layers beyond SINGA's ReLU and Sigmoid, named as tandem.autograd's operators; each applies
+# its function elementwise (PRelu alone has a parameter).
+class Tanh(Layer):
+    def forward(self, x):
+        return _tandem.tanh(x)
+
+
+class LeakyRelu(Layer):
+    """x for x > 0, a * x below."""
+
+    def __init__(self, a=0.01):
+        super().__init__()
+        self.a = float(a)
+
+    def forward(self, x):
+        return _tandem.leaky_relu(x, self.a)
+
+
+class Elu(Layer):
+    """x for x > 0, alpha * (exp(x) - 1) below."""
+
+    def __init__(self, alpha=1.0):
+        super().__init__()
+        self.alpha = float(alpha)
+
+    def forward(self, x):
+        return _tandem.elu(x, self.alpha)
+
+
+class SeLU(Layer):
+    """gamma * elu(x, alpha) (SINGA's defaults)."""
+
+    def __init__(self, alpha=1.67326, gamma=1.0507):
+        super().__init__()
+        self.alpha, self.gamma = float(alpha), float(gamma)
+
+    def forward(self, x):
+        return _tandem.selu(x, self.alpha, self.gamma)
+
+
+class SoftPlus(Layer):
+    def forward(self, x):
+        return _tandem.softplus(x)
+
+
+class SoftSign(Layer):
+    def forward(self, x):
+        return _tandem.softsign(x)
+
+
+class HardSigmoid(Layer):
+    """max(0, min(1, alpha * x + gamma))."""
+
+    def __init__(self, alpha=0.2, gamma=0.5):
+        super().__init__()
+        self.alpha, self.gamma = float(alpha), float(gamma)
+
+    def forward(self, x):
+        return _tandem.hard_sigmoid(x, self.alpha, self.gamma)
+
+
+class Gelu(Layer):
+    """x * Phi(x) (approximate="tanh": the tanh approximation)."""
+
+    def __init__(self, approximate="none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"Gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x):
+        return _tandem.gelu(x, self.approximate == "tanh")
+
+
+class Silu(Layer):
+    def forward(self, x):
+        return _tandem.silu(x)
+
+
+class PRelu(Layer):
+    """x for x > 0, slope * x below, with a trainable slope: one value (num_parameters=1) or one per
+    channel (dimension 1 of the input), starting at ``init``."""
+
+    def __init__(self, num_parameters=1, init=0.25):
+        super().__init__()
+        self.num_parameters = int(num_parameters)
+        self.init = float(init)
+        if self.num_parameters < 1:
+            raise ValueError(f"PRelu: num_parameters must be at least 1, got {num_parameters}")
+
+    def initialize(self, x):
+        if self.num_parameters != 1 and (x.ndim < 2 or x.shape[1] != self.num_parameters):
+            raise ValueError(f"PRelu has {self.num_parameters} slopes, one per channel, but the input {x} has "
+                             f"{x.shape[1] if x.ndim >= 2 else 'no'} channels (dimension 1)")
+        self.slope = self.register_param(
+            "slope", _tandem.full([self.num_parameters], self.init, x.device, x.dtype))
+
+    def forward(self, x):
+        slope = self.slope
+        if self.num_parameters != 1:
+            slope = _tandem.reshape(slope, [self.num_parameters] + [1] * (x.ndim - 2))
+        return _tandem.prelu(x, slope)
+
 
 # ---- reductions, shape and indexing ops, products
 

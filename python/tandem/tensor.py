@@ -181,9 +181,8 @@ def square(t):
 
 
 def pow(t, x, out=None):
-    """t ** x elementwise (x a float or a tensor), as exp(x log t): for t > 0."""
-    xt = x if isinstance(x, Tensor) else _scalar(float(x), t)
-    return _into(out, _tandem.exp(_tandem.mul(xt, _tandem.log(t))))
+    """t ** x elementwise (x a number or a tensor, broadcast)."""
+    return _into(out, _tandem.pow(t, x if isinstance(x, Tensor) else float(x)))
 
 
 def lt(t, x):
@@ -506,6 +505,88 @@ atexit.register(_uninstall)
 
 
 # ---- elementwise ops
+def abs(t):  # noqa: A001 (SINGA's name)
+    """|t| elementwise."""
+    return _tandem.abs(t)
+
+
+def ceil(t):
+    """The smallest integer >= t, elementwise."""
+    return _tandem.ceil(t)
+
+
+def sign(t):
+    """1, 0 or -1 by the sign of each element."""
+    return _tandem.sign(t)
+
+
+def sqrt(t):
+    """t^0.5 elementwise."""
+    return _tandem.sqrt(t)
+
+
+def ne(t, x):
+    """1 where t differs from x (a tensor or a number), 0 elsewhere."""
+    return t != x
+
+
+# NumPy-style operators beyond those of the C++ class (+ - * / with tensors and numbers on either side,
+# unary -, in place += -= *= /=): ** with a tensor or a number on either side, abs(), == and != giving
+# masks. Differentiable ones record their gradients.
+def _is_number(v):
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+def _tensor_pow(self, rhs):
+    if isinstance(rhs, Tensor):
+        return _tandem.pow(self, rhs)
+    if _is_number(rhs):
+        return _tandem.pow(self, float(rhs))
+    return NotImplemented
+
+
+def _tensor_rpow(self, lhs):
+    return _tandem.pow(float(lhs), self) if _is_number(lhs) else NotImplemented
+
+
+def _tensor_abs(self):
+    return _tandem.abs(self)
+
+
+def _tensor_eq(self, rhs):
+    if isinstance(rhs, Tensor) or _is_number(rhs):
+        return _compare(self, rhs, "eq")
+    return NotImplemented
+
+
+def _tensor_ne(self, rhs):
+    if isinstance(rhs, Tensor):
+        return _tandem.not_equal(self, rhs)
+    if _is_number(rhs):
+        return _tandem.not_equal(self, float(rhs))
+    return NotImplemented
+
+
+def _tensor_bool(self):
+    """A one-element tensor is true when nonzero; a larger one has no single truth value (as NumPy's),
+    so that ``t == u`` inside ``if`` or ``in`` cannot pass unnoticed."""
+    if self.size() != 1:
+        raise ValueError(f"the truth value of a tensor of {self.size()} elements is ambiguous: reduce it first "
+                         "(tensor.sum, .item()) or compare tensors by identity (is)")
+    return self.item() != 0
+
+
+_ELEMENTWISE_METHODS = {
+    "__bool__": _tensor_bool,
+    "__pow__": _tensor_pow,
+    "__rpow__": _tensor_rpow,
+    "__abs__": _tensor_abs,
+    "__eq__": _tensor_eq,
+    "__ne__": _tensor_ne,
+}
+for _name, _f in _ELEMENTWISE_METHODS.items():
+    setattr(Tensor, _name, _f)
+    _METHODS[_name] = _f  # removed again at exit, with the others
 
 # ---- reductions, shape and indexing ops, products
 

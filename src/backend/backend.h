@@ -12,14 +12,11 @@
 #include <functional>
 #include <memory>
 
+#include "backend/elementwise.h"
 #include "core/allocator.h"
 #include "tandem/tensor.h"
 
 namespace tandem::backend {
-
-/// Gt, Ge, Lt, Le and Eq give 1 where the comparison holds and 0 elsewhere, in the operands' type.
-enum class Binary { Add, Sub, Mul, Div, Max, Min, Gt, Ge, Lt, Le, Eq };
-enum class Unary { Neg, Relu, Sigmoid, Tanh, Exp, Log, Abs, Sqrt };
 
 /// Geometry of a 2-D convolution: x [n, c, h, w], w [k, c / groups, r, s], y [n, k, oh, ow]; output
 /// channels [j k/groups, (j+1) k/groups) see input channels [j c/groups, (j+1) c/groups) only. With nhwc,
@@ -131,15 +128,27 @@ class Backend {
   virtual void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
   virtual void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) = 0;
 
-  // ---- elementwise (out may alias an input)
+  // ---- elementwise (backend/elementwise.h: the ops and their parameters). Unlike the contract above,
+  // operands may have any strides and are read in place: out is dense (contiguous or channels-last), an
+  // operand has out's shape or one that broadcasts to it (NumPy's rules), and an operand of out's element
+  // count but another shape is read flat when both are contiguous. Operands share out's dtype (CPU: f32,
+  // f64, and i32 / i64 where the op takes integers; CUDA: f32, f16, bf16 in f32 arithmetic, and i32 /
+  // i64). out may alias an operand of its own shape and strides.
+  /// out = op(a, b)
   virtual void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
-  virtual void unary(Unary op, const Tensor& a, Tensor& out) = 0;
+  /// out = op(a), with the op's parameters in args
+  virtual void unary(Unary op, const Tensor& a, Tensor& out, const EwArgs& args = {}) = 0;
+  /// out = op(a, b, c)
+  virtual void ternary(Ternary op, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) = 0;
   /// out = alpha * a + beta
   virtual void affine(const Tensor& a, double alpha, double beta, Tensor& out) = 0;
   /// y = alpha * x + y
   virtual void axpy(double alpha, const Tensor& x, Tensor& y) = 0;
-  /// out = grad * f'(from y) for Relu (y > 0), Sigmoid (y(1-y)), Tanh (1-y^2), given the op's output y.
-  virtual void unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) = 0;
+  /// out = grad * op'(x): the gradient of unary op given its output y where grad_from_output(op) (Relu:
+  /// y > 0, Sigmoid: y(1-y), Tanh: 1-y^2, ...), else its input x; args as the forward's. Ops of zero
+  /// derivative (grad_is_zero) are refused.
+  virtual void unary_backward(Unary op, const Tensor& grad, const Tensor& saved, Tensor& out,
+                              const EwArgs& args = {}) = 0;
   /// out[n, c, s] = x[n, c, s] + b[c]; x viewed as [n, c, s]. CUDA: x, out f32/f16/bf16, b f32 or x's type.
   virtual void bias_add(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) = 0;
   /// out[c] = sum over n, s of g[n, c, s]. CUDA: g f32/f16/bf16, out f32 or g's type.

@@ -22,69 +22,6 @@ using profiler::Phase;
 
 thread_local int t_depth = 0;  // timed calls open on this thread
 
-const char* binary_name(Binary op) {
-  switch (op) {
-    case Binary::Add:
-      return "add";
-    case Binary::Sub:
-      return "sub";
-    case Binary::Mul:
-      return "mul";
-    case Binary::Div:
-      return "div";
-    case Binary::Max:
-      return "max";
-    case Binary::Min:
-      return "min";
-    case Binary::Gt:
-      return "greater";
-    case Binary::Ge:
-      return "greater_equal";
-    case Binary::Lt:
-      return "less";
-    case Binary::Le:
-      return "less_equal";
-    case Binary::Eq:
-      return "equal";
-  }
-  return "binary";
-}
-
-const char* unary_name(Unary op) {
-  switch (op) {
-    case Unary::Neg:
-      return "neg";
-    case Unary::Relu:
-      return "relu";
-    case Unary::Sigmoid:
-      return "sigmoid";
-    case Unary::Tanh:
-      return "tanh";
-    case Unary::Exp:
-      return "exp";
-    case Unary::Log:
-      return "log";
-    case Unary::Abs:
-      return "abs";
-    case Unary::Sqrt:
-      return "sqrt";
-  }
-  return "unary";
-}
-
-const char* unary_backward_name(Unary op) {
-  switch (op) {
-    case Unary::Relu:
-      return "relu_backward";
-    case Unary::Sigmoid:
-      return "sigmoid_backward";
-    case Unary::Tanh:
-      return "tanh_backward";
-    default:
-      return "unary_backward";
-  }
-}
-
 // Times the call it encloses, when the device is timed now.
 class Timed {
  public:
@@ -177,12 +114,16 @@ class ProfilingBackend final : public Backend {
     inner_.random_normal(t, seed, offset, mean, std);
   }
   void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) override {
-    Timed timed(inner_, recordings_, device_, binary_name(op), profiler::detail::thread_phase());
+    Timed timed(inner_, recordings_, device_, op_name(op), profiler::detail::thread_phase());
     inner_.binary(op, a, b, out);
   }
-  void unary(Unary op, const Tensor& a, Tensor& out) override {
-    Timed timed(inner_, recordings_, device_, unary_name(op), profiler::detail::thread_phase());
-    inner_.unary(op, a, out);
+  void unary(Unary op, const Tensor& a, Tensor& out, const EwArgs& args) override {
+    Timed timed(inner_, recordings_, device_, op_name(op), profiler::detail::thread_phase());
+    inner_.unary(op, a, out, args);
+  }
+  void ternary(Ternary op, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, op_name(op), profiler::detail::thread_phase());
+    inner_.ternary(op, a, b, c, out);
   }
   void affine(const Tensor& a, double alpha, double beta, Tensor& out) override {
     Timed timed(inner_, recordings_, device_, "affine", profiler::detail::thread_phase());
@@ -192,9 +133,9 @@ class ProfilingBackend final : public Backend {
     Timed timed(inner_, recordings_, device_, "axpy", profiler::detail::thread_phase());
     inner_.axpy(alpha, x, y);
   }
-  void unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) override {
-    Timed timed(inner_, recordings_, device_, unary_backward_name(op), profiler::detail::thread_phase());
-    inner_.unary_backward(op, grad, y, out);
+  void unary_backward(Unary op, const Tensor& grad, const Tensor& saved, Tensor& out, const EwArgs& args) override {
+    Timed timed(inner_, recordings_, device_, backward_name(op), profiler::detail::thread_phase());
+    inner_.unary_backward(op, grad, saved, out, args);
   }
   void bias_add(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) override {
     Timed timed(inner_, recordings_, device_, "bias_add", profiler::detail::thread_phase());

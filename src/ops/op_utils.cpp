@@ -1,5 +1,6 @@
 #include "ops/op_utils.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/tensor_impl.h"
@@ -33,27 +34,60 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
   TANDEM_CHECK(a.device() == b.device(), op, ": tensors on different devices (", a.str(), " and ", b.str(), ")");
 }
 
-// Elementwise kernels see flat arrays: operands in one storage order (channels-last when either is,
-// else contiguous) give an output in that order.
-Tensor binary_raw(backend::Binary op, const Tensor& a, const Tensor& b) {
-  const bool cl = strictly_channels_last(a) || strictly_channels_last(b);
-  Tensor ac = to_dense(a, a.dtype(), cl), bc = to_dense(b, b.dtype(), cl);
-  Tensor out = empty_dense_like(ac);
-  if (out.numel()) be(a).binary(op, ac, bc, out);
+Tensor ew_output(const Shape& shape, DType dtype, Device device, std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands)
+    if (t->shape() == shape && strictly_channels_last(*t)) return empty_channels_last(shape, dtype, device);
+  return Tensor::empty(shape, dtype, device);
+}
+
+// The kernels read operands through their strides (broadcast ones with stride 0) and write a dense
+// output: channels-last when an operand of the output's shape is, else contiguous.
+Tensor binary_raw(backend::Binary op, const Tensor& a, const Tensor& b, const Shape& shape) {
+  Tensor out = ew_output(shape, a.dtype(), a.device(), {&a, &b});
+  if (out.numel()) be(a).binary(op, a, b, out);
   return out;
 }
 
-Tensor unary_raw(backend::Unary op, const Tensor& a) {
-  Tensor ac = is_dense(a) ? a : a.contiguous();
-  Tensor out = empty_dense_like(ac);
-  if (out.numel()) be(a).unary(op, ac, out);
+namespace {
+bool broadcastable(const Shape& a, const Shape& b) {
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const int64_t da = a[a.size() - 1 - i], db = b[b.size() - 1 - i];
+    if (da != db && da != 1 && db != 1) return false;
+  }
+  return true;
+}
+}  // namespace
+
+Tensor binary_raw(backend::Binary op, const Tensor& a, const Tensor& b) {
+  if (a.shape() == b.shape()) return binary_raw(op, a, b, a.shape());
+  // Shapes that do not broadcast but hold as many elements: one tensor's gradients in two shapes, flat.
+  if (!broadcastable(a.shape(), b.shape()) && a.numel() == b.numel())
+    return binary_raw(op, a, b.contiguous().view(a.shape()), a.shape());
+  return binary_raw(op, a, b, broadcast_shape(a, b, backend::op_name(op)));
+}
+
+Tensor ternary_raw(backend::Ternary op, const Tensor& a, const Tensor& b, const Tensor& c, const Shape& shape) {
+  Tensor out = ew_output(shape, b.dtype(), b.device(), {&a, &b, &c});
+  if (out.numel()) be(b).ternary(op, a, b, c, out);
+  return out;
+}
+
+Tensor unary_raw(backend::Unary op, const Tensor& a, const backend::EwArgs& args) {
+  Tensor out = ew_output(a.shape(), a.dtype(), a.device(), {&a});
+  if (out.numel()) be(a).unary(op, a, out, args);
+  return out;
+}
+
+Tensor unary_grad_raw(backend::Unary op, const Tensor& g, const Tensor& saved, const backend::EwArgs& args) {
+  const Tensor gd = g.dtype() == saved.dtype() ? g : g.to(saved.dtype());
+  Tensor out = ew_output(saved.shape(), saved.dtype(), saved.device(), {&saved, &gd});
+  if (out.numel()) be(saved).unary_backward(op, gd, saved, out, args);
   return out;
 }
 
 Tensor affine_raw(const Tensor& a, double alpha, double beta) {
-  Tensor ac = is_dense(a) ? a : a.contiguous();
-  Tensor out = empty_dense_like(ac);
-  if (out.numel()) be(a).affine(ac, alpha, beta, out);
+  Tensor out = ew_output(a.shape(), a.dtype(), a.device(), {&a});
+  if (out.numel()) be(a).affine(a, alpha, beta, out);
   return out;
 }
 
@@ -92,7 +126,8 @@ Shape broadcast_shape(const Tensor& a, const Tensor& b, const char* op) {
   for (size_t i = 0; i < n; ++i) {  // from the right
     const int64_t da = i < sa.size() ? sa[sa.size() - 1 - i] : 1, db = i < sb.size() ? sb[sb.size() - 1 - i] : 1;
     TANDEM_CHECK(da == db || da == 1 || db == 1, op, ": operands of different shapes (", a.str(), " and ", b.str(),
-                 ") that do not broadcast: extents ", da, " and ", db, " differ and neither is 1");
+                 ") that do not broadcast: extents ", da, " and ", db, " differ and neither is 1 (dimension ", i,
+                 " from the right, axis ", static_cast<int64_t>(n - 1 - i), " of the result)");
     out[n - 1 - i] = da == 1 ? db : da;
   }
   return out;

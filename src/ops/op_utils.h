@@ -1,5 +1,7 @@
 #pragma once
 // Internal helpers shared by the op families.
+#include <initializer_list>
+
 #include "backend/backend.h"
 #include "tandem/autograd.h"
 #include "tandem/tensor.h"
@@ -22,9 +24,23 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op);
 /// A new tensor with a's shape, dtype and device.
 inline Tensor empty_like(const Tensor& a) { return Tensor::empty(a.shape(), a.dtype(), a.device()); }
 
-// Raw (unrecorded) kernels used by the ops and their backward functions.
+// Raw (unrecorded) kernels used by the ops and their backward functions. Operands are read in place
+// (any strides, broadcast without copies); outputs are dense, channels-last when an operand of the
+// output's shape is.
+/// An uninitialised elementwise output of shape: channels-last when an operand of that shape is
+/// strictly channels-last, else contiguous.
+Tensor ew_output(const Shape& shape, DType dtype, Device device, std::initializer_list<const Tensor*> operands);
+/// op(a, b) of the given shape (the operands' broadcast shape).
+Tensor binary_raw(backend::Binary op, const Tensor& a, const Tensor& b, const Shape& shape);
+/// op(a, b), broadcast; operands whose shapes do not broadcast but hold as many elements are taken
+/// flat, in a's shape (two gradients of one tensor).
 Tensor binary_raw(backend::Binary op, const Tensor& a, const Tensor& b);
-Tensor unary_raw(backend::Unary op, const Tensor& a);
+/// op(a, b, c) of the given shape (the operands' broadcast shape), in b's dtype.
+Tensor ternary_raw(backend::Ternary op, const Tensor& a, const Tensor& b, const Tensor& c, const Shape& shape);
+Tensor unary_raw(backend::Unary op, const Tensor& a, const backend::EwArgs& args = {});
+/// The gradient of unary op from the incoming g (converted to saved's dtype) and saved, the op's output
+/// or input (backend::grad_from_output).
+Tensor unary_grad_raw(backend::Unary op, const Tensor& g, const Tensor& saved, const backend::EwArgs& args = {});
 Tensor affine_raw(const Tensor& a, double alpha, double beta);
 /// [out] contiguous gemm: op(a) op(b), row-major.
 Tensor gemm_raw(bool ta, bool tb, const Tensor& a, const Tensor& b, Tensor out = Tensor());

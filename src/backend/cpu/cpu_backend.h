@@ -22,10 +22,12 @@ class CpuBackend final : public Backend {
   void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) override;
 
   void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) override;
-  void unary(Unary op, const Tensor& a, Tensor& out) override;
+  void unary(Unary op, const Tensor& a, Tensor& out, const EwArgs& args = {}) override;
+  void ternary(Ternary op, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) override;
   void affine(const Tensor& a, double alpha, double beta, Tensor& out) override;
   void axpy(double alpha, const Tensor& x, Tensor& y) override;
-  void unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) override;
+  void unary_backward(Unary op, const Tensor& grad, const Tensor& saved, Tensor& out,
+                      const EwArgs& args = {}) override;
   void bias_add(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) override;
   void bias_grad(const Tensor& g, int64_t n, int64_t c, int64_t s, Tensor& out) override;
   void bias_relu(const Tensor& x, const Tensor& b, int64_t n, int64_t c, int64_t s, Tensor& out) override;

@@ -1,10 +1,14 @@
-// CPU backend: elementwise arithmetic, activations, bias broadcast and reductions.
+// CPU backend: the generic elementwise kernel (every elementwise op, broadcasting through strides),
+// bias broadcast and reductions.
 #include <cmath>
+#include <initializer_list>
+#include <span>
 #include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/cpu_parallel.h"
+#include "backend/elementwise_functors.h"
 
 namespace tandem::backend {
 
@@ -12,101 +16,135 @@ using cpu::kParallelElems;
 
 namespace {
 
-const char* binary_name(Binary op) {
-  switch (op) {
-    case Binary::Add: return "add";
-    case Binary::Sub: return "sub";
-    case Binary::Mul: return "mul";
-    case Binary::Div: return "div";
-    case Binary::Max: return "max";
-    case Binary::Min: return "min";
-    case Binary::Gt: return "gt";
-    case Binary::Ge: return "ge";
-    case Binary::Lt: return "lt";
-    case Binary::Le: return "le";
-    case Binary::Eq: return "eq";
-  }
-  return "?";
+using ew::Geometry;
+
+// Calls f(v_0, ..., v_{N-1}) with the operands' elements at offsets i * s_k.
+template <int N, typename T, typename F>
+inline T apply(const F& f, const T* const* p, int64_t i) {
+  if constexpr (N == 1)
+    return f(p[0][i]);
+  else if constexpr (N == 2)
+    return f(p[0][i], p[1][i]);
+  else
+    return f(p[0][i], p[1][i], p[2][i]);
 }
 
-const char* unary_name(Unary op) {
-  switch (op) {
-    case Unary::Neg: return "neg";
-    case Unary::Relu: return "relu";
-    case Unary::Sigmoid: return "sigmoid";
-    case Unary::Tanh: return "tanh";
-    case Unary::Exp: return "exp";
-    case Unary::Log: return "log";
-    case Unary::Abs: return "abs";
-    case Unary::Sqrt: return "sqrt";
-  }
-  return "?";
-}
-
-// Applies f elementwise; out may alias a or b (each element is read before it is written).
-template <typename T, typename F>
-void map2(const T* a, const T* b, T* out, int64_t n, F f) {
-  cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) out[i] = f(a[i], b[i]);
-  });
-}
-
-template <typename T, typename F>
-void map1(const T* a, T* out, int64_t n, F f) {
-  cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) out[i] = f(a[i]);
-  });
-}
-
-// Comparisons give 1 or 0 in the operands' type (false wherever a NaN takes part).
-template <typename T>
-bool compare(Binary op, const T* a, const T* b, T* out, int64_t n) {
-  switch (op) {
-    case Binary::Gt: map2(a, b, out, n, [](T x, T y) { return static_cast<T>(x > y); }); return true;
-    case Binary::Ge: map2(a, b, out, n, [](T x, T y) { return static_cast<T>(x >= y); }); return true;
-    case Binary::Lt: map2(a, b, out, n, [](T x, T y) { return static_cast<T>(x < y); }); return true;
-    case Binary::Le: map2(a, b, out, n, [](T x, T y) { return static_cast<T>(x <= y); }); return true;
-    case Binary::Eq: map2(a, b, out, n, [](T x, T y) { return static_cast<T>(x == y); }); return true;
-    default: return false;
-  }
-}
-
-// Integer arithmetic wraps (as unsigned arithmetic does) instead of overflowing into undefined behaviour.
-template <typename T>
-void binary_int(Binary op, const T* a, const T* b, T* out, int64_t n) {
-  if (compare(op, a, b, out, n)) return;
-  using U = std::make_unsigned_t<T>;
-  auto u = [](T v) { return static_cast<U>(v); };
-  switch (op) {
-    case Binary::Add: return map2(a, b, out, n, [u](T x, T y) { return static_cast<T>(u(x) + u(y)); });
-    case Binary::Sub: return map2(a, b, out, n, [u](T x, T y) { return static_cast<T>(u(x) - u(y)); });
-    case Binary::Mul: return map2(a, b, out, n, [u](T x, T y) { return static_cast<T>(u(x) * u(y)); });
-    case Binary::Max: return map2(a, b, out, n, [](T x, T y) { return x > y ? x : y; });
-    case Binary::Min: return map2(a, b, out, n, [](T x, T y) { return x < y ? x : y; });
-    case Binary::Div: {
-      for (int64_t i = 0; i < n; ++i)
-        TANDEM_CHECK(b[i] != 0, "div: integer division by zero at element ", i, " of the divisor");
-      // x / -1 is negation, which overflows for the smallest value: wrap it instead of trapping.
-      return map2(a, b, out, n,
-                  [u](T x, T y) { return y == T(-1) ? static_cast<T>(U(0) - u(x)) : static_cast<T>(x / y); });
+// One run of n output elements: operands advance by their strides s (the contiguous and the
+// one-element-broadcast cases get loops the compiler vectorises).
+template <int N, typename T, typename F>
+inline void run_span(const F& f, T* __restrict o, const T* const* p, const int64_t* s, int64_t n) {
+  bool contiguous = true;
+  for (int k = 0; k < N; ++k) contiguous = contiguous && s[k] == 1;
+  if (contiguous) {
+    if constexpr (N == 1) {
+      const T* __restrict a = p[0];
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
+    } else if constexpr (N == 2) {
+      const T* __restrict a = p[0];
+      const T* __restrict b = p[1];
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+    } else {
+      const T *__restrict a = p[0], *__restrict b = p[1], *__restrict c = p[2];
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i], c[i]);
     }
-    default: return;
+    return;
+  }
+  if constexpr (N == 2) {
+    if (s[0] == 1 && s[1] == 0) {
+      const T* __restrict a = p[0];
+      const T bv = p[1][0];
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], bv);
+      return;
+    }
+    if (s[0] == 0 && s[1] == 1) {
+      const T av = p[0][0];
+      const T* __restrict b = p[1];
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = f(av, b[i]);
+      return;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (N == 1)
+      o[i] = f(p[0][i * s[0]]);
+    else if constexpr (N == 2)
+      o[i] = f(p[0][i * s[0]], p[1][i * s[1]]);
+    else
+      o[i] = f(p[0][i * s[0]], p[1][i * s[1]], p[2][i * s[2]]);
   }
 }
 
-// Floating max and min propagate NaN from either operand.
-template <typename T>
-void binary_float(Binary op, const T* a, const T* b, T* out, int64_t n) {
-  if (compare(op, a, b, out, n)) return;
-  switch (op) {
-    case Binary::Add: return map2(a, b, out, n, [](T x, T y) { return x + y; });
-    case Binary::Sub: return map2(a, b, out, n, [](T x, T y) { return x - y; });
-    case Binary::Mul: return map2(a, b, out, n, [](T x, T y) { return x * y; });
-    case Binary::Div: return map2(a, b, out, n, [](T x, T y) { return x / y; });
-    case Binary::Max: return map2(a, b, out, n, [](T x, T y) { return (x > y || x != x) ? x : y; });
-    case Binary::Min: return map2(a, b, out, n, [](T x, T y) { return (x < y || x != x) ? x : y; });
-    default: return;
+// The generic kernel: out (dense, in its storage order) = f(operands) over the geometry, the innermost
+// dimension as runs of run_span, split over the threads by rows (or within the one row).
+template <int N, typename T, typename F>
+void run(const Geometry& g, T* out, const T* const* in, const F& f) {
+  const int nd = g.ndim;
+  const int64_t inner = g.sizes[nd - 1];
+  const int64_t rows = g.numel / inner;
+  int64_t is[N];
+  for (int k = 0; k < N; ++k) is[k] = g.strides[k][nd - 1];
+  if (rows == 1) {
+    cpu::parallel_for(inner, cpu::grain_for(1), [&](int64_t lo, int64_t hi) {
+      const T* p[N];
+      for (int k = 0; k < N; ++k) p[k] = in[k] + lo * is[k];
+      run_span<N>(f, out + lo, p, is, hi - lo);
+    });
+    return;
   }
+  cpu::parallel_for(rows, cpu::grain_for(inner), [&](int64_t lo, int64_t hi) {
+    // The outer index of row lo, then an odometer over the outer dimensions.
+    int64_t idx[ew::kMaxDims];
+    int64_t off[N] = {};
+    int64_t r = lo;
+    for (int d = nd - 2; d >= 0; --d) {
+      idx[d] = r % g.sizes[d];
+      r /= g.sizes[d];
+      for (int k = 0; k < N; ++k) off[k] += idx[d] * g.strides[k][d];
+    }
+    for (int64_t row = lo; row < hi; ++row) {
+      const T* p[N];
+      for (int k = 0; k < N; ++k) p[k] = in[k] + off[k];
+      run_span<N>(f, out + row * inner, p, is, inner);
+      for (int d = nd - 2; d >= 0; --d) {
+        for (int k = 0; k < N; ++k) off[k] += g.strides[k][d];
+        if (++idx[d] < g.sizes[d]) break;
+        for (int k = 0; k < N; ++k) off[k] -= idx[d] * g.strides[k][d];
+        idx[d] = 0;
+      }
+    }
+  });
+}
+
+// Builds the walk of out and its operands (broadcast copies of them past kMaxDims merged dimensions)
+// and runs f over it.
+template <typename T, int N, typename F>
+void elementwise(Tensor& out, const Tensor* const (&operands)[N], const F& f) {
+  if (out.numel() == 0) return;
+  Geometry g;
+  Tensor copies[N];
+  const Tensor* use[N];
+  for (int k = 0; k < N; ++k) use[k] = operands[k];
+  if (!ew::make_geometry(out, std::span<const Tensor* const>(use, N), g)) {
+    for (int k = 0; k < N; ++k) {
+      copies[k] = ew::broadcast_copy(*operands[k], out);
+      use[k] = &copies[k];
+    }
+    const bool ok = ew::make_geometry(out, std::span<const Tensor* const>(use, N), g);
+    TANDEM_ASSERT(ok, "elementwise over ", out.str());
+  }
+  const T* in[N];
+  for (int k = 0; k < N; ++k) in[k] = static_cast<const T*>(use[k]->data_ptr());
+  run<N>(g, static_cast<T*>(out.data_ptr()), in, f);
+}
+
+void check_types(const char* op, const Tensor& out, std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands)
+    TANDEM_ASSERT(t->dtype() == out.dtype() && t->device() == out.device(), op, " on ", t->str(), " into ",
+                  out.str());
 }
 
 // Sums in fixed blocks, then the block sums in order: the result does not depend on the thread count.
@@ -140,83 +178,54 @@ Acc blocked_sum(const T* x, int64_t n) {
 }  // namespace
 
 void CpuBackend::binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) {
-  TANDEM_ASSERT(a.dtype() == out.dtype() && b.dtype() == out.dtype() && a.numel() == out.numel() &&
-                    b.numel() == out.numel(),
-                "binary ", binary_name(op), " on ", a.str(), ", ", b.str(), " into ", out.str());
-  const int64_t n = out.numel();
-  dispatch_arith(out.dtype(), binary_name(op), [&](auto tag) {
+  check_types(op_name(op), out, {&a, &b});
+  dispatch_arith(out.dtype(), op_name(op), [&](auto tag) {
     using T = decltype(tag);
-    const T* pa = static_cast<const T*>(a.data_ptr());
-    const T* pb = static_cast<const T*>(b.data_ptr());
-    T* po = static_cast<T*>(out.data_ptr());
-    if constexpr (std::is_integral_v<T>)
-      binary_int(op, pa, pb, po, n);
-    else
-      binary_float(op, pa, pb, po, n);
+    if constexpr (std::is_integral_v<T>) {
+      if (op == Binary::Div && b.numel()) {
+        const Tensor bc = b.contiguous();
+        const T* pb = static_cast<const T*>(bc.data_ptr());
+        for (int64_t i = 0; i < bc.numel(); ++i)
+          TANDEM_CHECK(pb[i] != 0, "div: integer division by zero at element ", i, " of the divisor");
+      }
+    }
+    ewf::with_binary<T>(op, [&](auto f) { elementwise<T>(out, {&a, &b}, f); });
   });
 }
 
-void CpuBackend::unary(Unary op, const Tensor& a, Tensor& out) {
-  TANDEM_ASSERT(a.dtype() == out.dtype() && a.numel() == out.numel(), "unary ", unary_name(op), " on ", a.str(),
-                " into ", out.str());
-  const int64_t n = out.numel();
-  dispatch_float(out.dtype(), unary_name(op), [&](auto tag) {
+void CpuBackend::unary(Unary op, const Tensor& a, Tensor& out, const EwArgs& args) {
+  check_types(op_name(op), out, {&a});
+  dispatch_float(out.dtype(), op_name(op), [&](auto tag) {
     using T = decltype(tag);
-    const T* x = static_cast<const T*>(a.data_ptr());
-    T* y = static_cast<T*>(out.data_ptr());
-    switch (op) {
-      case Unary::Neg: return map1(x, y, n, [](T v) { return -v; });
-      case Unary::Relu: return map1(x, y, n, [](T v) { return v < T(0) ? T(0) : v; });  // NaN stays NaN
-      case Unary::Sigmoid: return map1(x, y, n, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
-      case Unary::Tanh: return map1(x, y, n, [](T v) { return std::tanh(v); });
-      case Unary::Exp: return map1(x, y, n, [](T v) { return std::exp(v); });
-      case Unary::Log: return map1(x, y, n, [](T v) { return std::log(v); });
-      case Unary::Abs: return map1(x, y, n, [](T v) { return std::abs(v); });
-      case Unary::Sqrt: return map1(x, y, n, [](T v) { return std::sqrt(v); });
-    }
+    ewf::with_unary<T>(op, args, [&](auto f) { elementwise<T>(out, {&a}, f); });
+  });
+}
+
+void CpuBackend::ternary(Ternary op, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) {
+  check_types(op_name(op), out, {&a, &b, &c});
+  dispatch_arith(out.dtype(), op_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    ewf::with_ternary<T>(op, [&](auto f) { elementwise<T>(out, {&a, &b, &c}, f); });
   });
 }
 
 void CpuBackend::affine(const Tensor& a, double alpha, double beta, Tensor& out) {
-  TANDEM_ASSERT(a.dtype() == out.dtype() && a.numel() == out.numel(), "affine on ", a.str(), " into ", out.str());
-  const int64_t n = out.numel();
-  dispatch_float(out.dtype(), "affine", [&](auto tag) {
-    using T = decltype(tag);
-    const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
-    map1(static_cast<const T*>(a.data_ptr()), static_cast<T*>(out.data_ptr()), n,
-         [al, be](T v) { return al * v + be; });
-  });
+  unary(Unary::Affine, a, out, EwArgs{alpha, beta});
 }
 
 void CpuBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
-  TANDEM_ASSERT(x.dtype() == y.dtype() && x.numel() == y.numel(), "axpy of ", x.str(), " into ", y.str());
-  const int64_t n = y.numel();
+  check_types("axpy", y, {&x});
   dispatch_float(y.dtype(), "axpy", [&](auto tag) {
     using T = decltype(tag);
-    const T al = static_cast<T>(alpha);
-    T* py = static_cast<T*>(y.data_ptr());
-    map2(static_cast<const T*>(x.data_ptr()), py, py, n, [al](T xv, T yv) { return al * xv + yv; });
+    elementwise<T>(y, {&x, &y}, ewf::AxpyF<T>{static_cast<T>(alpha)});
   });
 }
 
-void CpuBackend::unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) {
-  TANDEM_CHECK(op == Unary::Relu || op == Unary::Sigmoid || op == Unary::Tanh, "unary_backward: ", unary_name(op),
-               " is not differentiated from its output (supported: relu, sigmoid, tanh)");
-  TANDEM_ASSERT(grad.dtype() == out.dtype() && y.dtype() == out.dtype() && grad.numel() == out.numel() &&
-                    y.numel() == out.numel(),
-                "unary_backward on ", grad.str(), ", ", y.str(), " into ", out.str());
-  const int64_t n = out.numel();
-  dispatch_float(out.dtype(), unary_name(op), [&](auto tag) {
+void CpuBackend::unary_backward(Unary op, const Tensor& grad, const Tensor& saved, Tensor& out, const EwArgs& args) {
+  check_types(backward_name(op), out, {&grad, &saved});
+  dispatch_float(out.dtype(), backward_name(op), [&](auto tag) {
     using T = decltype(tag);
-    const T* g = static_cast<const T*>(grad.data_ptr());
-    const T* py = static_cast<const T*>(y.data_ptr());
-    T* o = static_cast<T*>(out.data_ptr());
-    switch (op) {
-      case Unary::Relu: return map2(g, py, o, n, [](T gv, T yv) { return yv > T(0) ? gv : T(0); });
-      case Unary::Sigmoid: return map2(g, py, o, n, [](T gv, T yv) { return gv * yv * (T(1) - yv); });
-      case Unary::Tanh: return map2(g, py, o, n, [](T gv, T yv) { return gv * (T(1) - yv * yv); });
-      default: return;
-    }
+    ewf::with_unary_grad<T>(op, args, [&](auto f) { elementwise<T>(out, {&grad, &saved}, f); });
   });
 }
 

@@ -22,24 +22,12 @@
 
 namespace tandem::backend::chan {
 
-/// Division of unsigned 32-bit values below 2^31 by a fixed divisor through a multiply and a shift.
-struct FastDiv {
-  uint32_t divisor = 1, magic = 1, shift = 0;
-  FastDiv() = default;
-  explicit FastDiv(uint32_t d) : divisor(d) {
-    while (shift < 32 && (uint32_t(1) << shift) < d) ++shift;
-    magic = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
-  }
-  __host__ __device__ __forceinline__ uint32_t div(uint32_t n) const {
-#ifdef __CUDA_ARCH__
-    const uint32_t t = __umulhi(n, magic);
-#else
-    const uint32_t t = static_cast<uint32_t>((uint64_t(n) * magic) >> 32);
-#endif
-    return (t + n) >> shift;
-  }
-  __host__ __device__ __forceinline__ uint32_t mod(uint32_t n) const { return n - div(n) * divisor; }
-};
+using kern::aligned16;
+using kern::FastDiv;
+using kern::load_pack;
+using kern::Pack;
+using kern::pack_width;
+using kern::store_pack;
 
 /// How an activation is laid out per channel.
 struct Layout {
@@ -82,35 +70,6 @@ void with_channel_of(const Layout& l, F&& f) {
     else
       f(ChannelOf64<false>{l.s, l.c}, int64_t{});
   }
-}
-
-/// V elements moved by one 16-byte (or narrower) load or store.
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-template <int V, typename T, typename I>
-__device__ __forceinline__ Pack<T, V> load_pack(const T* p, I i) {
-  return *reinterpret_cast<const Pack<T, V>*>(p + i);
-}
-
-template <int V, typename T, typename I>
-__device__ __forceinline__ void store_pack(T* p, I i, const Pack<T, V>& x) {
-  *reinterpret_cast<Pack<T, V>*>(p + i) = x;
-}
-
-/// How many elements of T one 16-byte access moves.
-template <typename T>
-constexpr int pack_width() {
-  return static_cast<int>(16 / sizeof(T));
-}
-
-/// True when every pointer (null ones aside) allows 16-byte accesses.
-inline bool aligned16(std::initializer_list<const void*> ptrs) {
-  for (const void* p : ptrs)
-    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
 }
 
 /// Whether packs of V elements never straddle two channels' runs: consecutive channels (rows whose width

@@ -1,11 +1,15 @@
-// CUDA kernels: elementwise arithmetic, activations and their derivatives, bias broadcast and
-// reduction, and whole-tensor sums.
+// CUDA backend: the elementwise entry points (their walks and launches; the kernel is in
+// cuda_elementwise.cuh), bias broadcast and reduction kernels, and whole-tensor sums.
+#include <initializer_list>
+#include <span>
+#include <string>
 #include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_channel.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernel_utils.cuh"
+#include "backend/cuda/cuda_elementwise.cuh"
 
 namespace tandem::backend {
 
@@ -17,91 +21,41 @@ using kern::to_float;
 using kern::thread_count;
 using kern::thread_index;
 
-template <Binary OP, typename T>
-__device__ __forceinline__ T apply_binary(T a, T b) {
-  if constexpr (OP == Binary::Add) return a + b;
-  if constexpr (OP == Binary::Sub) return a - b;
-  if constexpr (OP == Binary::Mul) return a * b;
-  if constexpr (OP == Binary::Div) return a / b;
-  // Floats: a NaN in either operand propagates; ties give the second operand (as on the CPU).
-  if constexpr (OP == Binary::Max) {
-    if constexpr (std::is_floating_point_v<T>)
-      return (a > b || a != a) ? a : b;
-    else
-      return a > b ? a : b;
+// Checks an elementwise call's dtypes (one for all, one the backend takes for the op: floats, and i32 /
+// i64 where ints) and builds its launch: the walk of out and the operands, over broadcast copies of
+// them when it has more dimensions than a walk holds.
+struct Prepared {
+  ewcuda::Launch launch;
+  Tensor copies[ew::kMaxArgs - 1];
+};
+
+void prepare(Prepared& p, const std::string& op, bool ints, Tensor& out, std::initializer_list<const Tensor*> operands,
+             cudaStream_t stream) {
+  for (const Tensor* t : operands)
+    TANDEM_CHECK(t->dtype() == out.dtype(), op, ": operands of dtypes ", dtype_name(t->dtype()), " and ",
+                 dtype_name(out.dtype()), " differ (", t->str(), " into ", out.str(), ")");
+  const DType dt = out.dtype();
+  const bool takes = dt == DType::f32 || dt == DType::f16 || dt == DType::bf16 ||
+                     (ints && (dt == DType::i32 || dt == DType::i64));
+  TANDEM_CHECK(takes, op, ": dtype ", dtype_name(dt), " is not supported on CUDA (use f32, f16 or bf16",
+               ints ? ", or i32 or i64)" : ")");
+  ewcuda::Launch& l = p.launch;
+  l.dtype = dt;
+  l.out = out.data_ptr();
+  l.stream = stream;
+  const int n = static_cast<int>(operands.size());
+  const Tensor* use[ew::kMaxArgs - 1];
+  int k = 0;
+  for (const Tensor* t : operands) use[k++] = t;
+  if (!ew::make_geometry(out, std::span<const Tensor* const>(use, n), l.g)) {
+    for (k = 0; k < n; ++k) {
+      p.copies[k] = ew::broadcast_copy(*use[k], out);
+      use[k] = &p.copies[k];
+    }
+    const bool ok = ew::make_geometry(out, std::span<const Tensor* const>(use, n), l.g);
+    TANDEM_ASSERT(ok, "elementwise over ", out.str());
   }
-  if constexpr (OP == Binary::Min) {
-    if constexpr (std::is_floating_point_v<T>)
-      return (a < b || a != a) ? a : b;
-    else
-      return a < b ? a : b;
-  }
-  // Comparisons: 1 or 0 (false wherever a NaN takes part).
-  if constexpr (OP == Binary::Gt) return static_cast<T>(a > b);
-  if constexpr (OP == Binary::Ge) return static_cast<T>(a >= b);
-  if constexpr (OP == Binary::Lt) return static_cast<T>(a < b);
-  if constexpr (OP == Binary::Le) return static_cast<T>(a <= b);
-  if constexpr (OP == Binary::Eq) return static_cast<T>(a == b);
-}
-
-// Floating operands in 16-byte packs (n a multiple of the pack width, pointers aligned).
-template <Binary OP, typename T, int V>
-__global__ void binary_pack_kernel(const T* a, const T* b, T* out, int64_t packs) {
-  for (int64_t p = thread_index(); p < packs; p += thread_count()) {
-    const chan::Pack<T, V> av = chan::load_pack<V>(a, p * V), bv = chan::load_pack<V>(b, p * V);
-    chan::Pack<T, V> ov;
-#pragma unroll
-    for (int u = 0; u < V; ++u) ov.v[u] = from_float<T>(apply_binary<OP>(to_float(av.v[u]), to_float(bv.v[u])));
-    chan::store_pack<V>(out, p * V, ov);
-  }
-}
-
-template <Binary OP, typename T>
-__global__ void binary_kernel(const T* a, const T* b, T* out, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count()) {
-    if constexpr (std::is_integral_v<T> || std::is_same_v<T, float>)
-      out[i] = apply_binary<OP>(a[i], b[i]);
-    else
-      out[i] = from_float<T>(apply_binary<OP>(to_float(a[i]), to_float(b[i])));
-  }
-}
-
-template <Unary OP>
-__device__ __forceinline__ float apply_unary(float x) {
-  if constexpr (OP == Unary::Neg) return -x;
-  if constexpr (OP == Unary::Relu) return x < 0.0f ? 0.0f : x;
-  if constexpr (OP == Unary::Sigmoid) return 1.0f / (1.0f + expf(-x));
-  if constexpr (OP == Unary::Tanh) return tanhf(x);
-  if constexpr (OP == Unary::Exp) return expf(x);
-  if constexpr (OP == Unary::Log) return logf(x);
-  if constexpr (OP == Unary::Abs) return fabsf(x);
-  if constexpr (OP == Unary::Sqrt) return sqrtf(x);
-}
-
-template <Unary OP, typename T>
-__global__ void unary_kernel(const T* a, T* out, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count()) out[i] = from_float<T>(apply_unary<OP>(to_float(a[i])));
-}
-
-template <Unary OP, typename T>
-__global__ void unary_backward_kernel(const T* g, const T* y, T* out, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count()) {
-    const float yi = to_float(y[i]), gi = to_float(g[i]);
-    if constexpr (OP == Unary::Relu) out[i] = from_float<T>(yi > 0.0f ? gi : 0.0f);
-    if constexpr (OP == Unary::Sigmoid) out[i] = from_float<T>(gi * yi * (1.0f - yi));
-    if constexpr (OP == Unary::Tanh) out[i] = from_float<T>(gi * (1.0f - yi * yi));
-  }
-}
-
-template <typename T>
-__global__ void affine_kernel(const T* a, float alpha, float beta, T* out, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count()) out[i] = from_float<T>(fmaf(alpha, to_float(a[i]), beta));
-}
-
-template <typename T>
-__global__ void axpy_kernel(float alpha, const T* x, T* y, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count())
-    y[i] = from_float<T>(fmaf(alpha, to_float(x[i]), to_float(y[i])));
+  for (k = 0; k < n; ++k) l.in[k] = use[k]->data_ptr();
 }
 
 using chan::load_pack;
@@ -241,142 +195,49 @@ void launch_sum(const T* x, int64_t n, Out* out, Allocator& alloc, cudaStream_t 
   TANDEM_CUDA_LAUNCH_CHECK("sum_finish_kernel");
 }
 
-template <typename T>
-void launch_binary(Binary op, const T* a, const T* b, T* out, int64_t n, cudaStream_t st) {
-  if constexpr (!std::is_integral_v<T>) {
-    constexpr int V = chan::pack_width<T>();
-    if (n % V == 0 && chan::aligned16({a, b, out})) {
-      const int64_t packs = n / V;
-      const unsigned g = blocks_for(packs);
-      switch (op) {
-        case Binary::Add: binary_pack_kernel<Binary::Add, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Sub: binary_pack_kernel<Binary::Sub, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Mul: binary_pack_kernel<Binary::Mul, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Div: binary_pack_kernel<Binary::Div, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Max: binary_pack_kernel<Binary::Max, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Min: binary_pack_kernel<Binary::Min, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Gt: binary_pack_kernel<Binary::Gt, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Ge: binary_pack_kernel<Binary::Ge, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Lt: binary_pack_kernel<Binary::Lt, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Le: binary_pack_kernel<Binary::Le, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-        case Binary::Eq: binary_pack_kernel<Binary::Eq, T, V><<<g, kBlock, 0, st>>>(a, b, out, packs); break;
-      }
-      TANDEM_CUDA_LAUNCH_CHECK("binary_pack_kernel");
-      return;
-    }
-  }
-  const unsigned g = blocks_for(n);
-  switch (op) {
-    case Binary::Add: binary_kernel<Binary::Add><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Sub: binary_kernel<Binary::Sub><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Mul: binary_kernel<Binary::Mul><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Div: binary_kernel<Binary::Div><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Max: binary_kernel<Binary::Max><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Min: binary_kernel<Binary::Min><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Gt: binary_kernel<Binary::Gt><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Ge: binary_kernel<Binary::Ge><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Lt: binary_kernel<Binary::Lt><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Le: binary_kernel<Binary::Le><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-    case Binary::Eq: binary_kernel<Binary::Eq><<<g, kBlock, 0, st>>>(a, b, out, n); break;
-  }
-  TANDEM_CUDA_LAUNCH_CHECK("binary_kernel");
-}
 }  // namespace
 
+// The copies a launch may read stay alive until the launch is queued; the caching allocator hands
+// their memory out again only to work queued after it on the same stream.
 void CudaBackend::binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out) {
-  TANDEM_CHECK(a.dtype() == b.dtype() && a.dtype() == out.dtype(), "binary: operands of dtypes ",
-               dtype_name(a.dtype()), ", ", dtype_name(b.dtype()), " and ", dtype_name(out.dtype()), " differ");
-  TANDEM_ASSERT(a.numel() == out.numel() && b.numel() == out.numel(), "binary ", a.str(), " ", b.str(), " ", out.str());
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  DeviceState& st = state_for(out);
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    launch_binary(op, static_cast<const T*>(a.data_ptr()), static_cast<const T*>(b.data_ptr()),
-                  static_cast<T*>(out.data_ptr()), n, st.stream);
-  };
-  switch (out.dtype()) {
-    case DType::i32: return run(int32_t{});
-    case DType::i64: return run(int64_t{});
-    default: return kern::dispatch_float(out.dtype(), "binary", run);
-  }
+  if (out.numel() == 0) return;
+  Prepared p;
+  prepare(p, std::string("binary ") + op_name(op), takes_integers(op), out, {&a, &b}, state_for(out).stream);
+  ewcuda::binary(op, p.launch);
 }
 
-void CudaBackend::unary(Unary op, const Tensor& a, Tensor& out) {
-  TANDEM_CHECK(a.dtype() == out.dtype(), "unary: input ", a.str(), " and output ", out.str(), " differ in dtype");
-  TANDEM_ASSERT(a.numel() == out.numel(), "unary ", a.str(), " ", out.str());
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  DeviceState& st = state_for(out);
-  const unsigned g = blocks_for(n);
-  kern::dispatch_float(a.dtype(), "unary", [&](auto tag) {
-    using T = decltype(tag);
-    const T* x = static_cast<const T*>(a.data_ptr());
-    T* y = static_cast<T*>(out.data_ptr());
-    switch (op) {
-      case Unary::Neg: unary_kernel<Unary::Neg><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Relu: unary_kernel<Unary::Relu><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Sigmoid: unary_kernel<Unary::Sigmoid><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Tanh: unary_kernel<Unary::Tanh><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Exp: unary_kernel<Unary::Exp><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Log: unary_kernel<Unary::Log><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Abs: unary_kernel<Unary::Abs><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-      case Unary::Sqrt: unary_kernel<Unary::Sqrt><<<g, kBlock, 0, st.stream>>>(x, y, n); break;
-    }
-  });
-  TANDEM_CUDA_LAUNCH_CHECK("unary_kernel");
+void CudaBackend::unary(Unary op, const Tensor& a, Tensor& out, const EwArgs& args) {
+  if (out.numel() == 0) return;
+  Prepared p;
+  prepare(p, std::string("unary ") + op_name(op), false, out, {&a}, state_for(out).stream);
+  ewcuda::unary(op, args, p.launch);
+}
+
+void CudaBackend::ternary(Ternary op, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) {
+  if (out.numel() == 0) return;
+  Prepared p;
+  prepare(p, std::string("ternary ") + op_name(op), op == Ternary::Where, out, {&a, &b, &c}, state_for(out).stream);
+  ewcuda::ternary(op, p.launch);
 }
 
 void CudaBackend::affine(const Tensor& a, double alpha, double beta, Tensor& out) {
-  TANDEM_CHECK(a.dtype() == out.dtype(), "affine: input ", a.str(), " and output ", out.str(), " differ in dtype");
-  TANDEM_ASSERT(a.numel() == out.numel(), "affine ", a.str(), " ", out.str());
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  DeviceState& st = state_for(out);
-  kern::dispatch_float(a.dtype(), "affine", [&](auto tag) {
-    using T = decltype(tag);
-    affine_kernel<<<blocks_for(n), kBlock, 0, st.stream>>>(static_cast<const T*>(a.data_ptr()),
-                                                            static_cast<float>(alpha), static_cast<float>(beta),
-                                                            static_cast<T*>(out.data_ptr()), n);
-  });
-  TANDEM_CUDA_LAUNCH_CHECK("affine_kernel");
+  unary(Unary::Affine, a, out, EwArgs{alpha, beta});
 }
 
 void CudaBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
-  TANDEM_CHECK(x.dtype() == y.dtype(), "axpy: ", x.str(), " and ", y.str(), " differ in dtype");
-  TANDEM_ASSERT(x.numel() == y.numel(), "axpy ", x.str(), " ", y.str());
-  const int64_t n = y.numel();
-  if (n == 0) return;
-  DeviceState& st = state_for(y);
-  kern::dispatch_float(y.dtype(), "axpy", [&](auto tag) {
-    using T = decltype(tag);
-    axpy_kernel<<<blocks_for(n), kBlock, 0, st.stream>>>(static_cast<float>(alpha), static_cast<const T*>(x.data_ptr()),
-                                                          static_cast<T*>(y.data_ptr()), n);
-  });
-  TANDEM_CUDA_LAUNCH_CHECK("axpy_kernel");
+  if (y.numel() == 0) return;
+  Prepared p;
+  prepare(p, "axpy", false, y, {&x, &y}, state_for(y).stream);
+  ewcuda::axpy(alpha, p.launch);
 }
 
-void CudaBackend::unary_backward(Unary op, const Tensor& grad, const Tensor& y, Tensor& out) {
-  TANDEM_CHECK(grad.dtype() == out.dtype() && y.dtype() == out.dtype(), "unary_backward: ", grad.str(), ", ",
-               y.str(), " and ", out.str(), " differ in dtype");
-  TANDEM_ASSERT(grad.numel() == out.numel() && y.numel() == out.numel(), "unary_backward shapes");
-  const int64_t n = out.numel();
-  if (n == 0) return;
-  DeviceState& st = state_for(out);
-  const unsigned g = blocks_for(n);
-  kern::dispatch_float(out.dtype(), "unary_backward", [&](auto tag) {
-    using T = decltype(tag);
-    const T *gp = static_cast<const T*>(grad.data_ptr()), *yp = static_cast<const T*>(y.data_ptr());
-    T* op_ = static_cast<T*>(out.data_ptr());
-    switch (op) {
-      case Unary::Relu: unary_backward_kernel<Unary::Relu><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
-      case Unary::Sigmoid: unary_backward_kernel<Unary::Sigmoid><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
-      case Unary::Tanh: unary_backward_kernel<Unary::Tanh><<<g, kBlock, 0, st.stream>>>(gp, yp, op_, n); break;
-      default:
-        TANDEM_CHECK(false, "unary_backward: only relu, sigmoid and tanh are differentiated from their output");
-    }
-  });
-  TANDEM_CUDA_LAUNCH_CHECK("unary_backward_kernel");
+void CudaBackend::unary_backward(Unary op, const Tensor& grad, const Tensor& saved, Tensor& out,
+                                 const EwArgs& args) {
+  TANDEM_CHECK(!grad_is_zero(op), "unary_backward: ", op_name(op), " has a zero derivative and no gradient kernel");
+  if (out.numel() == 0) return;
+  Prepared p;
+  prepare(p, std::string("unary_backward ") + backward_name(op), false, out, {&grad, &saved}, state_for(out).stream);
+  ewcuda::unary_grad(op, args, p.launch);
 }
 
 namespace {

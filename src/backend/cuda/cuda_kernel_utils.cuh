@@ -1,11 +1,13 @@
 #pragma once
-// Internal: launch geometry, grid-stride loops and reductions shared by the CUDA kernels.
+// Internal: launch geometry, grid-stride loops, reductions, 16-byte packs and fast division shared by the
+// CUDA kernels.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "tandem/dtype.h"
@@ -50,6 +52,54 @@ __device__ __forceinline__ T block_sum(T v, T* scratch) {
   __syncthreads();
   T r = lane < warps ? scratch[lane] : T(0);
   return warp_sum(r);
+}
+
+/// Division of unsigned 32-bit values below 2^31 by a fixed divisor through a multiply and a shift.
+struct FastDiv {
+  uint32_t divisor = 1, magic = 1, shift = 0;
+  FastDiv() = default;
+  explicit FastDiv(uint32_t d) : divisor(d) {
+    while (shift < 32 && (uint32_t(1) << shift) < d) ++shift;
+    magic = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+  }
+  __host__ __device__ __forceinline__ uint32_t div(uint32_t n) const {
+#ifdef __CUDA_ARCH__
+    const uint32_t t = __umulhi(n, magic);
+#else
+    const uint32_t t = static_cast<uint32_t>((uint64_t(n) * magic) >> 32);
+#endif
+    return (t + n) >> shift;
+  }
+  __host__ __device__ __forceinline__ uint32_t mod(uint32_t n) const { return n - div(n) * divisor; }
+};
+
+/// V elements moved by one 16-byte (or narrower) load or store.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <int V, typename T, typename I>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p, I i) {
+  return *reinterpret_cast<const Pack<T, V>*>(p + i);
+}
+
+template <int V, typename T, typename I>
+__device__ __forceinline__ void store_pack(T* p, I i, const Pack<T, V>& x) {
+  *reinterpret_cast<Pack<T, V>*>(p + i) = x;
+}
+
+/// How many elements of T one 16-byte access moves.
+template <typename T>
+constexpr int pack_width() {
+  return static_cast<int>(16 / sizeof(T));
+}
+
+/// True when every pointer (null ones aside) allows 16-byte accesses.
+inline bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
 }
 
 /// Floating element types a kernel may store: f32, f16, bf16. Arithmetic happens in float.
