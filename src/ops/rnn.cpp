@@ -169,7 +169,10 @@ RnnResult composed(const Tensor& x, const Tensor& w, const Tensor& hx, const Ten
       if (lstm) cy_parts.push_back(reshape(c_last, {1, N, H}));
     }
     in = s.dirs == 2 ? concat(dir_y, 2) : dir_y[0];
-    if (l + 1 < s.layers && o.training && o.dropout > 0.0) in = dropout(in, o.dropout, true, *gen);
+    // The masks are drawn in the input's layout, as the fused path draws them.
+    if (l + 1 < s.layers && o.training && o.dropout > 0.0)
+      in = o.batch_first ? permute(dropout(permute(in, {1, 0, 2}), o.dropout, true, *gen), {1, 0, 2})
+                         : dropout(in, o.dropout, true, *gen);
   }
   return {in, concat(hy_parts, 0), lstm ? concat(cy_parts, 0) : Tensor()};
 }
