@@ -191,11 +191,12 @@ int64_t rnn_weight_size(RnnMode mode, int64_t input_size, int64_t hidden_size, i
 ///
 /// hx and cx (LSTM only) are the initial states [L D, N, H] (undefined: zeros). Returns y [T, N, D H]
 /// ([N, T, D H] with batch_first), hy [L D, N, H] and, for an LSTM, cy. With opt.dropout in training,
-/// each layer's output but the last's goes through dropout(p, gen) (gen required then). On CUDA, f32 and
-/// f16 run through cuDNN's RNN kernels (exact f32 math under Precision::f32, TF32 allowed under tf32),
-/// bf16 and f64 as per-time-step ops; under a bf16 / f16 PrecisionScope f32 tensors are computed in
-/// 16-bit (outputs 16-bit, gradients in the inputs' types). The CPU composes the network of per-step
-/// products and activations (f32, f64).
+/// each layer's output but the last's goes through dropout(p, gen) (gen required then), masks drawn in
+/// x's layout. On CUDA, f32 and f16 run through cuDNN's RNN kernels (exact f32 math under
+/// Precision::f32, TF32 allowed under tf32), bf16 as per-time-step ops; under a bf16 / f16
+/// PrecisionScope f32 tensors are computed in 16-bit (outputs 16-bit, gradients in the inputs' types).
+/// The CPU composes the network of per-step products and activations (f32, f64). T = 0 passes the
+/// initial states through.
 RnnResult rnn(const Tensor& x, const Tensor& weight, const Tensor& hx, const Tensor& cx, const RnnOptions& opt,
               Generator* gen = nullptr);
 
