@@ -242,5 +242,61 @@ void add_into(Tensor& acc, const Tensor& x);
 // ---- attention
 
 // ---- embedding and recurrent networks
+/// The rows of weight [V, D] that indices (i32 or i64, any shape [...], values in [0, V)) pick:
+/// out [..., D]. The gradient of weight adds up the output gradient's rows of equal indices; on CUDA
+/// in f32 atomics (any order), or, under set_deterministic_algorithms(true), in the order of the indices
+/// (the same bits on every run, and the CPU's). An index outside [0, V) is an error: the CPU throws at
+/// once; CUDA checks on the device without waiting for it, writes zeros for that row and throws at the
+/// next synchronisation (Tensor::item, to_vector, a copy to the host). CPU: f32, f64; CUDA: f32, f16, bf16.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+
+/// The cell of a recurrent network: PyTorch's nn.RNN (nonlinearity tanh or relu), nn.LSTM, nn.GRU.
+enum class RnnMode { RnnTanh, RnnRelu, Lstm, Gru };
+
+/// A recurrent network's shape and behaviour (the input size is x's last extent).
+struct RnnOptions {
+  RnnMode mode = RnnMode::Lstm;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 1;
+  bool bidirectional = false;
+  bool batch_first = false;  // x and y are [N, T, F] instead of [T, N, F]
+  bool bias = true;
+  double dropout = 0.0;  // dropped from each layer's output but the last's, in training
+  bool training = true;
+  /// false: CUDA too composes the network of per-time-step ops (the CPU's way) instead of cuDNN.
+  bool allow_fused = true;
+};
+
+/// What rnn returns: the outputs of the last layer at every step and the final states of every layer.
+struct RnnResult {
+  Tensor y, hy, cy;  // cy: LSTM only
+};
+
+/// Gate blocks per hidden unit: 1 (RNN), 4 (LSTM), 3 (GRU).
+int64_t rnn_gate_count(RnnMode mode);
+/// Elements of the flat weight of such a network (see rnn).
+int64_t rnn_weight_size(RnnMode mode, int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bidirectional,
+                        bool bias = true);
+
+/// A multi-layer, optionally bidirectional RNN / LSTM / GRU over x [T, N, I] ([N, T, I] with batch_first),
+/// as PyTorch's nn.RNN, nn.LSTM and nn.GRU compute it.
+///
+/// weight is one flat tensor holding PyTorch's parameters in their order: for each layer l and each
+/// direction (forward, then reverse), weight_ih [G H, I_l], weight_hh [G H, H], bias_ih [G H], bias_hh
+/// [G H] (no biases without opt.bias), each row-major, with G = rnn_gate_count(mode), I_0 = I and
+/// I_l = D H above (D = 2 when bidirectional); the gate blocks are in PyTorch's order (LSTM: input,
+/// forget, cell, output; GRU: reset, update, new). The layout is the same on every device, so a model
+/// moves between them as it is.
+///
+/// hx and cx (LSTM only) are the initial states [L D, N, H] (undefined: zeros). Returns y [T, N, D H]
+/// ([N, T, D H] with batch_first), hy [L D, N, H] and, for an LSTM, cy. With opt.dropout in training,
+/// each layer's output but the last's goes through dropout(p, gen) (gen required then), masks drawn in
+/// x's layout. On CUDA, f32 and f16 run through cuDNN's RNN kernels (exact f32 math under
+/// Precision::f32, TF32 allowed under tf32), bf16 as per-time-step ops; under a bf16 / f16
+/// PrecisionScope f32 tensors are computed in 16-bit (outputs 16-bit, gradients in the inputs' types).
+/// The CPU composes the network of per-step products and activations (f32, f64). T = 0 passes the
+/// initial states through.
+RnnResult rnn(const Tensor& x, const Tensor& weight, const Tensor& hx, const Tensor& cx, const RnnOptions& opt,
+              Generator* gen = nullptr);
 
 }  // namespace tandem

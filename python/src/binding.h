@@ -57,5 +57,7 @@ void bind_elementwise(nb::module_& m);
 // reductions, shape and indexing ops, products
 // softmax, normalisation, losses, attention
 // embedding, recurrent networks, optimizers, schedules
+/// Embedding, recurrent networks, RMSProp and AdaGrad, parameter groups, learning-rate schedules (ops_rnn.cpp).
+void bind_rnn(nb::module_& m);
 
 }  // namespace tandem::py

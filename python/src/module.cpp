@@ -167,4 +167,5 @@ NB_MODULE(_tandem, m) {
   // reductions, shape and indexing ops, products
   // softmax, normalisation, losses, attention
   // embedding, recurrent networks, optimizers, schedules
+  tandem::py::bind_rnn(m);
 }

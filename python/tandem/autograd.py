@@ -1207,6 +1207,95 @@ def cast(x, to):
 # ---- softmax, normalisation, losses, attention
 
 # ---- embedding, recurrent networks
+def _indices(x):
+    """Indices as int32 / int64 (SINGA passes them as floating tensors holding integers)."""
+    if x.dtype in (_tandem.DType.int32, _tandem.DType.int64):
+        return x
+    return x.as_type(_tandem.DType.int32)
+
+
+class Embedding(Operator):
+    """SINGA's embedding: ``Embedding()(x, w)`` gives the rows of w [V, D] that the indices x name,
+    [..., D]; x holds int32 / int64 values, or integers in a floating tensor (SINGA's). Rows picked
+    more than once add their gradients. An index outside [0, V) raises (on a GPU at the next wait for
+    the device)."""
+
+    def _apply(self, x, w):
+        return _tandem.embedding(w, _indices(x))
+
+
+def embedding(x, w):
+    """The rows of w [V, D] that the indices x name: [..., D] (see :class:`Embedding`)."""
+    return Embedding()(x, w)[0]
+
+
+_RNN_MODES = {0: "relu", 1: "tanh", 2: "lstm", 3: "gru", "vanilla": "tanh", "tanh": "tanh", "relu": "relu",
+              "lstm": "lstm", "gru": "gru"}
+
+
+def _rnn_mode(mode):
+    if mode not in _RNN_MODES:
+        raise ValueError(f"unknown recurrent mode {mode!r}: 0 / 'relu', 1 / 'tanh' ('vanilla'), 2 / 'lstm' or 3 / 'gru'")
+    return _RNN_MODES[mode]
+
+
+class CudnnRNNHandle:
+    """SINGA's description of a recurrent network for :class:`_RNN`: ``CudnnRNNHandle(x, hidden_size,
+    mode=0, num_layers=1, dropout=0, bidirectional=0)`` with x time-major [T, N, I] (its I is the input
+    size) and SINGA's mode numbers (0 RNN relu, 1 RNN tanh, 2 LSTM, 3 GRU; names work too).
+    ``weights_size`` is the length of the flat weight (PyTorch's parameters in their order: per layer and
+    direction weight_ih, weight_hh, bias_ih, bias_hh). It runs on the CPU and on GPUs (cuDNN there)."""
+
+    def __init__(self, x, hidden_size, mode=0, num_layers=1, dropout=0.0, bidirectional=0, bias=True):
+        self.mode = _rnn_mode(mode)
+        self.input_size = int(x.shape[-1])
+        self.hidden_size = int(hidden_size)
+        self.num_layers = int(num_layers)
+        self.dropout = float(dropout)
+        self.bidirectional = bool(bidirectional)
+        self.bias = bool(bias)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"CudnnRNNHandle: dropout must be in [0, 1), got {dropout}")
+        self.weights_size = _tandem.rnn_weight_size(self.mode, self.input_size, self.hidden_size, self.num_layers,
+                                                    self.bidirectional, self.bias)
+        self.generator = _tandem.Generator(x.device.generator.next_below(2**62))  # dropout masks
+
+
+class _RNN(Operator):
+    """SINGA's recurrent operator: ``_RNN(handle, return_sequences=False)(x, hx, cx, w)`` over the
+    time-major x [T, N, I] with initial states hx, cx [L D, N, H] (cx is read for LSTMs only) and the
+    flat weight w; returns (y,) with y [T, N, D H] (return_sequences) or its last step [N, D H]. While
+    ``autograd.training`` is True, the outputs of all layers but the last go through dropout.
+    Sequences of different lengths (``use_mask``) are not supported: pad them to one length."""
+
+    def __init__(self, handle, return_sequences=False, use_mask=False, seq_lengths=None):
+        super().__init__()
+        if use_mask:
+            raise NotImplementedError("_RNN: sequences of different lengths (use_mask=True) are not supported; "
+                                      "pad the batch to one length")
+        self.handle = handle
+        self.return_sequences = bool(return_sequences)
+
+    def _apply(self, x, hx, cx, w):
+        h = self.handle
+        y, _, _ = _tandem.rnn(x, w, hx, cx if h.mode == "lstm" else None, h.mode, h.hidden_size, h.num_layers,
+                              h.bidirectional, False, h.bias, h.dropout, bool(training), h.generator)
+        if self.return_sequences:
+            return y
+        steps = y.shape[0]
+        return _tandem.reshape(_tandem.slice(y, 0, steps - 1, 1), [y.shape[1], y.shape[2]])
+
+
+def rnn(x, w, hx=None, cx=None, mode="lstm", hidden_size=None, num_layers=1, bidirectional=False, batch_first=False,
+        bias=True, dropout=0.0, generator=None):
+    """A multi-layer recurrent network as one operation (tandem's; SINGA has only :class:`_RNN`): x [T, N, I]
+    ([N, T, I] with batch_first), the flat weight w, initial states hx, cx [L D, N, H] (None: zeros);
+    returns (y, hy, cy), cy None unless mode is "lstm". Dropout between layers while ``training``."""
+    if hidden_size is None:
+        raise TypeError("rnn: hidden_size is required")
+    gen = generator if generator is not None else _tandem.Generator(0)
+    return _tandem.rnn(x, w, hx, cx, _rnn_mode(mode), int(hidden_size), int(num_layers), bool(bidirectional),
+                       bool(batch_first), bool(bias), float(dropout), bool(training), gen)
 
 
 # SINGA 3.0 kept its layers in autograd, and the distributed-training guide writes its CNN with

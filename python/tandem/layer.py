@@ -682,3 +682,226 @@ class PRelu(Layer):
 # ---- softmax, normalisation, losses, attention
 
 # ---- embedding, recurrent networks
+def _indices(x):
+    """Indices as int32 / int64 (SINGA passes them as floating tensors holding integers)."""
+    if x.dtype in (_tandem.DType.int32, _tandem.DType.int64):
+        return x
+    return x.as_type(_tandem.DType.int32)
+
+
+class Embedding(Layer):
+    """A table of ``input_dim`` rows of ``output_dim`` values looked up by integer indices, SINGA's
+    signature: ``Embedding(input_dim, output_dim, initializer="gaussian")`` (N(0, 1) values, or U(-1, 1)
+    with "uniform"). ``forward(x)`` takes indices of any shape (int32 / int64, or integers in a floating
+    tensor) and gives [..., output_dim]."""
+
+    def __init__(self, input_dim, output_dim, initializer="gaussian"):
+        super().__init__()
+        if initializer not in ("gaussian", "uniform"):
+            raise ValueError(f"Embedding: initializer must be 'gaussian' or 'uniform', got {initializer!r}")
+        self.input_dim = int(input_dim)
+        self.output_dim = int(output_dim)
+        self.initializer = initializer
+
+    def initialize(self, x):
+        self._build(x.device)
+
+    def _build(self, device):
+        self._set_cpp(_tandem.Embedding(self.input_dim, self.output_dim, device.generator,
+                                        self.initializer == "uniform"), device)
+        self._initialized = True
+
+    def forward(self, x):
+        return _tandem.embedding(self._cpp.weight, _indices(x))
+
+    def from_pretrained(self, W, freeze=True):
+        """Takes the table's values from W ([input_dim, output_dim], a tensor or an array); with freeze the
+        table is not trained."""
+        if self._cpp is None:
+            self._build(W.device if isinstance(W, _tandem.Tensor) else _tandem.device(None))
+        w = self._cpp.weight
+        if tuple(W.shape) != tuple(w.shape):
+            raise ValueError(f"Embedding.from_pretrained: W has shape {tuple(W.shape)}, the table is {tuple(w.shape)}")
+        if isinstance(W, _tandem.Tensor):
+            w.copy_(W)
+        else:
+            w.copy_from_numpy(W)
+        w.requires_grad = not freeze
+
+    @property
+    def W(self):
+        return self._cpp.weight if self._cpp is not None else None
+
+
+class RNN_Base(Layer):
+    """The recurrent layers' common part: SINGA's call convention (``forward(xs, h0)`` with xs a list of
+    per-step [N, I] tensors, giving a list of per-step outputs), on tandem's whole-sequence network (one
+    flat weight, cuDNN on GPUs). xs may also be one tensor [T, N, I] ([N, T, I] with batch_first); the
+    outputs are then one tensor too. A state [N, H] (a one-layer, one-direction network, SINGA's shape)
+    is returned as [N, H]; states of deeper or bidirectional networks are [layers * directions, N, H].
+    ``input_size`` None takes the size from the first call. Parameters follow PyTorch's names and
+    initialisation (weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0, ..., U(-1/sqrt(H), 1/sqrt(H)))."""
+
+    _mode = None
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0,
+                 bidirectional=False):
+        super().__init__()
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
+        self.input_size = None if input_size is None else int(input_size)
+        self.hidden_size = int(hidden_size)
+        self.num_layers = int(num_layers)
+        self.bias = bool(bias)
+        self.batch_first = bool(batch_first)
+        self.dropout = float(dropout)
+        self.bidirectional = bool(bidirectional)
+
+    def initialize(self, xs, *states):
+        x = xs[0] if isinstance(xs, (list, tuple)) else xs
+        size = int(x.shape[-1])
+        if self.input_size is not None and self.input_size != size:
+            raise ValueError(f"{type(self).__name__} was built for {self.input_size} input features but got {x}")
+        self.input_size = size
+        self._set_cpp(_tandem.RecurrentNet(self._mode, size, self.hidden_size, x.device.generator, self.num_layers,
+                                           self.bias, self.batch_first, self.dropout, self.bidirectional), x.device)
+
+    def _run(self, xs, h0, c0=None):
+        steps = isinstance(xs, (list, tuple))
+        if steps:
+            if not xs:
+                raise ValueError(f"{type(self).__name__}: no inputs")
+            axis = 1 if self.batch_first else 0
+            shape = [1, xs[0].shape[0], xs[0].shape[-1]] if axis == 0 else [xs[0].shape[0], 1, xs[0].shape[-1]]
+            x = _tandem.cat([_tandem.reshape(t, shape) for t in xs], axis)
+        else:
+            x = xs
+        flat_state = h0 is not None and h0.ndim == 2
+        if flat_state:
+            h0 = _tandem.reshape(h0, [1] + list(h0.shape))
+            c0 = None if c0 is None else _tandem.reshape(c0, [1] + list(c0.shape))
+        y, hy, cy = self._cpp.forward_states(x, h0, c0)
+        if flat_state or (h0 is None and self.num_layers == 1 and not self.bidirectional and steps):
+            hy = _tandem.reshape(hy, list(hy.shape[1:]))
+            cy = None if cy is None else _tandem.reshape(cy, list(cy.shape[1:]))
+        if steps:
+            axis = 1 if self.batch_first else 0
+            n, f = y.shape[1 - axis], y.shape[2]
+            y = [_tandem.reshape(_tandem.slice(y, axis, t, 1), [n, f]) for t in range(y.shape[axis])]
+        return y, hy, cy
+
+
+class RNN(RNN_Base):
+    """Elman RNN, SINGA's signature: ``RNN(input_size, hidden_size, num_layers=1, nonlinearity="tanh",
+    bias=True, batch_first=False, dropout=0, bidirectional=False)``; ``forward(xs, h0)`` returns
+    ``(outputs, h)``."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
+                 dropout=0, bidirectional=False):
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"RNN: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional)
+        self.nonlinearity = nonlinearity
+        self._mode = nonlinearity
+
+    def forward(self, xs, h0=None):
+        y, h, _ = self._run(xs, h0)
+        return y, h
+
+
+class LSTM(RNN_Base):
+    """LSTM, SINGA's signature: ``LSTM(input_size, hidden_size, nonlinearity="tanh", num_layers=1,
+    bias=True, batch_first=False, dropout=0, bidirectional=False)``; ``forward(xs, (h0, c0))`` returns
+    ``(outputs, h, c)``."""
+
+    _mode = "lstm"
+
+    def __init__(self, input_size, hidden_size, nonlinearity="tanh", num_layers=1, bias=True, batch_first=False,
+                 dropout=0, bidirectional=False):
+        if nonlinearity != "tanh":
+            raise ValueError(f"LSTM: nonlinearity must be 'tanh', got {nonlinearity!r}")
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional)
+        self.nonlinearity = nonlinearity
+
+    def forward(self, xs, h0_c0=None):
+        h0, c0 = (None, None) if h0_c0 is None else h0_c0
+        return self._run(xs, h0, c0)
+
+
+class GRU(RNN_Base):
+    """GRU (tandem's, in the style of SINGA's RNN): ``GRU(input_size, hidden_size, num_layers=1, bias=True,
+    batch_first=False, dropout=0, bidirectional=False)``; ``forward(xs, h0)`` returns ``(outputs, h)``."""
+
+    _mode = "gru"
+
+    def forward(self, xs, h0=None):
+        y, h, _ = self._run(xs, h0)
+        return y, h
+
+
+_CUDNN_RNN_MODES = {"vanilla": "tanh", "tanh": "tanh", "relu": "relu", "lstm": "lstm", "gru": "gru"}
+
+
+class CudnnRNN(Layer):
+    """SINGA's whole-sequence recurrent layer: ``CudnnRNN(hidden_size, activation="tanh", num_layers=1,
+    bias=True, batch_first=True, dropout=0, bidirectional=False, rnn_mode="lstm", use_mask=False,
+    return_sequences=True)`` with rnn_mode "vanilla" / "tanh", "relu", "lstm" or "gru". ``forward(x, hx=None,
+    cx=None)`` takes x [N, T, I] (batch_first) or [T, N, I] and returns y with D H features per step, or
+    its last step [N, D H] without return_sequences. The input size comes from the first call; the flat
+    weight ``W`` (PyTorch's parameters in order: per layer and direction weight_ih, weight_hh, bias_ih,
+    bias_hh) is drawn from U(-1/sqrt(H), 1/sqrt(H)). It runs on CPUs too; on GPUs through cuDNN.
+    Sequences of different lengths (use_mask) are not supported: pad them to one length."""
+
+    def __init__(self, hidden_size, activation="tanh", num_layers=1, bias=True, batch_first=True, dropout=0,
+                 bidirectional=False, rnn_mode="lstm", use_mask=False, return_sequences=True):
+        super().__init__()
+        if rnn_mode not in _CUDNN_RNN_MODES:
+            raise ValueError(f"CudnnRNN: rnn_mode must be one of {', '.join(_CUDNN_RNN_MODES)}, got {rnn_mode!r}")
+        if num_layers < 1:
+            raise ValueError(f"CudnnRNN: num_layers must be positive, got {num_layers}")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"CudnnRNN: dropout must be in [0, 1), got {dropout}")
+        if use_mask:
+            raise NotImplementedError("CudnnRNN: sequences of different lengths (use_mask=True) are not supported; "
+                                      "pad the batch to one length")
+        self.hidden_size = int(hidden_size)
+        self.activation = activation
+        self.num_layers = int(num_layers)
+        self.bias = bool(bias)
+        self.batch_first = bool(batch_first)
+        self.dropout = float(dropout)
+        self.bidirectional = 1 if bidirectional else 0
+        self.rnn_mode = rnn_mode
+        self.use_mask = False
+        self.return_sequences = bool(return_sequences)
+        self.input_size = None
+
+    def initialize(self, x, hx=None, cx=None, seq_lengths=None):
+        if x.ndim != 3:
+            raise ValueError(f"CudnnRNN expects [N, T, I] (batch_first) or [T, N, I] input, got {x}")
+        self.input_size = int(x.shape[2])
+        mode = _CUDNN_RNN_MODES[self.rnn_mode]
+        size = _tandem.rnn_weight_size(mode, self.input_size, self.hidden_size, self.num_layers,
+                                       bool(self.bidirectional), self.bias)
+        w = _tandem.Tensor([size], x.device, _tandem.DType.float32)
+        k = (1.0 / self.hidden_size) ** 0.5
+        w.uniform(-k, k)
+        self.register_param("W", w)
+        self._generator = _tandem.Generator(x.device.generator.next_below(2**62))  # dropout masks
+
+    def forward(self, x, hx=None, cx=None, seq_lengths=None):
+        if seq_lengths is not None:
+            raise NotImplementedError("CudnnRNN: seq_lengths (sequences of different lengths) are not supported")
+        mode = _CUDNN_RNN_MODES[self.rnn_mode]
+        y, _, _ = _tandem.rnn(x, self.W, hx, cx if mode == "lstm" else None, mode, self.hidden_size, self.num_layers,
+                              bool(self.bidirectional), self.batch_first, self.bias, self.dropout, self.training,
+                              self._generator)
+        if self.return_sequences:
+            return y
+        axis = 1 if self.batch_first else 0
+        last = _tandem.slice(y, axis, y.shape[axis] - 1, 1)
+        return _tandem.reshape(last, [y.shape[1 - axis], y.shape[2]])
+
+    @property
+    def W(self):
+        return self._params.get("W")

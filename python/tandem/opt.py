@@ -76,6 +76,34 @@ class ExponentialDecay(DecayScheduler):
         return float(self.init_value) * float(self.decay_rate) ** s
 
 
+class WarmupCosineDecay(DecayScheduler):
+    """Linear warm-up, then cosine decay (as GPT training runs; tandem's, SINGA has none): step k <
+    warmup_steps has ``init_value * (k + 1) / warmup_steps``; from warmup_steps to total_steps the value
+    falls along half a cosine from init_value to min_value, and stays at min_value after. The same
+    schedule as C++ optim::WarmupCosine."""
+
+    def __init__(self, init_value, warmup_steps, total_steps, min_value=0.0):
+        super().__init__(init_value)
+        if not 0 <= warmup_steps < total_steps:
+            raise ValueError(f"WarmupCosineDecay: needs 0 <= warmup_steps < total_steps, got {warmup_steps} and "
+                             f"{total_steps}")
+        if not 0.0 <= min_value <= init_value:
+            raise ValueError(f"WarmupCosineDecay: needs 0 <= min_value <= init_value, got {min_value} and {init_value}")
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = int(total_steps)
+        self.min_value = float(min_value)
+
+    def call(self, step):
+        k = _number(step)
+        peak = float(self.init_value)
+        if k < self.warmup_steps:
+            return peak * (math.floor(k) + 1) / self.warmup_steps
+        if k >= self.total_steps:
+            return self.min_value
+        progress = (k - self.warmup_steps) / (self.total_steps - self.warmup_steps)
+        return self.min_value + (peak - self.min_value) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def _schedule(value, what, fixed=False):
     """A number or DecayScheduler as a DecayScheduler; ``fixed`` ones must be constant."""
     if isinstance(value, DecayScheduler):
@@ -112,6 +140,7 @@ class Optimizer:
         self._impl = None
         self._singles = {}  # apply() of parameters the C++ optimizer does not hold: name -> (param, impl)
         self._leaves_checked = False
+        self._groups = None  # set_param_groups' groups, applied when the C++ optimizer exists
 
     @property
     def precision(self):
@@ -157,6 +186,66 @@ class Optimizer:
         self._module = module
         self._impl = self._create(module.parameters())
         self._impl.lr = self._lr
+        if self._groups is not None:
+            self._apply_groups()
+
+    # ---- parameter groups
+    def set_param_groups(self, groups):
+        """Gives groups of parameters their own settings (tandem's; PyTorch's param_groups in spirit):
+        ``groups`` is a list of dicts with "params" (parameter names, as ``model.get_params()`` lists
+        them, or the tensors themselves) and any of "weight_decay", "lr" (the group's rate at the start;
+        it follows the learning-rate schedule in proportion) or "lr_scale" (a factor of the optimizer's
+        rate). Parameters in no group keep the optimizer's settings. :func:`decay_groups` makes the
+        usual split. Takes effect now, or when the optimizer learns its parameters."""
+        checked = []
+        for i, g in enumerate(groups):
+            if not isinstance(g, dict) or "params" not in g:
+                raise TypeError(f"set_param_groups: group {i} must be a dict with 'params'")
+            unknown = sorted(set(g) - {"params", "weight_decay", "lr", "lr_scale"})
+            if unknown:
+                raise ValueError(f"set_param_groups: group {i} has unknown keys {unknown} (params, weight_decay, lr, "
+                                 "lr_scale)")
+            if "lr" in g and "lr_scale" in g:
+                raise ValueError(f"set_param_groups: group {i} gives both lr and lr_scale")
+            checked.append(dict(g))
+        self._groups = checked
+        if self._impl is not None:
+            self._apply_groups()
+
+    def _apply_groups(self):
+        by_name = dict(self._module.named_parameters())
+        base = self._schedule.value_at(0)
+        tuples = []
+        for i, g in enumerate(self._groups):
+            params = []
+            for p in g["params"]:
+                if isinstance(p, str):
+                    if p not in by_name:
+                        raise KeyError(f"set_param_groups: group {i} names '{p}', which is not a parameter (there are: "
+                                       f"{', '.join(by_name) or 'none'})")
+                    params.append(by_name[p])
+                else:
+                    params.append(p)
+            if "lr" in g:
+                if base <= 0:
+                    raise ValueError("set_param_groups: a group's lr needs the optimizer's own rate to be positive "
+                                     "(give lr_scale instead)")
+                scale = float(g["lr"]) / base
+            else:
+                scale = float(g.get("lr_scale", 1.0))
+            decay = g.get("weight_decay")
+            tuples.append((params, scale, None if decay is None else float(decay)))
+        _tandem.set_param_groups(self._impl, tuples)
+
+    @property
+    def param_groups(self):
+        """The groups in effect: a list of dicts with "params" (names), "lr_scale" and "weight_decay" (None:
+        the optimizer's own); empty until the optimizer knows its parameters."""
+        if self._impl is None:
+            return []
+        names = {(t.data_ptr, tuple(t.shape)): n for n, t in self._module.named_parameters()}
+        return [{"params": [names.get((t.data_ptr, tuple(t.shape)), "?") for t in params], "lr_scale": scale,
+                 "weight_decay": decay} for params, scale, decay in _tandem.param_groups(self._impl)]
 
     def _create(self, params):
         raise NotImplementedError
@@ -293,6 +382,77 @@ class Adam(Optimizer):
                             self.decoupled)
 
 
+class RMSProp(Optimizer):
+    """RMSProp, SINGA's signature and rule: ``RMSProp(lr=0.1, rho=0.9, epsilon=1e-8, weight_decay=0)``:
+    g += weight_decay * p; v = rho v + (1 - rho) g^2 (v from zeros); p -= lr g / sqrt(v + epsilon). The
+    update is one fused kernel over all parameters; v travels with checkpoints ("square_avg")."""
+
+    def __init__(self, lr=0.1, rho=0.9, epsilon=1e-8, weight_decay=0, dtype=float32):
+        super().__init__(lr, dtype)
+        self.rho = float(_schedule(rho, "rho", fixed=True).init_value)
+        self.epsilon = float(_schedule(epsilon, "epsilon", fixed=True).init_value)
+        self.weight_decay = float(_schedule(weight_decay, "weight_decay", fixed=True).init_value)
+        if self.weight_decay < 0:
+            raise ValueError(f"Invalid weight_decay value: {self.weight_decay}")
+        if not 0.0 <= self.rho < 1.0:
+            raise ValueError(f"Invalid rho value: {self.rho} (it must lie in [0, 1))")
+        if self.epsilon <= 0:
+            raise ValueError(f"Invalid epsilon value: {self.epsilon}")
+
+    def _create(self, params):
+        return _tandem.RMSProp(params, self._lr, self.rho, self.epsilon, self.weight_decay, True)
+
+
+class AdaGrad(Optimizer):
+    """AdaGrad, SINGA's signature and rule: ``AdaGrad(lr=0.1, epsilon=1e-8, weight_decay=0)``:
+    g += weight_decay * p; h += g^2 (h from zeros); p -= lr g / sqrt(h + epsilon). The update is one
+    fused kernel over all parameters; h travels with checkpoints ("sum")."""
+
+    def __init__(self, lr=0.1, epsilon=1e-8, weight_decay=0, dtype=float32):
+        super().__init__(lr, dtype)
+        self.epsilon = float(_schedule(epsilon, "epsilon", fixed=True).init_value)
+        self.weight_decay = float(_schedule(weight_decay, "weight_decay", fixed=True).init_value)
+        if self.weight_decay < 0:
+            raise ValueError(f"Invalid weight_decay value: {self.weight_decay}")
+        if self.epsilon <= 0:
+            raise ValueError(f"Invalid epsilon value: {self.epsilon}")
+
+    def _create(self, params):
+        return _tandem.AdaGrad(params, self._lr, 0.0, self.weight_decay, 0.0, self.epsilon, True)
+
+
+def decay_groups(model, weight_decay):
+    """The usual weight-decay split of a model's parameters, for ``set_param_groups``: matrices, filters
+    and recurrent weights decay with ``weight_decay``; biases, normalisation scales and shifts (every
+    parameter of fewer than two dimensions but a CudnnRNN's flat weight) and embedding tables do not,
+    as GPT training does. Returns two groups of parameter names."""
+    from .layer import CudnnRNN, Embedding
+
+    if weight_decay < 0:
+        raise ValueError(f"decay_groups: weight_decay must not be negative, got {weight_decay}")
+    module = model._module()
+    names = {(t.data_ptr, tuple(t.shape)): n for n, t in module.named_parameters()}
+    key = lambda t: (t.data_ptr, tuple(t.shape))  # noqa: E731
+    decayed, kept = _tandem.decay_groups(module, float(weight_decay))
+    decay = [key(t) for t in decayed[0]]
+    keep = [key(t) for t in kept[0]]
+    tables, flat = set(), set()
+
+    def walk(layer):
+        if isinstance(layer, Embedding) and layer.W is not None:
+            tables.add(key(layer.W))
+        if isinstance(layer, CudnnRNN) and layer.W is not None:
+            flat.add(key(layer.W))
+        for sub in layer._layers.values():
+            walk(sub)
+
+    walk(model)
+    decay = [k for k in decay if k not in tables] + [k for k in keep if k in flat]
+    keep = [k for k in keep if k not in flat] + [k for k in tables if k not in keep]
+    return [{"params": [names[k] for k in decay], "weight_decay": float(weight_decay)},
+            {"params": [names[k] for k in keep], "weight_decay": 0.0}]
+
+
 class DistOpt(Optimizer):
     """The distributed optimizer (SINGA's signature): wraps ``opt`` and averages gradients across the
     job's ranks.
@@ -316,7 +476,7 @@ class DistOpt(Optimizer):
                  timeout=300.0):
         opt = opt if opt is not None else SGD()
         if not isinstance(opt, Optimizer) or isinstance(opt, DistOpt):
-            raise TypeError("DistOpt wraps an SGD or Adam optimizer")
+            raise TypeError("DistOpt wraps an optimizer (SGD, Adam, RMSProp, AdaGrad)")
         super().__init__(opt.lr, opt.dtype)
         self.opt = opt
         local_rank = _either(local_rank, gpu_num, "local_rank", "gpu_num")
@@ -376,6 +536,14 @@ class DistOpt(Optimizer):
     @property
     def step_counter(self):
         return self.opt.step_counter
+
+    def set_param_groups(self, groups):
+        """The wrapped optimizer's parameter groups (see Optimizer.set_param_groups)."""
+        self.opt.set_param_groups(groups)
+
+    @property
+    def param_groups(self):
+        return self.opt.param_groups
 
     # ---- communication (SINGA's helpers: sums over the ranks). Each is finished when its call returns:
     # the guide's synchronize() divides the tensor right after all_reduce, without wait(), and SINGA's
@@ -614,4 +782,5 @@ def _scatter(buf, tensors):
         offset += n
 
 
-__all__ = ["Optimizer", "SGD", "Adam", "DistOpt", "DecayScheduler", "Constant", "ExponentialDecay"]
+__all__ = ["Optimizer", "SGD", "Adam", "RMSProp", "AdaGrad", "DistOpt", "DecayScheduler", "Constant",
+           "ExponentialDecay", "WarmupCosineDecay", "decay_groups"]

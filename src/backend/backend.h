@@ -16,6 +16,10 @@
 #include "core/allocator.h"
 #include "tandem/tensor.h"
 
+namespace tandem {
+enum class RnnMode;  // tandem/ops.h
+}  // namespace tandem
+
 namespace tandem::backend {
 
 /// Geometry of a 2-D convolution: x [n, c, h, w], w [k, c / groups, r, s], y [n, k, oh, ow]; output
@@ -66,6 +70,37 @@ struct AdamArgs {
   double lr, beta1, beta2, eps, weight_decay;
   int64_t step;  // 1-based, for bias correction
   bool decoupled;  // AdamW-style weight decay
+};
+
+/// RMSProp: g += weight_decay * p; v = alpha * v + (1 - alpha) * g^2 (v in buf0);
+/// p -= lr * g / (sqrt(v) + eps), or / sqrt(v + eps) with eps_inside_sqrt (SINGA's form).
+struct RmsPropArgs {
+  double lr, alpha, eps, weight_decay;
+  bool eps_inside_sqrt;
+  /// As SgdArgs::guard: the step changes nothing when this value on the device is not finite.
+  const float* guard = nullptr;
+};
+
+/// AdaGrad: g += weight_decay * p; s += g^2 (s in buf0); p -= lr * g / (sqrt(s) + eps), or / sqrt(s + eps)
+/// with eps_inside_sqrt (SINGA's form). lr is the step's own (any decay applied by the caller).
+struct AdagradArgs {
+  double lr, eps, weight_decay;
+  bool eps_inside_sqrt;
+  /// As SgdArgs::guard.
+  const float* guard = nullptr;
+};
+
+/// One recurrent network as the fused kernels see it (see tandem::rnn for the weight layout):
+/// x [seq, batch, input] ([batch, seq, input] with batch_first), y likewise with directions * hidden
+/// features, states [layers * directions, batch, hidden]. math: 0 exact f32 products, 1 TF32 allowed,
+/// 2 16-bit data on tensor cores.
+struct RnnGeom {
+  RnnMode mode{};
+  int64_t input = 0, hidden = 0, layers = 1, seq = 0, batch = 0;
+  bool bidirectional = false, bias = true, batch_first = false;
+  DType dtype = DType::f32;
+  int math = 0;
+  int64_t directions() const { return bidirectional ? 2 : 1; }
 };
 
 /// Device work recorded once (a CUDA graph) and replayed as a whole.
@@ -271,10 +306,34 @@ class Backend {
   // ---- softmax along an axis, layer / RMS normalisation, losses over N-D logits, attention
 
   // ---- embedding and recurrent networks
+  /// out [n, d] = rows indices[i] of weight [v, d]; indices i32 or i64 [n]. An index outside [0, v) is an
+  /// Input error: the CPU throws it; CUDA writes a row of zeros and records the error in the device's
+  /// error record (synchronize and copy_to_host throw it). CUDA: f32, f16, bf16.
+  virtual void embedding_forward(const Tensor& weight, const Tensor& indices, Tensor& out) = 0;
+  /// dweight [v, d] (overwritten) = for each row r, the sum of the rows dy[i] (dy [n, d]) with
+  /// indices[i] == r; indices outside [0, v) add nothing. With deterministic, every sum is taken in
+  /// the order of i (the same bits on every run); otherwise in any order (CUDA: f32 atomics).
+  /// dy and dweight share the weight's dtype; 16-bit sums are f32.
+  virtual void embedding_backward(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) = 0;
+  /// Whether rnn_forward and rnn_backward compute this network here (the fused kernels: cuDNN's);
+  /// when not, tandem::rnn composes it of other ops.
+  virtual bool rnn_supported(const RnnGeom& g) { return false; }
+  /// y, hy and (LSTM) cy from x, the flat weight w and the initial states hx, cx (undefined: zeros); all
+  /// contiguous in g.dtype. With training, reserve is made here (u8, on the device) and holds what
+  /// rnn_backward needs.
+  virtual void rnn_forward(const RnnGeom& g, const Tensor& x, const Tensor& w, const Tensor& hx, const Tensor& cx,
+                           bool training, Tensor& y, Tensor& hy, Tensor& cy, Tensor& reserve);
+  /// Gradients of a training rnn_forward: dx and, when defined, dw (overwritten), dhx and dcx, from dy and
+  /// dhy, dcy (undefined: zeros). y and reserve are that forward's (reserve is used up).
+  virtual void rnn_backward(const RnnGeom& g, const Tensor& x, const Tensor& w, const Tensor& hx, const Tensor& cx,
+                            const Tensor& y, const Tensor& reserve, const Tensor& dy, const Tensor& dhy,
+                            const Tensor& dcy, Tensor& dx, Tensor& dw, Tensor& dhx, Tensor& dcx);
 
   // ---- optimizers, over many tensors in one call (f32 params)
   virtual void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) = 0;
   virtual void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) = 0;
+  virtual void rmsprop_step(ParamSlot* slots, int64_t count, const RmsPropArgs& a) = 0;
+  virtual void adagrad_step(ParamSlot* slots, int64_t count, const AdagradArgs& a) = 0;
 };
 
 /// The backend for a device; throws tandem::Error when tandem was built without it.

@@ -308,6 +308,34 @@ class ProfilingBackend final : public Backend {
     Timed timed(inner_, recordings_, device_, "adam_step", Phase::Update);
     inner_.adam_step(slots, count, a);
   }
+  void rmsprop_step(ParamSlot* slots, int64_t count, const RmsPropArgs& a) override {
+    Timed timed(inner_, recordings_, device_, "rmsprop_step", Phase::Update);
+    inner_.rmsprop_step(slots, count, a);
+  }
+  void adagrad_step(ParamSlot* slots, int64_t count, const AdagradArgs& a) override {
+    Timed timed(inner_, recordings_, device_, "adagrad_step", Phase::Update);
+    inner_.adagrad_step(slots, count, a);
+  }
+  void embedding_forward(const Tensor& weight, const Tensor& indices, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "embedding_forward", profiler::detail::thread_phase());
+    inner_.embedding_forward(weight, indices, out);
+  }
+  void embedding_backward(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) override {
+    Timed timed(inner_, recordings_, device_, "embedding_backward", profiler::detail::thread_phase());
+    inner_.embedding_backward(dy, indices, deterministic, dweight);
+  }
+  bool rnn_supported(const RnnGeom& g) override { return inner_.rnn_supported(g); }
+  void rnn_forward(const RnnGeom& g, const Tensor& x, const Tensor& w, const Tensor& hx, const Tensor& cx,
+                   bool training, Tensor& y, Tensor& hy, Tensor& cy, Tensor& reserve) override {
+    Timed timed(inner_, recordings_, device_, "rnn_forward", profiler::detail::thread_phase());
+    inner_.rnn_forward(g, x, w, hx, cx, training, y, hy, cy, reserve);
+  }
+  void rnn_backward(const RnnGeom& g, const Tensor& x, const Tensor& w, const Tensor& hx, const Tensor& cx,
+                    const Tensor& y, const Tensor& reserve, const Tensor& dy, const Tensor& dhy, const Tensor& dcy,
+                    Tensor& dx, Tensor& dw, Tensor& dhx, Tensor& dcx) override {
+    Timed timed(inner_, recordings_, device_, "rnn_backward", profiler::detail::thread_phase());
+    inner_.rnn_backward(g, x, w, hx, cx, y, reserve, dy, dhy, dcy, dx, dw, dhx, dcx);
+  }
 
  private:
   Backend& inner_;

@@ -1,12 +1,14 @@
 // Checkpoint file, version 2: "TANDEMCK", the version (u32), the length of a JSON header (u64), the
-// header's CRC-32 (u32), the header (meta data and a table of tensors: name, dtype, shape, offset,
-// bytes, CRC-32), then the tensors' bytes back to back. Version 1 files (no checksums) still load.
+// header's CRC-32 (u32), the header (meta data; the optimizer's step count, learning rate and parameter
+// groups; a table of tensors: name, dtype, shape, offset, bytes, CRC-32), then the tensors' bytes back
+// to back. Version 1 files (no checksums) still load.
 // The checksum is zlib's CRC-32: Debian has no CRC-32C library, zlib is already a dependency, and
 // for detecting damage on disk the polynomial makes no difference.
 #include "tandem/checkpoint.h"
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -66,6 +68,24 @@ std::vector<std::pair<std::string, Tensor>> collect(const nn::Module& model, opt
   return out;
 }
 
+// The optimizer's parameter groups: each one's settings and its parameters by name.
+Json groups_json(const nn::Module& model, optim::Optimizer& opt) {
+  auto names = param_names(model);
+  Json out = Json::array();
+  for (size_t g = 0; g < opt.groups().size(); ++g) {
+    const auto& s = opt.groups()[g];
+    Json members = Json::array();
+    for (size_t i = 0; i < opt.params().size(); ++i) {
+      auto it = names.find(opt.params()[i].impl());
+      if (opt.group_of()[i] == static_cast<int>(g) && it != names.end()) members.push_back(it->second);
+    }
+    out.push_back({{"lr_scale", s.lr_scale},
+                   {"weight_decay", s.weight_decay ? Json(*s.weight_decay) : Json(nullptr)},
+                   {"params", members}});
+  }
+  return out;
+}
+
 struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
 };
@@ -119,6 +139,8 @@ void save_checkpoint(const std::string& path, const nn::Module& model, optim::Op
   Json header{{"meta", parse_meta(meta_json, "save_checkpoint")}};
   if (opt) {
     header["optimizer_steps"] = opt->steps();
+    header["lr"] = opt->lr();
+    header["param_groups"] = groups_json(model, *opt);
     if (auto* counts = opt->step_counts()) {
       auto names = param_names(model);
       Json per = Json::object();
@@ -244,6 +266,19 @@ class CheckpointFile {
       for (auto& [k, v] : per.items())
         if (!v.is_number_integer()) damaged("\"parameter_steps\" of ", k, " is not an integer");
     }
+    if (header_.contains("param_groups")) {
+      const Json& groups = header_["param_groups"];
+      if (!groups.is_array()) damaged("its \"param_groups\" is not a list");
+      for (size_t g = 0; g < groups.size(); ++g) {
+        const Json& e = groups[g];
+        if (!e.is_object() || !e.contains("lr_scale") || !e["lr_scale"].is_number() || !e.contains("params") ||
+            !e["params"].is_array() || (e.contains("weight_decay") && !e["weight_decay"].is_number() &&
+                                        !e["weight_decay"].is_null()))
+          damaged("parameter group ", g, " is not an object of lr_scale, weight_decay and params");
+        for (const Json& n : e["params"])
+          if (!n.is_string()) damaged("parameter group ", g, " names a parameter with something other than a string");
+      }
+    }
     const Json* table = header_.contains("tensors") ? &header_["tensors"] : nullptr;
     if (!table || !table->is_array()) damaged("its header has no \"tensors\" list");
     for (size_t i = 0; i < table->size(); ++i) entries_.push_back(check_entry((*table)[i], i, checksums));
@@ -365,6 +400,36 @@ std::string load_checkpoint(const std::string& path, nn::Module& model, optim::O
         if (file.find(key)) states.push_back({list.tensors, i, read(key, params[i])});
       }
   }
+  // The parameter groups, checked against this model and optimizer before anything changes.
+  std::vector<optim::ParamGroup> groups;
+  const bool regroup = opt && file.header().contains("param_groups");
+  if (regroup) {
+    std::map<std::string, Tensor> by_name;
+    for (auto& [name, t] : model.named_parameters()) by_name.emplace(name, t);
+    std::set<const TensorImpl*> mine, grouped;
+    for (const Tensor& p : opt->params()) mine.insert(p.impl());
+    for (const Json& e : file.header()["param_groups"]) {
+      optim::ParamGroup g;
+      g.lr_scale = e["lr_scale"].get<double>();
+      TANDEM_CHECK(std::isfinite(g.lr_scale) && g.lr_scale >= 0.0, "checkpoint '", path,
+                   "': a parameter group's lr_scale is ", g.lr_scale);
+      if (e.contains("weight_decay") && e["weight_decay"].is_number()) {
+        g.weight_decay = e["weight_decay"].get<double>();
+        TANDEM_CHECK(std::isfinite(*g.weight_decay) && *g.weight_decay >= 0.0, "checkpoint '", path,
+                     "': a parameter group's weight_decay is ", *g.weight_decay);
+      }
+      for (const Json& n : e["params"]) {
+        auto it = by_name.find(n.get<std::string>());
+        TANDEM_CHECK(it != by_name.end() && mine.count(it->second.impl()), "checkpoint '", path,
+                     "' groups a parameter ", n.get<std::string>(), " that this optimizer does not hold "
+                     "(was it saved from another model or optimizer?)");
+        TANDEM_CHECK(grouped.insert(it->second.impl()).second, "checkpoint '", path, "' puts parameter ",
+                     n.get<std::string>(), " in two groups");
+        g.params.push_back(it->second);
+      }
+      groups.push_back(std::move(g));
+    }
+  }
   // What this load does not need is verified all the same: a file with any damage is refused.
   for (const Entry& e : file.entries())
     if (!read_names.count(e.name)) file.read(e);
@@ -377,6 +442,7 @@ std::string load_checkpoint(const std::string& path, nn::Module& model, optim::O
       if (!slot.defined()) slot = Tensor::empty(p.shape(), p.dtype(), p.device());
       slot.copy_(s.host);
     }
+    if (regroup) opt->set_param_groups(groups);
     opt->set_steps(header.value("optimizer_steps", int64_t{0}));
     if (auto* counts = opt->step_counts(); counts && header.contains("parameter_steps")) {
       auto names = param_names(model);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <unordered_map>
 
 #include "backend/backend.h"
 #include "tandem/autograd.h"
@@ -10,13 +11,101 @@ namespace tandem::optim {
 
 using backend::ParamSlot;
 
-Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
+namespace {
+std::vector<Tensor> flatten_groups(const std::vector<ParamGroup>& groups) {
+  std::vector<Tensor> out;
+  for (const ParamGroup& g : groups) out.insert(out.end(), g.params.begin(), g.params.end());
+  return out;
+}
+
+void check_group_settings(double lr_scale, const std::optional<double>& weight_decay, size_t g) {
+  TANDEM_CHECK(std::isfinite(lr_scale) && lr_scale >= 0.0, "parameter group ", g,
+               ": the learning-rate factor must be finite and not negative, got ", lr_scale);
+  TANDEM_CHECK(!weight_decay || (std::isfinite(*weight_decay) && *weight_decay >= 0.0), "parameter group ", g,
+               ": weight decay must be finite and not negative, got ", weight_decay.value_or(0.0));
+}
+}  // namespace
+
+Optimizer::Optimizer(std::vector<Tensor> params, double lr)
+    : params_(std::move(params)), lr_(lr), groups_(1), group_of_(params_.size(), 0) {
   TANDEM_CHECK(lr >= 0.0, "learning rate must not be negative, got ", lr);
   for (const Tensor& p : params_) {
     TANDEM_CHECK(p.defined() && p.requires_grad(), "optimizer given a tensor that does not require a gradient");
     TANDEM_CHECK(p.is_contiguous(), "optimizer parameters must be contiguous, got ", p.str());
   }
 }
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr) : Optimizer(flatten_groups(groups), lr) {
+  if (groups.empty()) return;
+  groups_.clear();
+  group_of_.clear();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    check_group_settings(groups[g].lr_scale, groups[g].weight_decay, g);
+    groups_.push_back({groups[g].lr_scale, groups[g].weight_decay});
+    group_of_.insert(group_of_.end(), groups[g].params.size(), static_cast<int>(g));
+  }
+}
+
+void Optimizer::set_lr(double lr) {
+  TANDEM_CHECK(lr >= 0.0 && std::isfinite(lr), "learning rate must be finite and not negative, got ", lr);
+  lr_ = lr;
+}
+
+void Optimizer::set_param_groups(const std::vector<ParamGroup>& groups) {
+  std::unordered_map<const TensorImpl*, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index.emplace(params_[i].impl(), i);
+  std::vector<int> of(params_.size(), -1);
+  std::vector<GroupSettings> settings;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    check_group_settings(groups[g].lr_scale, groups[g].weight_decay, g);
+    settings.push_back({groups[g].lr_scale, groups[g].weight_decay});
+    for (const Tensor& t : groups[g].params) {
+      auto it = t.defined() ? index.find(t.impl()) : index.end();
+      TANDEM_CHECK(it != index.end(), "set_param_groups: group ", g, " holds ",
+                   t.defined() ? t.str() : std::string("an undefined tensor"), ", which is not one of the optimizer's ",
+                   params_.size(), " parameters");
+      TANDEM_CHECK(of[it->second] < 0, "set_param_groups: parameter ", it->second, " ", t.str(), " is in groups ",
+                   of[it->second], " and ", g, "; a parameter belongs to one group");
+      of[it->second] = static_cast<int>(g);
+    }
+  }
+  bool rest = false;
+  for (int& g : of)
+    if (g < 0) {
+      g = static_cast<int>(settings.size());
+      rest = true;
+    }
+  if (rest || settings.empty()) settings.push_back({});
+  groups_ = std::move(settings);
+  group_of_ = std::move(of);
+}
+
+void Optimizer::set_group_settings(size_t group, const GroupSettings& s) {
+  TANDEM_CHECK(group < groups_.size(), "set_group_settings: group ", group, " of ", groups_.size());
+  check_group_settings(s.lr_scale, s.weight_decay, group);
+  groups_[group] = s;
+}
+
+void Optimizer::set_schedule(std::shared_ptr<const LrSchedule> schedule) {
+  schedule_ = std::move(schedule);
+  if (schedule_) set_lr(schedule_->lr(steps_));
+}
+
+void Optimizer::set_steps(int64_t n) {
+  steps_ = n;
+  if (schedule_) set_lr(schedule_->lr(steps_));
+}
+
+void Optimizer::begin_step() {
+  if (schedule_) set_lr(schedule_->lr(steps_));
+}
+
+void Optimizer::end_step() {
+  steps_++;
+  if (schedule_) set_lr(schedule_->lr(steps_));
+}
+
+void Optimizer::count_replayed_step() { end_step(); }
 
 void Optimizer::set_step_guard(Tensor verdict) {
   TANDEM_CHECK(!verdict.defined() || (verdict.numel() == 1 && verdict.dtype() == DType::f32),
@@ -53,25 +142,47 @@ void check_grad(const Tensor& p, const Tensor& g) {
   TANDEM_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == p.device() && g.is_contiguous(),
                "gradient ", g.str(), " does not match parameter ", p.str());
 }
+
+// The guard's address for kernels on the slots' device.
+const float* device_guard(const Tensor& guard, const std::vector<ParamSlot>& slots) {
+  if (!guard.defined()) return nullptr;
+  TANDEM_CHECK(slots.empty() || guard.device() == slots.front().param.device(), "the step guard is on ",
+               guard.device().str(), " but the parameters are on ", slots.front().param.device().str());
+  return guard.data<float>();
+}
 }  // namespace
+
+// ---- SGD
 
 SGD::SGD(std::vector<Tensor> params, const SgdOptions& opt)
     : Optimizer(std::move(params), opt.lr), opt_(opt), momentum_(params_.size()) {
-  TANDEM_CHECK(opt.momentum >= 0.0, "SGD momentum must not be negative, got ", opt.momentum);
-  TANDEM_CHECK(opt.weight_decay >= 0.0, "SGD weight decay must not be negative, got ", opt.weight_decay);
-  TANDEM_CHECK(!opt.nesterov || (opt.momentum > 0.0 && opt.dampening == 0.0),
+  check_options();
+}
+
+SGD::SGD(std::vector<ParamGroup> groups, const SgdOptions& opt)
+    : Optimizer(std::move(groups), opt.lr), opt_(opt), momentum_(params_.size()) {
+  check_options();
+}
+
+void SGD::check_options() const {
+  TANDEM_CHECK(opt_.momentum >= 0.0, "SGD momentum must not be negative, got ", opt_.momentum);
+  TANDEM_CHECK(opt_.weight_decay >= 0.0, "SGD weight decay must not be negative, got ", opt_.weight_decay);
+  TANDEM_CHECK(!opt_.nesterov || (opt_.momentum > 0.0 && opt_.dampening == 0.0),
                "Nesterov momentum needs momentum > 0 and dampening 0");
 }
 
 void SGD::step() {
   NoGradGuard no_grad;
+  begin_step();
   // Slots whose momentum buffer is new start it from the gradient (first_step); the others update it.
-  std::vector<ParamSlot> fresh, running;
+  const size_t ngroups = groups_.size();
+  std::vector<std::vector<ParamSlot>> fresh(ngroups), running(ngroups);
   std::vector<size_t> fresh_index;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) continue;
     check_grad(params_[i], g);
+    const size_t grp = static_cast<size_t>(group_of_[i]);
     ParamSlot s{params_[i], g, Tensor(), Tensor()};
     if (opt_.momentum != 0.0) {
       bool first = !momentum_[i].defined();
@@ -80,32 +191,32 @@ void SGD::step() {
         fresh_index.push_back(i);
       }
       s.buf0 = momentum_[i];
-      (first ? fresh : running).push_back(std::move(s));
+      (first ? fresh : running)[grp].push_back(std::move(s));
     } else {
-      running.push_back(std::move(s));
+      running[grp].push_back(std::move(s));
     }
   }
   // A first step decides on the host: a skipped one must leave the momentum buffers unborn (a
   // running update from zeros would not be the first step's). Later steps leave the skip to the kernels.
-  if (!fresh.empty() && !guard_allows()) {
+  if (!fresh_index.empty() && !guard_allows()) {
     for (size_t i : fresh_index) momentum_[i] = Tensor();
-    steps_++;
+    end_step();
     return;
   }
-  backend::SgdArgs args{lr_, opt_.momentum, opt_.dampening, opt_.weight_decay, opt_.nesterov, false};
-  if (guard_.defined()) {
-    TANDEM_CHECK(running.empty() || guard_.device() == running.front().param.device(), "the step guard is on ",
-                 guard_.device().str(), " but the parameters are on ", running.front().param.device().str());
-    args.guard = guard_.data<float>();
+  for (size_t grp = 0; grp < ngroups; ++grp) {
+    backend::SgdArgs args{group_lr(grp), opt_.momentum, opt_.dampening, group_decay(grp, opt_.weight_decay),
+                          opt_.nesterov, false};
+    args.guard = device_guard(guard_, running[grp]);
+    run_grouped(running[grp], [&](backend::Backend& b, std::vector<ParamSlot>& g) {
+      b.sgd_step(g.data(), static_cast<int64_t>(g.size()), args);
+    });
+    args.first_step = true;
+    args.guard = device_guard(guard_, fresh[grp]);
+    run_grouped(fresh[grp], [&](backend::Backend& b, std::vector<ParamSlot>& g) {
+      b.sgd_step(g.data(), static_cast<int64_t>(g.size()), args);
+    });
   }
-  run_grouped(running, [&](backend::Backend& b, std::vector<ParamSlot>& g) {
-    b.sgd_step(g.data(), static_cast<int64_t>(g.size()), args);
-  });
-  args.first_step = true;
-  run_grouped(fresh, [&](backend::Backend& b, std::vector<ParamSlot>& g) {
-    b.sgd_step(g.data(), static_cast<int64_t>(g.size()), args);
-  });
-  steps_++;
+  end_step();
 }
 
 std::string SGD::replay_blocker() const {
@@ -115,23 +226,35 @@ std::string SGD::replay_blocker() const {
   return "";
 }
 
+// ---- Adam
+
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& opt)
     : Optimizer(std::move(params), opt.lr), opt_(opt), m_(params_.size()), v_(params_.size()), t_(params_.size()) {
-  TANDEM_CHECK(opt.beta1 >= 0.0 && opt.beta1 < 1.0 && opt.beta2 >= 0.0 && opt.beta2 < 1.0,
+  check_options();
+}
+
+Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& opt)
+    : Optimizer(std::move(groups), opt.lr), opt_(opt), m_(params_.size()), v_(params_.size()), t_(params_.size()) {
+  check_options();
+}
+
+void Adam::check_options() const {
+  TANDEM_CHECK(opt_.beta1 >= 0.0 && opt_.beta1 < 1.0 && opt_.beta2 >= 0.0 && opt_.beta2 < 1.0,
                "Adam betas must lie in [0, 1)");
-  TANDEM_CHECK(opt.eps > 0.0, "Adam eps must be positive");
-  TANDEM_CHECK(opt.weight_decay >= 0.0, "Adam weight decay must not be negative");
+  TANDEM_CHECK(opt_.eps > 0.0, "Adam eps must be positive");
+  TANDEM_CHECK(opt_.weight_decay >= 0.0, "Adam weight decay must not be negative");
 }
 
 void Adam::step() {
   NoGradGuard no_grad;
+  begin_step();
   // Adam's step counts live on the host, so its guard is read there.
   if (!guard_allows()) {
-    steps_++;
+    end_step();
     return;
   }
-  // Parameters are grouped by their step count, which differs only if some skipped a step.
-  std::map<int64_t, std::vector<ParamSlot>> by_step;
+  // Parameters are grouped by their group and step count (which differs only if some skipped a step).
+  std::map<std::pair<int, int64_t>, std::vector<ParamSlot>> by_step;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) continue;
@@ -140,15 +263,123 @@ void Adam::step() {
       m_[i] = Tensor::zeros(params_[i].shape(), params_[i].dtype(), params_[i].device());
       v_[i] = Tensor::zeros(params_[i].shape(), params_[i].dtype(), params_[i].device());
     }
-    by_step[++t_[i]].push_back(ParamSlot{params_[i], g, m_[i], v_[i]});
+    by_step[{group_of_[i], ++t_[i]}].push_back(ParamSlot{params_[i], g, m_[i], v_[i]});
   }
-  for (auto& [t, slots] : by_step) {
-    backend::AdamArgs args{lr_, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, t, opt_.decoupled};
+  for (auto& [key, slots] : by_step) {
+    const size_t grp = static_cast<size_t>(key.first);
+    backend::AdamArgs args{group_lr(grp), opt_.beta1, opt_.beta2, opt_.eps, group_decay(grp, opt_.weight_decay),
+                           key.second, opt_.decoupled};
     run_grouped(slots, [&](backend::Backend& b, std::vector<ParamSlot>& g) {
       b.adam_step(g.data(), static_cast<int64_t>(g.size()), args);
     });
   }
-  steps_++;
+  end_step();
+}
+
+// ---- RMSProp
+
+RMSProp::RMSProp(std::vector<Tensor> params, const RmsPropOptions& opt)
+    : Optimizer(std::move(params), opt.lr), opt_(opt), v_(params_.size()) {
+  check_options();
+}
+
+RMSProp::RMSProp(std::vector<ParamGroup> groups, const RmsPropOptions& opt)
+    : Optimizer(std::move(groups), opt.lr), opt_(opt), v_(params_.size()) {
+  check_options();
+}
+
+void RMSProp::check_options() const {
+  TANDEM_CHECK(opt_.alpha >= 0.0 && opt_.alpha < 1.0, "RMSProp alpha (rho) must lie in [0, 1), got ", opt_.alpha);
+  TANDEM_CHECK(opt_.eps > 0.0, "RMSProp eps must be positive, got ", opt_.eps);
+  TANDEM_CHECK(opt_.weight_decay >= 0.0, "RMSProp weight decay must not be negative, got ", opt_.weight_decay);
+}
+
+void RMSProp::step() {
+  NoGradGuard no_grad;
+  begin_step();
+  std::vector<std::vector<ParamSlot>> slots(groups_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    check_grad(params_[i], g);
+    // A zero average is where the update starts from, so a guarded first step that is skipped leaves
+    // the state as a first step would find it.
+    if (!v_[i].defined()) v_[i] = Tensor::zeros(params_[i].shape(), params_[i].dtype(), params_[i].device());
+    slots[static_cast<size_t>(group_of_[i])].push_back(ParamSlot{params_[i], g, v_[i], Tensor()});
+  }
+  for (size_t grp = 0; grp < slots.size(); ++grp) {
+    backend::RmsPropArgs args{group_lr(grp), opt_.alpha, opt_.eps, group_decay(grp, opt_.weight_decay),
+                              opt_.eps_inside_sqrt};
+    args.guard = device_guard(guard_, slots[grp]);
+    run_grouped(slots[grp], [&](backend::Backend& b, std::vector<ParamSlot>& g) {
+      b.rmsprop_step(g.data(), static_cast<int64_t>(g.size()), args);
+    });
+  }
+  end_step();
+}
+
+std::string RMSProp::replay_blocker() const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].grad().defined() && !v_[i].defined()) return "rmsprop's first step creates its running averages";
+  return "";
+}
+
+// ---- AdaGrad
+
+AdaGrad::AdaGrad(std::vector<Tensor> params, const AdagradOptions& opt)
+    : Optimizer(std::move(params), opt.lr), opt_(opt), s_(params_.size()), t_(params_.size()) {
+  check_options();
+}
+
+AdaGrad::AdaGrad(std::vector<ParamGroup> groups, const AdagradOptions& opt)
+    : Optimizer(std::move(groups), opt.lr), opt_(opt), s_(params_.size()), t_(params_.size()) {
+  check_options();
+}
+
+void AdaGrad::check_options() const {
+  TANDEM_CHECK(opt_.eps > 0.0, "AdaGrad eps must be positive, got ", opt_.eps);
+  TANDEM_CHECK(opt_.lr_decay >= 0.0, "AdaGrad lr_decay must not be negative, got ", opt_.lr_decay);
+  TANDEM_CHECK(opt_.weight_decay >= 0.0, "AdaGrad weight decay must not be negative, got ", opt_.weight_decay);
+  TANDEM_CHECK(opt_.initial_accumulator_value >= 0.0, "AdaGrad initial_accumulator_value must not be negative, got ",
+               opt_.initial_accumulator_value);
+}
+
+void AdaGrad::step() {
+  NoGradGuard no_grad;
+  begin_step();
+  // With a decaying rate the step counts matter, and they live on the host: so does the guard then.
+  const bool decays = opt_.lr_decay != 0.0;
+  if (decays && !guard_allows()) {
+    end_step();
+    return;
+  }
+  std::map<std::pair<int, int64_t>, std::vector<ParamSlot>> by_step;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    check_grad(params_[i], g);
+    if (!s_[i].defined())
+      s_[i] = Tensor::full(params_[i].shape(), opt_.initial_accumulator_value, params_[i].dtype(), params_[i].device());
+    ++t_[i];
+    by_step[{group_of_[i], decays ? t_[i] : 0}].push_back(ParamSlot{params_[i], g, s_[i], Tensor()});
+  }
+  for (auto& [key, slots] : by_step) {
+    const size_t grp = static_cast<size_t>(key.first);
+    const double lr = decays ? group_lr(grp) / (1.0 + static_cast<double>(key.second - 1) * opt_.lr_decay) : group_lr(grp);
+    backend::AdagradArgs args{lr, opt_.eps, group_decay(grp, opt_.weight_decay), opt_.eps_inside_sqrt};
+    args.guard = decays ? nullptr : device_guard(guard_, slots);
+    run_grouped(slots, [&](backend::Backend& b, std::vector<ParamSlot>& g) {
+      b.adagrad_step(g.data(), static_cast<int64_t>(g.size()), args);
+    });
+  }
+  end_step();
+}
+
+std::string AdaGrad::replay_blocker() const {
+  if (opt_.lr_decay != 0.0) return "adagrad's decaying learning rate depends on a step count kept on the host";
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].grad().defined() && !s_[i].defined()) return "adagrad's first step creates its sums";
+  return "";
 }
 
 }  // namespace tandem::optim

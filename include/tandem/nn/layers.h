@@ -131,4 +131,63 @@ class Sequential : public Module {
 
 // ---- embedding and recurrent layers
 
+/// A table of num_embeddings rows of dim values, looked up by integer indices (tandem::embedding);
+/// weight drawn from N(0, 1) (PyTorch's nn.Embedding), or from U(-1, 1) with uniform (SINGA's choice).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, Generator& gen, bool uniform = false);
+  /// The rows indices (i32 or i64, any shape [...]) pick: [..., dim].
+  Tensor forward(const Tensor& indices) override;
+  std::string describe() const override;
+  Tensor weight;  // [num_embeddings, dim]
+};
+
+/// A multi-layer recurrent network (tandem::rnn) with PyTorch's parameters: for layer l,
+/// weight_ih_l{l} [G H, I_l], weight_hh_l{l} [G H, H], bias_ih_l{l}, bias_hh_l{l} [G H] (with bias),
+/// and the same with the suffix _reverse for the second direction, all drawn from U(-1/sqrt(H),
+/// 1/sqrt(H)). Their values joined in registration order are rnn's flat weight, so PyTorch's state
+/// dict loads by name. The base of RNN, LSTM and GRU.
+class RecurrentNet : public Module {
+ public:
+  /// opt.mode, hidden_size, num_layers, bidirectional, batch_first, bias and dropout describe the
+  /// network (opt.training follows the module's mode); the input size is that of x's last extent.
+  RecurrentNet(int64_t input_size, const RnnOptions& opt, Generator& gen);
+  /// y for x with zero initial states.
+  Tensor forward(const Tensor& x) override;
+  /// y, hy and (LSTM) cy from x and initial states hx, cx [layers * directions, N, hidden] (undefined: zeros).
+  RnnResult forward_states(const Tensor& x, const Tensor& hx, const Tensor& cx = Tensor());
+  /// The flat weight rnn takes, recorded so that each parameter gets its gradient.
+  Tensor flat_weight() const;
+  std::string describe() const override;
+  const RnnOptions& options() const { return opt_; }
+  int64_t input_size() const { return input_size_; }
+
+ private:
+  RnnOptions opt_;
+  int64_t input_size_;
+  std::vector<Tensor> weights_;  // registration order
+  Generator dropout_gen_;
+};
+
+/// Elman RNN: h' = tanh(W_ih x + b_ih + W_hh h + b_hh) (relu with relu = true).
+class RNN : public RecurrentNet {
+ public:
+  RNN(int64_t input_size, int64_t hidden_size, Generator& gen, int64_t num_layers = 1, bool relu = false,
+      bool bias = true, bool batch_first = false, double dropout = 0.0, bool bidirectional = false);
+};
+
+/// LSTM (gates input, forget, cell, output, as PyTorch's).
+class LSTM : public RecurrentNet {
+ public:
+  LSTM(int64_t input_size, int64_t hidden_size, Generator& gen, int64_t num_layers = 1, bool bias = true,
+       bool batch_first = false, double dropout = 0.0, bool bidirectional = false);
+};
+
+/// GRU (gates reset, update, new, as PyTorch's: n = tanh(W_in x + b_in + r (W_hn h + b_hn))).
+class GRU : public RecurrentNet {
+ public:
+  GRU(int64_t input_size, int64_t hidden_size, Generator& gen, int64_t num_layers = 1, bool bias = true,
+      bool batch_first = false, double dropout = 0.0, bool bidirectional = false);
+};
+
 }  // namespace tandem::nn

@@ -1,25 +1,123 @@
 #pragma once
-// Optimizers: apply accumulated gradients to parameters.
+// Optimizers: apply accumulated gradients to parameters. Parameters come in groups, each with its own
+// learning-rate factor and weight decay; the learning rate may follow a schedule of the step count.
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tandem/tensor.h"
 
+namespace tandem::nn {
+class Module;
+}  // namespace tandem::nn
+
 namespace tandem::optim {
+
+/// A learning rate as a function of the step: lr(k) is the rate of the step taken after k others.
+class LrSchedule {
+ public:
+  virtual ~LrSchedule() = default;
+  virtual double lr(int64_t step) const = 0;
+  /// One line: the schedule's kind and parameters.
+  virtual std::string describe() const = 0;
+};
+
+/// The same rate at every step (SINGA's opt.Constant).
+class ConstantLr final : public LrSchedule {
+ public:
+  explicit ConstantLr(double value);
+  double lr(int64_t) const override { return value_; }
+  std::string describe() const override;
+
+ private:
+  double value_;
+};
+
+/// init * rate^(step / decay_steps), the exponent rounded down with staircase (SINGA's
+/// opt.ExponentialDecay; PyTorch's ExponentialLR with gamma = rate^(1 / decay_steps), or StepLR with
+/// step_size = decay_steps and gamma = rate under staircase).
+class ExponentialDecay final : public LrSchedule {
+ public:
+  ExponentialDecay(double init, int64_t decay_steps, double rate, bool staircase = false);
+  double lr(int64_t step) const override;
+  std::string describe() const override;
+
+ private:
+  double init_, rate_;
+  int64_t decay_steps_;
+  bool staircase_;
+};
+
+/// Linear warm-up, then cosine decay (as GPT training runs): step k < warmup has peak * (k + 1) / warmup;
+/// from warmup to total_steps the rate falls along half a cosine from peak to min_lr,
+/// min_lr + (peak - min_lr) (1 + cos(pi (k - warmup) / (total_steps - warmup))) / 2, and stays at min_lr
+/// after it (PyTorch: LinearLR(1 / warmup, 1, warmup - 1) then CosineAnnealingLR(total_steps - warmup,
+/// min_lr) in a SequentialLR).
+class WarmupCosine final : public LrSchedule {
+ public:
+  WarmupCosine(double peak, int64_t warmup_steps, int64_t total_steps, double min_lr = 0.0);
+  double lr(int64_t step) const override;
+  std::string describe() const override;
+
+ private:
+  double peak_, min_;
+  int64_t warmup_, total_;
+};
+
+/// Parameters that share a learning-rate factor and a weight decay.
+struct ParamGroup {
+  std::vector<Tensor> params;
+  /// The group's learning rate is the optimizer's (or its schedule's) times this.
+  double lr_scale = 1.0;
+  /// The group's weight decay; unset: the optimizer's own.
+  std::optional<double> weight_decay;
+};
+
+/// A model's parameters in two groups, as GPT training splits them: group 0 decays with weight_decay
+/// (matrices, filters, recurrent weights), group 1 not at all (biases and normalisation scales and
+/// shifts, i.e. every parameter of fewer than two dimensions, and the tables of nn::Embedding layers).
+/// Either may be empty; the order within each is the model's.
+std::vector<ParamGroup> decay_groups(const nn::Module& model, double weight_decay);
 
 /// Base of every optimizer. step() runs without recording autograd and skips parameters that
 /// have no gradient.
 class Optimizer {
  public:
+  /// One group of all the parameters, with the optimizer's own settings.
   explicit Optimizer(std::vector<Tensor> params, double lr);
+  /// The groups' parameters in order (params() lists them so), each with its group's settings.
+  Optimizer(std::vector<ParamGroup> groups, double lr);
   virtual ~Optimizer() = default;
   /// Applies each parameter's gradient.
   virtual void step() = 0;
   /// Zeroes the gradients (or drops them, leaving them undefined, with set_to_none).
   void zero_grad(bool set_to_none = false);
   const std::vector<Tensor>& params() const { return params_; }
+  /// The learning rate of the next step (before its group's factor).
   double lr() const { return lr_; }
-  void set_lr(double lr) { lr_ = lr; }
+  /// Sets the learning rate; a schedule (set_schedule) sets it again at every step.
+  void set_lr(double lr);
+
+  /// A group's settings.
+  struct GroupSettings {
+    double lr_scale = 1.0;
+    std::optional<double> weight_decay;  // unset: the optimizer's own
+  };
+  /// Regroups the optimizer's own parameters (params() keeps its order, and every parameter its state):
+  /// the groups given become groups 0, 1, ...; a parameter may be in one of them at most, and those in
+  /// none form one more group with the optimizer's settings. Throws naming a tensor that is not one of
+  /// the parameters, or one listed twice.
+  void set_param_groups(const std::vector<ParamGroup>& groups);
+  const std::vector<GroupSettings>& groups() const { return groups_; }
+  /// For each parameter, the index of its group.
+  const std::vector<int>& group_of() const { return group_of_; }
+  void set_group_settings(size_t group, const GroupSettings& s);
+  /// Makes every later step take its learning rate from the schedule, at the number of steps taken
+  /// before it (so a checkpoint's step count restores the rate); null: the rate stays as set.
+  void set_schedule(std::shared_ptr<const LrSchedule> schedule);
+  const std::shared_ptr<const LrSchedule>& schedule() const { return schedule_; }
+
   /// One kind of per-parameter state ("momentum", "exp_avg", ...): entry i belongs to params()[i]
   /// and stays undefined until that parameter's first step.
   struct StateList {
@@ -38,21 +136,33 @@ class Optimizer {
   const Tensor& step_guard() const { return guard_; }
   /// Steps taken so far (steps skipped by the guard included).
   int64_t steps() const { return steps_; }
-  void set_steps(int64_t n) { steps_ = n; }
+  /// Sets the step count (a checkpoint's); with a schedule, the learning rate follows.
+  void set_steps(int64_t n);
   /// Why the next step could not be recorded once and replayed as a DeviceGraph (its arguments
   /// would change between replays); empty when it can.
   virtual std::string replay_blocker() const { return "this optimizer's steps are not recorded"; }
   /// The host-side bookkeeping of a step whose device work a replay did.
-  virtual void count_replayed_step() { steps_++; }
+  virtual void count_replayed_step();
 
  protected:
   /// Whether the guard, read on the host (a wait for the device), lets this step run.
   bool guard_allows() const;
+  /// The learning rate the step about to run uses (the schedule's, when one is set); call first in step().
+  void begin_step();
+  /// Counts the step (and moves a scheduled learning rate on); call last in step().
+  void end_step();
+  /// The learning rate of group g.
+  double group_lr(size_t g) const { return lr_ * groups_[g].lr_scale; }
+  /// The weight decay of group g: its own, or `fallback` (the optimizer's option).
+  double group_decay(size_t g, double fallback) const { return groups_[g].weight_decay.value_or(fallback); }
 
   std::vector<Tensor> params_;
   double lr_;
   int64_t steps_ = 0;
   Tensor guard_;
+  std::vector<GroupSettings> groups_;
+  std::vector<int> group_of_;
+  std::shared_ptr<const LrSchedule> schedule_;
 };
 
 struct SgdOptions {
@@ -67,6 +177,7 @@ struct SgdOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, const SgdOptions& opt);
+  SGD(std::vector<ParamGroup> groups, const SgdOptions& opt);
   void step() override;
   std::vector<StateList> state_lists() override { return {{"momentum", &momentum_}}; }
   const SgdOptions& options() const { return opt_; }
@@ -74,6 +185,7 @@ class SGD : public Optimizer {
   std::string replay_blocker() const override;
 
  private:
+  void check_options() const;
   SgdOptions opt_;
   std::vector<Tensor> momentum_;  // per parameter; undefined until its first step
 };
@@ -90,6 +202,7 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, const AdamOptions& opt);
+  Adam(std::vector<ParamGroup> groups, const AdamOptions& opt);
   void step() override;
   std::vector<StateList> state_lists() override { return {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}; }
   std::vector<int64_t>* step_counts() override { return &t_; }
@@ -98,8 +211,64 @@ class Adam : public Optimizer {
   }
 
  private:
+  void check_options() const;
   AdamOptions opt_;
   std::vector<Tensor> m_, v_;
+  std::vector<int64_t> t_;  // per-parameter step count
+};
+
+struct RmsPropOptions {
+  double lr = 0.01;
+  double alpha = 0.99;  // SINGA's rho: the weight the running average of squares keeps
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  /// false: p -= lr g / (sqrt(v) + eps) (PyTorch's); true: p -= lr g / sqrt(v + eps) (SINGA's).
+  bool eps_inside_sqrt = false;
+};
+
+/// RMSProp: v = alpha v + (1 - alpha) g^2 (v from zeros), g with L2 weight decay added.
+class RMSProp : public Optimizer {
+ public:
+  RMSProp(std::vector<Tensor> params, const RmsPropOptions& opt);
+  RMSProp(std::vector<ParamGroup> groups, const RmsPropOptions& opt);
+  void step() override;
+  std::vector<StateList> state_lists() override { return {{"square_avg", &v_}}; }
+  const RmsPropOptions& options() const { return opt_; }
+  /// Empty once every running average exists (the first step creates them).
+  std::string replay_blocker() const override;
+
+ private:
+  void check_options() const;
+  RmsPropOptions opt_;
+  std::vector<Tensor> v_;
+};
+
+struct AdagradOptions {
+  double lr = 0.01;
+  double lr_decay = 0.0;  // step t (from 1) uses lr / (1 + (t - 1) lr_decay)
+  double weight_decay = 0.0;
+  double initial_accumulator_value = 0.0;
+  double eps = 1e-10;
+  /// false: p -= lr g / (sqrt(s) + eps) (PyTorch's); true: p -= lr g / sqrt(s + eps) (SINGA's).
+  bool eps_inside_sqrt = false;
+};
+
+/// AdaGrad: s += g^2 (s from initial_accumulator_value), g with L2 weight decay added.
+class AdaGrad : public Optimizer {
+ public:
+  AdaGrad(std::vector<Tensor> params, const AdagradOptions& opt);
+  AdaGrad(std::vector<ParamGroup> groups, const AdagradOptions& opt);
+  void step() override;
+  std::vector<StateList> state_lists() override { return {{"sum", &s_}}; }
+  std::vector<int64_t>* step_counts() override { return &t_; }
+  const AdagradOptions& options() const { return opt_; }
+  /// Empty once every sum exists and the learning rate does not decay with a host-side step count.
+  std::string replay_blocker() const override;
+
+ private:
+  void check_options() const;
+  AdagradOptions opt_;
+  std::vector<Tensor> s_;
   std::vector<int64_t> t_;  // per-parameter step count
 };
 

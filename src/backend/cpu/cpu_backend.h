@@ -91,9 +91,13 @@ class CpuBackend final : public Backend {
   // ---- softmax along an axis, layer / RMS normalisation, losses over N-D logits, attention
 
   // ---- embedding and recurrent networks
+  void embedding_forward(const Tensor& weight, const Tensor& indices, Tensor& out) override;
+  void embedding_backward(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) override;
 
   void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) override;
   void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) override;
+  void rmsprop_step(ParamSlot* slots, int64_t count, const RmsPropArgs& a) override;
+  void adagrad_step(ParamSlot* slots, int64_t count, const AdagradArgs& a) override;
 
  private:
   std::unique_ptr<Allocator> allocator_;

@@ -81,6 +81,43 @@ void adam_one(const ParamSlot& s, const AdamArgs& a) {
   });
 }
 
+template <typename T>
+void rmsprop_one(const ParamSlot& s, const RmsPropArgs& a) {
+  const int64_t n = s.param.numel();
+  T* p = ptr<T>(s.param);
+  const T* g = ptr<T>(s.grad);
+  T* v = ptr<T>(s.buf0);
+  const T lr = static_cast<T>(a.lr), alpha = static_cast<T>(a.alpha), one_minus = static_cast<T>(1.0 - a.alpha),
+          eps = static_cast<T>(a.eps), wd = static_cast<T>(a.weight_decay);
+  const bool inside = a.eps_inside_sqrt;
+  cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T gi = g[i] + wd * p[i];
+      const T vi = alpha * v[i] + one_minus * gi * gi;
+      v[i] = vi;
+      p[i] -= lr * gi / (inside ? std::sqrt(vi + eps) : std::sqrt(vi) + eps);
+    }
+  });
+}
+
+template <typename T>
+void adagrad_one(const ParamSlot& s, const AdagradArgs& a) {
+  const int64_t n = s.param.numel();
+  T* p = ptr<T>(s.param);
+  const T* g = ptr<T>(s.grad);
+  T* sum = ptr<T>(s.buf0);
+  const T lr = static_cast<T>(a.lr), eps = static_cast<T>(a.eps), wd = static_cast<T>(a.weight_decay);
+  const bool inside = a.eps_inside_sqrt;
+  cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T gi = g[i] + wd * p[i];
+      const T si = sum[i] + gi * gi;
+      sum[i] = si;
+      p[i] -= lr * gi / (inside ? std::sqrt(si + eps) : std::sqrt(si) + eps);
+    }
+  });
+}
+
 }  // namespace
 
 void CpuBackend::sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) {
@@ -96,6 +133,22 @@ void CpuBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) {
   for (int64_t i = 0; i < count; ++i) check_slot(slots[i], i, true, true, "adam_step");
   for (int64_t i = 0; i < count; ++i) {
     dispatch_float(slots[i].param.dtype(), "adam_step", [&](auto tag) { adam_one<decltype(tag)>(slots[i], a); });
+  }
+}
+
+void CpuBackend::rmsprop_step(ParamSlot* slots, int64_t count, const RmsPropArgs& a) {
+  for (int64_t i = 0; i < count; ++i) check_slot(slots[i], i, true, false, "rmsprop_step");
+  if (a.guard && !std::isfinite(*a.guard)) return;
+  for (int64_t i = 0; i < count; ++i) {
+    dispatch_float(slots[i].param.dtype(), "rmsprop_step", [&](auto tag) { rmsprop_one<decltype(tag)>(slots[i], a); });
+  }
+}
+
+void CpuBackend::adagrad_step(ParamSlot* slots, int64_t count, const AdagradArgs& a) {
+  for (int64_t i = 0; i < count; ++i) check_slot(slots[i], i, true, false, "adagrad_step");
+  if (a.guard && !std::isfinite(*a.guard)) return;
+  for (int64_t i = 0; i < count; ++i) {
+    dispatch_float(slots[i].param.dtype(), "adagrad_step", [&](auto tag) { adagrad_one<decltype(tag)>(slots[i], a); });
   }
 }
 

@@ -121,8 +121,14 @@ void CudaBackend::check_errors(int device) {
   volatile LabelErrorRecord* rec = s.error_host;
   if (!rec->flag) return;
   long long row = rec->row, label = rec->label, classes = rec->classes;
+  const int kind = rec->kind;
   rec->flag = 0;
+  rec->kind = 0;
   TANDEM_CUDA_CHECK(cudaMemsetAsync(s.errors.claim, 0, sizeof(int), s.stream));
+  if (kind == 1)
+    detail::throw_error(Error::Kind::Input,
+                        detail::cat("embedding: index ", label, " at position ", row, " is outside [0, ", classes,
+                                    ") on cuda:", device, " (its output row was zeros)"));
   detail::throw_error(Error::Kind::Input,
                       detail::cat("softmax_cross_entropy: label ", label, " in row ", row, " is outside [0, ",
                                   classes, ") on cuda:", device, " (the loss of that step is NaN)"));

@@ -23,7 +23,7 @@ namespace tandem::backend {
 /// synchronisation the host reads it without another copy.
 struct LabelErrorRecord {
   int flag;
-  int pad;
+  int kind;  // 0: a loss's label outside [0, classes); 1: an embedding's index outside [0, rows)
   long long row, label, classes;
 };
 
@@ -185,10 +185,20 @@ class CudaBackend final : public Backend {
   // ---- softmax along an axis, layer / RMS normalisation, losses over N-D logits, attention
 
   // ---- embedding and recurrent networks
+  void embedding_forward(const Tensor& weight, const Tensor& indices, Tensor& out) override;
+  void embedding_backward(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) override;
+  bool rnn_supported(const RnnGeom& g) override;
+  void rnn_forward(const RnnGeom& g, const Tensor& x, const Tensor& w, const Tensor& hx, const Tensor& cx,
+                   bool training, Tensor& y, Tensor& hy, Tensor& cy, Tensor& reserve) override;
+  void rnn_backward(const RnnGeom& g, const Tensor& x, const Tensor& w, const Tensor& hx, const Tensor& cx,
+                    const Tensor& y, const Tensor& reserve, const Tensor& dy, const Tensor& dhy, const Tensor& dcy,
+                    Tensor& dx, Tensor& dw, Tensor& dhx, Tensor& dcx) override;
 
   void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) override;
   bool recording(int device) override;
   void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) override;
+  void rmsprop_step(ParamSlot* slots, int64_t count, const RmsPropArgs& a) override;
+  void adagrad_step(ParamSlot* slots, int64_t count, const AdagradArgs& a) override;
 
   /// The device's state (handles, error record), created on first use; makes the device current.
   DeviceState& state(int device);

@@ -1,4 +1,4 @@
-// CUDA kernels: multi-tensor SGD and Adam. Per-tensor pointers and sizes travel in the kernel's
+// CUDA kernels: multi-tensor SGD, Adam, RMSProp and AdaGrad. Per-tensor pointers and sizes travel in the kernel's
 // argument block, so one launch updates up to kMaxTensors tensors; each block updates one chunk of
 // one tensor, found from the table of first blocks.
 #include <cmath>
@@ -81,6 +81,28 @@ __global__ void adam_kernel(TensorTable t, AdamScalars s) {
   }
 }
 
+// RMSProp and AdaGrad share a kernel: v = decay * v + scale * g^2 (RMSProp: decay alpha, scale 1 - alpha;
+// AdaGrad: 1 and 1), then p -= lr * g / (sqrt(v) + eps), or / sqrt(v + eps) with eps_inside.
+struct SquareScalars {
+  float lr, decay, scale, eps, weight_decay;
+  bool eps_inside;
+};
+
+__global__ void square_avg_kernel(TensorTable t, SquareScalars s, const float* guard) {
+  if (guard && !isfinite(*guard)) return;  // the step's gradients were not finite: skipped
+  int64_t begin, end;
+  const int k = locate(t, begin, end);
+  float* __restrict__ p = t.p[k];
+  const float* __restrict__ g = t.g[k];
+  float* __restrict__ v = t.b0[k];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float pi = p[i], gi = g[i] + s.weight_decay * pi;
+    const float vi = s.decay * v[i] + s.scale * gi * gi;
+    v[i] = vi;
+    p[i] = pi - s.lr * gi / (s.eps_inside ? sqrtf(vi + s.eps) : sqrtf(vi) + s.eps);
+  }
+}
+
 void check_slot(const Tensor& t, const Tensor& param, const char* op, const char* what) {
   TANDEM_CHECK(t.defined(), op, ": ", what, " of parameter ", param.str(), " is undefined");
   TANDEM_CHECK(t.dtype() == DType::f32 && t.device() == param.device() && t.numel() == param.numel() &&
@@ -109,7 +131,7 @@ void for_each_table(ParamSlot* slots, int64_t count, bool two_buffers, bool with
                  op, ": parameters must be contiguous f32 CUDA tensors, got ",
                  s.param.defined() ? s.param.str() : std::string("an undefined tensor"));
     check_slot(s.grad, s.param, op, "gradient");
-    if (with_buffer) check_slot(s.buf0, s.param, op, two_buffers ? "first moment" : "momentum buffer");
+    if (with_buffer) check_slot(s.buf0, s.param, op, two_buffers ? "first moment" : "state buffer");
     if (two_buffers) check_slot(s.buf1, s.param, op, "second moment");
     const int64_t n = s.param.numel();
     if (n == 0) continue;
@@ -170,6 +192,30 @@ void CudaBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) 
   for_each_table(slots, count, true, true, "adam", [&](const TensorTable& tt, int64_t blocks) {
     adam_kernel<<<static_cast<unsigned>(blocks), kOptimBlock, 0, st.stream>>>(tt, s);
     TANDEM_CUDA_LAUNCH_CHECK("adam_kernel");
+  });
+}
+
+void CudaBackend::rmsprop_step(ParamSlot* slots, int64_t count, const RmsPropArgs& a) {
+  const int dev = common_device(slots, count, "rmsprop");
+  if (dev < 0) return;
+  DeviceState& st = state(dev);
+  const SquareScalars s{static_cast<float>(a.lr), static_cast<float>(a.alpha), static_cast<float>(1.0 - a.alpha),
+                        static_cast<float>(a.eps), static_cast<float>(a.weight_decay), a.eps_inside_sqrt};
+  for_each_table(slots, count, false, true, "rmsprop", [&](const TensorTable& t, int64_t blocks) {
+    square_avg_kernel<<<static_cast<unsigned>(blocks), kOptimBlock, 0, st.stream>>>(t, s, a.guard);
+    TANDEM_CUDA_LAUNCH_CHECK("square_avg_kernel");
+  });
+}
+
+void CudaBackend::adagrad_step(ParamSlot* slots, int64_t count, const AdagradArgs& a) {
+  const int dev = common_device(slots, count, "adagrad");
+  if (dev < 0) return;
+  DeviceState& st = state(dev);
+  const SquareScalars s{static_cast<float>(a.lr), 1.0f, 1.0f, static_cast<float>(a.eps),
+                        static_cast<float>(a.weight_decay), a.eps_inside_sqrt};
+  for_each_table(slots, count, false, true, "adagrad", [&](const TensorTable& t, int64_t blocks) {
+    square_avg_kernel<<<static_cast<unsigned>(blocks), kOptimBlock, 0, st.stream>>>(t, s, a.guard);
+    TANDEM_CUDA_LAUNCH_CHECK("square_avg_kernel");
   });
 }
 
