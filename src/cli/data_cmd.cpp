@@ -39,6 +39,7 @@ int run_text(const DataTextConfig& cfg) {
   };
   std::printf("tokenizing %zu file%s byte by byte (vocabulary 256) into %s\n", cfg.files.size(),
               cfg.files.size() == 1 ? "" : "s", cfg.out_dir.c_str());
+  std::fflush(stdout);
   const data::TextCorpusReport r = data::write_text_corpus(opt);
   int val_files = 0;
   for (const auto& f : r.files) val_files += f.val;

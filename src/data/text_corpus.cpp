@@ -93,10 +93,15 @@ void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
   });
 }
 
+// 1234567 as "1,234,567" (counts are never negative).
 std::string with_commas(int64_t v) {
-  std::string s = std::to_string(v);
-  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) s.insert(static_cast<size_t>(i), ",");
-  return s;
+  const std::string digits = std::to_string(v);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 
 }  // namespace
@@ -204,8 +209,14 @@ TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
   report.meta_path = (fs::path(opt.out_dir) / "meta.json").string();
   io::check_can_write(report.meta_path, "token shard directory");
 
+  // Files of one directory are listed by name under it.
+  const fs::path common = fs::path(files.front()).parent_path();
+  const bool one_dir = std::all_of(files.begin(), files.end(),
+                                   [&](const std::string& f) { return fs::path(f).parent_path() == common; });
+  if (one_dir && !common.empty()) say("in " + common.string() + ":");
   for (size_t i = 0; i < files.size(); ++i) {
     const TextFileReport& r = report.files[i];
+    const std::string shown = one_dir ? fs::path(r.path).filename().string() : r.path;
     std::string note;
     if (opt.strip_gutenberg) {
       note = r.header_stripped && r.footer_stripped ? ", Gutenberg header and footer left out"
@@ -213,7 +224,7 @@ TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
              : r.footer_stripped                    ? ", Gutenberg footer left out (no header found)"
                                                     : ", no Gutenberg header or footer found";
     }
-    say("  " + std::string(r.val ? "val  " : "train") + "  " + r.path + ": " + with_commas(r.tokens) + " tokens" +
+    say("  " + std::string(r.val ? "val  " : "train") + "  " + shown + ": " + with_commas(r.tokens) + " tokens" +
         note);
   }
 
