@@ -208,6 +208,8 @@ TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
   TANDEM_CHECK(!ec, "cannot create output directory '", opt.out_dir, "': ", ec.message());
   report.meta_path = (fs::path(opt.out_dir) / "meta.json").string();
   io::check_can_write(report.meta_path, "token shard directory");
+  // meta.json is written last: a run that fails midway leaves none, not an earlier run's.
+  fs::remove(report.meta_path, ec);
 
   // Files of one directory are listed by name under it.
   const fs::path common = fs::path(files.front()).parent_path();

@@ -57,8 +57,8 @@ struct TextCorpusReport {
 /// Reads the files, byte-level tokenizes them (token = byte), splits them by whole files and writes
 /// DIR/train_000000.bin ... and DIR/val_000000.bin ... in llm.c's format (each file written whole
 /// under a temporary name, then renamed), then DIR/meta.json (vocabulary, token counts, which file
-/// went where). Shards named train_NNNNNN.bin / val_NNNNNN.bin left in DIR by an earlier, larger
-/// run are removed. Every input is read and checked before anything is written. Throws
+/// went where), last: a run that fails midway leaves no meta.json. Shards named train_NNNNNN.bin /
+/// val_NNNNNN.bin left in DIR by an earlier, larger run are removed. Every input is read and checked before anything is written. Throws
 /// tandem::Error (Input) for a missing or unreadable file, a file given twice, no text at all, an
 /// empty split, an out-of-range option, or an output directory that cannot be created or written.
 TextCorpusReport write_text_corpus(const TextCorpusOptions& opt);
