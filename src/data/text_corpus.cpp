@@ -1,0 +1,310 @@
+// Byte-level token shards from text files, split into training and validation by whole files.
+#include "tandem/data/text_corpus.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/safe_file.h"
+#include "data/regular_file.h"
+#include "tandem/data/tokens.h"
+#include "tandem/error.h"
+
+namespace tandem::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string upper(std::string_view s) {
+  std::string u(s);
+  for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return u;
+}
+
+// A line without its leading byte-order mark and blanks and its trailing blanks and carriage return.
+std::string_view trimmed(std::string_view line) {
+  if (line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);
+  while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.remove_suffix(1);
+  return line;
+}
+
+// "*** START OF ..." / "***END OF ...": the words after the leading asterisks, upper-cased; empty
+// when the line does not start with three asterisks.
+std::string after_stars(std::string_view line) {
+  if (line.substr(0, 3) != "***") return {};
+  while (!line.empty() && (line.front() == '*' || line.front() == ' ')) line.remove_prefix(1);
+  return upper(line);
+}
+
+bool is_header_end(std::string_view line) {
+  const std::string u = upper(line);
+  return after_stars(line).rfind("START OF", 0) == 0 || u.find("*END*THE SMALL PRINT") != std::string::npos ||
+         u.find("*END THE SMALL PRINT") != std::string::npos;
+}
+
+bool is_footer_start(std::string_view line) {
+  if (after_stars(line).rfind("END OF", 0) == 0) return true;
+  const std::string u = upper(line);
+  for (const char* p : {"END OF THE PROJECT GUTENBERG", "END OF PROJECT GUTENBERG", "END OF THIS PROJECT GUTENBERG",
+                        "END OF THE ETEXT", "END OF THIS ETEXT"})
+    if (u.rfind(p, 0) == 0) return true;
+  return false;
+}
+
+std::string read_text_file(const std::string& path) {
+  uint64_t size = 0;
+  std::FILE* f = io::open_regular_file(path, "text file", size);
+  std::string text(static_cast<size_t>(size), '\0');
+  const size_t got = size ? std::fread(text.data(), 1, text.size(), f) : 0;
+  const bool failed = std::ferror(f) != 0;
+  const int err = errno;
+  std::fclose(f);
+  TANDEM_CHECK(!failed, "cannot read text file '", path, "': ", std::strerror(err));
+  text.resize(got);  // a file that shrank while being read gives what it still had
+  return text;
+}
+
+std::string shard_name(const char* split, size_t i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%s_%06zu.bin", split, i);
+  return buf;
+}
+
+// Writes tokens as one llm.c shard at path (atomically).
+void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  int32_t header[kLlmcHeaderInts] = {};
+  header[0] = kLlmcMagic;
+  header[1] = kLlmcVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+  io::write_file_atomically(path, "token shard", [&](int fd) {
+    io::write_all(fd, header, sizeof header, path, "token shard");
+    io::write_all(fd, tokens.data(), tokens.size() * sizeof(uint16_t), path, "token shard");
+  });
+}
+
+// 1234567 as "1,234,567" (counts are never negative).
+std::string with_commas(int64_t v) {
+  const std::string digits = std::to_string(v);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+TextSpan gutenberg_body(std::string_view text) {
+  TextSpan span{0, text.size(), false, false};
+  // Lines as [start, next) of text; the header's end is looked for first, the footer after it.
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t nl = text.find('\n', pos);
+    const size_t next = nl == std::string_view::npos ? text.size() : nl + 1;
+    const std::string_view line = trimmed(text.substr(pos, next - pos));
+    if (!span.header && is_header_end(line)) {
+      span.header = true;
+      span.begin = next;
+    } else if (is_footer_start(line)) {
+      span.footer = true;
+      span.end = pos;
+      break;
+    }
+    pos = next;
+  }
+  return span;
+}
+
+std::vector<bool> choose_validation_files(const std::vector<uint64_t>& bytes, double fraction) {
+  TANDEM_CHECK(std::isfinite(fraction) && fraction >= 0.0 && fraction < 1.0, "--val must be in [0, 1), got ",
+               fraction);
+  const size_t n = bytes.size();
+  std::vector<bool> val(n, false);
+  if (fraction == 0.0) return val;
+  TANDEM_CHECK(n >= 2, "--val ", fraction, " holds out whole files, but only ", n,
+               " file was given: give two or more files, or --val 0 for a training split alone");
+  long double total = 0;
+  for (uint64_t b : bytes) total += static_cast<long double>(b);
+  const long double target = total * static_cast<long double>(fraction);
+  size_t best = 1;
+  long double sum = 0, best_gap = std::numeric_limits<long double>::infinity();
+  for (size_t k = 1; k < n; ++k) {  // the last k files
+    sum += static_cast<long double>(bytes[n - k]);
+    const long double gap = std::fabs(sum - target);
+    if (gap < best_gap) {
+      best_gap = gap;
+      best = k;
+    }
+  }
+  for (size_t k = 1; k <= best; ++k) val[n - k] = true;
+  return val;
+}
+
+TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
+  auto say = [&](const std::string& line) {
+    if (opt.progress) opt.progress(line);
+  };
+  TANDEM_CHECK(!opt.files.empty(), "tandem data text: no input files were given");
+  TANDEM_CHECK(!opt.out_dir.empty(), "tandem data text: no output directory was given (-o DIR)");
+  TANDEM_CHECK(opt.shard_tokens >= 1 && opt.shard_tokens <= std::numeric_limits<int32_t>::max(),
+               "--shard-tokens must be in [1, 2^31 - 1] (llm.c's header counts tokens in an int32), got ",
+               opt.shard_tokens);
+  TANDEM_CHECK(std::isfinite(opt.val_fraction) && opt.val_fraction >= 0.0 && opt.val_fraction < 1.0,
+               "--val must be in [0, 1), got ", opt.val_fraction);
+
+  TextCorpusReport report;
+  std::vector<std::string> files = opt.files;
+  std::sort(files.begin(), files.end());
+  for (size_t i = 1; i < files.size(); ++i)
+    TANDEM_CHECK(files[i] != files[i - 1], "text file '", files[i], "' is given twice");
+
+  // Pass 1: every file is read and measured before anything is written.
+  std::vector<TextSpan> spans;
+  std::vector<uint64_t> kept;
+  int64_t total = 0;
+  for (const std::string& path : files) {
+    const std::string text = read_text_file(path);
+    TextSpan span = opt.strip_gutenberg ? gutenberg_body(text) : TextSpan{0, text.size(), false, false};
+    TextFileReport r;
+    r.path = path;
+    r.bytes = text.size();
+    r.tokens = static_cast<int64_t>(span.end - span.begin);
+    r.header_stripped = span.header;
+    r.footer_stripped = span.footer;
+    report.files.push_back(r);
+    spans.push_back(span);
+    kept.push_back(static_cast<uint64_t>(r.tokens));
+    total += r.tokens;
+  }
+  TANDEM_CHECK(total > 0, "tandem data text: the ", files.size(), " input file", files.size() == 1 ? "" : "s",
+               " hold no text", opt.strip_gutenberg ? " once Project Gutenberg's header and footer are left out" : "",
+               "; there is nothing to write");
+  const std::vector<bool> val = choose_validation_files(kept, opt.val_fraction);
+  for (size_t i = 0; i < files.size(); ++i) {
+    report.files[i].val = val[i];
+    (val[i] ? report.val_tokens : report.train_tokens) += report.files[i].tokens;
+  }
+  TANDEM_CHECK(report.train_tokens > 0, "tandem data text: the training files hold no text");
+  TANDEM_CHECK(opt.val_fraction == 0.0 || report.val_tokens > 0,
+               "tandem data text: the validation files hold no text; give files with text or --val 0");
+
+  // The output directory: created when missing, checked for writing before any shard is made.
+  std::error_code ec;
+  TANDEM_CHECK(!fs::exists(opt.out_dir, ec) || fs::is_directory(opt.out_dir, ec), "output directory '", opt.out_dir,
+               "' exists and is not a directory");
+  fs::create_directories(opt.out_dir, ec);
+  TANDEM_CHECK(!ec, "cannot create output directory '", opt.out_dir, "': ", ec.message());
+  report.meta_path = (fs::path(opt.out_dir) / "meta.json").string();
+  io::check_can_write(report.meta_path, "token shard directory");
+  // meta.json is written last: a run that fails midway leaves none, not an earlier run's.
+  fs::remove(report.meta_path, ec);
+
+  // Files of one directory are listed by name under it.
+  const fs::path common = fs::path(files.front()).parent_path();
+  const bool one_dir = std::all_of(files.begin(), files.end(),
+                                   [&](const std::string& f) { return fs::path(f).parent_path() == common; });
+  if (one_dir && !common.empty()) say("in " + common.string() + ":");
+  for (size_t i = 0; i < files.size(); ++i) {
+    const TextFileReport& r = report.files[i];
+    const std::string shown = one_dir ? fs::path(r.path).filename().string() : r.path;
+    std::string note;
+    if (opt.strip_gutenberg) {
+      note = r.header_stripped && r.footer_stripped ? ", Gutenberg header and footer left out"
+             : r.header_stripped                    ? ", Gutenberg header left out (no footer found)"
+             : r.footer_stripped                    ? ", Gutenberg footer left out (no header found)"
+                                                    : ", no Gutenberg header or footer found";
+    }
+    say("  " + std::string(r.val ? "val  " : "train") + "  " + shown + ": " + with_commas(r.tokens) + " tokens" +
+        note);
+  }
+
+  // Pass 2: the split's files, in order, cut into shards of at most shard_tokens.
+  std::set<std::string> written;
+  auto write_split = [&](bool is_val, std::vector<std::string>& out) {
+    const char* split = is_val ? "val" : "train";
+    std::vector<uint16_t> buf;
+    buf.reserve(static_cast<size_t>(std::min<int64_t>(opt.shard_tokens, is_val ? report.val_tokens : report.train_tokens)));
+    auto flush = [&] {
+      const std::string name = shard_name(split, out.size());
+      const std::string path = (fs::path(opt.out_dir) / name).string();
+      write_shard(path, buf);
+      say("wrote " + path + " (" + with_commas(static_cast<int64_t>(buf.size())) + " tokens)");
+      out.push_back(path);
+      written.insert(name);
+      buf.clear();
+    };
+    for (size_t i = 0; i < files.size(); ++i) {
+      if (val[i] != is_val || report.files[i].tokens == 0) continue;
+      const std::string text = read_text_file(files[i]);
+      const TextSpan s = spans[i];
+      TANDEM_CHECK(text.size() == report.files[i].bytes, "text file '", files[i], "' changed while being read (",
+                   report.files[i].bytes, " bytes, now ", text.size(), ")");
+      for (size_t p = s.begin; p < s.end; ++p) {
+        buf.push_back(static_cast<unsigned char>(text[p]));
+        if (static_cast<int64_t>(buf.size()) == opt.shard_tokens) flush();
+      }
+    }
+    if (!buf.empty()) flush();
+  };
+  write_split(false, report.train_shards);
+  if (report.val_tokens > 0) write_split(true, report.val_shards);
+
+  // Shards of an earlier run that this one did not rewrite would join a glob of train_*.bin.
+  static const std::regex kShard(R"((train|val)_[0-9]{6}\.bin)");
+  for (const auto& e : fs::directory_iterator(opt.out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, kShard) && !written.count(name) && !e.is_directory()) {
+      std::error_code rm;
+      if (fs::remove(e.path(), rm)) {
+        report.removed.push_back(e.path().string());
+        say("removed " + e.path().string() + " (a shard of an earlier run)");
+      }
+    }
+  }
+
+  nlohmann::json meta;
+  meta["format"] = "llm.c token shards: a header of 256 int32 (magic 20240520, version 1, token count), then uint16 tokens";
+  meta["tokenizer"] = "byte";
+  meta["vocab_size"] = 256;
+  meta["strip_gutenberg"] = opt.strip_gutenberg;
+  meta["val_fraction"] = opt.val_fraction;
+  meta["shard_tokens"] = opt.shard_tokens;
+  auto names = [](const std::vector<std::string>& paths) {
+    std::vector<std::string> out;
+    for (const std::string& p : paths) out.push_back(fs::path(p).filename().string());
+    return out;
+  };
+  auto split_files = [&](bool is_val) {
+    std::vector<std::string> out;
+    for (const TextFileReport& r : report.files)
+      if (r.val == is_val) out.push_back(r.path);
+    return out;
+  };
+  meta["train"] = {{"tokens", report.train_tokens}, {"shards", names(report.train_shards)}, {"files", split_files(false)}};
+  meta["val"] = {{"tokens", report.val_tokens}, {"shards", names(report.val_shards)}, {"files", split_files(true)}};
+  nlohmann::json per_file = nlohmann::json::array();
+  for (const TextFileReport& r : report.files)
+    per_file.push_back({{"path", r.path},
+                        {"bytes", r.bytes},
+                        {"tokens", r.tokens},
+                        {"split", r.val ? "val" : "train"},
+                        {"gutenberg_header_stripped", r.header_stripped},
+                        {"gutenberg_footer_stripped", r.footer_stripped}});
+  meta["files"] = per_file;
+  io::write_file_atomically(report.meta_path, "metadata file", meta.dump(2) + "\n");
+  return report;
+}
+
+}  // namespace tandem::data

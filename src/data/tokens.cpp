@@ -1,0 +1,259 @@
+// Token shards (llm.c's and nanoGPT's formats), memory-mapped, read as one stream, and batches of
+// token windows drawn on the device.
+#include "tandem/data/tokens.h"
+
+#include <glob.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "backend/backend.h"
+#include "backend/token_window.h"
+#include "core/counter_rng.h"
+#include "data/regular_file.h"
+#include "tandem/error.h"
+
+namespace tandem::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int32_t kLlama3Magic = 20240801;  // llm.c's LLaMA-3 shards: uint32 tokens
+constexpr int64_t kHeaderBytes = kLlmcHeaderInts * 4;
+
+bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+}  // namespace
+
+const char* token_format_name(TokenFormat f) { return f == TokenFormat::llmc ? "llm.c" : "nanoGPT (bare uint16)"; }
+
+TokenShard::TokenShard(const std::string& path, int64_t vocab) : path_(path) {
+  uint64_t size = 0;
+  std::FILE* f = io::open_regular_file(path, "token shard", size);
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{f};
+  TANDEM_CHECK(size > 0, "token shard '", path, "' is empty: it holds no tokens");
+  map_ = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fileno(f), 0);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    TANDEM_RUNTIME_CHECK(false, "cannot map token shard '", path, "' into memory: ", std::strerror(errno));
+  }
+  map_bytes_ = size;
+  try {
+    const auto* bytes = static_cast<const uint8_t*>(map_);
+    int32_t magic = 0;
+    if (size >= 4) std::memcpy(&magic, bytes, 4);
+    TANDEM_CHECK(magic != kLlama3Magic, "token shard '", path, "' is in llm.c's LLaMA-3 format (magic ", kLlama3Magic,
+                 ", uint32 tokens); only uint16 tokens (magic ", kLlmcMagic, ", or bare uint16) are supported");
+    if (magic == kLlmcMagic) {
+      format_ = TokenFormat::llmc;
+      TANDEM_CHECK(size >= static_cast<uint64_t>(kHeaderBytes), "token shard '", path, "' is truncated: it has llm.c's magic ",
+                   kLlmcMagic, " but only ", size, " bytes, less than the ", kHeaderBytes, "-byte header");
+      int32_t header[3];
+      std::memcpy(header, bytes, sizeof header);
+      TANDEM_CHECK(header[1] == kLlmcVersion, "token shard '", path, "': llm.c header version ", header[1],
+                   ", expected ", kLlmcVersion, " (uint16 tokens)");
+      const int64_t count = header[2];
+      TANDEM_CHECK(count > 0, "token shard '", path, "': its llm.c header announces ", count,
+                   " tokens; a shard holds at least one");
+      const uint64_t payload = size - kHeaderBytes, want = 2 * static_cast<uint64_t>(count);
+      TANDEM_CHECK(payload >= want, "token shard '", path, "' is truncated: its header announces ", count, " tokens (",
+                   want, " bytes after the ", kHeaderBytes, "-byte header) but only ", payload, " bytes follow");
+      TANDEM_CHECK(payload == want, "token shard '", path, "': token count mismatch: its header announces ", count,
+                   " tokens (", want, " bytes) but ", payload, " bytes follow the header",
+                   payload % 2 == 0 ? " (" + std::to_string(payload / 2) + " tokens)" : std::string());
+      tokens_ = reinterpret_cast<const uint16_t*>(bytes + kHeaderBytes);
+      count_ = count;
+    } else {
+      format_ = TokenFormat::bare;
+      TANDEM_CHECK(size % 2 == 0, "token shard '", path, "' has an odd number of bytes (", size,
+                   "): neither llm.c's format (no magic ", kLlmcMagic, ") nor bare uint16 tokens");
+      tokens_ = reinterpret_cast<const uint16_t*>(bytes);
+      count_ = static_cast<int64_t>(size / 2);
+    }
+    if (vocab > 0) {
+      for (int64_t i = 0; i < count_; ++i)
+        TANDEM_CHECK(tokens_[i] < vocab, "token shard '", path, "': token ", tokens_[i], " at position ", i,
+                     " is outside the vocabulary of ", vocab);
+    }
+  } catch (...) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+TokenShard::~TokenShard() {
+  if (map_) ::munmap(map_, map_bytes_);
+}
+
+uint16_t TokenShard::max_token() const {
+  uint16_t m = 0;
+  for (int64_t i = 0; i < count_; ++i) m = std::max(m, tokens_[i]);
+  return m;
+}
+
+std::vector<std::string> find_token_shards(const std::string& spec) {
+  TANDEM_CHECK(!spec.empty(), "token shards: an empty path was given");
+  std::error_code ec;
+  std::vector<std::string> files;
+  if (fs::is_directory(spec, ec)) {
+    bool train = false, val = false;
+    for (const auto& e : fs::directory_iterator(spec, ec)) {
+      if (e.path().extension() != ".bin") continue;
+      const std::string name = e.path().filename().string();
+      train = train || starts_with(name, "train_");
+      val = val || starts_with(name, "val_");
+      files.push_back(e.path().string());
+    }
+    TANDEM_CHECK(!ec, "cannot list token shard directory '", spec, "': ", ec.message());
+    TANDEM_CHECK(!(train && val), "directory '", spec, "' holds both train_*.bin and val_*.bin shards; name the split: '",
+                 (fs::path(spec) / "train_*.bin").string(), "' or '", (fs::path(spec) / "val_*.bin").string(), "'");
+    TANDEM_CHECK(!files.empty(), "directory '", spec, "' holds no token shards (*.bin files)");
+  } else if (has_glob_chars(spec) && !fs::exists(spec, ec)) {
+    glob_t g{};
+    const int rc = ::glob(spec.c_str(), 0, nullptr, &g);
+    if (rc == 0)
+      for (size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+    ::globfree(&g);
+    TANDEM_CHECK(rc == 0 || rc == GLOB_NOMATCH, "cannot expand the pattern '", spec, "' (glob error ", rc, ")");
+    TANDEM_CHECK(!files.empty(), "no token shards match '", spec, "'");
+  } else {
+    TANDEM_CHECK(fs::exists(spec, ec), "token shard '", spec, "' does not exist");
+    return {spec};
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+TokenStream::TokenStream(const std::vector<std::string>& specs, int64_t vocab) {
+  TANDEM_CHECK(!specs.empty(), "token stream: no shard files were given");
+  for (const std::string& spec : specs) {
+    for (const std::string& path : find_token_shards(spec)) {
+      auto shard = std::make_shared<const TokenShard>(path, vocab);
+      starts_.push_back(size_);
+      size_ += shard->size();
+      shards_.push_back(std::move(shard));
+    }
+  }
+}
+
+uint16_t TokenStream::at(int64_t i) const {
+  TANDEM_CHECK(i >= 0 && i < size_, "token stream: position ", i, " is outside [0, ", size_, ")");
+  const size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin() - 1);
+  return shards_[s]->tokens()[i - starts_[s]];
+}
+
+namespace {
+// Calls f(shard tokens, count, offset in the range) for each piece of [begin, end) within one shard.
+template <typename F>
+void for_each_piece(const std::vector<std::shared_ptr<const TokenShard>>& shards, const std::vector<int64_t>& starts,
+                    int64_t begin, int64_t end, F&& f) {
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const int64_t lo = std::max(begin, starts[s]), hi = std::min(end, starts[s] + shards[s]->size());
+    if (lo < hi) f(shards[s]->tokens() + (lo - starts[s]), hi - lo, lo - begin);
+  }
+}
+}  // namespace
+
+void TokenStream::copy(int64_t begin, int64_t end, uint16_t* dst) const {
+  TANDEM_CHECK(0 <= begin && begin <= end && end <= size_, "token stream: range [", begin, ", ", end,
+               ") is outside [0, ", size_, ")");
+  for_each_piece(shards_, starts_, begin, end,
+                 [&](const uint16_t* src, int64_t n, int64_t at) { std::memcpy(dst + at, src, 2 * static_cast<size_t>(n)); });
+}
+
+Tensor TokenStream::upload(int64_t begin, int64_t end, Device device) const {
+  TANDEM_CHECK(0 <= begin && begin <= end && end <= size_, "token stream: range [", begin, ", ", end,
+               ") is outside [0, ", size_, ")");
+  Tensor t = Tensor::empty({end - begin, 2}, DType::u8, device);
+  backend::Backend& be = backend::backend_for(device);
+  auto* dst = static_cast<uint8_t*>(t.data_ptr());
+  for_each_piece(shards_, starts_, begin, end, [&](const uint16_t* src, int64_t n, int64_t at) {
+    be.copy_from_host(src, dst + 2 * at, 2 * static_cast<size_t>(n), device.index);
+  });
+  return t;
+}
+
+TokenRange rank_part(int64_t n, int rank, int world_size) {
+  TANDEM_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "token stream: rank ", rank, " is outside [0, ",
+               world_size, ")");
+  TANDEM_CHECK(n >= 0, "token stream: negative length ", n);
+  // n * r / w without overflow: n < 2^63 and r < w, so (n / w) * r + (n % w) * r / w stays in range.
+  auto cut = [&](int64_t r) { return (n / world_size) * r + (n % world_size) * r / world_size; };
+  return {cut(rank), cut(rank + 1)};
+}
+
+uint64_t window_seed(uint64_t seed, int rank) {
+  return rng::mix(seed ^ 0x7F4A7C159E3779B9ull, static_cast<uint64_t>(rank) + 1);
+}
+
+int64_t window_start(uint64_t seed, int64_t j, int64_t n, int64_t context, bool random) {
+  TANDEM_CHECK(context >= 1 && n >= context + 1, "token windows: ", n, " tokens cannot hold a window of ",
+               context + 1);
+  TANDEM_CHECK(j >= 0, "token windows: negative window index ", j);
+  return backend::token_window_start(seed, j, n, context, random);
+}
+
+TokenBatches::TokenBatches(const TokenStream& stream, TokenBatchOptions opt) : opt_(opt) {
+  TANDEM_CHECK(opt.batch >= 1 && opt.batch <= (int64_t{1} << 31) - 1, "token batches: batch must be in [1, 2^31), got ",
+               opt.batch);
+  TANDEM_CHECK(opt.context >= 1 && opt.context <= (int64_t{1} << 31) - 1,
+               "token batches: context must be in [1, 2^31), got ", opt.context);
+  TANDEM_CHECK(opt.world_size >= 1, "token batches: world_size must be at least 1, got ", opt.world_size);
+  TANDEM_CHECK(opt.rank >= 0 && opt.rank < opt.world_size, "token batches: rank ", opt.rank, " is outside [0, ",
+               opt.world_size, ")");
+  check_device(opt.device);
+  part_ = rank_part(stream.size(), opt.rank, opt.world_size);
+  TANDEM_CHECK(part_.size() >= opt.context + 1, "token batches: rank ", opt.rank, " of ", opt.world_size, " gets ",
+               part_.size(), " of the stream's ", stream.size(), " tokens, fewer than one window of context + 1 = ",
+               opt.context + 1, opt.world_size > 1 ? "; use fewer ranks, a shorter context or more data" :
+                                                     "; use a shorter context or more data");
+  seed_ = window_seed(opt.seed, opt.rank);
+  tokens_ = stream.upload(part_.begin, part_.end, opt.device);
+  cursor_ = Tensor::zeros({2}, DType::i64, opt.device);
+}
+
+void TokenBatches::next(Tensor& x, Tensor& y) {
+  const Shape shape{opt_.batch, opt_.context};
+  auto fit = [&](Tensor& t) {
+    if (!(t.defined() && t.shape() == shape && t.dtype() == DType::i32 && t.device() == opt_.device &&
+          t.is_contiguous()))
+      t = Tensor::empty(shape, DType::i32, opt_.device);
+  };
+  fit(x);
+  fit(y);
+  fill(x, y);
+}
+
+void TokenBatches::fill(Tensor& x, Tensor& y) {
+  TANDEM_CHECK(x.defined() && x.dim() == 2 && x.size(0) <= opt_.batch && x.size(1) == opt_.context &&
+                   x.device() == opt_.device && x.is_contiguous() && y.defined() && y.is_contiguous(),
+               "token batches: x and y must be contiguous i32 [B, ", opt_.context, "] with B <= ", opt_.batch, " on ",
+               opt_.device.str(), ", got ", x.defined() ? x.str() : "undefined");
+  backend::backend_for(opt_.device).token_windows(tokens_, cursor_, seed_, !opt_.sequential, x, y);
+}
+
+void TokenBatches::seek(int64_t k) {
+  TANDEM_CHECK(k >= 0 && k <= INT64_MAX / opt_.batch, "token batches: cannot seek to batch ", k);
+  cursor_.copy_(Tensor::from_vector(std::vector<int64_t>{k * opt_.batch, 0}, {2}));
+}
+
+int64_t TokenBatches::windows() const {
+  return opt_.sequential ? (part_.size() - 1) / opt_.context : part_.size() - opt_.context;
+}
+
+int64_t TokenBatches::window_start(int64_t j) const {
+  return data::window_start(seed_, j, part_.size(), opt_.context, !opt_.sequential);
+}
+
+}  // namespace tandem::data
