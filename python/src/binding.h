@@ -54,6 +54,8 @@ void bind_graph(nb::module_& m);
 // elementwise ops
 // reductions, shape and indexing ops, products
 // softmax, normalisation, losses, attention
+/// log_softmax, layer_norm, rms_norm, the N-D losses, scaled_dot_product_attention and their layers.
+void bind_norm(nb::module_& m);
 // embedding, recurrent networks, optimizers, schedules
 
 }  // namespace tandem::py

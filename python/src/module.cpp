@@ -165,5 +165,6 @@ NB_MODULE(_tandem, m) {
   // elementwise ops
   // reductions, shape and indexing ops, products
   // softmax, normalisation, losses, attention
+  tandem::py::bind_norm(m);
   // embedding, recurrent networks, optimizers, schedules
 }
