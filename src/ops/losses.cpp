@@ -134,10 +134,11 @@ Tensor point_loss(PointLoss kind, const Tensor& x, const Tensor& target, Reducti
   Tensor sx = xc.detach();
   const bool need_x = x.requires_grad(), need_t = target_grad && target.requires_grad();
   const DType tdt = target.dtype();
-  auto fn = [sx, tc, count, r, st, kind, n, need_x, need_t, tdt](const Tensor& g) {
+  auto fn = [sx, tc, count, r, st, kind, n, need_x, need_t, target_grad, tdt](const Tensor& g) {
     Tensor w = position_weights(g, count, r, st);
     Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
     if (n > 0) be(dx).pointwise_loss_backward(kind, sx, tc, w, dx);
+    if (!target_grad) return std::vector<Tensor>{need_x ? dx : Tensor()};
     Tensor dt = need_t ? affine_raw(dx, -1.0, 0.0).to(tdt) : Tensor();
     return std::vector<Tensor>{need_x ? dx : Tensor(), dt};
   };

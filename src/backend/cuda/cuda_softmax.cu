@@ -19,6 +19,8 @@ namespace tandem::backend {
 
 namespace {
 
+using kern::from_float;
+using kern::to_float;
 using rows::load_floats;
 using rows::store_floats;
 using rows::warp_max;
