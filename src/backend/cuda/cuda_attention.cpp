@@ -351,6 +351,7 @@ void CudaBackend::fused_attention_forward(const Tensor& q, const Tensor& k, cons
   }
   execute(*plan.fwd, st.handle, pack, ws.as<void>(), "forward");
 #else
+  (void)dev;
   (void)seed;
   (void)offset;
   TANDEM_CHECK(false, "scaled_dot_product_attention: tandem was built without the cuDNN frontend headers");
@@ -384,6 +385,7 @@ void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, con
   }
   execute(*plan.bwd, st.handle, pack, ws.as<void>(), "backward");
 #else
+  (void)dev;
   (void)q;
   (void)k;
   (void)v;
