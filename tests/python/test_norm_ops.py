@@ -63,8 +63,10 @@ def test_layer_norm_and_rms_norm(cpu):
     gx, gw, gb = grads_of(y, np.ones(x.shape), tx, tw, tb)
     np.testing.assert_allclose(gb, np.full(8, 6.0), rtol=1e-6)
     np.testing.assert_allclose(gw, ((x - mu) / np.sqrt(var + 1e-5)).sum((0, 1)), rtol=1e-4, atol=1e-5)
-    # With dy = 1 the input gradient is w's centred contribution: rstd * (w - mean(w)).
-    np.testing.assert_allclose(gx, (w - w.mean()) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-4)
+    # With dy = 1: dx = rstd * (w - mean(w) - xhat * mean(w * xhat)).
+    xhat = (x - mu) / np.sqrt(var + 1e-5)
+    ref = (w - w.mean() - xhat * (w * xhat).mean(-1, keepdims=True)) / np.sqrt(var + 1e-5)
+    np.testing.assert_allclose(gx, ref, rtol=1e-4, atol=1e-4)
     r = autograd.rms_norm(tensor.from_numpy(x, cpu), [3, 8], eps=1e-6).to_numpy()
     ms = (x ** 2).mean((1, 2), keepdims=True)
     np.testing.assert_allclose(r, x / np.sqrt(ms + 1e-6), rtol=1e-5, atol=1e-5)
