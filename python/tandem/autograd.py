@@ -627,7 +627,7 @@ def softmax_cross_entropy(x, t, ignore_index=None, reduction=None):
     [B, T, V] and [B, T]), or with ``ignore_index`` or ``reduction`` given: the loss over the last axis,
     positions whose target is ignore_index (default -100) left out, reduced by "mean" (over the others,
     the default), "sum" or "none" (one loss per position); a scalar for mean and sum."""
-    if ignore_index is None and reduction is None and x.dim() == 2 and t.dim() <= 2:
+    if ignore_index is None and reduction is None and x.dim() <= 2:
         return SoftMaxCrossEntropy(t)(x)[0]
     return _tandem.cross_entropy_loss(x, t, reduction or "mean", -100 if ignore_index is None else int(ignore_index))
 
