@@ -51,8 +51,44 @@ configure() {
   fi
 }
 
+# The cuDNN frontend's C++ headers, from which cuDNN's fused attention is built: PyPI's
+# nvidia-cudnn-frontend wheel carries them under include/, unpacked into $BUILD_DIR/cudnn-frontend (CMake's
+# default TANDEM_CUDNN_FRONTEND_INCLUDE). Skipped without CUDA; without them (PyPI unreachable) the build goes
+# on and attention on GPUs takes the math path.
+CUDNN_FRONTEND_VERSION=1.32.0
+FRONTEND_FETCHED=0
+fetch_cudnn_frontend() {
+  local dest="$BUILD_DIR/cudnn-frontend" py=python3 tmp wheel
+  [ -f "$dest/include/cudnn_frontend.h" ] && return 0
+  command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || return 0
+  if [ -x "$BUILD_DIR/pyenv/bin/python" ]; then py="$BUILD_DIR/pyenv/bin/python"; elif [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; fi
+  tmp=$(mktemp -d)
+  log "fetching the cuDNN frontend $CUDNN_FRONTEND_VERSION headers from PyPI into $dest"
+  if "$py" -m pip download -q --disable-pip-version-check --no-deps -d "$tmp" \
+       "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION" >&2 && wheel=$(ls "$tmp"/*.whl 2>/dev/null | head -n 1) && \
+     [ -n "$wheel" ] && "$py" - "$wheel" "$dest" <<'PYEOF'
+import sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    members = [m for m in z.namelist() if m.startswith("include/")]
+    if not any(m.endswith("/cudnn_frontend.h") for m in members):
+        sys.exit("no include/cudnn_frontend.h in " + wheel)
+    z.extractall(dest, members)
+PYEOF
+  then
+    FRONTEND_FETCHED=1
+    log "cuDNN frontend headers in $dest/include"
+  else
+    log "could not fetch the cuDNN frontend headers: building without cuDNN's fused attention (the math path)"
+  fi
+  rm -rf "$tmp"
+}
+
 build() {
   install_missing
+  fetch_cudnn_frontend
+  # A build directory configured before the headers arrived looks for them again.
+  if [ "$FRONTEND_FETCHED" = 1 ] && [ -f "$BUILD_DIR/CMakeCache.txt" ]; then cmake -S . -B "$BUILD_DIR" >&2; fi
   configure "$BUILD_DIR"
   # pip may have built the Python module in this directory with an interpreter that is gone since
   # (build/pyenv removed): then the C++ parts are built alone, until pip builds the module again.

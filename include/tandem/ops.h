@@ -2,6 +2,7 @@
 // Differentiable operations. Each runs on the device of its inputs and records itself for autograd.
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tandem/autograd.h"
@@ -216,8 +217,46 @@ Tensor batch_norm2d_act(const Tensor& x, const Tensor& residual, const Tensor& g
 /// Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 
-/// exp(x) / sum(exp(x)) along dim (negative: from the end), the maximum subtracted first. CUDA: f32.
+/// exp(x) / sum(exp(x)) along dim (negative: from the end), the maximum subtracted first. CUDA: f32, f16,
+/// bf16 (the output in x's type, arithmetic in f32).
 Tensor softmax(const Tensor& x, int64_t dim = -1);
+
+// ---- softmax, normalisation, losses, attention
+/// log(softmax(x)) along dim (negative: from the end), computed as x - max - log(sum(exp(x - max))). Types
+/// as softmax.
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+/// Layer normalisation over the trailing dimensions normalized_shape of x: (x - mean) / sqrt(var + eps) *
+/// weight + bias, mean and (biased) variance over those dimensions. weight and bias (of normalized_shape)
+/// may be undefined. On CUDA, 16-bit x takes weight and bias in f32 or its own type; statistics in f32.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+/// Root-mean-square normalisation over the trailing dimensions normalized_shape: x / sqrt(mean(x^2) + eps) *
+/// weight (weight may be undefined). Types as layer_norm.
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(), double eps = 1e-6);
+
+/// How a loss combines the losses of its elements: each kept (None, the targets' shape), summed, or averaged.
+enum class Reduction { None, Mean, Sum };
+/// The name of a reduction: "none", "mean", "sum".
+const char* reduction_name(Reduction r);
+/// Parses "none", "mean" or "sum"; throws tandem::Error naming the op otherwise.
+Reduction parse_reduction(const std::string& name, const char* op = "loss");
+/// Softmax cross-entropy over the last axis of logits [..., C] against class indices targets [...] (i32 or i64):
+/// -log softmax(logits)[target] per position; positions whose target is ignore_index add nothing, and Mean
+/// averages over the others (a language model's loss). 16-bit logits on CUDA are read as they are; the loss
+/// is f32 for them (f64 for f64 logits).
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Reduction reduction,
+                             int64_t ignore_index = -100);
+/// Negative log-likelihood over the last axis of log-probabilities logp [..., C]: -logp[target] per position,
+/// with ignore_index and reductions as softmax_cross_entropy.
+Tensor nll_loss(const Tensor& logp, const Tensor& targets, Reduction reduction = Reduction::Mean,
+                int64_t ignore_index = -100);
+/// (x - target)^2 per element (shapes equal), reduced. Both take a gradient.
+Tensor mse_loss(const Tensor& x, const Tensor& target, Reduction reduction = Reduction::Mean);
+/// -(t log p + (1 - t) log(1 - p)) per element for probabilities p and targets t of p's shape, each log
+/// clamped at -100 as PyTorch does; reduced. The targets take no gradient.
+Tensor binary_cross_entropy(const Tensor& p, const Tensor& target, Reduction reduction = Reduction::Mean);
+/// binary_cross_entropy(sigmoid(x), t) computed stably from the logits x: max(x, 0) - x t + log(1 + e^-|x|).
+Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& target, Reduction reduction = Reduction::Mean);
 
 // ---- losses and metrics
 /// Mean over the batch of -log softmax(logits)[label]; logits [N, C], labels [N] of i32 or i64. Labels
@@ -240,6 +279,14 @@ void add_loss_and_correct(const Tensor& loss, const Tensor& logits, const Tensor
 void add_into(Tensor& acc, const Tensor& x);
 
 // ---- attention
+/// Scaled dot-product attention: softmax(scale q k^T) v for q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv]
+/// (any strides), giving [B, H, Tq, dv] in q's type. causal masks key j out of query i's row where j > i (the
+/// top-left diagonal, as PyTorch's is_causal). scale <= 0 takes 1 / sqrt(d). With dropout_p > 0 (needs gen)
+/// the probabilities are dropped with that probability and the rest scaled by 1 / (1 - dropout_p). On CUDA,
+/// f16 and bf16 run cuDNN's fused flash attention where tandem was built with the cuDNN frontend and cuDNN
+/// takes the geometry; f32, the CPU and other cases compute softmax and products (scores in f32 or better).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
+                                    double dropout_p = 0.0, double scale = 0.0, Generator* gen = nullptr);
 
 // ---- embedding and recurrent networks
 /// The rows of weight [V, D] that indices (i32 or i64, any shape [...], values in [0, V)) pick:

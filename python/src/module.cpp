@@ -166,6 +166,7 @@ NB_MODULE(_tandem, m) {
   tandem::py::bind_elementwise(m);
   // reductions, shape and indexing ops, products
   // softmax, normalisation, losses, attention
+  tandem::py::bind_norm(m);
   // embedding, recurrent networks, optimizers, schedules
   tandem::py::bind_rnn(m);
 }

@@ -127,7 +127,8 @@ void bind_ops(nb::module_& m) {
         return avg_pool2d(x, Pool2dOptions{kernel, stride, padding});
       },
       nb::arg("x"), nb::arg("kernel"), nb::arg("stride"), nb::arg("padding") = Pair{0, 0}, release_gil());
-  m.def("softmax_cross_entropy", &softmax_cross_entropy, nb::arg("logits"), nb::arg("labels"), release_gil(),
+  m.def("softmax_cross_entropy", static_cast<Tensor (*)(const Tensor&, const Tensor&)>(&softmax_cross_entropy),
+        nb::arg("logits"), nb::arg("labels"), release_gil(),
         "Mean over the batch of -log softmax(logits)[label]; labels i32 or i64 [N], or targets [N, C] "
         "(one-hot rows or a distribution per row: the mean of -sum(t * log softmax)).");
   m.def("argmax", &argmax, nb::arg("x"), release_gil(), "Index of the largest element of each row, i64 [N].");

@@ -370,8 +370,8 @@ class MeanSquareError(Operator):
     def _apply(self, x):
         if tuple(x.shape) != tuple(self.t.shape):
             raise ValueError(f"mse_loss: input and target shapes differ: {x.shape} and {self.t.shape}")
-        err = _tandem.sub(x, self.t.detach())
-        return _tandem.reshape(_tandem.scale(_tandem.sum(_tandem.mul(err, err)), 1.0 / x.size()), [1])
+        t = self.t if self.t.dtype == x.dtype else self.t.as_type(x.dtype)
+        return _tandem.reshape(_tandem.mse_loss(x, t.detach(), "mean"), [1])
 
 
 _dropout_generators = {}
@@ -616,9 +616,15 @@ def mean(*l):
     return Mean()(*l)[0]
 
 
-def softmax_cross_entropy(x, t):
-    """The mean over the batch of -log softmax(x)[t]; t: class indices [N] or targets [N, C]."""
-    return SoftMaxCrossEntropy(t)(x)[0]
+def softmax_cross_entropy(x, t, ignore_index=None, reduction=None):
+    """SINGA's: the mean over the batch of -log softmax(x)[t] for 2-d x, t class indices [N] or targets
+    [N, C], as a tensor of shape (1,). For logits [..., C] with class indices [...] (a language model's
+    [B, T, V] and [B, T]), or with ``ignore_index`` or ``reduction`` given: the loss over the last axis,
+    positions whose target is ignore_index (default -100) left out, reduced by "mean" (over the others,
+    the default), "sum" or "none" (one loss per position); a scalar for mean and sum."""
+    if ignore_index is None and reduction is None and x.dim() <= 2:
+        return SoftMaxCrossEntropy(t)(x)[0]
+    return _tandem.cross_entropy_loss(x, t, reduction or "mean", -100 if ignore_index is None else int(ignore_index))
 
 
 def cross_entropy(x, t):
@@ -1205,6 +1211,75 @@ def cast(x, to):
 # ---- reductions, shape and indexing ops, products
 
 # ---- softmax, normalisation, losses, attention
+class LogSoftmax(Operator):
+    """log(softmax(x)) over the dimensions from axis on, taken together, as SoftMax normalises them (for a
+    2-d x and axis 1: each row); computed stably in one kernel."""
+
+    def __init__(self, axis=1):
+        super().__init__()
+        self.axis = axis
+
+    def _apply(self, x):
+        n = x.dim()
+        axis = self.axis + n if self.axis < 0 else self.axis
+        if not 0 <= axis < max(n, 1):
+            raise ValueError(f"log_softmax: axis {self.axis} is out of range for shape {x.shape}")
+        if axis == n - 1:
+            return _tandem.log_softmax(x, -1)
+        rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+        flat = _tandem.reshape(x, [rows, x.size() // rows if rows else 0])
+        return _tandem.reshape(_tandem.log_softmax(flat, -1), list(x.shape))
+
+
+def log_softmax(x, axis=1):
+    """log(softmax(x)) over the dimensions from axis on (each row of a 2-d x)."""
+    return LogSoftmax(axis)(x)[0]
+
+
+def nll_loss(x, t, ignore_index=-100, reduction="mean"):
+    """The negative log-likelihood -x[t] over the last axis of log-probabilities x [..., C] (log_softmax's
+    output) against class indices t [...]; positions whose target is ignore_index are left out; reduction
+    "mean" (over the others), "sum" or "none"."""
+    return _tandem.nll_loss(x, t, reduction, int(ignore_index))
+
+
+def binary_cross_entropy_with_logits(x, t, reduction="mean"):
+    """Binary cross-entropy of sigmoid(x) against targets t of x's shape, computed stably from the logits:
+    max(x, 0) - x t + log(1 + exp(-|x|)); reduction "mean", "sum" or "none"."""
+    t = t if t.dtype == x.dtype else t.as_type(x.dtype)
+    return _tandem.binary_cross_entropy_with_logits(x, t.detach(), reduction)
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Layer normalisation over the trailing dimensions normalized_shape (an int or a list):
+    (x - mean) / sqrt(var + eps) * weight + bias, weight and bias optional."""
+    shape = [int(normalized_shape)] if isinstance(normalized_shape, int) else [int(s) for s in normalized_shape]
+    return _tandem.layer_norm(x, shape, weight, bias, float(eps))
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=1e-6):
+    """Root-mean-square normalisation over the trailing dimensions normalized_shape: x / sqrt(mean(x^2) +
+    eps) * weight, weight optional."""
+    shape = [int(normalized_shape)] if isinstance(normalized_shape, int) else [int(s) for s in normalized_shape]
+    return _tandem.rms_norm(x, shape, weight, float(eps))
+
+
+_attention_generator = None
+
+
+def scaled_dot_product_attention(q, k, v, causal=False, dropout_p=0.0, scale=None, generator=None):
+    """softmax(scale q k^T) v for q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv] (scale None: 1/sqrt(d));
+    causal masks key j out of query i's row where j > i. dropout_p drops probabilities (from ``generator``,
+    or one module-wide generator of seed 0). 16-bit tensors on a GPU go through cuDNN's fused flash
+    attention; others compute the same by matrix products."""
+    global _attention_generator
+    if dropout_p and generator is None:
+        if _attention_generator is None:
+            _attention_generator = _tandem.Generator(0)
+        generator = _attention_generator
+    return _tandem.scaled_dot_product_attention(q, k, v, bool(causal), float(dropout_p), scale,
+                                                generator if dropout_p else None)
+
 
 # ---- embedding, recurrent networks
 def _indices(x):

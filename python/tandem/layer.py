@@ -680,6 +680,136 @@ class PRelu(Layer):
 # ---- reductions, shape and indexing ops, products
 
 # ---- softmax, normalisation, losses, attention
+class SoftMax(Layer):
+    """Softmax over the dimensions from ``axis`` on (SINGA's layer; axis 1: each row of a 2-d input)."""
+
+    def __init__(self, axis=1):
+        super().__init__()
+        self.axis = int(axis)
+
+    def forward(self, x):
+        from . import autograd
+        return autograd.softmax(x, self.axis)
+
+
+class MeanSquareError(Layer):
+    """The mean over every element of (x - t)^2, as a tensor of shape (1,) (SINGA's layer)."""
+
+    def forward(self, x, t):
+        from . import autograd
+        return autograd.mse_loss(x, t)
+
+
+class CrossEntropy(Layer):
+    """-sum(t log x) / N for probabilities x [N, C] and targets t [N, C] or class indices [N] (SINGA's layer)."""
+
+    def forward(self, x, t):
+        from . import autograd
+        return autograd.cross_entropy(x, t)
+
+
+class BinaryCrossEntropy(Layer):
+    """SINGA's binary cross-entropy of probabilities x against targets t of x's shape (guarded against log 0),
+    summed and divided by the batch size."""
+
+    def forward(self, x, t):
+        from . import autograd
+        return autograd.binary_cross_entropy(x, t)
+
+
+def _norm_shape(normalized_shape, x, what):
+    if normalized_shape is None:
+        return [x.shape[-1]]
+    shape = [int(normalized_shape)] if isinstance(normalized_shape, int) else [int(s) for s in normalized_shape]
+    if list(x.shape[len(x.shape) - len(shape):]) != shape:
+        raise ValueError(f"{what} was built for normalized_shape {shape} but got {x}")
+    return shape
+
+
+class LayerNorm(Layer):
+    """Layer normalisation over the trailing dimensions ``normalized_shape`` (None: the last dimension,
+    its size taken at the first call), with a weight (ones) and bias (zeros) when ``elementwise_affine``."""
+
+    def __init__(self, normalized_shape=None, eps=1e-5, elementwise_affine=True, bias=True):
+        super().__init__()
+        self.normalized_shape = normalized_shape
+        self.eps = float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        self.use_bias = bool(bias)
+
+    def initialize(self, x):
+        self.normalized_shape = _norm_shape(self.normalized_shape, x, "LayerNorm")
+        self._set_cpp(_tandem.LayerNorm(self.normalized_shape, self.eps, self.elementwise_affine, self.use_bias),
+                      x.device)
+
+    def forward(self, x):
+        return self._cpp(x)
+
+    @property
+    def weight(self):
+        return self._cpp.weight if self._cpp is not None else None
+
+    @property
+    def bias(self):
+        return self._cpp.bias if self._cpp is not None else None
+
+
+class RMSNorm(Layer):
+    """Root-mean-square normalisation over the trailing dimensions ``normalized_shape`` (None: the last,
+    taken at the first call), with a weight of ones when ``elementwise_affine``."""
+
+    def __init__(self, normalized_shape=None, eps=1e-6, elementwise_affine=True):
+        super().__init__()
+        self.normalized_shape = normalized_shape
+        self.eps = float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+
+    def initialize(self, x):
+        self.normalized_shape = _norm_shape(self.normalized_shape, x, "RMSNorm")
+        self._set_cpp(_tandem.RMSNorm(self.normalized_shape, self.eps, self.elementwise_affine), x.device)
+
+    def forward(self, x):
+        return self._cpp(x)
+
+    @property
+    def weight(self):
+        return self._cpp.weight if self._cpp is not None else None
+
+
+class MultiHeadAttention(Layer):
+    """Multi-head attention over [B, T, E] inputs: ``num_heads`` heads of E / num_heads features, query,
+    key, value and output projections (E taken from the first call unless ``embed_dim`` is given),
+    ``causal`` masking of later positions, attention dropout in training. ``forward(x)`` attends x to
+    itself; ``forward(query, key, value)`` attends query [B, Tq, E] over key and value [B, Tk, E]."""
+
+    def __init__(self, num_heads, embed_dim=None, causal=False, bias=True, dropout=0.0):
+        super().__init__()
+        if int(num_heads) <= 0:
+            raise ValueError(f"MultiHeadAttention: num_heads must be positive, got {num_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
+        self.num_heads = int(num_heads)
+        self.embed_dim = embed_dim
+        self.causal = bool(causal)
+        self.use_bias = bool(bias)
+        self.dropout = float(dropout)
+
+    def initialize(self, x, key=None, value=None):
+        if x.ndim != 3:
+            raise ValueError(f"MultiHeadAttention expects [B, T, E] input, got {x}")
+        if self.embed_dim is not None and self.embed_dim != x.shape[2]:
+            raise ValueError(f"MultiHeadAttention was built for embed_dim {self.embed_dim} but got {x}")
+        self.embed_dim = x.shape[2]
+        gen = x.device.generator
+        seed = gen.next_below(2**63)
+        self._set_cpp(_tandem.MultiHeadAttention(self.embed_dim, self.num_heads, gen, self.causal, self.use_bias,
+                                                 self.dropout, seed), x.device)
+
+    def forward(self, x, key=None, value=None):
+        if key is None and value is None:
+            return self._cpp(x)
+        return self._cpp.attend(x, key if key is not None else x, value if value is not None else key)
+
 
 # ---- embedding, recurrent networks
 def _indices(x):

@@ -103,6 +103,19 @@ struct RnnGeom {
   int64_t directions() const { return bidirectional ? 2 : 1; }
 };
 
+/// The elementwise losses of pointwise_loss_forward.
+enum class PointLoss { SquaredError, BinaryCrossEntropy, BinaryCrossEntropyWithLogits };
+
+/// Scaled dot-product attention of q [batch, heads, tq, d] with k [batch, heads, tk, d] and v [batch, heads, tk,
+/// dv]: softmax(scale q k^T, masked above the diagonal when causal) v, the probabilities dropped with
+/// probability dropout_p.
+struct AttentionGeom {
+  int64_t batch, heads, tq, tk, d, dv;
+  bool causal = false;
+  double scale = 1.0;
+  double dropout_p = 0.0;
+};
+
 /// Device work recorded once (a CUDA graph) and replayed as a whole.
 class CapturedWork {
  public:
@@ -314,6 +327,66 @@ class Backend {
   // ---- reductions along axes and indexing
 
   // ---- softmax along an axis, layer / RMS normalisation, losses over N-D logits, attention
+  // Statistics (mean, rstd, lse) are f64 for f64 data and f32 for every other type.
+  /// y = softmax (log_softmax with log) of x viewed as [outer, c, inner], along the middle dimension, the
+  /// maximum subtracted first. x and y share a type: CPU f32, f64; CUDA f32, f16, bf16 (arithmetic in f32).
+  virtual void softmax_forward(const Tensor& x, int64_t outer, int64_t c, int64_t inner, bool log, Tensor& y) = 0;
+  /// dx from dy and the forward's output y: y * (dy - sum_c dy y), or with log dy - exp(y) sum_c dy. dx may be dy.
+  virtual void softmax_backward(const Tensor& dy, const Tensor& y, int64_t outer, int64_t c, int64_t inner, bool log,
+                                Tensor& dx) = 0;
+  /// Layer normalisation of each row of x viewed as [n, c]: y = (x - mean) * rstd * w + b with
+  /// rstd = 1 / sqrt(var + eps) (biased variance); with rms, y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) +
+  /// eps). w and b may be undefined (1 and 0); mean (undefined with rms) and rstd are [n]. CUDA: x, y f32,
+  /// f16, bf16; w, b f32 or x's type.
+  virtual void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t n, int64_t c, double eps,
+                                  bool rms, Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+  /// dx (x's type) and, where defined, dw = sum over rows of dy * xhat and db = sum over rows of dy (w's type).
+  virtual void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                   const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw,
+                                   Tensor& db) = 0;
+  /// Softmax cross-entropy of the rows of logits [n, c] against targets [n] (i32 or i64): loss[i] =
+  /// logsumexp(logits_i) - logits_i[t_i], lse[i] = logsumexp(logits_i), valid[i] = 1; a row whose target is
+  /// ignore_index gets loss 0 and valid 0. loss, lse, valid: [n] of the statistics' type. A target outside
+  /// [0, c) that is not ignore_index is an Input error (on CUDA reported at the next synchronisation; the loss
+  /// is NaN). CUDA: logits f32, f16, bf16, read as they are.
+  virtual void xent_rows_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss,
+                                 Tensor& lse, Tensor& valid) = 0;
+  /// dlogits (logits' type) = (softmax(logits_i) - onehot(t_i)) * g_i, 0 in ignored rows; g holds one weight for
+  /// every row or one per row (the statistics' type).
+  virtual void xent_rows_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& g,
+                                  int64_t ignore_index, Tensor& dlogits) = 0;
+  /// Negative log-likelihood of the rows of logp [n, c] (log-probabilities): loss[i] = -logp_i[t_i] (statistics'
+  /// type), valid as for xent_rows_forward.
+  virtual void nll_rows_forward(const Tensor& logp, const Tensor& targets, int64_t ignore_index, Tensor& loss,
+                                Tensor& valid) = 0;
+  /// dlogp (its type) = -g_i at [i, t_i] and 0 elsewhere (and in ignored rows); g as for xent_rows_backward.
+  virtual void nll_rows_backward(const Tensor& targets, const Tensor& g, int64_t ignore_index, Tensor& dlogp) = 0;
+  /// The loss of each element of x against t (same shape and type), into loss (the statistics' type):
+  /// (x - t)^2; -(t log x + (1 - t) log(1 - x)) with each log at least -100; max(x, 0) - x t + log(1 + e^-|x|).
+  virtual void pointwise_loss_forward(PointLoss op, const Tensor& x, const Tensor& t, Tensor& loss) = 0;
+  /// dx (x's type) = g * d loss / dx, g one element (one weight for all) or one per element (statistics' type).
+  virtual void pointwise_loss_backward(PointLoss op, const Tensor& x, const Tensor& t, const Tensor& g, Tensor& dx) = 0;
+  /// Row-major products of `batch` matrices: C_i = alpha op(A_i) op(B_i) + beta C_i, the matrices of a, b and c
+  /// stride_a, stride_b and stride_c elements apart. Types as gemm.
+  virtual void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha,
+                            const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, double beta, Tensor& c,
+                            int64_t stride_c) = 0;
+  /// y = softmax of each row of scale * s, s viewed as [batch, tq, tk]; with causal, entries j > i of row i are
+  /// masked out (exp(-inf) = 0). y may be s. Types as softmax_forward.
+  virtual void attention_softmax(const Tensor& s, int64_t batch, int64_t tq, int64_t tk, double scale, bool causal,
+                                 Tensor& y) = 0;
+  /// Whether fused_attention_forward and _backward take this geometry in this type on the device (false: the op
+  /// computes attention by matrix products). A backend may prepare its kernels for the geometry on the first call.
+  virtual bool fused_attention_supported(const AttentionGeom& g, DType dtype, int device) { return false; }
+  /// o [b, h, tq, dv] = attention of q [b, h, tq, d], k [b, h, tk, d], v [b, h, tk, dv] (contiguous, one type);
+  /// stats [b, h, tq] (f32) = each row's log-sum-exp of the scaled scores, for the backward. Dropout of the
+  /// probabilities (g.dropout_p > 0) draws from (seed, offset).
+  virtual void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g,
+                                       uint64_t seed, uint64_t offset, Tensor& o, Tensor& stats);
+  /// dq, dk, dv from the forward's inputs, output o, its gradient dout and stats (the same seed and offset).
+  virtual void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                        const Tensor& dout, const Tensor& stats, const AttentionGeom& g, uint64_t seed,
+                                        uint64_t offset, Tensor& dq, Tensor& dk, Tensor& dv);
 
   // ---- embedding and recurrent networks
   /// out [n, d] = rows indices[i] of weight [v, d]; indices i32 or i64 [n]. An index outside [0, v) is an

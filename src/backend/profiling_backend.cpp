@@ -171,6 +171,80 @@ class ProfilingBackend final : public Backend {
     Timed timed(inner_, recordings_, device_, "softmax_rows_backward", profiler::detail::thread_phase());
     inner_.softmax_rows_backward(dy, y, n, c, dx);
   }
+  // ---- softmax along an axis, layer / RMS normalisation, losses over N-D logits, attention
+  void softmax_forward(const Tensor& x, int64_t outer, int64_t c, int64_t inner, bool log, Tensor& y) override {
+    Timed timed(inner_, recordings_, device_, log ? "log_softmax" : "softmax", profiler::detail::thread_phase());
+    inner_.softmax_forward(x, outer, c, inner, log, y);
+  }
+  void softmax_backward(const Tensor& dy, const Tensor& y, int64_t outer, int64_t c, int64_t inner, bool log,
+                        Tensor& dx) override {
+    Timed timed(inner_, recordings_, device_, log ? "log_softmax_backward" : "softmax_backward",
+                profiler::detail::thread_phase());
+    inner_.softmax_backward(dy, y, outer, c, inner, log, dx);
+  }
+  void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t n, int64_t c, double eps, bool rms,
+                          Tensor& y, Tensor& mean, Tensor& rstd) override {
+    Timed timed(inner_, recordings_, device_, rms ? "rms_norm" : "layer_norm", profiler::detail::thread_phase());
+    inner_.layer_norm_forward(x, w, b, n, c, eps, rms, y, mean, rstd);
+  }
+  void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                           int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db) override {
+    Timed timed(inner_, recordings_, device_, rms ? "rms_norm_backward" : "layer_norm_backward",
+                profiler::detail::thread_phase());
+    inner_.layer_norm_backward(dy, x, w, mean, rstd, n, c, rms, dx, dw, db);
+  }
+  void xent_rows_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss, Tensor& lse,
+                         Tensor& valid) override {
+    Timed timed(inner_, recordings_, device_, "xent_rows_forward", profiler::detail::thread_phase());
+    inner_.xent_rows_forward(logits, targets, ignore_index, loss, lse, valid);
+  }
+  void xent_rows_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& g,
+                          int64_t ignore_index, Tensor& dlogits) override {
+    Timed timed(inner_, recordings_, device_, "xent_rows_backward", profiler::detail::thread_phase());
+    inner_.xent_rows_backward(logits, targets, lse, g, ignore_index, dlogits);
+  }
+  void nll_rows_forward(const Tensor& logp, const Tensor& targets, int64_t ignore_index, Tensor& loss,
+                        Tensor& valid) override {
+    Timed timed(inner_, recordings_, device_, "nll_rows_forward", profiler::detail::thread_phase());
+    inner_.nll_rows_forward(logp, targets, ignore_index, loss, valid);
+  }
+  void nll_rows_backward(const Tensor& targets, const Tensor& g, int64_t ignore_index, Tensor& dlogp) override {
+    Timed timed(inner_, recordings_, device_, "nll_rows_backward", profiler::detail::thread_phase());
+    inner_.nll_rows_backward(targets, g, ignore_index, dlogp);
+  }
+  void pointwise_loss_forward(PointLoss op, const Tensor& x, const Tensor& t, Tensor& loss) override {
+    Timed timed(inner_, recordings_, device_, "pointwise_loss_forward", profiler::detail::thread_phase());
+    inner_.pointwise_loss_forward(op, x, t, loss);
+  }
+  void pointwise_loss_backward(PointLoss op, const Tensor& x, const Tensor& t, const Tensor& g, Tensor& dx) override {
+    Timed timed(inner_, recordings_, device_, "pointwise_loss_backward", profiler::detail::thread_phase());
+    inner_.pointwise_loss_backward(op, x, t, g, dx);
+  }
+  void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha,
+                    const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, double beta, Tensor& c,
+                    int64_t stride_c) override {
+    Timed timed(inner_, recordings_, device_, "gemm_batched", profiler::detail::thread_phase());
+    inner_.gemm_batched(trans_a, trans_b, batch, m, n, k, alpha, a, stride_a, b, stride_b, beta, c, stride_c);
+  }
+  void attention_softmax(const Tensor& s, int64_t batch, int64_t tq, int64_t tk, double scale, bool causal,
+                         Tensor& y) override {
+    Timed timed(inner_, recordings_, device_, "attention_softmax", profiler::detail::thread_phase());
+    inner_.attention_softmax(s, batch, tq, tk, scale, causal, y);
+  }
+  bool fused_attention_supported(const AttentionGeom& g, DType dtype, int device) override {
+    return inner_.fused_attention_supported(g, dtype, device);
+  }
+  void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g, uint64_t seed,
+                               uint64_t offset, Tensor& o, Tensor& stats) override {
+    Timed timed(inner_, recordings_, device_, "fused_attention_forward", profiler::detail::thread_phase());
+    inner_.fused_attention_forward(q, k, v, g, seed, offset, o, stats);
+  }
+  void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& dout,
+                                const Tensor& stats, const AttentionGeom& g, uint64_t seed, uint64_t offset, Tensor& dq,
+                                Tensor& dk, Tensor& dv) override {
+    Timed timed(inner_, recordings_, device_, "fused_attention_backward", profiler::detail::thread_phase());
+    inner_.fused_attention_backward(q, k, v, o, dout, stats, g, seed, offset, dq, dk, dv);
+  }
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a, const Tensor& b,
             double beta, Tensor& c) override {
     Timed timed(inner_, recordings_, device_, "gemm", profiler::detail::thread_phase());

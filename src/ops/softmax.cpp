@@ -1,4 +1,5 @@
-// Softmax along one dimension.
+// Softmax and log-softmax along one dimension: x viewed as [outer, c, inner] and normalised along c in one
+// kernel, whatever the dimension (no transposes).
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
 
@@ -6,31 +7,33 @@ namespace tandem {
 
 using namespace ops;
 
-Tensor softmax(const Tensor& x, int64_t dim) {
-  check_floating(x, "softmax", "input");
+namespace {
+Tensor softmax_along(const Tensor& x, int64_t dim, bool log, const char* op) {
+  check_floating(x, op, "input");
   const int64_t nd = x.dim();
-  TANDEM_CHECK(nd > 0, "softmax: the input ", x.str(), " has no dimension to normalise");
+  TANDEM_CHECK(nd > 0, op, ": the input ", x.str(), " has no dimension to normalise");
   const int64_t d = dim < 0 ? dim + nd : dim;
-  TANDEM_CHECK(d >= 0 && d < nd, "softmax: dimension ", dim, " is out of range for ", x.str());
-  // The kernels normalise rows: the dimension is moved last, and back afterwards.
-  std::vector<int64_t> perm;
-  for (int64_t i = 0; i < nd; ++i)
-    if (i != d) perm.push_back(i);
-  perm.push_back(d);
-  const std::vector<int64_t> inv = inverse_permutation(perm);
-  const bool last = d == nd - 1;
-  Tensor xp = permute_raw(x, perm);
-  const int64_t c = x.size(d), n = c ? xp.numel() / c : 0;
-  Tensor yp = empty_like(xp);
-  be(x).softmax_rows(xp, n, c, yp);
-  Tensor y = last ? yp.view(x.shape()) : permute_raw(yp, inv);
-  Tensor saved = yp.detach();
-  return record_op(y, {x}, "softmax", [saved, perm, inv, last, n, c](const Tensor& g) {
-    Tensor gp = permute_raw(g.to(saved.dtype()), perm);
-    Tensor dx = empty_like(gp);
-    be(gp).softmax_rows_backward(gp, saved, n, c, dx);
-    return std::vector<Tensor>{last ? dx : permute_raw(dx, inv)};
+  TANDEM_CHECK(d >= 0 && d < nd, op, ": dimension ", dim, " is out of range for ", x.str(), " (", nd,
+               " dimensions: use -", nd, " .. ", nd - 1, ")");
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < d; ++i) outer *= x.size(i);
+  for (int64_t i = d + 1; i < nd; ++i) inner *= x.size(i);
+  const int64_t c = x.size(d);
+  Tensor xc = x.contiguous();
+  Tensor y = empty_like(xc);
+  if (y.numel()) be(x).softmax_forward(xc, outer, c, inner, log, y);
+  Tensor saved = y.detach();
+  return record_op(y, {x}, op, [saved, outer, c, inner, log](const Tensor& g) {
+    Tensor gc = g.contiguous().to(saved.dtype());
+    Tensor dx = grad_buffer(0, saved.shape(), saved.dtype(), saved.device());
+    if (dx.numel()) be(gc).softmax_backward(gc, saved, outer, c, inner, log, dx);
+    return std::vector<Tensor>{dx};
   });
 }
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_along(x, dim, false, "softmax"); }
+
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_along(x, dim, true, "log_softmax"); }
 
 }  // namespace tandem

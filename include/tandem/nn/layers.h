@@ -128,6 +128,63 @@ class Sequential : public Module {
 // ---- shape layers and products (Gemm, Reshape, 1-D pooling)
 
 // ---- normalisation, softmax, losses, attention
+/// Layer normalisation over the trailing dimensions normalized_shape (layer_norm); with affine, a weight
+/// (ones) and, with bias, a bias (zeros) of that shape.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool affine = true, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  const Shape& normalized_shape() const { return shape_; }
+  double eps() const { return eps_; }
+  Tensor weight, bias;  // undefined without affine (bias also without bias)
+
+ private:
+  Shape shape_;
+  double eps_;
+};
+
+/// Root-mean-square normalisation over the trailing dimensions normalized_shape (rms_norm); with affine, a
+/// weight of ones.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(Shape normalized_shape, double eps = 1e-6, bool affine = true);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  const Shape& normalized_shape() const { return shape_; }
+  double eps() const { return eps_; }
+  Tensor weight;  // undefined without affine
+
+ private:
+  Shape shape_;
+  double eps_;
+};
+
+/// Multi-head attention over [B, T, embed_dim]: query, key and value projections (Linear layers, named
+/// q_proj, k_proj, v_proj), num_heads heads of embed_dim / num_heads features each through
+/// scaled_dot_product_attention (causal: each position attends to itself and earlier ones), and an output
+/// projection (out_proj). In training the attention probabilities are dropped with probability dropout.
+class MultiHeadAttention : public Module {
+ public:
+  MultiHeadAttention(int64_t embed_dim, int64_t num_heads, Generator& gen, bool causal = false, bool bias = true,
+                     double dropout = 0.0, uint64_t seed = 0);
+  /// Self-attention: query, key and value are all x [B, T, embed_dim].
+  Tensor forward(const Tensor& x) override;
+  /// Attention of query [B, Tq, embed_dim] over key and value [B, Tk, embed_dim], giving [B, Tq, embed_dim].
+  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value);
+  std::string describe() const override;
+  int64_t embed_dim() const { return embed_dim_; }
+  int64_t num_heads() const { return heads_; }
+  bool causal() const { return causal_; }
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, out_proj;
+
+ private:
+  int64_t embed_dim_, heads_;
+  bool causal_;
+  double dropout_;
+  Generator gen_;
+};
+
 
 // ---- embedding and recurrent layers
 

@@ -185,6 +185,33 @@ class CudaBackend final : public Backend {
   // ---- reductions along axes and indexing
 
   // ---- softmax along an axis, layer / RMS normalisation, losses over N-D logits, attention
+  void softmax_forward(const Tensor& x, int64_t outer, int64_t c, int64_t inner, bool log, Tensor& y) override;
+  void softmax_backward(const Tensor& dy, const Tensor& y, int64_t outer, int64_t c, int64_t inner, bool log,
+                        Tensor& dx) override;
+  void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t n, int64_t c, double eps, bool rms,
+                          Tensor& y, Tensor& mean, Tensor& rstd) override;
+  void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                           int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db) override;
+  void xent_rows_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss, Tensor& lse,
+                         Tensor& valid) override;
+  void xent_rows_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& g,
+                          int64_t ignore_index, Tensor& dlogits) override;
+  void nll_rows_forward(const Tensor& logp, const Tensor& targets, int64_t ignore_index, Tensor& loss,
+                        Tensor& valid) override;
+  void nll_rows_backward(const Tensor& targets, const Tensor& g, int64_t ignore_index, Tensor& dlogp) override;
+  void pointwise_loss_forward(PointLoss op, const Tensor& x, const Tensor& t, Tensor& loss) override;
+  void pointwise_loss_backward(PointLoss op, const Tensor& x, const Tensor& t, const Tensor& g, Tensor& dx) override;
+  void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha,
+                    const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, double beta, Tensor& c,
+                    int64_t stride_c) override;
+  void attention_softmax(const Tensor& s, int64_t batch, int64_t tq, int64_t tk, double scale, bool causal,
+                         Tensor& y) override;
+  bool fused_attention_supported(const AttentionGeom& g, DType dtype, int device) override;
+  void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g, uint64_t seed,
+                               uint64_t offset, Tensor& o, Tensor& stats) override;
+  void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& dout,
+                                const Tensor& stats, const AttentionGeom& g, uint64_t seed, uint64_t offset, Tensor& dq,
+                                Tensor& dk, Tensor& dv) override;
 
   // ---- embedding and recurrent networks
   void embedding_forward(const Tensor& weight, const Tensor& indices, Tensor& out) override;

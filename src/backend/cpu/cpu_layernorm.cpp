@@ -1,0 +1,139 @@
+// CPU backend: layer and RMS normalisation over the rows of [n, c], forward and backward. Statistics are
+// taken in double (two passes over the row: the mean, then the squared deviations); the parameters'
+// gradients are summed per block of rows and the blocks added in order, so the result does not depend on
+// the thread count.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_dispatch.h"
+#include "backend/cpu/cpu_parallel.h"
+
+namespace tandem::backend {
+
+namespace {
+
+constexpr int64_t kRowsPerBlock = 64;  // rows whose parameter gradients one task sums
+
+template <typename T>
+const T* opt_data(const Tensor& t, const char* op) {
+  if (!t.defined()) return nullptr;
+  TANDEM_CHECK(t.dtype() == dtype_of<T>(), op, ": parameter ", t.str(), " must have the input's dtype on the CPU");
+  return static_cast<const T*>(t.data_ptr());
+}
+
+}  // namespace
+
+void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t n, int64_t c, double eps,
+                                    bool rms, Tensor& y, Tensor& mean, Tensor& rstd) {
+  const char* op = rms ? "rms_norm" : "layer_norm";
+  TANDEM_ASSERT(x.numel() == n * c && y.numel() == x.numel() && rstd.numel() == n && (rms || mean.numel() == n), op,
+                " of ", x.str(), " as [", n, ", ", c, "]");
+  if (n == 0) return;
+  dispatch_float(x.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = static_cast<const T*>(x.data_ptr());
+    const T *pw = opt_data<T>(w, op), *pb = opt_data<T>(b, op);
+    T* py = static_cast<T*>(y.data_ptr());
+    T* pm = rms ? nullptr : static_cast<T*>(mean.data_ptr());
+    T* pr = static_cast<T*>(rstd.data_ptr());
+    cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const T* xr = px + i * c;
+        T* yr = py + i * c;
+        double mu = 0.0;
+        if (!rms) {
+          for (int64_t j = 0; j < c; ++j) mu += static_cast<double>(xr[j]);
+          mu = c ? mu / static_cast<double>(c) : 0.0;
+        }
+        double ss = 0.0;
+        for (int64_t j = 0; j < c; ++j) {
+          const double d = static_cast<double>(xr[j]) - mu;
+          ss += d * d;
+        }
+        const double r = 1.0 / std::sqrt((c ? ss / static_cast<double>(c) : 0.0) + eps);
+        if (pm) pm[i] = static_cast<T>(mu);
+        pr[i] = static_cast<T>(r);
+        for (int64_t j = 0; j < c; ++j) {
+          double v = (static_cast<double>(xr[j]) - mu) * r;
+          if (pw) v *= static_cast<double>(pw[j]);
+          if (pb) v += static_cast<double>(pb[j]);
+          yr[j] = static_cast<T>(v);
+        }
+      }
+    });
+  });
+}
+
+void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                     const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw,
+                                     Tensor& db) {
+  const char* op = rms ? "rms_norm" : "layer_norm";
+  TANDEM_ASSERT(x.numel() == n * c && dy.numel() == x.numel() && rstd.numel() == n, op, " backward of ", x.str());
+  dispatch_float(x.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = static_cast<const T*>(x.data_ptr());
+    const T* pg = static_cast<const T*>(dy.data_ptr());
+    const T* pw = opt_data<T>(w, op);
+    const T* pm = rms ? nullptr : static_cast<const T*>(mean.data_ptr());
+    const T* pr = static_cast<const T*>(rstd.data_ptr());
+    T* pdx = dx.defined() ? static_cast<T*>(dx.data_ptr()) : nullptr;
+    const bool want_w = dw.defined(), want_b = db.defined();
+    if (pdx && n > 0) {
+      cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          const T* xr = px + i * c;
+          const T* gr = pg + i * c;
+          T* dr = pdx + i * c;
+          const double mu = pm ? static_cast<double>(pm[i]) : 0.0, r = static_cast<double>(pr[i]);
+          // With gw = dy * w and xhat = (x - mean) * rstd: dx = rstd (gw - mean(gw) - xhat mean(gw xhat)), the
+          // mean(gw) term absent for RMS normalisation.
+          double s1 = 0.0, s2 = 0.0;
+          for (int64_t j = 0; j < c; ++j) {
+            const double gw = static_cast<double>(gr[j]) * (pw ? static_cast<double>(pw[j]) : 1.0);
+            s1 += gw;
+            s2 += gw * (static_cast<double>(xr[j]) - mu) * r;
+          }
+          const double inv_c = 1.0 / static_cast<double>(c);
+          const double m1 = rms ? 0.0 : s1 * inv_c, m2 = s2 * inv_c;
+          for (int64_t j = 0; j < c; ++j) {
+            const double gw = static_cast<double>(gr[j]) * (pw ? static_cast<double>(pw[j]) : 1.0);
+            const double xhat = (static_cast<double>(xr[j]) - mu) * r;
+            dr[j] = static_cast<T>(r * (gw - m1 - xhat * m2));
+          }
+        }
+      });
+    }
+    if (!want_w && !want_b) return;
+    const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+    std::vector<double> part_w(want_w ? blocks * c : 0), part_b(want_b ? blocks * c : 0);
+    cpu::parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t blk = lo; blk < hi; ++blk) {
+        double* aw = want_w ? part_w.data() + blk * c : nullptr;
+        double* ab = want_b ? part_b.data() + blk * c : nullptr;
+        const int64_t r0 = blk * kRowsPerBlock, r1 = std::min(n, r0 + kRowsPerBlock);
+        for (int64_t i = r0; i < r1; ++i) {
+          const double mu = pm ? static_cast<double>(pm[i]) : 0.0, r = static_cast<double>(pr[i]);
+          for (int64_t j = 0; j < c; ++j) {
+            const double g = static_cast<double>(pg[i * c + j]);
+            if (aw) aw[j] += g * (static_cast<double>(px[i * c + j]) - mu) * r;
+            if (ab) ab[j] += g;
+          }
+        }
+      }
+    });
+    auto finish = [&](const std::vector<double>& part, Tensor& out) {
+      T* po = static_cast<T*>(out.data_ptr());
+      TANDEM_CHECK(out.dtype() == dtype_of<T>(), op, ": parameter gradient ", out.str(), " must have the input's dtype");
+      for (int64_t j = 0; j < c; ++j) {
+        double s = 0.0;
+        for (int64_t blk = 0; blk < blocks; ++blk) s += part[blk * c + j];
+        po[j] = static_cast<T>(s);
+      }
+    };
+    if (want_w) finish(part_w, dw);
+    if (want_b) finish(part_b, db);
+  });
+}
+
+}  // namespace tandem::backend

@@ -1,0 +1,144 @@
+// CPU backend: softmax and log-softmax along any axis, the masked and scaled softmax of attention scores,
+// and batched matrix products. Sums are in double; one row (or one column of an inner axis) per step.
+#include <cmath>
+#include <limits>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_dispatch.h"
+#include "backend/cpu/cpu_parallel.h"
+
+namespace tandem::backend {
+
+namespace {
+
+// Softmax of the `len` values x[0], x[st], x[2 st], ... into y (same strides); entries from `valid` on are
+// masked out (probability 0, log-probability -inf). Values are scaled by `scale` first.
+template <typename T>
+void softmax_line(const T* x, T* y, int64_t len, int64_t st, int64_t valid, double scale, bool log) {
+  if (valid <= 0) {  // nothing left to normalise over: every entry masked
+    for (int64_t j = 0; j < len; ++j) y[j * st] = log ? -std::numeric_limits<T>::infinity() : T(0);
+    return;
+  }
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, scale * static_cast<double>(x[j * st]));
+  double sum = 0.0;
+  if (std::isinf(mx) && mx < 0) mx = 0.0;  // a row of -inf: exp(-inf - 0) = 0 everywhere, NaN after the divide
+  for (int64_t j = 0; j < valid; ++j) sum += std::exp(scale * static_cast<double>(x[j * st]) - mx);
+  if (log) {
+    const double lse = mx + std::log(sum);
+    for (int64_t j = 0; j < valid; ++j) y[j * st] = static_cast<T>(scale * static_cast<double>(x[j * st]) - lse);
+    for (int64_t j = valid; j < len; ++j) y[j * st] = -std::numeric_limits<T>::infinity();
+  } else {
+    const double inv = 1.0 / sum;
+    for (int64_t j = 0; j < valid; ++j)
+      y[j * st] = static_cast<T>(std::exp(scale * static_cast<double>(x[j * st]) - mx) * inv);
+    for (int64_t j = valid; j < len; ++j) y[j * st] = T(0);
+  }
+}
+
+template <typename T>
+void softmax_line_backward(const T* dy, const T* y, T* dx, int64_t len, int64_t st, bool log) {
+  double acc = 0.0;
+  if (log) {
+    for (int64_t j = 0; j < len; ++j) acc += static_cast<double>(dy[j * st]);
+    for (int64_t j = 0; j < len; ++j)
+      dx[j * st] = static_cast<T>(static_cast<double>(dy[j * st]) - std::exp(static_cast<double>(y[j * st])) * acc);
+  } else {
+    for (int64_t j = 0; j < len; ++j) acc += static_cast<double>(dy[j * st]) * static_cast<double>(y[j * st]);
+    for (int64_t j = 0; j < len; ++j)
+      dx[j * st] = static_cast<T>(static_cast<double>(y[j * st]) * (static_cast<double>(dy[j * st]) - acc));
+  }
+}
+
+}  // namespace
+
+void CpuBackend::softmax_forward(const Tensor& x, int64_t outer, int64_t c, int64_t inner, bool log, Tensor& y) {
+  TANDEM_ASSERT(x.numel() == outer * c * inner && y.numel() == x.numel() && x.dtype() == y.dtype(), "softmax of ",
+                x.str(), " as [", outer, ", ", c, ", ", inner, "] into ", y.str());
+  if (x.numel() == 0) return;
+  dispatch_float(x.dtype(), log ? "log_softmax" : "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = static_cast<const T*>(x.data_ptr());
+    T* py = static_cast<T*>(y.data_ptr());
+    // One line per (outer, inner) position, c apart by inner.
+    cpu::parallel_for(outer * inner, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t o = r / inner, i = r % inner, base = o * c * inner + i;
+        softmax_line(px + base, py + base, c, inner, c, 1.0, log);
+      }
+    });
+  });
+}
+
+void CpuBackend::softmax_backward(const Tensor& dy, const Tensor& y, int64_t outer, int64_t c, int64_t inner, bool log,
+                                  Tensor& dx) {
+  TANDEM_ASSERT(dy.numel() == outer * c * inner && y.numel() == dy.numel() && dx.numel() == dy.numel() &&
+                    dy.dtype() == y.dtype() && dx.dtype() == y.dtype(),
+                "softmax backward of ", dy.str(), " and ", y.str(), " into ", dx.str());
+  if (y.numel() == 0) return;
+  dispatch_float(y.dtype(), log ? "log_softmax" : "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = static_cast<const T*>(dy.data_ptr());
+    const T* py = static_cast<const T*>(y.data_ptr());
+    T* pd = static_cast<T*>(dx.data_ptr());
+    cpu::parallel_for(outer * inner, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t o = r / inner, i = r % inner, base = o * c * inner + i;
+        softmax_line_backward(pg + base, py + base, pd + base, c, inner, log);
+      }
+    });
+  });
+}
+
+void CpuBackend::attention_softmax(const Tensor& s, int64_t batch, int64_t tq, int64_t tk, double scale, bool causal,
+                                   Tensor& y) {
+  TANDEM_ASSERT(s.numel() == batch * tq * tk && y.numel() == s.numel() && s.dtype() == y.dtype(),
+                "attention_softmax of ", s.str(), " into ", y.str());
+  if (s.numel() == 0) return;
+  dispatch_float(s.dtype(), "scaled_dot_product_attention", [&](auto tag) {
+    using T = decltype(tag);
+    const T* ps = static_cast<const T*>(s.data_ptr());
+    T* py = static_cast<T*>(y.data_ptr());
+    cpu::parallel_for(batch * tq, cpu::grain_for(tk), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t valid = causal ? std::min<int64_t>(tk, r % tq + 1) : tk;
+        softmax_line(ps + r * tk, py + r * tk, tk, 1, valid, scale, false);
+      }
+    });
+  });
+}
+
+void CpuBackend::gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha,
+                              const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, double beta,
+                              Tensor& c, int64_t stride_c) {
+  TANDEM_ASSERT(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "gemm_batched operands ", a.str(), ", ", b.str(),
+                ", ", c.str());
+  TANDEM_ASSERT(batch == 0 || ((batch - 1) * stride_a + m * k <= a.numel() && (batch - 1) * stride_b + k * n <= b.numel() &&
+                               (batch - 1) * stride_c + m * n <= c.numel()),
+                "gemm_batched extents ", batch, " x ", m, "x", n, "x", k, " for ", a.str(), ", ", b.str(), ", ", c.str());
+  if (batch == 0 || m == 0 || n == 0) return;
+  for (int64_t v : {m, n, k}) cpu::check_blas_extent(v, "an extent");
+  const int64_t lda = std::max<int64_t>(1, trans_a ? m : k), ldb = std::max<int64_t>(1, trans_b ? k : n),
+                ldc = std::max<int64_t>(1, n);
+  cpu::ensure_blas_serial();
+  dispatch_float(c.dtype(), "gemm_batched", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pa = static_cast<const T*>(a.data_ptr());
+    const T* pb = static_cast<const T*>(b.data_ptr());
+    T* pc = static_cast<T*>(c.data_ptr());
+    const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
+    const int threads = cpu::max_threads();
+    if (batch < threads) {  // few matrices: each product split across the threads
+      for (int64_t i = 0; i < batch; ++i)
+        cpu::gemm_parallel<T>(trans_a, trans_b, m, n, k, al, pa + i * stride_a, lda, pb + i * stride_b, ldb, be,
+                              pc + i * stride_c, ldc);
+      return;
+    }
+    cpu::parallel_tasks(batch, threads, [&](int64_t i, int) {
+      cpu::blas_gemm<T>(trans_a, trans_b, m, n, k, al, pa + i * stride_a, lda, pb + i * stride_b, ldb, be,
+                        pc + i * stride_c, ldc);
+    });
+  });
+}
+
+}  // namespace tandem::backend

@@ -1,0 +1,399 @@
+// CUDA backend: batched matrix products (cuBLAS) for attention's math path, and cuDNN's fused flash
+// attention (scaled dot-product attention, forward and backward) through the cuDNN frontend's graph API.
+//
+// Building a cuDNN graph takes milliseconds to seconds, so each geometry (shape, type, causal mask, scale,
+// dropout, determinism) is built once per device, forward and backward together, and kept; afterwards a
+// call looks its graph up and queues it on the compute stream, with the workspace taken from the
+// device's allocator (a recording's own pool while a step is recorded) and nothing waited for. A geometry
+// cuDNN does not take is remembered as such, and the op computes it by the math path instead. Built
+// without the frontend's headers (TANDEM_WITH_CUDNN_FRONTEND 0), nothing is fused: the first 16-bit
+// attention on a GPU says so once on stderr.
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "tandem/precision.h"
+
+#ifndef TANDEM_WITH_CUDNN_FRONTEND
+#define TANDEM_WITH_CUDNN_FRONTEND 0
+#endif
+#if TANDEM_WITH_CUDNN_FRONTEND
+#include <cudnn_frontend.h>
+#endif
+
+namespace tandem::backend {
+
+// ---- batched products
+
+void CudaBackend::gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
+                               double alpha, const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b,
+                               double beta, Tensor& c, int64_t stride_c) {
+  TANDEM_CHECK(a.dtype() == b.dtype() && a.dtype() == c.dtype(), "gemm_batched: ", a.str(), ", ", b.str(), " and ",
+               c.str(), " differ in dtype");
+  TANDEM_CHECK(c.dtype() == DType::f32 || c.dtype() == DType::f16 || c.dtype() == DType::bf16, "gemm_batched: dtype ",
+               dtype_name(c.dtype()), " is not supported on CUDA (use f32, f16 or bf16)");
+  TANDEM_ASSERT(batch == 0 || ((batch - 1) * stride_a + m * k <= a.numel() && (batch - 1) * stride_b + k * n <= b.numel() &&
+                               (batch - 1) * stride_c + m * n <= c.numel()),
+                "gemm_batched extents");
+  if (batch == 0 || m == 0 || n == 0) return;
+  if (k == 0) {  // empty sums: C = beta * C
+    if (beta == 0.0)
+      fill(c, 0.0);
+    else
+      affine(c, beta, 0.0, c);
+    return;
+  }
+  TANDEM_CHECK(std::max({m, n, k, batch}) <= INT_MAX, "gemm_batched: extents ", batch, " x ", m, "x", n, "x", k,
+               " exceed cuBLAS's 32-bit limit");
+  DeviceState& s = state_for(c);
+  const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the operands swap (as in gemm).
+  const int lda = static_cast<int>(trans_a ? m : k), ldb = static_cast<int>(trans_b ? k : n);
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k), ib = static_cast<int>(batch);
+  std::lock_guard<std::mutex> lock(s.cublas_mu);
+  if (c.dtype() == DType::f32 && current_precision() == Precision::f32) {
+    TANDEM_CUBLAS_CHECK(cublasSgemmStridedBatched(
+        s.cublas, op_b, op_a, in, im, ik, &al, static_cast<const float*>(b.data_ptr()), ldb, stride_b,
+        static_cast<const float*>(a.data_ptr()), lda, stride_a, &be, static_cast<float*>(c.data_ptr()), in, stride_c, ib));
+    return;
+  }
+  const cudaDataType_t t = c.dtype() == DType::f32 ? CUDA_R_32F : c.dtype() == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+  const cublasComputeType_t compute = c.dtype() == DType::f32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  TANDEM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(s.cublas, op_b, op_a, in, im, ik, &al, b.data_ptr(), t, ldb, stride_b,
+                                                 a.data_ptr(), t, lda, stride_a, &be, c.data_ptr(), t, in, stride_c, ib,
+                                                 compute, CUBLAS_GEMM_DEFAULT));
+}
+
+// ---- fused attention
+
+namespace {
+
+// Everything a built graph depends on.
+struct AttentionKey {
+  int device;
+  DType dtype;
+  int64_t b, h, tq, tk, d, dv;
+  bool causal, deterministic;
+  float scale, dropout_p;
+  bool operator==(const AttentionKey& o) const {
+    return device == o.device && dtype == o.dtype && b == o.b && h == o.h && tq == o.tq && tk == o.tk && d == o.d &&
+           dv == o.dv && causal == o.causal && deterministic == o.deterministic &&
+           std::memcmp(&scale, &o.scale, sizeof(float)) == 0 && std::memcmp(&dropout_p, &o.dropout_p, sizeof(float)) == 0;
+  }
+};
+
+struct AttentionKeyHash {
+  size_t operator()(const AttentionKey& k) const {
+    size_t h = std::hash<int64_t>()(k.b);
+    auto mix = [&](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    for (int64_t v : {k.h, k.tq, k.tk, k.d, k.dv}) mix(static_cast<uint64_t>(v));
+    uint32_t sb, pb;
+    std::memcpy(&sb, &k.scale, 4);
+    std::memcpy(&pb, &k.dropout_p, 4);
+    mix(sb);
+    mix(pb);
+    mix((static_cast<uint64_t>(k.device) << 16) | (static_cast<uint64_t>(k.dtype) << 8) | (k.causal ? 2 : 0) |
+        (k.deterministic ? 1 : 0));
+    return h;
+  }
+};
+
+AttentionKey key_of(const AttentionGeom& g, DType t, int device) {
+  return {device, t, g.batch, g.heads, g.tq, g.tk, g.d, g.dv, g.causal, deterministic_algorithms(),
+          static_cast<float>(g.scale), static_cast<float>(g.dropout_p)};
+}
+
+#if TANDEM_WITH_CUDNN_FRONTEND
+namespace fe = cudnn_frontend;
+
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kSeed, kOffset, kDO, kDQ, kDK, kDV };
+
+// Strides of a contiguous [b, h, t, d] tensor.
+std::vector<int64_t> bhtd_strides(int64_t h, int64_t t, int64_t d) { return {h * t * d, t * d, d, 1}; }
+
+std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& graph, const char* name, int64_t uid, int64_t b,
+                                                    int64_t h, int64_t t, int64_t d) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({b, h, t, d})
+                          .set_stride(bhtd_strides(h, t, d)));
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> rng_tensor(fe::graph::Graph& graph, const char* name, int64_t uid) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({1, 1, 1, 1})
+                          .set_stride({1, 1, 1, 1})
+                          .set_data_type(fe::DataType_t::INT64));
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph(DType t) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(t == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return graph;
+}
+
+std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionKey& k) {
+  auto graph = new_graph(k.dtype);
+  auto q = input(*graph, "Q", kQ, k.b, k.h, k.tq, k.d);
+  auto kk = input(*graph, "K", kK, k.b, k.h, k.tk, k.d);
+  auto v = input(*graph, "V", kV, k.b, k.h, k.tk, k.dv);
+  auto opts = fe::graph::SDPA_attributes().set_name("tandem_sdpa").set_generate_stats(true).set_attn_scale(k.scale);
+  if (k.causal) opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  if (k.dropout_p > 0.0f)
+    opts.set_dropout(k.dropout_p, rng_tensor(*graph, "Seed", kSeed), rng_tensor(*graph, "Offset", kOffset));
+  auto [o, stats] = graph->sdpa(q, kk, v, opts);
+  o->set_output(true).set_uid(kO).set_dim({k.b, k.h, k.tq, k.dv}).set_stride(bhtd_strides(k.h, k.tq, k.dv));
+  stats->set_output(true)
+      .set_uid(kStats)
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_dim({k.b, k.h, k.tq, 1})
+      .set_stride({k.h * k.tq, k.tq, 1, 1});
+  return graph;
+}
+
+std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionKey& k) {
+  auto graph = new_graph(k.dtype);
+  auto q = input(*graph, "Q", kQ, k.b, k.h, k.tq, k.d);
+  auto kk = input(*graph, "K", kK, k.b, k.h, k.tk, k.d);
+  auto v = input(*graph, "V", kV, k.b, k.h, k.tk, k.dv);
+  auto o = input(*graph, "O", kO, k.b, k.h, k.tq, k.dv);
+  auto dout = input(*graph, "dO", kDO, k.b, k.h, k.tq, k.dv);
+  auto stats = graph->tensor(fe::graph::Tensor_attributes()
+                                 .set_name("Stats")
+                                 .set_uid(kStats)
+                                 .set_dim({k.b, k.h, k.tq, 1})
+                                 .set_stride({k.h * k.tq, k.tq, 1, 1})
+                                 .set_data_type(fe::DataType_t::FLOAT));
+  auto opts = fe::graph::SDPA_backward_attributes()
+                  .set_name("tandem_sdpa_backward")
+                  .set_attn_scale(k.scale)
+                  .set_deterministic_algorithm(k.deterministic);
+  if (k.causal) opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  if (k.dropout_p > 0.0f)
+    opts.set_dropout(k.dropout_p, rng_tensor(*graph, "Seed", kSeed), rng_tensor(*graph, "Offset", kOffset));
+  auto [dq, dk, dv] = graph->sdpa_backward(q, kk, v, o, dout, stats, opts);
+  dq->set_output(true).set_uid(kDQ).set_dim({k.b, k.h, k.tq, k.d}).set_stride(bhtd_strides(k.h, k.tq, k.d));
+  dk->set_output(true).set_uid(kDK).set_dim({k.b, k.h, k.tk, k.d}).set_stride(bhtd_strides(k.h, k.tk, k.d));
+  dv->set_output(true).set_uid(kDV).set_dim({k.b, k.h, k.tk, k.dv}).set_stride(bhtd_strides(k.h, k.tk, k.dv));
+  return graph;
+}
+
+// Builds a graph's plans; returns the workspace it needs, or -1 with the reason when cuDNN does not take it.
+int64_t build(fe::graph::Graph& graph, cudnnHandle_t handle, std::string& why) {
+  fe::error_t st = graph.build(handle, {fe::HeurMode_t::A});
+  if (!st.is_good()) {
+    why = st.get_message();
+    return -1;
+  }
+  int64_t ws = 0;
+  st = graph.get_workspace_size(ws);
+  if (!st.is_good()) {
+    why = st.get_message();
+    return -1;
+  }
+  return ws;
+}
+#endif
+
+// A geometry's graphs, or the reason cuDNN refused it.
+struct AttentionPlan {
+  bool ok = false;
+#if TANDEM_WITH_CUDNN_FRONTEND
+  std::shared_ptr<fe::graph::Graph> fwd, bwd;
+#endif
+  int64_t fwd_ws = 0, bwd_ws = 0;
+};
+
+// Per device: a cuDNN handle of its own (on the compute stream) and the built geometries.
+struct AttentionState {
+  std::mutex mu;  // guards the handle and the map
+  cudnnHandle_t handle = nullptr;
+  std::unordered_map<AttentionKey, std::unique_ptr<AttentionPlan>, AttentionKeyHash> plans;
+};
+
+AttentionState& attention_state(int device) {
+  static std::mutex mu;
+  static auto* states = new std::unordered_map<int, std::unique_ptr<AttentionState>>();  // kept for the process
+  std::lock_guard<std::mutex> lock(mu);
+  auto& s = (*states)[device];
+  if (!s) s = std::make_unique<AttentionState>();
+  return *s;
+}
+
+std::string describe(const AttentionKey& k) {
+  return detail::cat(dtype_name(k.dtype), " [", k.b, ", ", k.h, ", ", k.tq, ", ", k.d, "] x [", k.tk, ", ", k.dv, "]",
+                     k.causal ? " causal" : "", k.dropout_p > 0 ? detail::cat(" dropout ", k.dropout_p) : std::string());
+}
+
+// The plan of a geometry, built on first use. Call with st.mu held.
+AttentionPlan& plan_for(AttentionState& st, const AttentionKey& key, DeviceState& dev) {
+  auto it = st.plans.find(key);
+  if (it != st.plans.end()) return *it->second;
+  auto plan = std::make_unique<AttentionPlan>();
+#if TANDEM_WITH_CUDNN_FRONTEND
+  if (!st.handle) {
+    TANDEM_CUDNN_CHECK(cudnnCreate(&st.handle));
+    TANDEM_CUDNN_CHECK(cudnnSetStream(st.handle, dev.stream));
+  }
+  std::string why;
+  try {
+    plan->fwd = forward_graph(key);
+    plan->fwd_ws = build(*plan->fwd, st.handle, why);
+    if (plan->fwd_ws >= 0) {
+      plan->bwd = backward_graph(key);
+      plan->bwd_ws = build(*plan->bwd, st.handle, why);
+    }
+    plan->ok = plan->fwd_ws >= 0 && plan->bwd_ws >= 0;
+  } catch (const std::exception& e) {
+    why = e.what();
+    plan->ok = false;
+  }
+  if (!plan->ok) {
+    plan->fwd.reset();
+    plan->bwd.reset();
+    std::fprintf(stderr,
+                 "tandem: cuDNN's fused attention does not take %s on cuda:%d (%s); scaled_dot_product_attention "
+                 "computes it by matrix products\n",
+                 describe(key).c_str(), dev.device, why.c_str());
+  }
+#else
+  (void)dev;
+#endif
+  return *st.plans.emplace(key, std::move(plan)).first->second;
+}
+
+#if TANDEM_WITH_CUDNN_FRONTEND
+void execute(fe::graph::Graph& graph, cudnnHandle_t handle, std::unordered_map<int64_t, void*>& pack, void* ws,
+             const char* what) {
+  fe::error_t st = graph.execute(handle, pack, ws);
+  TANDEM_CHECK(st.is_good(), "scaled_dot_product_attention: cuDNN's fused attention ", what, " failed: ",
+               st.get_message());
+}
+#endif
+
+void require_attention_tensor(const Tensor& t, DType dtype, const Shape& shape, const char* what) {
+  TANDEM_ASSERT(t.dtype() == dtype && t.shape() == shape && t.is_contiguous(), "fused attention ", what, " ", t.str(),
+                " must be a contiguous ", dtype_name(dtype), " ", shape_str(shape));
+}
+
+}  // namespace
+
+bool CudaBackend::fused_attention_supported(const AttentionGeom& g, DType dtype, int device) {
+#if TANDEM_WITH_CUDNN_FRONTEND
+  if (dtype != DType::f16 && dtype != DType::bf16) return false;
+  // TANDEM_ATTENTION_MATH=1 keeps every attention on the math path (for comparisons and benchmarks).
+  static const bool math_only = [] {
+    const char* v = std::getenv("TANDEM_ATTENTION_MATH");
+    return v && std::string(v) == "1";
+  }();
+  if (math_only) return false;
+  DeviceState& dev = state(device);
+  AttentionState& st = attention_state(device);
+  std::lock_guard<std::mutex> lock(st.mu);
+  const AttentionKey key = key_of(g, dtype, device);
+  auto it = st.plans.find(key);
+  if (it != st.plans.end()) return it->second->ok;
+  // Graphs are built outside recordings (building allocates and waits for the device): a geometry first
+  // met while a step is recorded takes the math path there.
+  if (recording(device)) return false;
+  return plan_for(st, key, dev).ok;
+#else
+  static std::once_flag notice;
+  std::call_once(notice, [] {
+    std::fprintf(stderr,
+                 "tandem: built without the cuDNN frontend headers (TANDEM_CUDNN_FRONTEND_INCLUDE): "
+                 "scaled_dot_product_attention computes 16-bit attention on GPUs by matrix products, not by cuDNN's "
+                 "fused flash attention\n");
+  });
+  (void)g;
+  (void)dtype;
+  (void)device;
+  return false;
+#endif
+}
+
+void CudaBackend::fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g,
+                                          uint64_t seed, uint64_t offset, Tensor& o, Tensor& stats) {
+  DeviceState& dev = state_for(o);
+  const DType t = q.dtype();
+  require_attention_tensor(q, t, {g.batch, g.heads, g.tq, g.d}, "query");
+  require_attention_tensor(k, t, {g.batch, g.heads, g.tk, g.d}, "key");
+  require_attention_tensor(v, t, {g.batch, g.heads, g.tk, g.dv}, "value");
+  require_attention_tensor(o, t, {g.batch, g.heads, g.tq, g.dv}, "output");
+  require_attention_tensor(stats, DType::f32, {g.batch, g.heads, g.tq}, "statistics");
+#if TANDEM_WITH_CUDNN_FRONTEND
+  AttentionState& st = attention_state(dev.device);
+  std::lock_guard<std::mutex> lock(st.mu);
+  AttentionPlan& plan = plan_for(st, key_of(g, t, dev.device), dev);
+  TANDEM_CHECK(plan.ok, "scaled_dot_product_attention: cuDNN's fused attention does not take ", q.str());
+  Scratch ws(allocator(dev.device), static_cast<size_t>(plan.fwd_ws));
+  Scratch rng(allocator(dev.device), g.dropout_p > 0 ? 2 * sizeof(int64_t) : 0);
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, q.data_ptr()}, {kK, k.data_ptr()}, {kV, v.data_ptr()}, {kO, o.data_ptr()}, {kStats, stats.data_ptr()}};
+  if (g.dropout_p > 0) {
+    launch_attention_rng_state(seed, offset, dev.replays, rng.as<int64_t>(), dev.stream);
+    pack[kSeed] = rng.as<int64_t>();
+    pack[kOffset] = rng.as<int64_t>() + 1;
+  }
+  execute(*plan.fwd, st.handle, pack, ws.as<void>(), "forward");
+#else
+  (void)dev;
+  (void)seed;
+  (void)offset;
+  TANDEM_CHECK(false, "scaled_dot_product_attention: tandem was built without the cuDNN frontend headers");
+#endif
+}
+
+void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                           const Tensor& dout, const Tensor& stats, const AttentionGeom& g,
+                                           uint64_t seed, uint64_t offset, Tensor& dq, Tensor& dk, Tensor& dv) {
+  DeviceState& dev = state_for(dq);
+  const DType t = q.dtype();
+  require_attention_tensor(o, t, {g.batch, g.heads, g.tq, g.dv}, "output");
+  require_attention_tensor(dout, t, {g.batch, g.heads, g.tq, g.dv}, "output gradient");
+  require_attention_tensor(dq, t, {g.batch, g.heads, g.tq, g.d}, "query gradient");
+  require_attention_tensor(dk, t, {g.batch, g.heads, g.tk, g.d}, "key gradient");
+  require_attention_tensor(dv, t, {g.batch, g.heads, g.tk, g.dv}, "value gradient");
+#if TANDEM_WITH_CUDNN_FRONTEND
+  AttentionState& st = attention_state(dev.device);
+  std::lock_guard<std::mutex> lock(st.mu);
+  AttentionPlan& plan = plan_for(st, key_of(g, t, dev.device), dev);
+  TANDEM_CHECK(plan.ok, "scaled_dot_product_attention backward: cuDNN's fused attention does not take ", q.str());
+  Scratch ws(allocator(dev.device), static_cast<size_t>(plan.bwd_ws));
+  Scratch rng(allocator(dev.device), g.dropout_p > 0 ? 2 * sizeof(int64_t) : 0);
+  std::unordered_map<int64_t, void*> pack = {{kQ, q.data_ptr()},     {kK, k.data_ptr()},       {kV, v.data_ptr()},
+                                             {kO, o.data_ptr()},     {kDO, dout.data_ptr()},   {kStats, stats.data_ptr()},
+                                             {kDQ, dq.data_ptr()},   {kDK, dk.data_ptr()},     {kDV, dv.data_ptr()}};
+  if (g.dropout_p > 0) {
+    launch_attention_rng_state(seed, offset, dev.replays, rng.as<int64_t>(), dev.stream);
+    pack[kSeed] = rng.as<int64_t>();
+    pack[kOffset] = rng.as<int64_t>() + 1;
+  }
+  execute(*plan.bwd, st.handle, pack, ws.as<void>(), "backward");
+#else
+  (void)dev;
+  (void)q;
+  (void)k;
+  (void)v;
+  (void)stats;
+  (void)seed;
+  (void)offset;
+  TANDEM_CHECK(false, "scaled_dot_product_attention: tandem was built without the cuDNN frontend headers");
+#endif
+}
+
+}  // namespace tandem::backend

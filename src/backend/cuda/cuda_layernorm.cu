@@ -1,0 +1,383 @@
+// CUDA kernels: layer and RMS normalisation over the rows of [n, c]; x, y, dy, dx f32, f16 or bf16, the
+// weight and bias f32 or x's type, statistics (mean, rstd) f32.
+//
+// Rows that fit in a warp's registers go one warp per row: the row is read once with 16-byte loads, its
+// mean and variance are taken from the registers (two passes over registers, not memory) and the output
+// is written once. The backward does the same for dx, and each warp keeps the weight and bias gradients
+// of the columns its lanes own over all the rows it handles; a block adds its warps' sums in shared
+// memory in a fixed order and writes one row of partial sums, which a second launch adds per column in
+// block order (deterministic, no atomics). Longer rows take one block per row, with the same partials.
+#include <algorithm>
+#include <initializer_list>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernel_utils.cuh"
+#include "backend/cuda/cuda_rowwise.cuh"
+
+namespace tandem::backend {
+
+namespace {
+
+using kern::from_float;
+using kern::to_float;
+using rows::load_floats;
+using rows::store_floats;
+using rows::warp_sum;
+
+constexpr int kWarps = 4;         // warps per block of the warp-per-row kernels
+constexpr int kRowThreads = 256;  // threads of the block-per-row kernels
+
+// Loads VEC parameters (of type W, or 1 / 0 when p is null) at column col as floats.
+template <int VEC, typename W>
+__device__ __forceinline__ void load_param(const W* __restrict__ p, int64_t col, float fallback, float (&out)[VEC]) {
+  if (p) {
+    load_floats<VEC>(p + col, out);
+  } else {
+#pragma unroll
+    for (int u = 0; u < VEC; ++u) out[u] = fallback;
+  }
+}
+
+template <typename T, typename W, int VEC, int NV>
+__global__ void ln_forward_warp_kernel(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b,
+                                       T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t n,
+                                       int64_t c, float eps, bool rms) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  const float inv_c = 1.0f / static_cast<float>(c);
+  for (int64_t r = kern::thread_index() >> 5; r < n; r += warps) {
+    const T* xr = x + r * c;
+    float v[NV][VEC];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t col = (int64_t(k) * 32 + lane) * VEC;
+      if (col < c) {
+        load_floats<VEC>(xr + col, v[k]);
+      } else {
+#pragma unroll
+        for (int u = 0; u < VEC; ++u) v[k][u] = 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) s += v[k][u];
+    }
+    const float mu = rms ? 0.0f : warp_sum(s) * inv_c;
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t col = (int64_t(k) * 32 + lane) * VEC;
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) {
+        const float d = col < c ? v[k][u] - mu : 0.0f;
+        ss += d * d;
+      }
+    }
+    const float rs = rsqrtf(warp_sum(ss) * inv_c + eps);
+    if (lane == 0) {
+      if (mean) mean[r] = mu;
+      rstd[r] = rs;
+    }
+    T* yr = y + r * c;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t col = (int64_t(k) * 32 + lane) * VEC;
+      if (col < c) {
+        float wv[VEC], bv[VEC], o[VEC];
+        load_param<VEC>(w, col, 1.0f, wv);
+        load_param<VEC>(b, col, 0.0f, bv);
+#pragma unroll
+        for (int u = 0; u < VEC; ++u) o[u] = fmaf((v[k][u] - mu) * rs, wv[u], bv[u]);
+        store_floats<VEC>(yr + col, o);
+      }
+    }
+  }
+}
+
+// One block per row: the mean, the variance about it, then the output (three reads of the row).
+template <typename T, typename W>
+__global__ void ln_forward_block_kernel(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b,
+                                        T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t n,
+                                        int64_t c, float eps, bool rms) {
+  __shared__ float scratch[32];
+  const float inv_c = 1.0f / static_cast<float>(c);
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const T* xr = x + r * c;
+    float mu = 0.0f;
+    if (!rms) {
+      float s = 0.0f;
+      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += to_float(xr[j]);
+      mu = rows::block_sum(s, scratch) * inv_c;
+    }
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      const float d = to_float(xr[j]) - mu;
+      ss += d * d;
+    }
+    const float rs = rsqrtf(rows::block_sum(ss, scratch) * inv_c + eps);
+    if (threadIdx.x == 0) {
+      if (mean) mean[r] = mu;
+      rstd[r] = rs;
+    }
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      const float wv = w ? to_float(w[j]) : 1.0f, bv = b ? to_float(b[j]) : 0.0f;
+      y[r * c + j] = from_float<T>(fmaf((to_float(xr[j]) - mu) * rs, wv, bv));
+    }
+  }
+}
+
+// Backward, one warp per row: dx = rstd (gw - mean(gw) - xhat mean(gw xhat)) with gw = dy w (the mean(gw)
+// term absent for RMS). With partial_w / partial_b, each block writes the sums over its rows of dy xhat and
+// dy for every column to its row of the partials [gridDim.x, c]. Dynamic shared memory: 2 * c_pad floats.
+template <typename T, typename W, int VEC, int NV>
+__global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
+                                        const float* __restrict__ mean, const float* __restrict__ rstd,
+                                        T* __restrict__ dx, float* __restrict__ partial_w,
+                                        float* __restrict__ partial_b, int64_t n, int64_t c, bool rms) {
+  extern __shared__ float sums[];  // [2][NV * 32 * VEC]: the block's weight and bias sums per column
+  constexpr int kPad = NV * 32 * VEC;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  const float inv_c = 1.0f / static_cast<float>(c);
+  float aw[NV][VEC], ab[NV][VEC];
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+#pragma unroll
+    for (int u = 0; u < VEC; ++u) aw[k][u] = ab[k][u] = 0.0f;
+  for (int64_t r = kern::thread_index() >> 5; r < n; r += warps) {
+    float xh[NV][VEC], g[NV][VEC];
+    const float mu = rms ? 0.0f : mean[r], rs = rstd[r];
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t col = (int64_t(k) * 32 + lane) * VEC;
+      if (col < c) {
+        float wv[VEC];
+        load_floats<VEC>(x + r * c + col, xh[k]);
+        load_floats<VEC>(dy + r * c + col, g[k]);
+        load_param<VEC>(w, col, 1.0f, wv);
+#pragma unroll
+        for (int u = 0; u < VEC; ++u) {
+          xh[k][u] = (xh[k][u] - mu) * rs;
+          aw[k][u] = fmaf(g[k][u], xh[k][u], aw[k][u]);
+          ab[k][u] += g[k][u];
+          const float gw = g[k][u] * wv[u];
+          g[k][u] = gw;
+          s1 += gw;
+          s2 = fmaf(gw, xh[k][u], s2);
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < VEC; ++u) xh[k][u] = g[k][u] = 0.0f;
+      }
+    }
+    const float m1 = rms ? 0.0f : warp_sum(s1) * inv_c, m2 = warp_sum(s2) * inv_c;
+    if (dx) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int64_t col = (int64_t(k) * 32 + lane) * VEC;
+        if (col < c) {
+          float o[VEC];
+#pragma unroll
+          for (int u = 0; u < VEC; ++u) o[u] = rs * (g[k][u] - m1 - xh[k][u] * m2);
+          store_floats<VEC>(dx + r * c + col, o);
+        }
+      }
+    }
+  }
+  if (!partial_w && !partial_b) return;
+  // The block's sums, warp after warp in a fixed order.
+  const int nwarps = blockDim.x >> 5;
+  for (int wi = 0; wi < nwarps; ++wi) {
+    if (warp == wi) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k)
+#pragma unroll
+        for (int u = 0; u < VEC; ++u) {
+          const int col = (k * 32 + lane) * VEC + u;
+          sums[col] = wi == 0 ? aw[k][u] : sums[col] + aw[k][u];
+          sums[kPad + col] = wi == 0 ? ab[k][u] : sums[kPad + col] + ab[k][u];
+        }
+    }
+    __syncthreads();
+  }
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    if (partial_w) partial_w[blockIdx.x * c + j] = sums[j];
+    if (partial_b) partial_b[blockIdx.x * c + j] = sums[kPad + j];
+  }
+}
+
+// One block per row: the row sums, then dx; the block's parameter sums accumulate in its row of the
+// partials (zeroed before the launch; each column owned by one thread).
+template <typename T, typename W>
+__global__ void ln_backward_block_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
+                                         const float* __restrict__ mean, const float* __restrict__ rstd,
+                                         T* __restrict__ dx, float* __restrict__ partial_w,
+                                         float* __restrict__ partial_b, int64_t n, int64_t c, bool rms) {
+  __shared__ float scratch[32];
+  const float inv_c = 1.0f / static_cast<float>(c);
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const float mu = rms ? 0.0f : mean[r], rs = rstd[r];
+    float s1 = 0.0f, s2 = 0.0f;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      const float xh = (to_float(x[r * c + j]) - mu) * rs;
+      const float gw = to_float(dy[r * c + j]) * (w ? to_float(w[j]) : 1.0f);
+      s1 += gw;
+      s2 = fmaf(gw, xh, s2);
+    }
+    const float m1 = rms ? 0.0f : rows::block_sum(s1, scratch) * inv_c;
+    const float m2 = rows::block_sum(s2, scratch) * inv_c;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      const float xh = (to_float(x[r * c + j]) - mu) * rs, g = to_float(dy[r * c + j]);
+      const float gw = g * (w ? to_float(w[j]) : 1.0f);
+      if (dx) dx[r * c + j] = from_float<T>(rs * (gw - m1 - xh * m2));
+      if (partial_w) partial_w[blockIdx.x * c + j] += g * xh;
+      if (partial_b) partial_b[blockIdx.x * c + j] += g;
+    }
+  }
+}
+
+// out[j] = sum over the `parts` rows of partial [parts, c], in row order.
+template <typename W>
+__global__ void column_sum_kernel(const float* __restrict__ partial, int64_t parts, int64_t c, W* __restrict__ out) {
+  for (int64_t j = kern::thread_index(); j < c; j += kern::thread_count()) {
+    float s = 0.0f;
+    for (int64_t p = 0; p < parts; ++p) s += partial[p * c + j];
+    out[j] = from_float<W>(s);
+  }
+}
+
+template <typename T, typename F>
+void with_param_type(DType xt, const Tensor& w, const Tensor& b, const char* op, F&& f) {
+  DType pt = xt;
+  if (w.defined()) pt = w.dtype();
+  if (b.defined()) {
+    TANDEM_CHECK(!w.defined() || b.dtype() == w.dtype(), op, ": weight ", w.str(), " and bias ", b.str(),
+                 " differ in dtype");
+    pt = b.dtype();
+  }
+  TANDEM_CHECK(pt == xt || pt == DType::f32, op, ": parameters of dtype ", dtype_name(pt), " for ", dtype_name(xt),
+               " input (use f32 or the input's type)");
+  if (pt == DType::f32)
+    f(float{});
+  else
+    f(T{});
+}
+
+template <typename T, typename F>
+bool with_ln_shape(int64_t c, std::initializer_list<const void*> ptrs, F&& f) {
+  constexpr int V = rows::kVec<T>;
+  if (!rows::vector_ok<T>(c, ptrs)) return false;
+  switch (rows::vectors_per_lane(c, V)) {
+    case 1: f(std::integral_constant<int, 1>{}); return true;
+    case 2: f(std::integral_constant<int, 2>{}); return true;
+    case 4: f(std::integral_constant<int, 4>{}); return true;
+    case 8: f(std::integral_constant<int, 8>{}); return true;
+    default: return false;
+  }
+}
+
+template <typename P>
+const P* param_ptr(const Tensor& t) {
+  return t.defined() ? static_cast<const P*>(t.data_ptr()) : nullptr;
+}
+
+}  // namespace
+
+void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t n, int64_t c, double eps,
+                                     bool rms, Tensor& y, Tensor& mean, Tensor& rstd) {
+  const char* op = rms ? "rms_norm" : "layer_norm";
+  TANDEM_ASSERT(x.numel() == n * c && y.numel() == x.numel() && y.dtype() == x.dtype() && rstd.numel() == n &&
+                    rstd.dtype() == DType::f32 && (rms || (mean.numel() == n && mean.dtype() == DType::f32)),
+                op, " of ", x.str(), " as [", n, ", ", c, "]");
+  if (n == 0 || c == 0) return;
+  DeviceState& st = state_for(y);
+  kern::dispatch_float(x.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    with_param_type<T>(x.dtype(), w, b, op, [&](auto ptag) {
+      using W = decltype(ptag);
+      const T* px = static_cast<const T*>(x.data_ptr());
+      const W *pw = param_ptr<W>(w), *pb = param_ptr<W>(b);
+      T* py = static_cast<T*>(y.data_ptr());
+      float* pm = rms ? nullptr : mean.data<float>();
+      float* pr = rstd.data<float>();
+      const float e = static_cast<float>(eps);
+      // Parameters are read VEC at a time like the data, 16 bytes per access (two for f32 parameters of
+      // 16-bit data), so their addresses must be 16-byte aligned too.
+      const bool warp = with_ln_shape<T>(c, {px, py, pw, pb}, [&](auto ntag) {
+        constexpr int NV = decltype(ntag)::value;
+        ln_forward_warp_kernel<T, W, rows::kVec<T>, NV><<<rows::warp_row_blocks(n, kWarps), kWarps * 32, 0,
+                                                          st.stream>>>(px, pw, pb, py, pm, pr, n, c, e, rms);
+      });
+      if (!warp)
+        ln_forward_block_kernel<T, W><<<static_cast<unsigned>(std::clamp<int64_t>(n, 1, kern::kMaxBlocks)), kRowThreads,
+                                        0, st.stream>>>(px, pw, pb, py, pm, pr, n, c, e, rms);
+      TANDEM_CUDA_LAUNCH_CHECK("layer norm kernel");
+    });
+  });
+}
+
+void CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                      const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw,
+                                      Tensor& db) {
+  const char* op = rms ? "rms_norm backward" : "layer_norm backward";
+  TANDEM_ASSERT(x.numel() == n * c && dy.numel() == x.numel() && dy.dtype() == x.dtype() && rstd.numel() == n &&
+                    (!dx.defined() || (dx.numel() == x.numel() && dx.dtype() == x.dtype())),
+                op, " of ", x.str());
+  DeviceState& st = state_for(x);
+  if (n == 0 || c == 0) {
+    if (dw.defined()) fill(dw, 0.0);
+    if (db.defined()) fill(db, 0.0);
+    return;
+  }
+  const bool want_w = dw.defined(), want_b = db.defined();
+  kern::dispatch_float(x.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    // The parameter gradients take the parameters' type; the weight (if any) decides it.
+    with_param_type<T>(x.dtype(), w, want_b ? db : Tensor(), op, [&](auto ptag) {
+      using W = decltype(ptag);
+      const T* pg = static_cast<const T*>(dy.data_ptr());
+      const T* px = static_cast<const T*>(x.data_ptr());
+      const W* pw = param_ptr<W>(w);
+      const float* pm = rms ? nullptr : mean.data<float>();
+      const float* pr = rstd.data<float>();
+      T* pd = dx.defined() ? static_cast<T*>(dx.data_ptr()) : nullptr;
+      if (want_w) TANDEM_CHECK(dw.dtype() == rows::device_dtype<W>(), op, ": weight gradient ", dw.str(), " must match the weight");
+      // Blocks: enough to fill the GPU a few times over, but no more than rows need.
+      const int64_t max_blocks = static_cast<int64_t>(st.sm_count) * 4;
+      auto launch = [&](unsigned grid, bool zero_partials, auto&& kernel_launch) {
+        const bool partial = want_w || want_b;
+        const size_t part_bytes = partial ? static_cast<size_t>(grid) * c * 2 * sizeof(float) : 0;
+        Scratch parts(allocator(st.device), part_bytes);
+        float* pw_part = want_w ? parts.as<float>() : nullptr;
+        float* pb_part = want_b ? parts.as<float>() + static_cast<size_t>(grid) * c : nullptr;
+        if (partial && zero_partials) TANDEM_CUDA_CHECK(cudaMemsetAsync(parts.as<float>(), 0, part_bytes, st.stream));
+        kernel_launch(pw_part, pb_part);
+        TANDEM_CUDA_LAUNCH_CHECK("layer norm backward kernel");
+        const unsigned cols = kern::blocks_for(c);
+        if (want_w)
+          column_sum_kernel<W><<<cols, kern::kBlock, 0, st.stream>>>(pw_part, grid, c, static_cast<W*>(dw.data_ptr()));
+        if (want_b)
+          column_sum_kernel<W><<<cols, kern::kBlock, 0, st.stream>>>(pb_part, grid, c, static_cast<W*>(db.data_ptr()));
+        if (partial) TANDEM_CUDA_LAUNCH_CHECK("column_sum_kernel");
+      };
+      const bool warp = with_ln_shape<T>(c, {pg, px, pd, pw}, [&](auto ntag) {
+        constexpr int NV = decltype(ntag)::value, VEC = rows::kVec<T>;
+        const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>((n + kWarps - 1) / kWarps, 1, max_blocks));
+        const size_t smem = 2 * sizeof(float) * NV * 32 * VEC;
+        launch(grid, false, [&](float* a, float* b2) {
+          ln_backward_warp_kernel<T, W, VEC, NV><<<grid, kWarps * 32, smem, st.stream>>>(pg, px, pw, pm, pr, pd, a, b2, n,
+                                                                                         c, rms);
+        });
+      });
+      if (!warp) {
+        const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(n, 1, max_blocks));
+        launch(grid, true, [&](float* a, float* b2) {
+          ln_backward_block_kernel<T, W><<<grid, kRowThreads, 0, st.stream>>>(pg, px, pw, pm, pr, pd, a, b2, n, c, rms);
+        });
+      }
+    });
+  });
+}
+
+}  // namespace tandem::backend

@@ -1,0 +1,136 @@
+// Scaled dot-product attention. 16-bit inputs on a GPU go through the backend's fused kernels (cuDNN's
+// flash attention) when it takes the geometry; every other case computes the math: batched products,
+// a scaled and masked softmax, dropout with the counter-based generator, and the products again, with a
+// backward written from the same kernels (so it runs on every backend and gradchecks in f64).
+#include <cmath>
+
+#include "ops/layout.h"
+#include "ops/op_utils.h"
+#include "tandem/ops.h"
+#include "tandem/precision.h"
+
+namespace tandem {
+
+using namespace ops;
+using backend::AttentionGeom;
+using backend::Binary;
+
+namespace {
+
+bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
+
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g, DType cdt,
+                       uint64_t seed, uint64_t offset) {
+  Tensor qc = to_dense(q, cdt, false), kc = to_dense(k, cdt, false), vc = to_dense(v, cdt, false);
+  Tensor o = Tensor::empty({g.batch, g.heads, g.tq, g.dv}, cdt, q.device());
+  Tensor stats = Tensor::empty({g.batch, g.heads, g.tq}, DType::f32, q.device());
+  be(q).fused_attention_forward(qc, kc, vc, g, seed, offset, o, stats);
+  Tensor so = o.detach();
+  const DType qt = q.dtype(), kt = k.dtype(), vt = v.dtype();
+  return record_op(o, {q, k, v}, "scaled_dot_product_attention",
+                   [qc, kc, vc, so, stats, g, seed, offset, cdt, qt, kt, vt](const Tensor& grad) {
+    Tensor dout = to_dense(grad, cdt, false);
+    Tensor dq = Tensor::empty(qc.shape(), cdt, qc.device()), dk = Tensor::empty(kc.shape(), cdt, qc.device()),
+           dv = Tensor::empty(vc.shape(), cdt, qc.device());
+    be(dout).fused_attention_backward(qc, kc, vc, so, dout, stats, g, seed, offset, dq, dk, dv);
+    return std::vector<Tensor>{dq.to(qt), dk.to(kt), dv.to(vt)};
+  });
+}
+
+Tensor math_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g, DType out_dtype,
+                      uint64_t seed, uint64_t offset) {
+  // Scores, probabilities and products in f32 (f64 for f64 inputs).
+  const DType ct = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const int64_t bh = g.batch * g.heads, tq = g.tq, tk = g.tk, d = g.d, dv = g.dv;
+  Tensor qm = to_dense(q, ct, false), km = to_dense(k, ct, false), vm = to_dense(v, ct, false);
+  Tensor p = Tensor::empty({bh, tq, tk}, ct, q.device());
+  Tensor o = Tensor::empty({g.batch, g.heads, tq, dv}, ct, q.device());
+  Tensor mask, pd;
+  if (o.numel() > 0) {
+    backend::Backend& b = be(q);
+    b.gemm_batched(false, true, bh, tq, tk, d, 1.0, qm, tq * d, km, tk * d, 0.0, p, tq * tk);
+    if (p.numel()) b.attention_softmax(p, bh, tq, tk, g.scale, g.causal, p);
+    pd = p;
+    if (g.dropout_p > 0.0 && p.numel()) {
+      mask = Tensor::empty(p.shape(), ct, q.device());
+      b.dropout_mask(mask, seed, offset, g.dropout_p);
+      pd = binary_raw(Binary::Mul, p, mask);
+    }
+    b.gemm_batched(false, false, bh, tq, dv, tk, 1.0, pd, tq * tk, vm, tk * dv, 0.0, o, tq * dv);
+  }
+  Tensor out = o.to(out_dtype);
+  const bool need_q = q.requires_grad(), need_k = k.requires_grad(), need_v = v.requires_grad();
+  const DType qt = q.dtype(), kt = k.dtype(), vt = v.dtype();
+  const Precision prec = current_precision();
+  Tensor sq = qm.detach(), sk = km.detach(), sv = vm.detach(), sp = p.detach();
+  Tensor spd = pd.defined() ? pd.detach() : Tensor(), smask = mask.defined() ? mask.detach() : Tensor();
+  return record_op(out, {q, k, v}, "scaled_dot_product_attention",
+                   [sq, sk, sv, sp, spd, smask, g, ct, need_q, need_k, need_v, qt, kt, vt, prec](const Tensor& grad) {
+    PrecisionScope scope(prec);
+    const int64_t bh = g.batch * g.heads, tq = g.tq, tk = g.tk, d = g.d, dv = g.dv;
+    Tensor dq = Tensor::zeros(sq.shape(), ct, sq.device()), dk = Tensor::zeros(sk.shape(), ct, sq.device()),
+           dvv = Tensor::zeros(sv.shape(), ct, sq.device());
+    if (bh * tq * tk > 0) {
+      Tensor dout = to_dense(grad, ct, false);
+      backend::Backend& b = be(dout);
+      if (need_v) b.gemm_batched(true, false, bh, tk, dv, tq, 1.0, spd, tq * tk, dout, tq * dv, 0.0, dvv, tk * dv);
+      if (need_q || need_k) {
+        Tensor dp = Tensor::empty(sp.shape(), ct, sq.device());
+        b.gemm_batched(false, true, bh, tq, tk, dv, 1.0, dout, tq * dv, sv, tk * dv, 0.0, dp, tq * tk);
+        if (smask.defined()) b.binary(Binary::Mul, dp, smask, dp);
+        // The scores' gradient; the mask needs nothing more: masked probabilities are 0, and so is their share.
+        b.softmax_backward(dp, sp, bh * tq, tk, 1, false, dp);
+        if (need_q) b.gemm_batched(false, false, bh, tq, d, tk, g.scale, dp, tq * tk, sk, tk * d, 0.0, dq, tq * d);
+        if (need_k) b.gemm_batched(true, false, bh, tk, d, tq, g.scale, dp, tq * tk, sq, tq * d, 0.0, dk, tk * d);
+      }
+    }
+    return std::vector<Tensor>{need_q ? dq.to(qt) : Tensor(), need_k ? dk.to(kt) : Tensor(),
+                               need_v ? dvv.to(vt) : Tensor()};
+  });
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                                    double scale, Generator* gen) {
+  const char* op = "scaled_dot_product_attention";
+  check_dim(q, 4, op, "query");
+  check_dim(k, 4, op, "key");
+  check_dim(v, 4, op, "value");
+  check_floating(q, op, "query");
+  TANDEM_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), op, ": query ", q.str(), ", key ", k.str(),
+               " and value ", v.str(), " differ in dtype");
+  check_same_device(q, k, op);
+  check_same_device(q, v, op);
+  TANDEM_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1),
+               op, ": query ", q.str(), ", key ", k.str(), " and value ", v.str(),
+               " must agree in batch and heads (dimensions 0 and 1 of [B, H, T, d])");
+  TANDEM_CHECK(k.size(3) == q.size(3), op, ": key ", k.str(), " has head size ", k.size(3), ", the query ", q.str(),
+               " ", q.size(3), " (dimension 3)");
+  TANDEM_CHECK(v.size(2) == k.size(2), op, ": value ", v.str(), " has ", v.size(2), " positions, the key ", k.str(), " ",
+               k.size(2), " (dimension 2)");
+  TANDEM_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, op, ": dropout probability ", dropout_p, " outside [0, 1)");
+  TANDEM_CHECK(dropout_p == 0.0 || gen != nullptr, op, ": dropout_p ", dropout_p, " needs a generator");
+  AttentionGeom g;
+  g.batch = q.size(0);
+  g.heads = q.size(1);
+  g.tq = q.size(2);
+  g.tk = k.size(2);
+  g.d = q.size(3);
+  g.dv = v.size(3);
+  g.causal = causal;
+  g.scale = scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(g.d, 1)));
+  g.dropout_p = dropout_p;
+  uint64_t seed = 0, offset = 0;
+  if (dropout_p > 0.0) {
+    seed = gen->seed();
+    offset = gen->advance(static_cast<uint64_t>(g.batch * g.heads * g.tq * g.tk));
+  }
+  // Under a 16-bit precision on CUDA, f32 inputs are taken in 16-bit (as linear and conv2d take theirs).
+  const DType cdt = compute_dtype(q.device(), current_precision(), q.dtype());
+  const bool fusable = q.device().is_cuda() && is_half(cdt) && g.batch * g.heads * g.tq * g.tk * g.d * g.dv > 0;
+  if (fusable && be(q).fused_attention_supported(g, cdt, q.device().index)) return fused_attention(q, k, v, g, cdt, seed, offset);
+  return math_attention(q, k, v, g, is_half(cdt) ? cdt : q.dtype(), seed, offset);
+}
+
+}  // namespace tandem

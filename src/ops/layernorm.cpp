@@ -1,0 +1,78 @@
+// Layer and RMS normalisation over the trailing dimensions: one fused kernel per direction, the row
+// statistics saved by the forward for the backward.
+#include "ops/op_utils.h"
+#include "tandem/ops.h"
+
+namespace tandem {
+
+using namespace ops;
+
+namespace {
+
+bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
+
+// Checks a parameter of normalized_shape: x's type, or f32 with 16-bit x on CUDA.
+void check_param(const Tensor& p, const Tensor& x, const Shape& normalized_shape, const char* op, const char* what) {
+  if (!p.defined()) return;
+  check_floating(p, op, what);
+  TANDEM_CHECK(p.shape() == normalized_shape, op, ": ", what, " ", p.str(), " must have the normalized shape ",
+               shape_str(normalized_shape));
+  check_same_device(p, x, op);
+  const bool mixed = x.device().is_cuda() && is_half(x.dtype()) && p.dtype() == DType::f32;
+  TANDEM_CHECK(p.dtype() == x.dtype() || mixed, op, ": ", what, " ", p.str(), " and input ", x.str(),
+               " differ in dtype", x.device().is_cuda() && is_half(x.dtype()) ? " (16-bit inputs take f32 or their own type)" : "");
+}
+
+Tensor normalise(const Tensor& x, const Shape& normalized_shape, const Tensor& w, const Tensor& b, double eps, bool rms,
+                 const char* op) {
+  check_floating(x, op, "input");
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  TANDEM_CHECK(k >= 1 && k <= x.dim(), op, ": normalized_shape ", shape_str(normalized_shape), " needs between 1 and ",
+               x.dim(), " dimensions for the input ", x.str());
+  for (int64_t i = 0; i < k; ++i)
+    TANDEM_CHECK(x.size(x.dim() - k + i) == normalized_shape[i], op, ": normalized_shape ",
+                 shape_str(normalized_shape), " does not match the trailing dimensions of the input ", x.str());
+  check_param(w, x, normalized_shape, op, "weight");
+  check_param(b, x, normalized_shape, op, "bias");
+  TANDEM_CHECK(eps >= 0.0, op, ": eps must not be negative, got ", eps);
+  const int64_t c = shape_numel(normalized_shape);
+  int64_t n = 1;
+  for (int64_t i = 0; i < x.dim() - k; ++i) n *= x.size(i);
+  const DType st = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor xc = x.contiguous(), wc = w.defined() ? w.contiguous() : Tensor(), bc = b.defined() ? b.contiguous() : Tensor();
+  Tensor y = empty_like(xc);
+  Tensor mean = rms ? Tensor() : Tensor::empty({n}, st, x.device()), rstd = Tensor::empty({n}, st, x.device());
+  const bool work = n > 0 && c > 0;
+  if (work) be(x).layer_norm_forward(xc, wc, bc, n, c, eps, rms, y, mean, rstd);
+  const bool need_x = x.requires_grad(), need_w = w.defined() && w.requires_grad(),
+             need_b = b.defined() && b.requires_grad();
+  Tensor sx = xc.detach(), sw = wc.defined() ? wc.detach() : Tensor();
+  const DType bdt = b.defined() ? b.dtype() : x.dtype();
+  const Shape pshape = normalized_shape;
+  return record_op(y, {x, w, b}, op,
+                   [sx, sw, mean, rstd, n, c, rms, work, need_x, need_w, need_b, bdt, pshape](const Tensor& g) {
+    Tensor dy = g.contiguous().to(sx.dtype());
+    Tensor dx = need_x ? grad_buffer(0, sx.shape(), sx.dtype(), sx.device()) : Tensor();
+    Tensor dw = need_w ? grad_buffer(1, sw.shape(), sw.dtype(), sw.device()) : Tensor();
+    Tensor db = need_b ? grad_buffer(2, pshape, bdt, sx.device()) : Tensor();
+    if (work) {
+      be(dy).layer_norm_backward(dy, sx, sw, mean, rstd, n, c, rms, dx, dw, db);
+    } else {  // no rows (or empty rows): the parameters' gradients are empty sums
+      if (dw.defined()) dw.zero_();
+      if (db.defined()) db.zero_();
+    }
+    return std::vector<Tensor>{dx, dw, db};
+  });
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+  return normalise(x, normalized_shape, weight, bias, eps, false, "layer_norm");
+}
+
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, double eps) {
+  return normalise(x, normalized_shape, weight, Tensor(), eps, true, "rms_norm");
+}
+
+}  // namespace tandem

@@ -1,0 +1,172 @@
+// Losses with reductions: softmax cross-entropy and negative log-likelihood over the last axis of N-D
+// inputs against class indices (with an ignored index), squared error and binary cross-entropy per
+// element. A kernel computes the loss of each position (in f32 for 16-bit inputs, f64 for f64) and the op
+// reduces it; the backward kernel takes one weight per position, or one for all, so that a reduction's
+// gradient needs no tensor of the input's size.
+#include "ops/op_utils.h"
+#include "tandem/ops.h"
+
+namespace tandem {
+
+using namespace ops;
+using backend::Binary;
+using backend::PointLoss;
+
+const char* reduction_name(Reduction r) {
+  switch (r) {
+    case Reduction::None: return "none";
+    case Reduction::Mean: return "mean";
+    case Reduction::Sum: return "sum";
+  }
+  return "?";
+}
+
+Reduction parse_reduction(const std::string& name, const char* op) {
+  if (name == "none") return Reduction::None;
+  if (name == "mean") return Reduction::Mean;
+  if (name == "sum") return Reduction::Sum;
+  TANDEM_CHECK(false, op, ": reduction '", name, "' is not one of 'none', 'mean', 'sum'");
+  return Reduction::Mean;
+}
+
+namespace {
+
+DType stat_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+// The one-element sum of a loss vector (0 for an empty one).
+Tensor sum_all(const Tensor& v) {
+  Tensor out = Tensor::empty({}, v.dtype(), v.device());
+  if (v.numel() == 0)
+    out.zero_();
+  else
+    be(v).sum(v, out);
+  return out;
+}
+
+// Checks logits-like x [..., C] against class indices targets [...] and returns C.
+int64_t check_class_targets(const Tensor& x, const Tensor& targets, const char* op, const char* what) {
+  check_floating(x, op, what);
+  check_defined(targets, op, "targets");
+  TANDEM_CHECK(x.dim() >= 1, op, ": ", what, " ", x.str(), " need a class dimension (the last)");
+  TANDEM_CHECK(targets.dtype() == DType::i32 || targets.dtype() == DType::i64, op,
+               ": targets must be class indices (i32 or i64), got ", targets.str());
+  const Shape lead(x.shape().begin(), x.shape().end() - 1);
+  TANDEM_CHECK(targets.shape() == lead, op, ": targets ", targets.str(), " do not fit ", what, " ", x.str(),
+               ": the targets' shape must be the ", what, "' without the last (class) dimension, ", shape_str(lead));
+  check_same_device(x, targets, op);
+  return x.size(-1);
+}
+
+// The reduced loss of per-position losses `per` (reshaped to `shape` for None); count is the number of
+// positions that count (one element), used by Mean.
+Tensor reduce(const Tensor& per, const Tensor& count, Reduction r, const Shape& shape) {
+  switch (r) {
+    case Reduction::None: return per.view(shape);
+    case Reduction::Sum: return sum_all(per);
+    case Reduction::Mean: {
+      Tensor s = sum_all(per);
+      return binary_raw(Binary::Div, s, count.view({}));
+    }
+  }
+  return per;
+}
+
+// The per-position weights of a reduced loss's gradient g: g itself for None (one per position), g for
+// Sum and g / count for Mean (one for all).
+Tensor position_weights(const Tensor& g, const Tensor& count, Reduction r, DType st) {
+  Tensor gc = g.contiguous().to(st);
+  if (r == Reduction::Mean) return binary_raw(Binary::Div, gc.view({1}), count.view({1}));
+  return r == Reduction::None ? gc.view({gc.numel()}) : gc.view({1});
+}
+
+// Softmax cross-entropy of logits (nll false) or the negative log-likelihood of log-probabilities (nll true)
+// over the last axis.
+Tensor class_loss(const Tensor& x, const Tensor& targets, Reduction r, int64_t ignore_index, bool nll) {
+  const char* op = nll ? "nll_loss" : "softmax_cross_entropy";
+  const int64_t c = check_class_targets(x, targets, op, nll ? "log-probabilities" : "logits");
+  const int64_t n = targets.numel();
+  TANDEM_CHECK(c > 0 || n == 0, op, ": ", x.str(), " has no classes");
+  const DType st = stat_dtype(x.dtype());
+  Tensor xc = x.contiguous().view({n, c}), tc = targets.contiguous().view({n});
+  Tensor per = Tensor::empty({n}, st, x.device()), valid = Tensor::empty({n}, st, x.device());
+  Tensor lse = nll ? Tensor() : Tensor::empty({n}, st, x.device());
+  if (n > 0) {
+    if (nll)
+      be(x).nll_rows_forward(xc, tc, ignore_index, per, valid);
+    else
+      be(x).xent_rows_forward(xc, tc, ignore_index, per, lse, valid);
+  }
+  // Mean divides by the positions not ignored, counted on the device.
+  Tensor count = r == Reduction::Mean ? sum_all(valid) : Tensor();
+  Tensor out = reduce(per, count, r, targets.shape());
+  Tensor sx = nll ? Tensor() : xc.detach();
+  const Shape xshape = x.shape();
+  const DType xdt = x.dtype();
+  return record_op(out, {x}, op, [sx, tc, lse, count, r, st, ignore_index, nll, n, c, xshape, xdt](const Tensor& g) {
+    Tensor w = position_weights(g, count, r, st);
+    Tensor dx = Tensor::empty({n, c}, xdt, g.device());
+    if (n > 0) {
+      if (nll)
+        be(dx).nll_rows_backward(tc, w, ignore_index, dx);
+      else
+        be(dx).xent_rows_backward(sx, tc, lse, w, ignore_index, dx);
+    }
+    return std::vector<Tensor>{dx.view(xshape)};
+  });
+}
+
+// An elementwise loss of x against a target of x's shape; with target_grad the target takes the negated
+// gradient (squared error is symmetric in its operands).
+Tensor point_loss(PointLoss kind, const Tensor& x, const Tensor& target, Reduction r, const char* op,
+                  bool target_grad) {
+  check_floating(x, op, "input");
+  check_floating(target, op, "target");
+  check_same_device(x, target, op);
+  TANDEM_CHECK(x.shape() == target.shape(), op, ": input ", x.str(), " and target ", target.str(),
+               " differ in shape (give the target the input's shape)");
+  const int64_t n = x.numel();
+  const DType st = stat_dtype(x.dtype());
+  Tensor xc = x.contiguous(), tc = target.detach().contiguous().to(x.dtype());
+  Tensor per = Tensor::empty({n}, st, x.device());
+  if (n > 0) be(x).pointwise_loss_forward(kind, xc, tc, per);
+  Tensor count = r == Reduction::Mean ? Tensor::full({}, static_cast<double>(n), st, x.device()) : Tensor();
+  Tensor out = reduce(per, count, r, x.shape());
+  Tensor sx = xc.detach();
+  const bool need_x = x.requires_grad(), need_t = target_grad && target.requires_grad();
+  const DType tdt = target.dtype();
+  auto fn = [sx, tc, count, r, st, kind, n, need_x, need_t, target_grad, tdt](const Tensor& g) {
+    Tensor w = position_weights(g, count, r, st);
+    Tensor dx = Tensor::empty(sx.shape(), sx.dtype(), sx.device());
+    if (n > 0) be(dx).pointwise_loss_backward(kind, sx, tc, w, dx);
+    if (!target_grad) return std::vector<Tensor>{need_x ? dx : Tensor()};
+    Tensor dt = need_t ? affine_raw(dx, -1.0, 0.0).to(tdt) : Tensor();
+    return std::vector<Tensor>{need_x ? dx : Tensor(), dt};
+  };
+  if (target_grad) return record_op(out, {x, target}, op, fn);
+  return record_op(out, {x}, op, fn);
+}
+
+}  // namespace
+
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Reduction reduction, int64_t ignore_index) {
+  return class_loss(logits, targets, reduction, ignore_index, false);
+}
+
+Tensor nll_loss(const Tensor& logp, const Tensor& targets, Reduction reduction, int64_t ignore_index) {
+  return class_loss(logp, targets, reduction, ignore_index, true);
+}
+
+Tensor mse_loss(const Tensor& x, const Tensor& target, Reduction reduction) {
+  return point_loss(PointLoss::SquaredError, x, target, reduction, "mse_loss", true);
+}
+
+Tensor binary_cross_entropy(const Tensor& p, const Tensor& target, Reduction reduction) {
+  return point_loss(PointLoss::BinaryCrossEntropy, p, target, reduction, "binary_cross_entropy", false);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& target, Reduction reduction) {
+  return point_loss(PointLoss::BinaryCrossEntropyWithLogits, x, target, reduction,
+                    "binary_cross_entropy_with_logits", false);
+}
+
+}  // namespace tandem

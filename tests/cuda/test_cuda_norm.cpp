@@ -1,0 +1,224 @@
+// Softmax, log-softmax, layer / RMS normalisation, the N-D losses and attention's math path on the GPU
+// against the CPU: forward values and every gradient, in f32, f16 and bf16. 16-bit runs are compared with
+// the CPU's f32 result on the same (16-bit rounded) inputs; shapes cover the warp-per-row kernels (with and
+// without 16-byte accesses), the block-per-row kernels and axes that are not last.
+#include <functional>
+
+#include "cuda/cuda_test_util.h"
+#include "tandem/autograd.h"
+#include "tandem/ops.h"
+#include "tandem/precision.h"
+
+namespace tandem {
+namespace {
+
+using namespace cudatest;
+
+#define REQUIRE_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU"
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+struct Tol {
+  double rtol, atol, grad_rel;  // elementwise for outputs, relative L2 norm for gradients
+};
+
+Tol tol_for(DType t) {
+  switch (t) {
+    case DType::f16: return {4e-3, 4e-3, 5e-3};
+    case DType::bf16: return {2e-2, 2e-2, 3e-2};
+    default: return {2e-5, 2e-6, 1e-5};
+  }
+}
+
+struct Run {
+  Tensor y;
+  std::vector<Tensor> grads;
+};
+
+// f on leaves made from the inputs (as dtype on device d; differentiable inputs require a gradient),
+// back-propagating dy; the output and gradients come back as CPU f32.
+Run run_on(const std::vector<Tensor>& inputs, const std::vector<bool>& diff, DType dtype, Device d, const Fn& f,
+           const Tensor& dy) {
+  std::vector<Tensor> leaves;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Tensor t = inputs[i];
+    if (is_floating(t.dtype())) t = t.to(dtype);
+    t = t.to(d).clone();
+    if (diff[i]) t.requires_grad_();
+    leaves.push_back(t);
+  }
+  Run r;
+  Tensor y = f(leaves);
+  backward(y, {}, dy.to(y.dtype()).to(d));
+  r.y = y.detach().cpu().to(DType::f32);
+  for (size_t i = 0; i < leaves.size(); ++i)
+    r.grads.push_back(diff[i] ? leaves[i].grad().cpu().to(DType::f32) : Tensor());
+  return r;
+}
+
+// Runs f on the CPU in f32 and on the GPU in dtype from the same inputs (16-bit rounded first) and compares.
+void compare(const std::vector<Tensor>& inputs, const std::vector<bool>& diff, DType dtype, const Fn& f,
+             const std::string& what, double scale_tol = 1.0) {
+  std::vector<Tensor> rounded;
+  for (const Tensor& t : inputs) rounded.push_back(is_floating(t.dtype()) ? t.to(dtype).to(DType::f32) : t);
+  Tensor y0;
+  {
+    std::vector<Tensor> probe = rounded;
+    NoGradGuard ng;
+    y0 = f(probe);
+  }
+  Tensor dy = rand_cpu(y0.shape(), 999);
+  const Tol tol = tol_for(dtype);
+  Run c = run_on(rounded, diff, DType::f32, Device::cpu(), f, dy);
+  Run g = run_on(rounded, diff, dtype, gpu(), f, dy.to(dtype).to(DType::f32));
+  const std::string tag = what + " " + dtype_name(dtype);
+  expect_close(c.y, g.y, tol.rtol * scale_tol, tol.atol * scale_tol, tag + " forward");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (diff[i]) expect_norm_close(c.grads[i], g.grads[i], tol.grad_rel * scale_tol, tag + " gradient " + std::to_string(i));
+}
+
+const DType kTypes[] = {DType::f32, DType::f16, DType::bf16};
+
+TEST(CudaNorm, SoftmaxAndLogSoftmaxRowsOfEveryKernel) {
+  REQUIRE_GPU();
+  // 10, 64: one vector per lane; 768, 1000: several; 7 and 33: no 16-byte accesses; 3000, 50257: a block per row.
+  for (int64_t c : {1, 7, 10, 33, 64, 768, 1000, 3000, 50257}) {
+    const int64_t n = c > 10000 ? 3 : 37;
+    Tensor x = rand_cpu({n, c}, 10 + c, -4.0, 4.0);
+    for (DType t : kTypes) {
+      compare({x}, {true}, t, [](const std::vector<Tensor>& v) { return softmax(v[0], -1); },
+              "softmax c=" + std::to_string(c));
+      compare({x}, {true}, t, [](const std::vector<Tensor>& v) { return log_softmax(v[0], 1); },
+              "log_softmax c=" + std::to_string(c));
+    }
+  }
+}
+
+TEST(CudaNorm, SoftmaxAlongLeadingAndMiddleAxes) {
+  REQUIRE_GPU();
+  Tensor x = rand_cpu({4, 33, 5}, 3, -3.0, 3.0);
+  for (DType t : kTypes)
+    for (int64_t dim : {0, 1}) {
+      compare({x}, {true}, t, [dim](const std::vector<Tensor>& v) { return softmax(v[0], dim); },
+              "softmax dim " + std::to_string(dim));
+      compare({x}, {true}, t, [dim](const std::vector<Tensor>& v) { return log_softmax(v[0], dim); },
+              "log_softmax dim " + std::to_string(dim));
+    }
+}
+
+TEST(CudaNorm, LayerNormAndRmsNorm) {
+  REQUIRE_GPU();
+  // 768 (GPT-2), 8, 1000: warp per row; 777: unaligned rows; 4096: a block per row.
+  for (int64_t c : {8, 768, 777, 1000, 4096}) {
+    const int64_t n = 45;
+    Tensor x = rand_cpu({n, c}, 20 + c, -2.0, 2.0), w = rand_cpu({c}, 21 + c, 0.5, 1.5), b = rand_cpu({c}, 22 + c);
+    for (DType t : kTypes) {
+      const std::string cs = " c=" + std::to_string(c);
+      compare({x, w, b}, {true, true, true}, t,
+              [c](const std::vector<Tensor>& v) { return layer_norm(v[0], {c}, v[1], v[2], 1e-5); },
+              "layer_norm" + cs);
+      compare({x}, {true}, t, [c](const std::vector<Tensor>& v) { return layer_norm(v[0], {c}); }, "layer_norm plain" + cs);
+      compare({x, w}, {true, true}, t, [c](const std::vector<Tensor>& v) { return rms_norm(v[0], {c}, v[1]); },
+              "rms_norm" + cs);
+    }
+  }
+}
+
+TEST(CudaNorm, LayerNormOf16BitDataWithF32Parameters) {
+  REQUIRE_GPU();
+  const int64_t n = 64, c = 768;
+  Tensor x = rand_cpu({n, c}, 31, -2.0, 2.0), w = rand_cpu({c}, 32, 0.5, 1.5), b = rand_cpu({c}, 33);
+  Tensor dy = rand_cpu({n, c}, 34);
+  for (DType t : {DType::f16, DType::bf16}) {
+    Tensor xr = x.to(t).to(DType::f32);
+    Tensor xc = xr.clone(), wc = w.clone(), bc = b.clone();
+    for (Tensor* p : {&xc, &wc, &bc}) p->requires_grad_();
+    backward(layer_norm(xc, {c}, wc, bc), {}, dy.to(t).to(DType::f32));
+    Tensor xg = x.to(t).to(gpu()).clone(), wg = w.to(gpu()).clone(), bg = b.to(gpu()).clone();
+    for (Tensor* p : {&xg, &wg, &bg}) p->requires_grad_();
+    Tensor y = layer_norm(xg, {c}, wg, bg);
+    EXPECT_EQ(y.dtype(), t);
+    backward(y, {}, dy.to(t).to(gpu()));
+    EXPECT_EQ(wg.grad().dtype(), DType::f32);
+    const Tol tol = tol_for(t);
+    expect_norm_close(wc.grad(), wg.grad(), tol.grad_rel, std::string("f32 weight gradient of ") + dtype_name(t));
+    expect_norm_close(bc.grad(), bg.grad(), tol.grad_rel, std::string("f32 bias gradient of ") + dtype_name(t));
+    expect_norm_close(xc.grad(), xg.grad().to(DType::f32), tol.grad_rel, std::string("input gradient ") + dtype_name(t));
+  }
+}
+
+TEST(CudaNorm, ClassLossesOverNdLogits) {
+  REQUIRE_GPU();
+  for (int64_t c : {10, 3000}) {
+    Tensor logits = rand_cpu({3, 5, c}, 40 + c, -3.0, 3.0);
+    std::vector<int64_t> tv;
+    for (int64_t i = 0; i < 15; ++i) tv.push_back(i % 4 == 1 ? -100 : (i * 7919) % c);
+    Tensor targets = Tensor::from_vector(tv, {3, 5});
+    for (DType t : kTypes)
+      for (Reduction r : {Reduction::None, Reduction::Mean, Reduction::Sum}) {
+        const std::string tag = std::string(reduction_name(r)) + " c=" + std::to_string(c);
+        compare({logits, targets}, {true, false}, t,
+                [r](const std::vector<Tensor>& v) { return softmax_cross_entropy(v[0], v[1], r); }, "cross_entropy " + tag);
+        compare({logits, targets}, {true, false}, t,
+                [r](const std::vector<Tensor>& v) { return nll_loss(v[0], v[1], r); }, "nll_loss " + tag);
+      }
+  }
+}
+
+TEST(CudaNorm, ElementwiseLosses) {
+  REQUIRE_GPU();
+  Tensor x = rand_cpu({6, 7}, 50, -3.0, 3.0), t = rand_cpu({6, 7}, 51, 0.0, 1.0), p = rand_cpu({6, 7}, 52, 0.05, 0.95);
+  for (DType dt : kTypes)
+    for (Reduction r : {Reduction::None, Reduction::Mean, Reduction::Sum}) {
+      const std::string tag = reduction_name(r);
+      compare({x, t}, {true, true}, dt, [r](const std::vector<Tensor>& v) { return mse_loss(v[0], v[1], r); },
+              "mse " + tag);
+      compare({p, t}, {true, false}, dt,
+              [r](const std::vector<Tensor>& v) { return binary_cross_entropy(v[0], v[1], r); }, "bce " + tag);
+      compare({x, t}, {true, false}, dt,
+              [r](const std::vector<Tensor>& v) { return binary_cross_entropy_with_logits(v[0], v[1], r); },
+              "bce with logits " + tag);
+    }
+}
+
+TEST(CudaNorm, OutOfRangeTargetIsReportedAtTheNextSync) {
+  REQUIRE_GPU();
+  Tensor logits = rand_cpu({2, 4}, 60).to(gpu());
+  Tensor targets = Tensor::from_vector<int64_t>({1, 9}, {2}).to(gpu());
+  Tensor loss = softmax_cross_entropy(logits, targets, Reduction::Sum);
+  EXPECT_THROW(synchronize(gpu()), Error);
+  EXPECT_TRUE(std::isnan(loss.item<float>()));
+}
+
+TEST(CudaNorm, AttentionMathPathInF32) {
+  REQUIRE_GPU();
+  PrecisionScope exact(Precision::f32);
+  Tensor q = rand_cpu({2, 3, 17, 8}, 70), k = rand_cpu({2, 3, 23, 8}, 71), v = rand_cpu({2, 3, 23, 5}, 72);
+  for (bool causal : {false, true})
+    compare({q, k, v}, {true, true, true}, DType::f32,
+            [causal](const std::vector<Tensor>& t) { return scaled_dot_product_attention(t[0], t[1], t[2], causal); },
+            causal ? "attention causal" : "attention");
+  // Dropout draws the same mask on both devices from the counter-based generator.
+  compare({q, k, v}, {true, true, true}, DType::f32,
+          [](const std::vector<Tensor>& t) {
+            Generator g(3);
+            return scaled_dot_product_attention(t[0], t[1], t[2], true, 0.25, 0.0, &g);
+          },
+          "attention dropout");
+}
+
+TEST(CudaNorm, DropoutOnNdTensorsMatchesTheCpu) {
+  REQUIRE_GPU();
+  Tensor x = rand_cpu({3, 4, 5, 2}, 80);
+  for (DType t : kTypes)
+    compare({x}, {true}, t,
+            [](const std::vector<Tensor>& v) {
+              Generator g(11);
+              return dropout(v[0], 0.3, true, g);
+            },
+            "dropout");
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,136 @@
+// Finite-difference gradient checks (f64, CPU) of the softmax, normalisation, loss and attention ops:
+// every axis kind (first, middle, last), non-contiguous inputs, size-1 axes, each reduction, ignored
+// targets, causal and non-causal attention with queries and keys of different lengths, and dropout.
+#include "ops/gradcheck.h"
+#include "tandem/ops.h"
+
+namespace tandem::testing {
+namespace {
+
+Tensor labels(const std::vector<int64_t>& v, const Shape& shape) { return Tensor::from_vector(v, shape); }
+
+TEST(GradcheckNorm, SoftmaxAndLogSoftmaxAlongEveryAxis) {
+  Generator gen(1);
+  Tensor x = leaf({3, 4, 5}, gen, -2.0, 2.0);
+  for (int64_t dim : {0, 1, 2, -1}) {
+    EXPECT_TRUE(gradcheck1([dim](const Tensor& t) { return softmax(t, dim); }, x)) << "softmax dim " << dim;
+    EXPECT_TRUE(gradcheck1([dim](const Tensor& t) { return log_softmax(t, dim); }, x)) << "log_softmax dim " << dim;
+  }
+  // After a recorded transpose (non-contiguous views are the fixtures' job: a view is not recorded), and an
+  // axis of extent 1.
+  Tensor y = leaf({4, 3}, gen);
+  EXPECT_TRUE(gradcheck1([](const Tensor& t) { return log_softmax(permute(t, {1, 0}), 1); }, y));
+  Tensor z = leaf({2, 1, 3}, gen);
+  EXPECT_TRUE(gradcheck1([](const Tensor& t) { return softmax(t, 1); }, z));
+  EXPECT_TRUE(gradcheck1([](const Tensor& t) { return log_softmax(t, 1); }, z));
+}
+
+TEST(GradcheckNorm, LayerNormWithAndWithoutParameters) {
+  Generator gen(2);
+  Tensor x = leaf({3, 2, 5}, gen, -2.0, 2.0), w = leaf({5}, gen, 0.5, 1.5), b = leaf({5}, gen);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& t) { return layer_norm(t[0], {5}, t[1], t[2], 1e-5); },
+                        {x, w, b}));
+  EXPECT_TRUE(gradcheck1([](const Tensor& t) { return layer_norm(t, {5}); }, x));
+  // Two normalised dimensions, weight only.
+  Tensor w2 = leaf({2, 5}, gen, 0.5, 1.5);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& t) { return layer_norm(t[0], {2, 5}, t[1], Tensor(), 1e-3); },
+                        {x, w2}));
+  // A normalised row of one element: the output is the bias, and x gets no gradient through it.
+  Tensor x1 = leaf({4, 1}, gen), b1 = leaf({1}, gen);
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& t) { return layer_norm(t[0], {1}, Tensor(), t[1], 1e-5); }, {x1, b1}));
+}
+
+TEST(GradcheckNorm, RmsNorm) {
+  Generator gen(3);
+  Tensor x = leaf({4, 6}, gen, -2.0, 2.0), w = leaf({6}, gen, 0.5, 1.5);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& t) { return rms_norm(t[0], {6}, t[1], 1e-6); }, {x, w}));
+  EXPECT_TRUE(gradcheck1([](const Tensor& t) { return rms_norm(t, {6}); }, x));
+  Tensor x3 = leaf({2, 3, 4}, gen);
+  EXPECT_TRUE(gradcheck1([](const Tensor& t) { return rms_norm(t, {3, 4}, Tensor(), 1e-4); }, x3));
+}
+
+TEST(GradcheckNorm, CrossEntropyAndNllOverNdLogitsWithIgnoredTargets) {
+  Generator gen(4);
+  Tensor logits = leaf({2, 3, 5}, gen, -2.0, 2.0);
+  const Tensor t = labels({1, -100, 4, 0, 2, -100}, {2, 3});
+  for (Reduction r : {Reduction::None, Reduction::Mean, Reduction::Sum}) {
+    EXPECT_TRUE(gradcheck1([&](const Tensor& x) { return softmax_cross_entropy(x, t, r); }, logits))
+        << reduction_name(r);
+    EXPECT_TRUE(gradcheck1([&](const Tensor& x) { return nll_loss(log_softmax(x, -1), t, r); }, logits))
+        << reduction_name(r);
+    EXPECT_TRUE(gradcheck1([&](const Tensor& x) { return nll_loss(x, t, r); }, logits)) << reduction_name(r);
+  }
+  // Another ignored index, 2-D logits, i32 targets.
+  Tensor l2 = leaf({4, 3}, gen);
+  const Tensor t2 = Tensor::from_vector<int32_t>({2, 0, 1, 0}, {4});
+  EXPECT_TRUE(gradcheck1([&](const Tensor& x) { return softmax_cross_entropy(x, t2, Reduction::Mean, 0); }, l2));
+}
+
+TEST(GradcheckNorm, ElementwiseLosses) {
+  Generator gen(5);
+  Tensor x = leaf({3, 4}, gen), target = leaf({3, 4}, gen);
+  Tensor p = leaf({3, 4}, gen, 0.05, 0.95);
+  Tensor t01 = Tensor::uniform({3, 4}, 0.0, 1.0, gen, DType::f64);
+  for (Reduction r : {Reduction::None, Reduction::Mean, Reduction::Sum}) {
+    EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return mse_loss(in[0], in[1], r); }, {x, target}))
+        << "mse " << reduction_name(r);
+    EXPECT_TRUE(gradcheck1([&](const Tensor& v) { return binary_cross_entropy(v, t01, r); }, p))
+        << "bce " << reduction_name(r);
+    EXPECT_TRUE(gradcheck1([&](const Tensor& v) { return binary_cross_entropy_with_logits(v, t01, r); }, x))
+        << "bce with logits " << reduction_name(r);
+  }
+}
+
+TEST(GradcheckNorm, AttentionMathPath) {
+  Generator gen(6);
+  Tensor q = leaf({2, 2, 4, 3}, gen), k = leaf({2, 2, 4, 3}, gen), v = leaf({2, 2, 4, 2}, gen);
+  for (bool causal : {false, true}) {
+    EXPECT_TRUE(gradcheck(
+        [causal](const std::vector<Tensor>& t) { return scaled_dot_product_attention(t[0], t[1], t[2], causal); },
+        {q, k, v}))
+        << "causal " << causal;
+  }
+  // Keys longer and shorter than the queries, an explicit scale, the causal mask's top-left diagonal.
+  Tensor k6 = leaf({2, 2, 6, 3}, gen), v6 = leaf({2, 2, 6, 2}, gen), k2 = leaf({2, 2, 2, 3}, gen),
+         v2 = leaf({2, 2, 2, 2}, gen);
+  for (bool causal : {false, true}) {
+    EXPECT_TRUE(gradcheck(
+        [causal](const std::vector<Tensor>& t) {
+          return scaled_dot_product_attention(t[0], t[1], t[2], causal, 0.0, 0.7);
+        },
+        {q, k6, v6}));
+    EXPECT_TRUE(gradcheck(
+        [causal](const std::vector<Tensor>& t) { return scaled_dot_product_attention(t[0], t[1], t[2], causal); },
+        {q, k2, v2}));
+  }
+  // Dropout: the same generator state on every evaluation gives the same mask.
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& t) {
+        Generator g(77);
+        return scaled_dot_product_attention(t[0], t[1], t[2], true, 0.3, 0.0, &g);
+      },
+      {q, k, v}));
+  // Heads split from [B, T, H, d] by a recorded permutation, as a multi-head layer does.
+  Tensor qt = leaf({2, 4, 2, 3}, gen);
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& t) { return scaled_dot_product_attention(permute(t[0], {0, 2, 1, 3}), t[1], t[2]); },
+      {qt, k, v}));
+}
+
+TEST(GradcheckNorm, DropoutOnAnyShape) {
+  Generator gen(7);
+  for (const Shape& s : {Shape{7}, Shape{2, 3, 4}, Shape{2, 1, 3, 2, 2}}) {
+    Tensor x = leaf(s, gen);
+    EXPECT_TRUE(gradcheck1(
+        [](const Tensor& t) {
+          Generator g(5);
+          return dropout(t, 0.4, true, g);
+        },
+        x))
+        << shape_str(s);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::testing
