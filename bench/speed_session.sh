@@ -3,9 +3,9 @@
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
 #   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [cnnconv] [convlog]
-#                          [r18] [f16] [profile] [singa]
+#                          [r18] [f16] [profile] [singa] [ops]
 #   (default: build tests cnn resnet)
-# COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
+# CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
 # PROFILE lists "model batch precision" triples separated by ';';
 # PEER_PROFILE=0 profiles tandem alone.
 # Expects the peer scripts in .data/peer (a copy of the shared bench folder).
@@ -24,7 +24,7 @@ say "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | 
 if has build; then
   t0=$SECONDS
   if ! { cmake -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DTANDEM_NCCL=ON -DTANDEM_MPI=ON \
-           -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build-gpu -j16; } >"$OUT/build.log" 2>&1; then
+           -DCMAKE_CUDA_ARCHITECTURES=90 ${CMAKE_EXTRA:-} && cmake --build build-gpu -j16; } >"$OUT/build.log" 2>&1; then
     tail -40 "$OUT/build.log"; exit 1
   fi
   say "build: $((SECONDS - t0)) s"
@@ -89,6 +89,14 @@ if has singa; then
   singa_run "autograd mnist_cnn" "$S/cnn/autograd" $PY mnist_cnn.py
   for d in plain half partialUpdate sparseTopK sparseThreshold; do
     singa_run "guide $d" "$PWD/examples/singa" "$T" launch -n 1 -- $PY guide_dist_train.py -m 1 -d "$d"
+  done
+fi
+
+# The transformer ops at GPT-2 124M shapes (bf16), tandem's fused kernels beside PyTorch's in the same call.
+if has ops; then
+  for i in 1 2; do
+    build-gpu/bin/tandem_ops_bench --iters 50 2>&1 | sed "s/^/tandem: /" | tee -a "$OUT/summary.txt"
+    python3 bench/ops_peer.py --iters 50 2>&1 | sed "s/^/pytorch: /" | tee -a "$OUT/summary.txt"
   done
 fi
 
