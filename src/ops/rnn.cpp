@@ -74,7 +74,7 @@ Tensor piece(const Tensor& x, int64_t start, int64_t len, const Shape& shape) {
 }
 
 // x in another dtype, recorded (the gradient returns in x's dtype).
-Tensor cast(const Tensor& x, DType dt) {
+Tensor in_dtype(const Tensor& x, DType dt) {
   if (!x.defined() || x.dtype() == dt) return x;
   const DType from = x.dtype();
   return record_op(x.to(dt), {x}, "rnn_cast", [from](const Tensor& g) { return std::vector<Tensor>{g.to(from)}; });
@@ -273,7 +273,7 @@ RnnResult rnn(const Tensor& x_in, const Tensor& weight_in, const Tensor& hx_in, 
   // Under a 16-bit precision on CUDA, f32 tensors are computed in 16-bit (as linear does).
   const Precision prec = current_precision();
   const DType cdt = compute_dtype(x_in.device(), prec, x_in.dtype());
-  Tensor x = cast(x_in, cdt), w = cast(weight_in, cdt), hx = cast(hx_in, cdt), cx = cast(cx_in, cdt);
+  Tensor x = in_dtype(x_in, cdt), w = in_dtype(weight_in, cdt), hx = in_dtype(hx_in, cdt), cx = in_dtype(cx_in, cdt);
 
   const int64_t T = s.seq, N = s.batch, H = s.hidden, LD = s.layers * s.dirs;
   if (T == 0 || N == 0) {  // nothing to run: the states pass through
