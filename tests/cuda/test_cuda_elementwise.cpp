@@ -189,7 +189,7 @@ TEST(CudaElementwise, BinaryOpsBroadcastEveryPrecision) {
         {In{{17, 1}, c.lo_a, c.hi_a}, In{{1, 33}, c.lo_b, c.hi_b}},            // both stretched
         {In{{4, 6}, c.lo_a, c.hi_a}, In{{}, c.lo_b, c.hi_b}},                  // a 0-d operand (flat path)
         {In{{6, 4}, c.lo_a, c.hi_a, true}, In{{6, 1}, c.lo_b, c.hi_b}},        // transposed and broadcast
-        {In{{2, 1, 3, 1, 5}, c.lo_a, c.hi_a}, In{{4, 1, 5}, c.lo_b, c.hi_b}},  // size-1 extents
+        {In{{2, 1, 3, 1, 5}, c.lo_a, c.hi_a}, In{{4, 1, 1, 5}, c.lo_b, c.hi_b}},  // size-1 extents
         {In{{100}, c.lo_a, c.hi_a, false, true}, In{{100}, c.lo_b, c.hi_b}},   // misaligned
         {In{{0, 3}, c.lo_a, c.hi_a}, In{{3}, c.lo_b, c.hi_b}},                 // empty
     };
@@ -216,7 +216,7 @@ TEST(CudaElementwise, WhereAndCastEveryPrecision) {
   In cond{{17, 1}};
   cond.mask = true;
   check("where broadcast", [](const Ins& in) { return where(in[0], in[1], in[2]); }, {cond, In{{17, 9}}, In{{9}}});
-  In tcond{{9, 17}};
+  In tcond{{17, 9}};
   tcond.mask = true;
   tcond.transposed = true;
   check("where transposed", [](const Ins& in) { return where(in[0], in[1], in[2]); },

@@ -138,9 +138,12 @@ Outcome run_net(const Net& c, Device d, DType dt, bool fused, double dropout = 0
   Tensor cx = lstm ? make({c.layers * D, c.N, c.H}, 13, 1.0) : Tensor();
   Generator masks(21);
   RnnResult r = rnn(x, w, hx, cx, o, &masks);
-  Tensor loss = add(sum(mul(r.y, rand_cpu(r.y.shape(), 14).to(dt).to(d))),
-                    sum(mul(r.hy, rand_cpu(r.hy.shape(), 15).to(dt).to(d))));
-  if (lstm) loss = add(loss, sum(mul(r.cy, rand_cpu(r.cy.shape(), 16).to(dt).to(d))));
+  // The weighted sums in f32 (a 16-bit tensor does not sum into its own type).
+  auto weighted = [&](const Tensor& t, uint64_t seed) {
+    return sum(mul(cast(t, DType::f32), rand_cpu(t.shape(), seed).to(dt).to(DType::f32).to(d)));
+  };
+  Tensor loss = add(weighted(r.y, 14), weighted(r.hy, 15));
+  if (lstm) loss = add(loss, weighted(r.cy, 16));
   backward(loss);
   Outcome out;
   out.values = {r.y, r.hy};
