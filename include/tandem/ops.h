@@ -1,6 +1,7 @@
 #pragma once
 // Differentiable operations. Each runs on the device of its inputs and records itself for autograd.
 #include <array>
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -146,37 +147,129 @@ inline Tensor operator-(double s, const Tensor& a) { return add_scalar(neg(a), s
 inline Tensor operator/(const Tensor& a, double s) { return scale(a, 1.0 / s); }
 inline Tensor operator/(double s, const Tensor& a) { return scale(reciprocal(a), s); }
 
-// ---- shape
-/// Same elements with another shape (one extent may be -1); a view when possible.
+// ---- shape (views share x's storage where its strides allow; dimensions given negative count from the end)
+/// Same elements with another shape (one extent may be -1): a view when x's strides allow it, else a copy.
 Tensor reshape(const Tensor& x, const Shape& shape);
 /// Collapses dimensions start_dim.. into one: [N, C, H, W] -> [N, C*H*W] for start_dim 1.
 Tensor flatten(const Tensor& x, int64_t start_dim = 1);
 /// x stretched to shape by broadcasting (a copy); its gradient sums over the stretched dimensions.
 Tensor expand(const Tensor& x, const Shape& shape);
-/// Dimensions reordered: dimension i of the result is dimension perm[i] of x (a copy; negative
-/// entries count from the end).
+/// Dimensions reordered: dimension i of the result is dimension perm[i] of x (a view).
 Tensor permute(const Tensor& x, const std::vector<int64_t>& perm);
-/// The tensors joined along dim (negative: from the end); they agree in every other extent, dtype
-/// and device.
+/// Dimensions d0 and d1 swapped (a view).
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+/// x without the listed dimensions, each of extent 1; with none listed, without every extent of 1 (a view).
+Tensor squeeze(const Tensor& x, const std::vector<int64_t>& dims = {});
+/// x with extents of 1 inserted at the listed positions of the result (negative: from the result's end; a
+/// view).
+Tensor unsqueeze(const Tensor& x, const std::vector<int64_t>& dims);
+/// The tensors joined along dim; they agree in every other extent, dtype and device.
 Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
-/// Elements [start, start + length) of dimension dim (a copy; the other dimensions whole).
-Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t length);
 /// concat under SINGA's name (`autograd.cat`, `layer.Cat`).
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
+/// x cut along dim into consecutive pieces of the given lengths, which sum to the extent (views).
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& lengths, int64_t dim = 0);
+/// x cut along dim into `parts` pieces of ceil(extent / parts) elements, the last one shorter when the extent
+/// does not divide (fewer pieces when fewer suffice, as PyTorch's chunk; views).
+std::vector<Tensor> chunk(const Tensor& x, int64_t parts, int64_t dim = 0);
+/// Elements [start, start + length) of dimension dim (a view; the other dimensions whole).
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+/// NumPy's x[start:end:step] along dim: start and end negative count from the end, both are clipped to the
+/// extent, kOpen leaves one open (from the first, or to the last, element in the step's direction); step
+/// != 0. A view for a positive step, a copy for a negative one.
+Tensor strided_slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+/// An open end of strided_slice.
+inline constexpr int64_t kOpen = INT64_MIN;
+/// ONNX's Slice (SINGA's `slice`): strided_slice along axes[i] (default: dimension i) from starts[i] to ends[i]
+/// by steps[i] (default 1), for every i.
+Tensor slice_ranges(const Tensor& x, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                    const std::vector<int64_t>& axes = {}, const std::vector<int64_t>& steps = {});
 
-// ---- reductions
-/// Sum of all elements, as a one-element tensor.
+// ---- indexing (indices are i32 or i64 tensors on x's device; negative ones count from the end of the
+// extent indexed, others outside it are an error: at once on the CPU, at the next synchronisation on CUDA)
+/// ONNX's Gather (SINGA's `gather`): the slices of x at the indices along dim; the result has shape
+/// x.shape[:dim] + index.shape + x.shape[dim+1:]. Its gradient sums the slices of repeated indices
+/// (deterministically).
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+/// PyTorch's gather (ONNX's GatherElements): out[.., j, ..] = x[.., index[.., j, ..], ..] along dim; index has
+/// x's rank and extents no larger than x's outside dim, and gives the result its shape.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+/// PyTorch's scatter_add: x with each src element added at its index along dim (index and src of one shape,
+/// no larger than x outside dim); repeated positions sum in order (deterministic).
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+/// ONNX's ScatterElements (SINGA's `scatter_elements`): x with updates written at index along dim (index and
+/// updates of one shape); a position given twice takes the later value. x's gradient is zero where it was
+/// overwritten; updates' is the gradient at their positions (as PyTorch's scatter).
+Tensor scatter_elements(const Tensor& x, const Tensor& index, const Tensor& updates, int64_t dim = 0);
+/// NumPy's tile: x repeated repeats[d] times along each dimension (the shorter of x's shape and repeats is
+/// padded with leading 1s).
+Tensor tile(const Tensor& x, const std::vector<int64_t>& repeats);
+/// Padding values: a constant, x mirrored about its edge (the edge not repeated, NumPy's reflect), or the
+/// edge element repeated.
+enum class PadMode { Constant, Reflect, Edge };
+/// ONNX's Pad (SINGA's `pad`): pads holds the elements added before dimensions 0.. then after them
+/// (2 * x.dim() non-negative entries); Reflect needs pads smaller than the extent, Edge a non-empty one.
+Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, PadMode mode = PadMode::Constant, double value = 0.0);
+/// One-hot rows: the result has index's shape with a dimension of `depth` inserted at axis (of the result),
+/// `on` where the position equals the index (negative: + depth) and `off` elsewhere; an index outside
+/// [-depth, depth) gives only `off`. No gradient.
+Tensor one_hot(const Tensor& index, int64_t depth, int64_t axis = -1, double off = 0.0, double on = 1.0,
+               DType dtype = DType::f32);
+/// ONNX's NonZero: the positions of x's nonzero elements as i64 [x.dim(), count], row-major. Its shape
+/// depends on the data, so the host waits for the device (not usable inside a recorded step). No gradient.
+Tensor nonzero(const Tensor& x);
+/// ONNX's ConstantOfShape: a tensor of the shape filled with value.
+Tensor constant_of_shape(const Shape& shape, double value = 0.0, DType dtype = DType::f32, Device device = Device::cpu());
+/// Nearest-neighbour upsampling (ONNX's Upsample, SINGA's `upsample`): each element repeated scales[d] times
+/// along dimension d (one positive integer per dimension).
+Tensor upsample_nearest(const Tensor& x, const std::vector<int64_t>& scales);
+/// ONNX's DepthToSpace of x [N, C, H, W] into [N, C / b^2, H b, W b]: depth-column-row order, or
+/// column-row-depth with crd.
+Tensor depth_to_space(const Tensor& x, int64_t blocksize, bool crd = false);
+/// The inverse of depth_to_space: x [N, C, H, W] into [N, C b^2, H / b, W / b].
+Tensor space_to_depth(const Tensor& x, int64_t blocksize, bool crd = false);
+
+// ---- reductions (over the listed dimensions, which keepdim keeps as extents of 1; an empty list reduces
+// nothing; CPU: f32, f64; CUDA: f32, f16, bf16, accumulated in f32)
+/// Sum of all elements, as a 0-d tensor.
 Tensor sum(const Tensor& x);
-/// Sum over the given dimensions (negative: from the end), which keepdim keeps as extents of 1.
+/// Sum over the given dimensions.
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
-/// Mean of all elements, as a one-element tensor.
+/// Mean of all elements, as a 0-d tensor.
 Tensor mean(const Tensor& x);
+/// Mean over the given dimensions (NaN over an empty one).
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+/// The largest element over the dimensions (PyTorch's amax); the gradient is shared evenly by the elements
+/// equal to it. NaN propagates.
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+/// The smallest element over the dimensions (PyTorch's amin), gradient as amax's.
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+/// Position of the largest element along dim, as i64 (the first one; NaN counts as the largest). No gradient.
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+/// Position of the smallest element along dim, as i64 (the first one; NaN counts as the smallest).
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
+/// Variance over the dimensions: squared deviations from the mean divided by count - 1 (unbiased) or count.
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims, bool unbiased = true, bool keepdim = false);
+/// log(sum(exp(x))) over the dimensions, the maximum subtracted first (-inf over an empty one).
+Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+/// Product over the dimensions; its gradient is exact where x holds zeros.
+Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim = false);
+/// Cosine similarity along dim: sum((a / max(|a|, eps)) (b / max(|b|, eps))), PyTorch 1.13's; a and b of one
+/// shape.
+Tensor cosine_similarity(const Tensor& a, const Tensor& b, int64_t dim = 1, double eps = 1e-8);
+/// SINGA's ranking loss: sum(max(0, margin - pos + neg)) / pos.size(0), pos and neg of one shape.
+Tensor ranking_loss(const Tensor& pos, const Tensor& neg, double margin = 0.2);
 
-// ---- linear algebra
-/// a [M, K] x b [K, N]
+// ---- linear algebra (CPU: f32, f64 through OpenBLAS; CUDA: f32, f16, bf16 through cuBLAS)
+/// NumPy's matmul: a [..., M, K] x b [..., K, N], the leading dimensions broadcast, as batched GEMMs; a 1-D a
+/// is a row [1, K] and a 1-D b a column [K, 1], their extent of 1 removed from the result.
 Tensor matmul(const Tensor& a, const Tensor& b);
-/// x [N, in] x w[out, in]^T + b [out]; b may be undefined; relu fuses max(., 0). Mixed precision as
-/// conv2d.
+/// SINGA's / ONNX's Gemm: alpha op(a) op(b) + beta c for 2-D a and b (op: transposed when trans_*), c (may be
+/// undefined) broadcast to the product's [M, N].
+Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha = 1.0, double beta = 1.0,
+            bool trans_a = false, bool trans_b = false);
+/// x [..., in] x w [out, in]^T + b [out], over the last dimension of x (any number of leading ones, or none);
+/// b may be undefined; relu fuses max(., 0). Mixed precision as conv2d.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu = false);
 
 // ---- convolution and pooling (NCHW)

@@ -55,6 +55,8 @@ void bind_graph(nb::module_& m);
 /// Elementwise math, activations, comparisons, logical masks, where and cast (ops_elementwise.cpp).
 void bind_elementwise(nb::module_& m);
 // reductions, shape and indexing ops, products
+/// Reductions, shape and indexing ops, products (ops_shape.cpp).
+void bind_shape(nb::module_& m);
 // softmax, normalisation, losses, attention
 /// log_softmax, layer_norm, rms_norm, the N-D losses, scaled_dot_product_attention and their layers.
 void bind_norm(nb::module_& m);

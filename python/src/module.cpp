@@ -165,6 +165,7 @@ NB_MODULE(_tandem, m) {
   // elementwise ops
   tandem::py::bind_elementwise(m);
   // reductions, shape and indexing ops, products
+  tandem::py::bind_shape(m);
   // softmax, normalisation, losses, attention
   tandem::py::bind_norm(m);
   // embedding, recurrent networks, optimizers, schedules

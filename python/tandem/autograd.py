@@ -130,7 +130,8 @@ class Negative(Operator):
 
 
 class Matmul(Operator):
-    """The matrix product x w of 2-d tensors."""
+    """NumPy's matmul of x and w: matrices [..., M, K] x [..., K, N] with the leading dimensions
+    broadcast (batched products); a 1-d operand is a row (left) or a column (right)."""
 
     def _apply(self, x, w):
         return _tandem.matmul(x, w)
@@ -466,28 +467,19 @@ class Expand(Operator):
 
 
 class Slice(Operator):
-    """Elements starts[i] to ends[i] (exclusive, clipped to the extent) along axes[i] (default: the
-    first len(starts) dimensions), every steps[i]-th (default 1; negative: backwards)."""
+    """Elements starts[i] to ends[i] (exclusive, clipped to the extent; negative: from the end) along
+    axes[i] (default: the first len(starts) dimensions), every steps[i]-th (default 1; negative:
+    backwards). A view of x for positive steps."""
 
     def __init__(self, starts, ends, axes=None, steps=None):
         super().__init__()
         self.starts, self.ends, self.axes, self.steps = starts, ends, axes, steps
 
     def _apply(self, x):
-        axes = list(range(len(self.starts))) if self.axes is None else [a + x.dim() if a < 0 else a for a in self.axes]
-        steps = [1] * len(axes) if self.steps is None else list(self.steps)
-        y = x
-        for axis, start, end, step in zip(axes, self.starts, self.ends, steps):
-            if step == 0:
-                raise ValueError("slice: steps cannot be 0")
-            picked = range(x.shape[axis])[start:end:step]
-            if len(picked) == 0:
-                raise ValueError(f"slice: nothing selected along axis {axis} by [{start}:{end}:{step}]")
-            if step == 1:
-                y = _tandem.slice(y, axis, picked[0], len(picked))
-            else:
-                y = _tandem.concat([_tandem.slice(y, axis, i, 1) for i in picked], axis)
-        return y
+        starts = [int(v) for v in self.starts]
+        axes = list(range(len(starts))) if self.axes is None else [int(a) for a in self.axes]
+        steps = [1] * len(starts) if self.steps is None else [int(v) for v in self.steps]
+        return _tandem.slice_ranges(x, starts, [int(v) for v in self.ends], axes, steps)
 
 
 def _targets(t, x):
@@ -534,7 +526,7 @@ def negative(x):
 
 
 def matmul(x, w):
-    """The matrix product of 2-d x and w."""
+    """NumPy's matmul of x and w (batched over broadcast leading dimensions)."""
     return _tandem.matmul(x, w)
 
 
@@ -1209,6 +1201,359 @@ def cast(x, to):
 
 
 # ---- reductions, shape and indexing ops, products
+def _axes(x, axes):
+    """The axes as a list of non-negative ints (None: every dimension)."""
+    if axes is None:
+        return list(range(x.dim()))
+    axes = [axes] if isinstance(axes, (int, np.integer)) else list(axes)
+    return [int(a) + x.dim() if int(a) < 0 else int(a) for a in axes]
+
+
+def _index_tensor(indices, device):
+    """Indices (a tensor, an array, a list or an int) as an i32 or i64 tensor on the device."""
+    if isinstance(indices, Tensor):
+        if indices.dtype in (_tandem.DType.int32, _tandem.DType.int64):
+            return indices.to(device)
+        return indices.as_type(_tandem.DType.int64).to(device)
+    a = np.asarray(indices)
+    if a.dtype.kind not in "iu":
+        if a.size and not np.all(np.equal(np.mod(a, 1), 0)):
+            raise ValueError(f"indices must be integers, got {a.dtype} values")
+        a = a.astype(np.int64)
+    return _tandem.from_array(np.ascontiguousarray(a.astype(np.int64)), device, _tandem.DType.int64)
+
+
+def _values_tensor(v, like):
+    """A tensor, an array or a list as a tensor of like's dtype on like's device."""
+    if isinstance(v, Tensor):
+        return v if v.dtype == like.dtype else v.as_type(like.dtype)
+    return _tandem.from_array(np.ascontiguousarray(np.asarray(v, dtype=np.float64)), like.device, like.dtype)
+
+
+class ReduceMax(_Reduce):
+    """The largest element over the axes (None: all); keepdims 1 keeps them as extents of 1. Elements
+    tied for the largest share its gradient evenly."""
+
+    def _apply(self, x):
+        return _tandem.amax(x, self._dims(x), bool(self.keepdims))
+
+
+class ReduceMin(_Reduce):
+    """The smallest element over the axes (None: all), gradient as ReduceMax's."""
+
+    def _apply(self, x):
+        return _tandem.amin(x, self._dims(x), bool(self.keepdims))
+
+
+class GlobalAveragePool(Operator):
+    """The mean over the spatial dimensions, kept as extents of 1: [N, C, H, W] -> [N, C, 1, 1]
+    (``data_format='channels_last'``: [N, H, W, C] -> [N, 1, 1, C])."""
+
+    def __init__(self, data_format="channels_first"):
+        super().__init__()
+        if data_format not in ("channels_first", "channels_last"):
+            raise ValueError(f"globalaveragepool: data_format must be 'channels_first' or 'channels_last', "
+                             f"got {data_format!r}")
+        self.data_format = data_format
+
+    def _apply(self, x):
+        n = x.dim()
+        axes = list(range(2, n)) if self.data_format == "channels_first" else list(range(1, n - 1))
+        return _tandem.mean_dims(x, axes, True)
+
+
+class Shape(Operator):
+    """The shape of x as a 1-d int32 tensor on x's device (no gradient)."""
+
+    def _apply(self, x):
+        return _tandem.from_array(np.array(list(x.shape), dtype=np.int32), x.device, _tandem.DType.int32)
+
+
+class ConstantOfShape(Operator):
+    """A float32 tensor filled with value, of the shape held by the 1-d tensor x (its values are read
+    back to the host: the host waits for x's device)."""
+
+    def __init__(self, value=0.0):
+        super().__init__()
+        self.value = float(value)
+
+    def _apply(self, x):
+        shape = [int(v) for v in np.asarray(x.to_numpy()).reshape(-1)]
+        if any(v < 0 for v in shape):
+            raise ValueError(f"constant_of_shape: negative extent in the shape {shape}")
+        return _tandem.full(shape, self.value, x.device, _tandem.DType.float32)
+
+
+class Split(Operator):
+    """x cut along axis into pieces of the lengths in parts, or (parts None) into num_output pieces of
+    ceil(extent / num_output) elements, the last shorter when the extent does not divide."""
+
+    def __init__(self, axis, parts, num_output=None):
+        super().__init__()
+        if parts is None and num_output is None:
+            raise ValueError("split: give parts (the lengths) or num_output (the number of pieces)")
+        self.axis, self.parts, self.num_output = axis, parts, num_output
+
+    def _apply(self, x):
+        if self.parts is not None:
+            return tuple(_tandem.split(x, [int(p) for p in self.parts], int(self.axis)))
+        return tuple(_tandem.chunk(x, int(self.num_output), int(self.axis)))
+
+
+class Gather(Operator):
+    """The slices of x at the indices along axis (ONNX's Gather): the result has shape
+    x.shape[:axis] + indices.shape + x.shape[axis + 1:]. Negative indices count from the end. The
+    gradient sums the slices of repeated indices (SINGA's keeps only one of them)."""
+
+    def __init__(self, axis, indices):
+        super().__init__()
+        self.axis, self.indices = axis, indices
+
+    def _apply(self, x):
+        return _tandem.index_select(x, int(self.axis), _index_tensor(self.indices, x.device))
+
+
+class ScatterElements(Operator):
+    """ONNX's ScatterElements: x with updates written at indices along axis (indices and updates of one
+    shape, of x's rank; a position given twice takes the later value). x's gradient is zero where it was
+    overwritten; updates given as a tensor that requires a gradient receive the gradient at their
+    positions."""
+
+    def __init__(self, indices, updates, axis=0):
+        super().__init__()
+        self.indices, self.updates, self.axis = indices, updates, axis
+
+    def _apply(self, x):
+        idx = _index_tensor(self.indices, x.device)
+        upd = _values_tensor(self.updates, x)
+        return _tandem.scatter_elements(x, idx, upd, int(self.axis))
+
+
+class Tile(Operator):
+    """NumPy's tile: x repeated repeats[d] times along each dimension."""
+
+    def __init__(self, repeats):
+        super().__init__()
+        self.repeats = [repeats] if isinstance(repeats, (int, np.integer)) else list(repeats)
+
+    def _apply(self, x):
+        return _tandem.tile(x, [int(r) for r in self.repeats])
+
+
+class NonZero(Operator):
+    """The positions of x's nonzero elements as an int32 tensor [x.ndim, count] (the count decides the
+    shape: the host waits for the device). No gradient."""
+
+    def _apply(self, x):
+        return _tandem.nonzero(x).as_type(_tandem.DType.int32)
+
+
+class OneHot(Operator):
+    """One-hot rows of indices (values in [-depth, depth); negative ones count from the end, others
+    outside give a row of off values): a dimension of extent depth inserted at axis, values =
+    [off_value, on_value]. Float32, no gradient."""
+
+    def __init__(self, axis, depth, values):
+        super().__init__()
+        self.axis, self.depth, self.values = axis, depth, values
+
+    def _apply(self, indices):
+        off, on = (float(v) for v in np.asarray(self.values.to_numpy() if isinstance(self.values, Tensor)
+                                                else self.values).reshape(-1)[:2])
+        idx = _index_tensor(indices, indices.device)
+        return _tandem.one_hot(idx, int(self.depth), int(self.axis), off, on, _tandem.DType.float32)
+
+
+class CosSim(Operator):
+    """The cosine similarity of each row of the 2-d a and b (one value per row), as PyTorch's (each norm
+    clamped below by 1e-8, so a zero row gives 0, not NaN)."""
+
+    def _apply(self, a, b):
+        return _tandem.cosine_similarity(a, b, 1, 1e-8)
+
+
+class Pad(Operator):
+    """ONNX's Pad: pads lists the elements added at the beginning of each axis, then at the end of
+    each; mode "constant" (the value constant), "reflect" (mirrored, the edge not repeated, as NumPy's)
+    or "edge" (the edge repeated). SINGA's reflect repeats the first (last) pads elements in their order
+    instead; tandem's is NumPy's and ONNX's, and its gradients sum every copy back."""
+
+    def __init__(self, mode, pads, constant=0.0):
+        super().__init__()
+        if mode not in ("constant", "reflect", "edge"):
+            raise ValueError(f"pad: mode must be 'constant', 'reflect' or 'edge', got {mode!r}")
+        self.mode, self.pads, self.constant = mode, [int(p) for p in pads], float(constant)
+
+    def _apply(self, x):
+        half = len(self.pads) // 2
+        if len(self.pads) % 2 or half > x.dim():
+            raise ValueError(f"pad: {len(self.pads)} pads for a tensor of shape {x.shape}")
+        # Axes past the ones listed are not padded.
+        pads = self.pads[:half] + [0] * (x.dim() - half) + self.pads[half:] + [0] * (x.dim() - half)
+        return _tandem.pad(x, pads, self.mode, self.constant)
+
+
+class UpSample(Operator):
+    """Nearest-neighbour upsampling: each element repeated scales[d] times along dimension d (integer
+    scales of at least 1, one per dimension)."""
+
+    def __init__(self, mode, scales):
+        super().__init__()
+        if mode.lower() != "nearest":
+            raise ValueError(f"upsample: only mode 'nearest' is supported, got {mode!r}")
+        self.mode = "nearest"
+        self.scales = list(np.asarray(scales).reshape(-1))
+
+    def _apply(self, x):
+        scales = []
+        for s in self.scales:
+            if float(s) != int(s):
+                raise ValueError(f"upsample: scales must be whole numbers, got {s}")
+            scales.append(int(s))
+        return _tandem.upsample_nearest(x, scales)
+
+
+class DepthToSpace(Operator):
+    """[N, C, H, W] -> [N, C / b^2, H b, W b]: blocks of channels moved into b x b patches, in
+    depth-column-row order (mode "DCR") or column-row-depth ("CRD")."""
+
+    def __init__(self, blocksize, mode="DCR"):
+        super().__init__()
+        self.blocksize, self.mode = int(blocksize), mode.upper()
+
+    def _apply(self, x):
+        return _tandem.depth_to_space(x, self.blocksize, self.mode)
+
+
+class SpaceToDepth(Operator):
+    """[N, C, H, W] -> [N, C b^2, H / b, W / b], DepthToSpace's inverse."""
+
+    def __init__(self, blocksize, mode="DCR"):
+        super().__init__()
+        self.blocksize, self.mode = int(blocksize), mode.upper()
+
+    def _apply(self, x):
+        return _tandem.space_to_depth(x, self.blocksize, self.mode)
+
+
+class Gemm(Operator):
+    """alpha * A' B' + beta * C, A' = A^T when transA, B' = B^T when transB, for 2-d A and B; C (optional)
+    broadcasts to the product's shape."""
+
+    def __init__(self, alpha=1.0, beta=1.0, transA=0, transB=0):
+        super().__init__()
+        self.alpha, self.beta, self.transA, self.transB = float(alpha), float(beta), transA, transB
+
+    def _apply(self, A, B, C=None):
+        return _tandem.gemm(A, B, C, self.alpha, self.beta, bool(self.transA), bool(self.transB))
+
+
+class RankingLoss(Operator):
+    """sum(max(0, M - pos + neg)) / pos.shape[0]: scores pos should beat neg by the margin M."""
+
+    def __init__(self, M=0.2):
+        super().__init__()
+        self.M = float(M)
+
+    def _apply(self, pos, neg):
+        return _tandem.ranking_loss(pos, neg, self.M)
+
+
+def reduce_max(x, axes=None, keepdims=1):
+    """The largest element over the axes (None: all), kept as extents of 1 with keepdims 1."""
+    return ReduceMax(axes, keepdims)(x)[0]
+
+
+def reduce_min(x, axes=None, keepdims=1):
+    """The smallest element over the axes (None: all), kept as extents of 1 with keepdims 1."""
+    return ReduceMin(axes, keepdims)(x)[0]
+
+
+def globalaveragepool(x, data_format="channels_first"):
+    """The mean over the spatial dimensions, kept as extents of 1."""
+    return GlobalAveragePool(data_format)(x)[0]
+
+
+def shape(x):
+    """x's shape as a 1-d int32 tensor."""
+    return Shape()(x)[0]
+
+
+def constant_of_shape(x, value=0):
+    """A float32 tensor of value in the shape held by the 1-d tensor x."""
+    return ConstantOfShape(value)(x)[0]
+
+
+def split(x, axis, parts, num_output=None):
+    """x cut along axis into pieces of the lengths parts (or num_output even pieces): a tuple."""
+    return Split(axis, parts, num_output)(x)
+
+
+def gather(x, axis, indices):
+    """The slices of x at the indices (ints, nested lists, an array or a tensor) along axis."""
+    return Gather(axis, indices)(x)[0]
+
+
+def scatter_elements(x, indices, updates, axis=0):
+    """x with updates written at indices along axis."""
+    return ScatterElements(indices, updates, axis)(x)[0]
+
+
+def tile(x, repeats):
+    """x repeated repeats[d] times along each dimension (NumPy's tile)."""
+    return Tile(repeats)(x)[0]
+
+
+def nonzero(x):
+    """The positions of x's nonzero elements, int32 [x.ndim, count]."""
+    return NonZero()(x)[0]
+
+
+def onehot(axis, indices, depth, values):
+    """One-hot rows of indices along a new axis of extent depth; values = [off_value, on_value]."""
+    return OneHot(axis, depth, values)(indices)[0]
+
+
+def cossim(a, b):
+    """The cosine similarity of each row of the 2-d a and b."""
+    if tuple(a.shape) != tuple(b.shape) or a.dim() != 2:
+        raise ValueError(f"cossim: a and b must be 2-d of one shape, got {a.shape} and {b.shape}")
+    return CosSim()(a, b)[0]
+
+
+def pad(x, mode, pads, constant=0.0):
+    """x padded by pads (the beginnings of each axis, then the ends) in mode constant, reflect or edge."""
+    return Pad(mode, pads, constant)(x)[0]
+
+
+def upsample(x, mode, scales):
+    """Nearest-neighbour upsampling by the integer scales, one per dimension."""
+    return UpSample(mode, scales)(x)[0]
+
+
+def depth_to_space(x, blocksize, mode="DCR"):
+    """[N, C, H, W] -> [N, C / b^2, H b, W b] (mode DCR or CRD)."""
+    return DepthToSpace(blocksize, mode)(x)[0]
+
+
+def space_to_depth(x, blocksize, mode="DCR"):
+    """[N, C, H, W] -> [N, C b^2, H / b, W / b] (mode DCR or CRD)."""
+    return SpaceToDepth(blocksize, mode)(x)[0]
+
+
+def gemm(A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0):
+    """alpha * A' B' + beta * C (A', B' transposed when transA, transB); C optional."""
+    if C is not None:
+        return Gemm(alpha, beta, transA, transB)(A, B, C)[0]
+    return Gemm(alpha, beta, transA, transB)(A, B)[0]
+
+
+def ranking_loss(pos, neg, M=0.2):
+    """sum(max(0, M - pos + neg)) / pos.shape[0]."""
+    if tuple(pos.shape) != tuple(neg.shape):
+        raise ValueError(f"ranking_loss: pos and neg shapes differ: {pos.shape} and {neg.shape}")
+    return RankingLoss(M)(pos, neg)[0]
+
 
 # ---- softmax, normalisation, losses, attention
 class LogSoftmax(Operator):

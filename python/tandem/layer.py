@@ -678,6 +678,44 @@ class PRelu(Layer):
 
 
 # ---- reductions, shape and indexing ops, products
+class Gemm(Layer):
+    """SINGA's Gemm layer: ``Gemm(nb_kernels, alpha=1.0, beta=1.0, transA=False, transB=True, bias=True,
+    bias_shape=None)`` computes alpha * x' W' + beta * b (x' = x^T with transA; W' = W^T with transB).
+    W is [nb_kernels, in] with transB, else [in, nb_kernels], drawn from N(0, 2 / (in + nb_kernels)) with
+    the device's generator; b is zeros of bias_shape (default [1, nb_kernels]). x is 2-d."""
+
+    def __init__(self, nb_kernels, alpha=1.0, beta=1.0, transA=False, transB=True, bias=True, bias_shape=None):
+        super().__init__()
+        self.nb_kernels = int(nb_kernels)
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.transA = 1 if transA else 0
+        self.transB = 1 if transB else 0
+        self.bias = bool(bias)
+        self.bias_shape = bias_shape
+        self.W = None
+        self.b = None
+
+    def initialize(self, x):
+        if x.ndim != 2:
+            raise ValueError(f"Gemm expects a 2-d input, got shape {x.shape}")
+        self.in_features = x.shape[0] if self.transA else x.shape[1]
+        w_shape = (self.nb_kernels, self.in_features) if self.transB else (self.in_features, self.nb_kernels)
+        std = (2.0 / (self.in_features + self.nb_kernels)) ** 0.5
+        w = _tandem.Tensor(list(w_shape), x.device, x.dtype, requires_grad=True, stores_grad=True)
+        w.gaussian(0.0, std)
+        self.W = self.register_param("W", w)
+        if self.bias:
+            b_shape = tuple(self.bias_shape) if self.bias_shape else (1, self.nb_kernels)
+            self.b = self.register_param(
+                "b", _tandem.Tensor(list(b_shape), x.device, x.dtype, requires_grad=True, stores_grad=True))
+
+    def forward(self, x):
+        in_features = x.shape[0] if self.transA else x.shape[-1]
+        in_w = self.W.shape[-1] if self.transB else self.W.shape[0]
+        if in_features != in_w:
+            raise ValueError(f"Gemm layer expects input features size {in_w}, received {in_features} (x {x.shape})")
+        return _tandem.gemm(x, self.W, self.b, self.alpha, self.beta, bool(self.transA), bool(self.transB))
+
 
 # ---- softmax, normalisation, losses, attention
 class SoftMax(Layer):

@@ -111,16 +111,16 @@ class Model(Layer):
 
     # ---- recorded steps
     def _step_key(self, args, kwargs):
-        """What a replay must match: the input tensors (address, shape, dtype), the other arguments,
-        the learning rate and the precision in effect; and the device to record on. (None, None) where
-        nothing can be recorded."""
+        """What a replay must match: the input tensors (address, shape, strides, dtype: views share an
+        address), the other arguments, the learning rate and the precision in effect; and the device to
+        record on. (None, None) where nothing can be recorded."""
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, _tandem.Tensor)]
         if not tensors or not _tandem.graph_supported(tensors[0].device):
             return None, None
         parts = []
         for a in list(args) + [kwargs[k] for k in sorted(kwargs)]:
             if isinstance(a, _tandem.Tensor):
-                parts.append(("tensor", a.data_ptr, tuple(a.shape), str(a.dtype), str(a.device)))
+                parts.append(("tensor", a.data_ptr, tuple(a.shape), tuple(a.strides), str(a.dtype), str(a.device)))
             else:
                 parts.append(("value", repr(a)))
         lr = self.optimizer.lr if self.optimizer is not None else None

@@ -314,26 +314,6 @@ def _memsize(self):
     return self.nbytes
 
 
-def _transpose(self, axes=None, dim1=None):
-    """A copy with the dimensions reversed (axes None) or ordered as axes; ``t.transpose(0, 1)``
-    swaps two dimensions. Recorded by autograd."""
-    if dim1 is not None:
-        perm = list(range(self.dim()))
-        perm[axes], perm[dim1] = perm[dim1], perm[axes]
-    elif axes is None:
-        perm = list(range(self.dim()))[::-1]
-    else:
-        perm = list(axes)
-        if len(perm) != self.dim():
-            raise ValueError(f"transpose: {len(perm)} axes for a tensor of {self.dim()} dimensions")
-    return _tandem.permute(self, perm)
-
-
-def _T(self):
-    """The 2-d transpose (a copy)."""
-    return _transpose(self)
-
-
 def _to_host(self):
     """Moves this handle's data to the CPU."""
     self.to_device(get_default_device())
@@ -414,34 +394,6 @@ def _bernoulli(self, p, inplace=True):
     return _random(self, inplace, fill)
 
 
-def _getitem(self, keys):
-    """Elements selected per dimension by an int (the dimension is kept, of extent 1, as SINGA's) or a
-    slice of step 1. Recorded by autograd."""
-    if not isinstance(keys, tuple):
-        keys = (keys,)
-    if len(keys) > self.dim():
-        raise ValueError(f"{len(keys)} indices for a tensor of {self.dim()} dimensions")
-    out = self
-    for axis, key in enumerate(keys):
-        n = self.shape[axis]
-        if isinstance(key, int):
-            k = key + n if key < 0 else key
-            if not 0 <= k < n:
-                raise ValueError(f"index {key} is outside dimension {axis} of extent {n}")
-            start, stop = k, k + 1
-        elif isinstance(key, slice):
-            if key.step not in (None, 1):
-                raise ValueError("slices of a tensor take step 1 only")
-            start, stop, _ = key.indices(n)
-            if start >= stop:
-                raise ValueError(f"the slice {key} selects nothing of dimension {axis} (extent {n})")
-        else:
-            raise ValueError(f"a tensor is indexed by ints and slices, not {type(key).__name__}")
-        if (start, stop) != (0, n):
-            out = _tandem.slice(out, axis, start, stop - start)
-    return out
-
-
 def _lt(self, rhs):
     return _compare(self, rhs, "lt")
 
@@ -460,12 +412,10 @@ def _ge(self, rhs):
 
 _METHODS = {
     "ndim": property(_ndim, doc="The number of dimensions: t.ndim, or SINGA's t.ndim()."),
-    "T": property(_T, doc="The 2-d transpose (a copy)."),
     "is_dummy": _is_dummy,
     "is_empty": _is_empty,
     "is_transpose": _is_transpose,
     "memsize": _memsize,
-    "transpose": _transpose,
     "to_host": _to_host,
     "l1": _l1,
     "l2": _l2,
@@ -477,7 +427,6 @@ _METHODS = {
     "gaussian": _gaussian,
     "uniform": _uniform,
     "bernoulli": _bernoulli,
-    "__getitem__": _getitem,
     "__lt__": _lt,
     "__le__": _le,
     "__gt__": _gt,
@@ -589,6 +538,107 @@ for _name, _f in _ELEMENTWISE_METHODS.items():
     _METHODS[_name] = _f  # removed again at exit, with the others
 
 # ---- reductions, shape and indexing ops, products
+def _index_values(key, device):
+    """An index key that selects by position (a tensor, a list, an array) as an i32 / i64 tensor."""
+    if isinstance(key, Tensor):
+        if key.dtype not in (int32, int64):
+            raise ValueError(f"a tensor used as an index must hold int32 or int64 values, got {key.dtype}")
+        return key.to(device)
+    a = np.asarray(key)
+    if a.dtype == np.bool_:
+        raise ValueError("boolean masks are not supported as indices; use tandem.autograd.nonzero for positions")
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"indices must be integers, got an array of {a.dtype}")
+    return _tandem.from_array(np.ascontiguousarray(a.astype(np.int64)), device, int64)
+
+
+def _getitem(self, keys):
+    """NumPy's basic and integer indexing, recorded by autograd: a slice with any step (a view for a
+    positive step, a copy for a negative one), ``...``, ``None`` (a new axis of extent 1), and a tensor,
+    list or array of positions (the slices at those positions along that dimension; one such key at most).
+    An int keeps its dimension, of extent 1, as SINGA's indexing does (``t[1]`` is ``t[1:2]``)."""
+    if not isinstance(keys, tuple):
+        keys = (keys,)
+    if sum(k is Ellipsis for k in keys) > 1:
+        raise ValueError("an index can have only one ellipsis ('...')")
+    consumed = sum(1 for k in keys if k is not None and k is not Ellipsis)
+    if consumed > self.dim():
+        raise ValueError(f"{consumed} indices for a tensor of {self.dim()} dimensions (shape {self.shape})")
+    expanded = []
+    for k in keys:
+        if k is Ellipsis:
+            expanded.extend([slice(None)] * (self.dim() - consumed))
+        else:
+            expanded.append(k)
+    out, axis, fancy = self, 0, 0
+    for key in expanded:
+        if key is None:
+            out = _tandem.unsqueeze(out, [axis])
+            axis += 1
+            continue
+        n = out.shape[axis]
+        if isinstance(key, (bool, np.bool_)):
+            raise ValueError("a bool is not an index")
+        if isinstance(key, (int, np.integer)):
+            k = int(key) + n if key < 0 else int(key)
+            if not 0 <= k < n:
+                raise ValueError(f"index {key} is outside dimension {axis} of extent {n} (shape {self.shape})")
+            out = _tandem.slice(out, axis, k, 1)
+        elif isinstance(key, slice):
+            if key.step == 0:
+                raise ValueError(f"slice step cannot be zero (dimension {axis})")
+            if key != slice(None):
+                start = None if key.start is None else int(key.start)
+                stop = None if key.stop is None else int(key.stop)
+                out = _tandem.strided_slice(out, axis, start, stop, 1 if key.step is None else int(key.step))
+        elif isinstance(key, (Tensor, list, np.ndarray)):
+            fancy += 1
+            if fancy > 1:
+                raise ValueError("at most one tensor, list or array of positions per index")
+            idx = _index_values(key, out.device)
+            out = _tandem.index_select(out, axis, idx)
+            axis += idx.dim() - 1
+        else:
+            raise ValueError(f"a tensor is indexed by ints, slices, '...', None and integer tensors, lists or "
+                             f"arrays, not {type(key).__name__}")
+        axis += 1
+    return out
+
+
+def _reshape(self, *shape):
+    """The same elements in another shape, ``t.reshape(2, -1)`` or ``t.reshape((2, -1))``: a view where
+    the strides allow. Recorded by autograd."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    return _tandem.reshape(self, [int(s) for s in shape])
+
+
+def _transpose(self, axes=None, dim1=None):
+    """The dimensions reversed (axes None) or ordered as axes; ``t.transpose(0, 1)`` swaps two
+    dimensions. A view, recorded by autograd."""
+    if dim1 is not None:
+        return _tandem.transpose(self, int(axes), int(dim1))
+    if axes is None:
+        perm = list(range(self.dim()))[::-1]
+    else:
+        perm = list(axes)
+        if len(perm) != self.dim():
+            raise ValueError(f"transpose: {len(perm)} axes for a tensor of {self.dim()} dimensions")
+    return _tandem.permute(self, perm)
+
+
+def _T(self):
+    """The dimensions reversed (the transpose of a 2-d tensor), as a view."""
+    return _transpose(self)
+
+
+_METHODS.update({
+    "__getitem__": _getitem,
+    "reshape": _reshape,
+    "transpose": _transpose,
+    "T": property(_T, doc="The dimensions reversed (a 2-d tensor's transpose), as a view."),
+})
+_install()
 
 # ---- softmax, normalisation, losses, attention
 

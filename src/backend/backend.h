@@ -325,6 +325,60 @@ class Backend {
   virtual void advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) = 0;
 
   // ---- reductions along axes and indexing
+  // Tensors are contiguous (but dst of copy_into_strided) and seen as [outer, n, inner], n the extent
+  // reduced or indexed. Floating data: f32, f64 on the CPU; f32, f16, bf16 on CUDA (arithmetic in f32);
+  // the index kernels that only move data take every dtype. Indices are i32 or i64; a negative one
+  // counts from the end (+ n); one outside [-n, n) is an Input error: at once on the CPU, at the next
+  // synchronisation on CUDA (the element then reads as 0, or is not written).
+  /// What reduce computes over n.
+  enum class ReduceOp { Sum, Max, Min, Prod, ArgMax, ArgMin, Var, LogSumExp };
+  /// out [outer, inner] = op over n of x. Sum multiplies by arg (1/n: the mean); Var divides the squared
+  /// deviations by max(n - arg, 0) (arg 1: unbiased); ArgMax / ArgMin write i64, the first extreme. NaN
+  /// propagates (as the largest and smallest element for the arg ops). Empty n: 0 (Sum), 1 (Prod), -inf
+  /// (LogSumExp), NaN (Var); the others need n > 0.
+  virtual void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, double arg,
+                      Tensor& out) = 0;
+  /// dx [outer, n, inner] = g[o, i] * the product of x[o, k, i] over k != j: Prod's gradient, exact where x
+  /// holds zeros. g [outer, inner].
+  virtual void prod_backward(const Tensor& x, const Tensor& g, int64_t outer, int64_t n, int64_t inner,
+                             Tensor& dx) = 0;
+  /// out [outer, m, inner] = x [outer, n, inner] at index[j] along n (index: m elements).
+  virtual void index_select(const Tensor& x, const Tensor& index, int64_t outer, int64_t n, int64_t inner,
+                            Tensor& out) = 0;
+  /// dx [outer, n, inner] = the sum over j with index[j] = d of g [outer, m, inner] at j, every element
+  /// written, summed in the order of j (deterministic). Floating.
+  virtual void index_add(const Tensor& g, const Tensor& index, int64_t outer, int64_t n, int64_t inner,
+                         Tensor& dx) = 0;
+  /// out [outer, m, inner] = x [outer, n, inner] at index[o, j, i] along n (index [outer, m, inner]).
+  virtual void gather_elements(const Tensor& x, const Tensor& index, int64_t outer, int64_t n, int64_t inner,
+                               Tensor& out) = 0;
+  /// dst [outer, n, inner] in place: src [outer, m, inner] goes to index[o, j, i] along n, added there with
+  /// accumulate (floating, summed in the order of j), else written (a position given twice keeps the value of
+  /// the largest j). Deterministic.
+  virtual void scatter_elements(const Tensor& src, const Tensor& index, int64_t outer, int64_t n, int64_t inner,
+                                bool accumulate, Tensor& dst) = 0;
+  /// The elements of dst, a view of any strides (negative too) on this device, = src (contiguous, of dst's
+  /// shape and dtype): copy_strided's inverse.
+  virtual void copy_into_strided(const Tensor& src, Tensor& dst) = 0;
+  /// out [outer, before + n + after, inner] = x [outer, n, inner] padded along n with its edge element
+  /// repeated, or with reflect, mirrored about the edge (the edge not repeated; before, after < n).
+  virtual void pad_axis(const Tensor& x, int64_t outer, int64_t n, int64_t inner, int64_t before, int64_t after,
+                        bool reflect, Tensor& out) = 0;
+  /// dx [outer, n, inner] = pad_axis's gradient from g [outer, before + n + after, inner]. Floating.
+  virtual void pad_axis_backward(const Tensor& g, int64_t outer, int64_t n, int64_t inner, int64_t before,
+                                 int64_t after, bool reflect, Tensor& dx) = 0;
+  /// out [outer, depth, inner] (floating) = on where index [outer, inner] (+ depth when negative) equals the
+  /// position along depth, else off; an index outside [-depth, depth) gives a row of off.
+  virtual void one_hot(const Tensor& index, int64_t outer, int64_t depth, int64_t inner, double off, double on,
+                       Tensor& out) = 0;
+  /// The positions of x's nonzero elements (NaN counts as nonzero), as i64 [x.dim(), count] in row-major
+  /// order. Allocates its output: its shape depends on the data, so the host waits for the device.
+  virtual Tensor nonzero(const Tensor& x) = 0;
+  /// For b < batch: C_b = alpha op(A_b) op(B_b) + beta C_b, row-major, the matrices of each operand stride
+  /// elements apart (stride 0: one matrix for every b). Types as gemm.
+  virtual void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha,
+                            const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, double beta,
+                            Tensor& c, int64_t stride_c) = 0;
 
   // ---- softmax along an axis, layer / RMS normalisation, losses over N-D logits, attention
   // Statistics (mean, rstd, lse) are f64 for f64 data and f32 for every other type.
@@ -366,11 +420,6 @@ class Backend {
   virtual void pointwise_loss_forward(PointLoss op, const Tensor& x, const Tensor& t, Tensor& loss) = 0;
   /// dx (x's type) = g * d loss / dx, g one element (one weight for all) or one per element (statistics' type).
   virtual void pointwise_loss_backward(PointLoss op, const Tensor& x, const Tensor& t, const Tensor& g, Tensor& dx) = 0;
-  /// Row-major products of `batch` matrices: C_i = alpha op(A_i) op(B_i) + beta C_i, the matrices of a, b and c
-  /// stride_a, stride_b and stride_c elements apart. Types as gemm.
-  virtual void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha,
-                            const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, double beta, Tensor& c,
-                            int64_t stride_c) = 0;
   /// y = softmax of each row of scale * s, s viewed as [batch, tq, tk]; with causal, entries j > i of row i are
   /// masked out (exp(-inf) = 0). y may be s. Types as softmax_forward.
   virtual void attention_softmax(const Tensor& s, int64_t batch, int64_t tq, int64_t tk, double scale, bool causal,

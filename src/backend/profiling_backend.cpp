@@ -22,6 +22,29 @@ using profiler::Phase;
 
 thread_local int t_depth = 0;  // timed calls open on this thread
 
+// ---- reductions along axes and indexing
+const char* reduce_name(Backend::ReduceOp op) {
+  switch (op) {
+    case Backend::ReduceOp::Sum:
+      return "reduce_sum";
+    case Backend::ReduceOp::Max:
+      return "reduce_max";
+    case Backend::ReduceOp::Min:
+      return "reduce_min";
+    case Backend::ReduceOp::Prod:
+      return "reduce_prod";
+    case Backend::ReduceOp::ArgMax:
+      return "argmax";
+    case Backend::ReduceOp::ArgMin:
+      return "argmin";
+    case Backend::ReduceOp::Var:
+      return "reduce_var";
+    case Backend::ReduceOp::LogSumExp:
+      return "logsumexp";
+  }
+  return "reduce";
+}
+
 // Times the call it encloses, when the device is timed now.
 class Timed {
  public:
@@ -378,6 +401,57 @@ class ProfilingBackend final : public Backend {
   void advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) override {
     Timed timed(inner_, recordings_, device_, "advance_counter", Phase::Distributed);
     inner_.advance_counter(counter, modulo, verdict);
+  }
+  // ---- reductions along axes and indexing
+  void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, double arg, Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, reduce_name(op), profiler::detail::thread_phase());
+    inner_.reduce(op, x, outer, n, inner, arg, out);
+  }
+  void prod_backward(const Tensor& x, const Tensor& g, int64_t outer, int64_t n, int64_t inner, Tensor& dx) override {
+    Timed timed(inner_, recordings_, device_, "prod_backward", profiler::detail::thread_phase());
+    inner_.prod_backward(x, g, outer, n, inner, dx);
+  }
+  void index_select(const Tensor& x, const Tensor& index, int64_t outer, int64_t n, int64_t inner,
+                    Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "index_select", profiler::detail::thread_phase());
+    inner_.index_select(x, index, outer, n, inner, out);
+  }
+  void index_add(const Tensor& g, const Tensor& index, int64_t outer, int64_t n, int64_t inner, Tensor& dx) override {
+    Timed timed(inner_, recordings_, device_, "index_add", profiler::detail::thread_phase());
+    inner_.index_add(g, index, outer, n, inner, dx);
+  }
+  void gather_elements(const Tensor& x, const Tensor& index, int64_t outer, int64_t n, int64_t inner,
+                       Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "gather_elements", profiler::detail::thread_phase());
+    inner_.gather_elements(x, index, outer, n, inner, out);
+  }
+  void scatter_elements(const Tensor& src, const Tensor& index, int64_t outer, int64_t n, int64_t inner,
+                        bool accumulate, Tensor& dst) override {
+    Timed timed(inner_, recordings_, device_, "scatter_elements", profiler::detail::thread_phase());
+    inner_.scatter_elements(src, index, outer, n, inner, accumulate, dst);
+  }
+  void copy_into_strided(const Tensor& src, Tensor& dst) override {
+    Timed timed(inner_, recordings_, device_, "copy_into_strided", profiler::detail::thread_phase());
+    inner_.copy_into_strided(src, dst);
+  }
+  void pad_axis(const Tensor& x, int64_t outer, int64_t n, int64_t inner, int64_t before, int64_t after, bool reflect,
+                Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "pad", profiler::detail::thread_phase());
+    inner_.pad_axis(x, outer, n, inner, before, after, reflect, out);
+  }
+  void pad_axis_backward(const Tensor& g, int64_t outer, int64_t n, int64_t inner, int64_t before, int64_t after,
+                         bool reflect, Tensor& dx) override {
+    Timed timed(inner_, recordings_, device_, "pad_backward", profiler::detail::thread_phase());
+    inner_.pad_axis_backward(g, outer, n, inner, before, after, reflect, dx);
+  }
+  void one_hot(const Tensor& index, int64_t outer, int64_t depth, int64_t inner, double off, double on,
+               Tensor& out) override {
+    Timed timed(inner_, recordings_, device_, "one_hot", profiler::detail::thread_phase());
+    inner_.one_hot(index, outer, depth, inner, off, on, out);
+  }
+  Tensor nonzero(const Tensor& x) override {
+    Timed timed(inner_, recordings_, device_, "nonzero", profiler::detail::thread_phase());
+    return inner_.nonzero(x);
   }
   void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) override {
     Timed timed(inner_, recordings_, device_, "sgd_step", Phase::Update);

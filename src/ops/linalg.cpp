@@ -1,50 +1,134 @@
-// Matrix products.
+// Matrix products: NumPy's matmul over broadcast leading dimensions (batched GEMM), SINGA's Gemm and the
+// linear layer's product over the last dimension.
+#include <algorithm>
+#include <utility>
+
+#include "core/tensor_impl.h"
 #include "ops/layout.h"
 #include "ops/op_utils.h"
+#include "ops/shape_utils.h"
 #include "tandem/ops.h"
 
 namespace tandem {
 
 using namespace ops;
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  check_dim(a, 2, "matmul", "first operand");
-  check_dim(b, 2, "matmul", "second operand");
-  check_floating(a, "matmul", "first operand");
-  TANDEM_CHECK(a.dtype() == b.dtype(), "matmul: operands of different dtypes (", a.str(), " and ", b.str(), ")");
-  check_same_device(a, b, "matmul");
-  TANDEM_CHECK(a.size(1) == b.size(0), "matmul: ", a.str(), " x ", b.str(), ": inner dimensions differ");
+namespace {
+
+// A matrix operand as the GEMM reads it: its buffer, and whether that buffer holds its transpose (a
+// transposed view is read where it is, not copied).
+struct Operand {
+  Tensor buf;
+  bool trans;
+};
+
+Operand as_operand(const Tensor& t, bool trans) {
+  if (t.dim() >= 2 && !t.is_contiguous()) {
+    Tensor flipped = t.transpose(-1, -2);
+    if (flipped.is_contiguous()) return {flipped, !trans};
+  }
+  return {t.contiguous(), trans};
+}
+
+// [rows, cols] of op(t)'s last two dimensions.
+std::pair<int64_t, int64_t> matrix_extents(const Tensor& t, bool trans) {
+  const int64_t r = t.size(-2), c = t.size(-1);
+  return trans ? std::make_pair(c, r) : std::make_pair(r, c);
+}
+
+// c [batch..., m, n] = op(a) op(b) for each batch index, a's and b's leading dimensions broadcast to batch
+// (a leading shape of one matrix is read for every batch index; any other is stretched by a copy).
+Tensor bmm_raw(const Tensor& a, bool ta, const Tensor& b, bool tb, const Shape& batch) {
+  const int64_t count = shape_numel(batch);
+  auto prepare = [&](const Tensor& t, bool trans, int64_t& stride) {
+    Shape lead(t.shape().begin(), t.shape().end() - 2);
+    const int64_t mats = shape_numel(lead), size = t.size(-2) * t.size(-1);
+    Shape padded(batch.size() - lead.size(), 1);
+    padded.insert(padded.end(), lead.begin(), lead.end());
+    if (mats == 1 || padded == batch) {
+      Operand o = as_operand(t, trans);
+      stride = mats == 1 ? 0 : size;
+      return o;
+    }
+    Shape full = batch;
+    full.push_back(t.size(-2));
+    full.push_back(t.size(-1));
+    stride = size;
+    return Operand{expand_raw(t, full), trans};
+  };
+  int64_t sa = 0, sb = 0;
+  Operand oa = prepare(a, ta, sa), ob = prepare(b, tb, sb);
+  const auto [m, k] = matrix_extents(a, ta);
+  const int64_t n = matrix_extents(b, tb).second;
+  Shape out_shape = batch;
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  Tensor c = Tensor::empty(out_shape, a.dtype(), a.device());
+  if (c.numel()) be(a).gemm_batched(oa.trans, ob.trans, count, m, n, k, 1.0, oa.buf, sa, ob.buf, sb, 0.0, c, m * n);
+  return c;
+}
+
+Tensor matmul_2d(const Tensor& a, const Tensor& b) {
   Tensor sa = b.requires_grad() ? a.detach() : Tensor();
   Tensor sb = a.requires_grad() ? b.detach() : Tensor();
   const Precision prec = current_precision();
-  return record_op(gemm_raw(false, false, a, b), {a, b}, "matmul", [sa, sb, prec](const Tensor& g) {
+  Operand oa = as_operand(a, false), ob = as_operand(b, false);
+  Tensor y = gemm_raw(oa.trans, ob.trans, oa.buf, ob.buf);
+  return record_op(y, {a, b}, "matmul", [sa, sb, prec](const Tensor& g) {
     PrecisionScope scope(prec);
-    Tensor da = sb.defined() ? gemm_raw(false, true, g, sb) : Tensor();
-    Tensor db;
-    if (sa.defined()) db = gemm_raw(true, false, sa, g, grad_buffer(1, {sa.size(1), g.size(1)}, sa.dtype(), g.device()));
+    Tensor da, db;
+    if (sb.defined()) {
+      Operand ob = as_operand(sb, true);
+      da = gemm_raw(false, ob.trans, g, ob.buf);
+    }
+    if (sa.defined()) {
+      Operand oa = as_operand(sa, true);
+      db = gemm_raw(oa.trans, false, oa.buf, g, grad_buffer(1, {sa.size(1), g.size(1)}, sa.dtype(), g.device()));
+    }
     return std::vector<Tensor>{da, db};
   });
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
-  check_dim(x, 2, "linear", "input");
-  check_dim(w, 2, "linear", "weight");
-  check_floating(x, "linear", "input");
-  check_floating(w, "linear", "weight");
-  check_same_device(x, w, "linear");
+// a [..., m, k] x b [..., k, n], both at least 2-D.
+Tensor matmul_nd(const Tensor& a, const Tensor& b) {
+  Shape la(a.shape().begin(), a.shape().end() - 2), lb(b.shape().begin(), b.shape().end() - 2);
+  // The leading shapes broadcast as elementwise operands do.
+  const size_t nl = std::max(la.size(), lb.size());
+  Shape batch(nl);
+  for (size_t i = 0; i < nl; ++i) {
+    const int64_t da = i < la.size() ? la[la.size() - 1 - i] : 1, db = i < lb.size() ? lb[lb.size() - 1 - i] : 1;
+    TANDEM_CHECK(da == db || da == 1 || db == 1, "matmul: the leading dimensions of ", a.str(), " and ", b.str(),
+                 " do not broadcast (extents ", da, " and ", db, ")");
+    batch[nl - 1 - i] = da == 1 ? db : da;
+  }
+  // One matrix on the right and rows stored one after another on the left: a single GEMM of all rows.
+  if (shape_numel(lb) == 1 && lb.size() <= la.size()) {
+    Shape rows_view = {shape_numel(la) * a.size(-2), a.size(-1)}, strides;
+    if (view_strides(a, rows_view, strides)) {
+      Tensor y = matmul_2d(reshape(a, rows_view), reshape(b, {b.size(-2), b.size(-1)}));
+      Shape out = batch;
+      out.push_back(a.size(-2));
+      out.push_back(b.size(-1));
+      return reshape(y, out);
+    }
+  }
+  Tensor sa = b.requires_grad() ? a.detach() : Tensor();
+  Tensor sb = a.requires_grad() ? b.detach() : Tensor();
+  const Precision prec = current_precision();
+  Tensor y = bmm_raw(a, false, b, false, batch);
+  Shape a_shape = a.shape(), b_shape = b.shape();
+  return record_op(y, {a, b}, "matmul", [sa, sb, prec, batch, a_shape, b_shape](const Tensor& g) {
+    PrecisionScope scope(prec);
+    // dA = g B^T and dB = A^T g, summed over the batch dimensions each operand was broadcast along.
+    Tensor da = sb.defined() ? sum_to_raw(bmm_raw(g, false, sb, true, batch), a_shape) : Tensor();
+    Tensor db = sa.defined() ? sum_to_raw(bmm_raw(sa, true, g, false, batch), b_shape) : Tensor();
+    return std::vector<Tensor>{da, db};
+  });
+}
+
+Tensor linear_2d(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
   const Precision prec = current_precision();
   const DType cdt = compute_dtype(x.device(), prec, x.dtype());
-  const bool mixed = compute_dtype(x.device(), prec, DType::f64) != DType::f64;  // 16-bit copies are made here
-  TANDEM_CHECK(x.dtype() == w.dtype() || mixed, "linear: input ", x.str(), " and weight ", w.str(),
-               " differ in dtype");
-  TANDEM_CHECK(x.size(1) == w.size(1), "linear: input ", x.str(), " has ", x.size(1), " features, the weight ",
-               w.str(), " expects ", w.size(1));
-  if (b.defined()) {
-    check_dim(b, 1, "linear", "bias");
-    TANDEM_CHECK(b.size(0) == w.size(0) && b.dtype() == w.dtype(), "linear: bias ", b.str(),
-                 " does not match weight ", w.str());
-    check_same_device(x, b, "linear");
-  }
   int64_t n = x.size(0), out_f = w.size(0);
   Tensor xc = to_dense(x, cdt, false), wc = to_dense(w, cdt, false);
   Tensor y = gemm_raw(false, true, xc, wc);  // [n, out]
@@ -81,6 +165,115 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
     if (dw.defined() && w_dtype != cdt) dw = dw.to(w_dtype);
     return std::vector<Tensor>{dx, dw, db};
   });
+}
+
+// alpha * op(a) op(b) as one GEMM over 2-D operands (transposed views read in place).
+Tensor scaled_product(const Tensor& a, bool ta, const Tensor& b, bool tb, double alpha, Tensor out = Tensor()) {
+  Operand oa = as_operand(a, ta), ob = as_operand(b, tb);
+  const auto [m, k] = matrix_extents(a, ta);
+  const int64_t n = matrix_extents(b, tb).second;
+  if (!out.defined()) out = Tensor::empty({m, n}, a.dtype(), a.device());
+  if (out.numel()) be(a).gemm(oa.trans, ob.trans, m, n, k, alpha, oa.buf, ob.buf, 0.0, out);
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_floating(a, "matmul", "first operand");
+  check_floating(b, "matmul", "second operand");
+  TANDEM_CHECK(a.dtype() == b.dtype(), "matmul: operands of different dtypes (", a.str(), " and ", b.str(), ")");
+  check_same_device(a, b, "matmul");
+  TANDEM_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: 0-dimensional operands cannot be multiplied (", a.str(), " and ",
+               b.str(), ")");
+  // A vector is a one-row (left) or one-column (right) matrix, that extent dropped from the result.
+  const bool row = a.dim() == 1, col = b.dim() == 1;
+  Tensor a2 = row ? unsqueeze(a, {0}) : a, b2 = col ? unsqueeze(b, {1}) : b;
+  TANDEM_CHECK(a2.size(-1) == b2.size(-2), "matmul: ", a.str(), " x ", b.str(), ": inner dimensions differ (",
+               a2.size(-1), " and ", b2.size(-2), ")");
+  Tensor y = a2.dim() == 2 && b2.dim() == 2 ? matmul_2d(a2, b2) : matmul_nd(a2, b2);
+  if (row || col) {
+    std::vector<int64_t> drop;
+    if (row) drop.push_back(y.dim() - 2);
+    if (col) drop.push_back(y.dim() - 1);
+    y = squeeze(y, drop);
+  }
+  return y;
+}
+
+Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha, double beta, bool trans_a, bool trans_b) {
+  check_dim(a, 2, "gemm", "A");
+  check_dim(b, 2, "gemm", "B");
+  check_floating(a, "gemm", "A");
+  TANDEM_CHECK(a.dtype() == b.dtype(), "gemm: A ", a.str(), " and B ", b.str(), " differ in dtype");
+  check_same_device(a, b, "gemm");
+  const auto [m, k] = matrix_extents(a, trans_a);
+  const auto [kb, n] = matrix_extents(b, trans_b);
+  TANDEM_CHECK(k == kb, "gemm: A ", a.str(), trans_a ? " (transposed)" : "", " and B ", b.str(),
+               trans_b ? " (transposed)" : "", ": inner dimensions differ (", k, " and ", kb, ")");
+  Tensor out;
+  if (c.defined()) {
+    TANDEM_CHECK(c.dtype() == a.dtype() && c.device() == a.device(), "gemm: C ", c.str(), " differs in dtype or device from A ",
+                 a.str());
+    TANDEM_CHECK(c.dim() <= 2, "gemm: C ", c.str(), " must broadcast to the product's [", m, ", ", n, "]");
+    Shape mn{m, n};
+    for (int64_t i = 0; i < c.dim(); ++i) {
+      const int64_t e = c.size(-1 - i), want = mn[1 - i];
+      TANDEM_CHECK(e == want || e == 1, "gemm: C ", c.str(), " does not broadcast to the product's [", m, ", ", n,
+                   "]");
+    }
+    out = expand_raw(c, mn);
+    if (out.is_same(c) || !out.is_contiguous()) out = out.clone();
+  }
+  const Precision prec = current_precision();
+  if (out.defined()) {
+    Operand oa = as_operand(a, trans_a), ob = as_operand(b, trans_b);
+    if (out.numel()) be(a).gemm(oa.trans, ob.trans, m, n, k, alpha, oa.buf, ob.buf, beta, out);
+  } else {
+    out = scaled_product(a, trans_a, b, trans_b, alpha);
+  }
+  Tensor sa = b.requires_grad() ? a.detach() : Tensor();
+  Tensor sb = a.requires_grad() ? b.detach() : Tensor();
+  Shape c_shape = c.defined() ? c.shape() : Shape{};
+  const bool has_c = c.defined();
+  return record_op(out, {a, b, c}, "gemm", [sa, sb, alpha, beta, trans_a, trans_b, c_shape, has_c, prec](const Tensor& g) {
+    PrecisionScope scope(prec);
+    // y = alpha op(A) op(B) + beta C: d op(A) = alpha g op(B)^T, d op(B) = alpha op(A)^T g.
+    Tensor da, db, dc;
+    if (sb.defined())
+      da = trans_a ? scaled_product(sb, trans_b, g, true, alpha) : scaled_product(g, false, sb, !trans_b, alpha);
+    if (sa.defined())
+      db = trans_b ? scaled_product(g, true, sa, trans_a, alpha) : scaled_product(sa, !trans_a, g, false, alpha);
+    if (has_c) dc = affine_raw(sum_to_raw(g, c_shape), beta, 0.0);
+    return std::vector<Tensor>{da, db, dc};
+  });
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
+  check_floating(x, "linear", "input");
+  check_dim(w, 2, "linear", "weight");
+  check_floating(w, "linear", "weight");
+  check_same_device(x, w, "linear");
+  TANDEM_CHECK(x.dim() >= 1, "linear: a 0-dimensional input ", x.str(), " has no features");
+  const Precision prec = current_precision();
+  const bool mixed = compute_dtype(x.device(), prec, DType::f64) != DType::f64;  // 16-bit copies are made here
+  TANDEM_CHECK(x.dtype() == w.dtype() || mixed, "linear: input ", x.str(), " and weight ", w.str(),
+               " differ in dtype");
+  TANDEM_CHECK(x.size(-1) == w.size(1), "linear: input ", x.str(), " has ", x.size(-1), " features, the weight ",
+               w.str(), " expects ", w.size(1));
+  if (b.defined()) {
+    check_dim(b, 1, "linear", "bias");
+    TANDEM_CHECK(b.size(0) == w.size(0) && b.dtype() == w.dtype(), "linear: bias ", b.str(),
+                 " does not match weight ", w.str());
+    check_same_device(x, b, "linear");
+  }
+  if (x.dim() == 2) return linear_2d(x, w, b, relu);
+  // Every other dimension of x is a batch dimension: rows of one matrix.
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(w.size(0));
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  Tensor y = linear_2d(reshape(x, {rows, x.size(-1)}), w, b, relu);
+  return reshape(y, out_shape);
 }
 
 }  // namespace tandem

@@ -6,6 +6,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "tandem/autograd.h"
+#include "tandem/graph.h"
 #include "tandem/ops.h"
 #include "tandem/precision.h"
 
@@ -109,8 +110,9 @@ TEST(CudaNorm, SoftmaxAlongLeadingAndMiddleAxes) {
 
 TEST(CudaNorm, LayerNormAndRmsNorm) {
   REQUIRE_GPU();
-  // 768 (GPT-2), 8, 1000: warp per row; 777: unaligned rows; 4096: a block per row.
-  for (int64_t c : {8, 768, 777, 1000, 4096}) {
+  // 8, 768 (GPT-2), 1000, 1536, 2048: a warp per row (1, 3, 4, 6 and 8 vectors per lane in 16 bits; 2048 takes
+  // more than the default shared memory in the backward); 777: unaligned rows; 4096: a block per row.
+  for (int64_t c : {8, 768, 777, 1000, 1536, 2048, 4096}) {
     const int64_t n = 45;
     Tensor x = rand_cpu({n, c}, 20 + c, -2.0, 2.0), w = rand_cpu({c}, 21 + c, 0.5, 1.5), b = rand_cpu({c}, 22 + c);
     for (DType t : kTypes) {
@@ -150,7 +152,8 @@ TEST(CudaNorm, LayerNormOf16BitDataWithF32Parameters) {
 
 TEST(CudaNorm, ClassLossesOverNdLogits) {
   REQUIRE_GPU();
-  for (int64_t c : {10, 3000}) {
+  // 10: a warp per row; 3000: a block per row, rows 16-byte aligned; 3001: rows starting anywhere.
+  for (int64_t c : {10, 3000, 3001}) {
     Tensor logits = rand_cpu({3, 5, c}, 40 + c, -3.0, 3.0);
     std::vector<int64_t> tv;
     for (int64_t i = 0; i < 15; ++i) tv.push_back(i % 4 == 1 ? -100 : (i * 7919) % c);
@@ -218,6 +221,32 @@ TEST(CudaNorm, DropoutOnNdTensorsMatchesTheCpu) {
               return dropout(v[0], 0.3, true, g);
             },
             "dropout");
+}
+
+TEST(CudaNorm, RecordedStepReplaysNormalisationAndLosses) {
+  REQUIRE_GPU();
+  // A small language-model tail: layer norm, attention's math path, log-softmax, cross-entropy with ignored
+  // positions, all forward and backward, recorded once and replayed: nothing in it may wait for the device.
+  Tensor x = rand_cpu({2, 8, 16}, 90).to(gpu()), w = rand_cpu({16}, 91, 0.5, 1.5).to(gpu()), b = rand_cpu({16}, 92).to(gpu());
+  for (Tensor* t : {&x, &w, &b}) t->requires_grad_();
+  Tensor targets = Tensor::from_vector<int64_t>({1, 2, 3, -100, 5, 6, 7, 8, 9, 10, -100, 12, 13, 14, 15, 0}, {2, 8}).to(gpu());
+  auto step = [&] {
+    Tensor h = layer_norm(x, {16}, w, b);
+    Tensor q = reshape(h, {2, 1, 8, 16});
+    Tensor a = reshape(scaled_dot_product_attention(q, q, q, true), {2, 8, 16});
+    Tensor l = softmax_cross_entropy(log_softmax(a, -1), targets, Reduction::Mean);
+    backward(l);
+    return l;
+  };
+  Tensor eager = step().detach().clone();
+  Tensor eager_gw = w.grad().clone();
+  for (Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
+  Tensor loss;
+  DeviceGraph graph(gpu(), [&] { loss = step(); });
+  graph.replay();
+  synchronize(gpu());
+  expect_same_bytes(eager, loss.detach(), "replayed loss");
+  expect_same_bytes(eager_gw, w.grad(), "replayed weight gradient");
 }
 
 }  // namespace

@@ -126,6 +126,54 @@ class Sequential : public Module {
 // ---- elementwise layers (activations)
 
 // ---- shape layers and products (Gemm, Reshape, 1-D pooling)
+/// SINGA's Gemm layer: alpha op(x) op(weight) + beta bias for 2-D x (op transposes with trans_a / trans_b);
+/// weight [out, in] with trans_b, else [in, out], drawn from N(0, 2/(in+out)); bias [1, out] zero.
+class Gemm : public Module {
+ public:
+  Gemm(int64_t in_features, int64_t out_features, Generator& gen, double alpha = 1.0, double beta = 1.0,
+       bool trans_a = false, bool trans_b = true, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  Tensor weight, bias;
+
+ private:
+  double alpha_, beta_;
+  bool trans_a_, trans_b_;
+};
+
+/// The same elements in another shape (one extent may be -1); a view where the strides allow.
+class Reshape : public Module {
+ public:
+  explicit Reshape(Shape shape) : shape_(std::move(shape)) {}
+  Tensor forward(const Tensor& x) override { return reshape(x, shape_); }
+  std::string describe() const override;
+
+ private:
+  Shape shape_;
+};
+
+/// Max over windows of the last dimension of [N, C, W] (or [N, C, 1, W]).
+class MaxPool1d : public Module {
+ public:
+  MaxPool1d(int kernel, int stride = -1, int padding = 0);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+ private:
+  Pool2dOptions opt_;
+};
+
+/// Mean over windows of the last dimension of [N, C, W] (or [N, C, 1, W]), padding counted as zeros.
+class AvgPool1d : public Module {
+ public:
+  AvgPool1d(int kernel, int stride = -1, int padding = 0);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+ private:
+  Pool2dOptions opt_;
+};
+
 
 // ---- normalisation, softmax, losses, attention
 /// Layer normalisation over the trailing dimensions normalized_shape (layer_norm); with affine, a weight

@@ -89,6 +89,26 @@ class CpuBackend final : public Backend {
   void advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) override;
 
   // ---- reductions along axes and indexing
+  void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, double arg, Tensor& out) override;
+  void prod_backward(const Tensor& x, const Tensor& g, int64_t outer, int64_t n, int64_t inner, Tensor& dx) override;
+  void index_select(const Tensor& x, const Tensor& index, int64_t outer, int64_t n, int64_t inner,
+                    Tensor& out) override;
+  void index_add(const Tensor& g, const Tensor& index, int64_t outer, int64_t n, int64_t inner, Tensor& dx) override;
+  void gather_elements(const Tensor& x, const Tensor& index, int64_t outer, int64_t n, int64_t inner,
+                       Tensor& out) override;
+  void scatter_elements(const Tensor& src, const Tensor& index, int64_t outer, int64_t n, int64_t inner,
+                        bool accumulate, Tensor& dst) override;
+  void copy_into_strided(const Tensor& src, Tensor& dst) override;
+  void pad_axis(const Tensor& x, int64_t outer, int64_t n, int64_t inner, int64_t before, int64_t after, bool reflect,
+                Tensor& out) override;
+  void pad_axis_backward(const Tensor& g, int64_t outer, int64_t n, int64_t inner, int64_t before, int64_t after,
+                         bool reflect, Tensor& dx) override;
+  void one_hot(const Tensor& index, int64_t outer, int64_t depth, int64_t inner, double off, double on,
+               Tensor& out) override;
+  Tensor nonzero(const Tensor& x) override;
+  void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha,
+                    const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, double beta, Tensor& c,
+                    int64_t stride_c) override;
 
   // ---- softmax along an axis, layer / RMS normalisation, losses over N-D logits, attention
   void softmax_forward(const Tensor& x, int64_t outer, int64_t c, int64_t inner, bool log, Tensor& y) override;
@@ -107,9 +127,6 @@ class CpuBackend final : public Backend {
   void nll_rows_backward(const Tensor& targets, const Tensor& g, int64_t ignore_index, Tensor& dlogp) override;
   void pointwise_loss_forward(PointLoss op, const Tensor& x, const Tensor& t, Tensor& loss) override;
   void pointwise_loss_backward(PointLoss op, const Tensor& x, const Tensor& t, const Tensor& g, Tensor& dx) override;
-  void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha,
-                    const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, double beta, Tensor& c,
-                    int64_t stride_c) override;
   void attention_softmax(const Tensor& s, int64_t batch, int64_t tq, int64_t tk, double scale, bool causal,
                          Tensor& y) override;
 

@@ -12,6 +12,11 @@ void openblas_set_num_threads(int);
 
 namespace tandem::backend {
 
+namespace {
+/// Floating-point operations past which one product of a batch is split across the threads by itself.
+constexpr double kParallelFlopsPerProduct = 6.4e7;
+}  // namespace
+
 namespace cpu {
 
 void ensure_blas_serial() {
@@ -93,6 +98,42 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
     cpu::gemm_parallel<T>(trans_a, trans_b, m, n, k, static_cast<T>(alpha), static_cast<const T*>(a.data_ptr()), lda,
                           static_cast<const T*>(b.data_ptr()), ldb, static_cast<T>(beta), static_cast<T*>(c.data_ptr()),
                           ldc);
+  });
+}
+
+// Batched products: large matrices are split across the threads one product at a time; small ones run
+// whole products on each thread.
+void CpuBackend::gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
+                              double alpha, const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b,
+                              double beta, Tensor& c, int64_t stride_c) {
+  TANDEM_ASSERT(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "gemm_batched operands ", a.str(), ", ", b.str(),
+                ", ", c.str());
+  TANDEM_ASSERT(batch == 0 || (a.numel() >= (batch - 1) * stride_a + m * k && b.numel() >= (batch - 1) * stride_b + k * n &&
+                               c.numel() >= (batch - 1) * stride_c + m * n),
+                "gemm_batched extents ", batch, "x", m, "x", n, "x", k, " for ", a.str(), ", ", b.str(), ", ", c.str());
+  if (batch == 0 || m == 0 || n == 0) return;
+  for (int64_t v : {m, n, k}) cpu::check_blas_extent(v, "an extent");
+  const int64_t lda = std::max<int64_t>(1, trans_a ? m : k), ldb = std::max<int64_t>(1, trans_b ? k : n),
+                ldc = std::max<int64_t>(1, n);
+  cpu::ensure_blas_serial();
+  dispatch_float(c.dtype(), "gemm_batched", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pa = static_cast<const T*>(a.data_ptr());
+    const T* pb = static_cast<const T*>(b.data_ptr());
+    T* pc = static_cast<T*>(c.data_ptr());
+    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    if (batch == 1 || flops >= kParallelFlopsPerProduct) {
+      for (int64_t i = 0; i < batch; ++i)
+        cpu::gemm_parallel<T>(trans_a, trans_b, m, n, k, static_cast<T>(alpha), pa + i * stride_a, lda,
+                              pb + i * stride_b, ldb, static_cast<T>(beta), pc + i * stride_c, ldc);
+      return;
+    }
+    const int threads = static_cast<int>(std::min<double>(
+        cpu::max_threads(), std::max(1.0, flops * static_cast<double>(batch) / cpu::kParallelFlops)));
+    cpu::parallel_tasks(batch, threads, [&](int64_t i, int) {
+      cpu::blas_gemm<T>(trans_a, trans_b, m, n, k, static_cast<T>(alpha), pa + i * stride_a, lda, pb + i * stride_b,
+                        ldb, static_cast<T>(beta), pc + i * stride_c, ldc);
+    });
   });
 }
 

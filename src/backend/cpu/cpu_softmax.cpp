@@ -108,37 +108,4 @@ void CpuBackend::attention_softmax(const Tensor& s, int64_t batch, int64_t tq, i
   });
 }
 
-void CpuBackend::gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha,
-                              const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, double beta,
-                              Tensor& c, int64_t stride_c) {
-  TANDEM_ASSERT(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "gemm_batched operands ", a.str(), ", ", b.str(),
-                ", ", c.str());
-  TANDEM_ASSERT(batch == 0 || ((batch - 1) * stride_a + m * k <= a.numel() && (batch - 1) * stride_b + k * n <= b.numel() &&
-                               (batch - 1) * stride_c + m * n <= c.numel()),
-                "gemm_batched extents ", batch, " x ", m, "x", n, "x", k, " for ", a.str(), ", ", b.str(), ", ", c.str());
-  if (batch == 0 || m == 0 || n == 0) return;
-  for (int64_t v : {m, n, k}) cpu::check_blas_extent(v, "an extent");
-  const int64_t lda = std::max<int64_t>(1, trans_a ? m : k), ldb = std::max<int64_t>(1, trans_b ? k : n),
-                ldc = std::max<int64_t>(1, n);
-  cpu::ensure_blas_serial();
-  dispatch_float(c.dtype(), "gemm_batched", [&](auto tag) {
-    using T = decltype(tag);
-    const T* pa = static_cast<const T*>(a.data_ptr());
-    const T* pb = static_cast<const T*>(b.data_ptr());
-    T* pc = static_cast<T*>(c.data_ptr());
-    const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
-    const int threads = cpu::max_threads();
-    if (batch < threads) {  // few matrices: each product split across the threads
-      for (int64_t i = 0; i < batch; ++i)
-        cpu::gemm_parallel<T>(trans_a, trans_b, m, n, k, al, pa + i * stride_a, lda, pb + i * stride_b, ldb, be,
-                              pc + i * stride_c, ldc);
-      return;
-    }
-    cpu::parallel_tasks(batch, threads, [&](int64_t i, int) {
-      cpu::blas_gemm<T>(trans_a, trans_b, m, n, k, al, pa + i * stride_a, lda, pb + i * stride_b, ldb, be,
-                        pc + i * stride_c, ldc);
-    });
-  });
-}
-
 }  // namespace tandem::backend

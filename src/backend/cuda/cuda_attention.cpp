@@ -31,48 +31,6 @@
 
 namespace tandem::backend {
 
-// ---- batched products
-
-void CudaBackend::gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k,
-                               double alpha, const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b,
-                               double beta, Tensor& c, int64_t stride_c) {
-  TANDEM_CHECK(a.dtype() == b.dtype() && a.dtype() == c.dtype(), "gemm_batched: ", a.str(), ", ", b.str(), " and ",
-               c.str(), " differ in dtype");
-  TANDEM_CHECK(c.dtype() == DType::f32 || c.dtype() == DType::f16 || c.dtype() == DType::bf16, "gemm_batched: dtype ",
-               dtype_name(c.dtype()), " is not supported on CUDA (use f32, f16 or bf16)");
-  TANDEM_ASSERT(batch == 0 || ((batch - 1) * stride_a + m * k <= a.numel() && (batch - 1) * stride_b + k * n <= b.numel() &&
-                               (batch - 1) * stride_c + m * n <= c.numel()),
-                "gemm_batched extents");
-  if (batch == 0 || m == 0 || n == 0) return;
-  if (k == 0) {  // empty sums: C = beta * C
-    if (beta == 0.0)
-      fill(c, 0.0);
-    else
-      affine(c, beta, 0.0, c);
-    return;
-  }
-  TANDEM_CHECK(std::max({m, n, k, batch}) <= INT_MAX, "gemm_batched: extents ", batch, " x ", m, "x", n, "x", k,
-               " exceed cuBLAS's 32-bit limit");
-  DeviceState& s = state_for(c);
-  const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the operands swap (as in gemm).
-  const int lda = static_cast<int>(trans_a ? m : k), ldb = static_cast<int>(trans_b ? k : n);
-  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k), ib = static_cast<int>(batch);
-  std::lock_guard<std::mutex> lock(s.cublas_mu);
-  if (c.dtype() == DType::f32 && current_precision() == Precision::f32) {
-    TANDEM_CUBLAS_CHECK(cublasSgemmStridedBatched(
-        s.cublas, op_b, op_a, in, im, ik, &al, static_cast<const float*>(b.data_ptr()), ldb, stride_b,
-        static_cast<const float*>(a.data_ptr()), lda, stride_a, &be, static_cast<float*>(c.data_ptr()), in, stride_c, ib));
-    return;
-  }
-  const cudaDataType_t t = c.dtype() == DType::f32 ? CUDA_R_32F : c.dtype() == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
-  const cublasComputeType_t compute = c.dtype() == DType::f32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  TANDEM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(s.cublas, op_b, op_a, in, im, ik, &al, b.data_ptr(), t, ldb, stride_b,
-                                                 a.data_ptr(), t, lda, stride_a, &be, c.data_ptr(), t, in, stride_c, ib,
-                                                 compute, CUBLAS_GEMM_DEFAULT));
-}
-
 // ---- fused attention
 
 namespace {
@@ -245,12 +203,14 @@ AttentionPlan& plan_for(AttentionState& st, const AttentionKey& key, DeviceState
   if (it != st.plans.end()) return *it->second;
   auto plan = std::make_unique<AttentionPlan>();
 #if TANDEM_WITH_CUDNN_FRONTEND
-  if (!st.handle) {
-    TANDEM_CUDNN_CHECK(cudnnCreate(&st.handle));
-    TANDEM_CUDNN_CHECK(cudnnSetStream(st.handle, dev.stream));
-  }
   std::string why;
   try {
+    if (!st.handle) {
+      cudnnHandle_t h = nullptr;
+      TANDEM_CUDNN_CHECK(cudnnCreate(&h));
+      TANDEM_CUDNN_CHECK(cudnnSetStream(h, dev.stream));
+      st.handle = h;
+    }
     plan->fwd = forward_graph(key);
     plan->fwd_ws = build(*plan->fwd, st.handle, why);
     if (plan->fwd_ws >= 0) {

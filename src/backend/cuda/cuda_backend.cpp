@@ -118,6 +118,7 @@ DeviceState& CudaBackend::state_for(const Tensor& t) {
 
 void CudaBackend::check_errors(int device) {
   DeviceState& s = state(device);
+  check_index_errors(device);
   volatile LabelErrorRecord* rec = s.error_host;
   if (!rec->flag) return;
   long long row = rec->row, label = rec->label, classes = rec->classes;

@@ -9,6 +9,7 @@
 // block order (deterministic, no atomics). Longer rows take one block per row, with the same partials.
 #include <algorithm>
 #include <initializer_list>
+#include <mutex>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -25,7 +26,8 @@ using rows::load_floats;
 using rows::store_floats;
 using rows::warp_sum;
 
-constexpr int kWarps = 4;         // warps per block of the warp-per-row kernels
+constexpr int kWarps = 4;         // warps per block of the warp-per-row forward
+constexpr int kBackwardWarps = 4;  // warps per block of the warp-per-row backward
 constexpr int kRowThreads = 256;  // threads of the block-per-row kernels
 
 // Loads VEC parameters (of type W, or 1 / 0 when p is null) at column col as floats.
@@ -128,22 +130,27 @@ __global__ void ln_forward_block_kernel(const T* __restrict__ x, const W* __rest
 
 // Backward, one warp per row: dx = rstd (gw - mean(gw) - xhat mean(gw xhat)) with gw = dy w (the mean(gw)
 // term absent for RMS). With partial_w / partial_b, each block writes the sums over its rows of dy xhat and
-// dy for every column to its row of the partials [gridDim.x, c]. Dynamic shared memory: 2 * c_pad floats.
+// dy for every column to its row of the partials [gridDim.x, c]. Each warp accumulates those sums for the
+// columns its lanes own in shared memory (registers would cost the kernel its occupancy), laid out so that
+// the lanes of a warp touch consecutive banks; the block then adds its warps' sums in warp order.
+// Dynamic shared memory: warps * 2 * NV * VEC * 32 floats.
 template <typename T, typename W, int VEC, int NV>
 __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                                         const float* __restrict__ mean, const float* __restrict__ rstd,
                                         T* __restrict__ dx, float* __restrict__ partial_w,
                                         float* __restrict__ partial_b, int64_t n, int64_t c, bool rms) {
-  extern __shared__ float sums[];  // [2][NV * 32 * VEC]: the block's weight and bias sums per column
+  extern __shared__ float sums[];  // [warp][weight, bias][(k * VEC + u) * 32 + lane]
   constexpr int kPad = NV * 32 * VEC;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const bool partial = partial_w || partial_b;
+  float* aw = sums + warp * 2 * kPad;
+  float* ab = aw + kPad;
+  if (partial) {
+#pragma unroll
+    for (int i = 0; i < NV * VEC; ++i) aw[i * 32 + lane] = ab[i * 32 + lane] = 0.0f;
+  }
+  const int64_t warps = int64_t(gridDim.x) * nwarps;
   const float inv_c = 1.0f / static_cast<float>(c);
-  float aw[NV][VEC], ab[NV][VEC];
-#pragma unroll
-  for (int k = 0; k < NV; ++k)
-#pragma unroll
-    for (int u = 0; u < VEC; ++u) aw[k][u] = ab[k][u] = 0.0f;
   for (int64_t r = kern::thread_index() >> 5; r < n; r += warps) {
     float xh[NV][VEC], g[NV][VEC];
     const float mu = rms ? 0.0f : mean[r], rs = rstd[r];
@@ -159,8 +166,11 @@ __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __res
 #pragma unroll
         for (int u = 0; u < VEC; ++u) {
           xh[k][u] = (xh[k][u] - mu) * rs;
-          aw[k][u] = fmaf(g[k][u], xh[k][u], aw[k][u]);
-          ab[k][u] += g[k][u];
+          if (partial) {
+            const int i = (k * VEC + u) * 32 + lane;
+            aw[i] = fmaf(g[k][u], xh[k][u], aw[i]);
+            ab[i] += g[k][u];
+          }
           const float gw = g[k][u] * wv[u];
           g[k][u] = gw;
           s1 += gw;
@@ -185,25 +195,19 @@ __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __res
       }
     }
   }
-  if (!partial_w && !partial_b) return;
-  // The block's sums, warp after warp in a fixed order.
-  const int nwarps = blockDim.x >> 5;
-  for (int wi = 0; wi < nwarps; ++wi) {
-    if (warp == wi) {
-#pragma unroll
-      for (int k = 0; k < NV; ++k)
-#pragma unroll
-        for (int u = 0; u < VEC; ++u) {
-          const int col = (k * 32 + lane) * VEC + u;
-          sums[col] = wi == 0 ? aw[k][u] : sums[col] + aw[k][u];
-          sums[kPad + col] = wi == 0 ? ab[k][u] : sums[kPad + col] + ab[k][u];
-        }
-    }
-    __syncthreads();
-  }
+  if (!partial) return;
+  __syncthreads();
+  // Column j = (k * 32 + lane) * VEC + u sits at (k * VEC + u) * 32 + lane of every warp's sums.
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    if (partial_w) partial_w[blockIdx.x * c + j] = sums[j];
-    if (partial_b) partial_b[blockIdx.x * c + j] = sums[kPad + j];
+    const int k = static_cast<int>(j / (32 * VEC)), ln = static_cast<int>((j / VEC) % 32), u = static_cast<int>(j % VEC);
+    const int i = (k * VEC + u) * 32 + ln;
+    float tw = 0.0f, tb = 0.0f;
+    for (int wi = 0; wi < nwarps; ++wi) {
+      tw += sums[wi * 2 * kPad + i];
+      tb += sums[wi * 2 * kPad + kPad + i];
+    }
+    if (partial_w) partial_w[blockIdx.x * c + j] = tw;
+    if (partial_b) partial_b[blockIdx.x * c + j] = tb;
   }
 }
 
@@ -237,13 +241,27 @@ __global__ void ln_backward_block_kernel(const T* __restrict__ dy, const T* __re
   }
 }
 
-// out[j] = sum over the `parts` rows of partial [parts, c], in row order.
+// dw[j] (blockIdx.y 0) or db[j] (1) = the sum over the `parts` rows of its partials [parts, c], in a fixed
+// order: 32 columns per block (threadIdx.x, coalesced), the rows split over threadIdx.y and the 32 partial
+// sums added in shared memory. Many loads are in flight at once, which a thread per column would not have.
 template <typename W>
-__global__ void column_sum_kernel(const float* __restrict__ partial, int64_t parts, int64_t c, W* __restrict__ out) {
-  for (int64_t j = kern::thread_index(); j < c; j += kern::thread_count()) {
-    float s = 0.0f;
-    for (int64_t p = 0; p < parts; ++p) s += partial[p * c + j];
-    out[j] = from_float<W>(s);
+__global__ void column_sum_kernel(const float* __restrict__ partial_w, const float* __restrict__ partial_b,
+                                  int64_t parts, int64_t c, W* __restrict__ dw, W* __restrict__ db) {
+  __shared__ float tile[32][33];
+  const float* part = blockIdx.y == 0 ? partial_w : partial_b;
+  W* out = blockIdx.y == 0 ? dw : db;
+  if (!part) return;  // the same for the whole block
+  const int64_t j = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  float s = 0.0f;
+  if (j < c)
+    for (int64_t p = threadIdx.y; p < parts; p += 32) s += part[p * c + j];
+  tile[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < c) {
+    float t = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) t += tile[k][threadIdx.x];
+    out[j] = from_float<W>(t);
   }
 }
 
@@ -264,17 +282,21 @@ void with_param_type(DType xt, const Tensor& w, const Tensor& b, const char* op,
     f(T{});
 }
 
+// Calls f(NV) for the warp-per-row kernels holding rows of c in NV vectors per lane (1, 2, 3, 4, 6 or 8: the
+// odd counts keep rows such as GPT-2's 768 without a wasted vector's registers), or returns false.
 template <typename T, typename F>
 bool with_ln_shape(int64_t c, std::initializer_list<const void*> ptrs, F&& f) {
   constexpr int V = rows::kVec<T>;
   if (!rows::vector_ok<T>(c, ptrs)) return false;
-  switch (rows::vectors_per_lane(c, V)) {
-    case 1: f(std::integral_constant<int, 1>{}); return true;
-    case 2: f(std::integral_constant<int, 2>{}); return true;
-    case 4: f(std::integral_constant<int, 4>{}); return true;
-    case 8: f(std::integral_constant<int, 8>{}); return true;
-    default: return false;
-  }
+  const int64_t per_lane = (c + 32 * V - 1) / (32 * V);
+  if (per_lane <= 1) f(std::integral_constant<int, 1>{});
+  else if (per_lane <= 2) f(std::integral_constant<int, 2>{});
+  else if (per_lane <= 3) f(std::integral_constant<int, 3>{});
+  else if (per_lane <= 4) f(std::integral_constant<int, 4>{});
+  else if (per_lane <= 6) f(std::integral_constant<int, 6>{});
+  else if (per_lane <= 8) f(std::integral_constant<int, 8>{});
+  else return false;
+  return true;
 }
 
 template <typename P>
@@ -342,8 +364,9 @@ void CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const T
       const float* pm = rms ? nullptr : mean.data<float>();
       const float* pr = rstd.data<float>();
       T* pd = dx.defined() ? static_cast<T*>(dx.data_ptr()) : nullptr;
-      if (want_w) TANDEM_CHECK(dw.dtype() == rows::device_dtype<W>(), op, ": weight gradient ", dw.str(), " must match the weight");
-      // Blocks: enough to fill the GPU a few times over, but no more than rows need.
+      if (want_w)
+        TANDEM_CHECK(dw.dtype() == rows::device_dtype<W>(), op, ": weight gradient ", dw.str(), " must match the weight");
+      // Blocks of the block-per-row kernel: enough to fill the GPU a few times over, no more than rows need.
       const int64_t max_blocks = static_cast<int64_t>(st.sm_count) * 4;
       auto launch = [&](unsigned grid, bool zero_partials, auto&& kernel_launch) {
         const bool partial = want_w || want_b;
@@ -354,20 +377,34 @@ void CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const T
         if (partial && zero_partials) TANDEM_CUDA_CHECK(cudaMemsetAsync(parts.as<float>(), 0, part_bytes, st.stream));
         kernel_launch(pw_part, pb_part);
         TANDEM_CUDA_LAUNCH_CHECK("layer norm backward kernel");
-        const unsigned cols = kern::blocks_for(c);
-        if (want_w)
-          column_sum_kernel<W><<<cols, kern::kBlock, 0, st.stream>>>(pw_part, grid, c, static_cast<W*>(dw.data_ptr()));
-        if (want_b)
-          column_sum_kernel<W><<<cols, kern::kBlock, 0, st.stream>>>(pb_part, grid, c, static_cast<W*>(db.data_ptr()));
-        if (partial) TANDEM_CUDA_LAUNCH_CHECK("column_sum_kernel");
+        if (partial) {
+          const dim3 sum_grid(static_cast<unsigned>((c + 31) / 32), 2), sum_block(32, 32);
+          column_sum_kernel<W><<<sum_grid, sum_block, 0, st.stream>>>(
+              pw_part, pb_part, grid, c, want_w ? static_cast<W*>(dw.data_ptr()) : nullptr,
+              want_b ? static_cast<W*>(db.data_ptr()) : nullptr);
+          TANDEM_CUDA_LAUNCH_CHECK("column_sum_kernel");
+        }
       };
       const bool warp = with_ln_shape<T>(c, {pg, px, pd, pw}, [&](auto ntag) {
         constexpr int NV = decltype(ntag)::value, VEC = rows::kVec<T>;
-        const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>((n + kWarps - 1) / kWarps, 1, max_blocks));
-        const size_t smem = 2 * sizeof(float) * NV * 32 * VEC;
+        const size_t smem = (want_w || want_b) ? size_t(kBackwardWarps) * 2 * sizeof(float) * NV * 32 * VEC : 0;
+        auto kernel = ln_backward_warp_kernel<T, W, VEC, NV>;
+        if (smem > 48 * 1024) {  // rows of 1025-2048 16-bit elements: more shared memory than the default
+          static std::once_flag once;
+          std::call_once(once, [&] {
+            TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(smem)));
+          });
+        }
+        // One full wave of resident blocks (each block's partial sums cost a row of [grid, c]), no more than
+        // the rows need.
+        int per_sm = 0;
+        TANDEM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBackwardWarps * 32, smem));
+        const int64_t wave = static_cast<int64_t>(st.sm_count) * std::max(per_sm, 1);
+        const unsigned grid =
+            static_cast<unsigned>(std::clamp<int64_t>((n + kBackwardWarps - 1) / kBackwardWarps, 1, wave));
         launch(grid, false, [&](float* a, float* b2) {
-          ln_backward_warp_kernel<T, W, VEC, NV><<<grid, kWarps * 32, smem, st.stream>>>(pg, px, pw, pm, pr, pd, a, b2, n,
-                                                                                         c, rms);
+          kernel<<<grid, kBackwardWarps * 32, smem, st.stream>>>(pg, px, pw, pm, pr, pd, a, b2, n, c, rms);
         });
       });
       if (!warp) {

@@ -86,7 +86,27 @@ __global__ void xent_warp_kernel(const T* __restrict__ x, const L* __restrict__ 
   }
 }
 
-template <typename T, typename L>
+// Adds VEC values to an online (maximum, sum) pair with one rescale: the vector's maximum first, then its
+// exponentials (independent of each other, so they overlap).
+template <int VEC>
+__device__ __forceinline__ void add_vector(float& m, float& s, const float (&v)[VEC]) {
+  float mv = v[0];
+#pragma unroll
+  for (int u = 1; u < VEC; ++u) mv = fmaxf(mv, v[u]);
+  if (mv == -INFINITY) return;
+  if (mv > m) {
+    s *= __expf(m - mv);  // m = -inf at the start: s is 0 and stays 0
+    m = mv;
+  }
+  float part = 0.0f;
+#pragma unroll
+  for (int u = 0; u < VEC; ++u) part += __expf(v[u] - m);
+  s += part;
+}
+
+// One block per row for rows of many classes (a vocabulary): the row is read once, its middle 16 bytes at
+// a time whatever its alignment (rows of an odd class count start anywhere).
+template <typename T, typename L, int VEC>
 __global__ void xent_block_kernel(const T* __restrict__ x, const L* __restrict__ targets, int64_t n, int64_t c,
                                   int64_t ignore, float* __restrict__ loss, float* __restrict__ lse,
                                   float* __restrict__ valid, ErrorSink sink) {
@@ -94,8 +114,15 @@ __global__ void xent_block_kernel(const T* __restrict__ x, const L* __restrict__
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T* xr = x + r * c;
+    const rows::RowSplit sp = rows::split_row<VEC>(xr, c);
     float m = -INFINITY, s = 0.0f;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) add_value(m, s, kern::to_float(xr[j]));
+    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) add_value(m, s, kern::to_float(xr[j]));
+    for (int64_t j0 = sp.head + int64_t(threadIdx.x) * VEC; j0 < sp.body_end; j0 += int64_t(blockDim.x) * VEC) {
+      float v[VEC];
+      rows::load_floats<VEC>(xr + j0, v);
+      add_vector<VEC>(m, s, v);
+    }
+    for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x) add_value(m, s, kern::to_float(xr[j]));
     for (int o = 16; o > 0; o >>= 1) {
       const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
       merge(m, s, m2, s2);
@@ -118,8 +145,8 @@ __global__ void xent_block_kernel(const T* __restrict__ x, const L* __restrict__
   }
 }
 
-// dlogits[i, j] = (exp(x - lse_i) - [j == t_i]) * g_i, 0 in ignored rows; one block per row, 16-byte
-// accesses when the rows allow them.
+// dlogits[i, j] = (exp(x - lse_i) - [j == t_i]) * g_i, 0 in ignored rows; one block per row, the middle of
+// each row read and written 16 bytes at a time (x and dx split alike: same_misalignment).
 template <typename T, typename L, int VEC>
 __global__ void xent_backward_kernel(const T* __restrict__ x, const L* __restrict__ targets,
                                      const float* __restrict__ lse, const float* __restrict__ g, int64_t gn,
@@ -130,21 +157,18 @@ __global__ void xent_backward_kernel(const T* __restrict__ x, const L* __restric
     const float w = skip ? 0.0f : g[gn == 1 ? 0 : r], z = lse[r];
     const T* xr = x + r * c;
     T* dr = dx + r * c;
-    for (int64_t j0 = int64_t(threadIdx.x) * VEC; j0 < c; j0 += int64_t(blockDim.x) * VEC) {
+    auto grad = [&](float v, int64_t j) { return skip ? 0.0f : (__expf(v - z) - (j == t ? 1.0f : 0.0f)) * w; };
+    const rows::RowSplit sp = rows::split_row<VEC>(xr, c);
+    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) dr[j] = kern::from_float<T>(grad(kern::to_float(xr[j]), j));
+    for (int64_t j0 = sp.head + int64_t(threadIdx.x) * VEC; j0 < sp.body_end; j0 += int64_t(blockDim.x) * VEC) {
       float v[VEC];
-      if constexpr (VEC > 1) {
-        rows::load_floats<VEC>(xr + j0, v);
-      } else {
-        v[0] = kern::to_float(xr[j0]);
-      }
+      rows::load_floats<VEC>(xr + j0, v);
 #pragma unroll
-      for (int u = 0; u < VEC; ++u) v[u] = skip ? 0.0f : (__expf(v[u] - z) - (j0 + u == t ? 1.0f : 0.0f)) * w;
-      if constexpr (VEC > 1) {
-        rows::store_floats<VEC>(dr + j0, v);
-      } else {
-        dr[j0] = kern::from_float<T>(v[0]);
-      }
+      for (int u = 0; u < VEC; ++u) v[u] = grad(v[u], j0 + u);
+      rows::store_floats<VEC>(dr + j0, v);
     }
+    for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x)
+      dr[j] = kern::from_float<T>(grad(kern::to_float(xr[j]), j));
   }
 }
 
@@ -253,7 +277,7 @@ void CudaBackend::xent_rows_forward(const Tensor& logits, const Tensor& targets,
         xent_warp_kernel<T, L><<<rows::warp_row_blocks(n, kWarps), kWarps * 32, 0, st.stream>>>(
             x, tg, n, c, ignore_index, loss.data<float>(), lse.data<float>(), valid.data<float>(), st.errors);
       else
-        xent_block_kernel<T, L><<<grid_for_rows(n), kRowThreads, 0, st.stream>>>(
+        xent_block_kernel<T, L, rows::kVec<T>><<<grid_for_rows(n), kRowThreads, 0, st.stream>>>(
             x, tg, n, c, ignore_index, loss.data<float>(), lse.data<float>(), valid.data<float>(), st.errors);
       TANDEM_CUDA_LAUNCH_CHECK("cross-entropy kernel");
     });
@@ -279,7 +303,7 @@ void CudaBackend::xent_rows_backward(const Tensor& logits, const Tensor& targets
       if (c < 256) {
         xent_backward_flat_kernel<T, L><<<kern::blocks_for(n * c), kern::kBlock, 0, st.stream>>>(
             x, tg, pz, pg, g.numel(), n, c, ignore_index, d);
-      } else if (rows::vector_ok<T>(c, {x, d})) {
+      } else if (rows::same_misalignment({x, d})) {
         xent_backward_kernel<T, L, rows::kVec<T>><<<grid_for_rows(n), kRowThreads, 0, st.stream>>>(
             x, tg, pz, pg, g.numel(), n, c, ignore_index, d);
       } else {

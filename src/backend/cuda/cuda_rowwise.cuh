@@ -93,6 +93,34 @@ inline bool vector_ok(int64_t c, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
+/// A row of elements split so that its middle can be read 16 bytes at a time wherever the row starts:
+/// [0, head) before the first 16-byte boundary, whole vectors of VEC elements in [head, body_end), and the
+/// rest [body_end, c). With VEC == 1 the whole row is "body".
+struct RowSplit {
+  int64_t head, body_end;
+};
+
+/// The split of the row of c elements of T at p (aligned to sizeof(T)) for VEC-element vectors.
+template <int VEC, typename T>
+__device__ __forceinline__ RowSplit split_row(const T* p, int64_t c) {
+  if constexpr (VEC == 1) {
+    return {0, c};
+  } else {
+    const int64_t mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) & 15) / static_cast<int64_t>(sizeof(T));
+    const int64_t head = min(c, mis == 0 ? int64_t(0) : VEC - mis);
+    return {head, head + (c - head) / VEC * VEC};
+  }
+}
+
+/// True when every given address has the same offset from a 16-byte boundary as the first, so that rows at
+/// the same element offset split alike (split_row on one of them serves all).
+inline bool same_misalignment(std::initializer_list<const void*> ptrs) {
+  const void* first = *ptrs.begin();
+  for (const void* p : ptrs)
+    if (p && first && (reinterpret_cast<uintptr_t>(p) & 15) != (reinterpret_cast<uintptr_t>(first) & 15)) return false;
+  return true;
+}
+
 /// Vectors per lane (1, 2, 4 or 8) for a warp to hold a row of c elements in registers, or 0 when it does
 /// not fit (more than 8 vectors of `vec` elements per lane).
 inline int vectors_per_lane(int64_t c, int vec) {

@@ -98,34 +98,64 @@ __global__ void softmax_warp_kernel(const T* x, T* y, int64_t n, int64_t c, floa
   }
 }
 
+// Adds VEC values to an online (maximum, sum) pair with one rescale (the vector's maximum first).
+template <int VEC>
+__device__ __forceinline__ void add_vector(float& m, float& s, const float (&v)[VEC]) {
+  float mv = v[0];
+#pragma unroll
+  for (int u = 1; u < VEC; ++u) mv = fmaxf(mv, v[u]);
+  if (mv == -INFINITY) return;
+  if (mv > m) {
+    s *= __expf(m - mv);
+    m = mv;
+  }
+  float part = 0.0f;
+#pragma unroll
+  for (int u = 0; u < VEC; ++u) part += __expf(v[u] - m);
+  s += part;
+}
+
 // One block per row for rows too long for a warp's registers: an online maximum and sum of exponentials
-// in one pass, then the output (each element read and written by the same thread: y may be x).
-template <typename T>
-__global__ void softmax_block_kernel(const T* x, T* y, int64_t n, int64_t c, float scale,
-                                     int64_t causal_tq, bool log) {
+// in one pass, then the output; the middle of each row 16 bytes at a time wherever the row starts (x and y
+// split alike). Each element is read and written by the same thread: y may be x.
+template <typename T, int VEC>
+__global__ void softmax_block_kernel(const T* x, T* y, int64_t n, int64_t c, float scale, int64_t causal_tq,
+                                     bool log) {
   __shared__ float scratch[32];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T* xr = x + r * c;
+    T* yr = y + r * c;
     const int64_t valid = valid_length(r, c, causal_tq);
+    const rows::RowSplit sp = rows::split_row<VEC>(xr, c);
+    auto masked = [&](float v, int64_t j) { return j < valid ? v * scale : -INFINITY; };
     float m = -INFINITY, s = 0.0f;
-    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) {
-      add_value(m, s, to_float(xr[j]) * scale);
+    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) add_value(m, s, masked(to_float(xr[j]), j));
+    for (int64_t j0 = sp.head + int64_t(threadIdx.x) * VEC; j0 < sp.body_end; j0 += int64_t(blockDim.x) * VEC) {
+      float v[VEC];
+      load_floats<VEC>(xr + j0, v);
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) v[u] = masked(v[u], j0 + u);
+      add_vector<VEC>(m, s, v);
     }
+    for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x) add_value(m, s, masked(to_float(xr[j]), j));
     const float mx = rows::block_max(m, scratch);
     const float part = m == -INFINITY ? 0.0f : s * __expf(m - mx);
     const float sum = rows::block_sum(part, scratch);
     const float inv = 1.0f / sum, lse = mx + __logf(sum);
-    T* yr = y + r * c;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      float o;
-      if (j < valid) {
-        const float v = to_float(xr[j]) * scale;
-        o = log ? v - lse : __expf(v - mx) * inv;
-      } else {
-        o = log ? -INFINITY : 0.0f;
-      }
-      yr[j] = from_float<T>(o);
+    // Masked entries: probability 0, log-probability -inf.
+    auto out = [&](float v, int64_t j) {
+      const float w = masked(v, j);
+      return log ? w - lse : __expf(w - mx) * inv;
+    };
+    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) yr[j] = from_float<T>(out(to_float(xr[j]), j));
+    for (int64_t j0 = sp.head + int64_t(threadIdx.x) * VEC; j0 < sp.body_end; j0 += int64_t(blockDim.x) * VEC) {
+      float v[VEC];
+      load_floats<VEC>(xr + j0, v);
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) v[u] = out(v[u], j0 + u);
+      store_floats<VEC>(yr + j0, v);
     }
+    for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x) yr[j] = from_float<T>(out(to_float(xr[j]), j));
   }
 }
 
@@ -184,21 +214,40 @@ __global__ void softmax_backward_warp_kernel(const T* dy, const T* __restrict__ 
   }
 }
 
-template <typename T>
+// Backward, one block per row (dy, y and dx split alike; dx may be dy).
+template <typename T, int VEC>
 __global__ void softmax_backward_block_kernel(const T* dy, const T* __restrict__ y, T* dx, int64_t n, int64_t c,
                                               bool log) {
   __shared__ float scratch[32];
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T* gr = dy + r * c;
     const T* pr = y + r * c;
+    T* dr = dx + r * c;
+    const rows::RowSplit sp = rows::split_row<VEC>(pr, c);
+    auto term = [&](float g, float p) { return log ? g : g * p; };
     float acc = 0.0f;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-      acc += log ? to_float(gr[j]) : to_float(gr[j]) * to_float(pr[j]);
-    acc = rows::block_sum(acc, scratch);
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      const float g = to_float(gr[j]), p = to_float(pr[j]);
-      dx[r * c + j] = from_float<T>(log ? g - __expf(p) * acc : p * (g - acc));
+    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) acc += term(to_float(gr[j]), to_float(pr[j]));
+    for (int64_t j0 = sp.head + int64_t(threadIdx.x) * VEC; j0 < sp.body_end; j0 += int64_t(blockDim.x) * VEC) {
+      float g[VEC], p[VEC];
+      load_floats<VEC>(gr + j0, g);
+      load_floats<VEC>(pr + j0, p);
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) acc += term(g[u], p[u]);
     }
+    for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x) acc += term(to_float(gr[j]), to_float(pr[j]));
+    acc = rows::block_sum(acc, scratch);
+    auto grad = [&](float g, float p) { return log ? g - __expf(p) * acc : p * (g - acc); };
+    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) dr[j] = from_float<T>(grad(to_float(gr[j]), to_float(pr[j])));
+    for (int64_t j0 = sp.head + int64_t(threadIdx.x) * VEC; j0 < sp.body_end; j0 += int64_t(blockDim.x) * VEC) {
+      float g[VEC], p[VEC];
+      load_floats<VEC>(gr + j0, g);
+      load_floats<VEC>(pr + j0, p);
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) g[u] = grad(g[u], p[u]);
+      store_floats<VEC>(dr + j0, g);
+    }
+    for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x)
+      dr[j] = from_float<T>(grad(to_float(gr[j]), to_float(pr[j])));
   }
 }
 
@@ -260,8 +309,13 @@ void launch_softmax_rows(const T* x, T* y, int64_t n, int64_t c, float scale, in
     softmax_warp_kernel<T, V, NV><<<rows::warp_row_blocks(n, kWarps), kWarps * 32, 0, stream>>>(x, y, n, c, scale,
                                                                                                 causal_tq, log);
   });
-  if (!warp)
-    softmax_block_kernel<T><<<row_block_grid(n), kRowThreads, 0, stream>>>(x, y, n, c, scale, causal_tq, log);
+  if (!warp) {
+    if (rows::same_misalignment({x, y}))
+      softmax_block_kernel<T, rows::kVec<T>><<<row_block_grid(n), kRowThreads, 0, stream>>>(x, y, n, c, scale,
+                                                                                          causal_tq, log);
+    else
+      softmax_block_kernel<T, 1><<<row_block_grid(n), kRowThreads, 0, stream>>>(x, y, n, c, scale, causal_tq, log);
+  }
   TANDEM_CUDA_LAUNCH_CHECK("softmax kernel");
 }
 
@@ -310,9 +364,14 @@ void CudaBackend::softmax_backward(const Tensor& dy, const Tensor& y, int64_t ou
         softmax_backward_warp_kernel<T, V, NV>
             <<<rows::warp_row_blocks(outer, kWarps), kWarps * 32, 0, st.stream>>>(pg, py, pd, outer, c, log);
       });
-      if (!warp)
-        softmax_backward_block_kernel<T><<<row_block_grid(outer), kRowThreads, 0, st.stream>>>(pg, py, pd, outer, c,
-                                                                                               log);
+      if (!warp) {
+        if (rows::same_misalignment({pg, py, pd}))
+          softmax_backward_block_kernel<T, rows::kVec<T>>
+              <<<row_block_grid(outer), kRowThreads, 0, st.stream>>>(pg, py, pd, outer, c, log);
+        else
+          softmax_backward_block_kernel<T, 1><<<row_block_grid(outer), kRowThreads, 0, st.stream>>>(pg, py, pd, outer,
+                                                                                                    c, log);
+      }
       TANDEM_CUDA_LAUNCH_CHECK("softmax backward kernel");
       return;
     }
