@@ -3,10 +3,12 @@
 // cross-entropy from probabilities or from logits). The reductions are the op's (src/ops/losses.cpp).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/cpu_parallel.h"
+#include "backend/cpu/cpu_vec_math.h"
 
 namespace tandem::backend {
 
@@ -56,11 +58,18 @@ void CpuBackend::xent_rows_forward(const Tensor& logits, const Tensor& targets, 
       cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
           const T* xr = x + i * c;
-          double mx = -INFINITY;
-          for (int64_t j = 0; j < c; ++j) mx = std::max(mx, static_cast<double>(xr[j]));
-          double s = 0.0;
-          for (int64_t j = 0; j < c; ++j) s += std::exp(static_cast<double>(xr[j]) - mx);
-          const double z = mx + std::log(s);
+          double z;
+          if constexpr (std::is_same_v<T, float>) {  // vectorised (cpu_vec_math.h)
+            float mx = c > 0 ? cpu::max_f32(xr, c) : -INFINITY;
+            if (std::isinf(mx) && mx < 0) mx = 0.0f;
+            z = mx + std::log(cpu::sum_exp_f32(xr, c, mx));
+          } else {
+            double mx = -INFINITY;
+            for (int64_t j = 0; j < c; ++j) mx = std::max(mx, static_cast<double>(xr[j]));
+            double s = 0.0;
+            for (int64_t j = 0; j < c; ++j) s += std::exp(static_cast<double>(xr[j]) - mx);
+            z = mx + std::log(s);
+          }
           pz[i] = static_cast<T>(z);
           const int64_t t = static_cast<int64_t>(tg[i]);
           const bool keep = t != ignore_index;
@@ -95,7 +104,13 @@ void CpuBackend::xent_rows_backward(const Tensor& logits, const Tensor& targets,
             continue;
           }
           const double w = static_cast<double>(weight_at(pg, gn, i)), z = static_cast<double>(pz[i]);
-          for (int64_t j = 0; j < c; ++j) dr[j] = static_cast<T>(std::exp(static_cast<double>(x[i * c + j]) - z) * w);
+          if constexpr (std::is_same_v<T, float>) {
+            const float zf = static_cast<float>(z), wf = static_cast<float>(w);
+            const float* xr = x + i * c;
+            for (int64_t j = 0; j < c; ++j) dr[j] = cpu::exp_f32(xr[j] - zf) * wf;
+          } else {
+            for (int64_t j = 0; j < c; ++j) dr[j] = static_cast<T>(std::exp(static_cast<double>(x[i * c + j]) - z) * w);
+          }
           dr[t] = static_cast<T>(static_cast<double>(dr[t]) - w);
         }
       });

@@ -2,10 +2,12 @@
 // and batched matrix products. Sums are in double; one row (or one column of an inner axis) per step.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/cpu_parallel.h"
+#include "backend/cpu/cpu_vec_math.h"
 
 namespace tandem::backend {
 
@@ -36,8 +38,50 @@ void softmax_line(const T* x, T* y, int64_t len, int64_t st, int64_t valid, doub
   }
 }
 
+// softmax_line for a contiguous float row and scale >= 0, in float arithmetic the compiler vectorises
+// (cpu_vec_math.h); sums still end in double.
+void softmax_row_f32(const float* x, float* y, int64_t len, int64_t valid, float scale, bool log) {
+  if (valid <= 0) {
+    for (int64_t j = 0; j < len; ++j) y[j] = log ? -std::numeric_limits<float>::infinity() : 0.0f;
+    return;
+  }
+  float mx = scale * cpu::max_f32(x, valid);
+  if (std::isinf(mx) && mx < 0) mx = 0.0f;  // as softmax_line
+  const double sum = cpu::exp_shifted_f32(x, y, valid, scale, mx);
+  if (log) {
+    const float lse = static_cast<float>(mx + std::log(sum));
+    for (int64_t j = 0; j < valid; ++j) y[j] = scale * x[j] - lse;
+    for (int64_t j = valid; j < len; ++j) y[j] = -std::numeric_limits<float>::infinity();
+  } else {
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < valid; ++j) y[j] *= inv;
+    for (int64_t j = valid; j < len; ++j) y[j] = 0.0f;
+  }
+}
+
+// softmax_line for any row: float rows with non-negative scales take softmax_row_f32.
+template <typename T>
+void softmax_any(const T* x, T* y, int64_t len, int64_t st, int64_t valid, double scale, bool log) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (st == 1 && scale >= 0.0) return softmax_row_f32(x, y, len, valid, static_cast<float>(scale), log);
+  }
+  softmax_line(x, y, len, st, valid, scale, log);
+}
+
 template <typename T>
 void softmax_line_backward(const T* dy, const T* y, T* dx, int64_t len, int64_t st, bool log) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (st == 1) {  // a contiguous float row: vectorised (cpu_vec_math.h)
+      if (log) {
+        const float acc = static_cast<float>(cpu::sum_f32(dy, len));
+        for (int64_t j = 0; j < len; ++j) dx[j] = dy[j] - cpu::exp_f32(y[j]) * acc;
+      } else {
+        const float acc = static_cast<float>(cpu::dot_f32(dy, y, len));
+        for (int64_t j = 0; j < len; ++j) dx[j] = y[j] * (dy[j] - acc);
+      }
+      return;
+    }
+  }
   double acc = 0.0;
   if (log) {
     for (int64_t j = 0; j < len; ++j) acc += static_cast<double>(dy[j * st]);
@@ -64,7 +108,7 @@ void CpuBackend::softmax_forward(const Tensor& x, int64_t outer, int64_t c, int6
     cpu::parallel_for(outer * inner, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         const int64_t o = r / inner, i = r % inner, base = o * c * inner + i;
-        softmax_line(px + base, py + base, c, inner, c, 1.0, log);
+        softmax_any(px + base, py + base, c, inner, c, 1.0, log);
       }
     });
   });
@@ -102,7 +146,7 @@ void CpuBackend::attention_softmax(const Tensor& s, int64_t batch, int64_t tq, i
     cpu::parallel_for(batch * tq, cpu::grain_for(tk), [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         const int64_t valid = causal ? std::min<int64_t>(tk, r % tq + 1) : tk;
-        softmax_line(ps + r * tk, py + r * tk, tk, 1, valid, scale, false);
+        softmax_any(ps + r * tk, py + r * tk, tk, 1, valid, scale, false);
       }
     });
   });

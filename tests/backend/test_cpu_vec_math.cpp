@@ -1,0 +1,71 @@
+// The CPU row kernels' vectorisable float math against the C library's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_vec_math.h"
+
+namespace {
+
+using namespace tandem::backend::cpu;
+
+// Distance in units in the last place between two positive normal floats.
+int64_t ulps(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  return std::abs(static_cast<int64_t>(ia) - static_cast<int64_t>(ib));
+}
+
+TEST(CpuVecMath, ExpWithinTwoUlpOverTheNormalRange) {
+  int64_t worst = 0;
+  float at = 0;
+  for (float x = -87.0f; x <= 88.5f; x += 0.00173f) {
+    const float want = static_cast<float>(std::exp(static_cast<double>(x)));
+    const int64_t u = ulps(exp_f32(x), want);
+    if (u > worst) worst = u, at = x;
+  }
+  EXPECT_LE(worst, 2) << "at x = " << at;
+  EXPECT_EQ(exp_f32(0.0f), 1.0f);
+}
+
+TEST(CpuVecMath, ExpSpecialValues) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(exp_f32(-inf), 0.0f);
+  EXPECT_EQ(exp_f32(-100.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(exp_f32(std::nanf(""))));
+  EXPECT_TRUE(std::isfinite(exp_f32(inf)));
+  EXPECT_GT(exp_f32(inf), 3e38f);
+}
+
+TEST(CpuVecMath, SumsMaxAndDotOverRaggedLengths) {
+  for (int64_t n : {1, 7, 8, 9, 64, 1000}) {
+    std::vector<float> x(n), y(n);
+    double sum = 0, dot = 0, sum_exp = 0;
+    float mx = -1e30f;
+    for (int64_t j = 0; j < n; ++j) {
+      x[j] = std::sin(0.37f * static_cast<float>(j)) * 3.0f;
+      y[j] = std::cos(0.11f * static_cast<float>(j));
+      sum += x[j], dot += static_cast<double>(x[j]) * y[j], mx = std::max(mx, x[j]);
+      sum_exp += std::exp(static_cast<double>(x[j]) - 1.5);
+    }
+    EXPECT_NEAR(sum_f32(x.data(), n), sum, 1e-5 * (1 + std::abs(sum))) << n;
+    EXPECT_NEAR(dot_f32(x.data(), y.data(), n), dot, 1e-5 * (1 + std::abs(dot))) << n;
+    EXPECT_EQ(max_f32(x.data(), n), mx) << n;
+    EXPECT_NEAR(sum_exp_f32(x.data(), n, 1.5f), sum_exp, 1e-6 * sum_exp) << n;
+    std::vector<float> e(n);
+    const double s = exp_shifted_f32(x.data(), e.data(), n, 2.0f, 1.0f);
+    double want = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      EXPECT_NEAR(e[j], std::exp(2.0 * x[j] - 1.0), 3e-7 * std::exp(2.0 * x[j] - 1.0)) << n << " " << j;
+      want += e[j];
+    }
+    EXPECT_NEAR(s, want, 1e-6 * want) << n;
+  }
+}
+
+}  // namespace
