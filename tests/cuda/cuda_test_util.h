@@ -28,7 +28,8 @@ inline Tensor rand_cpu(const Shape& shape, uint64_t seed, double lo = -1.0, doub
 /// Every element as double, on the host.
 inline std::vector<double> host_values(const Tensor& t) { return t.cpu().to_vector<double>(); }
 
-/// Expects |actual - expected| <= atol + rtol * |expected| for every element (NaN fails).
+/// Expects |actual - expected| <= atol + rtol * |expected| for every element; equal values (infinities of
+/// one sign included) and NaN against NaN pass.
 inline void expect_close(const Tensor& expected, const Tensor& actual, double rtol, double atol,
                          const std::string& what) {
   ASSERT_EQ(expected.shape(), actual.shape()) << what;
@@ -36,7 +37,7 @@ inline void expect_close(const Tensor& expected, const Tensor& actual, double rt
   int64_t bad = 0;
   for (size_t i = 0; i < e.size(); ++i) {
     const double tol = atol + rtol * std::fabs(e[i]);
-    if (!(std::fabs(e[i] - a[i]) <= tol) && !(std::isnan(e[i]) && std::isnan(a[i]))) {
+    if (!(e[i] == a[i]) && !(std::fabs(e[i] - a[i]) <= tol) && !(std::isnan(e[i]) && std::isnan(a[i]))) {
       if (bad < 5) ADD_FAILURE() << what << ": element " << i << " expected " << e[i] << ", got " << a[i];
       ++bad;
     }

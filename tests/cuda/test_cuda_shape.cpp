@@ -25,10 +25,11 @@ using ReduceOp = Backend::ReduceOp;
 
 const DType kTypes[] = {DType::f32, DType::f16, DType::bf16};
 
-// x rounded to dtype: as f32 for the CPU, as dtype on the GPU.
+// x rounded to dtype: as f32 for the CPU, as dtype on the GPU; both new tensors (x.to(f32) of an f32
+// tensor is x itself, whose gradient would gather across cases).
 std::pair<Tensor, Tensor> rounded(const Tensor& x, DType dt) {
   Tensor r = x.to(dt);
-  return {r.to(DType::f32), r.to(gpu())};
+  return {r.to(DType::f32).clone(), r.to(gpu())};
 }
 
 // Tolerance of one result stored in dtype (the arithmetic is f32 on both sides).
