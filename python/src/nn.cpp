@@ -132,7 +132,7 @@ void bind_nn(nb::module_& m) {
       "make_model",
       [](const std::string& name, int64_t in_channels, int64_t height, int64_t width, int64_t num_classes,
          std::vector<int64_t> hidden, uint64_t seed) {
-        return nn::make_model(name, nn::ModelConfig{in_channels, height, width, num_classes, std::move(hidden), seed});
+        return nn::make_model(name, nn::ModelConfig{in_channels, height, width, num_classes, std::move(hidden), seed, {}});
       },
       nb::arg("name"), nb::arg("in_channels") = 1, nb::arg("height") = 28, nb::arg("width") = 28,
       nb::arg("num_classes") = 10, nb::arg("hidden") = std::vector<int64_t>{}, nb::arg("seed") = 0,

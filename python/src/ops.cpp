@@ -100,7 +100,7 @@ void bind_ops(nb::module_& m) {
   m.def("softmax", &softmax, nb::arg("x"), nb::arg("dim") = -1, release_gil(), "Softmax along one dimension.");
   m.def("dropout", &dropout, nb::arg("x"), nb::arg("p"), nb::arg("training"), nb::arg("generator"), release_gil(),
         "Zeroes each element with probability p and scales the rest by 1/(1-p) in training; x itself otherwise.");
-  m.def("mean", &mean, nb::arg("x"), release_gil());
+  m.def("mean", static_cast<Tensor (*)(const Tensor&)>(&mean), nb::arg("x"), release_gil());
   m.def("matmul", &matmul, nb::arg("a"), nb::arg("b"), release_gil());
   m.def(
       "linear",
@@ -131,7 +131,7 @@ void bind_ops(nb::module_& m) {
         nb::arg("logits"), nb::arg("labels"), release_gil(),
         "Mean over the batch of -log softmax(logits)[label]; labels i32 or i64 [N], or targets [N, C] "
         "(one-hot rows or a distribution per row: the mean of -sum(t * log softmax)).");
-  m.def("argmax", &argmax, nb::arg("x"), release_gil(), "Index of the largest element of each row, i64 [N].");
+  m.def("argmax", static_cast<Tensor (*)(const Tensor&)>(&argmax), nb::arg("x"), release_gil(), "Index of the largest element of each row, i64 [N].");
   m.def("count_correct", &count_correct, nb::arg("logits"), nb::arg("labels"), release_gil(),
         "Rows whose argmax equals the label, as a one-element i64 tensor on the device.");
 

@@ -849,6 +849,55 @@ class MultiHeadAttention(Layer):
         return self._cpp.attend(x, key if key is not None else x, value if value is not None else key)
 
 
+class TransformerBlock(Layer):
+    """GPT-2's pre-norm transformer block over [B, T, width] inputs (width taken from the first call unless
+    given): ``x + drop(attn(ln_1(x)))``, then ``x + drop(mlp(ln_2(x)))``, with ``num_heads`` heads of causal
+    (or, with ``causal=False``, full) self-attention from one query-key-value projection, and an MLP of
+    ``mlp_ratio * width`` hidden units with the tanh form of GELU. In training, ``dropout`` drops the attention
+    probabilities and each branch's output. Weights are drawn from N(0, init_std^2), the branches' output
+    projections from N(0, (init_std / sqrt(2 residual_layers))^2) (GPT-2's scaling for a stack of that many
+    blocks), biases zero. Parameters: ln_1.*, attn.c_attn.*, attn.c_proj.*, ln_2.*, mlp.c_fc.*, mlp.c_proj.*."""
+
+    def __init__(self, num_heads, width=None, causal=True, dropout=0.0, bias=True, mlp_ratio=4, init_std=0.02,
+                 residual_layers=1, eps=1e-5):
+        super().__init__()
+        if int(num_heads) <= 0:
+            raise ValueError(f"TransformerBlock: num_heads must be positive, got {num_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"TransformerBlock: dropout must be in [0, 1), got {dropout}")
+        self.num_heads = int(num_heads)
+        self.width = None if width is None else int(width)
+        self.causal = bool(causal)
+        self.dropout = float(dropout)
+        self.use_bias = bool(bias)
+        self.mlp_ratio = int(mlp_ratio)
+        self.init_std = float(init_std)
+        self.residual_layers = int(residual_layers)
+        self.eps = float(eps)
+
+    def initialize(self, x):
+        if x.ndim != 3:
+            raise ValueError(f"TransformerBlock expects [B, T, width] input, got {x}")
+        if self.width is not None and self.width != x.shape[2]:
+            raise ValueError(f"TransformerBlock was built for width {self.width} but got {x}")
+        if x.shape[2] % self.num_heads:
+            raise ValueError(f"TransformerBlock: width {x.shape[2]} is not a multiple of num_heads {self.num_heads}")
+        self.width = x.shape[2]
+        self._set_cpp(_tandem.TransformerBlock(self.width, self.num_heads, x.device.generator, self.causal,
+                                               self.dropout, self.use_bias, self.mlp_ratio, self.init_std,
+                                               self.residual_layers, self.eps), x.device)
+
+    def forward(self, x):
+        return self._cpp(x)
+
+    def forward_cached(self, x, cache, capacity):
+        """The block over the next positions x [B, Tn, width] with the earlier ones' keys and values in
+        ``cache`` (a ``_tandem.KVCache`` made for ``capacity`` positions on first use); no gradient, no dropout."""
+        if self._cpp is None:
+            raise RuntimeError("TransformerBlock.forward_cached: call the block once first (it takes its width then)")
+        return self._cpp.forward_cached(x, cache, int(capacity))
+
+
 # ---- embedding, recurrent networks
 def _indices(x):
     """Indices as int32 / int64 (SINGA passes them as floating tensors holding integers)."""

@@ -5,6 +5,7 @@ creator=None, name=None)`` takes SINGA's arguments in SINGA's order. The functio
 keep SINGA's names, arguments and defaults; NumPy copies and DLPack views come with them.
 """
 import atexit
+import builtins
 import math
 
 import numpy as np
@@ -559,9 +560,9 @@ def _getitem(self, keys):
     An int keeps its dimension, of extent 1, as SINGA's indexing does (``t[1]`` is ``t[1:2]``)."""
     if not isinstance(keys, tuple):
         keys = (keys,)
-    if sum(k is Ellipsis for k in keys) > 1:
+    if builtins.sum(k is Ellipsis for k in keys) > 1:  # the module's own sum is SINGA's
         raise ValueError("an index can have only one ellipsis ('...')")
-    consumed = sum(1 for k in keys if k is not None and k is not Ellipsis)
+    consumed = builtins.sum(1 for k in keys if k is not None and k is not Ellipsis)
     if consumed > self.dim():
         raise ValueError(f"{consumed} indices for a tensor of {self.dim()} dimensions (shape {self.shape})")
     expanded = []

@@ -19,6 +19,7 @@ Runner add_eval_command(CLI::App& app);
 Runner add_export_command(CLI::App& app);
 Runner add_plot_command(CLI::App& app);
 Runner add_data_command(CLI::App& app);
+Runner add_generate_command(CLI::App& app);
 
 /// CPU threads for one of local_size ranks on this machine: an equal share of the cores.
 int default_threads_per_rank(int local_size);

@@ -1,4 +1,4 @@
-// The `tandem` executable: subcommands train, launch, bench, eval, export, plot, data, info.
+// The `tandem` executable: subcommands train, launch, bench, eval, export, plot, data, generate, info.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   add(tandem::cli::add_export_command);
   add(tandem::cli::add_plot_command);
   add(tandem::cli::add_data_command);
+  add(tandem::cli::add_generate_command);
   CLI::App* info = app.add_subcommand("info", "Print the build's components and the GPUs this process sees");
   runners[info] = [] {
     tandem::BuildInfo b = tandem::build_info();

@@ -54,18 +54,19 @@ ModulePtr make_mlp(const ModelConfig& cfg) {
 }  // namespace
 
 std::vector<std::string> model_names() {
-  return {"cnn", "mlp", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152"};
+  return {"cnn", "mlp", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "gpt"};
 }
 
 ModulePtr make_model(const std::string& name, const ModelConfig& cfg) {
+  if (name == "gpt") return std::make_shared<GPT>(cfg.gpt, cfg.seed);
   TANDEM_CHECK(cfg.in_channels > 0 && cfg.height > 0 && cfg.width > 0 && cfg.num_classes > 1,
                "invalid model input geometry");
   if (name == "cnn") return std::make_shared<Cnn>(cfg);
   if (name == "mlp") return make_mlp(cfg);
   for (int depth : {18, 34, 50, 101, 152})
     if (name == "resnet" + std::to_string(depth)) return make_resnet(depth, cfg);
-  TANDEM_CHECK(false, "unknown model '", name, "' (choose cnn, mlp, resnet18, resnet34, resnet50, resnet101 or ",
-               "resnet152)");
+  TANDEM_CHECK(false, "unknown model '", name, "' (choose cnn, mlp, resnet18, resnet34, resnet50, resnet101, ",
+               "resnet152 or gpt)");
 }
 
 }  // namespace tandem::nn

@@ -3,10 +3,13 @@
 // causal multi-head attention, MLP with tanh-GELU), a final LayerNorm and logits through the token
 // embedding's weights (tied).
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tandem/error.h"
+#include "tandem/nn/layers.h"
 
 namespace tandem::nn {
 
@@ -40,5 +43,102 @@ inline GptConfig gpt_config(const std::string& name) {
 
 /// Names gpt_config accepts.
 inline std::vector<std::string> gpt_config_names() { return {"gpt2", "gpt2-medium", "char"}; }
+
+/// Throws tandem::Error (Input) naming the field when the configuration describes no model: layers, heads,
+/// context and vocab must be positive, width a positive multiple of heads, dropout in [0, 1).
+void check_gpt_config(const GptConfig& cfg);
+
+/// The configuration as a JSON object: {"layers":12,"heads":12,"width":768,"context":1024,"vocab":50304,
+/// "dropout":0.0,"bias":true}.
+std::string gpt_config_to_json(const GptConfig& cfg);
+/// Reads such an object back; every key is required and no other is accepted. Throws tandem::Error (Input)
+/// naming the key that is missing, unknown or of the wrong type, or the field check_gpt_config refuses.
+GptConfig gpt_config_from_json(const std::string& json);
+/// A checkpoint's meta JSON for a GPT: {"model":"gpt","gpt":{...gpt_config_to_json...}}. tandem generate
+/// reads exactly these two keys; a writer may add others beside them.
+std::string gpt_checkpoint_meta(const GptConfig& cfg);
+/// The GPT configuration in a checkpoint's meta JSON (written as gpt_checkpoint_meta writes it). Throws
+/// tandem::Error (Input) saying what is wrong: not JSON, no "model" or one other than "gpt" (not a GPT
+/// checkpoint), or a bad "gpt" object. `what` names the source in the messages (the file's path).
+GptConfig gpt_config_from_meta(const std::string& meta_json, const std::string& what = "checkpoint");
+
+/// Trainable scalars of a GPT of this configuration (the token table counted once: it is also the output
+/// layer). Without the position table when include_position_table is false (nanoGPT's "non-embedding" count).
+int64_t gpt_num_parameters(const GptConfig& cfg, bool include_position_table = true);
+/// Floating-point operations of one training step (forward and backward) per token for sequences of
+/// seq_len tokens, as nanoGPT and the PaLM paper (appendix B) estimate them: 6 N for the matrix products
+/// of the N = gpt_num_parameters(cfg, false) weights, plus 12 layers width seq_len for the attention
+/// scores and their weighted sums. seq_len <= 0 takes the context. For model FLOPs utilisation: tokens per
+/// second times this, over the hardware's peak.
+double gpt_flops_per_token(const GptConfig& cfg, int64_t seq_len = 0);
+
+/// The incremental-decoding state of a GPT: one key-value cache per block and the positions they hold.
+struct GptCache {
+  std::vector<KVCache> layers;
+  int64_t length = 0;
+  /// Forgets the positions (the memory is kept).
+  void clear() {
+    for (KVCache& c : layers) c.clear();
+    length = 0;
+  }
+};
+
+/// How GPT::generate draws each token.
+struct SampleOptions {
+  /// The logits are divided by it before the softmax (below 1: more likely tokens favoured); 0 takes the
+  /// most likely token at every step (greedy decoding; top_k and seed do not matter then).
+  double temperature = 1.0;
+  /// Only the top_k most likely tokens can be drawn (ties with the k-th kept); 0: every token.
+  int64_t top_k = 0;
+  /// The draws' generator: the same seed, weights and device give the same tokens.
+  uint64_t seed = 0;
+};
+
+/// Draws a token from one position's logits (a vocabulary's worth) as GPT::generate does: temperature,
+/// top_k, then a draw from the softmax with one gen.next_double(). Throws on NaN logits.
+int64_t sample_logits(const std::vector<float>& logits, const SampleOptions& opt, Generator& gen);
+
+/// GPT-2's language model. forward maps tokens [B, T] (i32 or i64, T <= context) to logits [B, T, vocab]:
+/// x = wte[tokens] + wpe[0..T) (then dropout), the blocks h.0 ... h.{layers-1} (TransformerBlock, causal),
+/// ln_f, and logits = ln_f(x) wte^T: the output layer is the token table itself (one parameter, whose
+/// gradient sums both uses). Parameters are named as GPT-2's: wte.weight, wpe.weight, h.0.ln_1.weight,
+/// h.0.attn.c_attn.weight, ..., ln_f.weight (Linear weights are [out, in], the transpose of GPT-2's
+/// Conv1D files). Initialisation (GPT-2's, from seed): weights and both tables from N(0, 0.02^2), the
+/// branches' output projections from N(0, (0.02 / sqrt(2 layers))^2), biases zero, LayerNorm weights one.
+///
+/// Tokens outside [0, vocab) are an error: on the CPU forward checks them at once (naming the position);
+/// on a GPU the embedding checks them on the device without making the host wait, and the error is raised
+/// at the next synchronisation (the loss's item(), a copy to the host).
+class GPT : public Module {
+ public:
+  explicit GPT(const GptConfig& cfg, uint64_t seed = 0);
+  Tensor forward(const Tensor& tokens) override;
+  /// Logits [B, Tn, vocab] for the next Tn tokens [B, Tn] of sequences whose earlier tokens `cache` holds
+  /// (empty: Tn is the start of the sequences), their keys and values appended to it: the rows forward gives
+  /// for those positions of the whole sequences, without recomputing the earlier ones. No dropout, no
+  /// gradient recorded. Throws when the sequences would pass the context.
+  Tensor forward_cached(const Tensor& tokens, GptCache& cache);
+  /// Continues `prompt` (1 to context tokens) by n tokens, drawn one at a time with opt; returns them (the
+  /// prompt not included) and passes each to on_token as soon as it is drawn. The prompt runs once, then
+  /// each step runs the one new token against the cached keys and values. When the sequence fills the
+  /// context, it is cropped: each further token is drawn from the logits of the last `context` tokens
+  /// (their cache rebuilt, since their positions shift), as nanoGPT's sampling does. Runs in evaluation
+  /// mode without recording gradients, on the model's device; the model's mode is restored afterwards.
+  std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t n, const SampleOptions& opt = {},
+                                const std::function<void(int64_t)>& on_token = {});
+  const GptConfig& config() const { return cfg_; }
+  std::string describe() const override;
+
+  std::shared_ptr<Embedding> wte, wpe;
+  std::vector<std::shared_ptr<TransformerBlock>> h;
+  std::shared_ptr<LayerNorm> ln_f;
+
+ private:
+  void check_tokens(const Tensor& tokens, int64_t start, const char* what) const;
+  Tensor run(const Tensor& tokens, GptCache* cache);
+  GptConfig cfg_;
+  std::shared_ptr<Sequential> blocks_;
+  Generator gen_;  // the embeddings' dropout
+};
 
 }  // namespace tandem::nn

@@ -233,6 +233,97 @@ class MultiHeadAttention : public Module {
   Generator gen_;
 };
 
+/// The keys and values a SelfAttention layer computed for the positions it has seen, kept between calls of
+/// forward_cached so that decoding one token at a time does not recompute them: keys and values are
+/// [capacity, B, heads, head_dim] (position-major, so that appending positions writes one contiguous block),
+/// positions [0, length) filled.
+struct KVCache {
+  Tensor keys, values;
+  int64_t length = 0;
+  int64_t capacity() const { return keys.defined() ? keys.size(0) : 0; }
+  /// Forgets the positions (the memory is kept for the next sequence).
+  void clear() { length = 0; }
+};
+
+/// GPT-2's self-attention over x [B, T, width]: one projection c_attn (width -> 3 width: the query, key and
+/// value side by side, one matrix product), `heads` heads of width / heads features through
+/// scaled_dot_product_attention (causal: each position attends to itself and earlier ones), and the output
+/// projection c_proj. Weights drawn from N(0, init_std^2), c_proj's from N(0, proj_std^2), biases zero. In
+/// training the attention probabilities are dropped with probability dropout.
+class SelfAttention : public Module {
+ public:
+  SelfAttention(int64_t width, int64_t heads, Generator& gen, bool causal = true, bool bias = true,
+                double dropout = 0.0, double init_std = 0.02, double proj_std = 0.02);
+  Tensor forward(const Tensor& x) override;
+  /// Attention for x [B, Tn, width], the next Tn positions of the sequences whose earlier positions `cache`
+  /// holds: their keys and values are appended to the cache (made for `capacity` positions on first use, or
+  /// when it is empty and the batch, dtype or device changed), and each position attends to the cached ones
+  /// and, under causal, the new ones up to itself (all of them without). The same values as forward over the
+  /// whole sequence; no dropout, no gradient recorded. Throws when the cache cannot take Tn more positions.
+  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t capacity);
+  std::string describe() const override;
+  int64_t width() const { return width_; }
+  int64_t num_heads() const { return heads_; }
+  bool causal() const { return causal_; }
+  std::shared_ptr<Linear> c_attn, c_proj;
+
+ private:
+  void check_input(const Tensor& x, const char* what) const;
+  int64_t width_, heads_;
+  bool causal_;
+  double dropout_;
+  Generator gen_;
+};
+
+/// GPT-2's MLP: c_fc (width -> hidden), the tanh form of GELU, c_proj (hidden -> width). Weights drawn from
+/// N(0, init_std^2), c_proj's from N(0, proj_std^2), biases zero.
+class FeedForward : public Module {
+ public:
+  FeedForward(int64_t width, int64_t hidden, Generator& gen, bool bias = true, double init_std = 0.02,
+              double proj_std = 0.02);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  std::shared_ptr<Linear> c_fc, c_proj;
+};
+
+/// How a TransformerBlock is made.
+struct TransformerBlockOptions {
+  bool causal = true;
+  /// Dropped in training: the attention probabilities, and each residual branch's output before it is added.
+  double dropout = 0.0;
+  bool bias = true;           // biases in the linear layers and the LayerNorms
+  int64_t mlp_ratio = 4;      // the MLP's hidden width, in multiples of the width
+  double init_std = 0.02;     // the weights' standard deviation
+  /// The output projections of the branches (attn.c_proj, mlp.c_proj) are drawn with init_std /
+  /// sqrt(2 residual_layers): GPT-2's scaling for a stack of that many blocks.
+  int64_t residual_layers = 1;
+  double eps = 1e-5;  // the LayerNorms'
+};
+
+/// A pre-norm transformer block over x [B, T, width] (GPT-2's): x + drop(attn(ln_1(x))), then
+/// x + drop(mlp(ln_2(x))), with attn a SelfAttention of `heads` heads and mlp a FeedForward of
+/// mlp_ratio * width hidden units. Parameters ln_1.*, attn.c_attn.*, attn.c_proj.*, ln_2.*, mlp.c_fc.*,
+/// mlp.c_proj.* (Linear weights [out, in]).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(int64_t width, int64_t heads, Generator& gen, const TransformerBlockOptions& opt = {});
+  Tensor forward(const Tensor& x) override;
+  /// The block over the next positions x [B, Tn, width] with the attention's keys and values of the earlier
+  /// ones in cache (SelfAttention::forward_cached): no dropout, no gradient recorded.
+  Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t capacity);
+  std::string describe() const override;
+  const TransformerBlockOptions& options() const { return opt_; }
+  int64_t width() const { return width_; }
+  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<SelfAttention> attn;
+  std::shared_ptr<FeedForward> mlp;
+
+ private:
+  int64_t width_;
+  TransformerBlockOptions opt_;
+  Generator gen_;  // the residual branches' dropout
+};
+
 
 // ---- embedding and recurrent layers
 

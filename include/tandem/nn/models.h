@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/nn/gpt.h"
 #include "tandem/nn/module.h"
 
 namespace tandem::nn {
@@ -13,11 +14,13 @@ struct ModelConfig {
   int64_t num_classes = 10;
   std::vector<int64_t> hidden = {};  // mlp hidden sizes (default 512, 512)
   uint64_t seed = 0;                  // initialisation
+  GptConfig gpt;                      // the shape of model "gpt" (the image fields above do not apply to it)
 };
 
 /// Builds "cnn" (the guide's: conv 20 5x5, pool, conv 50 5x5, pool, linear 500, linear 10),
 /// "mlp" (flatten, hidden linear+relu layers, linear), or "resnet18" / "resnet34" / "resnet50" /
-/// "resnet101" / "resnet152" (ImageNet stem for inputs of 64 pixels and more, a 3x3 stem below).
+/// "resnet101" / "resnet152" (ImageNet stem for inputs of 64 pixels and more, a 3x3 stem below), or "gpt"
+/// (a GPT language model of cfg.gpt, initialised from cfg.seed: forward takes tokens [B, T], see nn::GPT).
 /// Throws tandem::Error naming the valid models otherwise.
 ModulePtr make_model(const std::string& name, const ModelConfig& cfg);
 /// Names make_model accepts.

@@ -1,0 +1,184 @@
+// GPT-2's transformer layers: SelfAttention (one query-key-value projection), FeedForward and the pre-norm
+// TransformerBlock, with the key-value cache of incremental decoding.
+#include <cmath>
+
+#include "tandem/autograd.h"
+#include "tandem/nn/layers.h"
+
+namespace tandem::nn {
+
+namespace {
+
+// Redraws a freshly made Linear's weight from N(0, std^2): its own initialisation drew N(0, s^2), so a scale
+// by std / s gives the wanted distribution without drawing again.
+void rescale_weight(Linear& l, double std) {
+  NoGradGuard no_grad;
+  const double s = std::sqrt(2.0 / static_cast<double>(l.weight.size(0) + l.weight.size(1)));
+  l.weight.copy_(scale(l.weight, std / s));
+}
+
+void check_std(double v, const char* layer, const char* what) {
+  TANDEM_CHECK(std::isfinite(v) && v >= 0.0, layer, ": ", what, " ", v, " must be a finite non-negative number");
+}
+
+}  // namespace
+
+// ---- SelfAttention
+
+SelfAttention::SelfAttention(int64_t width, int64_t heads, Generator& gen, bool causal, bool bias, double dropout,
+                             double init_std, double proj_std)
+    : width_(width), heads_(heads), causal_(causal), dropout_(dropout) {
+  TANDEM_CHECK(width > 0 && heads > 0 && width % heads == 0, "SelfAttention: width ", width,
+               " must be a positive multiple of heads ", heads);
+  TANDEM_CHECK(dropout >= 0.0 && dropout < 1.0, "SelfAttention: dropout ", dropout, " outside [0, 1)");
+  check_std(init_std, "SelfAttention", "init_std");
+  check_std(proj_std, "SelfAttention", "proj_std");
+  c_attn = register_module("c_attn", std::make_shared<Linear>(width, 3 * width, gen, bias));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(width, width, gen, bias));
+  rescale_weight(*c_attn, init_std);
+  rescale_weight(*c_proj, proj_std);
+  gen_ = Generator(gen.next_below(uint64_t(1) << 62));
+}
+
+void SelfAttention::check_input(const Tensor& x, const char* what) const {
+  TANDEM_CHECK(x.defined() && x.dim() == 3 && x.size(2) == width_, "SelfAttention", what, ": input must be [B, T, ",
+               width_, "], got ", x.defined() ? x.str() : std::string("an undefined tensor"));
+}
+
+Tensor SelfAttention::forward(const Tensor& x) {
+  check_input(x, "");
+  const int64_t b = x.size(0), t = x.size(1), hd = width_ / heads_;
+  // [B, T, 3C] -> the query, key and value [B, T, C] (views) -> heads [B, H, T, hd] (views).
+  std::vector<Tensor> qkv = split(c_attn->forward(x), {width_, width_, width_}, 2);
+  auto heads = [&](const Tensor& y) { return permute(reshape(y, {b, t, heads_, hd}), {0, 2, 1, 3}); };
+  const double p = is_training() ? dropout_ : 0.0;
+  Tensor a = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), causal_, p, 0.0,
+                                          p > 0.0 ? &gen_ : nullptr);
+  return c_proj->forward(reshape(permute(a, {0, 2, 1, 3}), {b, t, width_}));
+}
+
+Tensor SelfAttention::forward_cached(const Tensor& x, KVCache& cache, int64_t capacity) {
+  check_input(x, ".forward_cached");
+  NoGradGuard no_grad;
+  const int64_t b = x.size(0), tn = x.size(1), hd = width_ / heads_;
+  TANDEM_CHECK(tn > 0, "SelfAttention.forward_cached: no positions in ", x.str());
+  std::vector<Tensor> qkv = split(c_attn->forward(x), {width_, width_, width_}, 2);
+  // The new keys and values, position-major [Tn, B, H, hd], as the cache keeps them.
+  auto by_position = [&](const Tensor& y) { return permute(reshape(y, {b, tn, heads_, hd}), {1, 0, 2, 3}); };
+  Tensor k_new = by_position(qkv[1]), v_new = by_position(qkv[2]);
+  const Shape want{capacity, b, heads_, hd};
+  const bool fits = cache.keys.defined() && cache.keys.shape() == want && cache.keys.dtype() == k_new.dtype() &&
+                    cache.keys.device() == k_new.device() && cache.values.defined() &&
+                    cache.values.shape() == want;
+  if (cache.length == 0 && !fits) {
+    TANDEM_CHECK(capacity > 0, "SelfAttention.forward_cached: capacity ", capacity, " must be positive");
+    cache.keys = Tensor::empty(want, k_new.dtype(), k_new.device());
+    cache.values = Tensor::empty(want, v_new.dtype(), v_new.device());
+  } else if (!fits) {
+    TANDEM_CHECK(false, "SelfAttention.forward_cached: the cache holds ", cache.length, " positions of keys ",
+                 cache.keys.defined() ? cache.keys.str() : std::string("(none)"), ", which do not match the input ",
+                 x.str(), " (batch, dtype or device) or the capacity ", capacity, "; clear it first");
+  }
+  const int64_t len = cache.length, total = len + tn;
+  TANDEM_CHECK(total <= cache.capacity(), "SelfAttention.forward_cached: ", tn, " more positions after ", len,
+               " exceed the cache's capacity of ", cache.capacity());
+  cache.keys.narrow(0, len, tn).copy_(k_new);
+  cache.values.narrow(0, len, tn).copy_(v_new);
+  cache.length = total;
+  // Every cached position as [B, H, total, hd] (strided views of the cache).
+  Tensor keys = permute(cache.keys.narrow(0, 0, total), {1, 2, 0, 3});
+  Tensor values = permute(cache.values.narrow(0, 0, total), {1, 2, 0, 3});
+  Tensor q = permute(reshape(qkv[0], {b, tn, heads_, hd}), {0, 2, 1, 3});
+  Tensor a;
+  if (!causal_ || tn == 1) {
+    a = scaled_dot_product_attention(q, keys, values, false);  // one query sees every cached position
+  } else if (len == 0) {
+    a = scaled_dot_product_attention(q, keys, values, true);  // the whole prefix at once: the top-left mask
+  } else {
+    // New positions after cached ones: query i sees the positions up to len + i (the mask would be aligned
+    // at the bottom right), one query at a time.
+    std::vector<Tensor> rows;
+    for (int64_t i = 0; i < tn; ++i)
+      rows.push_back(scaled_dot_product_attention(q.narrow(2, i, 1), keys.narrow(2, 0, len + i + 1),
+                                                  values.narrow(2, 0, len + i + 1), false));
+    a = concat(rows, 2);
+  }
+  return c_proj->forward(reshape(permute(a, {0, 2, 1, 3}), {b, tn, width_}));
+}
+
+std::string SelfAttention::describe() const {
+  return detail::cat("SelfAttention(", width_, ", ", heads_, " heads", causal_ ? ", causal" : "",
+                     dropout_ > 0 ? detail::cat(", dropout ", dropout_) : std::string(), ")");
+}
+
+// ---- FeedForward
+
+FeedForward::FeedForward(int64_t width, int64_t hidden, Generator& gen, bool bias, double init_std, double proj_std) {
+  TANDEM_CHECK(width > 0 && hidden > 0, "FeedForward: width (", width, ") and hidden (", hidden,
+               ") must be positive");
+  check_std(init_std, "FeedForward", "init_std");
+  check_std(proj_std, "FeedForward", "proj_std");
+  c_fc = register_module("c_fc", std::make_shared<Linear>(width, hidden, gen, bias));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(hidden, width, gen, bias));
+  rescale_weight(*c_fc, init_std);
+  rescale_weight(*c_proj, proj_std);
+}
+
+Tensor FeedForward::forward(const Tensor& x) {
+  const int64_t width = c_fc->weight.size(1);
+  TANDEM_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == width, "FeedForward: input must be [..., ", width,
+               "], got ", x.defined() ? x.str() : std::string("an undefined tensor"));
+  return c_proj->forward(gelu(c_fc->forward(x), /*tanh_approximation=*/true));
+}
+
+std::string FeedForward::describe() const {
+  return detail::cat("FeedForward(", c_fc->weight.size(1), " -> ", c_fc->weight.size(0), " -> ",
+                     c_proj->weight.size(0), ", GELU tanh)");
+}
+
+// ---- TransformerBlock
+
+TransformerBlock::TransformerBlock(int64_t width, int64_t heads, Generator& gen, const TransformerBlockOptions& opt)
+    : width_(width), opt_(opt) {
+  TANDEM_CHECK(width > 0 && heads > 0 && width % heads == 0, "TransformerBlock: width ", width,
+               " must be a positive multiple of heads ", heads);
+  TANDEM_CHECK(opt.dropout >= 0.0 && opt.dropout < 1.0, "TransformerBlock: dropout ", opt.dropout, " outside [0, 1)");
+  TANDEM_CHECK(opt.mlp_ratio > 0, "TransformerBlock: mlp_ratio ", opt.mlp_ratio, " must be positive");
+  TANDEM_CHECK(opt.residual_layers > 0, "TransformerBlock: residual_layers ", opt.residual_layers,
+               " must be positive");
+  TANDEM_CHECK(std::isfinite(opt.eps) && opt.eps > 0.0, "TransformerBlock: eps ", opt.eps, " must be positive");
+  check_std(opt.init_std, "TransformerBlock", "init_std");
+  const double proj_std = opt.init_std / std::sqrt(2.0 * static_cast<double>(opt.residual_layers));
+  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(Shape{width}, opt.eps, true, opt.bias));
+  attn = register_module("attn", std::make_shared<SelfAttention>(width, heads, gen, opt.causal, opt.bias, opt.dropout,
+                                                                 opt.init_std, proj_std));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(Shape{width}, opt.eps, true, opt.bias));
+  mlp = register_module("mlp", std::make_shared<FeedForward>(width, opt.mlp_ratio * width, gen, opt.bias,
+                                                             opt.init_std, proj_std));
+  gen_ = Generator(gen.next_below(uint64_t(1) << 62));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  TANDEM_CHECK(x.defined() && x.dim() == 3 && x.size(2) == width_, "TransformerBlock: input must be [B, T, ", width_,
+               "], got ", x.defined() ? x.str() : std::string("an undefined tensor"));
+  const bool drop = is_training() && opt_.dropout > 0.0;
+  auto branch = [&](const Tensor& y) { return drop ? dropout(y, opt_.dropout, true, gen_) : y; };
+  Tensor h = add(x, branch(attn->forward(ln_1->forward(x))));
+  return add(h, branch(mlp->forward(ln_2->forward(h))));
+}
+
+Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t capacity) {
+  TANDEM_CHECK(x.defined() && x.dim() == 3 && x.size(2) == width_, "TransformerBlock.forward_cached: input must be [B, T, ",
+               width_, "], got ", x.defined() ? x.str() : std::string("an undefined tensor"));
+  NoGradGuard no_grad;
+  Tensor h = add(x, attn->forward_cached(ln_1->forward(x), cache, capacity));
+  return add(h, mlp->forward(ln_2->forward(h)));
+}
+
+std::string TransformerBlock::describe() const {
+  return detail::cat("TransformerBlock(", width_, ", ", attn->num_heads(), " heads", opt_.causal ? ", causal" : "",
+                     opt_.dropout > 0 ? detail::cat(", dropout ", opt_.dropout) : std::string(),
+                     opt_.bias ? "" : ", no bias", ")");
+}
+
+}  // namespace tandem::nn

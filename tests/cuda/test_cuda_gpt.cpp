@@ -1,0 +1,109 @@
+// The GPT on a GPU against the CPU: logits, loss and every gradient in f32, the cached forward against the
+// full one (the key-value cache written on the device), greedy sampling's tokens, a bf16 run, and a token
+// out of range reported at the next synchronisation.
+#include "cuda/cuda_test_util.h"
+#include "tandem/autograd.h"
+#include "tandem/nn/gpt.h"
+#include "tandem/ops.h"
+#include "tandem/precision.h"
+
+namespace tandem {
+namespace {
+
+using namespace cudatest;
+
+#define REQUIRE_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU"
+
+nn::GptConfig small() {
+  nn::GptConfig c;
+  c.layers = 2, c.heads = 4, c.width = 64, c.context = 32, c.vocab = 96, c.dropout = 0.0, c.bias = true;
+  return c;
+}
+
+Tensor tokens(int64_t b, int64_t t, uint64_t seed, int64_t vocab) {
+  Generator g(seed);
+  std::vector<int32_t> v;
+  for (int64_t i = 0; i < b * t; ++i) v.push_back(static_cast<int32_t>(g.next_below(vocab)));
+  return Tensor::from_vector(v, {b, t});
+}
+
+TEST(CudaGpt, LossAndGradientsMatchTheCpu) {
+  REQUIRE_GPU();
+  nn::GPT cpu_model(small(), 5), gpu_model(small(), 5);
+  gpu_model.to(gpu());
+  Tensor x = tokens(2, 32, 1, 96), y = tokens(2, 32, 2, 96);
+  Tensor lc = softmax_cross_entropy(cpu_model.forward(x), y, Reduction::Mean);
+  Tensor logits_g = gpu_model.forward(x.to(gpu()));
+  Tensor lg = softmax_cross_entropy(logits_g, y.to(gpu()), Reduction::Mean);
+  expect_norm_close(cpu_model.forward(x), logits_g, 1e-5, "logits");
+  EXPECT_NEAR(lg.item<double>(), lc.item<double>(), 1e-5 * lc.item<double>());
+  backward(lc);
+  backward(lg);
+  const auto pc = cpu_model.named_parameters(), pg = gpu_model.named_parameters();
+  for (size_t i = 0; i < pc.size(); ++i)
+    expect_norm_close(pc[i].second.grad(), pg[i].second.grad(), 1e-4, "gradient of " + pc[i].first);
+}
+
+TEST(CudaGpt, CachedStepsGiveTheFullForwardsLogits) {
+  REQUIRE_GPU();
+  nn::GPT m(small(), 6);
+  m.to(gpu());
+  Tensor x = tokens(3, 20, 3, 96).to(gpu());
+  NoGradGuard ng;
+  Tensor full = m.forward(x);
+  nn::GptCache cache;
+  std::vector<Tensor> parts = {m.forward_cached(x.narrow(1, 0, 7).contiguous(), cache)};
+  for (int64_t t = 7; t < 17; ++t) parts.push_back(m.forward_cached(x.narrow(1, t, 1).contiguous(), cache));
+  parts.push_back(m.forward_cached(x.narrow(1, 17, 3).contiguous(), cache));
+  EXPECT_TRUE(cache.layers[0].keys.device() == gpu());
+  expect_close(full, concat(parts, 1), 1e-4, 1e-5, "cached logits");
+}
+
+TEST(CudaGpt, GreedyTokensMatchTheCpuAndSamplingIsReproducible) {
+  REQUIRE_GPU();
+  nn::GPT cpu_model(small(), 7), gpu_model(small(), 7);
+  gpu_model.to(gpu());
+  const std::vector<int64_t> prompt = {5, 17, 42};
+  const nn::SampleOptions greedy{0.0, 0, 0};
+  EXPECT_EQ(gpu_model.generate(prompt, 40, greedy), cpu_model.generate(prompt, 40, greedy));  // crops past 32
+  const nn::SampleOptions drawn{0.9, 20, 11};
+  EXPECT_EQ(gpu_model.generate(prompt, 40, drawn), gpu_model.generate(prompt, 40, drawn));
+}
+
+TEST(CudaGpt, Bf16RunsCloseToF32) {
+  REQUIRE_GPU();
+  nn::GPT m(small(), 8);
+  m.to(gpu());
+  m.eval();
+  Tensor x = tokens(2, 32, 4, 96).to(gpu());
+  NoGradGuard ng;
+  Tensor ref = m.forward(x);
+  PrecisionScope bf16(Precision::bf16);
+  Tensor got = m.forward(x);
+  expect_norm_close(ref, got.to(DType::f32), 3e-2, "bf16 logits");
+  nn::GptCache cache;
+  Tensor cached = concat({m.forward_cached(x.narrow(1, 0, 31).contiguous(), cache),
+                          m.forward_cached(x.narrow(1, 31, 1).contiguous(), cache)},
+                         1);
+  expect_norm_close(ref, cached.to(DType::f32), 3e-2, "bf16 cached logits");
+  EXPECT_EQ(m.generate({1, 2, 3}, 10, nn::SampleOptions{0.8, 10, 1}).size(), 10u);
+}
+
+TEST(CudaGpt, TokenOutOfRangeIsReportedAtTheNextSync) {
+  REQUIRE_GPU();
+  nn::GPT m(small(), 9);
+  m.to(gpu());
+  Tensor bad = Tensor::from_vector(std::vector<int32_t>{1, 2, 96, 3}, {1, 4}).to(gpu());
+  Tensor loss = softmax_cross_entropy(m.forward(bad), Tensor::zeros({1, 4}, DType::i32, gpu()), Reduction::Mean);
+  try {
+    (void)loss.item<float>();
+    ADD_FAILURE() << "the bad token was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Error::Kind::Input);
+    EXPECT_NE(std::string(e.what()).find("index 96"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem
