@@ -606,11 +606,13 @@ def _getitem(self, keys):
     return out
 
 
-def _reshape(self, *shape):
-    """The same elements in another shape, ``t.reshape(2, -1)`` or ``t.reshape((2, -1))``: a view where
-    the strides allow. Recorded by autograd."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = shape[0]
+def _reshape(self, shape, *more):
+    """The same elements in another shape, ``t.reshape((2, -1))`` (SINGA's form) or ``t.reshape(2, -1)``
+    (NumPy's): a view where the strides allow. Recorded by autograd."""
+    if more:
+        shape = (shape,) + more
+    elif not isinstance(shape, (tuple, list)):
+        shape = (shape,)
     return _tandem.reshape(self, [int(s) for s in shape])
 
 
