@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 namespace tandem::backend::cpu {
 
@@ -45,28 +48,35 @@ inline double sum_f32(const float* x, int64_t n) {
   return s;
 }
 
-/// Largest of x[0..n) (n >= 1); NaN is not propagated (callers keep finite data).
+/// Largest of x[0..n) (n >= 1); NaN is not propagated (callers keep finite data). GCC leaves a float
+/// maximum as a branch whatever its form, so AVX's is used where the target has it.
 inline float max_f32(const float* x, int64_t n) {
-  float lane[8];
-  for (int l = 0; l < 8; ++l) lane[l] = x[0];
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) lane[l] = lane[l] > x[j + l] ? lane[l] : x[j + l];
-  float m = lane[0];
-  for (int l = 1; l < 8; ++l) m = m > lane[l] ? m : lane[l];
+  float m = x[0];
+#if defined(__AVX__)
+  if (n >= 8) {
+    __m256 v = _mm256_loadu_ps(x);
+    for (j = 8; j + 8 <= n; j += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + j));
+    alignas(32) float lane[8];
+    _mm256_store_ps(lane, v);
+    for (int l = 0; l < 8; ++l) m = m > lane[l] ? m : lane[l];
+  }
+#endif
   for (; j < n; ++j) m = m > x[j] ? m : x[j];
   return m;
 }
 
-/// Sum of exp(x[j] - shift) for j < n, in eight float lanes.
+/// Sum of exp(x[j] - shift) for j < n: the exponentials of 256 values at a time into a buffer (a loop
+/// the compiler vectorises), each buffer summed as sum_f32 does.
 inline double sum_exp_f32(const float* x, int64_t n, float shift) {
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) lane[l] += exp_f32(x[j + l] - shift);
+  constexpr int64_t kChunk = 256;
+  float buf[kChunk];
   double s = 0.0;
-  for (int l = 0; l < 8; ++l) s += lane[l];
-  for (; j < n; ++j) s += exp_f32(x[j] - shift);
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int64_t m = n - j0 < kChunk ? n - j0 : kChunk;
+    for (int64_t k = 0; k < m; ++k) buf[k] = exp_f32(x[j0 + k] - shift);
+    s += sum_f32(buf, m);
+  }
   return s;
 }
 
