@@ -70,6 +70,11 @@ struct AdamArgs {
   double lr, beta1, beta2, eps, weight_decay;
   int64_t step;  // 1-based, for bias correction
   bool decoupled;  // AdamW-style weight decay
+  /// When set (CUDA): three f32 values on the slots' device, read when the step runs instead of the
+  /// factors lr, step and weight_decay make: lr / (1 - beta1^step), 1 / sqrt(1 - beta2^step) and the
+  /// decoupled shrink 1 - lr weight_decay (1 when not decoupled). A recorded step then follows a
+  /// learning-rate schedule and the bias correction: the host writes the values before each replay.
+  const float* step_scalars = nullptr;
 };
 
 /// RMSProp: g += weight_decay * p; v = alpha * v + (1 - alpha) * g^2 (v in buf0);

@@ -239,6 +239,7 @@ StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track, co
   }
   rec->delta = opt_->stats() - before;
   recorded_ = std::move(rec);
+  opt_->optimizer().after_recording();  // the recorded step's rate, where the optimizer reads it on the device
   recorded_->graph->replay();  // this batch's step
   comm_->watch("a recorded training step");
   ++replays_;
@@ -247,6 +248,7 @@ StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track, co
 
 StepResult Session::replay_step(const Tensor& x, const Tensor& y) {
   Recorded& rec = *recorded_;
+  opt_->optimizer().prepare_replay();  // the next step's rate, where the optimizer reads it on the device
   rec.replay(x, y);  // with the gather recorded, x and y are the recorded tensors (fits_recording)
   comm_->watch("a recorded training step");  // its collectives, held to the timeout
   opt_->count_replayed_step(rec.delta);
@@ -260,7 +262,7 @@ bool Session::fits_recording(const Tensor& x, const Tensor& y, bool track, bool 
   const bool same_gather = fill == rec.fills && (!fill || (x.data_ptr() == rec.x.data_ptr() &&
                                                            y.data_ptr() == rec.y.data_ptr()));
   return rec.fits(x, y, device_) && same_gather && track == rec.track && model_->is_training() == rec.training &&
-         opt_->optimizer().lr() == rec.lr;
+         (opt_->optimizer().replays_follow_the_rate() || opt_->optimizer().lr() == rec.lr);
 }
 
 void Session::run_eagerly_because(const std::string& why) {

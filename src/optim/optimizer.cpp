@@ -265,15 +265,82 @@ void Adam::step() {
     }
     by_step[{group_of_[i], ++t_[i]}].push_back(ParamSlot{params_[i], g, m_[i], v_[i]});
   }
+  // A step being recorded reads its factors from the device (written by after_recording and
+  // prepare_replay), so that replays follow the schedule and the bias correction.
+  const float* dyn = nullptr;
+  if (!by_step.empty()) {
+    const Device dev = by_step.begin()->second.front().param.device();
+    if (dev.is_cuda()) {
+      if (!dev_scalars_.defined() || dev_scalars_.device() != dev ||
+          dev_scalars_.numel() != static_cast<int64_t>(3 * groups_.size()))
+        dev_scalars_ = Tensor::zeros({static_cast<int64_t>(3 * groups_.size())}, DType::f32, dev);
+      if (backend::backend_for(dev).recording(dev.index)) {
+        fill_scalars(by_step.begin()->first.second, lr_);
+        dyn = dev_scalars_.data<float>();
+      }
+    }
+  }
   for (auto& [key, slots] : by_step) {
     const size_t grp = static_cast<size_t>(key.first);
     backend::AdamArgs args{group_lr(grp), opt_.beta1, opt_.beta2, opt_.eps, group_decay(grp, opt_.weight_decay),
                            key.second, opt_.decoupled};
+    if (dyn) args.step_scalars = dyn + 3 * grp;
     run_grouped(slots, [&](backend::Backend& b, std::vector<ParamSlot>& g) {
       b.adam_step(g.data(), static_cast<int64_t>(g.size()), args);
     });
   }
   end_step();
+}
+
+std::string Adam::replay_blocker() const {
+  if (guard_.defined()) return "adam's step guard (loss scaling) is read on the host";
+  bool any_state = false;
+  for (const Tensor& m : m_) any_state = any_state || m.defined();
+  if (!any_state) return "adam's first step creates its state";
+  int64_t t = -1;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].grad().defined() && !m_[i].defined()) continue;
+    if (!m_[i].defined()) return "adam's first step creates its state";
+    if (t >= 0 && t_[i] != t) return "adam's parameters have taken different numbers of steps";
+    t = t_[i];
+    if (params_[i].device() != params_.front().device()) return "adam's parameters are on several devices";
+  }
+  return "";
+}
+
+void Adam::fill_scalars(int64_t t, double lr) {
+  const double td = static_cast<double>(t);
+  const double bc1 = 1.0 - std::pow(opt_.beta1, td), inv_sqrt_bc2 = 1.0 / std::sqrt(1.0 - std::pow(opt_.beta2, td));
+  host_scalars_.assign(3 * groups_.size(), 0.0f);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const double lr_g = lr * groups_[g].lr_scale, wd = group_decay(g, opt_.weight_decay);
+    host_scalars_[3 * g] = static_cast<float>(lr_g / bc1);
+    host_scalars_[3 * g + 1] = static_cast<float>(inv_sqrt_bc2);
+    host_scalars_[3 * g + 2] = opt_.decoupled ? static_cast<float>(1.0 - lr_g * wd) : 1.0f;
+  }
+}
+
+void Adam::upload_scalars() {
+  if (!dev_scalars_.defined() || host_scalars_.size() != static_cast<size_t>(dev_scalars_.numel())) return;
+  const Device dev = dev_scalars_.device();
+  backend::backend_for(dev).copy_from_host(host_scalars_.data(), dev_scalars_.data<float>(),
+                                           host_scalars_.size() * sizeof(float), dev.index);
+}
+
+void Adam::after_recording() { upload_scalars(); }
+
+void Adam::prepare_replay() {
+  int64_t t = 0;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (m_[i].defined()) t = std::max(t, t_[i]);
+  fill_scalars(t + 1, schedule_ ? schedule_->lr(steps_) : lr_);
+  upload_scalars();
+}
+
+void Adam::count_replayed_step() {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (m_[i].defined()) ++t_[i];
+  Optimizer::count_replayed_step();
 }
 
 // ---- RMSProp

@@ -143,6 +143,14 @@ class Optimizer {
   virtual std::string replay_blocker() const { return "this optimizer's steps are not recorded"; }
   /// The host-side bookkeeping of a step whose device work a replay did.
   virtual void count_replayed_step();
+  /// Whether a recorded step reads its learning rate (and any other factor that changes from step to
+  /// step) from the device, written there by after_recording and prepare_replay: a replay then follows
+  /// a schedule. False: a replay repeats the recorded learning rate.
+  virtual bool replays_follow_the_rate() const { return false; }
+  /// Writes, on the device, the factors of the step just recorded (about to be replayed for the first time).
+  virtual void after_recording() {}
+  /// Writes, on the device, the factors of the next step, which a replay is about to run.
+  virtual void prepare_replay() {}
 
  protected:
   /// Whether the guard, read on the host (a wait for the device), lets this step run.
@@ -206,15 +214,26 @@ class Adam : public Optimizer {
   void step() override;
   std::vector<StateList> state_lists() override { return {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}; }
   std::vector<int64_t>* step_counts() override { return &t_; }
-  std::string replay_blocker() const override {
-    return "adam's bias correction depends on a step count kept on the host (use --optimizer sgd)";
-  }
+  /// Empty once every parameter has its state and all have taken the same number of steps, without a
+  /// step guard (read on the host): a recorded step then reads its rate and bias corrections from the
+  /// device.
+  std::string replay_blocker() const override;
+  void count_replayed_step() override;
+  bool replays_follow_the_rate() const override { return true; }
+  void after_recording() override;
+  void prepare_replay() override;
 
  private:
   void check_options() const;
+  /// The device factors of every group at step count t with the base rate lr, into host_scalars_.
+  void fill_scalars(int64_t t, double lr);
+  void upload_scalars();
   AdamOptions opt_;
   std::vector<Tensor> m_, v_;
   std::vector<int64_t> t_;  // per-parameter step count
+  // A recorded step's factors (AdamArgs::step_scalars), three per group, on the parameters' device.
+  Tensor dev_scalars_;
+  std::vector<float> host_scalars_;
 };
 
 struct RmsPropOptions {

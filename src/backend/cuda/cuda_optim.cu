@@ -31,8 +31,10 @@ struct SgdScalars {
 
 // p = p * shrink - step * m / (sqrt(v) * inv_sqrt_bc2 + eps), with step = lr / (1 - beta1^t) and
 // inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t): the bias-corrected update, folded as the CPU folds it.
+// With dyn set, step, inv_sqrt_bc2 and shrink are read from the device (dyn[0], dyn[1], dyn[2]).
 struct AdamScalars {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, l2, shrink, step, inv_sqrt_bc2;
+  const float* dyn;
 };
 
 // The tensor and the element range this block updates.
@@ -71,13 +73,15 @@ __global__ void adam_kernel(TensorTable t, AdamScalars s) {
   const float* __restrict__ g = t.g[k];
   float* __restrict__ m = t.b0[k];
   float* __restrict__ v = t.b1[k];
+  const float step = s.dyn ? s.dyn[0] : s.step, inv_sqrt_bc2 = s.dyn ? s.dyn[1] : s.inv_sqrt_bc2,
+              shrink = s.dyn ? s.dyn[2] : s.shrink;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float pi = p[i], gi = g[i] + s.l2 * pi;
     const float mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
     const float vi = s.beta2 * v[i] + s.one_minus_beta2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] = pi * s.shrink - s.step * mi / (sqrtf(vi) * s.inv_sqrt_bc2 + s.eps);
+    p[i] = pi * shrink - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + s.eps);
   }
 }
 
@@ -188,7 +192,8 @@ void CudaBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) 
                       a.decoupled ? 0.0f : static_cast<float>(a.weight_decay),
                       a.decoupled ? static_cast<float>(1.0 - a.lr * a.weight_decay) : 1.0f,
                       static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, t))),
-                      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, t)))};
+                      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, t))),
+                      a.step_scalars};
   for_each_table(slots, count, true, true, "adam", [&](const TensorTable& tt, int64_t blocks) {
     adam_kernel<<<static_cast<unsigned>(blocks), kOptimBlock, 0, st.stream>>>(tt, s);
     TANDEM_CUDA_LAUNCH_CHECK("adam_kernel");
