@@ -100,6 +100,9 @@ class Dropout : public Module {
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
 
+ protected:
+  NamedGenerators own_generators() override { return {{"rng", &gen_}}; }
+
  private:
   double p_;
   Generator gen_;
@@ -226,6 +229,9 @@ class MultiHeadAttention : public Module {
   bool causal() const { return causal_; }
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, out_proj;
 
+ protected:
+  NamedGenerators own_generators() override { return {{"rng", &gen_}}; }
+
  private:
   int64_t embed_dim_, heads_;
   bool causal_;
@@ -266,6 +272,9 @@ class RecurrentNet : public Module {
   std::string describe() const override;
   const RnnOptions& options() const { return opt_; }
   int64_t input_size() const { return input_size_; }
+
+ protected:
+  NamedGenerators own_generators() override { return {{"rng", &dropout_gen_}}; }
 
  private:
   RnnOptions opt_;
