@@ -138,6 +138,13 @@ int64_t lm_accumulation(int64_t total, int64_t batch, int64_t context, int world
 LmTrainer::LmTrainer(const LmTrainConfig& cfg) : cfg_(cfg) {
   // bf16 is a language model's precision on a GPU (f32 weights and optimizer, bf16 products).
   if (cfg_.precision.empty() && Device::parse(cfg_.device).is_cuda()) cfg_.precision = "bf16";
+  // A recorded step replays the rate it was recorded with: a schedule that moves the rate at every step
+  // would have the session record steps only to drop them.
+  if (cfg_.cuda_graph && Device::parse(cfg_.device).is_cuda() && !(cfg_.warmup == 0 && cfg_.min_lr_or_default() == cfg_.lr)) {
+    cfg_.cuda_graph = false;
+    eager_because_ = "the schedule gives every step another learning rate (a recorded step replays one; "
+                     "--warmup 0 and --min-lr equal to --lr keep it constant)";
+  }
 }
 LmTrainer::~LmTrainer() = default;
 
@@ -180,10 +187,11 @@ int LmTrainer::run() {
   }
   save_checkpoint(last);
   if (s.lead()) {
-    std::string line = "done: " + std::to_string(last - first_step_) + " steps in " +
-                       detail::cat(std::round(seconds_since(start_) * 10.0) / 10.0) + " s";
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "done: %lld steps in %.1f s", static_cast<long long>(last - first_step_),
+                  seconds_since(start_));
+    std::string line = buf;
     if (last_val_loss_ >= 0.0) {
-      char buf[64];
       std::snprintf(buf, sizeof buf, "; validation loss %.4f", last_val_loss_);
       line += buf;
     }
@@ -251,6 +259,7 @@ bool LmTrainer::setup() {
                  s.where().c_str());
     if (specs_.val.empty())
       std::fprintf(stderr, "tandem: no validation shards: no validation loss is reported\n");
+    if (!eager_because_.empty()) std::fprintf(stderr, "tandem: steps run eagerly: %s\n", eager_because_.c_str());
     if (!cfg_.metrics_path.empty()) metrics_.emplace(cfg_.metrics_path, new_run_id());
     if (!cfg_.tensorboard_dir.empty()) board_.emplace(cfg_.tensorboard_dir);
   }

@@ -124,6 +124,7 @@ class LmTrainer {
   std::optional<TensorBoardWriter> board_;
   int64_t first_step_ = 0;
   double last_val_loss_ = -1;
+  std::string eager_because_;  // why steps on a GPU are not recorded, when the trainer decided it
   std::chrono::steady_clock::time_point start_;
 };
 
