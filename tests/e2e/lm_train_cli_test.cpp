@@ -17,9 +17,11 @@
 #include <tuple>
 
 #include "e2e/cli_util.h"
+#include "e2e/lm_corpus.h"
 #include "tandem/checkpoint.h"
 
 namespace fs = std::filesystem;
+using tandem::test::make_corpus;
 using tandem::test::run_tandem;
 
 namespace {
@@ -32,33 +34,6 @@ fs::path temp_dir(const std::string& name) {
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-// Text with a structure a bigram model learns quickly: words of a small vocabulary in a random order.
-std::string corpus_text(uint64_t seed, size_t bytes) {
-  static const char* words[] = {"the", "king", "and", "queen", "of", "a", "fair", "night", "to", "be", "or", "not",
-                                "that", "is", "question", "sweet", "rose", "by", "any", "other", "name"};
-  std::string s;
-  uint64_t x = seed * 2654435761u + 1;
-  while (s.size() < bytes) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    s += words[(x >> 33) % (sizeof words / sizeof *words)];
-    s += (x >> 20) % 9 == 0 ? ".\n" : " ";
-  }
-  return s;
-}
-
-// A corpus of two works, the second held out for validation: DIR/corpus/{train,val}_000000.bin.
-fs::path make_corpus(const fs::path& dir) {
-  std::ofstream(dir / "a_work.txt") << corpus_text(1, 40000);
-  std::ofstream(dir / "b_work.txt") << corpus_text(2, 10000);
-  const fs::path out = dir / "corpus";
-  auto r = run_tandem("data text " + (dir / "a_work.txt").string() + " " + (dir / "b_work.txt").string() + " -o " +
-                      out.string() + " --val 0.2");
-  EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_TRUE(fs::exists(out / "train_000000.bin")) << r.output;
-  EXPECT_TRUE(fs::exists(out / "val_000000.bin")) << r.output;
-  return out;
-}
 
 const std::string kBin = TANDEM_BIN;
 
