@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -137,6 +138,13 @@ TEST(LmTrainCli, BigramLossGoesDownAndIsReported) {
   bool events = false;
   for (const auto& e : fs::directory_iterator(dir / "tb")) events = events || contains(e.path().string(), "tfevents");
   EXPECT_TRUE(events);
+  // tandem plot draws a language model's run by step.
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    auto plot = run_tandem("plot " + metrics.string() + " -o " + (dir / "curves.png").string());
+    EXPECT_EQ(plot.status, 0) << plot.output;
+    EXPECT_TRUE(contains(plot.output, "steps up to 60 of run")) << plot.output;
+    EXPECT_TRUE(fs::exists(dir / "curves.png"));
+  }
   fs::remove_all(dir);
 }
 
