@@ -278,6 +278,10 @@ Runner add_bench_command(CLI::App& app) {
       for (const char* name : {"--image", "--channels", "--classes", "--hidden"})
         TANDEM_CHECK(train->get_option(name)->count() == 0, name, " is for image models; --model ", tc->model,
                      " is a language model (it takes --context, --vocab and, for gpt, --gpt-config)");
+      if (tc->model == "bigram")
+        for (const char* name : {"--gpt-config", "--layers", "--heads", "--width", "--dropout"})
+          TANDEM_CHECK(train->get_option(name)->count() == 0, name, " shapes --model gpt; bigram is one vocab x vocab ",
+                       "table (it takes --vocab and --context)");
       TrainBenchConfig c = *tc;
       auto given = [train](const char* name) { return train->get_option(name)->count() > 0; };
       if (!given("--batch-size")) c.batch_size = kLmBenchBatch;

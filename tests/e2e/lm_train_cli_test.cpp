@@ -215,6 +215,29 @@ TEST(LmTrainCli, ResumedRunEndsBitForBitWhereTheUninterruptedOneEnds) {
   fs::remove_all(dir);
 }
 
+// On two ranks too, with each rank's own powerSGD state (its Q and error-feedback residuals) saved
+// beside the checkpoint: the resumed run ends in the uninterrupted run's bits.
+TEST(LmTrainCli, TwoRanksResumeBitForBitWithPowerSgdState) {
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
+  const fs::path dir = temp_dir("resume2"), corpus = make_corpus(dir);
+  const std::string whole = (dir / "whole.ck").string(), parted = (dir / "parted.ck").string();
+  const std::string run = "--steps 6 --warmup 2 --context 32 --batch-size 2 --lr 0.05 -d powerSGD --eval-every 0 "
+                          "--eval-steps 2 ";
+  auto launch2 = [&](const std::string& args) { return run_tandem("launch -n 2 -- " + kBin + " " + bigram(corpus, args)); };
+  auto a = launch2(run + "--checkpoint " + whole);
+  ASSERT_EQ(a.status, 0) << a.output;
+  auto b1 = launch2(run + "--stop-at 3 --checkpoint " + parted);
+  ASSERT_EQ(b1.status, 0) << b1.output;
+  auto b2 = launch2(run + "--resume --checkpoint " + parted);
+  ASSERT_EQ(b2.status, 0) << b2.output;
+  EXPECT_FALSE(contains(b2.output, "start afresh")) << b2.output;
+  expect_same_tensors(whole, parted, "the checkpoint");
+  for (int r = 0; r < 2; ++r)
+    expect_same_tensors(whole + ".rank" + std::to_string(r), parted + ".rank" + std::to_string(r),
+                        "rank " + std::to_string(r) + "'s state");
+  fs::remove_all(dir);
+}
+
 // Two ranks over Gloo with 4 sequences each train as one rank with 8 does: the final validation loss
 // (over the whole validation split) within 1 % of one rank's for plain and half (f16) gradients under
 // AdamW, and within 2 % for powerSGD's rank-2 gradients under SGD with momentum. (The ranks draw other
