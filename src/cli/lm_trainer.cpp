@@ -36,6 +36,9 @@ bool glob_matches(const std::string& pattern) {
   return any;
 }
 
+// Where rank r's dropout counters start, beyond rank 0's: 2^48 apart, more than a run draws.
+uint64_t rank_counters(int rank) { return static_cast<uint64_t>(rank) << 48; }
+
 // Context of the bigram model, which has no table of positions and so no length of its own.
 constexpr int64_t kBigramContext = 256;
 
@@ -219,6 +222,8 @@ bool LmTrainer::setup() {
   nn::ModelConfig mc;
   mc.gpt = shape_;
   s.build_model(mc);
+  // Every rank drops units of its own: its generators draw from a range of counters of their own.
+  for (auto& [name, gen] : s.model().named_generators()) gen->set_offset(gen->offset() + rank_counters(s.rank()));
   s.opt().optimizer().set_schedule(
       std::make_shared<optim::WarmupCosine>(cfg_.lr, cfg_.warmup, cfg_.steps, cfg_.min_lr_or_default()));
   flops_per_token_ = s.model().flops_per_token(context_);
@@ -406,11 +411,11 @@ bool LmTrainer::resume() {
   if (!why_not.empty() && !notes.empty()) notes.back() += " (" + why_not + ")";
   for (const std::string& n : notes) std::fprintf(stderr, "tandem: resuming: %s\n", n.c_str());
 
-  // The dropout generators continue where they were.
+  // The dropout generators continue where they were (rank 0's saved; every rank draws as many).
   if (meta.contains("rng") && meta["rng"].is_object())
     for (auto& [name, gen] : s.model().named_generators())
       if (meta["rng"].contains(name) && meta["rng"][name].is_number_unsigned())
-        gen->set_offset(meta["rng"][name].get<uint64_t>());
+        gen->set_offset(meta["rng"][name].get<uint64_t>() + rank_counters(s.rank()));
   // The windows continue after the last one drawn.
   const int64_t windows = meta.contains("train_windows") ? meta_int(meta, "train_windows", path)
                                                          : step * accumulate_ * cfg_.batch_size;
