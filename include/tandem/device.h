@@ -30,6 +30,8 @@ struct Device {
 int cuda_device_count();
 /// True when at least one CUDA GPU is usable.
 inline bool cuda_available() { return cuda_device_count() > 0; }
+/// The GPU's product name as its driver reports it ("NVIDIA H200"); "cpu" for the CPU.
+std::string device_name(Device d);
 /// Throws tandem::Error when the device cannot be used in this process (e.g. cuda:3 on a 2-GPU node).
 void check_device(Device d);
 /// Waits until all work queued on the device is done.

@@ -11,6 +11,8 @@ class Generator {
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_; }
+  /// Continues from counter o (a checkpoint's offset()).
+  void set_offset(uint64_t o) { offset_ = o; }
   /// Reserves n counters and returns the first.
   uint64_t advance(uint64_t n) {
     uint64_t o = offset_;

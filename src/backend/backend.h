@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "backend/elementwise.h"
 #include "core/allocator.h"
@@ -137,6 +138,8 @@ class Backend {
 
   /// Devices of this kind usable by this process.
   virtual int device_count() = 0;
+  /// The product name of a device ("NVIDIA H200"); empty where the backend has none (the CPU).
+  virtual std::string device_name(int device) { return ""; }
 
   // ---- memory
   virtual Allocator& allocator(int device) = 0;

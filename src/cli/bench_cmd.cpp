@@ -7,6 +7,8 @@
 
 #include "cli/bench_allreduce.h"
 #include "cli/commands.h"
+#include "cli/lm_report.h"
+#include "cli/lm_trainer.h"
 #include "cli/session.h"
 #include "tandem/nn/models.h"
 #include "tandem/precision.h"
@@ -22,7 +24,14 @@ struct TrainBenchConfig : SessionConfig {
   int warmup = 20;
   int64_t channels = 1, height = 28, width = 28, classes = 10;
   bool profile = false;  // mark the timed steps for a profiler
+  LmTrainConfig lm;      // language models: the shape (gpt_config, layers, heads, width, context, vocab)
 };
+
+// A language model's benchmark takes bench/gpt2_peer.py's settings where no flag says otherwise: 32
+// sequences of the model's context, 30 timed steps after 10, bf16 on a GPU, AdamW (0.9, 0.95) at 6e-4 with
+// weight decay 0.1 and the gradients' norm clipped to 1.
+constexpr int64_t kLmBenchBatch = 32;
+constexpr int kLmBenchSteps = 30, kLmBenchWarmup = 10;
 
 // Sum of the absolute parameter values: to verify that training steps really changed them.
 double param_checksum(nn::Module& m) {
@@ -107,6 +116,93 @@ int run_train_bench(const TrainBenchConfig& cfg) {
   return 0;
 }
 
+// Training steps of a language model on random tokens (different on every rank), as bench/gpt2_peer.py
+// times them: tokens/s, ms per step, the achieved FLOP/s and MFU from the model's FLOPs per token, and
+// the peak memory.
+int run_lm_train_bench(const TrainBenchConfig& cfg) {
+  Session s(cfg);
+  nn::GptConfig shape = lm_model_shape(cfg.lm, -1);
+  const int64_t T = shape.context, B = cfg.batch_size;
+  nn::ModelConfig mc;
+  mc.gpt = shape;
+  s.build_model(mc);
+  std::vector<dist::AgreementField> fields = s.agreement_fields();
+  fields.push_back({"--batch-size", std::to_string(B)});
+  fields.push_back({"--steps", std::to_string(cfg.steps)});
+  fields.push_back({"--warmup", std::to_string(cfg.warmup)});
+  fields.push_back({"model shape (--gpt-config, --layers, --heads, --width, --context, --vocab)",
+                    gpt_shape_json(shape).dump()});
+  dist::check_agreement(fields);
+  s.sync_model();
+
+  // Tokens below GPT-2's 50257 (the peer's range), or the vocabulary when it is smaller.
+  Generator gen(1234 + static_cast<uint64_t>(s.rank()));
+  const uint64_t range = static_cast<uint64_t>(std::min<int64_t>(shape.vocab, 50257));
+  auto tokens = [&] {
+    std::vector<int32_t> v(static_cast<size_t>(B * T));
+    for (auto& t : v) t = static_cast<int32_t>(gen.next_below(range));
+    return Tensor::from_vector(v, {B, T}, s.device());
+  };
+  Tensor x = tokens(), y = tokens();
+
+  double before = param_checksum(s.model());
+  StepResult r;
+  for (int i = 0; i < cfg.warmup; ++i) r = s.train_step(x, y);
+  synchronize(s.device());
+  s.comm().barrier();
+  s.opt().reset_stats();
+  reset_peak_memory(s.device());
+  if (cfg.profile) profile_range(s.device(), true);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < cfg.steps; ++i) r = s.train_step(x, y);
+  synchronize(s.device());
+  if (cfg.profile) profile_range(s.device(), false);
+  s.comm().barrier();
+  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double loss = r.loss.item<double>();
+  double after = param_checksum(s.model());
+  TANDEM_RUNTIME_CHECK(std::isfinite(after) && after != before && std::isfinite(loss),
+                       "benchmark steps did not change the parameters (or the loss is not finite): the measurement "
+                       "would be meaningless");
+  if (!s.lead()) return 0;
+  const double tokens_per_s = static_cast<double>(B * T * s.world() * cfg.steps) / dt;
+  const double fpt = s.model().flops_per_token(T);
+  const double peak = peak_flops(device_name(s.device()), s.precision());
+  const dist::CommStats& st = s.opt().stats();
+  nlohmann::json j{{"system", "tandem"},
+                   {"model", cfg.model},
+                   {"device", s.device().str()},
+                   {"device_name", device_name(s.device())},
+                   {"world", s.world()},
+                   {"batch_per_rank", B},
+                   {"context", T},
+                   {"vocab", shape.vocab},
+                   {"dist_option", s.sync().method},
+                   {"precision", precision_name(s.precision())},
+                   {"optimizer", cfg.optimizer},
+                   {"steps", cfg.steps},
+                   {"warmup", cfg.warmup},
+                   {"parameters", s.model().num_parameters()},
+                   {"tokens_per_s", std::round(tokens_per_s)},
+                   {"ms_per_step", dt / cfg.steps * 1e3},
+                   {"flops_per_token", fpt},
+                   {"loss", loss},
+                   {"bytes_sent_per_step", st.bytes_sent / std::max<int64_t>(st.steps, 1)},
+                   {"cuda_graph", s.replays() > 0},
+                   {"params_changed", true}};
+  if (cfg.model == "gpt") j["gpt"] = gpt_shape_json(shape);
+  if (fpt > 0) j["tflops"] = tokens_per_s / s.world() * fpt / 1e12;  // achieved, per device
+  if (const double m = mfu(tokens_per_s / s.world(), fpt, peak); m > 0) j["mfu"] = m;
+  if (s.device().is_cpu()) j["threads"] = num_threads();
+  if (s.device().is_cuda()) {
+    const MemoryStats m = memory_stats(s.device());
+    j["peak_memory_mib"] = std::round(static_cast<double>(m.peak_in_use + m.graphs_peak_in_use) / 1048576.0);
+  }
+  std::printf("RESULT %s\n", j.dump().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 Runner add_bench_command(CLI::App& app) {
@@ -116,14 +212,42 @@ Runner add_bench_command(CLI::App& app) {
   auto tc = std::make_shared<TrainBenchConfig>();
   CLI::App* train = bench->add_subcommand("train", "Time full training steps (forward, backward, update) on "
                                                    "synthetic data; prints RESULT {json}");
-  train->add_option("--model", tc->model, "cnn, mlp or resnet18/34/50/101/152")
+  train->add_option("--model", tc->model,
+                    "cnn, mlp or resnet18/34/50/101/152, or a language model (bigram, gpt) on random tokens")
       ->check(CLI::IsMember(nn::model_names()))
       ->capture_default_str();
-  train->add_option("-b,--batch-size", tc->batch_size, "Samples per step per rank")
+  train->add_option("-b,--batch-size", tc->batch_size,
+                    "Samples per step per rank (language models: sequences, default " + std::to_string(kLmBenchBatch) +
+                        ")")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();
-  train->add_option("--steps", tc->steps, "Timed steps")->check(CLI::Range(1, 1 << 30))->capture_default_str();
-  train->add_option("--warmup", tc->warmup, "Untimed steps first")->check(CLI::Range(0, 1 << 30))->capture_default_str();
+  train->add_option("--steps", tc->steps,
+                    "Timed steps (language models: default " + std::to_string(kLmBenchSteps) + ")")
+      ->check(CLI::Range(1, 1 << 30))
+      ->capture_default_str();
+  train->add_option("--warmup", tc->warmup,
+                    "Untimed steps first (language models: default " + std::to_string(kLmBenchWarmup) + ")")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
+  const char* lmg = "Language models (--model bigram or gpt)";
+  std::vector<CLI::Option*> lm_only = {
+      train->add_option("--gpt-config", tc->lm.gpt_config, "gpt: gpt2 (124M), gpt2-medium (350M) or char")
+          ->check(CLI::IsMember(nn::gpt_config_names()))
+          ->capture_default_str(),
+      train->add_option("--layers", tc->lm.layers, "gpt: transformer blocks (default: the configuration's)")
+          ->check(CLI::Range(int64_t{1}, int64_t{4096})),
+      train->add_option("--heads", tc->lm.heads, "gpt: attention heads (default: the configuration's)")
+          ->check(CLI::Range(int64_t{1}, int64_t{4096})),
+      train->add_option("--width", tc->lm.width, "gpt: the embedding width (default: the configuration's)")
+          ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)),
+      train->add_option("--dropout", tc->lm.dropout, "gpt: dropout (default: the configuration's)")
+          ->check(finite_in(0.0, 0.999)),
+      train->add_option("--context", tc->lm.context, "Tokens per sequence (default: the model's; bigram 256)")
+          ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)),
+      train->add_option("--vocab", tc->lm.vocab, "Vocabulary (default: gpt, the configuration's; bigram 256)")
+          ->check(CLI::Range(int64_t{2}, int64_t{65536})),
+  };
+  for (CLI::Option* o : lm_only) o->group(lmg);
   train->add_option("--device", tc->device, "cpu, cuda or cuda:N")->capture_default_str();
   train->add_option("--hidden", tc->hidden, "mlp hidden sizes")->delimiter(',');
   train->add_option("--image", tc->height, "Input height and width")->check(CLI::Range(int64_t{16}, int64_t{4096}))
@@ -144,8 +268,36 @@ Runner add_bench_command(CLI::App& app) {
                                                     "correctness check at every size (and raw NCCL beside it)");
   add_allreduce_options(*ar, *ac);
 
-  return [bench, train, tc, ac] {
-    if (train->parsed()) return run_train_bench(*tc);
+  return [bench, train, tc, ac, lm_only] {
+    if (train->parsed()) {
+      if (!nn::is_language_model(tc->model)) {
+        for (CLI::Option* o : lm_only)
+          TANDEM_CHECK(o->count() == 0, o->get_name(), " is for language models (--model bigram, gpt)");
+        return run_train_bench(*tc);
+      }
+      for (const char* name : {"--image", "--channels", "--classes", "--hidden"})
+        TANDEM_CHECK(train->get_option(name)->count() == 0, name, " is for image models; --model ", tc->model,
+                     " is a language model (it takes --context, --vocab and, for gpt, --gpt-config)");
+      if (tc->model == "bigram")
+        for (const char* name : {"--gpt-config", "--layers", "--heads", "--width", "--dropout"})
+          TANDEM_CHECK(train->get_option(name)->count() == 0, name, " shapes --model gpt; bigram is one vocab x vocab ",
+                       "table (it takes --vocab and --context)");
+      TrainBenchConfig c = *tc;
+      auto given = [train](const char* name) { return train->get_option(name)->count() > 0; };
+      if (!given("--batch-size")) c.batch_size = kLmBenchBatch;
+      if (!given("--steps")) c.steps = kLmBenchSteps;
+      if (!given("--warmup")) c.warmup = kLmBenchWarmup;
+      if (c.precision.empty() && Device::parse(c.device).is_cuda()) c.precision = "bf16";
+      const LmTrainConfig d;
+      c.optimizer = d.optimizer;
+      c.lr = d.lr;
+      c.beta1 = d.beta1;
+      c.beta2 = d.beta2;
+      c.weight_decay = d.weight_decay;
+      c.clip_norm = d.clip_norm;
+      c.lm.model = c.model;
+      return run_lm_train_bench(c);
+    }
     return run_allreduce_bench(*ac);
   };
 }

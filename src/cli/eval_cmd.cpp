@@ -38,6 +38,9 @@ T meta_field(const nlohmann::json& meta, const char* key, const std::string& pat
 int run_eval(const EvalConfig& cfg) {
   auto meta = nlohmann::json::parse(checkpoint_meta(cfg.checkpoint));
   const auto model_name = meta_field<std::string>(meta, "model", cfg.checkpoint);
+  TANDEM_CHECK(!nn::is_language_model(model_name), "checkpoint '", cfg.checkpoint, "' holds the language model ",
+               model_name, ": tandem eval measures image classifiers' accuracy; a language model's validation loss is ",
+               "reported by tandem train (--eval-every)");
   const auto dataset = meta_field<std::string>(meta, "dataset", cfg.checkpoint);
   if (cfg.threads > 0) set_num_threads(cfg.threads);
   Device device = Device::parse(cfg.device);

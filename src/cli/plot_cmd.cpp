@@ -43,8 +43,14 @@ std::string gnuplot_string(const std::string& s) {
   return out + "'";
 }
 
-// The per-epoch lines of one run: the named one, else the file's last run.
-std::vector<nlohmann::json> epochs_of_run(const PlotConfig& cfg, std::string& run) {
+// A line of an image run (per epoch) or of a language model's (per reported step or evaluation).
+bool epoch_line(const nlohmann::json& j) { return j.contains("epoch") && j["epoch"].is_number() && j.contains("eval_acc"); }
+bool step_line(const nlohmann::json& j) {
+  return j.contains("step") && j["step"].is_number() && (j.contains("loss") || j.contains("val_loss"));
+}
+
+// The lines of one run: the named one, else the file's last run.
+std::vector<nlohmann::json> lines_of_run(const PlotConfig& cfg, std::string& run) {
   std::ifstream in(cfg.metrics);
   TANDEM_CHECK(in.good(), "cannot read the metrics file '", cfg.metrics, "'");
   std::vector<nlohmann::json> lines;
@@ -53,10 +59,10 @@ std::vector<nlohmann::json> epochs_of_run(const PlotConfig& cfg, std::string& ru
     if (text.empty()) continue;
     auto j = nlohmann::json::parse(text, nullptr, false);
     TANDEM_CHECK(!j.is_discarded() && j.is_object(), cfg.metrics, ":", n, ": not a JSON object (is this a --metrics file?)");
-    if (!j.contains("epoch") || !j["epoch"].is_number() || !j.contains("eval_acc")) continue;
+    if (!epoch_line(j) && !step_line(j)) continue;
     lines.push_back(j);
   }
-  TANDEM_CHECK(!lines.empty(), cfg.metrics, " holds no epoch lines (written by tandem train --metrics FILE)");
+  TANDEM_CHECK(!lines.empty(), cfg.metrics, " holds no epoch or step lines (written by tandem train --metrics FILE)");
   auto id = [](const nlohmann::json& j) { return j.contains("run_id") ? j["run_id"].dump() : std::string("\"\""); };
   run = cfg.run.empty() ? id(lines.back()) : nlohmann::json(cfg.run).dump();
   std::vector<nlohmann::json> out;
@@ -109,10 +115,43 @@ void draw_with_gnuplot(const std::string& script, int out_fd, const std::string&
   TANDEM_RUNTIME_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "gnuplot failed to draw '", output, "'");
 }
 
+// A language model's run: the training and validation loss, and the tokens per second, by step.
+std::string step_script(const std::vector<nlohmann::json>& lines, const std::string& title) {
+  auto series = [&](const char* key) {
+    std::string data;
+    for (auto& j : lines)
+      if (j.contains(key) && j[key].is_number()) data += j["step"].dump() + " " + j[key].dump() + "\n";
+    return data + "e\n";
+  };
+  return "set terminal pngcairo size 1200,450 font ',10'\n"
+         "set multiplot layout 1,2 title " + gnuplot_string(title) + "\nset xlabel 'step'\nset grid\n" +
+         "set key top right\nset ylabel 'loss (mean cross-entropy)'\n" +
+         "plot '-' with lines title 'training', '-' with linespoints title 'validation'\n" + series("loss") +
+         series("val_loss") + "set ylabel 'tokens/s'\nset key bottom right\n" +
+         "plot '-' with lines title 'tokens/s'\n" + series("tokens_per_s") + "unset multiplot\n";
+}
+
 int run_plot(const PlotConfig& cfg) {
   std::string run;
-  auto epochs = epochs_of_run(cfg, run);
+  auto epochs = lines_of_run(cfg, run);
   TANDEM_CHECK(on_path("gnuplot"), "tandem plot draws with gnuplot, which is not installed: apt-get install gnuplot-nox");
+  const std::string run_shown = run.size() >= 2 ? run.substr(1, run.size() - 2) : run;
+  if (step_line(epochs.back())) {
+    std::vector<nlohmann::json> steps;
+    for (auto& j : epochs)
+      if (step_line(j)) steps.push_back(j);
+    std::string title = "tandem run " + run_shown;
+    if (!steps.back().value("model", std::string()).empty()) title += ": " + steps.back()["model"].get<std::string>();
+    const std::string script = step_script(steps, title);
+    io::write_file_atomically(cfg.output, "plot", [&](int fd) { draw_with_gnuplot(script, fd, cfg.output); });
+    std::printf("wrote %s (steps up to %s of run %s)\n", cfg.output.c_str(), steps.back()["step"].dump().c_str(),
+                run_shown.c_str());
+    return 0;
+  }
+  std::vector<nlohmann::json> kept;
+  for (auto& j : epochs)
+    if (epoch_line(j)) kept.push_back(j);
+  epochs = kept;
   auto series = [&](const char* key) {
     std::string data;
     for (auto& j : epochs)
@@ -141,7 +180,8 @@ int run_plot(const PlotConfig& cfg) {
 
 Runner add_plot_command(CLI::App& app) {
   auto cfg = std::make_shared<PlotConfig>();
-  CLI::App* sub = app.add_subcommand("plot", "Draw loss and accuracy per epoch from a --metrics file (PNG, with gnuplot)");
+  CLI::App* sub = app.add_subcommand("plot", "Draw loss and accuracy per epoch (language models: loss and tokens/s "
+                                             "per step) from a --metrics file (PNG, with gnuplot)");
   sub->add_option("metrics", cfg->metrics, "JSON-lines file written by tandem train --metrics")->required();
   sub->add_option("-o,--output", cfg->output, "PNG file to write")->capture_default_str();
   sub->add_option("--run", cfg->run, "Run id to draw (default: the file's last run)");

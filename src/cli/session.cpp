@@ -14,21 +14,6 @@ namespace tandem::cli {
 
 namespace {
 
-std::shared_ptr<optim::Optimizer> make_optimizer(const SessionConfig& cfg, std::vector<Tensor> params) {
-  if (cfg.optimizer == "adam") {
-    optim::AdamOptions o;
-    o.lr = cfg.lr;
-    o.weight_decay = cfg.weight_decay;
-    return std::make_shared<optim::Adam>(std::move(params), o);
-  }
-  optim::SgdOptions o;
-  o.lr = cfg.lr;
-  o.momentum = cfg.momentum;
-  o.weight_decay = cfg.weight_decay;
-  o.nesterov = cfg.nesterov;
-  return std::make_shared<optim::SGD>(std::move(params), o);
-}
-
 dist::DistOptOptions dist_options(const SessionConfig& cfg) {
   dist::DistOptOptions o;
   o.bucket_bytes = static_cast<size_t>(cfg.bucket_mb * 1048576.0);
@@ -43,6 +28,30 @@ dist::DistOptOptions dist_options(const SessionConfig& cfg) {
 }
 
 }  // namespace
+
+std::shared_ptr<optim::Optimizer> make_optimizer(const SessionConfig& cfg, const nn::Module& model) {
+  if (cfg.optimizer == "adam" || cfg.optimizer == "adamw") {
+    optim::AdamOptions o;
+    o.lr = cfg.lr;
+    o.beta1 = cfg.beta1;
+    o.beta2 = cfg.beta2;
+    o.weight_decay = cfg.weight_decay;
+    if (cfg.optimizer == "adam") return std::make_shared<optim::Adam>(model.parameters(), o);
+    o.decoupled = true;
+    std::vector<optim::ParamGroup> groups(2);
+    groups[0].weight_decay = cfg.weight_decay;
+    groups[1].weight_decay = 0.0;
+    for (const Tensor& p : model.parameters()) groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
+    return std::make_shared<optim::Adam>(std::move(groups), o);
+  }
+  TANDEM_CHECK(cfg.optimizer == "sgd", "unknown optimizer '", cfg.optimizer, "' (use sgd, adam or adamw)");
+  optim::SgdOptions o;
+  o.lr = cfg.lr;
+  o.momentum = cfg.momentum;
+  o.weight_decay = cfg.weight_decay;
+  o.nesterov = cfg.nesterov;
+  return std::make_shared<optim::SGD>(model.parameters(), o);
+}
 
 Session::Session(const SessionConfig& cfg) : cfg_(cfg) {
   // Settings are checked before joining the job: a bad flag fails at once on every rank.
@@ -107,7 +116,7 @@ void Session::build_model(nn::ModelConfig mc) {
   dist::DistOptOptions o = dist_options(cfg_);
   // f16 trains with dynamic loss scaling: overflowing steps are found on every rank and skipped.
   o.skip_nonfinite = precision_ == Precision::f16;
-  opt_ = std::make_unique<dist::DistOpt>(make_optimizer(cfg_, model_->parameters()), comm_, o);
+  opt_ = std::make_unique<dist::DistOpt>(make_optimizer(cfg_, *model_), comm_, o);
   if (o.skip_nonfinite) scaler_ = std::make_unique<dist::LossScaler>(*opt_);
 }
 
@@ -144,6 +153,8 @@ std::vector<dist::AgreementField> Session::agreement_fields() const {
       {"--lr", num(cfg_.lr), hp_match},
       {"--momentum", num(cfg_.momentum), hp_match},
       {"--weight-decay", num(cfg_.weight_decay), hp_match},
+      {"--beta1", num(cfg_.beta1), hp_match},
+      {"--beta2", num(cfg_.beta2), hp_match},
       {"--seed", std::to_string(cfg_.seed), false},
   };
 }
@@ -153,7 +164,8 @@ StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double we
   {
     PrecisionScope scope(precision_);
     logits = model_->forward(x);
-    loss = softmax_cross_entropy(logits, y);
+    // A language model's logits [B, T, V]: the mean over every position's next token.
+    loss = logits.dim() == 2 ? softmax_cross_entropy(logits, y) : softmax_cross_entropy(logits, y, Reduction::Mean);
     if (weight != 1.0) loss = scale(loss, weight);
   }
   const Tensor to_backward = scaler_ ? scaler_->scale_loss(loss) : loss;
@@ -163,15 +175,17 @@ StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double we
     auto local_only = opt_->no_sync();
     opt_->backward_and_sync(to_backward);
   }
-  return {logits.detach(), loss.detach()};
+  return {logits.detach(), loss.detach(), Tensor()};
 }
 
-void Session::apply_update() {
-  if (cfg_.clip_norm > 0.0) opt_->clip_grad_norm(cfg_.clip_norm);
+Tensor Session::apply_update() {
+  Tensor norm;
+  if (cfg_.clip_norm > 0.0) norm = opt_->clip_grad_norm(cfg_.clip_norm);
   if (scaler_)
     scaler_->update();
   else
     opt_->update();
+  return norm;
 }
 
 namespace {
@@ -211,7 +225,7 @@ StepResult Session::train_step(const Tensor& x, const Tensor& y, bool track, con
 
 StepResult Session::eager_step(const Tensor& x, const Tensor& y, bool track) {
   StepResult r = forward_backward(x, y, 1.0, true);
-  apply_update();
+  r.grad_norm = apply_update();
   if (track) add_loss_and_correct(r.loss, r.logits, y, sums_.loss, sums_.correct);
   return r;
 }

@@ -13,6 +13,7 @@
 #include "tandem/distributed/loss_scaler.h"
 #include "tandem/graph.h"
 #include "tandem/nn/models.h"
+#include "tandem/optim/optimizer.h"
 #include "tandem/precision.h"
 #include "tandem/tensor.h"
 
@@ -27,11 +28,12 @@ struct SessionConfig {
   int threads = 0;         // 0: an equal share of the cores per rank
   std::string precision;   // f32, tf32, bf16, f16; empty: the device's default (tf32 on CUDA)
   // optimizer
-  std::string optimizer = "sgd";
+  std::string optimizer = "sgd";  // sgd, adam, adamw (see make_optimizer)
   double lr = 0.005;
   double momentum = 0.9;
   double weight_decay = 1e-5;
   bool nesterov = false;
+  double beta1 = 0.9, beta2 = 0.999;  // adam and adamw
   // distributed training
   std::string dist_option = "plain";  // a method of dist::sync_method_names()
   double spars = 0.05;
@@ -53,7 +55,14 @@ struct SessionConfig {
 struct StepResult {
   Tensor logits;
   Tensor loss;  // weighted as in forward_backward: a step's micro-batches add up to its mean loss
+  Tensor grad_norm;  // f32 [1]: the averaged gradients' L2 norm before clipping (with --clip-norm only)
 };
+
+/// The optimizer cfg.optimizer names for the model's parameters: "sgd" (momentum, Nesterov, L2 weight
+/// decay), "adam" (L2 weight decay added to the gradients) or "adamw" (decoupled weight decay, applied
+/// as GPT training runs apply it, nanoGPT's rule: to every parameter of two or more dimensions, the
+/// matrices and embedding tables, and to no bias or normalisation parameter).
+std::shared_ptr<optim::Optimizer> make_optimizer(const SessionConfig& cfg, const nn::Module& model);
 
 /// Running sums, on the device, of the steps train_step was asked to track.
 struct StepSums {
@@ -78,10 +87,13 @@ class Session {
   /// precision), for dist::check_agreement after build_model; the command adds its own.
   std::vector<dist::AgreementField> agreement_fields() const;
   /// Forward and backward of one micro-batch, its loss weighted by `weight` (1/N of a step of N
-  /// micro-batches); the gradients are synchronised after the step's `last` micro-batch only.
+  /// micro-batches); the gradients are synchronised after the step's `last` micro-batch only. The loss
+  /// is the softmax cross-entropy: over logits [N, C] against labels [N] (or target rows [N, C]), or,
+  /// for a language model's logits [B, T, V], the mean over every position of targets [B, T].
   StepResult forward_backward(const Tensor& x, const Tensor& y, double weight, bool last);
-  /// Clips the averaged gradients (--clip-norm) and applies them.
-  void apply_update();
+  /// Clips the averaged gradients (--clip-norm) and applies them. Returns the norm before clipping
+  /// (StepResult::grad_norm; undefined without --clip-norm).
+  Tensor apply_update();
   /// One step on one batch: forward_backward, then apply_update; with track, the batch's loss and
   /// correct predictions are added to sums() on the device. With cuda_graph set, once a few steps
   /// of one batch shape have run, the step is recorded into a DeviceGraph and later steps of that

@@ -1,12 +1,30 @@
-// `tandem train`: flags and validation.
+// `tandem train`: flags and validation. Image models train by epochs (Trainer), language models by
+// optimizer steps over token shards (LmTrainer); the flags of one kind are refused for the other.
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "cli/lm_trainer.h"
 #include "cli/trainer.h"
+#include "tandem/nn/gpt.h"
 #include "tandem/nn/models.h"
 
 namespace tandem::cli {
 
+namespace {
+// "bigram, gpt": the language models this build has.
+std::string language_models() {
+  std::string out;
+  for (const std::string& name : nn::language_model_names()) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+}  // namespace
+
 Runner add_train_command(CLI::App& app) {
   auto cfg = std::make_shared<TrainConfig>();
+  auto lm = std::make_shared<LmTrainConfig>();
+  const LmTrainConfig lm_defaults;
   CLI::App* sub = app.add_subcommand("train", "Train a model and report loss and accuracy per epoch");
   // A flag given twice takes its last value, so wrappers can append overrides (./tandem.sh run --epochs 2).
   sub->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -16,7 +34,9 @@ Runner add_train_command(CLI::App& app) {
       "               --momentum 0.9 --weight-decay 1e-5 --device cuda\n"
       "Per epoch it prints 'Starting Epoch N:', 'Training loss = L, training accuracy = A' (L is the sum\n"
       "of the per-batch mean losses) and 'Evaluation accuracy = A, Elapsed Time = Ts'.");
-  sub->add_option("--model", cfg->model, "Model: cnn (the guide's MNIST CNN), mlp, resnet18/34/50/101/152")
+  sub->add_option("--model", cfg->model,
+                  "Model: cnn (the guide's MNIST CNN), mlp, resnet18/34/50/101/152; language models (trained on "
+                  "token shards, by steps): bigram (one table of next-token logits, the smallest), gpt")
       ->check(CLI::IsMember(nn::model_names()))
       ->capture_default_str();
   sub->add_option("--dataset", cfg->dataset, "Data set: fashion-mnist, mnist or cifar10")
@@ -25,7 +45,9 @@ Runner add_train_command(CLI::App& app) {
   sub->add_option("--data-dir", cfg->data_dir,
                   "Directory holding the data set's files (default: $TANDEM_DATA_DIR/<dataset> when set, else /usr/share/datasets/<dataset>)");
   sub->add_option("-m,--epochs", cfg->epochs, "Epochs to train")->check(CLI::Range(1, 1000000))->capture_default_str();
-  sub->add_option("-b,--batch-size", cfg->batch_size, "Samples per micro-batch on each process")
+  sub->add_option("-b,--batch-size", cfg->batch_size,
+                  "Samples per micro-batch on each process (language models: sequences of --context tokens, default " +
+                      std::to_string(lm_defaults.batch_size) + ")")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();
   sub->add_option("--eval-batch-size", cfg->eval_batch_size,
@@ -39,31 +61,45 @@ Runner add_train_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   sub->add_option("--clip-norm", cfg->clip_norm,
-                  "Scale the averaged gradients so their global L2 norm is at most X before each update (0: off)")
+                  "Scale the averaged gradients so their global L2 norm is at most X before each update (0: off; "
+                  "language models: default 1)")
       ->check(finite_in(0.0, 1e30));
-  sub->add_option("--optimizer", cfg->optimizer, "sgd or adam")
-      ->check(CLI::IsMember({"sgd", "adam"}))
+  sub->add_option("--optimizer", cfg->optimizer,
+                  "sgd, adam (L2 weight decay) or adamw (decoupled weight decay on the parameters of 2 or more "
+                  "dimensions only, nanoGPT's rule); language models: default adamw")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();
-  sub->add_option("-l,--lr", cfg->lr, "Learning rate")->check(finite_in(0.0, 1e6))->capture_default_str();
+  sub->add_option("-l,--lr", cfg->lr,
+                  "Learning rate (language models: the peak of the schedule, default 6e-4)")
+      ->check(finite_in(0.0, 1e6))
+      ->capture_default_str();
   sub->add_option("--momentum", cfg->momentum, "SGD momentum")->check(finite_in(0.0, 1.0))->capture_default_str();
-  sub->add_option("--weight-decay", cfg->weight_decay, "L2 weight decay")
+  sub->add_option("--weight-decay", cfg->weight_decay, "Weight decay (language models: default 0.1)")
       ->check(finite_in(0.0, 1.0))
       ->capture_default_str();
   sub->add_flag("--nesterov", cfg->nesterov, "Nesterov momentum (SGD)");
+  sub->add_option("--beta1", cfg->beta1, "adam, adamw: decay of the gradients' running mean")
+      ->check(finite_in(0.0, 0.999999))
+      ->capture_default_str();
+  sub->add_option("--beta2", cfg->beta2,
+                  "adam, adamw: decay of the squared gradients' running mean (language models: default 0.95)")
+      ->check(finite_in(0.0, 0.999999))
+      ->capture_default_str();
   sub->add_option("--device", cfg->device, "cpu, cuda or cuda:N")->capture_default_str();
   sub->add_option("--seed", cfg->seed, "Seed for initialisation and shuffling")->capture_default_str();
   sub->add_option("--precision", cfg->precision,
                   "f32 (exact), tf32 (TF32 tensor cores), bf16 or f16 (mixed precision: f32 weights, 16-bit "
-                  "convolutions and products); default tf32 on CUDA, f32 on the CPU")
+                  "convolutions and products); default tf32 on CUDA (language models: bf16), f32 on the CPU")
       ->check(CLI::IsMember({"f32", "tf32", "bf16", "f16"}));
   add_cuda_graph_option(*sub, cfg->cuda_graph);
   sub->add_flag("--deterministic", cfg->deterministic,
                 "GPU: only algorithms that give the same bits on every run (no atomics in convolution gradients)");
   sub->add_option("--metrics", cfg->metrics_path,
-                  "Append one JSON line per epoch to this file (with the run's id and a timestamp); a regular "
-                  "file, not a symbolic link");
+                  "Append one JSON line per epoch (language models: per --log-every steps and per evaluation) to "
+                  "this file (with the run's id and a timestamp); a regular file, not a symbolic link");
   sub->add_option("--tensorboard", cfg->tensorboard_dir,
-                  "Write TensorBoard event files (loss, accuracy, images/s, bytes moved) into this directory");
+                  "Write TensorBoard event files (loss, accuracy, images/s, bytes moved; language models: loss, "
+                  "learning rate, gradient norm, tokens/s, MFU, validation loss) into this directory");
   sub->add_option("--tensorboard-every", cfg->tensorboard_every, "Steps between step-level TensorBoard points")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
@@ -79,7 +115,8 @@ Runner add_train_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   sub->add_option("--checkpoint", cfg->checkpoint,
-                  "Save the model and optimizer to this file after every epoch (written atomically by rank 0)");
+                  "Save the model and optimizer to this file after every epoch (language models: at the end and "
+                  "every --checkpoint-every steps; written atomically by rank 0)");
   sub->add_flag("--resume", cfg->resume,
                 "Continue from --checkpoint when the file exists (every rank must be able to read it)")
       ->needs("--checkpoint");
@@ -91,6 +128,78 @@ Runner add_train_command(CLI::App& app) {
                   "on the host and uploading it: auto (on a GPU, for data sets up to 2 GiB), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  const char* lmg = "Language models (--model bigram or gpt)";
+  std::vector<CLI::Option*> lm_only;
+  auto lm_opt = [&](CLI::Option* o) {
+    o->group(lmg);
+    lm_only.push_back(o);
+    return o;
+  };
+  lm_opt(sub->add_option("--data", lm->data_dir,
+                         "Directory of token shards: its *train*.bin files train, its *val*.bin files validate "
+                         "(what `tandem data text` writes; llm.c's and nanoGPT's shards too)"));
+  lm_opt(sub->add_option("--train-data", lm->train_data,
+                         "Training shards: a file, a directory of *.bin files or a glob pattern (instead of --data)"));
+  lm_opt(sub->add_option("--val-data", lm->val_data, "Validation shards, as --train-data (none: no validation)"));
+  lm_opt(sub->add_option("--gpt-config", lm->gpt_config,
+                         "gpt: the shape, gpt2 (124M), gpt2-medium (350M) or char (6 layers of 384, context 256, "
+                         "bytes)")
+             ->check(CLI::IsMember(nn::gpt_config_names()))
+             ->capture_default_str());
+  lm_opt(sub->add_option("--layers", lm->layers, "gpt: transformer blocks (default: the configuration's)")
+             ->check(CLI::Range(int64_t{1}, int64_t{4096})));
+  lm_opt(sub->add_option("--heads", lm->heads, "gpt: attention heads (default: the configuration's)")
+             ->check(CLI::Range(int64_t{1}, int64_t{4096})));
+  lm_opt(sub->add_option("--width", lm->width,
+                         "gpt: the embedding width, a multiple of --heads (default: the configuration's)")
+             ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)));
+  lm_opt(sub->add_option("--dropout", lm->dropout, "gpt: dropout in training (default: the configuration's)")
+             ->check(finite_in(0.0, 0.999)));
+  lm_opt(sub->add_option("--context", lm->context,
+                         "Tokens per sequence, T (default: the model's: --gpt-config's, 256 for bigram)")
+             ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)));
+  lm_opt(sub->add_option("--vocab", lm->vocab,
+                         "Vocabulary size (default: gpt, the configuration's; bigram, the data's: 256 for bytes, else "
+                         "the largest token + 1); every token of the data must be below it")
+             ->check(CLI::Range(int64_t{2}, int64_t{65536})));
+  lm_opt(sub->add_option("--total-batch-tokens", lm->total_batch_tokens,
+                         "Tokens per optimizer step over all ranks, reached by accumulating micro-batches: a multiple "
+                         "of --batch-size x --context x ranks (0: one micro-batch per step)")
+             ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+             ->capture_default_str());
+  lm_opt(sub->add_option("--steps", lm->steps, "Optimizer steps to train (the schedule's length)")
+             ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+             ->capture_default_str());
+  lm_opt(sub->add_option("--stop-at", lm->stop_at,
+                         "End this run after step N, saving --checkpoint, as if stopped there (the schedule still "
+                         "spans --steps; --resume goes on)")
+             ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+             ->needs("--checkpoint"));
+  lm_opt(sub->add_option("--warmup", lm->warmup,
+                         "Steps of linear warm-up to --lr, then cosine decay to --min-lr at --steps")
+             ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+             ->capture_default_str());
+  lm_opt(sub->add_option("--min-lr", lm->min_lr, "The learning rate the cosine decay ends at (default: --lr / 10)")
+             ->check(finite_in(0.0, 1e6)));
+  lm_opt(sub->add_option("--eval-every", lm->eval_every,
+                         "Every N steps (from step 0), the validation loss over --eval-steps batches; it is also "
+                         "taken at the end (0: at the end only)")
+             ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+             ->capture_default_str());
+  lm_opt(sub->add_option("--eval-steps", lm->eval_steps,
+                         "Validation batches of --batch-size sequences per rank in each evaluation (the same windows "
+                         "every time; 0: no validation)")
+             ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+             ->capture_default_str());
+  lm_opt(sub->add_option("--log-every", lm->log_every,
+                         "Steps between step lines (loss, lr, norm, ms, tok/s, MFU), metrics lines and TensorBoard "
+                         "points")
+             ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+             ->capture_default_str());
+  lm_opt(sub->add_option("--checkpoint-every", lm->checkpoint_every,
+                         "Also save --checkpoint every N steps (0: at the end only)")
+             ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+             ->needs("--checkpoint"));
   const char* dist = "Distributed (under tandem launch, mpiexec or torchrun)";
   add_sync_options(*sub, *cfg, dist);
   sub->add_option("--check-consistency", cfg->check_consistency,
@@ -107,7 +216,67 @@ Runner add_train_command(CLI::App& app) {
               "\n\nDistributed: start with `tandem launch -n N -- tandem train ...` or `mpiexec --hostfile FILE tandem\n"
               "train ...`. Each rank trains on its own 1/N of the data with --batch-size samples per step, so the\n"
               "global batch is N x --batch-size. --lr is used as given: scaling it with N is your choice.");
-  return [cfg] { return Trainer(*cfg).run(); };
+  sub->footer(sub->get_footer() +
+              "\n\nLanguage models (--model bigram, gpt) train on token shards by optimizer steps:\n"
+              "  tandem train --model gpt --gpt-config char --data build/data/shakespeare --batch-size 64 \\\n"
+              "               --steps 5000 --lr 1e-3 --warmup 100 --min-lr 1e-4 --eval-every 250 --device cuda\n"
+              "They print 'step S/N | loss L | lr R | norm G | T ms | K tok/s | MFU M%' lines and the validation\n"
+              "loss; AdamW (0.9, 0.95), weight decay 0.1 on matrices and embeddings, --clip-norm 1, bf16 on GPUs.");
+  // The flags of image training that mean nothing to a language model.
+  const std::vector<std::string> image_only = {"--dataset",   "--data-dir",       "--epochs",
+                                               "--eval-batch-size", "--accumulate", "--limit-train",
+                                               "--limit-test", "--hidden",        "--progress",
+                                               "--data-on-device", "--tensorboard-every"};
+  return [sub, cfg, lm, lm_only, image_only] {
+    auto given = [sub](const std::string& name) { return sub->get_option(name)->count() > 0; };
+    if (!nn::is_language_model(cfg->model)) {
+      for (CLI::Option* o : lm_only)
+        TANDEM_CHECK(o->count() == 0, o->get_name(), " is for language models (--model ", language_models(),
+                     "); --model ", cfg->model, " trains on --dataset by epochs");
+      return Trainer(*cfg).run();
+    }
+    for (const std::string& name : image_only) {
+      const char* instead = name == "--epochs"       ? ": language models train for --steps optimizer steps"
+                            : name == "--accumulate" ? ": language models accumulate to --total-batch-tokens"
+                            : name == "--dataset" || name == "--data-dir"
+                                ? ": language models read token shards from --data DIR (or --train-data, --val-data)"
+                            : name == "--progress" || name == "--tensorboard-every"
+                                ? ": language models report every --log-every steps"
+                                : "";
+      TANDEM_CHECK(!given(name), name, " is for image models; --model ", cfg->model, " is a language model", instead);
+    }
+    LmTrainConfig c = *lm;
+    const LmTrainConfig d;
+    static_cast<SessionConfig&>(c) = static_cast<const SessionConfig&>(*cfg);
+    // Where a language model's default differs from the image models', an unset flag takes it.
+    if (!given("--optimizer")) c.optimizer = d.optimizer;
+    if (!given("--lr")) c.lr = d.lr;
+    if (!given("--weight-decay")) c.weight_decay = d.weight_decay;
+    if (!given("--clip-norm")) c.clip_norm = d.clip_norm;
+    if (!given("--beta1")) c.beta1 = d.beta1;
+    if (!given("--beta2")) c.beta2 = d.beta2;
+    c.batch_size = given("--batch-size") ? cfg->batch_size : d.batch_size;
+    c.metrics_path = cfg->metrics_path;
+    c.tensorboard_dir = cfg->tensorboard_dir;
+    c.checkpoint = cfg->checkpoint;
+    c.resume = cfg->resume;
+    c.check_consistency = cfg->check_consistency;
+    c.report_comm = cfg->report_comm;
+    TANDEM_CHECK(c.optimizer != "sgd" || (!given("--beta1") && !given("--beta2")), "--beta1 and --beta2 set adam and ",
+                 "adamw; --optimizer sgd has none");
+    TANDEM_CHECK(c.optimizer == "sgd" || (!given("--momentum") && !given("--nesterov")), "--momentum and --nesterov ",
+                 "set sgd; --optimizer ", c.optimizer, " has none");
+    if (c.model == "bigram")
+      for (const char* name : {"--gpt-config", "--layers", "--heads", "--width", "--dropout"})
+        TANDEM_CHECK(!given(name), name, " shapes --model gpt; bigram is one vocab x vocab table (it takes --vocab ",
+                     "and --context)");
+    TANDEM_CHECK(c.warmup < c.steps, "--warmup ", c.warmup, " must be below --steps ", c.steps,
+                 " (the cosine decay follows the warm-up)");
+    TANDEM_CHECK(c.min_lr_or_default() <= c.lr, "--min-lr ", c.min_lr_or_default(), " is above --lr ", c.lr,
+                 ": the schedule decays from --lr to --min-lr");
+    TANDEM_CHECK(c.stop_at <= c.steps, "--stop-at ", c.stop_at, " is beyond --steps ", c.steps);
+    return LmTrainer(c).run();
+  };
 }
 
 }  // namespace tandem::cli

@@ -44,6 +44,12 @@ void check_device(Device d) {
                ")");
 }
 
+std::string device_name(Device d) {
+  if (d.is_cpu()) return "cpu";
+  check_device(d);
+  return backend::backend_for(d).device_name(d.index);
+}
+
 void synchronize(Device d) { backend::backend_for(d).synchronize(d.index); }
 
 namespace {

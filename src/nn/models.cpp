@@ -51,11 +51,45 @@ ModulePtr make_mlp(const ModelConfig& cfg) {
   return seq;
 }
 
+/// The bigram language model: the logits of the token after token t are row t of one table. It
+/// learns the corpus's next-token frequencies (its best loss is their conditional entropy) and nothing
+/// of a longer context.
+class Bigram : public Module {
+ public:
+  explicit Bigram(const ModelConfig& cfg) : vocab_(cfg.gpt.vocab) {
+    TANDEM_CHECK(vocab_ >= 2 && vocab_ <= 65536, "model bigram: the vocabulary must hold 2 to 65536 tokens, got ",
+                 vocab_);
+    Generator gen(cfg.seed);
+    table_ = register_module("table", std::make_shared<Embedding>(vocab_, vocab_, gen));
+  }
+
+  Tensor forward(const Tensor& x) override {
+    TANDEM_CHECK(x.dim() == 2 && (x.dtype() == DType::i32 || x.dtype() == DType::i64), "model bigram: takes tokens ",
+                 "i32 or i64 [B, T], got ", x.str());
+    return table_->forward(x);
+  }
+
+  std::string describe() const override { return detail::cat("Bigram(vocab ", vocab_, ")"); }
+
+ private:
+  int64_t vocab_;
+  std::shared_ptr<Embedding> table_;
+};
+
 }  // namespace
 
 std::vector<std::string> model_names() {
-  return {"cnn", "mlp", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "gpt"};
+  return {"cnn", "mlp", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "bigram", "gpt"};
 }
+
+std::vector<std::string> language_model_names() {
+  std::vector<std::string> out;
+  for (const std::string& name : model_names())
+    if (is_language_model(name)) out.push_back(name);
+  return out;
+}
+
+bool is_language_model(const std::string& name) { return name == "bigram" || name == "gpt"; }
 
 ModulePtr make_model(const std::string& name, const ModelConfig& cfg) {
   if (name == "gpt") return std::make_shared<GPT>(cfg.gpt, cfg.seed);
@@ -63,10 +97,11 @@ ModulePtr make_model(const std::string& name, const ModelConfig& cfg) {
                "invalid model input geometry");
   if (name == "cnn") return std::make_shared<Cnn>(cfg);
   if (name == "mlp") return make_mlp(cfg);
+  if (name == "bigram") return std::make_shared<Bigram>(cfg);
   for (int depth : {18, 34, 50, 101, 152})
     if (name == "resnet" + std::to_string(depth)) return make_resnet(depth, cfg);
   TANDEM_CHECK(false, "unknown model '", name, "' (choose cnn, mlp, resnet18, resnet34, resnet50, resnet101, ",
-               "resnet152 or gpt)");
+               "resnet152, bigram or gpt)");
 }
 
 }  // namespace tandem::nn

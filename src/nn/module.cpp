@@ -46,6 +46,16 @@ int64_t Module::num_parameters() const {
   return n;
 }
 
+NamedGenerators Module::named_generators() {
+  NamedGenerators out;
+  std::function<void(Module&, const std::string&)> walk = [&](Module& m, const std::string& prefix) {
+    for (auto& [name, g] : m.own_generators()) out.emplace_back(prefix + name, g);
+    for (auto& [name, child] : m.children_) walk(*child, prefix + name + ".");
+  };
+  walk(*this, "");
+  return out;
+}
+
 void Module::apply(const std::function<void(Module&)>& fn) {
   fn(*this);
   for (auto& [name, child] : children_) child->apply(fn);

@@ -1,7 +1,7 @@
 """Runs the CPU-runnable commands of README.md and docs/*.md as written, in a scratch directory, with
 the built `tandem` first on PATH (what ./tandem.sh install gives). Commands that need a GPU, several
 machines, a scheduler or the Python package are left out; training commands get a short-run suffix (a repeated flag
-takes its last value). Ends with an 'N passed, N failed' line.
+takes its last value): a few steps for language models, one short epoch for the others. Ends with an 'N passed, N failed' line.
 
 usage: run_doc_commands.py SOURCE_DIR TANDEM_BIN WORK_DIR
 """
@@ -13,7 +13,9 @@ import sys
 
 source, tandem, work = sys.argv[1:4]
 SHORT = " --epochs 1 --limit-train 256 --limit-test 128 --progress off"
-RUNNABLE = ("tandem ", "build/bin/tandem ", "mpiexec ", "echo ")
+# Language models train by steps: a few, with one evaluation at the end.
+LM_SHORT = " --steps 3 --warmup 0 --eval-every 0 --eval-steps 1"
+RUNNABLE = ("tandem ", "build/bin/tandem ", "mpiexec ", "echo ", "seq ")
 # Python scripts need the installed package: the pytest suite runs them under the same launchers.
 NEEDS_MORE = ("cuda", "srun", "--nnodes", "torchrun", "compute-sanitizer", "NCCL_", "python3 ")
 
@@ -40,7 +42,9 @@ docs = [os.path.join(source, "README.md")] + sorted(
 passed = failed = 0
 for doc in docs:
     for cmd in commands(doc):
-        run = cmd + SHORT if re.search(r"\btandem train\b", cmd) else cmd
+        run = cmd
+        if re.search(r"\btandem train\b", cmd):
+            run = cmd + (LM_SHORT if re.search(r"--model (bigram|gpt)\b", cmd) else SHORT)
         try:
             r = subprocess.run(["bash", "-c", run], cwd=work, env=env, capture_output=True, text=True, timeout=300)
             ok, out = r.returncode == 0, r.stdout + r.stderr

@@ -128,6 +128,9 @@ class GPT : public Module {
                                 const std::function<void(int64_t)>& on_token = {});
   const GptConfig& config() const { return cfg_; }
   std::string describe() const override;
+  /// gpt_flops_per_token at this context (0: the configuration's).
+  double flops_per_token(int64_t context) const override { return gpt_flops_per_token(cfg_, context); }
+  NamedGenerators own_generators() override { return {{"rng", &gen_}}; }
 
   std::shared_ptr<Embedding> wte, wpe;
   std::vector<std::shared_ptr<TransformerBlock>> h;

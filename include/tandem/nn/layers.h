@@ -100,6 +100,9 @@ class Dropout : public Module {
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
 
+ protected:
+  NamedGenerators own_generators() override { return {{"rng", &gen_}}; }
+
  private:
   double p_;
   Generator gen_;
@@ -226,6 +229,9 @@ class MultiHeadAttention : public Module {
   bool causal() const { return causal_; }
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, out_proj;
 
+ protected:
+  NamedGenerators own_generators() override { return {{"rng", &gen_}}; }
+
  private:
   int64_t embed_dim_, heads_;
   bool causal_;
@@ -262,6 +268,7 @@ class SelfAttention : public Module {
   /// whole sequence; no dropout, no gradient recorded. Throws when the cache cannot take Tn more positions.
   Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t capacity);
   std::string describe() const override;
+  NamedGenerators own_generators() override { return {{"rng", &gen_}}; }
   int64_t width() const { return width_; }
   int64_t num_heads() const { return heads_; }
   bool causal() const { return causal_; }
@@ -312,6 +319,7 @@ class TransformerBlock : public Module {
   /// ones in cache (SelfAttention::forward_cached): no dropout, no gradient recorded.
   Tensor forward_cached(const Tensor& x, KVCache& cache, int64_t capacity);
   std::string describe() const override;
+  NamedGenerators own_generators() override { return {{"rng", &gen_}}; }
   const TransformerBlockOptions& options() const { return opt_; }
   int64_t width() const { return width_; }
   std::shared_ptr<LayerNorm> ln_1, ln_2;
@@ -357,6 +365,9 @@ class RecurrentNet : public Module {
   std::string describe() const override;
   const RnnOptions& options() const { return opt_; }
   int64_t input_size() const { return input_size_; }
+
+ protected:
+  NamedGenerators own_generators() override { return {{"rng", &dropout_gen_}}; }
 
  private:
   RnnOptions opt_;

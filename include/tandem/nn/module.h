@@ -6,11 +6,13 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/random.h"
 #include "tandem/tensor.h"
 
 namespace tandem::nn {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using NamedGenerators = std::vector<std::pair<std::string, Generator*>>;
 
 /// Base of every layer and model. Parameters and buffers are listed in registration order (children
 /// in the order they were registered, depth first), which is identical on every rank: the
@@ -45,6 +47,16 @@ class Module {
   /// Short description, one line per layer.
   virtual std::string describe() const;
 
+  /// The floating-point operations one training step spends per token of a sequence of `context`
+  /// tokens (forward and backward), for language models that know it (GPT: 6 N + 12 L T d, as
+  /// nanoGPT and llm.c count); 0 when the model does not say. Throughput reports derive MFU from it.
+  virtual double flops_per_token(int64_t context) const { return 0.0; }
+
+  /// The random generators of this module and its descendants (dropout's) with dotted names
+  /// ("drop.rng"), in registration order: a checkpoint keeps their offsets, so that a resumed run
+  /// draws the masks the uninterrupted one would have drawn.
+  NamedGenerators named_generators();
+
  protected:
   /// Registers a trainable tensor (marked as requiring a gradient) and returns its handle.
   Tensor register_parameter(std::string name, Tensor t);
@@ -56,6 +68,9 @@ class Module {
   }
   /// Called after train(); layers with mode-dependent state override it.
   virtual void on_train(bool on) {}
+  /// The generators this module itself draws from while training (not its children's), by name;
+  /// layers that own one override it.
+  virtual NamedGenerators own_generators() { return {}; }
 
  private:
   void collect(const std::string& prefix, bool params, NamedTensors& out) const;

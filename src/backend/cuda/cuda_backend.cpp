@@ -156,6 +156,14 @@ void CudaBackend::copy_bytes(const void* src, void* dst, size_t nbytes, int devi
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, s.stream));
 }
 
+std::string CudaBackend::device_name(int device) {
+  TANDEM_CHECK(device >= 0 && device < device_count_, "cuda:", device, " does not exist: this process sees ",
+               device_count_, " GPU(s)");
+  cudaDeviceProp prop{};
+  TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
 void CudaBackend::profile_range(bool on) { TANDEM_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop()); }
 
 void CudaBackend::synchronize(int device) {

@@ -93,6 +93,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend();
   int device_count() override { return device_count_; }
+  std::string device_name(int device) override;
   Allocator& allocator(int device) override;
   /// A block of nbytes' size class cached by the device's own allocator, handed over (or null).
   void* take_cached_block(int device, size_t nbytes);

@@ -1,0 +1,584 @@
+// `tandem train` for language models: the phases of a run, in the order they run. A single process
+// runs the same code with a one-rank communicator.
+#include "cli/lm_trainer.h"
+
+#include <glob.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+
+#include "cli/lm_report.h"
+#include "cli/trainer.h"
+#include "tandem/checkpoint.h"
+#include "tandem/distributed/agreement.h"
+#include "tandem/distributed/bootstrap.h"
+#include "tandem/ops.h"
+#include "tandem/optim/optimizer.h"
+
+namespace tandem::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+bool glob_matches(const std::string& pattern) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  const bool any = rc == 0 && g.gl_pathc > 0;
+  ::globfree(&g);
+  return any;
+}
+
+// Where rank r's dropout counters start, beyond rank 0's: 2^48 apart, more than a run draws.
+uint64_t rank_counters(int rank) { return static_cast<uint64_t>(rank) << 48; }
+
+// Context of the bigram model, which has no table of positions and so no length of its own.
+constexpr int64_t kBigramContext = 256;
+
+int64_t largest_token(const data::TokenStream& s) {
+  int64_t m = -1;
+  for (const auto& shard : s.shards()) m = std::max<int64_t>(m, shard->max_token());
+  return m;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  return gethostname(buf, sizeof buf - 1) == 0 ? std::string(buf) : std::string("this host");
+}
+
+// The number as it is written in a meta field read back (a count of tokens, a step).
+int64_t meta_int(const nlohmann::json& meta, const char* key, const std::string& path) {
+  TANDEM_CHECK(meta.contains(key) && meta[key].is_number_integer(), "checkpoint '", path, "' does not record its ",
+               key, " (was it written by tandem train for a language model?)");
+  return meta[key].get<int64_t>();
+}
+
+}  // namespace
+
+LmDataSpecs lm_data_specs(const LmTrainConfig& cfg) {
+  LmDataSpecs s;
+  if (!cfg.data_dir.empty()) {
+    TANDEM_CHECK(cfg.train_data.empty() && cfg.val_data.empty(), "--data DIR names both splits (its *train*.bin and ",
+                 "*val*.bin shards); --train-data and --val-data name them one by one: give one or the other");
+    std::error_code ec;
+    TANDEM_CHECK(fs::is_directory(cfg.data_dir, ec), "--data '", cfg.data_dir, "' is not a directory (a shard file "
+                 "or a glob pattern goes to --train-data)");
+    const std::string train = (fs::path(cfg.data_dir) / "*train*.bin").string();
+    const std::string val = (fs::path(cfg.data_dir) / "*val*.bin").string();
+    TANDEM_CHECK(glob_matches(train), "--data '", cfg.data_dir, "' holds no training shards (*train*.bin; `tandem ",
+                 "data text FILES -o DIR` writes train_000000.bin ...)");
+    s.train = train;
+    if (glob_matches(val)) s.val = val;
+    return s;
+  }
+  TANDEM_CHECK(!cfg.train_data.empty(), "a language model trains on token shards: give --data DIR (its *train*.bin ",
+               "and *val*.bin files, as `tandem data text` writes them) or --train-data SPEC");
+  s.train = cfg.train_data;
+  s.val = cfg.val_data;
+  return s;
+}
+
+nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest) {
+  nn::GptConfig g = nn::gpt_config(cfg.gpt_config);
+  const bool bigram = cfg.model == "bigram";
+  if (cfg.layers > 0) g.layers = cfg.layers;
+  if (cfg.heads > 0) g.heads = cfg.heads;
+  if (cfg.width > 0) g.width = cfg.width;
+  if (cfg.dropout >= 0.0) g.dropout = cfg.dropout;
+  if (bigram) g.context = kBigramContext;
+  if (cfg.context > 0) g.context = cfg.context;
+  TANDEM_CHECK(bigram || g.width % g.heads == 0, "--width ", g.width, " is not a multiple of --heads ", g.heads,
+               ": each head takes width / heads features");
+  if (cfg.vocab > 0) {
+    g.vocab = cfg.vocab;
+  } else if (bigram) {
+    // The bigram's table is vocab x vocab: as small as the data allows.
+    g.vocab = largest < 256 ? 256 : largest + 1;
+  }
+  if (largest >= g.vocab) {
+    const std::string from = cfg.vocab > 0 ? "--vocab " + std::to_string(cfg.vocab)
+                                           : "the vocabulary of --gpt-config " + cfg.gpt_config + ", " +
+                                                 std::to_string(g.vocab);
+    TANDEM_CHECK(false, "the data's largest token is ", largest, ", beyond ", from, ": give --vocab ", largest + 1,
+                 " or more, or data made for this vocabulary");
+  }
+  return g;
+}
+
+// The model library's conversions (the same keys tandem generate reads), as JSON values.
+nlohmann::json gpt_shape_json(const nn::GptConfig& g) { return nlohmann::json::parse(nn::gpt_config_to_json(g)); }
+
+nn::GptConfig gpt_shape_from_json(const nlohmann::json& j) { return nn::gpt_config_from_json(j.dump()); }
+
+int64_t lm_accumulation(int64_t total, int64_t batch, int64_t context, int world) {
+  const int64_t per = batch * context * world;
+  if (total == 0) return 1;
+  TANDEM_CHECK(total % per == 0, "--total-batch-tokens ", total, " is not a multiple of the tokens of one ",
+               "micro-batch on every rank, --batch-size x --context x ranks = ", batch, " x ", context, " x ", world,
+               " = ", per, ": use a multiple of ", per, " (", (total / per + 1) * per, " is the next)");
+  return total / per;
+}
+
+LmTrainer::LmTrainer(const LmTrainConfig& cfg) : cfg_(cfg) {
+  // bf16 is a language model's precision on a GPU (f32 weights and optimizer, bf16 products).
+  if (cfg_.precision.empty() && Device::parse(cfg_.device).is_cuda()) cfg_.precision = "bf16";
+  // A recorded step replays the rate it was recorded with: a schedule that moves the rate at every step
+  // would have the session record steps only to drop them.
+  if (cfg_.cuda_graph && Device::parse(cfg_.device).is_cuda() && !(cfg_.warmup == 0 && cfg_.min_lr_or_default() == cfg_.lr)) {
+    cfg_.cuda_graph = false;
+    eager_because_ = "the schedule gives every step another learning rate (a recorded step replays one; "
+                     "--warmup 0 and --min-lr equal to --lr keep it constant)";
+  }
+}
+LmTrainer::~LmTrainer() = default;
+
+int LmTrainer::run() {
+  start_ = Clock::now();
+  if (!setup()) return 0;
+  Session& s = *session_;
+  const int64_t last = cfg_.stop_at > 0 ? cfg_.stop_at : cfg_.steps;
+  const bool validate = val_batches_ && cfg_.eval_steps > 0;
+  s.model().train(true);
+  Clock::time_point mark = Clock::now();
+  int64_t since = 0;  // steps since the last line
+  for (int64_t step = first_step_; step < last; ++step) {
+    if (validate && cfg_.eval_every > 0 && step % cfg_.eval_every == 0) {
+      auto t0 = Clock::now();
+      const double v = evaluate();
+      report_eval(step, v, seconds_since(t0));
+      mark += Clock::now() - t0;  // the steps' time leaves the evaluation out
+    }
+    StepResult r = train_step();
+    ++since;
+    dist::report_step(step + 1);  // lets a timed-out rank name the one that stopped
+    if (cfg_.check_consistency > 0 && !s.partial() && (step + 1) % cfg_.check_consistency == 0)
+      s.opt().check_consistency(/*include_buffers=*/false);
+    if ((step + 1) % cfg_.log_every == 0 || step + 1 == last) {
+      report_step(step + 1, r, seconds_since(mark), since);
+      mark = Clock::now();
+      since = 0;
+    }
+    if (cfg_.checkpoint_every > 0 && (step + 1) % cfg_.checkpoint_every == 0 && step + 1 != last) {
+      auto t0 = Clock::now();
+      save_checkpoint(step + 1);
+      mark += Clock::now() - t0;
+    }
+  }
+  if (validate) {
+    auto t0 = Clock::now();
+    const double v = evaluate();
+    report_eval(last, v, seconds_since(t0));
+  }
+  save_checkpoint(last);
+  if (s.lead()) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "done: %lld steps in %.1f s", static_cast<long long>(last - first_step_),
+                  seconds_since(start_));
+    std::string line = buf;
+    if (last_val_loss_ >= 0.0) {
+      std::snprintf(buf, sizeof buf, "; validation loss %.4f", last_val_loss_);
+      line += buf;
+    }
+    if (last < cfg_.steps) line += "; stopped at step " + std::to_string(last) + " of " + std::to_string(cfg_.steps);
+    std::fprintf(stderr, "tandem: %s\n", line.c_str());
+  }
+  return 0;
+}
+
+bool LmTrainer::setup() {
+  if (!cfg_.checkpoint.empty()) {
+    const int rank = dist::detect_env().rank;
+    if (rank == 0) check_checkpoint_path(cfg_.checkpoint);
+    check_checkpoint_path(rank_state_path(cfg_.checkpoint, rank));
+  }
+  specs_ = lm_data_specs(cfg_);
+  session_ = std::make_unique<Session>(cfg_);
+  Session& s = *session_;
+  train_stream_ = data::TokenStream(specs_.train);
+  if (!specs_.val.empty()) val_stream_ = data::TokenStream(specs_.val);
+  const int64_t largest = std::max(largest_token(train_stream_), specs_.val.empty() ? -1 : largest_token(val_stream_));
+  shape_ = lm_model_shape(cfg_, largest);
+  context_ = shape_.context;
+  accumulate_ = lm_accumulation(cfg_.total_batch_tokens, cfg_.batch_size, context_, s.world());
+  nn::ModelConfig mc;
+  mc.gpt = shape_;
+  s.build_model(mc);
+  // Every rank drops units of its own: its generators draw from a range of counters of their own.
+  for (auto& [name, gen] : s.model().named_generators()) gen->set_offset(gen->offset() + rank_counters(s.rank()));
+  s.opt().optimizer().set_schedule(
+      std::make_shared<optim::WarmupCosine>(cfg_.lr, cfg_.warmup, cfg_.steps, cfg_.min_lr_or_default()));
+  flops_per_token_ = s.model().flops_per_token(context_);
+  peak_ = peak_flops(device_name(s.device()), s.precision());
+  check_ranks_agree();
+
+  data::TokenBatchOptions o;
+  o.batch = cfg_.batch_size;
+  o.context = context_;
+  o.seed = cfg_.seed;
+  o.rank = s.rank();
+  o.world_size = s.world();
+  o.device = s.device();
+  train_batches_ = std::make_unique<data::TokenBatches>(train_stream_, o);
+  if (!specs_.val.empty()) {
+    o.sequential = true;
+    val_batches_ = std::make_unique<data::TokenBatches>(val_stream_, o);
+  }
+  x_ = Tensor::empty({cfg_.batch_size, context_}, DType::i32, s.device());
+  y_ = Tensor::empty({cfg_.batch_size, context_}, DType::i32, s.device());
+  step_loss_ = Tensor::zeros({1}, DType::f32, s.device());
+
+  if (cfg_.resume && !resume()) return false;
+  s.sync_model();
+
+  if (s.lead()) {
+    const int64_t step_tokens = cfg_.batch_size * context_ * accumulate_ * s.world();
+    std::fprintf(stderr,
+                 "tandem: %s (%s parameters) on %s: %s training / %s validation tokens, vocabulary %lld, context %lld; "
+                 "%lld x %lld tokens per rank per micro-batch, %lld micro-batch%s per step (%s tokens); %lld steps, "
+                 "%s; %s\n",
+                 cfg_.model.c_str(), with_commas(s.model().num_parameters()).c_str(), specs_.train.c_str(),
+                 with_commas(train_stream_.size()).c_str(), specs_.val.empty() ? "no" : with_commas(val_stream_.size()).c_str(),
+                 static_cast<long long>(shape_.vocab), static_cast<long long>(context_),
+                 static_cast<long long>(cfg_.batch_size), static_cast<long long>(context_),
+                 static_cast<long long>(accumulate_), accumulate_ == 1 ? "" : "es", with_commas(step_tokens).c_str(),
+                 static_cast<long long>(cfg_.steps), s.opt().optimizer().schedule()->describe().c_str(),
+                 s.where().c_str());
+    if (specs_.val.empty())
+      std::fprintf(stderr, "tandem: no validation shards: no validation loss is reported\n");
+    if (!eager_because_.empty()) std::fprintf(stderr, "tandem: steps run eagerly: %s\n", eager_because_.c_str());
+    if (!cfg_.metrics_path.empty()) metrics_.emplace(cfg_.metrics_path, new_run_id());
+    if (!cfg_.tensorboard_dir.empty()) board_.emplace(cfg_.tensorboard_dir);
+  }
+  return true;
+}
+
+void LmTrainer::check_ranks_agree() {
+  Session& s = *session_;
+  std::vector<dist::AgreementField> fields = s.agreement_fields();
+  auto num = [](double v) { return detail::cat(v); };
+  auto i = [](int64_t v) { return std::to_string(v); };
+  std::vector<dist::AgreementField> mine = {
+      {"model shape (--gpt-config, --layers, --heads, --width, --context, --vocab, --dropout)",
+       gpt_shape_json(shape_).dump()},
+      {"--batch-size", i(cfg_.batch_size)},
+      {"--total-batch-tokens", i(cfg_.total_batch_tokens)},
+      {"--steps", i(cfg_.steps)},
+      {"--stop-at", i(cfg_.stop_at)},
+      {"--warmup", i(cfg_.warmup)},
+      {"--min-lr", num(cfg_.min_lr_or_default())},
+      {"--beta1", num(cfg_.beta1)},
+      {"--beta2", num(cfg_.beta2)},
+      {"--clip-norm", num(cfg_.clip_norm)},
+      {"--eval-every", i(cfg_.eval_every)},
+      {"--eval-steps", i(cfg_.eval_steps)},
+      {"--log-every", i(cfg_.log_every)},
+      {"--checkpoint-every", i(cfg_.checkpoint_every)},
+      {"--check-consistency", i(cfg_.check_consistency)},
+      {"--checkpoint (set or not)", cfg_.checkpoint.empty() ? "not set" : "set"},
+      {"training tokens", i(train_stream_.size())},
+      {"validation tokens", i(specs_.val.empty() ? 0 : val_stream_.size())},
+  };
+  fields.insert(fields.end(), mine.begin(), mine.end());
+  dist::check_agreement(fields);
+}
+
+bool LmTrainer::resume() {
+  Session& s = *session_;
+  const std::string& path = cfg_.checkpoint;
+  std::error_code ec;
+  std::string seen = "no checkpoint";
+  nlohmann::json meta;
+  std::exception_ptr unreadable;
+  if (fs::exists(path, ec)) {
+    try {
+      meta = nlohmann::json::parse(checkpoint_meta(path), nullptr, false);
+      seen = meta.is_object() && meta.contains("step") && meta["step"].is_number_integer()
+                 ? "the checkpoint of step " + std::to_string(meta["step"].get<int64_t>())
+                 : "a checkpoint without a step";
+    } catch (const Error& e) {
+      seen = std::string("an unreadable checkpoint (") + e.what() + ")";
+      unreadable = std::current_exception();
+    }
+  }
+  dist::check_agreement({{"what --resume found", seen, true, fs::absolute(path, ec).string() + " on " + host_name(),
+                          "Every rank must find the same --checkpoint (on a disk all nodes share, or copied to each "
+                          "node before resuming)"}});
+  if (seen == "no checkpoint") {
+    if (s.lead()) std::fprintf(stderr, "tandem: no checkpoint at '%s' yet: starting at step 0\n", path.c_str());
+    return true;
+  }
+  if (unreadable) std::rethrow_exception(unreadable);
+  TANDEM_CHECK(meta.value("kind", std::string()) == "language model", "checkpoint '", path, "' holds ",
+               meta.contains("epoch") ? "an image model's run (it counts epochs)" : "no language model's run",
+               "; resume it with its own command or use another --checkpoint");
+  // What the saved state cannot be carried over without.
+  auto same = [&](const char* key, const std::string& now, const char* flag) {
+    const std::string saved = meta.contains(key) && meta[key].is_string() ? meta[key].get<std::string>() : "?";
+    TANDEM_CHECK(saved == now, "checkpoint '", path, "' was saved with ", flag, " ", saved, " and this run uses ", flag,
+                 " ", now, ": resume with the same, or start a new run with another --checkpoint");
+  };
+  same("model", cfg_.model, "--model");
+  same("optimizer", cfg_.optimizer, "--optimizer");
+  same("dist_option", s.sync().method, "-d");
+  const int64_t saved_context = meta_int(meta, "context", path), saved_vocab = meta_int(meta, "vocab", path);
+  TANDEM_CHECK(saved_context == context_ && saved_vocab == shape_.vocab, "checkpoint '", path, "' holds a model of ",
+               "context ", saved_context, " and vocabulary ", saved_vocab, "; this run builds context ", context_,
+               " and vocabulary ", shape_.vocab, ": resume with the same --context and --vocab");
+  if (meta.contains("gpt")) {
+    const nn::GptConfig g = gpt_shape_from_json(meta["gpt"]);
+    TANDEM_CHECK(gpt_shape_json(g) == gpt_shape_json(shape_), "checkpoint '", path, "' holds a GPT of shape ",
+                 meta["gpt"].dump(), "; this run builds ", gpt_shape_json(shape_).dump(),
+                 ": resume with the same --gpt-config and overrides");
+  }
+  const int64_t step = meta_int(meta, "step", path);
+  TANDEM_CHECK(step >= 0, "checkpoint '", path, "' records step ", step);
+  const int64_t last = cfg_.stop_at > 0 ? cfg_.stop_at : cfg_.steps;
+  if (step >= last) {
+    if (s.lead())
+      std::fprintf(stderr, "tandem: checkpoint '%s' holds a finished run (%lld of %s %lld steps done): nothing to train\n",
+                   path.c_str(), static_cast<long long>(step), cfg_.stop_at > 0 ? "--stop-at" : "--steps",
+                   static_cast<long long>(last));
+    return false;
+  }
+  // What changes the rest of the run, said once.
+  if (s.lead()) {
+    auto differs = [&](const char* key, int64_t now, const char* what) {
+      if (meta.contains(key) && meta[key].is_number_integer() && meta[key].get<int64_t>() != now)
+        std::fprintf(stderr, "tandem: checkpoint '%s' was saved with %s %lld, resuming with %lld: %s\n", path.c_str(),
+                     key, static_cast<long long>(meta[key].get<int64_t>()), static_cast<long long>(now), what);
+    };
+    differs("world_size", s.world(), "each rank now draws its windows from another part of the data");
+    differs("batch_size", cfg_.batch_size, "the batches differ from the original run's");
+    differs("accumulate", accumulate_, "the steps take another number of micro-batches");
+    differs("steps", cfg_.steps, "the learning-rate schedule is stretched to the new length");
+    if (meta.contains("seed") && meta["seed"].is_number_unsigned() && meta["seed"].get<uint64_t>() != cfg_.seed)
+      std::fprintf(stderr, "tandem: checkpoint '%s' was saved with --seed %llu, resuming with --seed %llu: the "
+                   "windows drawn differ from the original run's\n", path.c_str(),
+                   static_cast<unsigned long long>(meta["seed"].get<uint64_t>()),
+                   static_cast<unsigned long long>(cfg_.seed));
+  }
+  // The schedule is set: loading the optimizer's step count puts the learning rate where it was.
+  load_checkpoint(path, s.model(), &s.opt().optimizer());
+
+  // This rank's own state, when its file is there and from the same step.
+  const std::string own = rank_state_path(path, s.rank());
+  dist::RankState state;
+  std::vector<std::pair<std::string, Tensor>> scale;
+  std::string why_not;
+  if (!fs::exists(own, ec)) {
+    why_not = "there is no '" + own + "'";
+  } else {
+    auto own_meta = nlohmann::json::parse(checkpoint_meta(own), nullptr, false);
+    const int64_t own_step = own_meta.is_object() ? own_meta.value("step", int64_t{-1}) : -1;
+    if (own_step != step) {
+      why_not = "'" + own + "' is from step " + std::to_string(own_step) + ", the checkpoint from step " +
+                std::to_string(step);
+    } else {
+      own_meta.erase("step");
+      state.meta_json = own_meta.dump();
+      for (auto& [name, t] : read_checkpoint_tensors(own)) {
+        if (name.rfind("dist/", 0) == 0) state.tensors.emplace_back(name.substr(5), t);
+        if (name.rfind("loss_scale/", 0) == 0) scale.emplace_back(name.substr(11), t);
+      }
+    }
+  }
+  std::vector<std::string> notes = s.opt().load_rank_state(state);
+  if (dist::LossScaler* scaler = s.loss_scaler()) {
+    if (!scale.empty())
+      scaler->load_state(scale);
+    else
+      notes.push_back("rank " + std::to_string(s.rank()) + ": the f16 loss scale starts afresh");
+  }
+  if (!why_not.empty() && !notes.empty()) notes.back() += " (" + why_not + ")";
+  for (const std::string& n : notes) std::fprintf(stderr, "tandem: resuming: %s\n", n.c_str());
+
+  // The dropout generators continue where they were (rank 0's saved; every rank draws as many).
+  if (meta.contains("rng") && meta["rng"].is_object())
+    for (auto& [name, gen] : s.model().named_generators())
+      if (meta["rng"].contains(name) && meta["rng"][name].is_number_unsigned())
+        gen->set_offset(meta["rng"][name].get<uint64_t>() + rank_counters(s.rank()));
+  // The windows continue after the last one drawn.
+  const int64_t windows = meta.contains("train_windows") ? meta_int(meta, "train_windows", path)
+                                                         : step * accumulate_ * cfg_.batch_size;
+  const int64_t batches = (windows + cfg_.batch_size - 1) / cfg_.batch_size;
+  train_batches_->seek(batches);
+  first_step_ = step;
+  if (meta.contains("val_loss") && meta["val_loss"].is_number()) last_val_loss_ = meta["val_loss"].get<double>();
+  if (s.lead()) std::fprintf(stderr, "tandem: resuming from '%s' at step %lld\n", path.c_str(), static_cast<long long>(step));
+  return true;
+}
+
+StepResult LmTrainer::train_step() {
+  Session& s = *session_;
+  if (accumulate_ == 1) {
+    // A whole step: the session may record it, with the draw of its windows, and replay it.
+    return s.train_step(x_, y_, /*track=*/false, [this] { train_batches_->fill(x_, y_); });
+  }
+  // Micro-batches: each loss weighted by 1/N, so the step applies the mean gradient over all of them.
+  step_loss_.zero_();
+  const double weight = 1.0 / static_cast<double>(accumulate_);
+  for (int64_t i = 0; i < accumulate_; ++i) {
+    train_batches_->fill(x_, y_);
+    StepResult r = s.forward_backward(x_, y_, weight, i + 1 == accumulate_);
+    add_into(step_loss_, r.loss.view({1}));
+  }
+  StepResult out;
+  out.loss = step_loss_;
+  out.grad_norm = s.apply_update();
+  return out;
+}
+
+double LmTrainer::evaluate() {
+  Session& s = *session_;
+  if (s.partial()) s.opt().average_parameters();  // partialUpdate: the ranks evaluate one model
+  s.model().eval();
+  Tensor loss_sum = Tensor::zeros({1}, DType::f32, s.device());
+  int64_t rows = 0;
+  {
+    NoGradGuard no_grad;
+    PrecisionScope scope(s.precision());
+    data::TokenBatches& vb = *val_batches_;
+    vb.seek(0);  // the same windows at every evaluation
+    const int64_t want = std::min(cfg_.eval_steps * cfg_.batch_size, vb.windows());
+    Tensor x, y;
+    while (rows < want) {
+      const int64_t n = std::min(cfg_.batch_size, want - rows);
+      if (!x.defined() || x.size(0) != n) {
+        x = Tensor::empty({n, context_}, DType::i32, s.device());
+        y = Tensor::empty({n, context_}, DType::i32, s.device());
+      }
+      vb.fill(x, y);
+      Tensor loss = softmax_cross_entropy(s.model().forward(x), y, Reduction::Mean);
+      add_into(loss_sum, scale(loss.view({1}), static_cast<double>(n)));
+      rows += n;
+    }
+  }
+  s.model().train(true);
+  Tensor count = Tensor::full({1}, static_cast<double>(rows), DType::i64, s.device());
+  s.comm().all_reduce(loss_sum)->wait();
+  s.comm().all_reduce(count)->wait();
+  const double total_rows = static_cast<double>(count.item<int64_t>());
+  return total_rows > 0 ? loss_sum.item<double>() / total_rows : 0.0;
+}
+
+void LmTrainer::report_step(int64_t step, const StepResult& r, double seconds, int64_t steps_timed) {
+  Session& s = *session_;
+  // The mean over ranks (a collective: every rank takes part).
+  Tensor loss = Tensor::empty({1}, DType::f32, s.device());
+  loss.copy_(r.loss.view({1}));
+  s.comm().all_reduce(loss)->wait();
+  const double mean_loss = loss.item<double>() / s.world();
+  TANDEM_RUNTIME_CHECK(std::isfinite(mean_loss), "the training loss became ", mean_loss, " at step ", step,
+                       "; lower --lr (or check the data)");
+  if (!s.lead()) return;
+  const double step_tokens = static_cast<double>(cfg_.batch_size * context_ * accumulate_ * s.world());
+  LmStepFigures f;
+  f.step = step;
+  f.steps = cfg_.steps;
+  f.loss = mean_loss;
+  // The rate the step just taken used (the optimizer has moved on to the next one's).
+  f.lr = s.opt().optimizer().schedule()->lr(step - 1);
+  if (r.grad_norm.defined()) f.grad_norm = r.grad_norm.item<double>();
+  f.step_ms = seconds / std::max<int64_t>(steps_timed, 1) * 1e3;
+  f.tokens_per_s = seconds > 0 ? step_tokens * static_cast<double>(steps_timed) / seconds : 0.0;
+  f.mfu = mfu(f.tokens_per_s / s.world(), flops_per_token_, peak_);
+  std::printf("%s\n", lm_step_line(f).c_str());
+  std::fflush(stdout);
+  const dist::CommStats& c = s.opt().stats();
+  if (board_) {
+    board_->scalar("train/loss", f.loss, step);
+    board_->scalar("train/lr", f.lr, step);
+    if (f.grad_norm >= 0) board_->scalar("train/grad_norm", f.grad_norm, step);
+    board_->scalar("train/tokens_per_s", f.tokens_per_s, step);
+    if (f.mfu > 0) board_->scalar("train/mfu", f.mfu, step);
+    board_->flush();
+  }
+  if (!metrics_) return;
+  nlohmann::json j{{"step", step},
+                   {"steps", cfg_.steps},
+                   {"loss", f.loss},
+                   {"lr", f.lr},
+                   {"step_ms", f.step_ms},
+                   {"tokens_per_s", f.tokens_per_s},
+                   {"tokens", static_cast<int64_t>(step_tokens) * step},
+                   {"flops_per_token", flops_per_token_},
+                   {"model", cfg_.model},
+                   {"device", s.device().str()},
+                   {"world_size", s.world()},
+                   {"dist_option", s.sync().method},
+                   {"precision", precision_name(s.precision())},
+                   {"batch_size", cfg_.batch_size},
+                   {"context", context_},
+                   {"accumulate", accumulate_},
+                   {"bytes_sent_per_step", c.bytes_sent / std::max<int64_t>(c.steps, 1)}};
+  if (f.grad_norm >= 0) j["grad_norm"] = f.grad_norm;
+  if (f.mfu > 0) j["mfu"] = f.mfu;
+  if (c.skipped_updates > 0) j["skipped_steps"] = c.skipped_updates;
+  metrics_->write(j);
+}
+
+void LmTrainer::report_eval(int64_t step, double val_loss, double seconds) {
+  Session& s = *session_;
+  last_val_loss_ = val_loss;
+  if (!s.lead()) return;
+  std::printf("step %lld/%lld | validation loss %.4f | %.1f s\n", static_cast<long long>(step),
+              static_cast<long long>(cfg_.steps), val_loss, seconds);
+  std::fflush(stdout);
+  if (board_) {
+    board_->scalar("eval/loss", val_loss, step);
+    board_->flush();
+  }
+  if (metrics_)
+    metrics_->write({{"step", step}, {"val_loss", val_loss}, {"eval_s", seconds}, {"model", cfg_.model},
+                     {"world_size", s.world()}});
+}
+
+void LmTrainer::save_checkpoint(int64_t step) {
+  Session& s = *session_;
+  if (cfg_.checkpoint.empty()) return;
+  // Each rank's own state first (see Trainer::save_checkpoint).
+  dist::RankState state = s.opt().rank_state();
+  auto own = nlohmann::json::parse(state.meta_json);
+  own["step"] = step;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, t] : state.tensors) tensors.emplace_back("dist/" + name, t);
+  if (const dist::LossScaler* scaler = s.loss_scaler())
+    for (auto& [name, t] : scaler->state()) tensors.emplace_back("loss_scale/" + name, t);
+  tandem::save_tensor_file(rank_state_path(cfg_.checkpoint, s.rank()), tensors, own.dump());
+  if (!s.lead()) return;
+  nlohmann::json rng = nlohmann::json::object();
+  for (auto& [name, gen] : s.model().named_generators()) rng[name] = gen->offset();
+  nlohmann::json meta{{"kind", "language model"},
+                      {"step", step},
+                      {"steps", cfg_.steps},
+                      {"model", cfg_.model},
+                      {"optimizer", cfg_.optimizer},
+                      {"world_size", s.world()},
+                      {"seed", cfg_.seed},
+                      {"dist_option", s.sync().method},
+                      {"rank_files", s.world()},
+                      {"data", specs_.train},
+                      {"val_data", specs_.val},
+                      {"context", context_},
+                      {"vocab", shape_.vocab},
+                      {"batch_size", cfg_.batch_size},
+                      {"accumulate", accumulate_},
+                      {"train_windows", step * accumulate_ * cfg_.batch_size},
+                      {"tokens", step * accumulate_ * cfg_.batch_size * context_ * s.world()},
+                      {"lr", cfg_.lr},
+                      {"min_lr", cfg_.min_lr_or_default()},
+                      {"warmup", cfg_.warmup},
+                      {"rng", rng}};
+  if (cfg_.model == "gpt") meta["gpt"] = gpt_shape_json(shape_);
+  if (last_val_loss_ >= 0.0) meta["val_loss"] = last_val_loss_;
+  tandem::save_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer(), meta.dump());
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,131 @@
+#pragma once
+// Internal: `tandem train` for language models: optimizer steps over random windows of token shards,
+// run through named phases — setup, then per step train_step (with evaluate, report and
+// save_checkpoint when due). Every model that takes tokens i32 [B, T] and gives logits [B, T, V]
+// trains here (bigram, gpt).
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/run_report.h"
+#include "cli/session.h"
+#include "cli/tensorboard.h"
+#include "tandem/data/tokens.h"
+#include "tandem/nn/gpt.h"
+
+namespace tandem::cli {
+
+struct LmTrainConfig : SessionConfig {
+  LmTrainConfig() {
+    optimizer = "adamw";
+    lr = 6e-4;
+    weight_decay = 0.1;
+    clip_norm = 1.0;
+    beta1 = 0.9;
+    beta2 = 0.95;
+  }
+  // data
+  std::string data_dir;    // --data: *train*.bin and *val*.bin in it
+  std::string train_data;  // --train-data: a spec TokenStream takes
+  std::string val_data;    // --val-data; empty: no validation (unless from --data)
+  // the model's shape
+  std::string gpt_config = "gpt2";
+  int64_t layers = 0, heads = 0, width = 0;  // 0: the configuration's
+  double dropout = -1.0;                     // < 0: the configuration's
+  int64_t context = 0;                       // 0: the model's (gpt: its configuration's; bigram: 256)
+  int64_t vocab = 0;  // 0: the configuration's (gpt), the data's (bigram: 256 for bytes, else largest + 1)
+  // batches and steps
+  int64_t batch_size = 8;          // sequences per rank per micro-batch
+  int64_t total_batch_tokens = 0;  // tokens per optimizer step over all ranks; 0: one micro-batch
+  int64_t steps = 1000;
+  int64_t stop_at = 0;  // end this run after this step (the schedule still spans --steps); 0: at --steps
+  // the schedule
+  int64_t warmup = 0;
+  double min_lr = -1.0;  // < 0: lr / 10
+  // evaluation, reports, checkpoints
+  int64_t eval_every = 250;  // 0: at the end only
+  int64_t eval_steps = 20;   // validation batches per evaluation
+  int64_t log_every = 1;
+  std::string metrics_path;
+  std::string tensorboard_dir;
+  std::string checkpoint;
+  int64_t checkpoint_every = 0;  // 0: at the end (and at --stop-at) only
+  bool resume = false;
+  int64_t check_consistency = 0;
+  bool report_comm = false;
+
+  /// min_lr as given, or lr / 10.
+  double min_lr_or_default() const { return min_lr >= 0.0 ? min_lr : lr / 10.0; }
+};
+
+/// The data specs of a run: --data DIR's *train*.bin and *val*.bin, or --train-data and --val-data.
+struct LmDataSpecs {
+  std::string train, val;  // val empty: no validation
+};
+LmDataSpecs lm_data_specs(const LmTrainConfig& cfg);
+
+/// The model's shape for the run: --gpt-config with its overrides, context and vocabulary resolved
+/// against the data's largest token (an error naming both when the vocabulary is too small).
+nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest_token);
+
+/// The keys of a GPT's shape in a checkpoint's meta ("layers", "heads", "width", "context", "vocab",
+/// "dropout", "bias"), and back.
+nlohmann::json gpt_shape_json(const nn::GptConfig& g);
+nn::GptConfig gpt_shape_from_json(const nlohmann::json& j);
+
+/// Micro-batches per optimizer step for --total-batch-tokens (1 when it is 0); an error naming the
+/// figures when it is not a multiple of batch x context x world.
+int64_t lm_accumulation(int64_t total_batch_tokens, int64_t batch, int64_t context, int world);
+
+class LmTrainer {
+ public:
+  explicit LmTrainer(const LmTrainConfig& cfg);
+  ~LmTrainer();
+  /// Every phase in order; returns the exit status.
+  int run();
+
+  /// Joins the job, maps the shards, builds the model and its schedule, resumes a checkpoint, syncs
+  /// the ranks. Returns false when the checkpoint holds a finished run.
+  bool setup();
+  /// Every rank was started with the same model, data, batch and schedule.
+  void check_ranks_agree();
+  /// --resume: continues from --checkpoint when it exists (model, optimizer and schedule step, each
+  /// rank's own state, the windows drawn, the dropout generators). False when the run there is finished.
+  bool resume();
+  /// One optimizer step (its micro-batches); returns the step's loss tensor (on the device, summed
+  /// over micro-batches: the step's mean loss on this rank) and the gradient norm when clipped.
+  StepResult train_step();
+  /// The mean loss over --eval-steps validation batches of every rank (seen from the same first window
+  /// every time).
+  double evaluate();
+  /// Rank 0 prints the step line and writes the metrics and TensorBoard points.
+  void report_step(int64_t step, const StepResult& r, double seconds, int64_t steps_timed);
+  void report_eval(int64_t step, double val_loss, double seconds);
+  /// Saves the model, the optimizer and each rank's state after `step` steps (when --checkpoint is set).
+  void save_checkpoint(int64_t step);
+
+ private:
+  LmTrainConfig cfg_;
+  LmDataSpecs specs_;
+  std::unique_ptr<Session> session_;
+  data::TokenStream train_stream_, val_stream_;
+  std::unique_ptr<data::TokenBatches> train_batches_, val_batches_;
+  nn::GptConfig shape_;
+  int64_t context_ = 0, accumulate_ = 1;
+  double flops_per_token_ = 0, peak_ = 0;
+  Tensor x_, y_;                   // the training batch, drawn in place
+  Tensor step_loss_;               // f32 [1]: the micro-batches' weighted losses of a step, added up
+  std::optional<MetricsFile> metrics_;
+  std::optional<TensorBoardWriter> board_;
+  int64_t first_step_ = 0;
+  double last_val_loss_ = -1;
+  std::string eager_because_;  // why steps on a GPU are not recorded, when the trainer decided it
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace tandem::cli

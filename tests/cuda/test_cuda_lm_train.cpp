@@ -1,0 +1,104 @@
+// Language-model training on a GPU, through the `tandem` program: the windows drawn there are the
+// CPU's (the first step's loss agrees in f32), bf16 is the default, and a recorded step at a constant
+// rate ends where eager steps end.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <regex>
+
+#include "e2e/cli_util.h"
+#include "e2e/lm_corpus.h"
+#include "tandem/checkpoint.h"
+#include "tandem/device.h"
+
+namespace fs = std::filesystem;
+using tandem::test::make_corpus;
+using tandem::test::run_tandem;
+
+namespace {
+
+#define REQUIRE_GPU() \
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU"
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("tandem_lm_gpu_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::map<int, double> step_losses(const std::string& out) {
+  std::map<int, double> m;
+  std::regex re(R"(step (\d+)/\d+ \| loss ([0-9.]+) \|)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+    m[std::stoi((*it)[1])] = std::stod((*it)[2]);
+  return m;
+}
+
+std::vector<float> table_of(const std::string& checkpoint) {
+  for (auto& [name, t] : tandem::read_checkpoint_tensors(checkpoint))
+    if (name == "param/table.weight") return t.to_vector<float>();
+  ADD_FAILURE() << "no param/table.weight in " << checkpoint;
+  return {};
+}
+
+}  // namespace
+
+TEST(CudaLmTrain, TheGpuDrawsTheCpusWindowsAndTrainsInBf16ByDefault) {
+  REQUIRE_GPU();
+  const fs::path dir = temp_dir("windows"), corpus = make_corpus(dir);
+  const std::string run = "train --model bigram --data " + corpus.string() + " --steps 20 --context 64 --lr 0.1 " +
+                          "--eval-every 0 --eval-steps 4 --seed 3 ";
+  auto cpu = run_tandem(run + "--device cpu --threads 2");
+  ASSERT_EQ(cpu.status, 0) << cpu.output;
+  auto f32 = run_tandem(run + "--device cuda --precision f32");
+  ASSERT_EQ(f32.status, 0) << f32.output;
+  const auto lc = step_losses(cpu.output), lg = step_losses(f32.output);
+  ASSERT_EQ(lc.size(), 20u);
+  ASSERT_EQ(lg.size(), 20u);
+  EXPECT_NEAR(lc.at(1), lg.at(1), 1e-3);    // the same windows, the same initial table
+  EXPECT_NEAR(lc.at(20), lg.at(20), 2e-2);  // and the same training, up to rounding
+  auto bf16 = run_tandem(run + "--device cuda");
+  ASSERT_EQ(bf16.status, 0) << bf16.output;
+  EXPECT_TRUE(contains(bf16.output, "cuda:0, bf16")) << bf16.output;
+  EXPECT_TRUE(contains(bf16.output, "steps run eagerly: the schedule gives every step another learning rate"))
+      << bf16.output;
+  const auto lb = step_losses(bf16.output);
+  ASSERT_EQ(lb.size(), 20u);
+  EXPECT_LT(lb.at(20), lb.at(1) - 1.0) << bf16.output;
+  fs::remove_all(dir);
+}
+
+TEST(CudaLmTrain, RecordedStepsAtAConstantRateEndWhereEagerStepsEnd) {
+  REQUIRE_GPU();
+  const fs::path dir = temp_dir("recorded"), corpus = make_corpus(dir);
+  const std::string run = "train --model bigram --data " + corpus.string() + " --steps 12 --context 64 --device cuda " +
+                          "--precision f32 --optimizer sgd --lr 1 --momentum 0.9 --weight-decay 0 --min-lr 1 " +
+                          "--eval-every 0 --eval-steps 2 --checkpoint ";
+  auto recorded = run_tandem(run + (dir / "recorded.ck").string());
+  ASSERT_EQ(recorded.status, 0) << recorded.output;
+  EXPECT_FALSE(contains(recorded.output, "steps run eagerly")) << recorded.output;
+  auto eager = run_tandem(run + (dir / "eager.ck").string() + " --cuda-graph off");
+  ASSERT_EQ(eager.status, 0) << eager.output;
+  const std::vector<float> a = table_of((dir / "recorded.ck").string()), b = table_of((dir / "eager.ck").string());
+  ASSERT_EQ(a.size(), b.size());
+  double diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
+  EXPECT_LT(diff, 1e-5);
+  fs::remove_all(dir);
+}
+
+// The product name the peak table reads (tests/cli checks the table itself).
+TEST(CudaLmTrain, DeviceNameIsTheDriversProductName) {
+  REQUIRE_GPU();
+  const std::string name = tandem::device_name(tandem::Device::cuda(0));
+  EXPECT_FALSE(name.empty());
+  EXPECT_NE(name, "cpu");
+  EXPECT_EQ(tandem::device_name(tandem::Device::cpu()), "cpu");
+}

@@ -1,0 +1,42 @@
+#pragma once
+// A small corpus for language-model runs, made by `tandem data text`.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "e2e/cli_util.h"
+
+namespace tandem::test {
+
+/// Text with a structure a bigram model learns quickly: words of a small vocabulary in a random order
+/// (the largest byte is 'y', 121).
+inline std::string corpus_text(uint64_t seed, size_t bytes) {
+  static const char* words[] = {"the", "king", "and", "queen", "of", "a", "fair", "night", "to", "be", "or", "not",
+                                "that", "is", "question", "sweet", "rose", "by", "any", "other", "name"};
+  std::string s;
+  uint64_t x = seed * 2654435761u + 1;
+  while (s.size() < bytes) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    s += words[(x >> 33) % (sizeof words / sizeof *words)];
+    s += (x >> 20) % 9 == 0 ? ".\n" : " ";
+  }
+  return s;
+}
+
+/// A corpus of two works, the second held out for validation: DIR/corpus/{train,val}_000000.bin.
+inline std::filesystem::path make_corpus(const std::filesystem::path& dir) {
+  std::ofstream(dir / "a_work.txt") << corpus_text(1, 40000);
+  std::ofstream(dir / "b_work.txt") << corpus_text(2, 10000);
+  const std::filesystem::path out = dir / "corpus";
+  auto r = run_tandem("data text " + (dir / "a_work.txt").string() + " " + (dir / "b_work.txt").string() + " -o " +
+                      out.string() + " --val 0.2");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(out / "train_000000.bin")) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(out / "val_000000.bin")) << r.output;
+  return out;
+}
+
+}  // namespace tandem::test
