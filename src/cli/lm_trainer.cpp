@@ -129,12 +129,15 @@ int64_t lm_accumulation(int64_t total, int64_t batch, int64_t context, int world
 LmTrainer::LmTrainer(const LmTrainConfig& cfg) : cfg_(cfg) {
   // bf16 is a language model's precision on a GPU (f32 weights and optimizer, bf16 products).
   if (cfg_.precision.empty() && Device::parse(cfg_.device).is_cuda()) cfg_.precision = "bf16";
-  // A recorded step replays the rate it was recorded with: a schedule that moves the rate at every step
-  // would have the session record steps only to drop them.
-  if (cfg_.cuda_graph && Device::parse(cfg_.device).is_cuda() && !(cfg_.warmup == 0 && cfg_.min_lr_or_default() == cfg_.lr)) {
+  // A recorded SGD step replays the rate it was recorded with: a schedule that moves the rate at every
+  // step would have the session record steps only to drop them. Adam's recorded steps read the rate from
+  // the device (optim::Adam::prepare_replay) and follow the schedule.
+  const bool rate_on_device = cfg_.optimizer == "adam" || cfg_.optimizer == "adamw";
+  if (cfg_.cuda_graph && Device::parse(cfg_.device).is_cuda() && !rate_on_device &&
+      !(cfg_.warmup == 0 && cfg_.min_lr_or_default() == cfg_.lr)) {
     cfg_.cuda_graph = false;
-    eager_because_ = "the schedule gives every step another learning rate (a recorded step replays one; "
-                     "--warmup 0 and --min-lr equal to --lr keep it constant)";
+    eager_because_ = "the schedule gives every step another learning rate (a recorded SGD step replays one; "
+                     "--warmup 0 and --min-lr equal to --lr keep it constant; adamw follows it)";
   }
 }
 LmTrainer::~LmTrainer() = default;
