@@ -164,6 +164,7 @@ int LmTrainer::run() {
     if (cfg_.check_consistency > 0 && !s.partial() && (step + 1) % cfg_.check_consistency == 0)
       s.opt().check_consistency(/*include_buffers=*/false);
     if ((step + 1) % cfg_.log_every == 0 || step + 1 == last) {
+      synchronize(s.device());  // the steps' device work is part of their time
       report_step(step + 1, r, seconds_since(mark), since);
       mark = Clock::now();
       since = 0;

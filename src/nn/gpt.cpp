@@ -1,5 +1,6 @@
 // GPT: the model, its configuration as JSON, its size and cost, and sampling with a key-value cache.
 #include "tandem/nn/gpt.h"
+#include "tandem/precision.h"
 
 #include <algorithm>
 #include <cmath>
@@ -167,6 +168,12 @@ void GPT::check_tokens(const Tensor& tokens, int64_t start, const char* what) co
 Tensor GPT::run(const Tensor& tokens, GptCache* cache) {
   const int64_t start = cache ? cache->length : 0, t = tokens.size(1);
   Tensor x = add(embedding(wte->weight, tokens), slice(wpe->weight, 0, start, t));
+  // The residual stream in the activation type of the precision mode (bf16 or f16 on a GPU under those
+  // modes): the blocks' 16-bit products then add to it without conversions.
+  if (x.device().is_cuda()) {
+    const DType act = activation_dtype(current_precision());
+    if (x.dtype() != act) x = cast(x, act);
+  }
   if (cache) {
     if (cache->layers.size() != h.size()) {
       TANDEM_CHECK(cache->length == 0, "GPT.forward_cached: the cache has ", cache->layers.size(),

@@ -162,7 +162,12 @@ Tensor TransformerBlock::forward(const Tensor& x) {
   TANDEM_CHECK(x.defined() && x.dim() == 3 && x.size(2) == width_, "TransformerBlock: input must be [B, T, ", width_,
                "], got ", x.defined() ? x.str() : std::string("an undefined tensor"));
   const bool drop = is_training() && opt_.dropout > 0.0;
-  auto branch = [&](const Tensor& y) { return drop ? dropout(y, opt_.dropout, true, gen_) : y; };
+  // Under 16-bit precision the branches' products come out in 16 bits: they join the residual stream in
+  // its own type (GPT keeps it in the activation type, so no conversion runs there).
+  auto branch = [&](const Tensor& y) {
+    Tensor r = drop ? dropout(y, opt_.dropout, true, gen_) : y;
+    return r.dtype() == x.dtype() ? r : cast(r, x.dtype());
+  };
   Tensor h = add(x, branch(attn->forward(ln_1->forward(x))));
   return add(h, branch(mlp->forward(ln_2->forward(h))));
 }
@@ -171,8 +176,9 @@ Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t
   TANDEM_CHECK(x.defined() && x.dim() == 3 && x.size(2) == width_, "TransformerBlock.forward_cached: input must be [B, T, ",
                width_, "], got ", x.defined() ? x.str() : std::string("an undefined tensor"));
   NoGradGuard no_grad;
-  Tensor h = add(x, attn->forward_cached(ln_1->forward(x), cache, capacity));
-  return add(h, mlp->forward(ln_2->forward(h)));
+  auto in_stream = [&](const Tensor& y) { return y.dtype() == x.dtype() ? y : cast(y, x.dtype()); };
+  Tensor h = add(x, in_stream(attn->forward_cached(ln_1->forward(x), cache, capacity)));
+  return add(h, in_stream(mlp->forward(ln_2->forward(h))));
 }
 
 std::string TransformerBlock::describe() const {
