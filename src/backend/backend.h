@@ -8,6 +8,7 @@
 // are NCHW, or NHWC (channels last) where a geometry's `nhwc` says so; the CPU takes NCHW only.
 // Kernels run asynchronously on the device's compute stream. Whether f32 convolutions and products may
 // use TF32 tensor cores follows current_precision() (tandem/precision.h) at the call.
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -120,6 +121,10 @@ struct AttentionGeom {
   bool causal = false;
   double scale = 1.0;
   double dropout_p = 0.0;
+  /// The fused path's element strides of the query, key and value as [b, h, t, d] (the last one 1; all
+  /// zero: contiguous [b, h, t, d]). Its output, output gradient and input gradients are [b, t, h, d] in
+  /// memory (the layout a projection of [b, t, h d] gives), viewed as [b, h, t, d].
+  std::array<int64_t, 4> q_strides{}, k_strides{}, v_strides{};
 };
 
 /// Device work recorded once (a CUDA graph) and replayed as a whole.

@@ -2,7 +2,9 @@
 // flash attention) when it takes the geometry; every other case computes the math: batched products,
 // a scaled and masked softmax, dropout with the counter-based generator, and the products again, with a
 // backward written from the same kernels (so it runs on every backend and gradchecks in f64).
+#include <array>
 #include <cmath>
+#include <cstdint>
 
 #include "ops/layout.h"
 #include "ops/op_utils.h"
@@ -19,21 +21,57 @@ namespace {
 
 bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
 
-Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g, DType cdt,
-                       uint64_t seed, uint64_t offset) {
-  Tensor qc = to_dense(q, cdt, false), kc = to_dense(k, cdt, false), vc = to_dense(v, cdt, false);
-  Tensor o = Tensor::empty({g.batch, g.heads, g.tq, g.dv}, cdt, q.device());
+// The fused path reads an operand in place when it is of the compute type with its last dimension
+// contiguous and 16-byte aligned strides and address (the query, key and value of a [b, t, 3 h d]
+// projection, split and viewed as [b, h, t, d], qualify); others are copied to contiguous [b, h, t, d].
+bool fused_reads_in_place(const Tensor& x, DType cdt) {
+  const Shape& st = x.strides();
+  if (x.dtype() != cdt || st.size() != 4 || st[3] != 1 || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0)
+    return false;
+  for (int i = 0; i < 3; ++i)
+    if (st[i] % 8 != 0 || st[i] <= 0) return false;
+  return true;
+}
+
+Tensor fused_operand(const Tensor& x, DType cdt) { return fused_reads_in_place(x, cdt) ? x : to_dense(x, cdt, false); }
+
+std::array<int64_t, 4> strides_of(const Tensor& x) {
+  const Shape& st = x.strides();
+  return {st[0], st[1], st[2], st[3]};
+}
+
+// A new [b, h, t, d] tensor laid out as [b, t, h, d]: the fused path's outputs and gradients.
+Tensor empty_bthd(int64_t b, int64_t h, int64_t t, int64_t d, DType dtype, Device dev) {
+  return Tensor::empty({b, t, h, d}, dtype, dev).transpose(1, 2);
+}
+
+// x ([b, h, t, d], any layout) as a [b, t, h, d]-laid-out tensor of type dtype (x itself when it is one).
+Tensor as_bthd(const Tensor& x, DType dtype) {
+  const int64_t b = x.size(0), h = x.size(1), t = x.size(2), d = x.size(3);
+  const Shape& st = x.strides();
+  if (x.dtype() == dtype && st[3] == 1 && st[2] == h * d && st[1] == d && st[0] == t * h * d) return x;
+  Tensor out = Tensor::empty({b, t, h, d}, dtype, x.device());
+  out.copy_(x.transpose(1, 2));
+  return out.transpose(1, 2);
+}
+
+// q, k and v as the user gave them (the op's inputs in the autograd graph); qf, kf and vf as the fused
+// path reads them (fused_operand), their strides in g.
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qf, const Tensor& kf,
+                       const Tensor& vf, const AttentionGeom& g, DType cdt, uint64_t seed, uint64_t offset) {
+  Tensor o = empty_bthd(g.batch, g.heads, g.tq, g.dv, cdt, q.device());
   Tensor stats = Tensor::empty({g.batch, g.heads, g.tq}, DType::f32, q.device());
-  be(q).fused_attention_forward(qc, kc, vc, g, seed, offset, o, stats);
-  Tensor so = o.detach();
+  be(q).fused_attention_forward(qf, kf, vf, g, seed, offset, o, stats);
+  Tensor so = o.detach(), qc = qf.detach(), kc = kf.detach(), vc = vf.detach();
   const DType qt = q.dtype(), kt = k.dtype(), vt = v.dtype();
   return record_op(o, {q, k, v}, "scaled_dot_product_attention",
                    [qc, kc, vc, so, stats, g, seed, offset, cdt, qt, kt, vt](const Tensor& grad) {
-    Tensor dout = to_dense(grad, cdt, false);
-    Tensor dq = Tensor::empty(qc.shape(), cdt, qc.device()), dk = Tensor::empty(kc.shape(), cdt, qc.device()),
-           dv = Tensor::empty(vc.shape(), cdt, qc.device());
+    Tensor dout = as_bthd(grad, cdt);
+    const Device dev = qc.device();
+    Tensor dq = empty_bthd(g.batch, g.heads, g.tq, g.d, cdt, dev), dk = empty_bthd(g.batch, g.heads, g.tk, g.d, cdt, dev),
+           dv = empty_bthd(g.batch, g.heads, g.tk, g.dv, cdt, dev);
     be(dout).fused_attention_backward(qc, kc, vc, so, dout, stats, g, seed, offset, dq, dk, dv);
-    return std::vector<Tensor>{dq.to(qt), dk.to(kt), dv.to(vt)};
+    return std::vector<Tensor>{qt == cdt ? dq : dq.to(qt), kt == cdt ? dk : dk.to(kt), vt == cdt ? dv : dv.to(vt)};
   });
 }
 
@@ -129,7 +167,15 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   // Under a 16-bit precision on CUDA, f32 inputs are taken in 16-bit (as linear and conv2d take theirs).
   const DType cdt = compute_dtype(q.device(), current_precision(), q.dtype());
   const bool fusable = q.device().is_cuda() && is_half(cdt) && g.batch * g.heads * g.tq * g.tk * g.d * g.dv > 0;
-  if (fusable && be(q).fused_attention_supported(g, cdt, q.device().index)) return fused_attention(q, k, v, g, cdt, seed, offset);
+  if (fusable) {
+    // The operands as the fused path reads them: in place where their layout allows (fused_operand).
+    Tensor qf = fused_operand(q, cdt), kf = fused_operand(k, cdt), vf = fused_operand(v, cdt);
+    g.q_strides = strides_of(qf);
+    g.k_strides = strides_of(kf);
+    g.v_strides = strides_of(vf);
+    if (be(q).fused_attention_supported(g, cdt, q.device().index)) return fused_attention(q, k, v, qf, kf, vf, g, cdt, seed, offset);
+    g.q_strides = g.k_strides = g.v_strides = {};
+  }
   return math_attention(q, k, v, g, is_half(cdt) ? cdt : q.dtype(), seed, offset);
 }
 

@@ -8,6 +8,7 @@
 // cuDNN does not take is remembered as such, and the op computes it by the math path instead. Built
 // without the frontend's headers (TANDEM_WITH_CUDNN_FRONTEND 0), nothing is fused: the first 16-bit
 // attention on a GPU says so once on stderr.
+#include <array>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -42,10 +43,12 @@ struct AttentionKey {
   int64_t b, h, tq, tk, d, dv;
   bool causal, deterministic;
   float scale, dropout_p;
+  std::array<int64_t, 4> qs, ks, vs;  // the inputs' strides as [b, h, t, d]
   bool operator==(const AttentionKey& o) const {
     return device == o.device && dtype == o.dtype && b == o.b && h == o.h && tq == o.tq && tk == o.tk && d == o.d &&
            dv == o.dv && causal == o.causal && deterministic == o.deterministic &&
-           std::memcmp(&scale, &o.scale, sizeof(float)) == 0 && std::memcmp(&dropout_p, &o.dropout_p, sizeof(float)) == 0;
+           std::memcmp(&scale, &o.scale, sizeof(float)) == 0 && std::memcmp(&dropout_p, &o.dropout_p, sizeof(float)) == 0 &&
+           qs == o.qs && ks == o.ks && vs == o.vs;
   }
 };
 
@@ -54,6 +57,8 @@ struct AttentionKeyHash {
     size_t h = std::hash<int64_t>()(k.b);
     auto mix = [&](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
     for (int64_t v : {k.h, k.tq, k.tk, k.d, k.dv}) mix(static_cast<uint64_t>(v));
+    for (const auto* st : {&k.qs, &k.ks, &k.vs})
+      for (int64_t v : *st) mix(static_cast<uint64_t>(v));
     uint32_t sb, pb;
     std::memcpy(&sb, &k.scale, 4);
     std::memcpy(&pb, &k.dropout_p, 4);
@@ -65,9 +70,31 @@ struct AttentionKeyHash {
   }
 };
 
+// Strides of a contiguous [b, h, t, d] tensor.
+std::array<int64_t, 4> bhtd(int64_t h, int64_t t, int64_t d) { return {h * t * d, t * d, d, 1}; }
+// Strides of [b, h, t, d] laid out as [b, t, h, d]: the outputs' and gradients' layout.
+std::array<int64_t, 4> bthd(int64_t h, int64_t t, int64_t d) { return {h * t * d, d, h * d, 1}; }
+
+std::array<int64_t, 4> or_contiguous(const std::array<int64_t, 4>& s, int64_t h, int64_t t, int64_t d) {
+  return s == std::array<int64_t, 4>{} ? bhtd(h, t, d) : s;
+}
+
 AttentionKey key_of(const AttentionGeom& g, DType t, int device) {
-  return {device, t, g.batch, g.heads, g.tq, g.tk, g.d, g.dv, g.causal, deterministic_algorithms(),
-          static_cast<float>(g.scale), static_cast<float>(g.dropout_p)};
+  return {device,
+          t,
+          g.batch,
+          g.heads,
+          g.tq,
+          g.tk,
+          g.d,
+          g.dv,
+          g.causal,
+          deterministic_algorithms(),
+          static_cast<float>(g.scale),
+          static_cast<float>(g.dropout_p),
+          or_contiguous(g.q_strides, g.heads, g.tq, g.d),
+          or_contiguous(g.k_strides, g.heads, g.tk, g.d),
+          or_contiguous(g.v_strides, g.heads, g.tk, g.dv)};
 }
 
 #if TANDEM_WITH_CUDNN_FRONTEND
@@ -75,16 +102,12 @@ namespace fe = cudnn_frontend;
 
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kSeed, kOffset, kDO, kDQ, kDK, kDV };
 
-// Strides of a contiguous [b, h, t, d] tensor.
-std::vector<int64_t> bhtd_strides(int64_t h, int64_t t, int64_t d) { return {h * t * d, t * d, d, 1}; }
+std::vector<int64_t> vec(const std::array<int64_t, 4>& s) { return {s[0], s[1], s[2], s[3]}; }
 
 std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& graph, const char* name, int64_t uid, int64_t b,
-                                                    int64_t h, int64_t t, int64_t d) {
-  return graph.tensor(fe::graph::Tensor_attributes()
-                          .set_name(name)
-                          .set_uid(uid)
-                          .set_dim({b, h, t, d})
-                          .set_stride(bhtd_strides(h, t, d)));
+                                                    int64_t h, int64_t t, int64_t d, const std::array<int64_t, 4>& st) {
+  return graph.tensor(
+      fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim({b, h, t, d}).set_stride(vec(st)));
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> rng_tensor(fe::graph::Graph& graph, const char* name, int64_t uid) {
@@ -106,15 +129,15 @@ std::shared_ptr<fe::graph::Graph> new_graph(DType t) {
 
 std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionKey& k) {
   auto graph = new_graph(k.dtype);
-  auto q = input(*graph, "Q", kQ, k.b, k.h, k.tq, k.d);
-  auto kk = input(*graph, "K", kK, k.b, k.h, k.tk, k.d);
-  auto v = input(*graph, "V", kV, k.b, k.h, k.tk, k.dv);
+  auto q = input(*graph, "Q", kQ, k.b, k.h, k.tq, k.d, k.qs);
+  auto kk = input(*graph, "K", kK, k.b, k.h, k.tk, k.d, k.ks);
+  auto v = input(*graph, "V", kV, k.b, k.h, k.tk, k.dv, k.vs);
   auto opts = fe::graph::SDPA_attributes().set_name("tandem_sdpa").set_generate_stats(true).set_attn_scale(k.scale);
   if (k.causal) opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
   if (k.dropout_p > 0.0f)
     opts.set_dropout(k.dropout_p, rng_tensor(*graph, "Seed", kSeed), rng_tensor(*graph, "Offset", kOffset));
   auto [o, stats] = graph->sdpa(q, kk, v, opts);
-  o->set_output(true).set_uid(kO).set_dim({k.b, k.h, k.tq, k.dv}).set_stride(bhtd_strides(k.h, k.tq, k.dv));
+  o->set_output(true).set_uid(kO).set_dim({k.b, k.h, k.tq, k.dv}).set_stride(vec(bthd(k.h, k.tq, k.dv)));
   stats->set_output(true)
       .set_uid(kStats)
       .set_data_type(fe::DataType_t::FLOAT)
@@ -125,11 +148,11 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionKey& k) {
 
 std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionKey& k) {
   auto graph = new_graph(k.dtype);
-  auto q = input(*graph, "Q", kQ, k.b, k.h, k.tq, k.d);
-  auto kk = input(*graph, "K", kK, k.b, k.h, k.tk, k.d);
-  auto v = input(*graph, "V", kV, k.b, k.h, k.tk, k.dv);
-  auto o = input(*graph, "O", kO, k.b, k.h, k.tq, k.dv);
-  auto dout = input(*graph, "dO", kDO, k.b, k.h, k.tq, k.dv);
+  auto q = input(*graph, "Q", kQ, k.b, k.h, k.tq, k.d, k.qs);
+  auto kk = input(*graph, "K", kK, k.b, k.h, k.tk, k.d, k.ks);
+  auto v = input(*graph, "V", kV, k.b, k.h, k.tk, k.dv, k.vs);
+  auto o = input(*graph, "O", kO, k.b, k.h, k.tq, k.dv, bthd(k.h, k.tq, k.dv));
+  auto dout = input(*graph, "dO", kDO, k.b, k.h, k.tq, k.dv, bthd(k.h, k.tq, k.dv));
   auto stats = graph->tensor(fe::graph::Tensor_attributes()
                                  .set_name("Stats")
                                  .set_uid(kStats)
@@ -144,9 +167,9 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionKey& k) {
   if (k.dropout_p > 0.0f)
     opts.set_dropout(k.dropout_p, rng_tensor(*graph, "Seed", kSeed), rng_tensor(*graph, "Offset", kOffset));
   auto [dq, dk, dv] = graph->sdpa_backward(q, kk, v, o, dout, stats, opts);
-  dq->set_output(true).set_uid(kDQ).set_dim({k.b, k.h, k.tq, k.d}).set_stride(bhtd_strides(k.h, k.tq, k.d));
-  dk->set_output(true).set_uid(kDK).set_dim({k.b, k.h, k.tk, k.d}).set_stride(bhtd_strides(k.h, k.tk, k.d));
-  dv->set_output(true).set_uid(kDV).set_dim({k.b, k.h, k.tk, k.dv}).set_stride(bhtd_strides(k.h, k.tk, k.dv));
+  dq->set_output(true).set_uid(kDQ).set_dim({k.b, k.h, k.tq, k.d}).set_stride(vec(bthd(k.h, k.tq, k.d)));
+  dk->set_output(true).set_uid(kDK).set_dim({k.b, k.h, k.tk, k.d}).set_stride(vec(bthd(k.h, k.tk, k.d)));
+  dv->set_output(true).set_uid(kDV).set_dim({k.b, k.h, k.tk, k.dv}).set_stride(vec(bthd(k.h, k.tk, k.dv)));
   return graph;
 }
 
@@ -245,9 +268,14 @@ void execute(fe::graph::Graph& graph, cudnnHandle_t handle, std::unordered_map<i
 }
 #endif
 
-void require_attention_tensor(const Tensor& t, DType dtype, const Shape& shape, const char* what) {
-  TANDEM_ASSERT(t.dtype() == dtype && t.shape() == shape && t.is_contiguous(), "fused attention ", what, " ", t.str(),
-                " must be a contiguous ", dtype_name(dtype), " ", shape_str(shape));
+// t must be a dtype tensor of this shape with these strides.
+void require_attention_tensor(const Tensor& t, DType dtype, const Shape& shape, const std::array<int64_t, 4>& strides,
+                              const char* what) {
+  const Shape& st = t.strides();
+  TANDEM_ASSERT(t.dtype() == dtype && t.shape() == shape && st.size() == 4 && st[0] == strides[0] &&
+                    st[1] == strides[1] && st[2] == strides[2] && st[3] == strides[3],
+                "fused attention ", what, " ", t.str(), " must be a ", dtype_name(dtype), " ", shape_str(shape),
+                " with strides [", strides[0], ", ", strides[1], ", ", strides[2], ", ", strides[3], "]");
 }
 
 }  // namespace
@@ -290,15 +318,17 @@ void CudaBackend::fused_attention_forward(const Tensor& q, const Tensor& k, cons
                                           uint64_t seed, uint64_t offset, Tensor& o, Tensor& stats) {
   DeviceState& dev = state_for(o);
   const DType t = q.dtype();
-  require_attention_tensor(q, t, {g.batch, g.heads, g.tq, g.d}, "query");
-  require_attention_tensor(k, t, {g.batch, g.heads, g.tk, g.d}, "key");
-  require_attention_tensor(v, t, {g.batch, g.heads, g.tk, g.dv}, "value");
-  require_attention_tensor(o, t, {g.batch, g.heads, g.tq, g.dv}, "output");
-  require_attention_tensor(stats, DType::f32, {g.batch, g.heads, g.tq}, "statistics");
+  const AttentionKey key = key_of(g, t, dev.device);
+  require_attention_tensor(q, t, {g.batch, g.heads, g.tq, g.d}, key.qs, "query");
+  require_attention_tensor(k, t, {g.batch, g.heads, g.tk, g.d}, key.ks, "key");
+  require_attention_tensor(v, t, {g.batch, g.heads, g.tk, g.dv}, key.vs, "value");
+  require_attention_tensor(o, t, {g.batch, g.heads, g.tq, g.dv}, bthd(g.heads, g.tq, g.dv), "output");
+  TANDEM_ASSERT(stats.dtype() == DType::f32 && stats.is_contiguous() && stats.numel() == g.batch * g.heads * g.tq,
+                "fused attention statistics ", stats.str());
 #if TANDEM_WITH_CUDNN_FRONTEND
   AttentionState& st = attention_state(dev.device);
   std::lock_guard<std::mutex> lock(st.mu);
-  AttentionPlan& plan = plan_for(st, key_of(g, t, dev.device), dev);
+  AttentionPlan& plan = plan_for(st, key, dev);
   TANDEM_CHECK(plan.ok, "scaled_dot_product_attention: cuDNN's fused attention does not take ", q.str());
   Scratch ws(allocator(dev.device), static_cast<size_t>(plan.fwd_ws));
   Scratch rng(allocator(dev.device), g.dropout_p > 0 ? 2 * sizeof(int64_t) : 0);
@@ -323,15 +353,19 @@ void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, con
                                            uint64_t seed, uint64_t offset, Tensor& dq, Tensor& dk, Tensor& dv) {
   DeviceState& dev = state_for(dq);
   const DType t = q.dtype();
-  require_attention_tensor(o, t, {g.batch, g.heads, g.tq, g.dv}, "output");
-  require_attention_tensor(dout, t, {g.batch, g.heads, g.tq, g.dv}, "output gradient");
-  require_attention_tensor(dq, t, {g.batch, g.heads, g.tq, g.d}, "query gradient");
-  require_attention_tensor(dk, t, {g.batch, g.heads, g.tk, g.d}, "key gradient");
-  require_attention_tensor(dv, t, {g.batch, g.heads, g.tk, g.dv}, "value gradient");
+  const AttentionKey key = key_of(g, t, dev.device);
+  require_attention_tensor(q, t, {g.batch, g.heads, g.tq, g.d}, key.qs, "query");
+  require_attention_tensor(k, t, {g.batch, g.heads, g.tk, g.d}, key.ks, "key");
+  require_attention_tensor(v, t, {g.batch, g.heads, g.tk, g.dv}, key.vs, "value");
+  require_attention_tensor(o, t, {g.batch, g.heads, g.tq, g.dv}, bthd(g.heads, g.tq, g.dv), "output");
+  require_attention_tensor(dout, t, {g.batch, g.heads, g.tq, g.dv}, bthd(g.heads, g.tq, g.dv), "output gradient");
+  require_attention_tensor(dq, t, {g.batch, g.heads, g.tq, g.d}, bthd(g.heads, g.tq, g.d), "query gradient");
+  require_attention_tensor(dk, t, {g.batch, g.heads, g.tk, g.d}, bthd(g.heads, g.tk, g.d), "key gradient");
+  require_attention_tensor(dv, t, {g.batch, g.heads, g.tk, g.dv}, bthd(g.heads, g.tk, g.dv), "value gradient");
 #if TANDEM_WITH_CUDNN_FRONTEND
   AttentionState& st = attention_state(dev.device);
   std::lock_guard<std::mutex> lock(st.mu);
-  AttentionPlan& plan = plan_for(st, key_of(g, t, dev.device), dev);
+  AttentionPlan& plan = plan_for(st, key, dev);
   TANDEM_CHECK(plan.ok, "scaled_dot_product_attention backward: cuDNN's fused attention does not take ", q.str());
   Scratch ws(allocator(dev.device), static_cast<size_t>(plan.bwd_ws));
   Scratch rng(allocator(dev.device), g.dropout_p > 0 ? 2 * sizeof(int64_t) : 0);
