@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/retain_graph.h"
 #include "binding.h"
 #include "core/tensor_impl.h"
 #include "tandem/autograd.h"
@@ -140,18 +141,21 @@ void bind_ops(nb::module_& m) {
         "Back-propagates from loss into the gradients of every leaf that requires one.");
   m.def(
       "backward_fresh",
-      [](const Tensor& loss, const std::optional<Tensor>& grad_output) {
+      [](const Tensor& loss, const std::optional<Tensor>& grad_output, bool retain_graph) {
         std::vector<Tensor> ready;
         nb::gil_scoped_release unlocked;
         for (Tensor& leaf : graph_leaves(loss)) leaf.set_grad(Tensor());
+        std::optional<RetainGraphGuard> keep;
+        if (retain_graph) keep.emplace();
         backward(
             loss, [&](const Tensor& leaf) { if (leaf.grad().defined()) ready.push_back(leaf); },
             grad_output.value_or(Tensor()));
         return ready;
       },
-      nb::arg("loss"), nb::arg("grad_output").none() = nb::none(),
+      nb::arg("loss"), nb::arg("grad_output").none() = nb::none(), nb::arg("retain_graph") = false,
       "Back-propagates from loss into fresh gradients (each leaf's earlier gradient dropped first) and returns the "
-      "leaves in the order their gradients became final (SINGA's autograd.backward).");
+      "leaves in the order their gradients became final (SINGA's autograd.backward). retain_graph keeps the graph, "
+      "so that backward can run over it again (it goes with the last tensor that refers to it).");
   m.def("graph_leaves", &graph_leaves, nb::arg("tensor"),
         "The leaves needing a gradient that tensor was computed from, in a deterministic order.");
   m.def("grad_enabled", &grad_enabled, "False inside a no_grad block.");

@@ -131,7 +131,12 @@ void bind_tensor(nb::module_& m) {
             return n;
           },
           [](Tensor& x, const std::string& n) { x.impl()->name = n; }, "The tensor's name (parameters: their path).")
-      .def_prop_ro("grad", [](const Tensor& x) { return maybe(x.grad()); })
+      .def_prop_rw(
+          "grad", [](const Tensor& x) { return maybe(x.grad()); },
+          [](Tensor& x, const std::optional<Tensor>& g) { x.set_grad(g ? g->detach() : Tensor()); },
+          nb::for_setter(nb::arg("value").none()),
+          "The gradient backward accumulated (None before any); assign None to drop it, or a tensor of this "
+          "tensor's shape, dtype and device.")
       .def_prop_ro("is_leaf", &Tensor::is_leaf)
       .def("backward", [](const Tensor& x, std::optional<Tensor> g) { backward(x, {}, g.value_or(Tensor())); },
            nb::arg("grad_output").none() = nb::none(), release_gil(),

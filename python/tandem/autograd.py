@@ -10,6 +10,7 @@ import builtins as _builtins
 import numpy as np
 
 from . import _tandem
+from .tensor import _promote
 
 Tensor = _tandem.Tensor
 
@@ -37,13 +38,15 @@ def backward(y, dy=None):
 
     dy is the gradient of the objective with respect to y: None for 1.0, a number, or a tensor of y's
     shape. Each call gives this pass's gradients (a parameter's earlier gradient is dropped first, not
-    added to); the gradient yielded is also the parameter's ``grad``.
+    added to); the gradient yielded is also the parameter's ``grad``. As in SINGA, the graph stays as long
+    as y (or a tensor computed from it) lives, so backward may run over it again: another
+    ``autograd.backward(y)``, or an optimizer's step on y.
     """
     if not isinstance(y, Tensor):
         raise TypeError(f"backward: y must be a tandem Tensor, got {type(y).__name__}")
     if dy is not None and not isinstance(dy, Tensor):
         dy = _tandem.full(list(y.shape), float(dy), y.device, y.dtype)
-    for p in _tandem.backward_fresh(y, dy):
+    for p in _tandem.backward_fresh(y, dy, True):
         yield p, p.grad
 
 
@@ -138,31 +141,32 @@ class Matmul(Operator):
 
 
 class Add(Operator):
-    """a + b elementwise, broadcast as NumPy's."""
+    """a + b elementwise, broadcast as NumPy's; operands of different dtypes are computed in their common
+    one (as SINGA's: an integer tensor with a float one gives a float result)."""
 
     def _apply(self, a, b):
-        return _tandem.add(a, b)
+        return _tandem.add(*_promote(a, b))
 
 
 class Sub(Operator):
     """a - b elementwise, broadcast as NumPy's."""
 
     def _apply(self, a, b):
-        return _tandem.sub(a, b)
+        return _tandem.sub(*_promote(a, b))
 
 
 class Mul(Operator):
     """a * b elementwise, broadcast as NumPy's."""
 
     def _apply(self, a, b):
-        return _tandem.mul(a, b)
+        return _tandem.mul(*_promote(a, b))
 
 
 class Div(Operator):
     """a / b elementwise, broadcast as NumPy's."""
 
     def _apply(self, a, b):
-        return _tandem.div(a, b)
+        return _tandem.div(*_promote(a, b))
 
 
 class _Comparison(Operator):
@@ -344,7 +348,22 @@ class SoftMaxCrossEntropy(Operator):
         if x.dim() != 2 or self.t.dim() > 2:
             raise ValueError(
                 f"softmax_cross_entropy: x must be 2-d and t at most 2-d, got {x.shape} and {self.t.shape}")
-        return _tandem.reshape(_tandem.softmax_cross_entropy(x, self.t), [1])
+        return _tandem.reshape(_tandem.softmax_cross_entropy(x, _class_labels(x, self.t)), [1])
+
+
+def _class_labels(x, t):
+    """SINGA's reading of the labels of softmax cross-entropy over x [N, C]: labels of N elements ([N], or
+    [N, 1] when C > 1) are class indices, in an integer tensor or as integers in a floating one; other
+    labels are targets [N, C]."""
+    if x.dim() != 2 or t.dim() not in (1, 2) or t.shape[0] != x.shape[0]:
+        return t
+    if t.dim() == 2 and not (t.shape[1] == 1 and x.shape[1] != 1):
+        return t
+    if t.dim() == 2:
+        t = _tandem.reshape(t.detach(), [t.shape[0]])
+    if t.dtype not in (_tandem.DType.int32, _tandem.DType.int64):
+        t = t.as_type(_tandem.DType.int32)
+    return t
 
 
 class CrossEntropy(Operator):
@@ -536,19 +555,19 @@ def add_bias(x, b, axis=0):
 
 
 def add(a, b):
-    return _tandem.add(a, b)
+    return _tandem.add(*_promote(a, b))
 
 
 def sub(a, b):
-    return _tandem.sub(a, b)
+    return _tandem.sub(*_promote(a, b))
 
 
 def mul(x, y):
-    return _tandem.mul(x, y)
+    return _tandem.mul(*_promote(x, y))
 
 
 def div(a, b):
-    return _tandem.div(a, b)
+    return _tandem.div(*_promote(a, b))
 
 
 def greater(x, y):

@@ -176,15 +176,47 @@ class Layer:
         self._cpp = module
 
     def _module(self):
-        """The C++ module holding this layer's parameters and buffers by name, in registration order."""
+        """The C++ module holding this layer's parameters and buffers by name, in registration order:
+        those given to register_param, then the tensors assigned as attributes that store a gradient
+        (SINGA's layers create their parameters so: ``self.W = Tensor(..., stores_grad=True)``), then the
+        sublayers'."""
         if self._cpp is not None:
             return self._cpp
         m = _tandem.ParamModule()
+        seen = set()
         for name, t in self._params.items():
             m.add_parameter(name, t)
+            seen.add((t.data_ptr, tuple(t.shape)))
+        for name, t in self._tensor_attributes():
+            if (t.data_ptr, tuple(t.shape)) not in seen:
+                m.add_parameter(name, t)
+                seen.add((t.data_ptr, tuple(t.shape)))
         for name, sub in self._layers.items():
             m.add_module(name, sub._module())
         return m
+
+    def _tensor_attributes(self):
+        """The tensors held as attributes that are parameters: leaves that store a gradient."""
+        return [(name, v) for name, v in self.__dict__.items()
+                if isinstance(v, _tandem.Tensor) and not name.startswith("_") and v.is_leaf and v.requires_grad]
+
+    def device_check(self, *inputs):
+        """SINGA's: moves every tensor given onto the device of the first (each handle in place)."""
+        if not inputs:
+            return
+        dev = inputs[0].device
+        for t in inputs[1:]:
+            if t.device != dev:
+                t.to_device(dev)
+
+    def dtype_check(self, *inputs):
+        """SINGA's: converts every tensor given to the dtype of the first (each handle in place)."""
+        if not inputs:
+            return
+        dtype = inputs[0].dtype
+        for t in inputs[1:]:
+            if t.dtype != dtype:
+                t.to_type(dtype)
 
     def get_params(self):
         """Trainable tensors by dotted name, in a fixed order (the same on every rank)."""
@@ -551,11 +583,13 @@ class Dropout(Layer):
 
 class SoftMaxCrossEntropy(Layer):
     """Mean over the batch of -log softmax(x)[label], as a tensor of shape (1,) (SINGA's); labels are
-    class indices [N] (int32 or int64) or targets [N, C]: one-hot rows, or a distribution per row
+    class indices, as SINGA reads labels of N elements ([N], or [N, 1] for more than one class; int32,
+    int64, or integers in a floating tensor), or targets [N, C]: one-hot rows, or a distribution per row
     (the loss is then the mean of -sum(t * log softmax(x))). Other shapes are refused."""
 
     def forward(self, x, t):
-        return _tandem.reshape(_tandem.softmax_cross_entropy(x, t), [1])
+        from .autograd import _class_labels
+        return _tandem.reshape(_tandem.softmax_cross_entropy(x, _class_labels(x, t)), [1])
 
 
 class Sequential(Layer):
@@ -921,7 +955,17 @@ class Embedding(Layer):
         self.initializer = initializer
 
     def initialize(self, x):
-        self._build(x.device)
+        """Draws the table (at the first call; SINGA's scripts also call it themselves). Called again, it
+        draws new values into the same table, trainable again, on the device of x."""
+        w = self.W
+        if w is None or w.device != x.device:
+            self._build(x.device)
+            return
+        if self.initializer == "uniform":
+            w.uniform(-1.0, 1.0)
+        else:
+            w.gaussian(0.0, 1.0)
+        w.requires_grad = True
 
     def _build(self, device):
         self._set_cpp(_tandem.Embedding(self.input_dim, self.output_dim, device.generator,
@@ -997,6 +1041,7 @@ class RNN_Base(Layer):
         if flat_state:
             h0 = _tandem.reshape(h0, [1] + list(h0.shape))
             c0 = None if c0 is None else _tandem.reshape(c0, [1] + list(c0.shape))
+        x, h0, c0 = self._broadcast_batch(x, h0, c0)
         y, hy, cy = self._cpp.forward_states(x, h0, c0)
         if flat_state or (h0 is None and self.num_layers == 1 and not self.bidirectional and steps):
             hy = _tandem.reshape(hy, list(hy.shape[1:]))
@@ -1006,6 +1051,27 @@ class RNN_Base(Layer):
             n, f = y.shape[1 - axis], y.shape[2]
             y = [_tandem.reshape(_tandem.slice(y, axis, t, 1), [n, f]) for t in range(y.shape[axis])]
         return y, hy, cy
+
+
+    def _broadcast_batch(self, x, h0, c0):
+        """Inputs and states whose batch sizes differ, one of them 1, as SINGA's step-by-step layers take
+        them (their sums broadcast): the one of batch 1 is repeated to the other's batch. Other mismatches
+        are left to the network, which refuses them."""
+        axis = 1 if self.batch_first else 0
+        n = x.shape[1 - axis]
+        states = [s for s in (h0, c0) if s is not None]
+        m = states[0].shape[1] if states else n
+        if n == m or 1 not in (n, m) or any(s.shape[1] != m for s in states):
+            return x, h0, c0
+        if n == 1:
+            shape = list(x.shape)
+            shape[1 - axis] = m
+            return _tandem.expand(x, shape), h0, c0
+
+        def wide(s):
+            return None if s is None else _tandem.expand(s, [s.shape[0], n, s.shape[2]])
+
+        return x, wide(h0), wide(c0)
 
 
 class RNN(RNN_Base):

@@ -29,6 +29,19 @@ _SIXTEEN_BIT = {_tandem.DType.float16: "f16", _tandem.DType.bfloat16: "bf16"}
 _EAGER_STEPS_BEFORE_RECORDING = 3
 
 
+def _tensors_in(a):
+    """The tensors of an argument: itself, or those of a list or tuple."""
+    if isinstance(a, _tandem.Tensor):
+        return [a]
+    if isinstance(a, (list, tuple)):
+        return [t for t in a if isinstance(t, _tandem.Tensor)]
+    return []
+
+
+def _tensor_key(t):
+    return (t.data_ptr, tuple(t.shape), tuple(t.strides), str(t.dtype), str(t.device))
+
+
 class Model(Layer):
     def __init__(self):
         super().__init__()
@@ -114,13 +127,15 @@ class Model(Layer):
         """What a replay must match: the input tensors (address, shape, strides, dtype: views share an
         address), the other arguments, the learning rate and the precision in effect; and the device to
         record on. (None, None) where nothing can be recorded."""
-        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, _tandem.Tensor)]
+        values = list(args) + [kwargs[k] for k in sorted(kwargs)]
+        tensors = [t for a in values for t in _tensors_in(a)]
         if not tensors or not _tandem.graph_supported(tensors[0].device):
             return None, None
         parts = []
-        for a in list(args) + [kwargs[k] for k in sorted(kwargs)]:
-            if isinstance(a, _tandem.Tensor):
-                parts.append(("tensor", a.data_ptr, tuple(a.shape), tuple(a.strides), str(a.dtype), str(a.device)))
+        for a in values:
+            if _tensors_in(a):  # a tensor, or a list or tuple of them (SINGA's RNN inputs: one per step)
+                parts.append(("tensors", tuple(_tensor_key(t) for t in _tensors_in(a)), len(a)
+                              if isinstance(a, (list, tuple)) else None))
             else:
                 parts.append(("value", repr(a)))
         lr = self.optimizer.lr if self.optimizer is not None else None

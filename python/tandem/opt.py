@@ -295,18 +295,23 @@ class Optimizer:
         self.backward_and_update(loss)
 
     def backward_and_update(self, loss):
-        """Back-propagates from loss and applies the gradients."""
-        self._ensure(loss)
-        _tandem.backward(loss)
+        """Back-propagates from loss and applies its gradients, as SINGA's: gradients left on the
+        parameters by earlier passes (an ``autograd.backward`` loop, ``t.backward()``) are dropped first.
+        To apply the sum of several passes, call ``t.backward()`` for each, then ``step()``."""
+        self._fresh_backward(loss)
         self.step()
 
     def call(self, loss):
-        """SINGA's first half of a step: back-propagates and applies the gradients, without counting the
-        step (``step()`` counts it)."""
-        self._ensure(loss)
-        _tandem.backward(loss)
+        """SINGA's first half of a step: back-propagates and applies this loss's gradients (as
+        backward_and_update), without counting the step (``step()`` counts it)."""
+        self._fresh_backward(loss)
         self._impl.step()
         self._impl.zero_grad(True)
+
+    def _fresh_backward(self, loss):
+        self._ensure(loss)
+        self._impl.zero_grad(True)  # nothing to drop after a step: it leaves no gradient
+        _tandem.backward(loss)
 
     def step(self):
         """Applies the accumulated gradients, then clears them, and counts the step."""

@@ -396,19 +396,19 @@ def _bernoulli(self, p, inplace=True):
 
 
 def _lt(self, rhs):
-    return _compare(self, rhs, "lt")
+    return _as_mask(_compare(self, rhs, "lt"))
 
 
 def _le(self, rhs):
-    return _compare(self, rhs, "le")
+    return _as_mask(_compare(self, rhs, "le"))
 
 
 def _gt(self, rhs):
-    return _compare(self, rhs, "gt")
+    return _as_mask(_compare(self, rhs, "gt"))
 
 
 def _ge(self, rhs):
-    return _compare(self, rhs, "ge")
+    return _as_mask(_compare(self, rhs, "ge"))
 
 
 _METHODS = {
@@ -505,26 +505,81 @@ def _tensor_abs(self):
 
 def _tensor_eq(self, rhs):
     if isinstance(rhs, Tensor) or _is_number(rhs):
-        return _compare(self, rhs, "eq")
+        return _as_mask(_compare(self, rhs, "eq"))
     return NotImplemented
 
 
 def _tensor_ne(self, rhs):
     if isinstance(rhs, Tensor):
-        return _tandem.not_equal(self, rhs)
+        return _as_mask(_tandem.not_equal(self, rhs))
     if _is_number(rhs):
-        return _tandem.not_equal(self, float(rhs))
+        return _as_mask(_tandem.not_equal(self, float(rhs)))
     return NotImplemented
 
 
 def _tensor_bool(self):
-    """A one-element tensor is true when nonzero; a larger one has no single truth value (as NumPy's),
-    so that ``t == u`` inside ``if`` or ``in`` cannot pass unnoticed."""
-    if self.size() != 1:
-        raise ValueError(f"the truth value of a tensor of {self.size()} elements is ambiguous: reduce it first "
-                         "(tensor.sum, .item()) or compare tensors by identity (is)")
-    return self.item() != 0
+    """A tensor is true, as SINGA's are: its truth tells it from None (``if labels:``). Read values with
+    ``item()`` or reduce them first; the masks of comparison operators are the exception (see _Mask)."""
+    return True
 
+
+class _Mask(Tensor):
+    """The 1/0 tensor a comparison operator gives (``== != < <= > >=``). A mask of several elements has no
+    truth value (as NumPy's), so that ``t == u`` inside ``if`` or ``in`` cannot pass unnoticed; a mask of
+    one element is true when nonzero."""
+
+    def __bool__(self):
+        if self.size() != 1:
+            raise ValueError(f"the truth value of a mask of {self.size()} elements is ambiguous: reduce it first "
+                             "(tensor.sum, .item()) or compare tensors by identity (is)")
+        return self.item() != 0
+
+
+def _as_mask(t):
+    return _Mask(data=t, requires_grad=False)
+
+
+_FLOAT_RANKS = {bfloat16: 1, float16: 1, float32: 2, float64: 3}
+_INT_RANKS = {uint8: 0, int32: 1, int64: 2}
+
+
+def _common_dtype(a, b):
+    """The dtype two operands of different dtypes compute in (NumPy's rule among tandem's dtypes): an
+    integer with a floating type gives the floating type, otherwise the wider of the two (float16 with
+    bfloat16: float32)."""
+    fa, fb = a in _FLOAT_RANKS, b in _FLOAT_RANKS
+    if fa and fb:
+        if {a, b} == {float16, bfloat16}:
+            return float32
+        return a if _FLOAT_RANKS[a] >= _FLOAT_RANKS[b] else b
+    if fa or fb:
+        return a if fa else b
+    return a if _INT_RANKS[a] >= _INT_RANKS[b] else b
+
+
+def _promote(a, b):
+    """a and b in their common dtype (SINGA's binary ops take operands of different dtypes: an integer
+    mask added to a float one, say); the conversion is recorded by autograd."""
+    if a.dtype == b.dtype:
+        return a, b
+    dt = _common_dtype(a.dtype, b.dtype)
+    return (a if a.dtype == dt else _tandem.cast(a, dt)), (b if b.dtype == dt else _tandem.cast(b, dt))
+
+
+def _promoting(name):
+    cpp = getattr(Tensor, name)
+
+    def op(self, rhs):
+        if isinstance(rhs, Tensor) and rhs.dtype != self.dtype:
+            self, rhs = _promote(self, rhs)
+        return cpp(self, rhs)
+
+    op.__name__ = name
+    op.__doc__ = cpp.__doc__
+    return op
+
+
+_BINARY_CPP = {name: getattr(Tensor, name) for name in ("__add__", "__sub__", "__mul__", "__truediv__")}
 
 _ELEMENTWISE_METHODS = {
     "__bool__": _tensor_bool,
@@ -537,6 +592,19 @@ _ELEMENTWISE_METHODS = {
 for _name, _f in _ELEMENTWISE_METHODS.items():
     setattr(Tensor, _name, _f)
     _METHODS[_name] = _f  # removed again at exit, with the others
+
+
+for _name in _BINARY_CPP:
+    setattr(Tensor, _name, _promoting(_name))
+
+
+def _uninstall_binary():
+    # At exit the C++ operators go back in place of the Python ones, which refer to this module.
+    for name, f in _BINARY_CPP.items():
+        setattr(Tensor, name, f)
+
+
+atexit.register(_uninstall_binary)
 
 # ---- reductions, shape and indexing ops, products
 def _index_values(key, device):

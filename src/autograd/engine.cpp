@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/retain_graph.h"
 #include "backend/backend.h"
 #include "core/tensor_impl.h"
 #include "ops/op_utils.h"
@@ -17,6 +18,7 @@ namespace tandem {
 
 namespace {
 thread_local bool t_grad_enabled = true;
+thread_local bool t_retain_graph = false;
 std::atomic<uint64_t> g_seq{0};
 
 std::shared_ptr<Node> accumulator_for(const Tensor& leaf) {
@@ -86,6 +88,10 @@ Tensor grad_add_target(size_t i) {
 
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
+
+RetainGraphGuard::RetainGraphGuard() : prev_(t_retain_graph) { t_retain_graph = true; }
+RetainGraphGuard::~RetainGraphGuard() { t_retain_graph = prev_; }
+bool retaining_graph() { return t_retain_graph; }
 
 namespace {
 Tensor record(Tensor out, const Tensor* begin, const Tensor* end, const char* name, Node::BackwardFn fn) {
@@ -212,7 +218,7 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
       TANDEM_ASSERT(grads.size() == n->next.size(), n->name, " returned ", grads.size(), " gradients for ",
                     n->next.size(), " inputs");
     }
-    n->backward = nullptr;  // frees the tensors the op saved
+    if (!t_retain_graph) n->backward = nullptr;  // frees the tensors the op saved
     for (size_t i = 0; i < n->next.size(); ++i) {
       Node* c = n->next[i].get();
       if (!c) continue;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "autograd/retain_graph.h"
 #include "tandem/autograd.h"
 #include "tandem/ops.h"
 
@@ -266,6 +267,38 @@ TEST(Autograd, BackwardTwiceThroughAFreedGraphIsAnError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
   }
+}
+
+TEST(Autograd, ARetainedGraphTakesBackwardAgain) {
+  Tensor x = leaf({1.0, -2.0, 3.0});
+  Tensor w = leaf({0.5, 0.25, 2.0});
+  Tensor loss = sum(mul(mul(x, w), x));  // sum(w x^2): d/dx = 2 w x, d/dw = x^2
+  {
+    RetainGraphGuard keep;
+    EXPECT_TRUE(retaining_graph());
+    backward(loss);
+  }
+  EXPECT_FALSE(retaining_graph());
+  expect_values(x.grad(), {1.0, -1.0, 12.0});
+  expect_values(w.grad(), {1.0, 4.0, 9.0});
+  x.set_grad(Tensor());
+  w.set_grad(Tensor());
+  backward(loss);  // over the kept graph, which this pass frees
+  expect_values(x.grad(), {1.0, -1.0, 12.0});
+  expect_values(w.grad(), {1.0, 4.0, 9.0});
+  EXPECT_THROW(backward(loss), Error);
+}
+
+TEST(Autograd, RetainGraphGuardsNest) {
+  {
+    RetainGraphGuard outer;
+    {
+      RetainGraphGuard inner;
+      EXPECT_TRUE(retaining_graph());
+    }
+    EXPECT_TRUE(retaining_graph());
+  }
+  EXPECT_FALSE(retaining_graph());
 }
 
 TEST(Autograd, LossWithoutGradientIsAnError) {

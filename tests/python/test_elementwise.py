@@ -242,7 +242,9 @@ def test_tensor_operators_take_numbers_on_either_side():
     # Not tensors nor numbers: Python's own comparison (identity); tensors keep hashing by identity.
     assert (ta == None) is False and (ta != "x") is True  # noqa: E711
     assert ta in [ta] and {ta: 1, tb: 2}[tb] == 2
-    # A mask of several elements has no truth value (as NumPy's); one element has.
+    # A mask of several elements has no truth value (as NumPy's); one element has. Other tensors are
+    # true, as SINGA's (`if labels:` tells a tensor from None).
+    assert ta and t32([0.0])
     with pytest.raises(ValueError, match="ambiguous"):
         bool(ta == ta)
     with pytest.raises(ValueError, match="ambiguous"):

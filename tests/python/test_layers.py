@@ -112,9 +112,12 @@ def test_softmax_cross_entropy_targets(cpu):
     p = np.exp(log_p)
     np.testing.assert_allclose(x.grad.to_numpy(), (p * soft.sum(1, keepdims=True) - soft) / 8, rtol=1e-5, atol=1e-7)
 
+    # Labels [N, 1] hold class indices, as SINGA reads labels of N elements.
+    assert sce(tensor.from_numpy(logits, cpu), tensor.from_numpy(labels.reshape(8, 1), cpu)).item() == \
+        pytest.approx(expected, rel=1e-6)
     refused = (r"labels \w+\[.*\] on cpu do not fit logits f32\[8, 10\] on cpu; "
                r"give class indices \[8\] \(i32 or i64\) or targets \[8, 10\]")
-    for bad in (labels.reshape(8, 1), np.ascontiguousarray(one_hot[:, :2]), labels[:7]):
+    for bad in (labels[:7].reshape(7, 1), np.ascontiguousarray(one_hot[:, :2]), labels[:7]):
         with pytest.raises(ValueError, match=refused):
             sce(tensor.from_numpy(logits, cpu), tensor.from_numpy(bad, cpu))
 

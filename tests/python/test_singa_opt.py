@@ -144,17 +144,19 @@ def test_apply_and_update_step_one_parameter(cpu):
 
 
 class _Stray(model.Model):
-    """A model whose forward multiplies by a tensor that requires a gradient but is no parameter."""
+    """A model whose forward multiplies by a tensor that requires a gradient but is no parameter (held in
+    a list: a tensor attribute that stores a gradient would be one)."""
 
     def __init__(self, cpu):
         super().__init__()
         self.fc = layer.Linear(3)
         self.loss = layer.SoftMaxCrossEntropy()
-        self.extra = tensor.from_numpy(np.ones((4, 3), np.float32), cpu)
-        self.extra.requires_grad = True
+        extra = tensor.from_numpy(np.ones((4, 3), np.float32), cpu)
+        extra.requires_grad = True
+        self.extras = [extra]
 
     def forward(self, x):
-        return _tandem.mul(self.fc(x), self.extra)
+        return _tandem.mul(self.fc(x), self.extras[0])
 
     def train_one_batch(self, x, y):
         loss = self.loss(self.forward(x), y)
