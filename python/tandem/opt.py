@@ -184,7 +184,8 @@ class Optimizer:
 
     def _build(self, module):
         self._module = module
-        self._impl = self._create(module.parameters())
+        # Frozen parameters (Embedding.from_pretrained(freeze=True), requires_grad=False) are not trained.
+        self._impl = self._create([p for p in module.parameters() if p.requires_grad])
         self._impl.lr = self._lr
         if self._groups is not None:
             self._apply_groups()
