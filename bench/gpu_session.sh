@@ -2,10 +2,12 @@
 # Two-GPU session: builds tandem on a GPU machine, runs the GPU tests, then times and checks tandem
 # next to PyTorch DDP (torchrun, the same number of processes) in the same call. Logs go to $OUT
 # (default /tmp/tandem-gpu), a summary to stdout and $OUT/summary.txt.
-#   bench/gpu_session.sh [build] [tests] [cnn] [resnet] [accuracy] [commbound] [sanitize]
+#   bench/gpu_session.sh [build] [tests] [cnn] [resnet] [gpt] [accuracy] [commbound] [sanitize]
 #   (default: all of them; each stage after tests wants 2 GPUs for its 2-GPU half)
 #   cnn:       the guide's CNN, batch 64 per GPU, recorded steps, 1 and 2 GPUs; PyTorch DDP beside
 #   resnet:    ResNet-50 3x224x224, 1000 classes: bf16 batch 256 and TF32 batch 128 per GPU, 1 and 2 GPUs
+#   gpt:       GPT-2 124M, context 1024, bf16, batch 32 per GPU, random tokens, 1 and 2 GPUs, plain;
+#              PyTorch DDP beside (bench/gpt2_ddp_peer.py, eager and torch.compile)
 #   accuracy:  Fashion-MNIST, 10 epochs on 2 GPUs, every -d option and bf16, through tandem launch and
 #              mpiexec --hostfile, with --check-consistency 200 (METHODS narrows the list)
 #   commbound: NCCL on sockets only, the 36.8 M-parameter MLP: bytes and time per step per option
@@ -21,7 +23,7 @@ DATA=$PWD/.data/fashion-mnist
 PEER=$PWD/.data/peer
 T=$PWD/build-gpu/bin/tandem
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-stages=${*:-build tests cnn resnet accuracy commbound sanitize}
+stages=${*:-build tests cnn resnet gpt accuracy commbound sanitize}
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 has() { [[ " $stages " == *" $1 "* ]]; }
 say "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$NGPU commit ${COMMIT:-?}; stages: $stages"
@@ -75,6 +77,20 @@ if has resnet; then  # run 2
   peer "peer 1gpu rn50 b128 channels-last" 1 --model resnet50 --batch 128 --channels-last --steps 40
   tan "tandem 1gpu rn50 b128 tf32" 1 "${RN[@]}" -b 128 --precision tf32
   [ "$NGPU" -ge 2 ] && tan "tandem 2gpu rn50 b128 tf32" 2 "${RN[@]}" -b 128 --precision tf32
+fi
+
+gpt_peer() {  # label, processes, then gpt2_ddp_peer.py flags
+  local label=$1 n=$2; shift 2
+  python3 -m torch.distributed.run --standalone --nproc_per_node="$n" bench/gpt2_ddp_peer.py --peer-dir "$PEER" "$@" \
+    2>"$OUT/peer_err.log" | grep RESULT | sed "s/^/$label: /" | tee -a "$OUT/summary.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || tail -3 "$OUT/peer_err.log" | tee -a "$OUT/summary.txt"
+}
+if has gpt; then  # GPT-2 124M, data-parallel
+  tan "tandem 1gpu gpt2 b32 bf16" 1 --model gpt -b 32
+  [ "$NGPU" -ge 2 ] && tan "tandem 2gpu gpt2 b32 bf16 plain" 2 --model gpt -b 32 -d plain
+  [ "$NGPU" -ge 2 ] && gpt_peer "peer ddp 2gpu gpt2 b32 eager" 2 --batch 32
+  [ "$NGPU" -ge 2 ] && gpt_peer "peer ddp 2gpu gpt2 b32 compile" 2 --batch 32 --compile
+  # With the sharding of the optimizer state: add `--shard optimizer` here once DistOpt has it.
 fi
 
 run_acc() {  # name, then the command up to its train flags
