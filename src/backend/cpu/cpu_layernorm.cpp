@@ -2,6 +2,7 @@
 // two passes over the row (the mean, then the squared deviations): in double for f64, for f32 in float
 // lanes the compiler vectorises, ended in double (cpu_vec_math.h); the parameters' gradients are summed
 // per block of rows and the blocks added in order, so the result does not depend on the thread count.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -145,6 +146,45 @@ void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Te
     const T* pr = static_cast<const T*>(rstd.data_ptr());
     T* pdx = dx.defined() ? static_cast<T*>(dx.data_ptr()) : nullptr;
     const bool want_w = dw.defined(), want_b = db.defined();
+    if constexpr (std::is_same_v<T, float>) {
+      // One pass over x and dy: each block of rows writes its dx and sums its rows' parameter gradients in
+      // float (a block is 64 rows), the blocks' sums then added per column in double, in block order.
+      if (n == 0) {
+        if (want_w) fill(dw, 0.0);
+        if (want_b) fill(db, 0.0);
+        return;
+      }
+      const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+      std::vector<float> part_w(want_w ? blocks * c : 0), part_b(want_b ? blocks * c : 0);
+      cpu::parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {  // a block is work enough for a task
+        for (int64_t blk = lo; blk < hi; ++blk) {
+          float* aw = want_w ? part_w.data() + blk * c : nullptr;
+          float* ab = want_b ? part_b.data() + blk * c : nullptr;
+          const int64_t r0 = blk * kRowsPerBlock, r1 = std::min(n, r0 + kRowsPerBlock);
+          for (int64_t i = r0; i < r1; ++i) {
+            const float* xr = px + i * c;
+            const float* gr = pg + i * c;
+            const float mu = pm ? pm[i] : 0.0f, r = pr[i];
+            if (pdx) norm_row_backward_f32(xr, gr, pw, pdx + i * c, c, mu, r, rms);
+            if (aw)
+              for (int64_t j = 0; j < c; ++j) aw[j] += gr[j] * ((xr[j] - mu) * r);
+            if (ab)
+              for (int64_t j = 0; j < c; ++j) ab[j] += gr[j];
+          }
+        }
+      });
+      auto finish = [&](const std::vector<float>& part, Tensor& out) {
+        TANDEM_CHECK(out.dtype() == DType::f32, op, ": parameter gradient ", out.str(), " must have the input's dtype");
+        float* po = static_cast<float*>(out.data_ptr());
+        std::vector<double> acc(c, 0.0);
+        for (int64_t blk = 0; blk < blocks; ++blk)
+          for (int64_t j = 0; j < c; ++j) acc[j] += part[blk * c + j];
+        for (int64_t j = 0; j < c; ++j) po[j] = static_cast<float>(acc[j]);
+      };
+      if (want_w) finish(part_w, dw);
+      if (want_b) finish(part_b, db);
+      return;
+    }
     if (pdx && n > 0) {
       cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
