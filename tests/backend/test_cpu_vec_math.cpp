@@ -57,6 +57,22 @@ TEST(CpuVecMath, SumsMaxAndDotOverRaggedLengths) {
     EXPECT_NEAR(dot_f32(x.data(), y.data(), n), dot, 1e-5 * (1 + std::abs(dot))) << n;
     EXPECT_EQ(max_f32(x.data(), n), mx) << n;
     EXPECT_NEAR(sum_exp_f32(x.data(), n, 1.5f), sum_exp, 1e-6 * sum_exp) << n;
+    double sq = 0, s1 = 0, s2 = 0, wsum = 0, wdev = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      sq += (static_cast<double>(x[j]) - 0.25) * (static_cast<double>(x[j]) - 0.25);
+      s1 += static_cast<double>(y[j]) * x[j];
+      s2 += static_cast<double>(y[j]) * x[j] * (static_cast<double>(x[j]) - 0.25);
+      wsum += y[j];
+      wdev += static_cast<double>(y[j]) * (static_cast<double>(x[j]) - 0.25);
+    }
+    EXPECT_NEAR(sum_sq_dev_f32(x.data(), n, 0.25f), sq, 1e-5 * (1 + sq)) << n;
+    double a1, a2;
+    norm_backward_sums_f32(y.data(), x.data(), x.data(), n, 0.25f, a1, a2);  // gradient y, weight x
+    EXPECT_NEAR(a1, s1, 1e-5 * (1 + std::abs(s1))) << n;
+    EXPECT_NEAR(a2, s2, 1e-5 * (1 + std::abs(s2))) << n;
+    norm_backward_sums_f32(y.data(), nullptr, x.data(), n, 0.25f, a1, a2);  // no weight
+    EXPECT_NEAR(a1, wsum, 1e-5 * (1 + std::abs(wsum))) << n;
+    EXPECT_NEAR(a2, wdev, 1e-5 * (1 + std::abs(wdev))) << n;
     std::vector<float> e(n);
     const double s = exp_shifted_f32(x.data(), e.data(), n, 2.0f, 1.0f);
     double want = 0;

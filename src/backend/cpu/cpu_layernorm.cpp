@@ -23,13 +23,7 @@ constexpr int64_t kRowsPerBlock = 64;  // rows whose parameter gradients one tas
 std::pair<float, float> norm_row_f32(const float* x, const float* w, const float* b, float* y, int64_t c, double eps,
                                      bool rms) {
   const float mu = rms || c == 0 ? 0.0f : static_cast<float>(cpu::sum_f32(x, c) / static_cast<double>(c));
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 8 <= c; j += 8)
-    for (int l = 0; l < 8; ++l) lane[l] += (x[j + l] - mu) * (x[j + l] - mu);
-  double ss = 0.0;
-  for (int l = 0; l < 8; ++l) ss += lane[l];
-  for (; j < c; ++j) ss += static_cast<double>(x[j] - mu) * (x[j] - mu);
+  const double ss = cpu::sum_sq_dev_f32(x, c, mu);
   const float r = static_cast<float>(1.0 / std::sqrt((c ? ss / static_cast<double>(c) : 0.0) + eps));
   if (w && b)
     for (int64_t k = 0; k < c; ++k) y[k] = (x[k] - mu) * r * w[k] + b[k];
@@ -45,29 +39,8 @@ std::pair<float, float> norm_row_f32(const float* x, const float* w, const float
 // One f32 row of dx = rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = dy w (w null: 1), xhat = (x - mu) r.
 void norm_row_backward_f32(const float* x, const float* g, const float* w, float* dx, int64_t c, float mu, float r,
                            bool rms) {
-  float l1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  if (w) {
-    for (; j + 8 <= c; j += 8)
-      for (int l = 0; l < 8; ++l) {
-        const float gw = g[j + l] * w[j + l];
-        l1[l] += gw;
-        l2[l] += gw * (x[j + l] - mu);
-      }
-  } else {
-    for (; j + 8 <= c; j += 8)
-      for (int l = 0; l < 8; ++l) {
-        l1[l] += g[j + l];
-        l2[l] += g[j + l] * (x[j + l] - mu);
-      }
-  }
-  double s1 = 0.0, s2 = 0.0;
-  for (int l = 0; l < 8; ++l) s1 += l1[l], s2 += l2[l];
-  for (; j < c; ++j) {
-    const double gw = static_cast<double>(g[j]) * (w ? w[j] : 1.0f);
-    s1 += gw;
-    s2 += gw * (x[j] - mu);
-  }
+  double s1, s2;
+  cpu::norm_backward_sums_f32(g, w, x, c, mu, s1, s2);
   const double inv_c = 1.0 / static_cast<double>(c);
   const float m1 = rms ? 0.0f : static_cast<float>(s1 * inv_c), m2 = static_cast<float>(s2 * r * inv_c);
   if (w)

@@ -2,7 +2,8 @@
 // Internal: row kernels' float math written so that the compiler vectorises it (AVX2 + FMA with the
 // library's -march=x86-64-v3; files that include it are compiled with -fno-trapping-math, without which
 // GCC keeps the comparisons as branches): an exp without calls or branches, and sums over rows of floats
-// kept in eight lanes (a fixed order, so results repeat bit for bit).
+// kept in eight lanes (AVX registers where the target has them; a fixed order, so results repeat bit for
+// bit).
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -36,16 +37,90 @@ inline float exp_f32(float xin) {
   return xin < -87.3f ? 0.0f : v;
 }
 
-/// Sum of x[0..n) in eight float lanes, added in a fixed order at the end in double.
+#if defined(__AVX__)
+/// The eight lanes of v added pairwise in a fixed order.
+inline float hsum256(__m256 v) {
+  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+/// Sum of x[0..n) in eight float lanes (kept in a register where the target has AVX), added in a fixed
+/// order at the end; the tail after the last multiple of 8 in double.
 inline double sum_f32(const float* x, int64_t n) {
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t j = 0;
+  double s = 0.0;
+#if defined(__AVX__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + j));
+  s = hsum256(acc);
+#else
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (; j + 8 <= n; j += 8)
     for (int l = 0; l < 8; ++l) lane[l] += x[j + l];
-  double s = 0.0;
   for (int l = 0; l < 8; ++l) s += lane[l];
+#endif
   for (; j < n; ++j) s += x[j];
   return s;
+}
+
+/// Sum of (x[j] - mu)^2 over x[0..n), as sum_f32 adds.
+inline double sum_sq_dev_f32(const float* x, int64_t n, float mu) {
+  int64_t j = 0;
+  double s = 0.0;
+#if defined(__AVX__)
+  const __m256 m = _mm256_set1_ps(mu);
+  __m256 acc = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + j), m);
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(d, d));
+  }
+  s = hsum256(acc);
+#else
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) lane[l] += (x[j + l] - mu) * (x[j + l] - mu);
+  for (int l = 0; l < 8; ++l) s += lane[l];
+#endif
+  for (; j < n; ++j) s += static_cast<double>(x[j] - mu) * (x[j] - mu);
+  return s;
+}
+
+/// The sums of a[j] b[j] (b null: of a[j]) and of a[j] b[j] (x[j] - mu) over j < n, as sum_f32 adds: the
+/// two sums of a layer-norm row's backward (a the output gradient, b the weight).
+inline void norm_backward_sums_f32(const float* a, const float* b, const float* x, int64_t n, float mu, double& s1,
+                                   double& s2) {
+  int64_t j = 0;
+  s1 = s2 = 0.0;
+#if defined(__AVX__)
+  const __m256 m = _mm256_set1_ps(mu);
+  __m256 acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    __m256 g = _mm256_loadu_ps(a + j);
+    if (b) g = _mm256_mul_ps(g, _mm256_loadu_ps(b + j));
+    acc1 = _mm256_add_ps(acc1, g);
+    acc2 = _mm256_add_ps(acc2, _mm256_mul_ps(g, _mm256_sub_ps(_mm256_loadu_ps(x + j), m)));
+  }
+  s1 = hsum256(acc1);
+  s2 = hsum256(acc2);
+#else
+  float l1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float g = b ? a[j + l] * b[j + l] : a[j + l];
+      l1[l] += g;
+      l2[l] += g * (x[j + l] - mu);
+    }
+  for (int l = 0; l < 8; ++l) s1 += l1[l], s2 += l2[l];
+#endif
+  for (; j < n; ++j) {
+    const double g = static_cast<double>(a[j]) * (b ? b[j] : 1.0f);
+    s1 += g;
+    s2 += g * (x[j] - mu);
+  }
 }
 
 /// Largest of x[0..n) (n >= 1); NaN is not propagated (callers keep finite data). GCC leaves a float
@@ -86,14 +161,20 @@ inline double exp_shifted_f32(const float* x, float* y, int64_t n, float scale, 
   return sum_f32(y, n);
 }
 
-/// Sum of x[j] * y[j] in eight float lanes.
+/// Sum of x[j] * y[j], as sum_f32 adds.
 inline double dot_f32(const float* x, const float* y, int64_t n) {
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t j = 0;
+  double s = 0.0;
+#if defined(__AVX__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
+  s = hsum256(acc);
+#else
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (; j + 8 <= n; j += 8)
     for (int l = 0; l < 8; ++l) lane[l] += x[j + l] * y[j + l];
-  double s = 0.0;
   for (int l = 0; l < 8; ++l) s += lane[l];
+#endif
   for (; j < n; ++j) s += static_cast<double>(x[j]) * y[j];
   return s;
 }
