@@ -372,36 +372,7 @@ bool LmTrainer::resume() {
   load_checkpoint(path, s.model(), &s.opt().optimizer());
 
   // This rank's own state, when its file is there and from the same step.
-  const std::string own = rank_state_path(path, s.rank());
-  dist::RankState state;
-  std::vector<std::pair<std::string, Tensor>> scale;
-  std::string why_not;
-  if (!fs::exists(own, ec)) {
-    why_not = "there is no '" + own + "'";
-  } else {
-    auto own_meta = nlohmann::json::parse(checkpoint_meta(own), nullptr, false);
-    const int64_t own_step = own_meta.is_object() ? own_meta.value("step", int64_t{-1}) : -1;
-    if (own_step != step) {
-      why_not = "'" + own + "' is from step " + std::to_string(own_step) + ", the checkpoint from step " +
-                std::to_string(step);
-    } else {
-      own_meta.erase("step");
-      state.meta_json = own_meta.dump();
-      for (auto& [name, t] : read_checkpoint_tensors(own)) {
-        if (name.rfind("dist/", 0) == 0) state.tensors.emplace_back(name.substr(5), t);
-        if (name.rfind("loss_scale/", 0) == 0) scale.emplace_back(name.substr(11), t);
-      }
-    }
-  }
-  std::vector<std::string> notes = s.opt().load_rank_state(state);
-  if (dist::LossScaler* scaler = s.loss_scaler()) {
-    if (!scale.empty())
-      scaler->load_state(scale);
-    else
-      notes.push_back("rank " + std::to_string(s.rank()) + ": the f16 loss scale starts afresh");
-  }
-  if (!why_not.empty() && !notes.empty()) notes.back() += " (" + why_not + ")";
-  for (const std::string& n : notes) std::fprintf(stderr, "tandem: resuming: %s\n", n.c_str());
+  load_rank_state_beside(s, path, "step", step);
 
   // The dropout generators continue where they were (rank 0's saved; every rank draws as many).
   if (meta.contains("rng") && meta["rng"].is_object())

@@ -146,6 +146,40 @@ std::string rank_state_path(const std::string& checkpoint, int rank) {
   return checkpoint + ".rank" + std::to_string(rank);
 }
 
+void load_rank_state_beside(Session& s, const std::string& checkpoint, const std::string& key, int64_t at) {
+  const std::string own = rank_state_path(checkpoint, s.rank());
+  dist::RankState state;
+  std::vector<std::pair<std::string, Tensor>> scale;
+  std::string why_not;
+  std::error_code ec;
+  if (!std::filesystem::exists(own, ec)) {
+    why_not = "there is no '" + own + "'";
+  } else {
+    auto own_meta = nlohmann::json::parse(checkpoint_meta(own), nullptr, false);
+    const int64_t own_at = own_meta.is_object() ? own_meta.value(key, int64_t{-1}) : -1;
+    if (own_at != at) {
+      why_not = "'" + own + "' is from " + key + " " + std::to_string(own_at) + ", the checkpoint from " + key + " " +
+                std::to_string(at);
+    } else {
+      own_meta.erase(key);
+      state.meta_json = own_meta.dump();
+      for (auto& [name, t] : read_checkpoint_tensors(own)) {
+        if (name.rfind("dist/", 0) == 0) state.tensors.emplace_back(name.substr(5), t);
+        if (name.rfind("loss_scale/", 0) == 0) scale.emplace_back(name.substr(11), t);
+      }
+    }
+  }
+  std::vector<std::string> notes = s.opt().load_rank_state(state);
+  if (dist::LossScaler* scaler = s.loss_scaler()) {
+    if (!scale.empty())
+      scaler->load_state(scale);
+    else
+      notes.push_back("rank " + std::to_string(s.rank()) + ": the f16 loss scale starts afresh");
+  }
+  if (!why_not.empty() && !notes.empty()) notes.back() += " (" + why_not + ")";
+  for (const std::string& n : notes) std::fprintf(stderr, "tandem: resuming: %s\n", n.c_str());
+}
+
 Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {}
 Trainer::~Trainer() = default;
 
@@ -273,36 +307,7 @@ bool Trainer::resume() {
 
   // This rank's own state, when its file is there and from the same epoch (a run stopped between
   // writing it and the checkpoint leaves an older or newer one: that state starts afresh, said below).
-  const std::string own = rank_state_path(path, s.rank());
-  dist::RankState state;
-  std::vector<std::pair<std::string, Tensor>> scale;
-  std::string why_not;
-  if (!fs::exists(own, ec)) {
-    why_not = "there is no '" + own + "'";
-  } else {
-    auto own_meta = nlohmann::json::parse(checkpoint_meta(own), nullptr, false);
-    const int64_t epoch = own_meta.is_object() ? own_meta.value("epoch", int64_t{-1}) : -1;
-    if (epoch != at.next_epoch - 1) {
-      why_not = "'" + own + "' is from epoch " + std::to_string(epoch) + ", the checkpoint from epoch " +
-                std::to_string(at.next_epoch - 1);
-    } else {
-      own_meta.erase("epoch");
-      state.meta_json = own_meta.dump();
-      for (auto& [name, t] : read_checkpoint_tensors(own)) {
-        if (name.rfind("dist/", 0) == 0) state.tensors.emplace_back(name.substr(5), t);
-        if (name.rfind("loss_scale/", 0) == 0) scale.emplace_back(name.substr(11), t);
-      }
-    }
-  }
-  std::vector<std::string> notes = s.opt().load_rank_state(state);
-  if (dist::LossScaler* scaler = s.loss_scaler()) {
-    if (!scale.empty())
-      scaler->load_state(scale);
-    else
-      notes.push_back("rank " + std::to_string(s.rank()) + ": the f16 loss scale starts afresh");
-  }
-  if (!why_not.empty() && !notes.empty()) notes.back() += " (" + why_not + ")";
-  for (const std::string& n : notes) std::fprintf(stderr, "tandem: resuming: %s\n", n.c_str());
+  load_rank_state_beside(s, path, "epoch", at.next_epoch - 1);
   first_epoch_ = at.next_epoch;
   if (s.lead()) std::fprintf(stderr, "tandem: resuming from '%s' at epoch %d\n", path.c_str(), first_epoch_);
   return true;

@@ -46,6 +46,10 @@ struct TrainConfig : SessionConfig {
 
 /// Where rank `rank` keeps its own state beside the checkpoint `checkpoint` (`m.ck` -> `m.ck.rank1`).
 std::string rank_state_path(const std::string& checkpoint, int rank);
+/// --resume: loads this rank's own state (DistOpt's per-rank state, the f16 loss scale) from its file
+/// beside `checkpoint` when that file is there and was saved at the same point (its meta `key`, "epoch"
+/// or "step", equal to `at`); what starts afresh instead is said on stderr, with the reason.
+void load_rank_state_beside(Session& s, const std::string& checkpoint, const std::string& key, int64_t at);
 
 /// One epoch's training figures, summed over ranks.
 struct EpochStats {
