@@ -54,9 +54,16 @@ inline double sum_f32(const float* x, int64_t n) {
   int64_t j = 0;
   double s = 0.0;
 #if defined(__AVX__)
-  __m256 acc = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + j));
-  s = hsum256(acc);
+  // Four accumulators: one add's latency no longer paces the loop.
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (; j + 32 <= n; j += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + j));
+    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + j + 8));
+    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(x + j + 16));
+    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(x + j + 24));
+  }
+  for (; j + 8 <= n; j += 8) a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + j));
+  s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #else
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (; j + 8 <= n; j += 8)
@@ -130,8 +137,15 @@ inline float max_f32(const float* x, int64_t n) {
   float m = x[0];
 #if defined(__AVX__)
   if (n >= 8) {
-    __m256 v = _mm256_loadu_ps(x);
-    for (j = 8; j + 8 <= n; j += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + j));
+    __m256 v = _mm256_loadu_ps(x), v1 = v, v2 = v, v3 = v;  // four chains of maxima
+    for (j = 8; j + 32 <= n; j += 32) {
+      v = _mm256_max_ps(v, _mm256_loadu_ps(x + j));
+      v1 = _mm256_max_ps(v1, _mm256_loadu_ps(x + j + 8));
+      v2 = _mm256_max_ps(v2, _mm256_loadu_ps(x + j + 16));
+      v3 = _mm256_max_ps(v3, _mm256_loadu_ps(x + j + 24));
+    }
+    for (; j + 8 <= n; j += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + j));
+    v = _mm256_max_ps(_mm256_max_ps(v, v1), _mm256_max_ps(v2, v3));
     alignas(32) float lane[8];
     _mm256_store_ps(lane, v);
     for (int l = 0; l < 8; ++l) m = m > lane[l] ? m : lane[l];
@@ -166,9 +180,13 @@ inline double dot_f32(const float* x, const float* y, int64_t n) {
   int64_t j = 0;
   double s = 0.0;
 #if defined(__AVX__)
-  __m256 acc = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
-  s = hsum256(acc);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (; j + 16 <= n; j += 16) {
+    a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
+    a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x + j + 8), _mm256_loadu_ps(y + j + 8)));
+  }
+  for (; j + 8 <= n; j += 8) a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
+  s = hsum256(_mm256_add_ps(a0, a1));
 #else
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (; j + 8 <= n; j += 8)
