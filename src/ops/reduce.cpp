@@ -17,6 +17,25 @@ using ReduceOp = backend::Backend::ReduceOp;
 
 namespace ops {
 
+namespace {
+// The reduced dimensions of `shape` moved last: the permutation, the extent of the kept ones (outer) and
+// of the reduced ones (n), so that the permuted tensor is rows [outer, n].
+struct ReducedLast {
+  std::vector<int64_t> perm;
+  int64_t outer = 1, n = 1;
+};
+ReducedLast reduced_last(const Shape& shape, const std::vector<bool>& reduced) {
+  ReducedLast r;
+  for (bool want_reduced : {false, true})
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (reduced[d] == want_reduced) {
+        r.perm.push_back(static_cast<int64_t>(d));
+        (want_reduced ? r.n : r.outer) *= shape[d];
+      }
+  return r;
+}
+}  // namespace
+
 ReducePlan plan_reduce(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, const char* op) {
   const int64_t nd = x.dim();
   ReducePlan p;
@@ -91,19 +110,8 @@ Tensor reduce_raw(ReduceOp op, const Tensor& x, const std::vector<bool>& reduced
     return cur.view(kept);
   }
   // Every reduced dimension moved to the end, then one reduction of rows.
-  std::vector<int64_t> perm;
-  int64_t outer = 1, n = 1;
-  for (size_t d = 0; d < shape.size(); ++d)
-    if (!reduced[d]) {
-      perm.push_back(static_cast<int64_t>(d));
-      outer *= shape[d];
-    }
-  for (size_t d = 0; d < shape.size(); ++d)
-    if (reduced[d]) {
-      perm.push_back(static_cast<int64_t>(d));
-      n *= shape[d];
-    }
-  return run_kernel(permute_raw(xc, perm), outer, n, 1, arg).view(kept);
+  const ReducedLast r = reduced_last(shape, reduced);
+  return run_kernel(permute_raw(xc, r.perm), r.outer, r.n, 1, arg).view(kept);
 }
 
 }  // namespace ops
@@ -253,18 +261,9 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return record_op(y, {x}, "prod", [saved, reduced, kept](const Tensor& g) {
     // The reduced dimensions moved last: each output's factors form one row [outer, n].
     const Shape& shape = saved.shape();
-    std::vector<int64_t> perm;
-    int64_t outer = 1, n = 1;
-    for (size_t d = 0; d < shape.size(); ++d)
-      if (!reduced[d]) {
-        perm.push_back(static_cast<int64_t>(d));
-        outer *= shape[d];
-      }
-    for (size_t d = 0; d < shape.size(); ++d)
-      if (reduced[d]) {
-        perm.push_back(static_cast<int64_t>(d));
-        n *= shape[d];
-      }
+    const ReducedLast rl = reduced_last(shape, reduced);
+    const std::vector<int64_t>& perm = rl.perm;
+    const int64_t outer = rl.outer, n = rl.n;
     Tensor xp = permute_raw(saved, perm);
     Tensor dxp = Tensor::empty(xp.shape(), xp.dtype(), xp.device());
     be(xp).prod_backward(xp, g.contiguous(), outer, n, 1, dxp);

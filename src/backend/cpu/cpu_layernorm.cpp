@@ -158,16 +158,13 @@ void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Te
       if (want_b) finish(part_b, db);
       return;
     }
+    // f64: statistics and sums in double, dx first, then the parameter gradients per block of rows.
     if (pdx && n > 0) {
       cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
           const T* xr = px + i * c;
           const T* gr = pg + i * c;
           T* dr = pdx + i * c;
-          if constexpr (std::is_same_v<T, float>) {
-            norm_row_backward_f32(xr, gr, pw, dr, c, pm ? pm[i] : 0.0f, pr[i], rms);
-            continue;
-          }
           const double mu = pm ? static_cast<double>(pm[i]) : 0.0, r = static_cast<double>(pr[i]);
           // With gw = dy * w and xhat = (x - mean) * rstd: dx = rstd (gw - mean(gw) - xhat mean(gw xhat)), the
           // mean(gw) term absent for RMS normalisation.
@@ -196,16 +193,6 @@ void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Te
         double* ab = want_b ? part_b.data() + blk * c : nullptr;
         const int64_t r0 = blk * kRowsPerBlock, r1 = std::min(n, r0 + kRowsPerBlock);
         for (int64_t i = r0; i < r1; ++i) {
-          if constexpr (std::is_same_v<T, float>) {  // double sums of float products, vectorised
-            const float mu = pm ? pm[i] : 0.0f, r = pr[i];
-            const float* gr = pg + i * c;
-            const float* xr = px + i * c;
-            if (aw)
-              for (int64_t j = 0; j < c; ++j) aw[j] += static_cast<double>(gr[j] * ((xr[j] - mu) * r));
-            if (ab)
-              for (int64_t j = 0; j < c; ++j) ab[j] += static_cast<double>(gr[j]);
-            continue;
-          }
           const double mu = pm ? static_cast<double>(pm[i]) : 0.0, r = static_cast<double>(pr[i]);
           for (int64_t j = 0; j < c; ++j) {
             const double g = static_cast<double>(pg[i * c + j]);
