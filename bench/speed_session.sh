@@ -7,7 +7,7 @@
 #   (default: build tests cnn resnet)
 # CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
 # PROFILE lists "model batch precision" triples separated by ';';
-# PEER_PROFILE=0 profiles tandem alone. GPT_BATCHES lists the GPT-2 124M batches of `gpt` (default 32; the
+# PEER_PROFILE=0 profiles tandem alone; PROFILE_TOP kernels are listed (22). GPT_BATCHES lists the GPT-2 124M batches of `gpt` (default 32; the
 # eager peer runs at the first); (Per-kernel times of tandem's GPT-2 step:
 # PROFILE="gpt 32 bf16" PEER_PROFILE=0 with the profile stage.)
 # `gptchar` trains the char GPT on Shakespeare (nanoGPT's recipe; CHAR_STEPS, default 5000) beside
@@ -275,7 +275,7 @@ if has profile; then
     peer_arg=(--peer "$PEER/pytorch_ddp.py")
     [ "${PEER_PROFILE:-1}" = 0 ] && peer_arg=()
     python3 bench/kernel_profile.py --model "$1" --batch "$2" --precision "$3" --tandem "$T" \
-      "${peer_arg[@]}" --out "$OUT" --top 22 >"$OUT/profile_$1_$3.txt" 2>&1
+      "${peer_arg[@]}" --out "$OUT" --top "${PROFILE_TOP:-22}" >"$OUT/profile_$1_$3.txt" 2>&1
     cat "$OUT/profile_$1_$3.txt"
   done
 fi
