@@ -321,15 +321,9 @@ Tensor Reducer::grad_norm(bool agree) {
 
 void Reducer::scale_grads(const Tensor& coef) {
   backend::Backend& be = backend::backend_for(device_);
-  int64_t largest = 0;
-  for (const Bucket& b : buckets_) largest = std::max(largest, b.numel);
-  if (!scale_scratch_.defined() || scale_scratch_.numel() < largest)
-    scale_scratch_ = Tensor::empty({largest}, DType::f32, device_);
-  for (const Bucket& b : buckets_) {
-    Tensor v = f32_range(master_arena_, b).view({1, b.numel});
-    Tensor scaled = scale_scratch_.narrow(0, 0, b.numel).view({1, b.numel});
-    be.gemm(false, false, 1, b.numel, 1, 1.0, coef.view({1, 1}), v, 0.0, scaled);  // coef stays on the device
-    be.copy_bytes(scaled.data_ptr(), v.data_ptr(), static_cast<size_t>(b.numel) * 4, device_.index);
+  for (const Bucket& b : buckets_) {  // in place, the factor read on the device
+    Tensor v = f32_range(master_arena_, b);
+    be.scale_by(v, coef, v);
   }
 }
 

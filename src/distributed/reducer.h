@@ -120,7 +120,6 @@ class Reducer {
   Tensor factor_;           // set_gradient_scale
   std::vector<Tensor> carried_saved_;  // check_finite: the carried state as it was before this step
   std::vector<Tensor> bucket_sum_views_;
-  Tensor scale_scratch_;  // scale_grads: the largest bucket, allocated on first use
   bool trace_on_ = false;
   std::vector<std::string> trace_;
 };

@@ -20,7 +20,7 @@ Tensor verdict(float v, Device d) { return Tensor::from_vector(std::vector<float
 
 TEST(CudaGuard, ScaleByAFactorOnTheDeviceMatchesTheCpu) {
   REQUIRE_GPU();
-  for (int64_t n : {1, 1000, 70001}) {
+  for (int64_t n : {int64_t(1), int64_t(1000), int64_t(70001), int64_t(1) << 20}) {  // 4-wide and scalar
     Tensor x = rand_cpu({n}, 7 + n);
     Tensor f = verdict(0.125f, Device::cpu());
     Tensor c = Tensor::empty({n}), g = Tensor::empty({n}, DType::f32, gpu());
