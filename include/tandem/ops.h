@@ -380,6 +380,14 @@ void add_into(Tensor& acc, const Tensor& x);
 /// takes the geometry; f32, the CPU and other cases compute softmax and products (scores in f32 or better).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     double dropout_p = 0.0, double scale = 0.0, Generator* gen = nullptr);
+/// Multi-head self-attention over a packed projection: qkv [B, T, 3C] holds the query, key and value side by
+/// side along its last axis (as GPT-2's c_attn gives them), each C = heads x d; the result is [B, T, C], the
+/// heads side by side. The same as splitting qkv in three, viewing each part as [B, heads, T, d], calling
+/// scaled_dot_product_attention and merging the heads back, but where the fused path runs (CUDA, 16-bit)
+/// nothing is copied: cuDNN reads the heads from qkv in place, writes the output in [B, T, C] and the gradient
+/// of qkv as one tensor. Other cases compute exactly that composition.
+Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool causal = true, double dropout_p = 0.0,
+                             double scale = 0.0, Generator* gen = nullptr);
 
 // ---- embedding and recurrent networks
 /// The rows of weight [V, D] that indices (i32 or i64, any shape [...], values in [0, V)) pick:

@@ -125,6 +125,9 @@ struct AttentionGeom {
   /// zero: contiguous [b, h, t, d]). Its output, output gradient and input gradients are [b, t, h, d] in
   /// memory (the layout a projection of [b, t, h d] gives), viewed as [b, h, t, d].
   std::array<int64_t, 4> q_strides{}, k_strides{}, v_strides{};
+  /// The input gradients in the inputs' own layout (the strides above) instead of [b, t, h, d]: the gradients
+  /// of a packed projection's query, key and value written side by side into one gradient of that projection.
+  bool grads_like_inputs = false;
 };
 
 /// Device work recorded once (a CUDA graph) and replayed as a whole.

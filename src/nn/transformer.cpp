@@ -47,14 +47,10 @@ void SelfAttention::check_input(const Tensor& x, const char* what) const {
 
 Tensor SelfAttention::forward(const Tensor& x) {
   check_input(x, "");
-  const int64_t b = x.size(0), t = x.size(1), hd = width_ / heads_;
-  // [B, T, 3C] -> the query, key and value [B, T, C] (views) -> heads [B, H, T, hd] (views).
-  std::vector<Tensor> qkv = split(c_attn->forward(x), {width_, width_, width_}, 2);
-  auto heads = [&](const Tensor& y) { return permute(reshape(y, {b, t, heads_, hd}), {0, 2, 1, 3}); };
+  // [B, T, 3C]: the query, key and value side by side -> [B, T, C], the heads side by side.
   const double p = is_training() ? dropout_ : 0.0;
-  Tensor a = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), causal_, p, 0.0,
-                                          p > 0.0 ? &gen_ : nullptr);
-  return c_proj->forward(reshape(permute(a, {0, 2, 1, 3}), {b, t, width_}));
+  Tensor a = packed_self_attention(c_attn->forward(x), heads_, causal_, p, 0.0, p > 0.0 ? &gen_ : nullptr);
+  return c_proj->forward(a);
 }
 
 Tensor SelfAttention::forward_cached(const Tensor& x, KVCache& cache, int64_t capacity) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/tensor_impl.h"
 #include "ops/layout.h"
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
@@ -127,7 +128,70 @@ Tensor math_attention(const Tensor& q, const Tensor& k, const Tensor& v, const A
   });
 }
 
+// The [b, heads, t, d] view of part `part` (0 query, 1 key, 2 value) of a packed [b, t, 3c] tensor.
+Tensor packed_part(const Tensor& qkv, int64_t heads, int part) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), c3 = qkv.size(2), c = c3 / 3, d = c / heads;
+  return as_strided(qkv, {b, heads, t, d}, {t * c3, d, c3, 1}, qkv.storage_offset() + part * c);
+}
+
 }  // namespace
+
+Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool causal, double dropout_p, double scale,
+                             Generator* gen) {
+  const char* op = "packed_self_attention";
+  check_dim(qkv, 3, op, "qkv");
+  check_floating(qkv, op, "qkv");
+  TANDEM_CHECK(heads > 0 && qkv.size(2) % (3 * heads) == 0, op, ": qkv ", qkv.str(), " must hold the query, key and ",
+               "value of ", heads, " heads side by side along dimension 2 (its extent a multiple of 3 x ", heads, ")");
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
+  auto composed = [&] {
+    std::vector<Tensor> parts = split(qkv, {c, c, c}, 2);
+    auto by_head = [&](const Tensor& y) { return permute(reshape(y, {b, t, heads, d}), {0, 2, 1, 3}); };
+    Tensor a = scaled_dot_product_attention(by_head(parts[0]), by_head(parts[1]), by_head(parts[2]), causal,
+                                            dropout_p, scale, gen);
+    return reshape(permute(a, {0, 2, 1, 3}), {b, t, c});
+  };
+  const DType cdt = compute_dtype(qkv.device(), current_precision(), qkv.dtype());
+  if (!qkv.device().is_cuda() || !is_half(cdt) || qkv.dtype() != cdt || !qkv.is_contiguous() || b * t * d == 0)
+    return composed();
+  TANDEM_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, op, ": dropout probability ", dropout_p, " outside [0, 1)");
+  TANDEM_CHECK(dropout_p == 0.0 || gen != nullptr, op, ": dropout_p ", dropout_p, " needs a generator");
+  Tensor base = qkv.detach();
+  Tensor q = packed_part(base, heads, 0), k = packed_part(base, heads, 1), v = packed_part(base, heads, 2);
+  if (!fused_reads_in_place(q, cdt) || !fused_reads_in_place(k, cdt) || !fused_reads_in_place(v, cdt))
+    return composed();
+  AttentionGeom g;
+  g.batch = b;
+  g.heads = heads;
+  g.tq = g.tk = t;
+  g.d = g.dv = d;
+  g.causal = causal;
+  g.scale = scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(d));
+  g.dropout_p = dropout_p;
+  g.q_strides = strides_of(q);
+  g.k_strides = strides_of(k);
+  g.v_strides = strides_of(v);
+  g.grads_like_inputs = true;
+  if (!be(qkv).fused_attention_supported(g, cdt, qkv.device().index)) return composed();
+  uint64_t seed = 0, offset = 0;
+  if (dropout_p > 0.0) {  // the draws scaled_dot_product_attention would take
+    seed = gen->seed();
+    offset = gen->advance(static_cast<uint64_t>(b * heads * t * t));
+  }
+  Tensor y = Tensor::empty({b, t, c}, cdt, qkv.device());
+  Tensor o = as_strided(y, {b, heads, t, d}, {t * c, d, c, 1}, 0);  // [b, t, h, d] in memory
+  Tensor stats = Tensor::empty({b, heads, t}, DType::f32, qkv.device());
+  be(qkv).fused_attention_forward(q, k, v, g, seed, offset, o, stats);
+  Tensor so = o.detach();
+  return record_op(y, {qkv}, op, [base, q, k, v, so, stats, g, seed, offset, cdt, heads, b, t, c](const Tensor& grad) {
+    Tensor gd = to_dense(grad, cdt, false);
+    Tensor dout = as_strided(gd, {b, heads, t, c / heads}, {t * c, c / heads, c, 1}, gd.storage_offset());
+    Tensor dqkv = Tensor::empty(base.shape(), cdt, base.device());
+    Tensor dq = packed_part(dqkv, heads, 0), dk = packed_part(dqkv, heads, 1), dv = packed_part(dqkv, heads, 2);
+    be(dout).fused_attention_backward(q, k, v, so, dout, stats, g, seed, offset, dq, dk, dv);
+    return std::vector<Tensor>{dqkv};
+  });
+}
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
                                     double scale, Generator* gen) {

@@ -162,5 +162,54 @@ TEST(FusedAttentionMore, DropoutKeepsTheExpectedFraction) {
   EXPECT_NEAR(mean, 1.0, 0.05);
 }
 
+// packed_self_attention on a [B, T, 3C] projection: cuDNN reads the heads in place and writes the gradient of
+// the projection as one tensor. Against the f32 math path (same tolerances as above) and against the
+// composition it stands for (split, view by head, attend, merge), with and without dropout.
+TEST(FusedAttentionMore, PackedProjectionAgreesWithTheComposition) {
+  REQUIRE_GPU();
+  const int64_t b = 2, h = 3, len = 256, d = 64, c = h * d;
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (bool causal : {false, true}) {
+      if (!fused(t, b, h, len, len, d, causal)) GTEST_SKIP() << "cuDNN's fused attention does not take this here";
+      const std::string tag = std::string(dtype_name(t)) + (causal ? " causal" : "");
+      const Tensor x0 = rand_cpu({b, len, 3 * c}, 21, -1.0, 1.0).to(t).to(DType::f32).to(gpu());
+      const Tensor dout = rand_cpu({b, len, c}, 22, -1.0, 1.0).to(t).to(DType::f32).to(gpu());
+      auto composed = [&](const Tensor& qkv, double p, Generator* gen) {
+        const std::vector<Tensor> parts = split(qkv, {c, c, c}, 2);
+        auto by_head = [&](const Tensor& y) { return permute(reshape(y, {b, len, h, d}), {0, 2, 1, 3}); };
+        Tensor a = scaled_dot_product_attention(by_head(parts[0]), by_head(parts[1]), by_head(parts[2]), causal, p,
+                                                0.0, gen);
+        return reshape(permute(a, {0, 2, 1, 3}), {b, len, c});
+      };
+      auto run = [&](DType dt, bool packed, double p) {
+        Tensor qkv = x0.to(dt).clone();
+        qkv.requires_grad_();
+        Generator gen(31);
+        Tensor y = packed ? packed_self_attention(qkv, h, causal, p, 0.0, p > 0 ? &gen : nullptr)
+                          : composed(qkv, p, p > 0 ? &gen : nullptr);
+        backward(y, {}, dout.to(dt));
+        return std::pair<Tensor, Tensor>{y.detach().to(DType::f32), qkv.grad().to(DType::f32)};
+      };
+      std::pair<Tensor, Tensor> ref;
+      {
+        PrecisionScope exact(Precision::f32);
+        ref = run(DType::f32, false, 0.0);
+      }
+      const auto got = run(t, true, 0.0), comp = run(t, false, 0.0);
+      const Tol tol = tol_for(t);
+      EXPECT_LE(rel_error(ref.first, got.first), tol.out) << tag << " output";
+      EXPECT_LE(rel_error(ref.second, got.second), tol.grad) << tag << " d(qkv)";
+      EXPECT_LE(rel_error(comp.first, got.first), tol.out / 4) << tag << " output vs the composition";
+      EXPECT_LE(rel_error(comp.second, got.second), tol.grad / 4) << tag << " d(qkv) vs the composition";
+      // Dropout: the same generator state draws the same mask through either form, run after run.
+      const auto pd = run(t, true, 0.2), pd2 = run(t, true, 0.2), cd = run(t, false, 0.2);
+      expect_same_bytes(pd.first, pd2.first, tag + " packed dropout repeated");
+      EXPECT_LE(rel_error(cd.first, pd.first), tol.out / 4) << tag << " dropout output vs the composition";
+      EXPECT_LE(rel_error(cd.second, pd.second), tol.grad / 4) << tag << " dropout d(qkv) vs the composition";
+      EXPECT_GT(rel_error(got.first, pd.first), 0.05) << tag << " dropout changed nothing";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem

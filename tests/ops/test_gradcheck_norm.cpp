@@ -118,6 +118,32 @@ TEST(GradcheckNorm, AttentionMathPath) {
       {qt, k, v}));
 }
 
+TEST(GradcheckNorm, PackedSelfAttention) {
+  Generator gen(8);
+  // qkv [B=2, T=4, 3C] with C = 2 heads x 3.
+  Tensor qkv = leaf({2, 4, 18}, gen);
+  for (bool causal : {false, true}) {
+    EXPECT_TRUE(gradcheck1([causal](const Tensor& t) { return packed_self_attention(t, 2, causal); }, qkv))
+        << "causal " << causal;
+    // The same values as splitting, viewing by head, attending and merging the heads by hand.
+    const std::vector<Tensor> parts = split(qkv.detach(), {6, 6, 6}, 2);
+    auto by_head = [](const Tensor& y) { return permute(reshape(y, {2, 4, 2, 3}), {0, 2, 1, 3}); };
+    const Tensor expect = reshape(
+        permute(scaled_dot_product_attention(by_head(parts[0]), by_head(parts[1]), by_head(parts[2]), causal),
+                {0, 2, 1, 3}),
+        {2, 4, 6});
+    const Tensor got = packed_self_attention(qkv.detach(), 2, causal);
+    ASSERT_EQ(got.shape(), expect.shape());
+    EXPECT_EQ(got.contiguous().to_vector<double>(), expect.contiguous().to_vector<double>()) << "causal " << causal;
+  }
+  EXPECT_TRUE(gradcheck1(
+      [](const Tensor& t) {
+        Generator g(78);
+        return packed_self_attention(t, 2, true, 0.3, 0.0, &g);
+      },
+      qkv));
+}
+
 TEST(GradcheckNorm, DropoutOnAnyShape) {
   Generator gen(7);
   for (const Shape& s : {Shape{7}, Shape{2, 3, 4}, Shape{2, 1, 3, 2, 2}}) {

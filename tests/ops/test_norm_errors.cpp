@@ -79,6 +79,9 @@ TEST(NormErrors, Attention) {
   expect_error([&] { scaled_dot_product_attention(q, Tensor::zeros({1, 3, 5, 8}), v); },
                {"scaled_dot_product_attention", "batch and heads"});
   expect_error([&] { scaled_dot_product_attention(q, k, v, false, 0.1); }, {"scaled_dot_product_attention", "generator"});
+  expect_error([&] { packed_self_attention(Tensor::zeros({2, 4, 8}), 2); },
+               {"packed_self_attention", "f32[2, 4, 8]", "2 heads", "multiple of 3 x 2"});
+  expect_error([&] { packed_self_attention(Tensor::zeros({4, 12}), 2); }, {"packed_self_attention", "qkv", "3 dimensions"});
   Generator gen(1);
   expect_error([&] { scaled_dot_product_attention(q, k, v, false, 1.0, 0.0, &gen); }, {"outside [0, 1)"});
   expect_error([&] { scaled_dot_product_attention(q, k, Tensor::zeros({1, 2, 5, 8}, DType::f64)); },

@@ -41,12 +41,13 @@ struct AttentionKey {
   int device;
   DType dtype;
   int64_t b, h, tq, tk, d, dv;
-  bool causal, deterministic;
+  bool causal, deterministic, grads_like_inputs;
   float scale, dropout_p;
   std::array<int64_t, 4> qs, ks, vs;  // the inputs' strides as [b, h, t, d]
   bool operator==(const AttentionKey& o) const {
     return device == o.device && dtype == o.dtype && b == o.b && h == o.h && tq == o.tq && tk == o.tk && d == o.d &&
            dv == o.dv && causal == o.causal && deterministic == o.deterministic &&
+           grads_like_inputs == o.grads_like_inputs &&
            std::memcmp(&scale, &o.scale, sizeof(float)) == 0 && std::memcmp(&dropout_p, &o.dropout_p, sizeof(float)) == 0 &&
            qs == o.qs && ks == o.ks && vs == o.vs;
   }
@@ -64,8 +65,8 @@ struct AttentionKeyHash {
     std::memcpy(&pb, &k.dropout_p, 4);
     mix(sb);
     mix(pb);
-    mix((static_cast<uint64_t>(k.device) << 16) | (static_cast<uint64_t>(k.dtype) << 8) | (k.causal ? 2 : 0) |
-        (k.deterministic ? 1 : 0));
+    mix((static_cast<uint64_t>(k.device) << 16) | (static_cast<uint64_t>(k.dtype) << 8) | (k.grads_like_inputs ? 4 : 0) |
+        (k.causal ? 2 : 0) | (k.deterministic ? 1 : 0));
     return h;
   }
 };
@@ -79,6 +80,11 @@ std::array<int64_t, 4> or_contiguous(const std::array<int64_t, 4>& s, int64_t h,
   return s == std::array<int64_t, 4>{} ? bhtd(h, t, d) : s;
 }
 
+// An input gradient's strides: its input's (grads_like_inputs) or [b, t, h, d].
+std::array<int64_t, 4> grad_strides(const AttentionKey& k, const std::array<int64_t, 4>& input, int64_t t, int64_t d) {
+  return k.grads_like_inputs ? input : bthd(k.h, t, d);
+}
+
 AttentionKey key_of(const AttentionGeom& g, DType t, int device) {
   return {device,
           t,
@@ -90,6 +96,7 @@ AttentionKey key_of(const AttentionGeom& g, DType t, int device) {
           g.dv,
           g.causal,
           deterministic_algorithms(),
+          g.grads_like_inputs,
           static_cast<float>(g.scale),
           static_cast<float>(g.dropout_p),
           or_contiguous(g.q_strides, g.heads, g.tq, g.d),
@@ -167,9 +174,9 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionKey& k) {
   if (k.dropout_p > 0.0f)
     opts.set_dropout(k.dropout_p, rng_tensor(*graph, "Seed", kSeed), rng_tensor(*graph, "Offset", kOffset));
   auto [dq, dk, dv] = graph->sdpa_backward(q, kk, v, o, dout, stats, opts);
-  dq->set_output(true).set_uid(kDQ).set_dim({k.b, k.h, k.tq, k.d}).set_stride(vec(bthd(k.h, k.tq, k.d)));
-  dk->set_output(true).set_uid(kDK).set_dim({k.b, k.h, k.tk, k.d}).set_stride(vec(bthd(k.h, k.tk, k.d)));
-  dv->set_output(true).set_uid(kDV).set_dim({k.b, k.h, k.tk, k.dv}).set_stride(vec(bthd(k.h, k.tk, k.dv)));
+  dq->set_output(true).set_uid(kDQ).set_dim({k.b, k.h, k.tq, k.d}).set_stride(vec(grad_strides(k, k.qs, k.tq, k.d)));
+  dk->set_output(true).set_uid(kDK).set_dim({k.b, k.h, k.tk, k.d}).set_stride(vec(grad_strides(k, k.ks, k.tk, k.d)));
+  dv->set_output(true).set_uid(kDV).set_dim({k.b, k.h, k.tk, k.dv}).set_stride(vec(grad_strides(k, k.vs, k.tk, k.dv)));
   return graph;
 }
 
@@ -359,9 +366,10 @@ void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, con
   require_attention_tensor(v, t, {g.batch, g.heads, g.tk, g.dv}, key.vs, "value");
   require_attention_tensor(o, t, {g.batch, g.heads, g.tq, g.dv}, bthd(g.heads, g.tq, g.dv), "output");
   require_attention_tensor(dout, t, {g.batch, g.heads, g.tq, g.dv}, bthd(g.heads, g.tq, g.dv), "output gradient");
-  require_attention_tensor(dq, t, {g.batch, g.heads, g.tq, g.d}, bthd(g.heads, g.tq, g.d), "query gradient");
-  require_attention_tensor(dk, t, {g.batch, g.heads, g.tk, g.d}, bthd(g.heads, g.tk, g.d), "key gradient");
-  require_attention_tensor(dv, t, {g.batch, g.heads, g.tk, g.dv}, bthd(g.heads, g.tk, g.dv), "value gradient");
+  require_attention_tensor(dq, t, {g.batch, g.heads, g.tq, g.d}, grad_strides(key, key.qs, g.tq, g.d), "query gradient");
+  require_attention_tensor(dk, t, {g.batch, g.heads, g.tk, g.d}, grad_strides(key, key.ks, g.tk, g.d), "key gradient");
+  require_attention_tensor(dv, t, {g.batch, g.heads, g.tk, g.dv}, grad_strides(key, key.vs, g.tk, g.dv),
+                           "value gradient");
 #if TANDEM_WITH_CUDNN_FRONTEND
   AttentionState& st = attention_state(dev.device);
   std::lock_guard<std::mutex> lock(st.mu);
