@@ -111,6 +111,22 @@ struct RnnGeom {
 };
 
 /// The elementwise losses of pointwise_loss_forward.
+/// What a fused product adds to the plain one, row-major C[m, n] = alpha op(A) op(B) + beta C (see gemm_fused).
+enum class GemmEpilogue {
+  None,
+  Bias,      // C += bias[j] on every row
+  BiasGelu,  // aux = product + bias[j]; C = gelu(aux), GELU's tanh form; aux [m, n] of C's type, contiguous
+  DGelu,     // C = product * gelu'(aux): the gradient through the GELU of a BiasGelu whose input was aux
+};
+
+struct GemmFusion {
+  GemmEpilogue epilogue = GemmEpilogue::None;
+  Tensor bias;         // [n] of C's type: Bias, BiasGelu
+  Tensor aux;          // [m, n]: written by BiasGelu, read by DGelu
+  Tensor a_row_sums;   // when defined: [m] = the sums over k of op(A) (trans_a only: A the output gradient
+                       // [k, m] of a layer whose bias gradient this is); f32 or C's type
+};
+
 enum class PointLoss { SquaredError, BinaryCrossEntropy, BinaryCrossEntropyWithLogits };
 
 /// Scaled dot-product attention of q [batch, heads, tq, d] with k [batch, heads, tk, d] and v [batch, heads, tk,
@@ -244,6 +260,12 @@ class Backend {
   // operands accumulate in f32)
   virtual void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
                     const Tensor& b, double beta, Tensor& c) = 0;
+
+  /// gemm with an epilogue (GemmFusion) and C of A's type or, for 16-bit A and B, f32 (beta 0 then). CUDA fuses
+  /// it into the product through cuBLASLt where cuBLASLt takes the case; the default composes gemm with the
+  /// bias, GELU and reduction kernels (same values up to rounding).
+  virtual void gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
+                          const Tensor& b, double beta, Tensor& c, const GemmFusion& f);
 
   // ---- convolution (b / db may be undefined; b and db f32 or the data's type). CUDA: f32, f16, bf16.
   /// y = conv(x, w) + b, then max(y, 0) when relu.
@@ -425,6 +447,11 @@ class Backend {
   /// every row or one per row (the statistics' type).
   virtual void xent_rows_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& g,
                                   int64_t ignore_index, Tensor& dlogits) = 0;
+  /// xent_rows_forward's loss and valid, then logits overwritten in place by the gradient of each row's loss at
+  /// unit weight: softmax(logits_i) - onehot(t_i), 0 in ignored rows (a fused classifier's forward, whose logits
+  /// are needed only for that gradient). The default runs the forward, then the backward in place.
+  virtual void xent_rows_forward_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss,
+                                      Tensor& valid);
   /// Negative log-likelihood of the rows of logp [n, c] (log-probabilities): loss[i] = -logp_i[t_i] (statistics'
   /// type), valid as for xent_rows_forward.
   virtual void nll_rows_forward(const Tensor& logp, const Tensor& targets, int64_t ignore_index, Tensor& loss,

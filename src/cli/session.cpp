@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "tandem/distributed/loss_scaler.h"
 #include "tandem/distributed/sync_batch_norm.h"
+#include "tandem/nn/gpt.h"
 #include "tandem/ops.h"
 #include "tandem/optim/optimizer.h"
 
@@ -163,9 +164,14 @@ StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double we
   Tensor logits, loss;
   {
     PrecisionScope scope(precision_);
-    logits = model_->forward(x);
-    // A language model's logits [B, T, V]: the mean over every position's next token.
-    loss = logits.dim() == 2 ? softmax_cross_entropy(logits, y) : softmax_cross_entropy(logits, y, Reduction::Mean);
+    if (auto* gpt = dynamic_cast<nn::GPT*>(model_.get())) {
+      // The mean over every position's next token, the head taken with the loss (its logits not kept).
+      loss = gpt->loss(x, y);
+    } else {
+      logits = model_->forward(x);
+      // A language model's logits [B, T, V]: the mean over every position's next token.
+      loss = logits.dim() == 2 ? softmax_cross_entropy(logits, y) : softmax_cross_entropy(logits, y, Reduction::Mean);
+    }
     if (weight != 1.0) loss = scale(loss, weight);
   }
   const Tensor to_backward = scaler_ ? scaler_->scale_loss(loss) : loss;
@@ -175,7 +181,7 @@ StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double we
     auto local_only = opt_->no_sync();
     opt_->backward_and_sync(to_backward);
   }
-  return {logits.detach(), loss.detach(), Tensor()};
+  return {logits.defined() ? logits.detach() : Tensor(), loss.detach(), Tensor()};
 }
 
 Tensor Session::apply_update() {

@@ -53,7 +53,7 @@ struct SessionConfig {
 
 /// What a (micro-)batch produced, detached from autograd (for metrics).
 struct StepResult {
-  Tensor logits;
+  Tensor logits;  // undefined for a GPT, whose head is taken with its loss
   Tensor loss;  // weighted as in forward_backward: a step's micro-batches add up to its mean loss
   Tensor grad_norm;  // f32 [1]: the averaged gradients' L2 norm before clipping (with --clip-norm only)
 };

@@ -165,7 +165,7 @@ void GPT::check_tokens(const Tensor& tokens, int64_t start, const char* what) co
   }
 }
 
-Tensor GPT::run(const Tensor& tokens, GptCache* cache) {
+Tensor GPT::hidden(const Tensor& tokens, GptCache* cache) {
   const int64_t start = cache ? cache->length : 0, t = tokens.size(1);
   Tensor x = add(embedding(wte->weight, tokens), slice(wpe->weight, 0, start, t));
   // The residual stream in the activation type of the precision mode (bf16 or f16 on a GPU under those
@@ -186,18 +186,23 @@ Tensor GPT::run(const Tensor& tokens, GptCache* cache) {
     if (is_training() && cfg_.dropout > 0.0) x = dropout(x, cfg_.dropout, true, gen_);
     x = blocks_->forward(x);
   }
-  return linear(ln_f->forward(x), wte->weight, Tensor());
+  return ln_f->forward(x);
 }
 
 Tensor GPT::forward(const Tensor& tokens) {
   check_tokens(tokens, 0, "GPT");
-  return run(tokens, nullptr);
+  return linear(hidden(tokens, nullptr), wte->weight, Tensor());
+}
+
+Tensor GPT::loss(const Tensor& tokens, const Tensor& targets, int64_t ignore_index) {
+  check_tokens(tokens, 0, "GPT");
+  return linear_cross_entropy(hidden(tokens, nullptr), wte->weight, targets, Reduction::Mean, ignore_index);
 }
 
 Tensor GPT::forward_cached(const Tensor& tokens, GptCache& cache) {
   check_tokens(tokens, cache.length, "GPT.forward_cached");
   NoGradGuard no_grad;
-  return run(tokens, &cache);
+  return linear(hidden(tokens, &cache), wte->weight, Tensor());
 }
 
 int64_t sample_logits(const std::vector<float>& logits, const SampleOptions& opt, Generator& gen) {

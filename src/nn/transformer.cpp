@@ -124,7 +124,7 @@ Tensor FeedForward::forward(const Tensor& x) {
   const int64_t width = c_fc->weight.size(1);
   TANDEM_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == width, "FeedForward: input must be [..., ", width,
                "], got ", x.defined() ? x.str() : std::string("an undefined tensor"));
-  return c_proj->forward(gelu(c_fc->forward(x), /*tanh_approximation=*/true));
+  return gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias);
 }
 
 std::string FeedForward::describe() const {

@@ -20,8 +20,6 @@ using backend::Binary;
 
 namespace {
 
-bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
-
 // The fused path reads an operand in place when it is of the compute type with its last dimension
 // contiguous and 16-byte aligned strides and address (the query, key and value of a [b, t, 3 h d]
 // projection, split and viewed as [b, h, t, d], qualify); others are copied to contiguous [b, h, t, d].

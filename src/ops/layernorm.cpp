@@ -9,8 +9,6 @@ using namespace ops;
 
 namespace {
 
-bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
-
 // Checks a parameter of normalized_shape: x's type, or f32 with 16-bit x on CUDA.
 void check_param(const Tensor& p, const Tensor& x, const Shape& normalized_shape, const char* op, const char* what) {
   if (!p.defined()) return;

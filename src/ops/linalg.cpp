@@ -126,17 +126,47 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
   });
 }
 
+// The weight gradient g^T x [out, in] of a layer with output gradient g [n, out] and input x [n, in] (both of
+// the compute type), written in the weight's type where the product can write it (the compute type, or f32
+// from 16 bits) — into the gradient's destination when the engine offers one; with db defined, the bias
+// gradient (g's column sums) is taken by the same product.
+Tensor weight_grad(const Tensor& g, const Tensor& x, DType w_dtype, size_t index, const Tensor& db) {
+  const DType cdt = g.dtype();
+  const bool direct = w_dtype == cdt || (w_dtype == DType::f32 && is_half(cdt));
+  Tensor dw = grad_buffer(index, {g.size(1), x.size(1)}, direct ? w_dtype : cdt, g.device());
+  backend::GemmFusion f;
+  f.a_row_sums = db;
+  be(g).gemm_fused(true, false, g.size(1), x.size(1), g.size(0), 1.0, g, x, 0.0, dw, f);
+  return direct ? dw : dw.to(w_dtype);
+}
+
+// y [n, out] = x w^T with the epilogue f (bias, or bias and GELU) fused into the product.
+Tensor fused_product(const Tensor& x, const Tensor& w, backend::GemmFusion f) {
+  Tensor y = Tensor::empty({x.size(0), w.size(0)}, x.dtype(), x.device());
+  if (y.numel()) be(x).gemm_fused(false, true, x.size(0), w.size(0), x.size(1), 1.0, x, w, 0.0, y, f);
+  return y;
+}
+
+backend::GemmFusion with_bias(const Tensor& b, DType cdt) {
+  backend::GemmFusion f;
+  if (b.defined()) {
+    f.epilogue = backend::GemmEpilogue::Bias;
+    f.bias = to_dense(b, cdt, false);
+  }
+  return f;
+}
+
 Tensor linear_2d(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
   const Precision prec = current_precision();
   const DType cdt = compute_dtype(x.device(), prec, x.dtype());
   int64_t n = x.size(0), out_f = w.size(0);
   Tensor xc = to_dense(x, cdt, false), wc = to_dense(w, cdt, false);
-  Tensor y = gemm_raw(false, true, xc, wc);  // [n, out]
-  if (y.numel()) {
-    if (relu)
-      be(y).bias_relu(y, b.defined() ? b.contiguous() : Tensor(), n, out_f, 1, y);
-    else if (b.defined())
-      be(y).bias_add(y, b.contiguous(), n, out_f, 1, y);
+  Tensor y;
+  if (relu) {
+    y = gemm_raw(false, true, xc, wc);  // [n, out]
+    if (y.numel()) be(y).bias_relu(y, b.defined() ? b.contiguous() : Tensor(), n, out_f, 1, y);
+  } else {
+    y = fused_product(xc, wc, with_bias(b, cdt));
   }
   Tensor sx = w.requires_grad() ? xc.detach() : Tensor();
   Tensor sw = x.requires_grad() ? wc.detach() : Tensor();
@@ -153,16 +183,13 @@ Tensor linear_2d(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
       Tensor masked = empty_like(gc);
       be(gc).relu_bias_grad(gc, sy, n, out_f, 1, masked, db);
       gc = masked;
-    } else if (need_b) {
+    } else if (need_b && !sx.defined()) {
       be(gc).bias_grad(gc, n, out_f, 1, db);
     }
     Tensor dx = sw.defined() ? gemm_raw(false, false, gc, sw) : Tensor();
-    Tensor dw;
-    if (sx.defined())
-      dw = gemm_raw(true, false, gc, sx,
-                    w_dtype == cdt ? grad_buffer(1, {out_f, sx.size(1)}, cdt, gc.device()) : Tensor());
+    // Without the ReLU the weight's product takes the bias gradient too.
+    Tensor dw = sx.defined() ? weight_grad(gc, sx, w_dtype, 1, sy.defined() ? Tensor() : db) : Tensor();
     if (dx.defined() && x_dtype != cdt) dx = dx.to(x_dtype);
-    if (dw.defined() && w_dtype != cdt) dw = dw.to(w_dtype);
     return std::vector<Tensor>{dx, dw, db};
   });
 }
@@ -274,6 +301,83 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
   const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
   Tensor y = linear_2d(reshape(x, {rows, x.size(-1)}), w, b, relu);
   return reshape(y, out_shape);
+}
+
+Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+  const char* op = "gelu_mlp";
+  check_floating(x, op, "input");
+  check_dim(w1, 2, op, "first weight");
+  check_dim(w2, 2, op, "second weight");
+  TANDEM_CHECK(x.dim() >= 1 && x.size(-1) == w1.size(1), op, ": input ", x.str(), " must end in the first weight ",
+               w1.str(), "'s ", w1.size(1), " features");
+  TANDEM_CHECK(w2.size(1) == w1.size(0), op, ": the second weight ", w2.str(), " must take the first's ", w1.size(0),
+               " outputs");
+  TANDEM_CHECK(b1.defined() == b2.defined(), op, ": give both biases or neither");
+  // Without biases it is the composition.
+  if (!b1.defined()) return linear(gelu(linear(x, w1, b1), /*tanh_approximation=*/true), w2, b2);
+  const Precision prec = current_precision();
+  const DType cdt = compute_dtype(x.device(), prec, x.dtype());
+  for (const Tensor* t : {&w1, &b1, &w2, &b2}) check_same_device(x, *t, op);
+  const bool mixed = compute_dtype(x.device(), prec, DType::f64) != DType::f64;  // 16-bit copies are made here
+  for (const Tensor* t : {&w1, &b1, &w2, &b2})
+    TANDEM_CHECK(t->dtype() == x.dtype() || mixed, op, ": input ", x.str(), " and parameter ", t->str(),
+                 " differ in dtype");
+  TANDEM_CHECK(b1.dim() == 1 && b1.size(0) == w1.size(0) && b2.dim() == 1 && b2.size(0) == w2.size(0), op,
+               ": biases ", b1.str(), " and ", b2.str(), " do not match the weights ", w1.str(), " and ", w2.str());
+  const int64_t c = x.size(-1), hidden = w1.size(0), out_f = w2.size(0);
+  const int64_t n = x.numel() / std::max<int64_t>(c, 1);
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(out_f);
+  Tensor xc = to_dense(reshape(x, {n, c}), cdt, false), w1c = to_dense(w1, cdt, false), w2c = to_dense(w2, cdt, false);
+  backend::GemmFusion f1;
+  f1.epilogue = backend::GemmEpilogue::BiasGelu;
+  f1.bias = to_dense(b1, cdt, false);
+  f1.aux = Tensor::empty({n, hidden}, cdt, x.device());  // the GELU's input, kept for the backward
+  Tensor h = fused_product(xc, w1c, f1);
+  Tensor y = fused_product(h, w2c, with_bias(b2, cdt));
+  const bool need_x = x.requires_grad(), need_w1 = w1.requires_grad(), need_b1 = b1.requires_grad(),
+             need_w2 = w2.requires_grad(), need_b2 = b2.requires_grad();
+  const bool through = need_x || need_w1 || need_b1;  // the gradient goes on past the GELU
+  Tensor pre = through ? f1.aux.detach() : Tensor(), sh = need_w2 || need_b2 ? h.detach() : Tensor();
+  Tensor sx = need_w1 || need_b1 ? xc.detach() : Tensor(), sw1 = need_x ? w1c.detach() : Tensor(),
+         sw2 = through ? w2c.detach() : Tensor();
+  const DType xdt = x.dtype(), w1dt = w1.dtype(), b1dt = b1.dtype(), w2dt = w2.dtype(), b2dt = b2.dtype();
+  const Shape xshape = x.shape();
+  Tensor out = record_op(y, {x, w1, b1, w2, b2}, op,
+                         [=](const Tensor& g) {
+    PrecisionScope scope(prec);
+    Tensor gc = to_dense(g, cdt, false);
+    Tensor db2 = need_b2 ? grad_buffer(4, {out_f}, b2dt, gc.device()) : Tensor();
+    Tensor dw2, db1, dw1, dx;
+    if (sh.defined()) {
+      if (need_w2) {
+        dw2 = weight_grad(gc, sh, w2dt, 3, db2);
+      } else {
+        be(gc).bias_grad(gc, n, out_f, 1, db2);
+      }
+    }
+    if (through) {
+      // The gradient at the GELU's input: the second product with the GELU's derivative in its epilogue.
+      backend::GemmFusion fd;
+      fd.epilogue = backend::GemmEpilogue::DGelu;
+      fd.aux = pre;
+      Tensor dpre = Tensor::empty({n, hidden}, cdt, gc.device());
+      be(gc).gemm_fused(false, false, n, hidden, out_f, 1.0, gc, sw2, 0.0, dpre, fd);
+      if (need_b1) db1 = grad_buffer(2, {hidden}, b1dt, gc.device());
+      if (need_w1) {
+        dw1 = weight_grad(dpre, sx, w1dt, 1, db1);
+      } else if (need_b1) {
+        be(dpre).bias_grad(dpre, n, hidden, 1, db1);
+      }
+      if (need_x) {
+        dx = gemm_raw(false, false, dpre, sw1);
+        if (xdt != cdt) dx = dx.to(xdt);
+        dx = dx.view(xshape);
+      }
+    }
+    return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
+  });
+  return reshape(out, out_shape);
 }
 
 }  // namespace tandem

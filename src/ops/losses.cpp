@@ -3,8 +3,10 @@
 // element. A kernel computes the loss of each position (in f32 for 16-bit inputs, f64 for f64) and the op
 // reduces it; the backward kernel takes one weight per position, or one for all, so that a reduction's
 // gradient needs no tensor of the input's size.
+#include "ops/layout.h"
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
+#include "tandem/precision.h"
 
 namespace tandem {
 
@@ -150,6 +152,57 @@ Tensor point_loss(PointLoss kind, const Tensor& x, const Tensor& target, Reducti
 
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Reduction reduction, int64_t ignore_index) {
   return class_loss(logits, targets, reduction, ignore_index, false);
+}
+
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets, Reduction reduction,
+                            int64_t ignore_index) {
+  const char* op = "linear_cross_entropy";
+  check_floating(x, op, "input");
+  check_dim(weight, 2, op, "weight");
+  check_floating(weight, op, "weight");
+  check_same_device(x, weight, op);
+  TANDEM_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), op, ": input ", x.str(), " must end in the weight ",
+               weight.str(), "'s ", weight.size(1), " features");
+  check_defined(targets, op, "targets");
+  const Shape lead(x.shape().begin(), x.shape().end() - 1);
+  TANDEM_CHECK(targets.shape() == lead, op, ": targets ", targets.str(), " do not fit the input ", x.str(),
+               ": the targets' shape must be the input's without the last (feature) dimension, ", shape_str(lead));
+  const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
+  // Without a gradient to take, or with a loss per position, the logits are the classifier's output.
+  if (reduction == Reduction::None || !grad_enabled() || !(need_x || need_w))
+    return softmax_cross_entropy(linear(x, weight, Tensor()), targets, reduction, ignore_index);
+  TANDEM_CHECK(targets.dtype() == DType::i32 || targets.dtype() == DType::i64, op,
+               ": targets must be class indices (i32 or i64), got ", targets.str());
+  check_same_device(x, targets, op);
+  const Precision prec = current_precision();
+  const DType cdt = compute_dtype(x.device(), prec, x.dtype());
+  TANDEM_CHECK(x.dtype() == weight.dtype() || compute_dtype(x.device(), prec, DType::f64) != DType::f64, op, ": input ", x.str(), " and weight ",
+               weight.str(), " differ in dtype");
+  const int64_t n = targets.numel(), c = x.size(-1);
+  Tensor xc = to_dense(reshape(x, {n, c}), cdt, false), wc = to_dense(weight, cdt, false);
+  Tensor tc = targets.contiguous().view({n});
+  // The logits, overwritten by the gradient of each position's loss (at unit weight) as the loss is taken.
+  Tensor dlogits = gemm_raw(false, true, xc, wc);
+  const DType st = stat_dtype(cdt);
+  Tensor per = Tensor::empty({n}, st, x.device()), valid = Tensor::empty({n}, st, x.device());
+  if (n > 0) be(x).xent_rows_forward_grad(dlogits, tc, ignore_index, per, valid);
+  Tensor count = reduction == Reduction::Mean ? sum_all(valid) : Tensor();
+  Tensor out = reduce(per, count, reduction, targets.shape());
+  Tensor sx = need_w ? xc.detach() : Tensor(), sw = need_x ? wc.detach() : Tensor();
+  const Shape xshape = x.shape();
+  const DType xdt = x.dtype(), wdt = weight.dtype();
+  return record_op(out, {x, weight}, op, [dlogits, sx, sw, count, reduction, st, prec, xshape, xdt, wdt](const Tensor& g) {
+    PrecisionScope scope(prec);
+    // d loss / d logits = w (softmax - onehot): w the reduction's weight, applied to the two products.
+    const Tensor w = position_weights(g, count, reduction, st);
+    auto weighted = [&](const Tensor& t, DType dt) {
+      Tensor u = t.dtype() == dt ? t : t.to(dt);
+      return binary_raw(Binary::Mul, u, w.to(dt));
+    };
+    Tensor dx = sw.defined() ? weighted(gemm_raw(false, false, dlogits, sw), xdt).view(xshape) : Tensor();
+    Tensor dw = sx.defined() ? weighted(gemm_raw(true, false, dlogits, sx), wdt) : Tensor();
+    return std::vector<Tensor>{dx, dw};
+  });
 }
 
 Tensor nll_loss(const Tensor& logp, const Tensor& targets, Reduction reduction, int64_t ignore_index) {

@@ -23,6 +23,7 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op);
 
 /// A new tensor with a's shape, dtype and device.
 inline Tensor empty_like(const Tensor& a) { return Tensor::empty(a.shape(), a.dtype(), a.device()); }
+inline bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 // Raw (unrecorded) kernels used by the ops and their backward functions. Operands are read in place
 // (any strides, broadcast without copies); outputs are dense, channels-last when an operand of the

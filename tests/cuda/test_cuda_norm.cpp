@@ -169,6 +169,35 @@ TEST(CudaNorm, ClassLossesOverNdLogits) {
   }
 }
 
+// The fused classifier (its logits overwritten by their gradient in the forward) against the CPU: a warp per
+// row (10 classes), a block per row with aligned (3000) and unaligned (3001) rows, ignored positions; the
+// inputs' and the head's gradients. Also: the CUDA result equals the unfused composition on the GPU.
+TEST(CudaNorm, LinearCrossEntropyFusesTheHeadWithTheLoss) {
+  REQUIRE_GPU();
+  for (int64_t c : {10, 3000, 3001}) {
+    Tensor x = rand_cpu({3, 5, 16}, 50 + c, -1.0, 1.0), w = rand_cpu({c, 16}, 60 + c, -1.0, 1.0);
+    std::vector<int64_t> tv;
+    for (int64_t i = 0; i < 15; ++i) tv.push_back(i % 4 == 1 ? -100 : (i * 7919) % c);
+    Tensor targets = Tensor::from_vector(tv, {3, 5});
+    for (DType t : kTypes)
+      for (Reduction r : {Reduction::Mean, Reduction::Sum}) {
+        const std::string tag = std::string(reduction_name(r)) + " c=" + std::to_string(c);
+        const Fn fused = [r](const std::vector<Tensor>& v) { return linear_cross_entropy(v[0], v[1], v[2], r); };
+        compare({x, w, targets}, {true, true, false}, t, fused, "linear_cross_entropy " + tag);
+        const Fn plain = [r](const std::vector<Tensor>& v) {
+          return softmax_cross_entropy(linear(v[0], v[1], Tensor()), v[2], r);
+        };
+        const Tensor dy = Tensor::full({}, 0.5);
+        auto a = run_on({x, w, targets}, {true, true, false}, t, gpu(), fused, dy);
+        auto b = run_on({x, w, targets}, {true, true, false}, t, gpu(), plain, dy);
+        const Tol tol = tol_for(t);
+        expect_close(b.y, a.y, tol.rtol, tol.atol, "fused vs composed " + tag + " loss");
+        expect_norm_close(b.grads[0], a.grads[0], tol.grad_rel, "fused vs composed " + tag + " d input");
+        expect_norm_close(b.grads[1], a.grads[1], tol.grad_rel, "fused vs composed " + tag + " d weight");
+      }
+  }
+}
+
 TEST(CudaNorm, ElementwiseLosses) {
   REQUIRE_GPU();
   Tensor x = rand_cpu({6, 7}, 50, -3.0, 3.0), t = rand_cpu({6, 7}, 51, 0.0, 1.0), p = rand_cpu({6, 7}, 52, 0.05, 0.95);

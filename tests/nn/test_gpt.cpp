@@ -88,15 +88,22 @@ std::shared_ptr<nn::GPT> model_of(const nlohmann::json& c, bool f64) {
   return m;
 }
 
-void check_against_pytorch(bool f64, double rtol, double atol) {
+// fused: the loss from GPT::loss (the head taken with the loss, as training takes it), else from the logits.
+void check_against_pytorch(bool f64, double rtol, double atol, bool fused) {
   const auto doc = load_gpt_fixture();
   ASSERT_EQ(doc.at("cases").size(), 2u);
   for (const auto& c : doc.at("cases")) {
-    const std::string name = c.at("name");
+    const std::string name = c.at("name").get<std::string>() + (fused ? " (fused head)" : "");
     auto m = model_of(c, f64);
-    Tensor logits = m->forward(tokens_of(c.at("tokens"), DType::i32));
-    EXPECT_TRUE(close(tensor_of(c.at("logits")), logits, rtol, atol, name + " logits"));
-    Tensor loss = softmax_cross_entropy(logits, tokens_of(c.at("targets")), Reduction::Mean);
+    const Tensor tokens = tokens_of(c.at("tokens"), DType::i32);
+    Tensor loss;
+    if (fused) {
+      loss = m->loss(tokens, tokens_of(c.at("targets")));
+    } else {
+      Tensor logits = m->forward(tokens);
+      EXPECT_TRUE(close(tensor_of(c.at("logits")), logits, rtol, atol, name + " logits"));
+      loss = softmax_cross_entropy(logits, tokens_of(c.at("targets")), Reduction::Mean);
+    }
     EXPECT_NEAR(loss.item<double>(), c.at("loss").get<double>(), rtol * c.at("loss").get<double>()) << name;
     backward(loss);
     const auto params = m->named_parameters();
@@ -116,8 +123,14 @@ std::vector<float> floats(const Tensor& t) { return t.to_vector<float>(); }
 // Loss and every gradient as PyTorch's for the same weights and tokens (the tied token table's gradient sums
 // its use as the embedding and as the output layer): f32 to 1e-5 relative (1e-6 absolute for elements near
 // zero), f64 to 1e-10.
-TEST(Gpt, LossAndEveryGradientMatchPyTorchInF32) { check_against_pytorch(false, 1e-5, 1e-6); }
-TEST(Gpt, LossAndEveryGradientMatchPyTorchInF64) { check_against_pytorch(true, 1e-10, 1e-12); }
+TEST(Gpt, LossAndEveryGradientMatchPyTorchInF32) {
+  check_against_pytorch(false, 1e-5, 1e-6, false);
+  check_against_pytorch(false, 1e-5, 1e-6, true);
+}
+TEST(Gpt, LossAndEveryGradientMatchPyTorchInF64) {
+  check_against_pytorch(true, 1e-10, 1e-12, false);
+  check_against_pytorch(true, 1e-10, 1e-12, true);
+}
 
 TEST(Gpt, ParameterNamesAreGpt2sAndTheOutputLayerIsTheTokenTable) {
   nn::GPT m(tiny(), 1);

@@ -28,6 +28,25 @@ TEST(GradCheck, LinearWithAndWithoutBias) {
   EXPECT_TRUE(gradcheck([&](const Ts& t) { return linear(t[0], frozen, t[1]); }, {x, b}));
 }
 
+// GPT-2's MLP as one op: every input and parameter, frozen parameters, and the composition it stands for.
+TEST(GradCheck, GeluMlp) {
+  Generator gen(13);
+  Tensor x = leaf({2, 3, 4}, gen), w1 = leaf({8, 4}, gen), b1 = leaf({8}, gen), w2 = leaf({5, 8}, gen),
+         b2 = leaf({5}, gen);
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return gelu_mlp(t[0], t[1], t[2], t[3], t[4]); }, {x, w1, b1, w2, b2}));
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return gelu_mlp(t[0], t[1], Tensor(), t[2], Tensor()); }, {x, w1, w2}));
+  // Only the first layer's parameters, then only the second's, take a gradient.
+  const Tensor fw1 = w1.detach(), fb1 = b1.detach(), fw2 = w2.detach(), fb2 = b2.detach();
+  EXPECT_TRUE(gradcheck([&](const Ts& t) { return gelu_mlp(t[0], t[1], t[2], fw2, fb2); }, {x, w1, b1}));
+  EXPECT_TRUE(gradcheck([&](const Ts& t) { return gelu_mlp(x.detach(), fw1, fb1, t[0], t[1]); }, {w2, b2}));
+  const Tensor fused = gelu_mlp(x, w1, b1, w2, b2), plain = linear(gelu(linear(x, w1, b1), true), w2, b2);
+  const std::vector<double> a = fused.contiguous().to_vector<double>(), e = plain.contiguous().to_vector<double>();
+  ASSERT_EQ(a.size(), e.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], e[i], 1e-12) << i;
+  EXPECT_THROW(gelu_mlp(x, w1, b1, leaf({5, 7}, gen), b2), Error);
+  EXPECT_THROW(gelu_mlp(x, w1, b1, w2, Tensor()), Error);
+}
+
 struct ConvCase {
   Shape x, w;
   Conv2dOptions opt;

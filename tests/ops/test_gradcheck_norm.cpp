@@ -1,7 +1,10 @@
 // Finite-difference gradient checks (f64, CPU) of the softmax, normalisation, loss and attention ops:
 // every axis kind (first, middle, last), non-contiguous inputs, size-1 axes, each reduction, ignored
 // targets, causal and non-causal attention with queries and keys of different lengths, and dropout.
+#include <cmath>
+
 #include "ops/gradcheck.h"
+#include "tandem/autograd.h"
 #include "tandem/ops.h"
 
 namespace tandem::testing {
@@ -65,6 +68,52 @@ TEST(GradcheckNorm, CrossEntropyAndNllOverNdLogitsWithIgnoredTargets) {
   Tensor l2 = leaf({4, 3}, gen);
   const Tensor t2 = Tensor::from_vector<int32_t>({2, 0, 1, 0}, {4});
   EXPECT_TRUE(gradcheck1([&](const Tensor& x) { return softmax_cross_entropy(x, t2, Reduction::Mean, 0); }, l2));
+}
+
+TEST(GradcheckNorm, LinearCrossEntropy) {
+  Generator gen(9);
+  // x [2, 3, 4] against a head of 5 classes; one position ignored.
+  Tensor x = leaf({2, 3, 4}, gen), w = leaf({5, 4}, gen);
+  const Tensor t = Tensor::from_vector<int64_t>({4, 0, -100, 2, 1, 3}, {2, 3});
+  for (Reduction r : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+    EXPECT_TRUE(gradcheck(
+        [&](const std::vector<Tensor>& in) { return linear_cross_entropy(in[0], in[1], t, r); }, {x, w}))
+        << reduction_name(r);
+  }
+  EXPECT_TRUE(gradcheck1([&](const Tensor& v) { return linear_cross_entropy(v, w.detach(), t, Reduction::Mean); }, x));
+  EXPECT_TRUE(gradcheck1([&](const Tensor& v) { return linear_cross_entropy(x.detach(), v, t, Reduction::Mean); }, w));
+}
+
+// The fused classifier against the composition it stands for: the loss and both gradients, in f32 and f64,
+// with ignored positions and i32 targets; without a gradient it is that composition.
+TEST(GradcheckNorm, LinearCrossEntropyIsTheComposition) {
+  Generator gen(10);
+  for (DType dt : {DType::f32, DType::f64}) {
+    const Tensor x0 = Tensor::uniform({6, 7}, -1.0, 1.0, gen, dt), w0 = Tensor::uniform({300, 7}, -1.0, 1.0, gen, dt);
+    const Tensor t = Tensor::from_vector<int32_t>({299, 0, 7, 7, 150, 1}, {6});
+    for (Reduction r : {Reduction::Mean, Reduction::Sum}) {
+      Tensor xa = x0.clone(), wa = w0.clone(), xb = x0.clone(), wb = w0.clone();
+      for (Tensor* v : {&xa, &wa, &xb, &wb}) v->requires_grad_();
+      Tensor fused = linear_cross_entropy(xa, wa, t, r, 7), plain = softmax_cross_entropy(linear(xb, wb, Tensor()), t, r, 7);
+      backward(scale(fused, 3.0));
+      backward(scale(plain, 3.0));
+      const double tol = dt == DType::f32 ? 1e-6 : 1e-12;
+      auto close = [&](const Tensor& a, const Tensor& b, const char* what) {
+        const std::vector<double> va = a.to(DType::f64).to_vector<double>(), vb = b.to(DType::f64).to_vector<double>();
+        ASSERT_EQ(va.size(), vb.size()) << what;
+        for (size_t i = 0; i < va.size(); ++i)
+          EXPECT_NEAR(va[i], vb[i], tol * (1.0 + std::abs(vb[i]))) << what << " [" << i << "] " << dtype_name(dt) << " "
+                                                                  << reduction_name(r);
+      };
+      close(fused.detach(), plain.detach(), "loss");
+      close(xa.grad(), xb.grad(), "d input");
+      close(wa.grad(), wb.grad(), "d weight");
+    }
+    NoGradGuard no_grad;
+    const Tensor a = linear_cross_entropy(x0, w0, t, Reduction::Mean),
+                 b = softmax_cross_entropy(linear(x0, w0, Tensor()), t, Reduction::Mean);
+    EXPECT_EQ(a.to_vector<double>(), b.to_vector<double>());
+  }
 }
 
 TEST(GradcheckNorm, ElementwiseLosses) {

@@ -82,6 +82,10 @@ TEST(NormErrors, Attention) {
   expect_error([&] { packed_self_attention(Tensor::zeros({2, 4, 8}), 2); },
                {"packed_self_attention", "f32[2, 4, 8]", "2 heads", "multiple of 3 x 2"});
   expect_error([&] { packed_self_attention(Tensor::zeros({4, 12}), 2); }, {"packed_self_attention", "qkv", "3 dimensions"});
+  expect_error([&] { linear_cross_entropy(Tensor::zeros({2, 3, 4}), Tensor::zeros({5, 6}), Tensor::zeros({2, 3}, DType::i64)); },
+               {"linear_cross_entropy", "f32[2, 3, 4]", "6 features"});
+  expect_error([&] { linear_cross_entropy(Tensor::zeros({2, 3, 4}), Tensor::zeros({5, 4}), Tensor::zeros({2, 4}, DType::i64)); },
+               {"linear_cross_entropy", "targets", "[2, 3]"});
   Generator gen(1);
   expect_error([&] { scaled_dot_product_attention(q, k, v, false, 1.0, 0.0, &gen); }, {"outside [0, 1)"});
   expect_error([&] { scaled_dot_product_attention(q, k, Tensor::zeros({1, 2, 5, 8}, DType::f64)); },

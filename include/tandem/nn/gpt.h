@@ -113,6 +113,10 @@ class GPT : public Module {
  public:
   explicit GPT(const GptConfig& cfg, uint64_t seed = 0);
   Tensor forward(const Tensor& tokens) override;
+  /// The mean cross-entropy of targets [B, T] (the next tokens; ignore_index positions left out) under the
+  /// logits forward(tokens) gives, the head taken with the loss (linear_cross_entropy): in training the
+  /// [B, T, vocab] logits are never kept beside their gradient.
+  Tensor loss(const Tensor& tokens, const Tensor& targets, int64_t ignore_index = -100);
   /// Logits [B, Tn, vocab] for the next Tn tokens [B, Tn] of sequences whose earlier tokens `cache` holds
   /// (empty: Tn is the start of the sequences), their keys and values appended to it: the rows forward gives
   /// for those positions of the whole sequences, without recomputing the earlier ones. No dropout, no
@@ -138,7 +142,7 @@ class GPT : public Module {
 
  private:
   void check_tokens(const Tensor& tokens, int64_t start, const char* what) const;
-  Tensor run(const Tensor& tokens, GptCache* cache);
+  Tensor hidden(const Tensor& tokens, GptCache* cache);  // the final layer norm's output [B, T, width]
   GptConfig cfg_;
   std::shared_ptr<Sequential> blocks_;
   Generator gen_;  // the embeddings' dropout

@@ -95,6 +95,8 @@ DeviceState& CudaBackend::state(int device) {
     TANDEM_CUBLAS_CHECK(cublasSetMathMode(s->cublas, CUBLAS_DEFAULT_MATH));
     void* ws = allocators_[static_cast<size_t>(device)]->allocate(kCublasWorkspace);  // kept for the process
     TANDEM_CUBLAS_CHECK(cublasSetWorkspace(s->cublas, ws, kCublasWorkspace));
+    s->cublas_workspace = ws;
+    s->cublas_workspace_bytes = kCublasWorkspace;
     s->errors.claim = static_cast<int*>(allocators_[static_cast<size_t>(device)]->allocate(sizeof(int)));
     TANDEM_CUDA_CHECK(cudaMemsetAsync(s->errors.claim, 0, sizeof(int), s->stream));
     s->replays = static_cast<unsigned long long*>(allocators_[static_cast<size_t>(device)]->allocate(8));

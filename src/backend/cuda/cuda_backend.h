@@ -35,6 +35,7 @@ struct ErrorSink {
 };
 
 class ConvCache;  // cuda_conv.cpp: descriptors and algorithms per convolution geometry
+class LtCache;    // cuda_gemm_lt.cpp: cuBLASLt's handle and its plans per fused product
 
 /// What the backend keeps per device, created on the first kernel call for that device.
 struct DeviceState {
@@ -42,7 +43,10 @@ struct DeviceState {
   cudaStream_t stream = nullptr;
   int sm_count = 0;
   cublasHandle_t cublas = nullptr;
-  std::mutex cublas_mu;  // a handle must not be used by two threads at once
+  std::mutex cublas_mu;  // a handle must not be used by two threads at once (cuBLAS's and cuBLASLt's)
+  void* cublas_workspace = nullptr;  // shared by cuBLAS and cuBLASLt (their work is ordered on the stream)
+  size_t cublas_workspace_bytes = 0;
+  std::shared_ptr<LtCache> lt;       // created at the first fused product
   InitOnce cudnn_once;
   cudnnHandle_t cudnn = nullptr;
   std::mutex cudnn_mu;  // guards the cuDNN handle and the convolution cache
@@ -132,6 +136,8 @@ class CudaBackend final : public Backend {
   void softmax_rows(const Tensor& x, int64_t n, int64_t c, Tensor& y) override;
   void softmax_rows_backward(const Tensor& dy, const Tensor& y, int64_t n, int64_t c, Tensor& dx) override;
 
+  void gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
+                  const Tensor& b, double beta, Tensor& c, const GemmFusion& f) override;
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
             const Tensor& b, double beta, Tensor& c) override;
 
@@ -219,6 +225,8 @@ class CudaBackend final : public Backend {
                          Tensor& valid) override;
   void xent_rows_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& g,
                           int64_t ignore_index, Tensor& dlogits) override;
+  void xent_rows_forward_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss,
+                              Tensor& valid) override;
   void nll_rows_forward(const Tensor& logp, const Tensor& targets, int64_t ignore_index, Tensor& loss,
                         Tensor& valid) override;
   void nll_rows_backward(const Tensor& targets, const Tensor& g, int64_t ignore_index, Tensor& dlogp) override;

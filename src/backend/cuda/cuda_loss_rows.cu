@@ -49,12 +49,12 @@ __device__ __forceinline__ void add_value(float& m, float& s, float v) {
   }
 }
 
-// Writes a row's loss, lse and validity once its log-sum-exp z is known (by one thread).
+// Writes a row's loss, lse (unless null) and validity once its log-sum-exp z is known (by one thread).
 template <typename T, typename L>
 __device__ __forceinline__ void finish_row(const T* __restrict__ xr, L target, int64_t ignore, int64_t row, int64_t c,
                                            float z, float* loss, float* lse, float* valid, ErrorSink sink) {
   const int64_t t = static_cast<int64_t>(target);
-  lse[row] = z;
+  if (lse) lse[row] = z;
   if (t == ignore) {
     loss[row] = 0.0f;
     valid[row] = 0.0f;
@@ -104,44 +104,94 @@ __device__ __forceinline__ void add_vector(float& m, float& s, const float (&v)[
   s += part;
 }
 
-// One block per row for rows of many classes (a vocabulary): the row is read once, its middle 16 bytes at
-// a time whatever its alignment (rows of an odd class count start anywhere).
+// The online (maximum, sum of exponentials) of a row, each thread of the block taking a part of it: the middle
+// 16 bytes at a time whatever the row's alignment (rows of an odd class count start anywhere).
+template <typename T, int VEC>
+__device__ __forceinline__ void row_online(const T* xr, const rows::RowSplit& sp, int64_t c, float& m, float& s) {
+  m = -INFINITY;
+  s = 0.0f;
+  for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) add_value(m, s, kern::to_float(xr[j]));
+  for (int64_t j0 = sp.head + int64_t(threadIdx.x) * VEC; j0 < sp.body_end; j0 += int64_t(blockDim.x) * VEC) {
+    float v[VEC];
+    rows::load_floats<VEC>(xr + j0, v);
+    add_vector<VEC>(m, s, v);
+  }
+  for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x) add_value(m, s, kern::to_float(xr[j]));
+}
+
+// Merges the block's (maximum, sum) pairs; warp 0 ends with the row's. sm, ss: 32 floats of shared scratch
+// each, free on entry (the caller synchronises before reusing them).
+__device__ __forceinline__ void block_merge(float& m, float& s, float* sm, float* ss) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    merge(m, s, m2, s2);
+  }
+  if (lane == 0) {
+    sm[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < nw ? sm[lane] : -INFINITY;
+    s = lane < nw ? ss[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+      merge(m, s, m2, s2);
+    }
+  }
+}
+
+// One block per row for rows of many classes (a vocabulary): the row is read once.
 template <typename T, typename L, int VEC>
 __global__ void xent_block_kernel(const T* __restrict__ x, const L* __restrict__ targets, int64_t n, int64_t c,
                                   int64_t ignore, float* __restrict__ loss, float* __restrict__ lse,
                                   float* __restrict__ valid, ErrorSink sink) {
   __shared__ float sm[32], ss[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const T* xr = x + r * c;
+    float m, s;
+    row_online<T, VEC>(xr, rows::split_row<VEC>(xr, c), c, m, s);
+    __syncthreads();  // the scratch may still be read for the previous row
+    block_merge(m, s, sm, ss);
+    if (threadIdx.x == 0) finish_row(xr, targets[r], ignore, r, c, m + __logf(s), loss, lse, valid, sink);
+  }
+}
+
+// The fused classifier's forward: each row's loss as xent_block_kernel gives it, then the row overwritten by
+// its gradient at unit weight, softmax - onehot (0 in ignored rows). The second read of the row finds it in
+// L2 (the blocks in flight hold a few MB of rows), so the logits are read from memory once and written once.
+// Blocks of 32 threads serve short rows.
+template <typename T, typename L, int VEC>
+__global__ void xent_forward_grad_kernel(T* x, const L* __restrict__ targets, int64_t n, int64_t c, int64_t ignore,
+                                         float* __restrict__ loss, float* __restrict__ valid, ErrorSink sink) {
+  __shared__ float sm[32], ss[32], z_row;
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    T* xr = x + r * c;
     const rows::RowSplit sp = rows::split_row<VEC>(xr, c);
-    float m = -INFINITY, s = 0.0f;
-    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) add_value(m, s, kern::to_float(xr[j]));
+    float m, s;
+    row_online<T, VEC>(xr, sp, c, m, s);
+    __syncthreads();  // the scratch (and z_row) may still be read for the previous row
+    block_merge(m, s, sm, ss);
+    if (threadIdx.x == 0) {
+      z_row = m + __logf(s);
+      finish_row(xr, targets[r], ignore, r, c, z_row, loss, static_cast<float*>(nullptr), valid, sink);
+    }
+    __syncthreads();  // the target's logit is read before the row is overwritten
+    const int64_t t = static_cast<int64_t>(targets[r]);
+    const bool skip = t == ignore;
+    const float z = z_row;
+    auto grad = [&](float v, int64_t j) { return skip ? 0.0f : __expf(v - z) - (j == t ? 1.0f : 0.0f); };
+    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) xr[j] = kern::from_float<T>(grad(kern::to_float(xr[j]), j));
     for (int64_t j0 = sp.head + int64_t(threadIdx.x) * VEC; j0 < sp.body_end; j0 += int64_t(blockDim.x) * VEC) {
       float v[VEC];
       rows::load_floats<VEC>(xr + j0, v);
-      add_vector<VEC>(m, s, v);
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) v[u] = grad(v[u], j0 + u);
+      rows::store_floats<VEC>(xr + j0, v);
     }
-    for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x) add_value(m, s, kern::to_float(xr[j]));
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-      merge(m, s, m2, s2);
-    }
-    __syncthreads();  // the scratch may still be read for the previous row
-    if (lane == 0) {
-      sm[warp] = m;
-      ss[warp] = s;
-    }
-    __syncthreads();
-    if (warp == 0) {
-      m = lane < nw ? sm[lane] : -INFINITY;
-      s = lane < nw ? ss[lane] : 0.0f;
-      for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        merge(m, s, m2, s2);
-      }
-      if (lane == 0) finish_row(xr, targets[r], ignore, r, c, m + __logf(s), loss, lse, valid, sink);
-    }
+    for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x)
+      xr[j] = kern::from_float<T>(grad(kern::to_float(xr[j]), j));
   }
 }
 
@@ -311,6 +361,28 @@ void CudaBackend::xent_rows_backward(const Tensor& logits, const Tensor& targets
                                                                                       ignore_index, d);
       }
       TANDEM_CUDA_LAUNCH_CHECK("cross-entropy backward kernel");
+    });
+  });
+}
+
+void CudaBackend::xent_rows_forward_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss,
+                                         Tensor& valid) {
+  const char* op = "softmax_cross_entropy";
+  require_stats(op, {&loss, &valid});
+  const int64_t n = logits.size(0), c = logits.size(1);
+  TANDEM_ASSERT(targets.numel() == n && loss.numel() == n && valid.numel() == n && logits.is_contiguous(), op,
+                " shapes");
+  if (n == 0) return;
+  DeviceState& st = state_for(loss);
+  const int threads = c <= kWarpClasses ? 32 : kRowThreads;
+  kern::dispatch_float(logits.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    T* x = static_cast<T*>(logits.data_ptr());
+    dispatch_targets(targets, op, [&](auto* tg) {
+      using L = std::remove_const_t<std::remove_pointer_t<decltype(tg)>>;
+      xent_forward_grad_kernel<T, L, rows::kVec<T>><<<grid_for_rows(n), threads, 0, st.stream>>>(
+          x, tg, n, c, ignore_index, loss.data<float>(), valid.data<float>(), st.errors);
+      TANDEM_CUDA_LAUNCH_CHECK("fused cross-entropy kernel");
     });
   });
 }

@@ -1,0 +1,156 @@
+// CUDA backend: products with their epilogue fused through cuBLASLt — a linear layer's bias, the bias and
+// GELU of a transformer's MLP (its input kept for the backward), the GELU's gradient, and a layer's bias
+// gradient taken from the output gradient as its weight gradient is computed — so that none of them costs a
+// pass over the activations of its own. One plan (descriptors and the heuristic's algorithm) is kept per
+// shape, type, epilogue and operand alignment; cases cuBLASLt does not take go to the composed default.
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+
+namespace tandem::backend {
+
+namespace {
+
+cudaDataType_t lt_type(DType t) {
+  switch (t) {
+    case DType::f16: return CUDA_R_16F;
+    case DType::bf16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+struct Plan {
+  bool usable = false;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+}  // namespace
+
+class LtCache {
+ public:
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int>;
+  cublasLtHandle_t handle = nullptr;
+  std::map<Key, Plan> plans;
+  LtCache() { TANDEM_CUBLAS_CHECK(cublasLtCreate(&handle)); }
+  ~LtCache() {
+    // At exit the runtime may be gone: errors are ignored.
+    for (auto& [key, p] : plans) {
+      if (p.desc) (void)cublasLtMatmulDescDestroy(p.desc);
+      for (cublasLtMatrixLayout_t l : {p.la, p.lb, p.lc})
+        if (l) (void)cublasLtMatrixLayoutDestroy(l);
+    }
+    if (handle) (void)cublasLtDestroy(handle);
+  }
+};
+
+void CudaBackend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+                             const Tensor& a, const Tensor& b, double beta, Tensor& c, const GemmFusion& f) {
+  const bool half_inputs = (a.dtype() == DType::bf16 || a.dtype() == DType::f16) && b.dtype() == a.dtype();
+  const bool f32_out = c.dtype() == DType::f32;
+  const bool rows = f.a_row_sums.defined();
+  // cuBLASLt here: 16-bit operands, C of their type or f32, an epilogue or a bias gradient to fuse.
+  if (!half_inputs || !(c.dtype() == a.dtype() || (f32_out && beta == 0.0)) || m == 0 || n == 0 || k == 0 ||
+      (f.epilogue == GemmEpilogue::None && !rows) || (rows && (!trans_a || f.epilogue != GemmEpilogue::None)) ||
+      (f.epilogue != GemmEpilogue::None && f32_out)) {
+    Backend::gemm_fused(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f);
+    return;
+  }
+  DeviceState& s = state_for(c);
+  const Tensor& vec = rows ? f.a_row_sums : f.bias;  // the epilogue's vector, where it has one
+  const bool has_aux = f.epilogue == GemmEpilogue::BiasGelu || f.epilogue == GemmEpilogue::DGelu;
+  cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BGRADB;  // row-major op(A) is cuBLASLt's B (below)
+  switch (f.epilogue) {
+    case GemmEpilogue::None: break;
+    case GemmEpilogue::Bias: ep = CUBLASLT_EPILOGUE_BIAS; break;
+    case GemmEpilogue::BiasGelu: ep = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
+    case GemmEpilogue::DGelu: ep = CUBLASLT_EPILOGUE_DGELU; break;
+  }
+  const int align = (aligned16(a.data_ptr()) ? 1 : 0) | (aligned16(b.data_ptr()) ? 2 : 0) |
+                    (aligned16(c.data_ptr()) ? 4 : 0) | (vec.defined() && aligned16(vec.data_ptr()) ? 8 : 0) |
+                    (has_aux && aligned16(f.aux.data_ptr()) ? 16 : 0);
+  const LtCache::Key key{m, n, k, trans_a, trans_b, static_cast<int>(a.dtype()), static_cast<int>(c.dtype()),
+                         static_cast<int>(ep), vec.defined() ? static_cast<int>(vec.dtype()) : -1, align};
+  std::unique_lock<std::mutex> lock(s.cublas_mu);
+  if (!s.lt) s.lt = std::make_shared<LtCache>();
+  LtCache& cache = *s.lt;
+  auto it = cache.plans.find(key);
+  if (it == cache.plans.end()) {
+    // Column-major cuBLASLt computes the row-major C = op(A) op(B) as C^T = op(B)^T op(A)^T: its A is our B
+    // and its B our A, each matrix read as its own transpose; C^T's rows are C's columns, so the bias (one
+    // per column of C) is cuBLASLt's per-row bias and the sums over k of op(A) are its BGRADB.
+    Plan p;
+    const cudaDataType_t ab = lt_type(a.dtype()), ct = lt_type(c.dtype());
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_lt_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_lt_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof(op_lt_a)));
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)));
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+    if (vec.defined()) {
+      const int32_t vt = lt_type(vec.dtype());
+      const void* vp = vec.data_ptr();
+      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vt, sizeof(vt)));
+      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vp, sizeof(vp)));
+    }
+    if (has_aux) {
+      const int64_t ld = n;
+      const void* xp = f.aux.data_ptr();
+      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+      TANDEM_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &xp, sizeof(xp)));
+    }
+    // Stored shapes, column-major: our B is [k, n] row-major ([n, k] when transposed), our A [m, k] ([k, m]).
+    const uint64_t la_rows = trans_b ? k : n, la_cols = trans_b ? n : k, lb_rows = trans_a ? m : k,
+                   lb_cols = trans_a ? k : m;
+    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, ab, la_rows, la_cols, static_cast<int64_t>(la_rows)));
+    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, ab, lb_rows, lb_cols, static_cast<int64_t>(lb_rows)));
+    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, ct, n, m, n));
+    cublasLtMatmulPreference_t pref = nullptr;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = s.cublas_workspace_bytes;
+    TANDEM_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(cache.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (p.usable) p.algo = result.algo;
+    it = cache.plans.emplace(key, p).first;
+  }
+  Plan& p = it->second;
+  if (p.usable) {
+    // This call's pointers (the plan may have been made for other tensors of the same shape).
+    if (vec.defined()) {
+      const void* vp = vec.data_ptr();
+      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vp, sizeof(vp)));
+    }
+    if (has_aux) {
+      const void* xp = f.aux.data_ptr();
+      TANDEM_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &xp, sizeof(xp)));
+    }
+    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+    const cublasStatus_t st =
+        cublasLtMatmul(cache.handle, p.desc, &al, b.data_ptr(), p.la, a.data_ptr(), p.lb, &be, c.data_ptr(), p.lc,
+                       c.data_ptr(), p.lc, &p.algo, s.cublas_workspace, s.cublas_workspace_bytes, s.stream);
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+    TANDEM_CHECK(st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE,
+                 "cublasLtMatmul failed: ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ")");
+    p.usable = false;  // refused at run time: composed from now on
+  }
+  lock.unlock();  // the composed default's products take cuBLAS's lock themselves
+  Backend::gemm_fused(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f);
+}
+
+}  // namespace tandem::backend
