@@ -1,7 +1,6 @@
 // CUDA backend: products with their epilogue fused through cuBLASLt — a linear layer's bias, the bias and
-// GELU of a transformer's MLP (its input kept for the backward), the GELU's gradient, and a layer's bias
-// gradient taken from the output gradient as its weight gradient is computed — so that none of them costs a
-// pass over the activations of its own. One plan (descriptors and the heuristic's algorithm) is kept per
+// GELU of a transformer's MLP (its input kept for the backward), the GELU's gradient — so that none of them
+// costs a pass over the activations of its own; and weight gradients written in f32 from 16-bit operands. One plan (descriptors and the heuristic's algorithm) is kept per
 // shape, type, epilogue and operand alignment; cases cuBLASLt does not take go to the composed default.
 #include <cublasLt.h>
 
@@ -58,17 +57,19 @@ void CudaBackend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, i
   const bool half_inputs = (a.dtype() == DType::bf16 || a.dtype() == DType::f16) && b.dtype() == a.dtype();
   const bool f32_out = c.dtype() == DType::f32;
   const bool rows = f.a_row_sums.defined();
-  // cuBLASLt here: 16-bit operands, C of their type or f32, an epilogue or a bias gradient to fuse.
+  // cuBLASLt here: 16-bit operands and an epilogue to fuse, or C in f32 (a weight gradient). The sums of op(A)
+  // are taken by the backend's own reduction after the product: cuBLASLt's BGRADB runs as a kernel of its
+  // own, slower than that one (measured on an H200, GPT-2's layers).
   if (!half_inputs || !(c.dtype() == a.dtype() || (f32_out && beta == 0.0)) || m == 0 || n == 0 || k == 0 ||
-      (f.epilogue == GemmEpilogue::None && !rows) || (rows && (!trans_a || f.epilogue != GemmEpilogue::None)) ||
+      (f.epilogue == GemmEpilogue::None && !f32_out) || (rows && (!trans_a || f.epilogue != GemmEpilogue::None)) ||
       (f.epilogue != GemmEpilogue::None && f32_out)) {
     Backend::gemm_fused(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f);
     return;
   }
   DeviceState& s = state_for(c);
-  const Tensor& vec = rows ? f.a_row_sums : f.bias;  // the epilogue's vector, where it has one
+  const Tensor vec = f.epilogue == GemmEpilogue::Bias || f.epilogue == GemmEpilogue::BiasGelu ? f.bias : Tensor();
   const bool has_aux = f.epilogue == GemmEpilogue::BiasGelu || f.epilogue == GemmEpilogue::DGelu;
-  cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BGRADB;  // row-major op(A) is cuBLASLt's B (below)
+  cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_DEFAULT;
   switch (f.epilogue) {
     case GemmEpilogue::None: break;
     case GemmEpilogue::Bias: ep = CUBLASLT_EPILOGUE_BIAS; break;
@@ -87,7 +88,7 @@ void CudaBackend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, i
   if (it == cache.plans.end()) {
     // Column-major cuBLASLt computes the row-major C = op(A) op(B) as C^T = op(B)^T op(A)^T: its A is our B
     // and its B our A, each matrix read as its own transpose; C^T's rows are C's columns, so the bias (one
-    // per column of C) is cuBLASLt's per-row bias and the sums over k of op(A) are its BGRADB.
+    // per column of C) is cuBLASLt's per-row bias.
     Plan p;
     const cudaDataType_t ab = lt_type(a.dtype()), ct = lt_type(c.dtype());
     TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -144,7 +145,14 @@ void CudaBackend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, i
     const cublasStatus_t st =
         cublasLtMatmul(cache.handle, p.desc, &al, b.data_ptr(), p.la, a.data_ptr(), p.lb, &be, c.data_ptr(), p.lc,
                        c.data_ptr(), p.lc, &p.algo, s.cublas_workspace, s.cublas_workspace_bytes, s.stream);
-    if (st == CUBLAS_STATUS_SUCCESS) return;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      lock.unlock();
+      if (rows) {
+        Tensor sums = f.a_row_sums;
+        bias_grad(a, k, m, 1, sums);  // A is [k, m]: its column sums
+      }
+      return;
+    }
     TANDEM_CHECK(st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE,
                  "cublasLtMatmul failed: ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ")");
     p.usable = false;  // refused at run time: composed from now on
