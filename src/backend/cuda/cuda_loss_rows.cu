@@ -159,68 +159,10 @@ __global__ void xent_block_kernel(const T* __restrict__ x, const L* __restrict__
   }
 }
 
-// The same with the row's 16-byte vectors held in registers between the two passes (PER of them a thread),
-// so that the row is read from memory exactly once whatever L2 holds: rows of up to PER x VEC x 512 elements.
-template <typename T, typename L, int PER>
-__global__ void __launch_bounds__(512) xent_forward_grad_regs_kernel(T* x, const L* __restrict__ targets, int64_t n,
-                                                                     int64_t c, int64_t ignore,
-                                                                     float* __restrict__ loss,
-                                                                     float* __restrict__ valid, ErrorSink sink) {
-  constexpr int VEC = rows::kVec<T>;
-  using V = rows::Vec<T, VEC>;
-  __shared__ float sm[32], ss[32], z_row;
-  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    T* xr = x + r * c;
-    const rows::RowSplit sp = rows::split_row<VEC>(xr, c);
-    float m = -INFINITY, s = 0.0f;
-    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) add_value(m, s, kern::to_float(xr[j]));
-    for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x) add_value(m, s, kern::to_float(xr[j]));
-    V held[PER];
-#pragma unroll
-    for (int p = 0; p < PER; ++p) {
-      const int64_t j0 = sp.head + (int64_t(threadIdx.x) + int64_t(p) * blockDim.x) * VEC;
-      if (j0 < sp.body_end) held[p] = *reinterpret_cast<const V*>(xr + j0);
-    }
-#pragma unroll
-    for (int p = 0; p < PER; ++p) {
-      const int64_t j0 = sp.head + (int64_t(threadIdx.x) + int64_t(p) * blockDim.x) * VEC;
-      if (j0 < sp.body_end) {
-        float v[VEC];
-#pragma unroll
-        for (int u = 0; u < VEC; ++u) v[u] = kern::to_float(held[p].v[u]);
-        add_vector<VEC>(m, s, v);
-      }
-    }
-    __syncthreads();  // the scratch (and z_row) may still be read for the previous row
-    block_merge(m, s, sm, ss);
-    if (threadIdx.x == 0) {
-      z_row = m + __logf(s);
-      finish_row(xr, targets[r], ignore, r, c, z_row, loss, static_cast<float*>(nullptr), valid, sink);
-    }
-    __syncthreads();  // the target's logit is read before the row is overwritten
-    const int64_t t = static_cast<int64_t>(targets[r]);
-    const bool skip = t == ignore;
-    const float z = z_row;
-    auto grad = [&](float v, int64_t j) { return skip ? 0.0f : __expf(v - z) - (j == t ? 1.0f : 0.0f); };
-    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) xr[j] = kern::from_float<T>(grad(kern::to_float(xr[j]), j));
-    for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x)
-      xr[j] = kern::from_float<T>(grad(kern::to_float(xr[j]), j));
-#pragma unroll
-    for (int p = 0; p < PER; ++p) {
-      const int64_t j0 = sp.head + (int64_t(threadIdx.x) + int64_t(p) * blockDim.x) * VEC;
-      if (j0 < sp.body_end) {
-        V out;
-#pragma unroll
-        for (int u = 0; u < VEC; ++u) out.v[u] = kern::from_float<T>(grad(kern::to_float(held[p].v[u]), j0 + u));
-        *reinterpret_cast<V*>(xr + j0) = out;
-      }
-    }
-  }
-}
-
 // The fused classifier's forward: each row's loss as xent_block_kernel gives it, then the row overwritten by
-// its gradient at unit weight, softmax - onehot (0 in ignored rows). The second read of the row finds it in
-// L2 (the blocks in flight hold a few MB of rows), so the logits are read from memory once and written once.
+// its gradient at unit weight, softmax - onehot (0 in ignored rows). The second read of the row mostly finds
+// it in L2, recently read. (Holding the row in registers instead, one 512-thread block a row, measured 4x
+// slower at GPT-2's vocabulary: too few rows in flight.)
 // Blocks of 32 threads serve short rows.
 template <typename T, typename L, int VEC>
 __global__ void xent_forward_grad_kernel(T* x, const L* __restrict__ targets, int64_t n, int64_t c, int64_t ignore,
@@ -438,23 +380,10 @@ void CudaBackend::xent_rows_forward_grad(Tensor& logits, const Tensor& targets, 
   kern::dispatch_float(logits.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     T* x = static_cast<T*>(logits.data_ptr());
-    // Vectors of the row's middle per thread of a 512-thread block: up to 16 stay in registers.
-    const int64_t per = (c / rows::kVec<T> + kRowThreads - 1) / kRowThreads;
     dispatch_targets(targets, op, [&](auto* tg) {
       using L = std::remove_const_t<std::remove_pointer_t<decltype(tg)>>;
-      auto regs = [&](auto k) {
-        xent_forward_grad_regs_kernel<T, L, decltype(k)::value><<<grid_for_rows(n), kRowThreads, 0, st.stream>>>(
-            x, tg, n, c, ignore_index, loss.data<float>(), valid.data<float>(), st.errors);
-      };
-      if (c > kWarpClasses && per <= 4)
-        regs(std::integral_constant<int, 4>{});
-      else if (c > kWarpClasses && per <= 8)
-        regs(std::integral_constant<int, 8>{});
-      else if (c > kWarpClasses && per <= 16)
-        regs(std::integral_constant<int, 16>{});
-      else
-        xent_forward_grad_kernel<T, L, rows::kVec<T>><<<grid_for_rows(n), threads, 0, st.stream>>>(
-            x, tg, n, c, ignore_index, loss.data<float>(), valid.data<float>(), st.errors);
+      xent_forward_grad_kernel<T, L, rows::kVec<T>><<<grid_for_rows(n), threads, 0, st.stream>>>(
+          x, tg, n, c, ignore_index, loss.data<float>(), valid.data<float>(), st.errors);
       TANDEM_CUDA_LAUNCH_CHECK("fused cross-entropy kernel");
     });
   });
