@@ -19,12 +19,13 @@ namespace {
 
 constexpr int64_t kRowsPerBlock = 64;  // rows whose parameter gradients one task sums
 
-// One f32 row of the forward: y = (x - mean) rstd [* w] [+ b]; returns (mean, rstd).
-std::pair<float, float> norm_row_f32(const float* x, const float* w, const float* b, float* y, int64_t c, double eps,
-                                     bool rms) {
-  const float mu = rms || c == 0 ? 0.0f : static_cast<float>(cpu::sum_f32(x, c) / static_cast<double>(c));
+// One f32 row of the forward: y = (x - mean) rstd [* w] [+ b]; returns (mean, rstd). inv_c is 1 / c (0 for
+// c = 0).
+std::pair<float, float> norm_row_f32(const float* x, const float* w, const float* b, float* y, int64_t c, double inv_c,
+                                     double eps, bool rms) {
+  const float mu = rms ? 0.0f : static_cast<float>(cpu::sum_f32(x, c) * inv_c);
   const double ss = cpu::sum_sq_dev_f32(x, c, mu);
-  const float r = static_cast<float>(1.0 / std::sqrt((c ? ss / static_cast<double>(c) : 0.0) + eps));
+  const float r = static_cast<float>(1.0 / std::sqrt(ss * inv_c + eps));
   if (w && b)
     for (int64_t k = 0; k < c; ++k) y[k] = (x[k] - mu) * r * w[k] + b[k];
   else if (w)
@@ -36,11 +37,14 @@ std::pair<float, float> norm_row_f32(const float* x, const float* w, const float
   return {mu, r};
 }
 
-// One f32 row of dx = rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = dy w (w null: 1), xhat = (x - mu) r.
-void norm_row_backward_f32(const float* x, const float* g, const float* w, float* dx, int64_t c, float mu, float r,
-                           bool rms) {
+// One f32 row of dx = rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = dy w (w null: 1), xhat = (x - mu) r (dx
+// null: not written), the row's parameter gradients added into aw and ab (where not null) on the pass that
+// takes the sums.
+void norm_row_backward_f32(const float* x, const float* g, const float* w, float* dx, float* aw, float* ab, int64_t c,
+                           float mu, float r, bool rms) {
   double s1, s2;
-  cpu::norm_backward_sums_f32(g, w, x, c, mu, s1, s2);
+  cpu::norm_backward_row_f32(g, w, x, c, mu, r, aw, ab, s1, s2);
+  if (!dx) return;
   const double inv_c = 1.0 / static_cast<double>(c);
   const float m1 = rms ? 0.0f : static_cast<float>(s1 * inv_c), m2 = static_cast<float>(s2 * r * inv_c);
   if (w)
@@ -71,12 +75,13 @@ void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tens
     T* py = static_cast<T*>(y.data_ptr());
     T* pm = rms ? nullptr : static_cast<T*>(mean.data_ptr());
     T* pr = static_cast<T*>(rstd.data_ptr());
+    const double inv_c = c ? 1.0 / static_cast<double>(c) : 0.0;
     cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
         const T* xr = px + i * c;
         T* yr = py + i * c;
         if constexpr (std::is_same_v<T, float>) {
-          const auto [m, r] = norm_row_f32(xr, pw, pb, yr, c, eps, rms);
+          const auto [m, r] = norm_row_f32(xr, pw, pb, yr, c, inv_c, eps, rms);
           if (pm) pm[i] = m;
           pr[i] = r;
           continue;
@@ -138,11 +143,7 @@ void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Te
             const float* xr = px + i * c;
             const float* gr = pg + i * c;
             const float mu = pm ? pm[i] : 0.0f, r = pr[i];
-            if (pdx) norm_row_backward_f32(xr, gr, pw, pdx + i * c, c, mu, r, rms);
-            if (aw)
-              for (int64_t j = 0; j < c; ++j) aw[j] += gr[j] * ((xr[j] - mu) * r);
-            if (ab)
-              for (int64_t j = 0; j < c; ++j) ab[j] += gr[j];
+            norm_row_backward_f32(xr, gr, pw, pdx ? pdx + i * c : nullptr, aw, ab, c, mu, r, rms);
           }
         }
       });

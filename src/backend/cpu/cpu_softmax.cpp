@@ -47,13 +47,12 @@ void softmax_row_f32(const float* x, float* y, int64_t len, int64_t valid, float
   }
   float mx = scale * cpu::max_f32(x, valid);
   if (std::isinf(mx) && mx < 0) mx = 0.0f;  // as softmax_line
-  const double sum = cpu::exp_shifted_f32(x, y, valid, scale, mx);
-  if (log) {
-    const float lse = static_cast<float>(mx + std::log(sum));
+  if (log) {  // the exponentials only summed
+    const float lse = static_cast<float>(mx + std::log(cpu::exp_sum_f32<false>(x, nullptr, valid, scale, mx)));
     for (int64_t j = 0; j < valid; ++j) y[j] = scale * x[j] - lse;
     for (int64_t j = valid; j < len; ++j) y[j] = -std::numeric_limits<float>::infinity();
-  } else {
-    const float inv = static_cast<float>(1.0 / sum);
+  } else {  // the exponentials stored and summed in one pass, then scaled in place (the row is in L1)
+    const float inv = static_cast<float>(1.0 / cpu::exp_shifted_f32(x, y, valid, scale, mx));
     for (int64_t j = 0; j < valid; ++j) y[j] *= inv;
     for (int64_t j = valid; j < len; ++j) y[j] = 0.0f;
   }

@@ -80,12 +80,19 @@ inline double sum_sq_dev_f32(const float* x, int64_t n, float mu) {
   double s = 0.0;
 #if defined(__AVX__)
   const __m256 m = _mm256_set1_ps(mu);
-  __m256 acc = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8) {
-    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + j), m);
-    acc = _mm256_add_ps(acc, _mm256_mul_ps(d, d));
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // four chains, as sum_f32
+  auto sq = [&](int64_t i) {
+    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
+    return _mm256_mul_ps(d, d);
+  };
+  for (; j + 32 <= n; j += 32) {
+    a0 = _mm256_add_ps(a0, sq(j));
+    a1 = _mm256_add_ps(a1, sq(j + 8));
+    a2 = _mm256_add_ps(a2, sq(j + 16));
+    a3 = _mm256_add_ps(a3, sq(j + 24));
   }
-  s = hsum256(acc);
+  for (; j + 8 <= n; j += 8) a0 = _mm256_add_ps(a0, sq(j));
+  s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #else
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (; j + 8 <= n; j += 8)
@@ -96,37 +103,51 @@ inline double sum_sq_dev_f32(const float* x, int64_t n, float mu) {
   return s;
 }
 
-/// The sums of a[j] b[j] (b null: of a[j]) and of a[j] b[j] (x[j] - mu) over j < n, as sum_f32 adds: the
-/// two sums of a layer-norm row's backward (a the output gradient, b the weight).
-inline void norm_backward_sums_f32(const float* a, const float* b, const float* x, int64_t n, float mu, double& s1,
-                                   double& s2) {
+/// The sums of one layer-norm row's backward, in one pass over it: s1 = the sum of g[j] w[j] (w null: of
+/// g[j]) and s2 = the sum of g[j] w[j] (x[j] - mu), each in eight lanes of two chains added in a fixed order
+/// at the end; and on the way the row's share of the parameters' gradients, aw[j] += g[j] (x[j] - mu) r and
+/// ab[j] += g[j] (either null: skipped).
+inline void norm_backward_row_f32(const float* g, const float* w, const float* x, int64_t n, float mu, float r,
+                                  float* aw, float* ab, double& s1, double& s2) {
   int64_t j = 0;
   s1 = s2 = 0.0;
 #if defined(__AVX__)
-  const __m256 m = _mm256_set1_ps(mu);
-  __m256 acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8) {
-    __m256 g = _mm256_loadu_ps(a + j);
-    if (b) g = _mm256_mul_ps(g, _mm256_loadu_ps(b + j));
-    acc1 = _mm256_add_ps(acc1, g);
-    acc2 = _mm256_add_ps(acc2, _mm256_mul_ps(g, _mm256_sub_ps(_mm256_loadu_ps(x + j), m)));
+  const __m256 m = _mm256_set1_ps(mu), rv = _mm256_set1_ps(r);
+  __m256 p1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, p2[2] = {p1[0], p1[0]};
+  auto step = [&](int64_t i, int c) {
+    const __m256 gv = _mm256_loadu_ps(g + i), d = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
+    const __m256 gw = w ? _mm256_mul_ps(gv, _mm256_loadu_ps(w + i)) : gv;
+    p1[c] = _mm256_add_ps(p1[c], gw);
+    p2[c] = _mm256_add_ps(p2[c], _mm256_mul_ps(gw, d));
+    if (aw) _mm256_storeu_ps(aw + i, _mm256_add_ps(_mm256_loadu_ps(aw + i), _mm256_mul_ps(gv, _mm256_mul_ps(d, rv))));
+    if (ab) _mm256_storeu_ps(ab + i, _mm256_add_ps(_mm256_loadu_ps(ab + i), gv));
+  };
+  for (; j + 16 <= n; j += 16) {
+    step(j, 0);
+    step(j + 8, 1);
   }
-  s1 = hsum256(acc1);
-  s2 = hsum256(acc2);
+  if (j + 8 <= n) step(j, 0), j += 8;
+  s1 = hsum256(_mm256_add_ps(p1[0], p1[1]));
+  s2 = hsum256(_mm256_add_ps(p2[0], p2[1]));
 #else
   float l1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (; j + 8 <= n; j += 8)
     for (int l = 0; l < 8; ++l) {
-      const float g = b ? a[j + l] * b[j + l] : a[j + l];
-      l1[l] += g;
-      l2[l] += g * (x[j + l] - mu);
+      const float gv = g[j + l], d = x[j + l] - mu, gw = w ? gv * w[j + l] : gv;
+      l1[l] += gw;
+      l2[l] += gw * d;
+      if (aw) aw[j + l] += gv * (d * r);
+      if (ab) ab[j + l] += gv;
     }
   for (int l = 0; l < 8; ++l) s1 += l1[l], s2 += l2[l];
 #endif
   for (; j < n; ++j) {
-    const double g = static_cast<double>(a[j]) * (b ? b[j] : 1.0f);
-    s1 += g;
-    s2 += g * (x[j] - mu);
+    const float gv = g[j], d = x[j] - mu;
+    const double gw = static_cast<double>(gv) * (w ? w[j] : 1.0f);
+    s1 += gw;
+    s2 += gw * d;
+    if (aw) aw[j] += gv * (d * r);
+    if (ab) ab[j] += gv;
   }
 }
 
@@ -155,24 +176,88 @@ inline float max_f32(const float* x, int64_t n) {
   return m;
 }
 
-/// Sum of exp(x[j] - shift) for j < n: the exponentials of 256 values at a time into a buffer (a loop
-/// the compiler vectorises), each buffer summed as sum_f32 does.
-inline double sum_exp_f32(const float* x, int64_t n, float shift) {
-  constexpr int64_t kChunk = 256;
-  float buf[kChunk];
+#if defined(__AVX2__) && defined(__FMA__)
+/// exp_f32 in eight lanes, the same steps and constants, for x up to 88.37 (above, taken as 88.37: e^88.37
+/// is 2.39e38): 2^n then fits the exponent bits of one factor, which saves exp_f32's split of n. Where the
+/// compiler fuses exp_f32's products and sums as written here (it does at -O2 and above), a lane equals
+/// exp_f32 bit for bit below 88.37.
+inline __m256 exp256(__m256 xin) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  // With a NaN, AVX's min and max return their second operand: NaN stays NaN, as in exp_f32.
+  const __m256 x = _mm256_min_ps(_mm256_set1_ps(88.37f), _mm256_max_ps(lo, xin));
+  const __m256 shifter = _mm256_set1_ps(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const __m256 k = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shifter);
+  const __m256 n = _mm256_sub_ps(k, shifter);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);  // ln 2 in two parts
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723e-6f), r);
+  __m256 p = _mm256_set1_ps(1.98412698e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.38888889e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.33333333e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.16666667e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.66666667e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // k's low mantissa bits hold n (two's complement): shifted into the exponent field, plus the bias, 2^n.
+  const __m256i e = _mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(k), 23), _mm256_set1_epi32(127 << 23));
+  const __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(_mm256_cmp_ps(xin, lo, _CMP_LT_OQ), v);  // 0 below -87.3
+}
+#endif
+
+/// The sum of e^(scale x[j] - shift) for j < n, each also stored to y[j] when kStore: one pass, the
+/// exponentials summed in eight lanes as they are made (AVX registers where the target has AVX2 and FMA),
+/// added in a fixed order at the end; the tail after the last multiple of 8 in double.
+template <bool kStore>
+inline double exp_sum_f32(const float* x, [[maybe_unused]] float* y, int64_t n, float scale, float shift) {
+  int64_t j = 0;
   double s = 0.0;
-  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-    const int64_t m = n - j0 < kChunk ? n - j0 : kChunk;
-    for (int64_t k = 0; k < m; ++k) buf[k] = exp_f32(x[j0 + k] - shift);
-    s += sum_f32(buf, m);
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 sc = _mm256_set1_ps(scale), sh = _mm256_set1_ps(shift);
+  auto at = [&](int64_t i) { return exp256(_mm256_sub_ps(_mm256_mul_ps(sc, _mm256_loadu_ps(x + i)), sh)); };
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;  // two chains of sums
+  for (; j + 16 <= n; j += 16) {
+    const __m256 e0 = at(j), e1 = at(j + 8);
+    if constexpr (kStore) {
+      _mm256_storeu_ps(y + j, e0);
+      _mm256_storeu_ps(y + j + 8, e1);
+    }
+    a0 = _mm256_add_ps(a0, e0);
+    a1 = _mm256_add_ps(a1, e1);
+  }
+  if (j + 8 <= n) {
+    const __m256 e0 = at(j);
+    if constexpr (kStore) _mm256_storeu_ps(y + j, e0);
+    a0 = _mm256_add_ps(a0, e0);
+    j += 8;
+  }
+  s = hsum256(_mm256_add_ps(a0, a1));
+#else
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float e = exp_f32(scale * x[j + l] - shift);
+      if constexpr (kStore) y[j + l] = e;
+      lane[l] += e;
+    }
+  for (int l = 0; l < 8; ++l) s += lane[l];
+#endif
+  for (; j < n; ++j) {
+    const float e = exp_f32(scale * x[j] - shift);
+    if constexpr (kStore) y[j] = e;
+    s += e;
   }
   return s;
 }
 
-/// y[j] = exp(scale * x[j] - shift) for j < n; returns their sum (as sum_f32 adds).
+/// Sum of exp(x[j] - shift) for j < n.
+inline double sum_exp_f32(const float* x, int64_t n, float shift) {
+  return exp_sum_f32<false>(x, nullptr, n, 1.0f, shift);
+}
+
+/// y[j] = exp(scale * x[j] - shift) for j < n; returns their sum.
 inline double exp_shifted_f32(const float* x, float* y, int64_t n, float scale, float shift) {
-  for (int64_t j = 0; j < n; ++j) y[j] = exp_f32(scale * x[j] - shift);
-  return sum_f32(y, n);
+  return exp_sum_f32<true>(x, y, n, scale, shift);
 }
 
 /// Sum of x[j] * y[j], as sum_f32 adds.
