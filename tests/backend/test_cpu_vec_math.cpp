@@ -86,18 +86,27 @@ TEST(CpuVecMath, VectorExpSpecialValues) {
 TEST(CpuVecMath, SumsMaxAndDotOverRaggedLengths) {
   for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 24, 33, 64, 1000}) {
     std::vector<float> x(n), y(n);
-    double sum = 0, dot = 0, sum_exp = 0;
-    float mx = -1e30f;
+    double sum = 0, dot = 0;
+    float mx = -1e30f, mn = 1e30f;
     for (int64_t j = 0; j < n; ++j) {
       x[j] = std::sin(0.37f * static_cast<float>(j)) * 3.0f;
       y[j] = std::cos(0.11f * static_cast<float>(j));
-      sum += x[j], dot += static_cast<double>(x[j]) * y[j], mx = std::max(mx, x[j]);
-      sum_exp += std::exp(static_cast<double>(x[j]) - 1.5);
-    }
+      sum += x[j], dot += static_cast<double>(x[j]) * y[j], mx = std::max(mx, x[j]), mn = std::min(mn, x[j]);
+          }
     EXPECT_NEAR(sum_f32(x.data(), n), sum, 1e-5 * (1 + std::abs(sum))) << n;
     EXPECT_NEAR(dot_f32(x.data(), y.data(), n), dot, 1e-5 * (1 + std::abs(dot))) << n;
-    EXPECT_EQ(max_f32(x.data(), n), mx) << n;
-    EXPECT_NEAR(sum_exp_f32(x.data(), n, 1.5f), sum_exp, 1e-6 * sum_exp) << n;
+    float lo, hi;
+    min_max_f32(x.data(), n, lo, hi);
+    EXPECT_EQ(hi, mx) << n;
+    EXPECT_EQ(lo, mn) << n;
+    // exp(x - max): with the row's smallest value (the vector exp's range checks skipped) and without.
+    double sum_exp = 0;
+    for (int64_t j = 0; j < n; ++j) sum_exp += std::exp(static_cast<double>(x[j]) - hi);
+    const double se = exp_sum_f32<false>(x.data(), nullptr, n, 1.0f, hi, lo);
+    EXPECT_NEAR(se, sum_exp, 1e-6 * sum_exp) << n;
+    EXPECT_EQ(exp_sum_f32<false>(x.data(), nullptr, n, 1.0f, hi, -INFINITY), se) << n;
+    // Below -87.3 the exponentials are 0: x - 100 has none above it.
+    EXPECT_EQ(exp_sum_f32<false>(x.data(), nullptr, n, 1.0f, hi + 100.0f, lo), 0.0) << n;
     double sq = 0, s1 = 0, s2 = 0, wsum = 0, wdev = 0;
     for (int64_t j = 0; j < n; ++j) {
       sq += (static_cast<double>(x[j]) - 0.25) * (static_cast<double>(x[j]) - 0.25);
@@ -122,15 +131,21 @@ TEST(CpuVecMath, SumsMaxAndDotOverRaggedLengths) {
     norm_backward_row_f32(y.data(), nullptr, x.data(), n, 0.25f, 1.5f, nullptr, nullptr, a1, a2);  // no weight
     EXPECT_NEAR(a1, wsum, 1e-5 * (1 + std::abs(wsum))) << n;
     EXPECT_NEAR(a2, wdev, 1e-5 * (1 + std::abs(wdev))) << n;
-    std::vector<float> e(n);
-    const double s = exp_shifted_f32(x.data(), e.data(), n, 2.0f, 1.0f);
+    // Stored: e^(2 (x - max)), with the range checks skipped or not (the same values), and in place.
+    std::vector<float> e(n), e2(n), inplace = x;
+    const double s = exp_sum_f32<true>(x.data(), e.data(), n, 2.0f, hi, lo);
     double want = 0;
     for (int64_t j = 0; j < n; ++j) {
-      EXPECT_NEAR(e[j], std::exp(2.0 * x[j] - 1.0), 3e-7 * std::exp(2.0 * x[j] - 1.0)) << n << " " << j;
+      const double w = std::exp(static_cast<double>(2.0f * (x[j] - hi)));  // of the argument as rounded in float
+      EXPECT_NEAR(e[j], w, 3e-7 * w) << n << " " << j;
       want += e[j];
     }
     EXPECT_NEAR(s, want, 1e-6 * want) << n;
-    EXPECT_NEAR(exp_sum_f32<false>(x.data(), nullptr, n, 2.0f, 1.0f), s, 1e-12 * s) << n;  // the same, not stored
+    EXPECT_EQ(exp_sum_f32<true>(x.data(), e2.data(), n, 2.0f, hi, -INFINITY), s) << n;
+    EXPECT_EQ(e2, e) << n;
+    EXPECT_EQ(exp_sum_f32<true>(inplace.data(), inplace.data(), n, 2.0f, hi, lo), s) << n;
+    EXPECT_EQ(inplace, e) << n;
+    EXPECT_EQ(exp_sum_f32<false>(x.data(), nullptr, n, 2.0f, hi, lo), s) << n;  // the same, not stored
   }
 }
 

@@ -1,9 +1,9 @@
 #pragma once
-// Internal: row kernels' float math written so that the compiler vectorises it (AVX2 + FMA with the
-// library's -march=x86-64-v3; files that include it are compiled with -fno-trapping-math, without which
-// GCC keeps the comparisons as branches): an exp without calls or branches, and sums over rows of floats
-// kept in eight lanes (AVX registers where the target has them; a fixed order, so results repeat bit for
-// bit).
+// Internal: row kernels' float math, in AVX2 + FMA (the library's -march=x86-64-v3) where the compiler
+// would not find it, and otherwise written so that the compiler vectorises it (files that include it are
+// compiled with -fno-trapping-math, without which GCC keeps the comparisons as branches): an exp without
+// calls or branches, scalar and in eight lanes, and sums over rows of floats kept in eight lanes (AVX
+// registers where the target has them; a fixed order, so results repeat bit for bit).
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -151,40 +151,47 @@ inline void norm_backward_row_f32(const float* g, const float* w, const float* x
   }
 }
 
-/// Largest of x[0..n) (n >= 1); NaN is not propagated (callers keep finite data). GCC leaves a float
-/// maximum as a branch whatever its form, so AVX's is used where the target has it.
-inline float max_f32(const float* x, int64_t n) {
+/// The smallest and the largest of x[0..n) (n >= 1), in one pass; NaN is not propagated (callers keep
+/// finite data). GCC leaves a float maximum as a branch whatever its form, so AVX's is used where the
+/// target has it.
+inline void min_max_f32(const float* x, int64_t n, float& mn, float& mx) {
   int64_t j = 0;
-  float m = x[0];
+  float lo = x[0], hi = x[0];
 #if defined(__AVX__)
   if (n >= 8) {
-    __m256 v = _mm256_loadu_ps(x), v1 = v, v2 = v, v3 = v;  // four chains of maxima
-    for (j = 8; j + 32 <= n; j += 32) {
-      v = _mm256_max_ps(v, _mm256_loadu_ps(x + j));
-      v1 = _mm256_max_ps(v1, _mm256_loadu_ps(x + j + 8));
-      v2 = _mm256_max_ps(v2, _mm256_loadu_ps(x + j + 16));
-      v3 = _mm256_max_ps(v3, _mm256_loadu_ps(x + j + 24));
+    __m256 l0 = _mm256_loadu_ps(x), l1 = l0, h0 = l0, h1 = l0;  // two chains of each
+    for (j = 8; j + 16 <= n; j += 16) {
+      const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + 8);
+      l0 = _mm256_min_ps(l0, a), h0 = _mm256_max_ps(h0, a);
+      l1 = _mm256_min_ps(l1, b), h1 = _mm256_max_ps(h1, b);
     }
-    for (; j + 8 <= n; j += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + j));
-    v = _mm256_max_ps(_mm256_max_ps(v, v1), _mm256_max_ps(v2, v3));
-    alignas(32) float lane[8];
-    _mm256_store_ps(lane, v);
-    for (int l = 0; l < 8; ++l) m = m > lane[l] ? m : lane[l];
+    if (j + 8 <= n) {
+      const __m256 a = _mm256_loadu_ps(x + j);
+      l0 = _mm256_min_ps(l0, a), h0 = _mm256_max_ps(h0, a);
+      j += 8;
+    }
+    alignas(32) float ll[8], hl[8];
+    _mm256_store_ps(ll, _mm256_min_ps(l0, l1));
+    _mm256_store_ps(hl, _mm256_max_ps(h0, h1));
+    for (int l = 0; l < 8; ++l) lo = lo < ll[l] ? lo : ll[l], hi = hi > hl[l] ? hi : hl[l];
   }
 #endif
-  for (; j < n; ++j) m = m > x[j] ? m : x[j];
-  return m;
+  for (; j < n; ++j) lo = lo < x[j] ? lo : x[j], hi = hi > x[j] ? hi : x[j];
+  mn = lo;
+  mx = hi;
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
 /// exp_f32 in eight lanes, the same steps and constants, for x up to 88.37 (above, taken as 88.37: e^88.37
 /// is 2.39e38): 2^n then fits the exponent bits of one factor, which saves exp_f32's split of n. Where the
 /// compiler fuses exp_f32's products and sums as written here (it does at -O2 and above), a lane equals
-/// exp_f32 bit for bit below 88.37.
+/// exp_f32 bit for bit below 88.37. kInRange: every lane is known to lie in [-87.3, 88.37] or be NaN, and
+/// the clamps and the zero below -87.3 are skipped (a fifth of the work).
+template <bool kInRange = false>
 inline __m256 exp256(__m256 xin) {
   const __m256 lo = _mm256_set1_ps(-87.3f);
   // With a NaN, AVX's min and max return their second operand: NaN stays NaN, as in exp_f32.
-  const __m256 x = _mm256_min_ps(_mm256_set1_ps(88.37f), _mm256_max_ps(lo, xin));
+  const __m256 x = kInRange ? xin : _mm256_min_ps(_mm256_set1_ps(88.37f), _mm256_max_ps(lo, xin));
   const __m256 shifter = _mm256_set1_ps(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   const __m256 k = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shifter);
   const __m256 n = _mm256_sub_ps(k, shifter);
@@ -201,21 +208,17 @@ inline __m256 exp256(__m256 xin) {
   // k's low mantissa bits hold n (two's complement): shifted into the exponent field, plus the bias, 2^n.
   const __m256i e = _mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(k), 23), _mm256_set1_epi32(127 << 23));
   const __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  if constexpr (kInRange) return v;
   return _mm256_andnot_ps(_mm256_cmp_ps(xin, lo, _CMP_LT_OQ), v);  // 0 below -87.3
 }
-#endif
 
-/// The sum of e^(scale x[j] - shift) for j < n, each also stored to y[j] when kStore: one pass, the
-/// exponentials summed in eight lanes as they are made (AVX registers where the target has AVX2 and FMA),
-/// added in a fixed order at the end; the tail after the last multiple of 8 in double.
-template <bool kStore>
-inline double exp_sum_f32(const float* x, [[maybe_unused]] float* y, int64_t n, float scale, float shift) {
-  int64_t j = 0;
-  double s = 0.0;
-#if defined(__AVX2__) && defined(__FMA__)
+/// exp_sum_f32's loop over whole vectors from x[0]: returns where it stopped (the last multiple of 8).
+template <bool kStore, bool kInRange>
+inline int64_t exp_sum_vectors(const float* x, float* y, int64_t n, float scale, float shift, double& sum) {
   const __m256 sc = _mm256_set1_ps(scale), sh = _mm256_set1_ps(shift);
-  auto at = [&](int64_t i) { return exp256(_mm256_sub_ps(_mm256_mul_ps(sc, _mm256_loadu_ps(x + i)), sh)); };
+  auto at = [&](int64_t i) { return exp256<kInRange>(_mm256_mul_ps(sc, _mm256_sub_ps(_mm256_loadu_ps(x + i), sh))); };
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;  // two chains of sums
+  int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
     const __m256 e0 = at(j), e1 = at(j + 8);
     if constexpr (kStore) {
@@ -231,33 +234,43 @@ inline double exp_sum_f32(const float* x, [[maybe_unused]] float* y, int64_t n, 
     a0 = _mm256_add_ps(a0, e0);
     j += 8;
   }
-  s = hsum256(_mm256_add_ps(a0, a1));
+  sum = hsum256(_mm256_add_ps(a0, a1));
+  return j;
+}
+#endif
+
+/// The sum of e^(scale (x[j] - shift)) for j < n, each also stored to y[j] when kStore (y may be x), for
+/// scale >= 0 and shift at least the largest x[j]; lowest is the smallest x[j] (or -inf where not known):
+/// when no argument is below -87.3 the vector exp's range checks are skipped. One pass, the exponentials
+/// summed in eight lanes as they are made (AVX registers where the target has AVX2 and FMA), added in a
+/// fixed order at the end; the tail after the last multiple of 8 in double.
+template <bool kStore>
+inline double exp_sum_f32(const float* x, [[maybe_unused]] float* y, int64_t n, float scale, float shift,
+                          float lowest) {
+  int64_t j = 0;
+  double s = 0.0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (scale * (lowest - shift) >= -87.3f)  // false for NaN
+    j = exp_sum_vectors<kStore, true>(x, y, n, scale, shift, s);
+  else
+    j = exp_sum_vectors<kStore, false>(x, y, n, scale, shift, s);
 #else
+  (void)lowest;
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (; j + 8 <= n; j += 8)
     for (int l = 0; l < 8; ++l) {
-      const float e = exp_f32(scale * x[j + l] - shift);
+      const float e = exp_f32(scale * (x[j + l] - shift));
       if constexpr (kStore) y[j + l] = e;
       lane[l] += e;
     }
   for (int l = 0; l < 8; ++l) s += lane[l];
 #endif
   for (; j < n; ++j) {
-    const float e = exp_f32(scale * x[j] - shift);
+    const float e = exp_f32(scale * (x[j] - shift));
     if constexpr (kStore) y[j] = e;
     s += e;
   }
   return s;
-}
-
-/// Sum of exp(x[j] - shift) for j < n.
-inline double sum_exp_f32(const float* x, int64_t n, float shift) {
-  return exp_sum_f32<false>(x, nullptr, n, 1.0f, shift);
-}
-
-/// y[j] = exp(scale * x[j] - shift) for j < n; returns their sum.
-inline double exp_shifted_f32(const float* x, float* y, int64_t n, float scale, float shift) {
-  return exp_sum_f32<true>(x, y, n, scale, shift);
 }
 
 /// Sum of x[j] * y[j], as sum_f32 adds.
