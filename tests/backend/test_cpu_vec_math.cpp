@@ -42,21 +42,71 @@ TEST(CpuVecMath, ExpSpecialValues) {
   EXPECT_GT(exp_f32(inf), 3e38f);
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// The eight lanes of exp256 at x, x + step, ..., x + 7 step.
+std::vector<float> exp256_lanes(float x, float step) {
+  alignas(32) float in[8], out[8];
+  for (int l = 0; l < 8; ++l) in[l] = x + static_cast<float>(l) * step;
+  _mm256_store_ps(out, exp256(_mm256_load_ps(in)));
+  return std::vector<float>(out, out + 8);
+}
+
+TEST(CpuVecMath, VectorExpWithinTwoUlpOverTheNormalRange) {
+  int64_t worst = 0;
+  float at = 0;
+  for (float x = -87.0f; x <= 88.3f; x += 8 * 0.00173f) {
+    const std::vector<float> got = exp256_lanes(x, 0.00173f);
+    for (int l = 0; l < 8; ++l) {
+      const float xl = x + static_cast<float>(l) * 0.00173f;
+      const int64_t u = ulps(got[l], static_cast<float>(std::exp(static_cast<double>(xl))));
+      if (u > worst) worst = u, at = xl;
+      ASSERT_EQ(got[l], exp_f32(xl)) << "the scalar exp differs at x = " << xl;
+    }
+  }
+  EXPECT_LE(worst, 2) << "at x = " << at;
+  EXPECT_EQ(exp256_lanes(0.0f, 0.0f)[0], 1.0f);
+}
+
+TEST(CpuVecMath, VectorExpSpecialValues) {
+  const float inf = std::numeric_limits<float>::infinity();
+  alignas(32) float in[8] = {-inf, -100.0f, -87.31f, std::nanf(""), inf, 88.37f, 89.0f, -0.0f}, out[8];
+  _mm256_store_ps(out, exp256(_mm256_load_ps(in)));
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[1], 0.0f);
+  EXPECT_EQ(out[2], 0.0f);
+  EXPECT_TRUE(std::isnan(out[3]));
+  EXPECT_TRUE(std::isfinite(out[4]));  // above 88.37: e^88.37
+  EXPECT_GT(out[4], 2.39e38f);
+  EXPECT_EQ(out[4], out[5]);
+  EXPECT_EQ(out[6], out[5]);
+  EXPECT_EQ(out[7], 1.0f);
+}
+#endif
+
 TEST(CpuVecMath, SumsMaxAndDotOverRaggedLengths) {
-  for (int64_t n : {1, 7, 8, 9, 64, 1000}) {
+  for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 24, 33, 64, 1000}) {
     std::vector<float> x(n), y(n);
-    double sum = 0, dot = 0, sum_exp = 0;
-    float mx = -1e30f;
+    double sum = 0, dot = 0;
+    float mx = -1e30f, mn = 1e30f;
     for (int64_t j = 0; j < n; ++j) {
       x[j] = std::sin(0.37f * static_cast<float>(j)) * 3.0f;
       y[j] = std::cos(0.11f * static_cast<float>(j));
-      sum += x[j], dot += static_cast<double>(x[j]) * y[j], mx = std::max(mx, x[j]);
-      sum_exp += std::exp(static_cast<double>(x[j]) - 1.5);
-    }
+      sum += x[j], dot += static_cast<double>(x[j]) * y[j], mx = std::max(mx, x[j]), mn = std::min(mn, x[j]);
+          }
     EXPECT_NEAR(sum_f32(x.data(), n), sum, 1e-5 * (1 + std::abs(sum))) << n;
     EXPECT_NEAR(dot_f32(x.data(), y.data(), n), dot, 1e-5 * (1 + std::abs(dot))) << n;
-    EXPECT_EQ(max_f32(x.data(), n), mx) << n;
-    EXPECT_NEAR(sum_exp_f32(x.data(), n, 1.5f), sum_exp, 1e-6 * sum_exp) << n;
+    float lo, hi;
+    min_max_f32(x.data(), n, lo, hi);
+    EXPECT_EQ(hi, mx) << n;
+    EXPECT_EQ(lo, mn) << n;
+    // exp(x - max): with the row's smallest value (the vector exp's range checks skipped) and without.
+    double sum_exp = 0;
+    for (int64_t j = 0; j < n; ++j) sum_exp += std::exp(static_cast<double>(x[j]) - hi);
+    const double se = exp_sum_f32<false>(x.data(), nullptr, n, 1.0f, hi, lo);
+    EXPECT_NEAR(se, sum_exp, 1e-6 * sum_exp) << n;
+    EXPECT_EQ(exp_sum_f32<false>(x.data(), nullptr, n, 1.0f, hi, -INFINITY), se) << n;
+    // Below -87.3 the exponentials are 0: x - 100 has none above it.
+    EXPECT_EQ(exp_sum_f32<false>(x.data(), nullptr, n, 1.0f, hi + 100.0f, lo), 0.0) << n;
     double sq = 0, s1 = 0, s2 = 0, wsum = 0, wdev = 0;
     for (int64_t j = 0; j < n; ++j) {
       sq += (static_cast<double>(x[j]) - 0.25) * (static_cast<double>(x[j]) - 0.25);
@@ -66,21 +116,36 @@ TEST(CpuVecMath, SumsMaxAndDotOverRaggedLengths) {
       wdev += static_cast<double>(y[j]) * (static_cast<double>(x[j]) - 0.25);
     }
     EXPECT_NEAR(sum_sq_dev_f32(x.data(), n, 0.25f), sq, 1e-5 * (1 + sq)) << n;
+    // Gradient y, weight x, rstd 1.5: the sums, and the row's parameter gradients added to what aw, ab hold.
     double a1, a2;
-    norm_backward_sums_f32(y.data(), x.data(), x.data(), n, 0.25f, a1, a2);  // gradient y, weight x
+    std::vector<float> aw(n), ab(n);
+    for (int64_t j = 0; j < n; ++j) aw[j] = 0.5f * static_cast<float>(j), ab[j] = -static_cast<float>(j);
+    norm_backward_row_f32(y.data(), x.data(), x.data(), n, 0.25f, 1.5f, aw.data(), ab.data(), a1, a2);
     EXPECT_NEAR(a1, s1, 1e-5 * (1 + std::abs(s1))) << n;
     EXPECT_NEAR(a2, s2, 1e-5 * (1 + std::abs(s2))) << n;
-    norm_backward_sums_f32(y.data(), nullptr, x.data(), n, 0.25f, a1, a2);  // no weight
+    for (int64_t j = 0; j < n; ++j) {
+      const double want_w = 0.5 * j + static_cast<double>(y[j]) * (static_cast<double>(x[j]) - 0.25) * 1.5;
+      EXPECT_NEAR(aw[j], want_w, 1e-5 * (1 + std::abs(want_w))) << n << " " << j;
+      EXPECT_NEAR(ab[j], static_cast<double>(y[j]) - j, 1e-5 * (1 + j)) << n << " " << j;
+    }
+    norm_backward_row_f32(y.data(), nullptr, x.data(), n, 0.25f, 1.5f, nullptr, nullptr, a1, a2);  // no weight
     EXPECT_NEAR(a1, wsum, 1e-5 * (1 + std::abs(wsum))) << n;
     EXPECT_NEAR(a2, wdev, 1e-5 * (1 + std::abs(wdev))) << n;
-    std::vector<float> e(n);
-    const double s = exp_shifted_f32(x.data(), e.data(), n, 2.0f, 1.0f);
+    // Stored: e^(2 (x - max)), with the range checks skipped or not (the same values), and in place.
+    std::vector<float> e(n), e2(n), inplace = x;
+    const double s = exp_sum_f32<true>(x.data(), e.data(), n, 2.0f, hi, lo);
     double want = 0;
     for (int64_t j = 0; j < n; ++j) {
-      EXPECT_NEAR(e[j], std::exp(2.0 * x[j] - 1.0), 3e-7 * std::exp(2.0 * x[j] - 1.0)) << n << " " << j;
+      const double w = std::exp(static_cast<double>(2.0f * (x[j] - hi)));  // of the argument as rounded in float
+      EXPECT_NEAR(e[j], w, 3e-7 * w) << n << " " << j;
       want += e[j];
     }
     EXPECT_NEAR(s, want, 1e-6 * want) << n;
+    EXPECT_EQ(exp_sum_f32<true>(x.data(), e2.data(), n, 2.0f, hi, -INFINITY), s) << n;
+    EXPECT_EQ(e2, e) << n;
+    EXPECT_EQ(exp_sum_f32<true>(inplace.data(), inplace.data(), n, 2.0f, hi, lo), s) << n;
+    EXPECT_EQ(inplace, e) << n;
+    EXPECT_EQ(exp_sum_f32<false>(x.data(), nullptr, n, 2.0f, hi, lo), s) << n;  // the same, not stored
   }
 }
 

@@ -18,35 +18,58 @@ namespace tandem::backend {
 namespace {
 
 constexpr int64_t kRowsPerBlock = 64;  // rows whose parameter gradients one task sums
+// f32 rows taken together: each row's statistics are a chain of dependent steps (the sums, the mean, the
+// square root), and a group's chains overlap where one row's would leave the core waiting.
+constexpr int64_t kRowGroup = 4;
 
-// One f32 row of the forward: y = (x - mean) rstd [* w] [+ b]; returns (mean, rstd).
-std::pair<float, float> norm_row_f32(const float* x, const float* w, const float* b, float* y, int64_t c, double eps,
-                                     bool rms) {
-  const float mu = rms || c == 0 ? 0.0f : static_cast<float>(cpu::sum_f32(x, c) / static_cast<double>(c));
-  const double ss = cpu::sum_sq_dev_f32(x, c, mu);
-  const float r = static_cast<float>(1.0 / std::sqrt((c ? ss / static_cast<double>(c) : 0.0) + eps));
-  if (w && b)
-    for (int64_t k = 0; k < c; ++k) y[k] = (x[k] - mu) * r * w[k] + b[k];
-  else if (w)
-    for (int64_t k = 0; k < c; ++k) y[k] = (x[k] - mu) * r * w[k];
-  else if (b)
-    for (int64_t k = 0; k < c; ++k) y[k] = (x[k] - mu) * r + b[k];
-  else
-    for (int64_t k = 0; k < c; ++k) y[k] = (x[k] - mu) * r;
-  return {mu, r};
+// Up to kRowGroup f32 rows of the forward, from x (c apart): y = (x - mean) rstd [* w] [+ b], and each row's
+// mean (mean null: not stored) and rstd; every row's statistics first, then the rows written. inv_c is 1 / c
+// (0 for c = 0).
+void norm_rows_f32(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t c, double inv_c,
+                   double eps, bool rms, float* mean, float* rstd) {
+  float mus[kRowGroup], rs[kRowGroup];
+  for (int64_t i = 0; i < rows; ++i) mus[i] = rms ? 0.0f : static_cast<float>(cpu::sum_f32(x + i * c, c) * inv_c);
+  for (int64_t i = 0; i < rows; ++i)
+    rs[i] = static_cast<float>(1.0 / std::sqrt(cpu::sum_sq_dev_f32(x + i * c, c, mus[i]) * inv_c + eps));
+  for (int64_t i = 0; i < rows; ++i) {
+    const float *xr = x + i * c, mu = mus[i], r = rs[i];
+    float* yr = y + i * c;
+    if (w && b)
+      for (int64_t k = 0; k < c; ++k) yr[k] = (xr[k] - mu) * r * w[k] + b[k];
+    else if (w)
+      for (int64_t k = 0; k < c; ++k) yr[k] = (xr[k] - mu) * r * w[k];
+    else if (b)
+      for (int64_t k = 0; k < c; ++k) yr[k] = (xr[k] - mu) * r + b[k];
+    else
+      for (int64_t k = 0; k < c; ++k) yr[k] = (xr[k] - mu) * r;
+    if (mean) mean[i] = mu;
+    rstd[i] = r;
+  }
 }
 
-// One f32 row of dx = rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = dy w (w null: 1), xhat = (x - mu) r.
-void norm_row_backward_f32(const float* x, const float* g, const float* w, float* dx, int64_t c, float mu, float r,
-                           bool rms) {
-  double s1, s2;
-  cpu::norm_backward_sums_f32(g, w, x, c, mu, s1, s2);
+// Up to kRowGroup f32 rows of the backward, from x and g (c apart), with their mean (null: 0) and rstd: dx =
+// rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = g w (w null: g), xhat = (x - mean) rstd (dx null: not
+// written), the rows' parameter gradients added into aw and ab (where not null) on the pass that takes the
+// sums; every row's sums first, then the rows' dx.
+void norm_rows_backward_f32(const float* x, const float* g, const float* w, const float* mean, const float* rstd,
+                            float* dx, float* aw, float* ab, int64_t rows, int64_t c, bool rms) {
+  float m1[kRowGroup], m2[kRowGroup];
   const double inv_c = 1.0 / static_cast<double>(c);
-  const float m1 = rms ? 0.0f : static_cast<float>(s1 * inv_c), m2 = static_cast<float>(s2 * r * inv_c);
-  if (w)
-    for (int64_t k = 0; k < c; ++k) dx[k] = r * (g[k] * w[k] - m1 - (x[k] - mu) * r * m2);
-  else
-    for (int64_t k = 0; k < c; ++k) dx[k] = r * (g[k] - m1 - (x[k] - mu) * r * m2);
+  for (int64_t i = 0; i < rows; ++i) {
+    double s1, s2;
+    cpu::norm_backward_row_f32(g + i * c, w, x + i * c, c, mean ? mean[i] : 0.0f, rstd[i], aw, ab, s1, s2);
+    m1[i] = rms ? 0.0f : static_cast<float>(s1 * inv_c);
+    m2[i] = static_cast<float>(s2 * rstd[i] * inv_c);
+  }
+  if (!dx) return;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float *xr = x + i * c, *gr = g + i * c, mu = mean ? mean[i] : 0.0f, r = rstd[i], a = m1[i], bm = m2[i];
+    float* dr = dx + i * c;
+    if (w)
+      for (int64_t k = 0; k < c; ++k) dr[k] = r * (gr[k] * w[k] - a - (xr[k] - mu) * r * bm);
+    else
+      for (int64_t k = 0; k < c; ++k) dr[k] = r * (gr[k] - a - (xr[k] - mu) * r * bm);
+  }
 }
 
 template <typename T>
@@ -71,16 +94,17 @@ void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tens
     T* py = static_cast<T*>(y.data_ptr());
     T* pm = rms ? nullptr : static_cast<T*>(mean.data_ptr());
     T* pr = static_cast<T*>(rstd.data_ptr());
+    const double inv_c = c ? 1.0 / static_cast<double>(c) : 0.0;
     cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
+      if constexpr (std::is_same_v<T, float>) {
+        for (int64_t i = lo; i < hi; i += kRowGroup)
+          norm_rows_f32(px + i * c, pw, pb, py + i * c, std::min(kRowGroup, hi - i), c, inv_c, eps, rms,
+                        pm ? pm + i : nullptr, pr + i);
+        return;
+      }
       for (int64_t i = lo; i < hi; ++i) {
         const T* xr = px + i * c;
         T* yr = py + i * c;
-        if constexpr (std::is_same_v<T, float>) {
-          const auto [m, r] = norm_row_f32(xr, pw, pb, yr, c, eps, rms);
-          if (pm) pm[i] = m;
-          pr[i] = r;
-          continue;
-        }
         double mu = 0.0;
         if (!rms) {
           for (int64_t j = 0; j < c; ++j) mu += static_cast<double>(xr[j]);
@@ -134,16 +158,9 @@ void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Te
           float* aw = want_w ? part_w.data() + blk * c : nullptr;
           float* ab = want_b ? part_b.data() + blk * c : nullptr;
           const int64_t r0 = blk * kRowsPerBlock, r1 = std::min(n, r0 + kRowsPerBlock);
-          for (int64_t i = r0; i < r1; ++i) {
-            const float* xr = px + i * c;
-            const float* gr = pg + i * c;
-            const float mu = pm ? pm[i] : 0.0f, r = pr[i];
-            if (pdx) norm_row_backward_f32(xr, gr, pw, pdx + i * c, c, mu, r, rms);
-            if (aw)
-              for (int64_t j = 0; j < c; ++j) aw[j] += gr[j] * ((xr[j] - mu) * r);
-            if (ab)
-              for (int64_t j = 0; j < c; ++j) ab[j] += gr[j];
-          }
+          for (int64_t i = r0; i < r1; i += kRowGroup)
+            norm_rows_backward_f32(px + i * c, pg + i * c, pw, pm ? pm + i : nullptr, pr + i,
+                                   pdx ? pdx + i * c : nullptr, aw, ab, std::min(kRowGroup, r1 - i), c, rms);
         }
       });
       auto finish = [&](const std::vector<float>& part, Tensor& out) {

@@ -60,9 +60,10 @@ void CpuBackend::xent_rows_forward(const Tensor& logits, const Tensor& targets, 
           const T* xr = x + i * c;
           double z;
           if constexpr (std::is_same_v<T, float>) {  // vectorised (cpu_vec_math.h)
-            float mx = c > 0 ? cpu::max_f32(xr, c) : -INFINITY;
+            float lo = -INFINITY, mx = -INFINITY;
+            if (c > 0) cpu::min_max_f32(xr, c, lo, mx);
             if (std::isinf(mx) && mx < 0) mx = 0.0f;
-            z = mx + std::log(cpu::sum_exp_f32(xr, c, mx));
+            z = mx + std::log(cpu::exp_sum_f32<false>(xr, nullptr, c, 1.0f, mx, lo));
           } else {
             double mx = -INFINITY;
             for (int64_t j = 0; j < c; ++j) mx = std::max(mx, static_cast<double>(xr[j]));

@@ -38,22 +38,24 @@ void softmax_line(const T* x, T* y, int64_t len, int64_t st, int64_t valid, doub
   }
 }
 
-// softmax_line for a contiguous float row and scale >= 0, in float arithmetic the compiler vectorises
-// (cpu_vec_math.h); sums still end in double.
+// softmax_line for a contiguous float row and scale >= 0, in float arithmetic (cpu_vec_math.h): one pass
+// for the row's extremes (it brings the row into L1), one for the exponentials and their sum (the vector
+// exp without its range checks when the extremes are less than 87.3 / scale apart), one to scale them;
+// sums end in double. The arguments are scale (x - max), never above 0.
 void softmax_row_f32(const float* x, float* y, int64_t len, int64_t valid, float scale, bool log) {
   if (valid <= 0) {
     for (int64_t j = 0; j < len; ++j) y[j] = log ? -std::numeric_limits<float>::infinity() : 0.0f;
     return;
   }
-  float mx = scale * cpu::max_f32(x, valid);
+  float lo, mx;
+  cpu::min_max_f32(x, valid, lo, mx);
   if (std::isinf(mx) && mx < 0) mx = 0.0f;  // as softmax_line
-  const double sum = cpu::exp_shifted_f32(x, y, valid, scale, mx);
-  if (log) {
-    const float lse = static_cast<float>(mx + std::log(sum));
-    for (int64_t j = 0; j < valid; ++j) y[j] = scale * x[j] - lse;
+  if (log) {  // the exponentials only summed
+    const float lse = static_cast<float>(std::log(cpu::exp_sum_f32<false>(x, nullptr, valid, scale, mx, lo)));
+    for (int64_t j = 0; j < valid; ++j) y[j] = scale * (x[j] - mx) - lse;
     for (int64_t j = valid; j < len; ++j) y[j] = -std::numeric_limits<float>::infinity();
-  } else {
-    const float inv = static_cast<float>(1.0 / sum);
+  } else {  // the exponentials stored and summed in one pass, then scaled in place (the row is in L1)
+    const float inv = static_cast<float>(1.0 / cpu::exp_sum_f32<true>(x, y, valid, scale, mx, lo));
     for (int64_t j = 0; j < valid; ++j) y[j] *= inv;
     for (int64_t j = valid; j < len; ++j) y[j] = 0.0f;
   }

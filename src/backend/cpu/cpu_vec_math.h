@@ -1,9 +1,9 @@
 #pragma once
-// Internal: row kernels' float math written so that the compiler vectorises it (AVX2 + FMA with the
-// library's -march=x86-64-v3; files that include it are compiled with -fno-trapping-math, without which
-// GCC keeps the comparisons as branches): an exp without calls or branches, and sums over rows of floats
-// kept in eight lanes (AVX registers where the target has them; a fixed order, so results repeat bit for
-// bit).
+// Internal: row kernels' float math, in AVX2 + FMA (the library's -march=x86-64-v3) where the compiler
+// would not find it, and otherwise written so that the compiler vectorises it (files that include it are
+// compiled with -fno-trapping-math, without which GCC keeps the comparisons as branches): an exp without
+// calls or branches, scalar and in eight lanes, and sums over rows of floats kept in eight lanes (AVX
+// registers where the target has them; a fixed order, so results repeat bit for bit).
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -13,22 +13,23 @@
 
 namespace tandem::backend::cpu {
 
+/// The polynomial of exp_f32 and exp256 for e^r, |r| <= ln 2 / 2, highest degree first: degree 6, the
+/// constant term 1 (so that e^0 is 1), the others fitted to the smallest largest relative error over the
+/// interval (2e-9; in float arithmetic within 0.81 ulp).
+inline constexpr float kExpPoly[6] = {1.38436537e-3f, 8.37415550e-3f, 4.16680016e-2f,
+                                      1.66664317e-1f, 4.99999940e-1f, 1.0f};
+
 /// e^x in float, within 2 ulp of the exact value for normal results: 0 below -87.3 (where e^x would be
 /// subnormal; -inf gives 0), x above 88.7 taken as 88.7 (+inf gives a finite 3.3e38), NaN stays NaN. x is
-/// split as x = n ln 2 + r with |r| <= ln 2 / 2, e^r taken by its Taylor polynomial of degree 7 (error
-/// below 2^-27) and 2^n put into the exponent bits (of two factors).
+/// split as x = n ln 2 + r with |r| <= ln 2 / 2, e^r taken by kExpPoly and 2^n put into the exponent bits
+/// (of two factors).
 inline float exp_f32(float xin) {
   const float x = std::min(std::max(xin, -87.3f), 88.7f);  // NaN stays NaN (std::max(NaN, a) is NaN)
   const float shifter = 12582912.0f;                   // 1.5 * 2^23: adding it rounds to an integer
   const float n = (x * 1.44269504088896341f + shifter) - shifter;
   const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;  // ln 2 in two parts
-  float p = 1.98412698e-4f;
-  p = p * r + 1.38888889e-3f;
-  p = p * r + 8.33333333e-3f;
-  p = p * r + 4.16666667e-2f;
-  p = p * r + 1.66666667e-1f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
+  float p = kExpPoly[0];
+  for (int i = 1; i < 6; ++i) p = p * r + kExpPoly[i];
   p = p * r + 1.0f;
   // 2^n as 2^h 2^(n - h): n reaches 128 near the top of the range, one past the largest exponent.
   const int32_t ni = static_cast<int32_t>(n), h = ni / 2;
@@ -80,12 +81,19 @@ inline double sum_sq_dev_f32(const float* x, int64_t n, float mu) {
   double s = 0.0;
 #if defined(__AVX__)
   const __m256 m = _mm256_set1_ps(mu);
-  __m256 acc = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8) {
-    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + j), m);
-    acc = _mm256_add_ps(acc, _mm256_mul_ps(d, d));
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // four chains, as sum_f32
+  auto sq = [&](int64_t i) {
+    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
+    return _mm256_mul_ps(d, d);
+  };
+  for (; j + 32 <= n; j += 32) {
+    a0 = _mm256_add_ps(a0, sq(j));
+    a1 = _mm256_add_ps(a1, sq(j + 8));
+    a2 = _mm256_add_ps(a2, sq(j + 16));
+    a3 = _mm256_add_ps(a3, sq(j + 24));
   }
-  s = hsum256(acc);
+  for (; j + 8 <= n; j += 8) a0 = _mm256_add_ps(a0, sq(j));
+  s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #else
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (; j + 8 <= n; j += 8)
@@ -96,83 +104,169 @@ inline double sum_sq_dev_f32(const float* x, int64_t n, float mu) {
   return s;
 }
 
-/// The sums of a[j] b[j] (b null: of a[j]) and of a[j] b[j] (x[j] - mu) over j < n, as sum_f32 adds: the
-/// two sums of a layer-norm row's backward (a the output gradient, b the weight).
-inline void norm_backward_sums_f32(const float* a, const float* b, const float* x, int64_t n, float mu, double& s1,
-                                   double& s2) {
+/// The sums of one layer-norm row's backward, in one pass over it: s1 = the sum of g[j] w[j] (w null: of
+/// g[j]) and s2 = the sum of g[j] w[j] (x[j] - mu), each in eight lanes of two chains added in a fixed order
+/// at the end; and on the way the row's share of the parameters' gradients, aw[j] += g[j] (x[j] - mu) r and
+/// ab[j] += g[j] (either null: skipped).
+inline void norm_backward_row_f32(const float* g, const float* w, const float* x, int64_t n, float mu, float r,
+                                  float* aw, float* ab, double& s1, double& s2) {
   int64_t j = 0;
   s1 = s2 = 0.0;
 #if defined(__AVX__)
-  const __m256 m = _mm256_set1_ps(mu);
-  __m256 acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8) {
-    __m256 g = _mm256_loadu_ps(a + j);
-    if (b) g = _mm256_mul_ps(g, _mm256_loadu_ps(b + j));
-    acc1 = _mm256_add_ps(acc1, g);
-    acc2 = _mm256_add_ps(acc2, _mm256_mul_ps(g, _mm256_sub_ps(_mm256_loadu_ps(x + j), m)));
+  const __m256 m = _mm256_set1_ps(mu), rv = _mm256_set1_ps(r);
+  __m256 p1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, p2[2] = {p1[0], p1[0]};
+  auto step = [&](int64_t i, int c) {
+    const __m256 gv = _mm256_loadu_ps(g + i), d = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
+    const __m256 gw = w ? _mm256_mul_ps(gv, _mm256_loadu_ps(w + i)) : gv;
+    p1[c] = _mm256_add_ps(p1[c], gw);
+    p2[c] = _mm256_add_ps(p2[c], _mm256_mul_ps(gw, d));
+    if (aw) _mm256_storeu_ps(aw + i, _mm256_add_ps(_mm256_loadu_ps(aw + i), _mm256_mul_ps(gv, _mm256_mul_ps(d, rv))));
+    if (ab) _mm256_storeu_ps(ab + i, _mm256_add_ps(_mm256_loadu_ps(ab + i), gv));
+  };
+  for (; j + 16 <= n; j += 16) {
+    step(j, 0);
+    step(j + 8, 1);
   }
-  s1 = hsum256(acc1);
-  s2 = hsum256(acc2);
+  if (j + 8 <= n) step(j, 0), j += 8;
+  s1 = hsum256(_mm256_add_ps(p1[0], p1[1]));
+  s2 = hsum256(_mm256_add_ps(p2[0], p2[1]));
 #else
   float l1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (; j + 8 <= n; j += 8)
     for (int l = 0; l < 8; ++l) {
-      const float g = b ? a[j + l] * b[j + l] : a[j + l];
-      l1[l] += g;
-      l2[l] += g * (x[j + l] - mu);
+      const float gv = g[j + l], d = x[j + l] - mu, gw = w ? gv * w[j + l] : gv;
+      l1[l] += gw;
+      l2[l] += gw * d;
+      if (aw) aw[j + l] += gv * (d * r);
+      if (ab) ab[j + l] += gv;
     }
   for (int l = 0; l < 8; ++l) s1 += l1[l], s2 += l2[l];
 #endif
   for (; j < n; ++j) {
-    const double g = static_cast<double>(a[j]) * (b ? b[j] : 1.0f);
-    s1 += g;
-    s2 += g * (x[j] - mu);
+    const float gv = g[j], d = x[j] - mu;
+    const double gw = static_cast<double>(gv) * (w ? w[j] : 1.0f);
+    s1 += gw;
+    s2 += gw * d;
+    if (aw) aw[j] += gv * (d * r);
+    if (ab) ab[j] += gv;
   }
 }
 
-/// Largest of x[0..n) (n >= 1); NaN is not propagated (callers keep finite data). GCC leaves a float
-/// maximum as a branch whatever its form, so AVX's is used where the target has it.
-inline float max_f32(const float* x, int64_t n) {
+/// The smallest and the largest of x[0..n) (n >= 1), in one pass; NaN is not propagated (callers keep
+/// finite data). GCC leaves a float maximum as a branch whatever its form, so AVX's is used where the
+/// target has it.
+inline void min_max_f32(const float* x, int64_t n, float& mn, float& mx) {
   int64_t j = 0;
-  float m = x[0];
+  float lo = x[0], hi = x[0];
 #if defined(__AVX__)
   if (n >= 8) {
-    __m256 v = _mm256_loadu_ps(x), v1 = v, v2 = v, v3 = v;  // four chains of maxima
-    for (j = 8; j + 32 <= n; j += 32) {
-      v = _mm256_max_ps(v, _mm256_loadu_ps(x + j));
-      v1 = _mm256_max_ps(v1, _mm256_loadu_ps(x + j + 8));
-      v2 = _mm256_max_ps(v2, _mm256_loadu_ps(x + j + 16));
-      v3 = _mm256_max_ps(v3, _mm256_loadu_ps(x + j + 24));
+    __m256 l0 = _mm256_loadu_ps(x), l1 = l0, h0 = l0, h1 = l0;  // two chains of each
+    for (j = 8; j + 16 <= n; j += 16) {
+      const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + 8);
+      l0 = _mm256_min_ps(l0, a), h0 = _mm256_max_ps(h0, a);
+      l1 = _mm256_min_ps(l1, b), h1 = _mm256_max_ps(h1, b);
     }
-    for (; j + 8 <= n; j += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + j));
-    v = _mm256_max_ps(_mm256_max_ps(v, v1), _mm256_max_ps(v2, v3));
-    alignas(32) float lane[8];
-    _mm256_store_ps(lane, v);
-    for (int l = 0; l < 8; ++l) m = m > lane[l] ? m : lane[l];
+    if (j + 8 <= n) {
+      const __m256 a = _mm256_loadu_ps(x + j);
+      l0 = _mm256_min_ps(l0, a), h0 = _mm256_max_ps(h0, a);
+      j += 8;
+    }
+    alignas(32) float ll[8], hl[8];
+    _mm256_store_ps(ll, _mm256_min_ps(l0, l1));
+    _mm256_store_ps(hl, _mm256_max_ps(h0, h1));
+    for (int l = 0; l < 8; ++l) lo = lo < ll[l] ? lo : ll[l], hi = hi > hl[l] ? hi : hl[l];
   }
 #endif
-  for (; j < n; ++j) m = m > x[j] ? m : x[j];
-  return m;
+  for (; j < n; ++j) lo = lo < x[j] ? lo : x[j], hi = hi > x[j] ? hi : x[j];
+  mn = lo;
+  mx = hi;
 }
 
-/// Sum of exp(x[j] - shift) for j < n: the exponentials of 256 values at a time into a buffer (a loop
-/// the compiler vectorises), each buffer summed as sum_f32 does.
-inline double sum_exp_f32(const float* x, int64_t n, float shift) {
-  constexpr int64_t kChunk = 256;
-  float buf[kChunk];
+#if defined(__AVX2__) && defined(__FMA__)
+/// exp_f32 in eight lanes, the same steps and constants, for x up to 88.37 (above, taken as 88.37: e^88.37
+/// is 2.39e38): 2^n then fits the exponent bits of one factor, which saves exp_f32's split of n. Where the
+/// compiler fuses exp_f32's products and sums as written here (it does at -O2 and above), a lane equals
+/// exp_f32 bit for bit below 88.37. kInRange: every lane is known to lie in [-87.3, 88.37] or be NaN, and
+/// the clamps and the zero below -87.3 are skipped (a fifth of the work).
+template <bool kInRange = false>
+inline __m256 exp256(__m256 xin) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  // With a NaN, AVX's min and max return their second operand: NaN stays NaN, as in exp_f32.
+  const __m256 x = kInRange ? xin : _mm256_min_ps(_mm256_set1_ps(88.37f), _mm256_max_ps(lo, xin));
+  const __m256 shifter = _mm256_set1_ps(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const __m256 k = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), shifter);
+  const __m256 n = _mm256_sub_ps(k, shifter);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);  // ln 2 in two parts
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723e-6f), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // k's low mantissa bits hold n (two's complement): shifted into the exponent field, plus the bias, 2^n.
+  const __m256i e = _mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(k), 23), _mm256_set1_epi32(127 << 23));
+  const __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  if constexpr (kInRange) return v;
+  return _mm256_andnot_ps(_mm256_cmp_ps(xin, lo, _CMP_LT_OQ), v);  // 0 below -87.3
+}
+
+/// exp_sum_f32's loop over whole vectors from x[0]: returns where it stopped (the last multiple of 8).
+template <bool kStore, bool kInRange>
+inline int64_t exp_sum_vectors(const float* x, float* y, int64_t n, float scale, float shift, double& sum) {
+  const __m256 sc = _mm256_set1_ps(scale), sh = _mm256_set1_ps(shift);
+  auto at = [&](int64_t i) { return exp256<kInRange>(_mm256_mul_ps(sc, _mm256_sub_ps(_mm256_loadu_ps(x + i), sh))); };
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;  // two chains of sums
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m256 e0 = at(j), e1 = at(j + 8);
+    if constexpr (kStore) {
+      _mm256_storeu_ps(y + j, e0);
+      _mm256_storeu_ps(y + j + 8, e1);
+    }
+    a0 = _mm256_add_ps(a0, e0);
+    a1 = _mm256_add_ps(a1, e1);
+  }
+  if (j + 8 <= n) {
+    const __m256 e0 = at(j);
+    if constexpr (kStore) _mm256_storeu_ps(y + j, e0);
+    a0 = _mm256_add_ps(a0, e0);
+    j += 8;
+  }
+  sum = hsum256(_mm256_add_ps(a0, a1));
+  return j;
+}
+#endif
+
+/// The sum of e^(scale (x[j] - shift)) for j < n, each also stored to y[j] when kStore (y may be x), for
+/// scale >= 0 and shift at least the largest x[j]; lowest is the smallest x[j] (or -inf where not known):
+/// when no argument is below -87.3 the vector exp's range checks are skipped. One pass, the exponentials
+/// summed in eight lanes as they are made (AVX registers where the target has AVX2 and FMA), added in a
+/// fixed order at the end; the tail after the last multiple of 8 in double.
+template <bool kStore>
+inline double exp_sum_f32(const float* x, [[maybe_unused]] float* y, int64_t n, float scale, float shift,
+                          float lowest) {
+  int64_t j = 0;
   double s = 0.0;
-  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-    const int64_t m = n - j0 < kChunk ? n - j0 : kChunk;
-    for (int64_t k = 0; k < m; ++k) buf[k] = exp_f32(x[j0 + k] - shift);
-    s += sum_f32(buf, m);
+#if defined(__AVX2__) && defined(__FMA__)
+  if (scale * (lowest - shift) >= -87.3f)  // false for NaN
+    j = exp_sum_vectors<kStore, true>(x, y, n, scale, shift, s);
+  else
+    j = exp_sum_vectors<kStore, false>(x, y, n, scale, shift, s);
+#else
+  (void)lowest;
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float e = exp_f32(scale * (x[j + l] - shift));
+      if constexpr (kStore) y[j + l] = e;
+      lane[l] += e;
+    }
+  for (int l = 0; l < 8; ++l) s += lane[l];
+#endif
+  for (; j < n; ++j) {
+    const float e = exp_f32(scale * (x[j] - shift));
+    if constexpr (kStore) y[j] = e;
+    s += e;
   }
   return s;
-}
-
-/// y[j] = exp(scale * x[j] - shift) for j < n; returns their sum (as sum_f32 adds).
-inline double exp_shifted_f32(const float* x, float* y, int64_t n, float scale, float shift) {
-  for (int64_t j = 0; j < n; ++j) y[j] = exp_f32(scale * x[j] - shift);
-  return sum_f32(y, n);
 }
 
 /// Sum of x[j] * y[j], as sum_f32 adds.
