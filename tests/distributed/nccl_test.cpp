@@ -2,7 +2,7 @@
 // multi-process jobs through `tandem launch` where the machine has enough GPUs.
 #include <gtest/gtest.h>
 
-#include "distributed/group.h"
+#include "distributed/rendezvous/group.h"
 #include "process_util.h"
 #include "tandem/device.h"
 #include "tandem/distributed/store.h"
