@@ -14,15 +14,35 @@ void check_tensor(const Tensor& t, Device device, const char* backend, const cha
   TANDEM_CHECK(t.is_contiguous(), what, ": ", t.str(), " must be contiguous (call .contiguous() first)");
 }
 
-void check_all_gather(const Tensor& in, const Tensor& out, int size, Device device, const char* backend) {
+bool is_block(const Tensor& part, const Tensor& whole, int rank) {
+  return part.shares_storage(whole) &&
+         static_cast<const char*>(part.data_ptr()) ==
+             static_cast<const char*>(whole.data_ptr()) + static_cast<size_t>(rank) * part.nbytes();
+}
+
+void check_all_gather(const Tensor& in, const Tensor& out, int rank, int size, Device device, const char* backend) {
   check_tensor(in, device, backend, "all_gather input");
   check_tensor(out, device, backend, "all_gather output");
   TANDEM_CHECK(in.dtype() == out.dtype(), "all_gather: input ", in.str(), " and output ", out.str(),
                " differ in dtype");
   TANDEM_CHECK(out.numel() == in.numel() * size, "all_gather: the output ", out.str(), " must hold ", size,
                " x ", in.numel(), " = ", in.numel() * size, " elements (one input per rank)");
-  TANDEM_CHECK(!in.shares_storage(out) || in.numel() == 0 || size == 1,
-               "all_gather: the input must not share storage with the output");
+  TANDEM_CHECK(!in.shares_storage(out) || in.numel() == 0 || size == 1 || is_block(in, out, rank),
+               "all_gather: the input must be this rank's block of the output (rank ", rank,
+               ", in place) or share no storage with it");
+}
+
+void check_reduce_scatter(const Tensor& in, const Tensor& out, int rank, int size, Device device,
+                          const char* backend) {
+  check_tensor(in, device, backend, "reduce_scatter input");
+  check_tensor(out, device, backend, "reduce_scatter output");
+  TANDEM_CHECK(in.dtype() == out.dtype(), "reduce_scatter: input ", in.str(), " and output ", out.str(),
+               " differ in dtype");
+  TANDEM_CHECK(in.numel() == out.numel() * size, "reduce_scatter: the input ", in.str(), " must hold ", size,
+               " x ", out.numel(), " = ", out.numel() * size, " elements (one block of the output's size per rank)");
+  TANDEM_CHECK(!in.shares_storage(out) || out.numel() == 0 || is_block(out, in, rank),
+               "reduce_scatter: the output must be this rank's block of the input (rank ", rank,
+               ", in place) or share no storage with it");
 }
 
 void check_all_gatherv(const Tensor& in, const Tensor& out, const std::vector<int64_t>& counts, int rank, int size,

@@ -26,8 +26,14 @@ class SingleCommunicator final : public Communicator {
   }
 
   WorkPtr all_gather(const Tensor& in, Tensor& out) override {
-    detail::check_all_gather(in, out, 1, device_, "single");
-    if (!in.is_same(out) && in.numel() > 0) out.copy_(in);
+    detail::check_all_gather(in, out, 0, 1, device_, "single");
+    if (in.data_ptr() != out.data_ptr() && in.numel() > 0) out.copy_(in);
+    return done();
+  }
+
+  WorkPtr reduce_scatter(const Tensor& in, Tensor& out, ReduceOp) override {
+    detail::check_reduce_scatter(in, out, 0, 1, device_, "single");
+    if (in.data_ptr() != out.data_ptr() && in.numel() > 0) out.copy_(in);
     return done();
   }
 

@@ -8,10 +8,10 @@
 #include <sstream>
 #include <thread>
 
+#include "distributed/launch/progress.h"
 #include "distributed/rendezvous/bootstrap_state.h"
 #include "distributed/rendezvous/group.h"
 #include "distributed/rendezvous/net.h"
-#include "distributed/launch/progress.h"
 #include "tandem/error.h"
 
 namespace tandem::dist {

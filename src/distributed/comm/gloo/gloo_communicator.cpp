@@ -20,12 +20,13 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
 
 #include "distributed/comm/collective_args.h"
 #include "distributed/comm/gloo/gloo_reduce.h"
+#include "distributed/launch/progress.h"
 #include "distributed/rendezvous/group.h"
 #include "distributed/rendezvous/net.h"
-#include "distributed/launch/progress.h"
 #include "tandem/error.h"
 
 namespace tandem::dist::detail {
@@ -33,6 +34,10 @@ namespace tandem::dist::detail {
 namespace {
 
 using std::chrono::milliseconds;
+
+// The slot prefix of tandem's own collectives built from Gloo's point-to-point buffers (Gloo's own
+// prefixes are 0x01 to 0x08); tags keep collectives apart within it.
+constexpr uint8_t kReduceScatterSlot = 0x40;
 
 // Gloo's rendezvous interface over the job's store, with this communicator's key prefix.
 class StoreAdapter final : public gloo::rendezvous::Store {
@@ -109,6 +114,7 @@ class GlooCommunicator final : public Communicator {
   Device device() const override { return Device::cpu(); }
 
   WorkPtr all_reduce(Tensor& t, ReduceOp op) override;
+  WorkPtr reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override;
   WorkPtr all_gather(const Tensor& in, Tensor& out) override;
   WorkPtr all_gatherv(const Tensor& in, Tensor& out, const std::vector<int64_t>& counts) override;
   WorkPtr broadcast(Tensor& t, int root) override;
@@ -269,8 +275,45 @@ WorkPtr GlooCommunicator::all_reduce(Tensor& t, ReduceOp op) {
   });
 }
 
+// A ring: at step s (of size - 1) rank r sends its partial sum of block r - s - 1 (mod size) to rank
+// r + 1 and receives block r - s - 2 from rank r - 1, to which it adds its own values; the block it
+// receives last is its own, summed over every rank. Each rank sends (size - 1) / size of the input,
+// half an all-reduce's traffic.
+WorkPtr GlooCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+  check_reduce_scatter(in, out, rank_, size_, Device::cpu(), "gloo");
+  gloo_detail::ReduceFn fn = gloo_detail::sum_function(in.dtype(), "reduce_scatter");
+  if (out.numel() == 0) return std::make_shared<DoneWork>();
+  Tensor kin = in, kout = out;
+  return enqueue("reduce_scatter", [this, kin, kout, fn, op](uint32_t tag, milliseconds timeout) {
+    const size_t n = static_cast<size_t>(kout.numel()), bytes = kout.nbytes();
+    char* input = static_cast<char*>(kin.data_ptr());
+    if (size_ == 1) {
+      if (kout.data_ptr() != input) std::memcpy(kout.data_ptr(), input, bytes);
+      return;
+    }
+    auto block = [&](int k) { return ((k % size_) + size_) % size_; };
+    std::vector<char> partial(size_ > 2 ? bytes : 0), received(bytes);
+    auto input_buf = ctx_->createUnboundBuffer(input, kin.nbytes());
+    auto partial_buf = size_ > 2 ? ctx_->createUnboundBuffer(partial.data(), bytes) : nullptr;
+    auto received_buf = ctx_->createUnboundBuffer(received.data(), bytes);
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlot, tag);
+    for (int s = 0; s + 1 < size_; ++s) {
+      gloo::transport::UnboundBuffer& from = s == 0 ? *input_buf : *partial_buf;
+      from.send(next, slot, s == 0 ? static_cast<size_t>(block(rank_ - 1)) * bytes : 0, bytes);
+      received_buf->recv(prev, slot, 0, bytes);
+      TANDEM_RUNTIME_CHECK(received_buf->waitRecv(timeout) && from.waitSend(timeout), "reduce_scatter on rank ",
+                           rank_, " was aborted");
+      const int k = block(rank_ - s - 2);
+      void* dst = s + 2 == size_ ? kout.data_ptr() : partial.data();  // the last block received is ours
+      fn(dst, received.data(), input + static_cast<size_t>(k) * bytes, n);
+    }
+    if (op == ReduceOp::Avg) gloo_detail::divide_in_place(kout.data_ptr(), n, kout.dtype(), size_);
+  });
+}
+
 WorkPtr GlooCommunicator::all_gather(const Tensor& in, Tensor& out) {
-  check_all_gather(in, out, size_, Device::cpu(), "gloo");
+  check_all_gather(in, out, rank_, size_, Device::cpu(), "gloo");
   return gather("all_gather", in, out, std::vector<int64_t>(static_cast<size_t>(size_), in.numel()));
 }
 
@@ -291,8 +334,10 @@ WorkPtr GlooCommunicator::gather(const char* name, const Tensor& in, const Tenso
       bytes[r] = static_cast<size_t>(counts[r]) * esize;
       if (static_cast<int>(r) < rank_) offset += bytes[r];
     }
-    // Place this rank's share ourselves: Gloo then only moves the others' shares.
-    if (kin.numel() > 0) std::memcpy(static_cast<char*>(kout.data_ptr()) + offset, kin.data_ptr(), kin.nbytes());
+    // Place this rank's share ourselves (unless it is there already: in place): Gloo then only moves
+    // the others' shares.
+    char* mine = static_cast<char*>(kout.data_ptr()) + offset;
+    if (kin.numel() > 0 && kin.data_ptr() != mine) std::memcpy(mine, kin.data_ptr(), kin.nbytes());
     gloo::AllgathervOptions opts(ctx_);
     opts.setOutput<char>(static_cast<char*>(kout.data_ptr()), bytes);
     opts.setTag(tag);

@@ -41,7 +41,7 @@ void divide_plain(void* x_, size_t n, int d) {
 
 }  // namespace
 
-ReduceFn sum_function(DType t) {
+ReduceFn sum_function(DType t, const char* what) {
   switch (t) {
     case DType::f32: return &sum_plain<float>;
     case DType::f64: return &sum_plain<double>;
@@ -54,7 +54,7 @@ ReduceFn sum_function(DType t) {
     case DType::i32: return &sum_plain<int32_t>;
     case DType::i64: return &sum_plain<int64_t>;
     default:
-      TANDEM_CHECK(false, "all_reduce: dtype ", dtype_name(t),
+      TANDEM_CHECK(false, what, ": dtype ", dtype_name(t),
                    " cannot be reduced by the gloo communicator (use f32, f64, f16, bf16, i32 or i64)");
   }
 }

@@ -19,9 +19,9 @@
 
 #include "backend/cuda/cuda_context.h"
 #include "distributed/comm/collective_args.h"
+#include "distributed/launch/progress.h"
 #include "distributed/rendezvous/group.h"
 #include "distributed/rendezvous/net.h"
-#include "distributed/launch/progress.h"
 #include "tandem/error.h"
 
 namespace tandem::dist::detail {
@@ -31,7 +31,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-ncclDataType_t reduce_type(DType t) {
+ncclDataType_t reduce_type(DType t, const char* what = "all_reduce") {
   switch (t) {
     case DType::f32: return ncclFloat32;
     case DType::f64: return ncclFloat64;
@@ -40,7 +40,7 @@ ncclDataType_t reduce_type(DType t) {
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
     default:
-      TANDEM_CHECK(false, "all_reduce: dtype ", dtype_name(t),
+      TANDEM_CHECK(false, what, ": dtype ", dtype_name(t),
                    " cannot be reduced by the nccl communicator (use f32, f64, f16, bf16, i32 or i64)");
   }
 }
@@ -111,6 +111,7 @@ class NcclCommunicator final : public Communicator {
   Device device() const override { return Device::cuda(device_); }
 
   WorkPtr all_reduce(Tensor& t, ReduceOp op) override;
+  WorkPtr reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override;
   WorkPtr all_gather(const Tensor& in, Tensor& out) override;
   WorkPtr all_gatherv(const Tensor& in, Tensor& out, const std::vector<int64_t>& counts) override;
   WorkPtr broadcast(Tensor& t, int root) override;
@@ -427,10 +428,26 @@ WorkPtr NcclCommunicator::all_reduce(Tensor& t, ReduceOp op) {
   return std::make_shared<NcclWork>(pend, state_, device_);
 }
 
-WorkPtr NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
-  check_all_gather(in, out, size_, device(), "nccl");
+WorkPtr NcclCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+  check_reduce_scatter(in, out, rank_, size_, device(), "nccl");
+  ncclDataType_t dt = reduce_type(in.dtype(), "reduce_scatter");
   if (out.numel() == 0) return std::make_shared<DoneWork>();
-  // Bytes: gathering moves data without looking at it, so every dtype goes.
+  // In place when out is this rank's block of in, which NCCL supports as such.
+  const void* send = in.data_ptr();
+  void* recv = out.data_ptr();
+  size_t n = static_cast<size_t>(out.numel());
+  auto pend = issue("reduce_scatter", {in, out}, [&] {
+    check(ncclReduceScatter(send, recv, n, dt, op == ReduceOp::Sum ? ncclSum : ncclAvg, comm_, stream_),
+          "ncclReduceScatter", "reduce_scatter");
+  });
+  return std::make_shared<NcclWork>(pend, state_, device_);
+}
+
+WorkPtr NcclCommunicator::all_gather(const Tensor& in, Tensor& out) {
+  check_all_gather(in, out, rank_, size_, device(), "nccl");
+  if (out.numel() == 0) return std::make_shared<DoneWork>();
+  // Bytes: gathering moves data without looking at it, so every dtype goes. In place when in is this
+  // rank's block of out, which NCCL supports as such.
   auto pend = issue("all_gather", {in, out}, [&] {
     check(ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, comm_, stream_), "ncclAllGather",
           "all_gather");
