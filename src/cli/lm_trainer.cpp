@@ -254,6 +254,7 @@ bool LmTrainer::setup() {
                  static_cast<long long>(accumulate_), accumulate_ == 1 ? "" : "es", with_commas(step_tokens).c_str(),
                  static_cast<long long>(cfg_.steps), s.opt().optimizer().schedule()->describe().c_str(),
                  s.where().c_str());
+    std::fprintf(stderr, "tandem: %s\n", s.memory_line().c_str());
     if (specs_.val.empty())
       std::fprintf(stderr, "tandem: no validation shards: no validation loss is reported\n");
     if (!eager_because_.empty()) std::fprintf(stderr, "tandem: steps run eagerly: %s\n", eager_because_.c_str());

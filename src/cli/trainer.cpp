@@ -246,6 +246,7 @@ bool Trainer::setup() {
                  cfg_.model.c_str(), static_cast<long long>(s.model().num_parameters()), cfg_.dataset.c_str(),
                  static_cast<long long>(train_set_.size()), static_cast<long long>(test_set_.size()),
                  static_cast<long long>(cfg_.batch_size), s.where().c_str());
+    std::fprintf(stderr, "tandem: %s\n", s.memory_line().c_str());
     if (!cfg_.metrics_path.empty()) metrics_.emplace(cfg_.metrics_path, new_run_id());
     if (!cfg_.tensorboard_dir.empty()) board_.emplace(cfg_.tensorboard_dir);
   }

@@ -164,11 +164,32 @@ TEST(DistOptGloo, ReducerSeamsThreeRanks) {
   run_scenarios(3, "introspection,nonfinite,arena16");
 }
 
+TEST(DistOptGloo, ShardedStateMatchesTheUnshardedRunTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "shardequal");
+}
+
+TEST(DistOptGloo, ShardedStateMatchesTheUnshardedRunThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "shardequal");
+}
+
+TEST(DistOptGloo, ShardedMemoryTrafficAndRefusalsTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "shardmemory,shardtraffic,shardrefusals");
+}
+
+TEST(DistOptGloo, ShardedMemoryTrafficAndRefusalsThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "shardmemory,shardtraffic,shardrefusals");
+}
+
 // One process: the same API with nothing to exchange.
 TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
                                           "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale",
-                                          "carried", "scaledfeedback", "misuse"};
+                                          "carried", "scaledfeedback", "misuse", "shardequal", "shardmemory",
+                                          "shardtraffic", "shardrefusals"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);
@@ -203,7 +224,7 @@ TEST(DistOptNccl, StepApiCodecsSyncBatchNormAndSeams) {
   REQUIRE_TWO_GPUS();
   run_scenarios(2,
                 "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16,lossscale,carried,"
-                "scaledfeedback",
+                "scaledfeedback,shardequal,shardmemory,shardtraffic,shardrefusals",
                 "cuda");
 }
 

@@ -32,6 +32,35 @@ std::string parse_sync_method(const std::string& s);
 /// Every method parse_sync_method accepts, in canonical spelling.
 std::vector<std::string> sync_method_names();
 
+/// What each rank keeps only its own share of (ZeRO, Rajbhandari et al. 2020). Every bucket of
+/// gradients is cut into one block per rank; rank r owns block r of every bucket.
+///  - optimizer (stage 1): buckets are reduce-scattered instead of all-reduced; a rank steps the
+///    optimizer on its own blocks only (its state exists only for them), then the parameters'
+///    blocks are all-gathered. Same traffic as an all-reduce.
+///  - gradients (stage 2): as optimizer, and a rank keeps only its block of each reduced bucket: a
+///    gradient lives in a bucket-sized buffer from the moment backward produces it until its
+///    bucket is reduced. Micro-batches are then reduced one by one (no whole gradient is kept to
+///    accumulate into).
+///  - parameters (stage 3): as gradients, and the parameters themselves are sharded.
+enum class Shard { none, optimizer, gradients, parameters };
+/// "none", "optimizer", "gradients", "parameters".
+const char* shard_name(Shard s);
+/// The stage a name (or its number: 0, 1, 2, 3) stands for; throws naming the valid ones otherwise.
+Shard parse_shard(const std::string& s);
+
+/// The bytes one rank keeps for the model's training state, by kind, in the steady state (the
+/// optimizer's state counted before its first step creates it). Buffers a step allocates and
+/// frees (a bucket's staging under sharded gradients) are not counted.
+struct MemoryReport {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_state = 0;
+  /// f32 copies of 16-bit parameters. tandem's parameters are f32 under every precision (bf16 and
+  /// f16 compute from them), so there are none.
+  int64_t master_weights = 0;
+  int64_t total() const { return parameters + gradients + optimizer_state + master_weights; }
+};
+
 struct DistOptOptions {
   size_t bucket_bytes = size_t(16) << 20;       // gradient bytes per all-reduce (and partialUpdate's chunk)
   size_t first_bucket_bytes = size_t(1) << 20;  // a small first bucket starts communication early
@@ -42,6 +71,9 @@ struct DistOptOptions {
   /// decided on the device, so such steps can be recorded; state carried between steps (residuals,
   /// PowerSGD's Q) is put back as it was before a skipped step.
   bool skip_nonfinite = false;
+  /// Sharded state (ZeRO stages); methods plain and half only, buckets kept in the order of the
+  /// first layout (not rebuilt).
+  Shard shard = Shard::none;
 };
 
 /// A rank's own state beside the model and the optimizer, for checkpoints: the bucket layout, the
@@ -190,6 +222,11 @@ class DistOpt {
   /// Per parameter, the L2 norm of the error-feedback residual kept for it (0 without one).
   std::vector<double> residual_norms() const;
   const DistOptOptions& options() const;
+  /// The bytes this rank keeps for parameters, gradients, optimizer state and master weights.
+  MemoryReport memory_report() const;
+  /// The optimizer that steps this rank's blocks under sharding (the wrapped optimizer's kind and
+  /// settings over slices of the parameters); the wrapped optimizer itself otherwise.
+  optim::Optimizer& stepping_optimizer();
   /// The settings the last step ran with.
   const SyncOptions& active_sync() const;
   /// Whether a step with those settings neither waits on the host nor allocates, so that it can be

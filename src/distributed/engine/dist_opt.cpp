@@ -13,6 +13,7 @@
 #include "distributed/engine/grad_codec.h"
 #include "distributed/engine/param_averager.h"
 #include "distributed/engine/reducer.h"
+#include "distributed/engine/shard.h"
 #include "distributed/engine/sync_check.h"
 #include "tandem/autograd.h"
 
@@ -30,6 +31,23 @@ std::string normalise(const std::string& s) {
 constexpr const char* kPartial = "partialUpdate";
 
 }  // namespace
+
+const char* shard_name(Shard s) {
+  switch (s) {
+    case Shard::none: return "none";
+    case Shard::optimizer: return "optimizer";
+    case Shard::gradients: return "gradients";
+    case Shard::parameters: return "parameters";
+  }
+  return "none";
+}
+
+Shard parse_shard(const std::string& s) {
+  const std::string n = normalise(s);
+  for (Shard k : {Shard::none, Shard::optimizer, Shard::gradients, Shard::parameters})
+    if (n == shard_name(k) || n == std::to_string(static_cast<int>(k))) return k;
+  TANDEM_CHECK(false, "unknown --shard '", s, "' (choose none, optimizer, gradients or parameters: ZeRO stages 0 to 3)");
+}
 
 std::vector<std::string> sync_method_names() {
   std::vector<std::string> out;
@@ -54,14 +72,19 @@ std::string parse_sync_method(const std::string& s) {
 
 class DistOpt::Impl {
  public:
-  Impl(const std::vector<Tensor>& params, const std::shared_ptr<Communicator>& comm, const DistOptOptions& options)
+  Impl(const std::vector<Tensor>& params, const std::shared_ptr<Communicator>& comm, const DistOptOptions& options,
+       const optim::Optimizer& opt)
       : options_(options),
         reducer_(params, comm,
-                 {options.bucket_bytes, options.first_bucket_bytes, options.rebuild_buckets, options.skip_nonfinite},
+                 {options.bucket_bytes, options.first_bucket_bytes, options.rebuild_buckets, options.skip_nonfinite,
+                  options.shard},
                  stats_),
-        averager_(params, comm, options.bucket_bytes, stats_),
-        env_{*comm, stats_, comm->device(), comm->rank(), comm->size(), DType::f32, {}},
+        env_{*comm, stats_, comm->device(), comm->rank(), comm->size(), DType::f32, {}, options.shard},
         one_(Tensor::ones({1}, DType::f32, comm->device())) {
+    if (options.shard == Shard::none)
+      averager_ = std::make_unique<detail::ParamAverager>(params, comm, options.bucket_bytes, stats_);
+    else
+      sharded_ = std::make_unique<detail::ShardedStep>(params, reducer_, comm, stats_, opt);
     for (const Tensor& p : params) {
       env_.shapes.push_back(p.shape());
       param_impls_.insert(p.impl());
@@ -88,6 +111,9 @@ class DistOpt::Impl {
     SyncOptions want = s;
     want.method = parse_sync_method(s.method);
     if (ready_ && want == active_) return;
+    TANDEM_CHECK(options_.shard == Shard::none || want.method != kPartial, "-d partialUpdate cannot be combined with "
+                 "--shard ", shard_name(options_.shard), ": its ranks step whole replicas of the model (use -d plain or "
+                 "-d half, or --shard none)");
     if (want.method != kPartial) {
       bool same_codec = !codec_method_.empty() && codec_method_ == want.method;
       reducer_.set_codec(detail::make_codec(env_, want), same_codec);
@@ -101,7 +127,8 @@ class DistOpt::Impl {
   DistOptOptions options_;
   CommStats stats_;
   detail::Reducer reducer_;
-  detail::ParamAverager averager_;
+  std::unique_ptr<detail::ParamAverager> averager_;  // unsharded: the parameters' flat buffer
+  std::unique_ptr<detail::ShardedStep> sharded_;     // sharded: the same, and the step of this rank's slices
   detail::CodecEnv env_;
   Tensor one_;
   SyncOptions active_;
@@ -125,7 +152,9 @@ DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communic
   for (size_t i = 0; i < ps.size(); ++i)
     TANDEM_CHECK(ps[i].dtype() == DType::f32, "DistOpt: parameter ", i, " is ", ps[i].str(),
                  "; f32 parameters are required");
-  impl_ = std::make_unique<Impl>(ps, comm_, options);
+  TANDEM_CHECK(options.shard != Shard::parameters, "--shard parameters (ZeRO stage 3) is not available yet; use "
+               "--shard gradients, which shards everything but the parameters");
+  impl_ = std::make_unique<Impl>(ps, comm_, options, *opt_);
   if (options.skip_nonfinite) {
     opt_->set_step_guard(impl_->reducer_.verdict());
     impl_->skipped_ = Tensor::zeros({1}, DType::i64, comm_->device());
@@ -154,7 +183,10 @@ void DistOpt::sync_parameters(nn::Module& model) {
   m.names_ = names;
   check_same_model(*comm_, names, ps, m.buffers_);
   if (comm_->size() == 1) return;
-  m.averager_.broadcast(0);
+  if (m.sharded_)
+    m.sharded_->broadcast(0);
+  else
+    m.averager_->broadcast(0);
   for (auto& [name, t] : m.buffers_) {
     WorkPtr w = comm_->broadcast(t, 0);
     detail::timed_wait(w, m.stats_);
@@ -170,7 +202,8 @@ void DistOpt::backward_and_sync_with(const SyncOptions& sync, const Tensor& loss
   m.use(sync);
   const bool accumulating = m.accumulating_;
   m.reducer_.begin(accumulating);
-  if (m.no_sync_depth_ > 0) {
+  // Sharded gradients keep no whole gradient to accumulate into: every micro-batch is reduced.
+  if (m.no_sync_depth_ > 0 && m.reducer_.whole_arena()) {
     m.backward_counted(loss);
     m.accumulating_ = true;
     return;
@@ -178,7 +211,7 @@ void DistOpt::backward_and_sync_with(const SyncOptions& sync, const Tensor& loss
   if (m.partial()) {
     m.backward_counted(loss);
     m.reducer_.finish_unsynced();
-  } else if (comm_->size() == 1) {
+  } else if (comm_->size() == 1 && !m.sharded_) {
     m.backward_counted(loss);
     m.reducer_.finish_locally();
   } else {
@@ -220,8 +253,11 @@ bool DistOpt::update() {
   // on the device as well. partialUpdate's chunk still travels on a skipped step (the ranks agree on
   // the verdict, but a collective is issued regardless of it) and is then not written back.
   if (m.skipped_.defined()) backend::backend_for(comm_->device()).count_nonfinite(m.reducer_.verdict(), m.skipped_);
-  opt_->step();
-  if (m.partial()) m.averager_.average_next_chunk(m.skipped_.defined() ? m.reducer_.verdict() : Tensor());
+  if (m.sharded_)
+    m.sharded_->step(*opt_);
+  else
+    opt_->step();
+  if (m.partial()) m.averager_->average_next_chunk(m.skipped_.defined() ? m.reducer_.verdict() : Tensor());
   if (!m.skipped_.defined() || backend::backend_for(comm_->device()).recording(comm_->device().index)) return true;
   return !m.reducer_.found_nonfinite();
 }
@@ -276,7 +312,10 @@ void DistOpt::backward_and_sparse_update(const Tensor& loss, double spars, bool 
 
 void DistOpt::average_parameters() {
   if (comm_->size() == 1) return;
-  impl_->averager_.average_all();
+  if (impl_->sharded_)
+    impl_->sharded_->average();
+  else
+    impl_->averager_->average_all();
   average_buffers();
 }
 
@@ -321,6 +360,26 @@ void DistOpt::reset_stats() {
 void DistOpt::set_trace(bool on) { impl_->reducer_.set_trace(on); }
 const std::vector<std::string>& DistOpt::trace() const { return impl_->reducer_.trace(); }
 const DistOptOptions& DistOpt::options() const { return impl_->options_; }
+
+MemoryReport DistOpt::memory_report() const {
+  const Impl& m = *impl_;
+  MemoryReport r;
+  r.gradients = m.reducer_.gradient_bytes();
+  int64_t stepped = 0;  // elements whose optimizer state this rank keeps
+  if (m.sharded_) {
+    r.parameters = m.sharded_->parameter_bytes();
+    stepped = m.sharded_->stepped_elements();
+  } else {
+    for (const Tensor& p : opt_->params()) {
+      r.parameters += static_cast<int64_t>(p.nbytes());
+      stepped += p.numel();
+    }
+  }
+  r.optimizer_state = static_cast<int64_t>(opt_->state_copies()) * stepped * static_cast<int64_t>(sizeof(float));
+  return r;
+}
+
+optim::Optimizer& DistOpt::stepping_optimizer() { return impl_->sharded_ ? impl_->sharded_->stepper() : *opt_; }
 const SyncOptions& DistOpt::active_sync() const { return impl_->active_; }
 bool DistOpt::step_capturable() const { return impl_->partial() || impl_->reducer_.codec().capturable(); }
 std::string DistOpt::replay_blocker() const {
@@ -329,6 +388,7 @@ std::string DistOpt::replay_blocker() const {
   if (comm_->size() > 1 && !comm_->records_collectives())
     return "steps of more than one rank over " + comm_->backend_name() + " are not recorded: its collectives run as issued";
   if (m.no_sync_depth_ > 0 || m.accumulating_) return "gradients are being accumulated over micro-batches";
+  if (m.sharded_) return std::string("steps with --shard ") + shard_name(m.options_.shard) + " are not recorded";
   if (!step_capturable()) return m.active_.method + " sends a number of values known only on the host";
   return opt_->replay_blocker();
 }
@@ -355,7 +415,7 @@ void DistOpt::set_gradient_scale(const Tensor& factor) {
   impl_->reducer_.set_gradient_scale(factor.defined() ? factor.view({1}) : Tensor());
 }
 
-int64_t DistOpt::partial_chunk() const { return impl_->averager_.next_chunk(); }
+int64_t DistOpt::partial_chunk() const { return impl_->averager_ ? impl_->averager_->next_chunk() : 0; }
 
 // ---- a rank's own state
 
@@ -385,8 +445,8 @@ RankState DistOpt::rank_state() {
   if (!m.partial())
     for (auto& [name, t] : m.reducer_.codec().named_state()) out.tensors.emplace_back("codec/" + name, t);
   if (m.partial()) {
-    meta["partial_chunk"] = m.averager_.next_chunk();
-    meta["partial_chunks"] = m.averager_.chunks();
+    meta["partial_chunk"] = m.averager_->next_chunk();
+    meta["partial_chunks"] = m.averager_->chunks();
     // Replicas differ between averages, and so does each one's optimizer state.
     const auto& ps = opt_->params();
     for (auto& list : opt_->state_lists())
@@ -468,7 +528,8 @@ std::vector<std::string> DistOpt::load_rank_state(const RankState& saved) {
     if (agreed[0] == 1)
       for (size_t i = 1; i < agreed.size(); ++i) layout.push_back(static_cast<int>(agreed[i]));
   }
-  if (layout.size() == ps.size()) m.reducer_.restore_layout(layout);
+  // A sharded layout is never rebuilt: the parameters' blocks and the optimizer's state are cut along it.
+  if (layout.size() == ps.size() && !m.sharded_) m.reducer_.restore_layout(layout);
   if (mine.problem.empty() && mine.layout != layout) mine.problem = "its bucket layout is not rank 0's";
 
   std::vector<std::string> parts;  // what this rank's state holds
@@ -497,8 +558,8 @@ std::vector<std::string> DistOpt::load_rank_state(const RankState& saved) {
   if (!m.partial())
     for (auto& [name, t] : m.reducer_.codec().named_state()) load_into("codec/" + name, t, m.active_.method + "'s factors");
   if (m.partial()) {
-    if (mine.partial_chunks == m.averager_.chunks() && mine.partial_chunk >= 0 && mine.partial_chunk < mine.partial_chunks)
-      m.averager_.set_next_chunk(mine.partial_chunk);
+    if (mine.partial_chunks == m.averager_->chunks() && mine.partial_chunk >= 0 && mine.partial_chunk < mine.partial_chunks)
+      m.averager_->set_next_chunk(mine.partial_chunk);
     else
       fresh.push_back("rank " + std::to_string(comm_->rank()) + ": partialUpdate's round robin starts at chunk 0: "
                       "the parameters were cut into other chunks (--bucket-mb)");

@@ -12,6 +12,18 @@ void count_all_reduce(CommStats& stats, int64_t bytes, int world) {
   stats.collectives++;
 }
 
+namespace {
+void count_half_exchange(CommStats& stats, int64_t bytes, int world) {
+  int64_t wire = bytes * (world - 1) / world;
+  stats.bytes_sent += wire;
+  stats.bytes_received += wire;
+  stats.collectives++;
+}
+}  // namespace
+
+void count_reduce_scatter(CommStats& stats, int64_t bytes, int world) { count_half_exchange(stats, bytes, world); }
+void count_all_gather(CommStats& stats, int64_t bytes, int world) { count_half_exchange(stats, bytes, world); }
+
 void timed_wait(WorkPtr& w, CommStats& stats) {
   if (!w) return;
   auto t0 = std::chrono::steady_clock::now();

@@ -17,10 +17,14 @@ namespace tandem::dist::detail {
 struct Bucket {
   int index = 0;
   int64_t offset = 0, numel = 0;  // range of the gradient arena, in elements
+  int64_t span = 0;               // numel, padded to a multiple of the world size under sharding
   std::vector<int> params;        // parameter indices, in arena order
   std::vector<int64_t> starts;    // each parameter's offset inside the bucket
-  Tensor grad;                    // the arena's range: this rank's gradient in, the average out
+  Tensor grad;                    // [span]: this rank's gradient in; the average out (unsharded)
   Tensor residual;                // error feedback (f32, same range), when the codec keeps one
+  /// Under sharding: where the average of this rank's block of the bucket goes ([span / world]);
+  /// undefined otherwise.
+  Tensor shard;
   int pending = 0;                // parameters whose gradient is not final yet in this step
 };
 
@@ -32,6 +36,7 @@ struct CodecEnv {
   int rank = 0, world = 1;
   DType grad_dtype = DType::f32;  // the gradient arena's
   std::vector<Shape> shapes;      // per parameter
+  Shard shard = Shard::none;      // sharded: reduce-scatter each bucket into Bucket::shard
 };
 
 class GradCodec {
@@ -41,6 +46,8 @@ class GradCodec {
   virtual bool keeps_residual() const { return false; }
   /// Whether launch and finish never wait on the host nor allocate (a step can be captured whole).
   virtual bool capturable() const { return true; }
+  /// Whether the codec can reduce-scatter a bucket into its Bucket::shard (sharded state).
+  virtual bool shards() const { return false; }
   /// The buckets were laid out (at the start, and again when rebuilt): size every buffer here.
   virtual void on_layout(const std::vector<Bucket>& buckets) = 0;
   /// The bucket's gradient (plus residual, for codecs that keep one) is final: start sending it.
@@ -70,6 +77,10 @@ const std::vector<CodecName>& codec_names();
 
 /// Adds an all-reduce of `bytes` to the counters (nccl-tests accounting: 2(n-1)/n of it each way).
 void count_all_reduce(CommStats& stats, int64_t bytes, int world);
+/// Adds a reduce-scatter of `bytes` of input, or an all-gather of `bytes` of output (each (n-1)/n of
+/// it each way: together an all-reduce's traffic).
+void count_reduce_scatter(CommStats& stats, int64_t bytes, int world);
+void count_all_gather(CommStats& stats, int64_t bytes, int world);
 /// Waits for w (when set) and clears it; the host time blocked goes into stats.
 void timed_wait(WorkPtr& w, CommStats& stats);
 

@@ -25,7 +25,6 @@ Reducer::Reducer(const std::vector<Tensor>& params, std::shared_ptr<Communicator
                "; gradients are reduced in f32, f16 or bf16");
   TANDEM_CHECK(masters.empty() || masters.size() == params.size(), "DistOpt: ", masters.size(),
                " f32 master copies for ", params.size(), " parameters");
-  int64_t total = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     TANDEM_CHECK(p.dtype() == dtype, "DistOpt: parameter ", i, " is ", p.str(), " but parameter 0 is ",
@@ -43,11 +42,12 @@ Reducer::Reducer(const std::vector<Tensor>& params, std::shared_ptr<Communicator
       TANDEM_CHECK(s.master.dtype() == DType::f32 && s.master.numel() == s.numel && s.master.device() == device_,
                    "DistOpt: master copy ", i, " is ", s.master.str(), " for parameter ", p.str());
     }
-    total += s.numel;
     slots_.push_back(std::move(s));
   }
-  arena_ = Tensor::zeros({total}, dtype, device_);
-  if (!masters.empty()) master_arena_ = Tensor::zeros({total}, DType::f32, device_);
+  TANDEM_CHECK(!sharded() || (dtype == DType::f32 && masters.empty()), "DistOpt: sharded state needs f32 gradients");
+  rank_ = comm_->rank();
+  arena_dtype_ = dtype;
+  has_masters_ = !masters.empty();
   total_ = Tensor::zeros({1}, DType::f32, device_);
   norm_sq_ = Tensor::zeros({1}, DType::f32, device_);
   // Until the first step shows the real order, expect gradients in reverse registration order.
@@ -63,10 +63,9 @@ Reducer::~Reducer() = default;
 // moves to its parameter's new slot. Gradients do not move: a layout is only adopted when they are
 // about to be zeroed.
 void Reducer::layout(const std::vector<int>& order) {
-  const size_t elem = dtype_size(arena_.dtype());
+  const size_t elem = dtype_size(arena_dtype_);
   auto limit_of = [&](size_t k) { return k == 0 ? options_.first_bucket_bytes : options_.bucket_bytes; };
   buckets_.clear();
-  int64_t offset = 0;
   for (int i : order) {
     Slot& s = slots_[static_cast<size_t>(i)];
     bool full = !buckets_.empty() &&
@@ -74,21 +73,38 @@ void Reducer::layout(const std::vector<int>& order) {
     if (buckets_.empty() || full) {
       Bucket b;
       b.index = static_cast<int>(buckets_.size());
-      b.offset = offset;
       buckets_.push_back(std::move(b));
     }
     Bucket& b = buckets_.back();
-    s.offset = offset;
     s.bucket = b.index;
     b.params.push_back(i);
     b.starts.push_back(b.numel);
     b.numel += s.numel;
-    offset += s.numel;
   }
+  // Sharded, every bucket is padded to whole blocks, one per rank (the padding stays zero).
+  const int64_t unit = sharded() ? world_ : 1;
+  int64_t offset = 0, blocks = 0;
+  for (Bucket& b : buckets_) {
+    b.offset = offset;
+    b.span = (b.numel + unit - 1) / unit * unit;
+    for (size_t j = 0; j < b.params.size(); ++j) slots_[static_cast<size_t>(b.params[j])].offset = b.offset + b.starts[j];
+    offset += b.span;
+    blocks += b.span / unit;
+  }
+  if (whole_arena() && (!arena_.defined() || arena_.numel() != offset)) {
+    arena_ = Tensor::zeros({offset}, arena_dtype_, device_);
+    if (has_masters_) master_arena_ = Tensor::zeros({offset}, DType::f32, device_);
+  }
+  if (!whole_arena() && (!shard_arena_.defined() || shard_arena_.numel() != blocks))
+    shard_arena_ = Tensor::zeros({blocks}, DType::f32, device_);
   Tensor old_residual = residual_arena_;
-  if (old_residual.defined()) residual_arena_ = Tensor::zeros({arena_.numel()}, DType::f32, device_);
+  if (old_residual.defined()) residual_arena_ = Tensor::zeros({offset}, DType::f32, device_);
   for (Slot& s : slots_) {
     const Shape& shape = s.param.shape();
+    if (!whole_arena()) {
+      s.grad = Tensor();  // gradients pass through their bucket's staging only
+      continue;
+    }
     s.grad = arena_.narrow(0, s.offset, s.numel).view(shape);
     s.param.set_grad(s.grad);
     if (master_arena_.defined()) {
@@ -101,9 +117,17 @@ void Reducer::layout(const std::vector<int>& order) {
       s.residual = moved;
     }
   }
+  owned_.clear();
+  int64_t block_offset = 0;
   for (Bucket& b : buckets_) {
-    b.grad = arena_.narrow(0, b.offset, b.numel);
+    b.grad = whole_arena() ? arena_.narrow(0, b.offset, b.span) : Tensor();
     if (residual_arena_.defined()) b.residual = residual_arena_.narrow(0, b.offset, b.numel);
+    if (!sharded()) continue;
+    const int64_t block = b.span / world_;
+    owned_.push_back(whole_arena() ? b.grad.narrow(0, rank_ * block, block)
+                                   : shard_arena_.narrow(0, block_offset, block));
+    b.shard = owned_.back();
+    block_offset += block;
   }
   bucket_sums_ = Tensor::zeros({static_cast<int64_t>(buckets_.size())}, DType::f32, device_);
   bucket_sum_views_.clear();
@@ -131,15 +155,22 @@ void Reducer::set_codec(std::unique_ptr<GradCodec> codec, bool keep_residuals) {
 void Reducer::begin(bool accumulate) {
   if (!accumulate) {
     if (rebuild_due_) rebuild();
-    arena_.zero_();
+    if (arena_.defined()) arena_.zero_();
     if (options_.check_finite) save_carried();
   }
+  accumulating_ = accumulate;
   for (Slot& s : slots_) {
     s.ready = false;
+    // Sharded gradients: backward makes each gradient afresh, and on_ready moves it into its bucket.
     s.param.set_grad(s.grad, /*zeroed=*/!accumulate);
     if (s.master.defined()) s.master.set_grad(s.master_grad);
   }
-  for (Bucket& b : buckets_) b.pending = static_cast<int>(b.params.size());
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
+    b.pending = static_cast<int>(b.params.size());
+    // A later micro-batch's average lands beside the shard, to be added to it (finish).
+    if (!whole_arena()) b.shard = accumulate ? Tensor::empty({owned_[k].numel()}, DType::f32, device_) : owned_[k];
+  }
   next_launch_ = 0;
   ready_order_.clear();
   checked_ = false;
@@ -152,7 +183,18 @@ void Reducer::on_ready(const Tensor& leaf) {
   if (s.ready) return;
   s.ready = true;
   ready_order_.push_back(it->second);
+  if (!whole_arena()) stage_gradient(s);
   if (--buckets_[static_cast<size_t>(s.bucket)].pending == 0) launch_ready();
+}
+
+// Sharded gradients: the parameter's gradient, just made by backward, moves into its bucket's staging
+// (allocated by the bucket's first gradient, freed once the bucket is reduced) and is dropped.
+void Reducer::stage_gradient(Slot& s) {
+  Bucket& b = buckets_[static_cast<size_t>(s.bucket)];
+  if (!b.grad.defined()) b.grad = Tensor::zeros({b.span}, arena_dtype_, device_);
+  Tensor g = s.param.grad();
+  if (g.defined()) b.grad.narrow(0, s.offset - b.offset, s.numel).view(s.param.shape()).copy_(g);
+  s.param.set_grad(Tensor());
 }
 
 // Buckets are launched strictly in order so that every rank issues the same collectives in the
@@ -161,19 +203,25 @@ void Reducer::launch_ready() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     if (trace_on_) trace_.push_back("launch " + std::to_string(next_launch_));
     Bucket& b = buckets_[next_launch_++];
+    if (!b.grad.defined()) b.grad = Tensor::zeros({b.span}, arena_dtype_, device_);  // no gradient reached it
     apply_gradient_scale(b);
-    codec_->launch(b);
+    if (world_ > 1 || !sharded()) {
+      codec_->launch(b);
+      continue;
+    }
+    // A sharded job of one rank: nothing travels, and its one block is the whole bucket.
+    codec_->apply_locally(b);
+    if (b.shard.data_ptr() != b.grad.data_ptr()) b.shard.copy_(b.grad);
   }
 }
 
-namespace {
-
-// The master arena's copy of the bucket's range, or the bucket's own gradient.
-Tensor f32_range(const Tensor& master_arena, const Bucket& b) {
-  return master_arena.defined() ? master_arena.narrow(0, b.offset, b.numel) : b.grad;
+// The f32 average the optimizer reads: this rank's block under sharding, else the master arena's copy
+// of the bucket's range or the bucket's own gradient.
+Tensor Reducer::f32_range(size_t k) const {
+  const Bucket& b = buckets_[k];
+  if (sharded()) return owned_[k];
+  return master_arena_.defined() ? master_arena_.narrow(0, b.offset, b.numel) : b.grad;
 }
-
-}  // namespace
 
 void Reducer::finish() {
   TANDEM_ASSERT(codec_, "gradients synchronised before a codec was set");
@@ -181,9 +229,18 @@ void Reducer::finish() {
   // Parameters that took no part in this loss: their (zero) gradients still travel, in order.
   for (Bucket& b : buckets_) b.pending = 0;
   launch_ready();
-  for (Bucket& b : buckets_) codec_->finish(b);
+  backend::Backend& be = backend::backend_for(device_);
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
+    if (world_ > 1 || !sharded()) codec_->finish(b);
+    if (whole_arena()) continue;
+    if (!b.shard.is_same(owned_[k])) be.binary(backend::Binary::Add, owned_[k], b.shard, owned_[k]);
+    b.shard = owned_[k];
+    b.grad = Tensor();  // the staging: only the rank's block is kept
+  }
   finalize();
-  if (options_.rebuild_buckets && !rebuilt_ && world_ > 1) rebuild_due_ = true;
+  // A sharded layout stays: the optimizer's state and the parameters' blocks are cut along it.
+  if (options_.rebuild_buckets && !rebuilt_ && world_ > 1 && !sharded()) rebuild_due_ = true;
 }
 
 void Reducer::finish_locally() {
@@ -240,7 +297,7 @@ void Reducer::finalize() {
     }
   if (!options_.check_finite) return;
   checked_ = true;
-  for (size_t k = 0; k < buckets_.size(); ++k) be.sum(f32_range(master_arena_, buckets_[k]), bucket_sum_views_[k]);
+  for (size_t k = 0; k < buckets_.size(); ++k) be.sum(f32_range(k), bucket_sum_views_[k]);
   be.sum(bucket_sums_, total_);
   if (world_ > 1) {
     WorkPtr w = comm_->all_reduce(total_, ReduceOp::Sum);
@@ -303,14 +360,16 @@ std::vector<int> Reducer::layout_order() const {
 Tensor Reducer::grad_norm(bool agree) {
   backend::Backend& be = backend::backend_for(device_);
   for (size_t k = 0; k < buckets_.size(); ++k) {
-    Tensor v = f32_range(master_arena_, buckets_[k]).view({1, buckets_[k].numel});
-    be.gemm(false, true, 1, 1, buckets_[k].numel, 1.0, v, v, 0.0, bucket_sum_views_[k]);
+    Tensor range = f32_range(k);
+    Tensor v = range.view({1, range.numel()});
+    be.gemm(false, true, 1, 1, range.numel(), 1.0, v, v, 0.0, bucket_sum_views_[k]);
   }
   be.sum(bucket_sums_, norm_sq_);
   // Every rank holds the same averages, so each computed (nearly) the same sum; averaging the sums
-  // makes the norm bit-identical on every rank, however their thread counts rounded.
-  if (agree && world_ > 1) {
-    WorkPtr w = comm_->all_reduce(norm_sq_, ReduceOp::Avg);
+  // makes the norm bit-identical on every rank, however their thread counts rounded. Sharded, each
+  // rank holds its blocks only: the squares are summed over the ranks instead.
+  if ((agree || sharded()) && world_ > 1) {
+    WorkPtr w = comm_->all_reduce(norm_sq_, sharded() ? ReduceOp::Sum : ReduceOp::Avg);
     count_all_reduce(stats_, 4, world_);
     timed_wait(w, stats_);
   }
@@ -321,10 +380,16 @@ Tensor Reducer::grad_norm(bool agree) {
 
 void Reducer::scale_grads(const Tensor& coef) {
   backend::Backend& be = backend::backend_for(device_);
-  for (const Bucket& b : buckets_) {  // in place, the factor read on the device
-    Tensor v = f32_range(master_arena_, b);
+  for (size_t k = 0; k < buckets_.size(); ++k) {  // in place, the factor read on the device
+    Tensor v = f32_range(k);
     be.scale_by(v, coef, v);
   }
+}
+
+int64_t Reducer::gradient_bytes() const {
+  return static_cast<int64_t>((arena_.defined() ? arena_.nbytes() : 0) +
+                              (master_arena_.defined() ? master_arena_.nbytes() : 0) +
+                              (shard_arena_.defined() ? shard_arena_.nbytes() : 0));
 }
 
 // ---- introspection

@@ -17,6 +17,10 @@ struct ReducerOptions {
   size_t first_bucket_bytes = size_t(1) << 20;
   bool rebuild_buckets = true;
   bool check_finite = false;  // decide after each finish whether any averaged gradient is inf/NaN
+  /// optimizer: buckets padded to a multiple of the world size and reduce-scattered into the rank's
+  /// block of the arena. gradients, parameters: no whole arena; each bucket is staged from the
+  /// parameters' gradients as backward produces them, and only the rank's blocks are kept.
+  Shard shard = Shard::none;
 };
 
 class Reducer {
@@ -46,6 +50,9 @@ class Reducer {
   /// After backward: launches the buckets still waiting (parameters that took no part), finishes
   /// every bucket in order, and decides whether any average is inf/NaN (with check_finite).
   void finish();
+  /// Under sharded gradients: whether this step's buckets add their averages to the shard (a later
+  /// micro-batch of an accumulated step) rather than replacing it.
+  bool accumulating() const { return accumulating_; }
   /// After backward in a job of one rank: nothing travels; the codec's local effect only.
   void finish_locally();
   /// After backward when gradients stay this rank's own (partialUpdate): only the gradient scale and,
@@ -79,6 +86,15 @@ class Reducer {
   const Tensor& residuals() const { return residual_arena_; }
   GradCodec& codec() { return *codec_; }
 
+  // ---- sharding
+  bool sharded() const { return options_.shard != Shard::none; }
+  /// Whether every rank keeps the whole gradient arena (unsharded, and sharded optimizer state).
+  bool whole_arena() const { return options_.shard == Shard::none || options_.shard == Shard::optimizer; }
+  /// Under sharding: the average of this rank's block of bucket k ([span / world]), after finish.
+  const Tensor& owned(size_t k) const { return owned_[k]; }
+  /// Bytes of gradient storage kept between steps: the arena, or under sharded gradients the blocks.
+  int64_t gradient_bytes() const;
+
   // ---- introspection
   const std::vector<Bucket>& buckets() const { return buckets_; }
   std::vector<double> residual_norms() const;
@@ -94,12 +110,14 @@ class Reducer {
     Tensor grad, master_grad, residual;  // views of the arenas
   };
   void layout(const std::vector<int>& order);
+  void stage_gradient(Slot& s);
   void launch_ready();
   void finalize();
   void rebuild();
   void apply_gradient_scale(Bucket& b);
   void save_carried();
   std::vector<Tensor> carried();
+  Tensor f32_range(size_t k) const;
 
   std::shared_ptr<Communicator> comm_;
   ReducerOptions options_;
@@ -108,7 +126,13 @@ class Reducer {
   int world_ = 1;
   std::vector<Slot> slots_;
   std::unordered_map<TensorImpl*, int> index_;
+  int rank_ = 0;
+  DType arena_dtype_ = DType::f32;
+  bool has_masters_ = false;
   Tensor arena_, master_arena_, residual_arena_;
+  Tensor shard_arena_;          // sharded gradients: this rank's block of every bucket, in bucket order
+  std::vector<Tensor> owned_;   // sharded: per bucket, this rank's block of the average
+  bool accumulating_ = false;   // this step adds to the gradients of earlier micro-batches
   std::vector<Bucket> buckets_;
   std::unique_ptr<GradCodec> codec_;
   size_t next_launch_ = 0;

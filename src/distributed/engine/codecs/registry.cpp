@@ -42,8 +42,17 @@ const std::vector<CodecName>& codec_names() {
 }
 
 std::unique_ptr<GradCodec> make_codec(const CodecEnv& env, const SyncOptions& opts) {
-  for (const Entry& e : registry())
-    if (opts.method == e.name.name) return e.make(env, opts);
+  for (const Entry& e : registry()) {
+    if (opts.method != e.name.name) continue;
+    std::unique_ptr<GradCodec> codec = e.make(env, opts);
+    // Sharding needs each rank to receive only the average of its own block; codecs whose exchange
+    // gives every rank the whole bucket (sparse pairs, low-rank factors), and keep residuals of the
+    // whole gradient, would hold what sharding frees.
+    TANDEM_CHECK(env.shard == Shard::none || codec->shards(), "-d ", opts.method, " cannot be combined with --shard ",
+                 shard_name(env.shard), ": sharded state reduce-scatters each bucket, which only -d plain and -d half "
+                 "do (use one of them, or --shard none)");
+    return codec;
+  }
   TANDEM_CHECK(false, "no gradient codec named '", opts.method, "'");
 }
 
