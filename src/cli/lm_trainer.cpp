@@ -528,6 +528,7 @@ void LmTrainer::save_checkpoint(int64_t step) {
   if (const dist::LossScaler* scaler = s.loss_scaler())
     for (auto& [name, t] : scaler->state()) tensors.emplace_back("loss_scale/" + name, t);
   tandem::save_tensor_file(rank_state_path(cfg_.checkpoint, s.rank()), tensors, own.dump());
+  s.opt().gather_optimizer_state();  // sharded: the whole state, for rank 0 to write
   if (!s.lead()) return;
   nlohmann::json rng = nlohmann::json::object();
   for (auto& [name, gen] : s.model().named_generators()) rng[name] = gen->offset();
@@ -539,6 +540,7 @@ void LmTrainer::save_checkpoint(int64_t step) {
                       {"world_size", s.world()},
                       {"seed", cfg_.seed},
                       {"dist_option", s.sync().method},
+                      {"shard", dist::shard_name(s.opt().options().shard)},
                       {"rank_files", s.world()},
                       {"data", specs_.train},
                       {"val_data", specs_.val},

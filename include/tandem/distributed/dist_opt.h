@@ -205,6 +205,21 @@ class DistOpt {
   /// and parameters; whatever does not fit starts afresh instead. Returns one line per part that
   /// starts afresh, saying why (empty when everything was loaded). Every rank calls it.
   std::vector<std::string> load_rank_state(const RankState& saved);
+  /// Loads the states every rank of a checkpoint's job saved (saved[r]: rank r's), on any number of
+  /// ranks. The same number: as load_rank_state(saved[rank]). Another: the state is re-cut, each rank
+  /// taking rank 0's description (its bucket layout, partialUpdate's position) with the average over
+  /// the saved ranks of what each kept for itself (error-feedback residuals: what remains to be sent
+  /// then adds up to the same over the ranks; partialUpdate's local optimizer state) and rank 0's
+  /// codec state (PowerSGD's Q, the same on every rank). Returns what load_rank_state returns, and a
+  /// line saying that it was re-cut. Every rank calls it.
+  std::vector<std::string> load_rank_states(const std::vector<RankState>& saved);
+  /// Collective, under sharding: the wrapped optimizer's state becomes the whole state, gathered
+  /// from every rank's slices, so that a checkpoint of optimizer() holds all of it (the next update
+  /// moves it back into the slices, freeing it). Every rank calls it before the checkpoint is
+  /// written; without sharding it does nothing. A checkpoint loaded into optimizer() is likewise cut
+  /// into this rank's slices at the next update: a run of any number of ranks and any Shard resumes
+  /// from it.
+  void gather_optimizer_state();
   /// partialUpdate: the chunk of the parameters the next update() averages (a wait for the device).
   int64_t partial_chunk() const;
 

@@ -3,6 +3,7 @@
 // guide's calls are each one step with their own settings.
 #include "tandem/distributed/dist_opt.h"
 
+#include <algorithm>
 #include <cctype>
 #include <map>
 #include <unordered_set>
@@ -16,6 +17,7 @@
 #include "distributed/engine/shard.h"
 #include "distributed/engine/sync_check.h"
 #include "tandem/autograd.h"
+#include "tandem/ops.h"
 
 namespace tandem::dist {
 
@@ -573,6 +575,48 @@ std::vector<std::string> DistOpt::load_rank_state(const RankState& saved) {
       }
   }
   return fresh;
+}
+
+std::vector<std::string> DistOpt::load_rank_states(const std::vector<RankState>& saved) {
+  const int world = comm_->size(), rank = comm_->rank();
+  if (static_cast<int>(saved.size()) == world) return load_rank_state(saved[static_cast<size_t>(rank)]);
+  if (saved.empty() || saved[0].meta_json.empty()) return load_rank_state(RankState{});
+  Json meta = Json::parse(saved[0].meta_json, nullptr, false);
+  if (!meta.is_object()) return load_rank_state(RankState{});
+  meta["rank"] = rank;
+  meta["world_size"] = world;
+  RankState merged;
+  merged.meta_json = meta.dump();
+  NoGradGuard no_grad;
+  int averaged = 0;
+  for (const auto& [name, first] : saved[0].tensors) {
+    const bool own = name == "residuals" || name.rfind("opt/", 0) == 0;  // what each rank kept for itself
+    if (!own || !is_floating(first.dtype())) {
+      merged.tensors.emplace_back(name, first);
+      continue;
+    }
+    Tensor sum = first.to(DType::f32).cpu();
+    int n = 1;
+    for (size_t r = 1; r < saved.size(); ++r)
+      for (const auto& [other, t] : saved[r].tensors)
+        if (other == name && t.numel() == first.numel()) {
+          sum = add(sum, t.to(DType::f32).cpu().view(sum.shape()));
+          ++n;
+        }
+    merged.tensors.emplace_back(name, scale(sum, 1.0 / n).to(first.dtype()));
+    averaged = std::max(averaged, n);
+  }
+  std::vector<std::string> notes = load_rank_state(merged);
+  if (averaged > 0)
+    notes.push_back("rank " + std::to_string(rank) + ": the state each of the " + std::to_string(saved.size()) +
+                    " saved ranks kept for itself (error-feedback residuals, partialUpdate's optimizer state) is "
+                    "their average on " +
+                    (world == 1 ? std::string("the one rank now") : "each of the " + std::to_string(world) + " ranks now"));
+  return notes;
+}
+
+void DistOpt::gather_optimizer_state() {
+  if (impl_->sharded_) impl_->sharded_->gather_state(*opt_);
 }
 
 std::vector<double> DistOpt::residual_norms() const { return impl_->reducer_.residual_norms(); }

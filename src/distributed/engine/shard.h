@@ -20,6 +20,7 @@ struct ShardPiece {
   int64_t start = 0;   // first element of the slice within the parameter
   int64_t numel = 0;
   int bucket = 0;      // the bucket it lies in
+  int64_t offset = 0;  // where the slice starts in the parameter buffer (and the gradient arena)
 };
 
 class ShardedStep {
@@ -36,6 +37,12 @@ class ShardedStep {
   void step(optim::Optimizer& opt);
   /// Averages the parameters across ranks.
   void average();
+  /// Collective: `opt`'s state lists (and step counts) receive the whole state, gathered from every
+  /// rank's slices, as if `opt` had taken the steps itself (for a checkpoint of it).
+  void gather_state(optim::Optimizer& opt);
+  /// Moves whatever state `opt` holds (a checkpoint loaded into it, or gather_state's) into this
+  /// rank's slices, cut from each parameter's, and drops it from `opt`. Returns whether it held any.
+  bool adopt_state(optim::Optimizer& opt);
 
   /// The optimizer of this rank's slices (its parameter i is pieces()[i]).
   optim::Optimizer& stepper() { return *stepper_; }
@@ -51,7 +58,8 @@ class ShardedStep {
   CommStats& stats_;
   const Reducer& reducer_;
   Tensor arena_;
-  std::vector<ShardPiece> pieces_;
+  std::vector<ShardPiece> pieces_;                 // in the order of the stepping optimizer's parameters
+  std::vector<std::vector<size_t>> bucket_pieces_;  // per bucket, its pieces' indices
   std::shared_ptr<optim::Optimizer> stepper_;
   int64_t stepped_ = 0;
 };

@@ -123,5 +123,7 @@ void scenario_shard_equal(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_shard_memory(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_shard_traffic(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_shard_refusals(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_reshard_save(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_reshard_load(const std::shared_ptr<dist::Communicator>& comm);
 
 }  // namespace distopt_worker
