@@ -1,5 +1,6 @@
 // Checkpoints that change the number of ranks and the sharding: a job saves a checkpoint under every
-// --shard (and one of sparseTopK, whose ranks keep residuals of their own); a job of another size
+// --shard (and one each of sparseTopK, partialUpdate and powerSGD, whose ranks keep state of their
+// own: residuals, local momentum, Q); a job of another size
 // loads each of them under every --shard, finds the whole state it saved, bit for bit, and continues
 // exactly as an unsharded run of its own size that started from the same state.
 //
@@ -151,9 +152,11 @@ void scenario_reshard_save(const std::shared_ptr<dist::Communicator>& comm) {
     train(j, comm->rank(), 0, 4);
     save(j, comm, dist::shard_name(shard));
   }
-  Job topk = make_job(comm, dist::Shard::none, "sparseTopK", 5);
-  train(topk, comm->rank(), 0, 4);
-  save(topk, comm, "topk");
+  for (const char* method : {"sparseTopK", "partialUpdate", "powerSGD"}) {
+    Job j = make_job(comm, dist::Shard::none, method, 5);
+    train(j, comm->rank(), 0, 4);
+    save(j, comm, method);
+  }
 }
 
 void scenario_reshard_load(const std::shared_ptr<dist::Communicator>& comm) {
@@ -179,29 +182,36 @@ void scenario_reshard_load(const std::shared_ptr<dist::Communicator>& comm) {
     }
   }
   if (from == W) return;
-  // sparseTopK's residuals, one per saved rank, become their average on every rank.
-  const std::vector<dist::RankState> states = saved_states("topk", from);
-  std::vector<double> mean;
-  for (const dist::RankState& st : states)
-    for (auto& [n, t] : st.tensors)
-      if (n == "residuals") {
-        std::vector<float> v = t.to_vector<float>();
-        mean.resize(v.size(), 0.0);
-        for (size_t i = 0; i < v.size(); ++i) mean[i] += v[i] / static_cast<double>(from);
+  // What each saved rank kept for itself (sparseTopK's residuals, partialUpdate's own momentum) becomes
+  // their average on every rank; PowerSGD's Q, the same on every saved rank, is rank 0's.
+  for (const char* method : {"sparseTopK", "partialUpdate", "powerSGD"}) {
+    const std::vector<dist::RankState> states = saved_states(method, from);
+    Job j = load(comm, dist::Shard::none, method, method, from);
+    int checked = 0;
+    for (auto& [n, t] : j.opt->rank_state().tensors) {
+      const bool own = n == "residuals" || n.rfind("opt/", 0) == 0;
+      std::vector<double> want;
+      for (int r = 0; r < (own ? from : 1); ++r)
+        for (auto& [sn, st] : states[static_cast<size_t>(r)].tensors)
+          if (sn == n) {
+            std::vector<float> v = st.to_vector<float>();
+            want.resize(v.size(), 0.0);
+            for (size_t i = 0; i < v.size(); ++i) want[i] += v[i] / (own ? static_cast<double>(from) : 1.0);
+          }
+      std::vector<float> got = t.cpu().to_vector<float>();
+      CHECK_OR_REPORT(got.size() == want.size(), "%s: %s has %zu values loaded, %zu saved", method, n.c_str(),
+                      got.size(), want.size());
+      double largest = 0, bad = 0;
+      for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+        largest = std::max(largest, std::fabs(want[i]));
+        bad = std::max(bad, std::fabs(got[i] - want[i]));
       }
-  CHECK_OR_REPORT(!mean.empty(), "the sparseTopK checkpoint holds no residuals");
-  Job topk = load(comm, dist::Shard::none, "sparseTopK", "topk", from);
-  std::vector<float> got;
-  for (auto& [n, t] : topk.opt->rank_state().tensors)
-    if (n == "residuals") got = t.cpu().to_vector<float>();
-  CHECK_OR_REPORT(got.size() == mean.size(), "%zu residual values loaded, %zu saved", got.size(), mean.size());
-  double largest = 0, bad = 0;
-  for (size_t i = 0; i < got.size() && i < mean.size(); ++i) {
-    largest = std::max(largest, std::fabs(mean[i]));
-    bad = std::max(bad, std::fabs(got[i] - mean[i]));
+      CHECK_OR_REPORT(largest > 0 && bad <= (own ? 1e-6 * largest : 0.0), "%s: the loaded %s differs by %g from %s "
+                      "(largest %g)", method, n.c_str(), bad, own ? "the saved ranks' average" : "rank 0's", largest);
+      ++checked;
+    }
+    CHECK_OR_REPORT(checked > 0, "%s: no state of its own was loaded", method);
   }
-  CHECK_OR_REPORT(largest > 0 && bad <= 1e-6 * largest, "the loaded residuals differ from the saved ranks' average by %g "
-                  "(largest %g)", bad, largest);
 }
 
 }  // namespace distopt_worker
