@@ -145,9 +145,11 @@ void bind_dist(nb::module_& m) {
           "__init__",
           [](dist::DistOpt* self, std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<dist::Communicator> comm,
              size_t bucket_bytes, size_t first_bucket_bytes, const std::string& method, DType half_dtype,
-             double clip, double spars, bool error_feedback, int rank, bool skip_nonfinite, const std::string& shard) {
+             double clip, double spars, bool error_feedback, int rank, bool skip_nonfinite, const std::string& shard,
+             bool uneven_inputs) {
             dist::DistOptOptions o;
             o.shard = dist::parse_shard(shard);
+            o.uneven_inputs = uneven_inputs;
             o.bucket_bytes = bucket_bytes;
             o.first_bucket_bytes = first_bucket_bytes;
             o.sync = dist::SyncOptions{dist::parse_sync_method(method), half_dtype, clip, spars, error_feedback, rank};
@@ -159,10 +161,17 @@ void bind_dist(nb::module_& m) {
           nb::arg("first_bucket_bytes") = size_t(1) << 20, nb::arg("method") = "plain",
           nb::arg("half_dtype") = DType::f16, nb::arg("clip") = 0.0, nb::arg("spars") = 0.05,
           nb::arg("error_feedback") = true, nb::arg("rank") = 2, nb::arg("skip_nonfinite") = false,
-          nb::arg("shard") = "none",
+          nb::arg("shard") = "none", nb::arg("uneven_inputs") = false,
           "Wraps optimizer; every rank must pass the same parameters and options. method and the settings "
           "after it are what step() and backward_and_sync() do; shard (none, optimizer, gradients) what each "
           "rank keeps only its own share of (ZeRO).")
+      .def("join", &dist::DistOpt::join, nb::arg("clip_norm") = 0.0, release_gil(),
+           "With uneven_inputs: this rank has no data left; takes part in the others' steps until every rank has "
+           "joined. Returns how many steps it took part in.")
+      .def("join_step", &dist::DistOpt::join_step, nb::arg("clip_norm") = 0.0, release_gil(),
+           "join() one step at a time: True when update() must follow, False once every rank has joined.")
+      .def("gather_optimizer_state", &dist::DistOpt::gather_optimizer_state, release_gil(),
+           "Sharded: the wrapped optimizer's state becomes the whole state, gathered from every rank, for a checkpoint.")
       .def(
           "memory_report",
           [](const dist::DistOpt& d) {

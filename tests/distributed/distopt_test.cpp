@@ -189,6 +189,16 @@ TEST(DistOptGloo, ShardedMemoryTrafficAndRefusalsThreeRanks) {
   run_scenarios(3, "shardmemory,shardtraffic,shardrefusals");
 }
 
+TEST(DistOptGloo, UnevenInputsAverageOverTheRanksThatHaveDataTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "uneven");
+}
+
+TEST(DistOptGloo, UnevenInputsAverageOverTheRanksThatHaveDataThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "uneven");
+}
+
 // Checkpoints saved on 3 ranks load on 2 and on 1, and one saved on 2 loads on 3, under every
 // --shard (each saved under every --shard): the whole state is found again, bit for bit, and the run
 // continues as an unsharded run of the new size from the same state.
@@ -224,7 +234,7 @@ TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
                                           "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale",
                                           "carried", "scaledfeedback", "misuse", "shardequal", "shardmemory",
-                                          "shardtraffic", "shardrefusals"};
+                                          "shardtraffic", "shardrefusals", "uneven"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);

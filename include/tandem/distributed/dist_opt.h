@@ -74,6 +74,10 @@ struct DistOptOptions {
   /// Sharded state (ZeRO stages); methods plain and half only, buckets kept in the order of the
   /// first layout (not rebuilt).
   Shard shard = Shard::none;
+  /// Ranks may run out of data at different steps (uneven inputs): every synchronisation first
+  /// counts, with one 16-byte all-reduce, the ranks that still have data, and averages over them; a
+  /// rank with no data left calls join(). Not with partialUpdate.
+  bool uneven_inputs = false;
 };
 
 /// A rank's own state beside the model and the optimizer, for checkpoints: the bucket layout, the
@@ -179,6 +183,19 @@ class DistOpt {
   /// Backward with sparsified gradients: topK sends the ceil(spars*n) largest magnitudes per bucket,
   /// otherwise those with |g| >= spars; with corr, what was not sent is added to the next step's gradient.
   void backward_and_sparse_update(const Tensor& loss, double spars = 0.05, bool topK = false, bool corr = true);
+
+  /// With uneven_inputs: this rank has no data left (no batch for the next step). Until every rank
+  /// has called join(), it takes part in the other ranks' steps with zero gradients, and applies the
+  /// same update (so that its parameters and optimizer state stay theirs); their averages are taken
+  /// over the ranks that still have data. `clip_norm`: the max_norm the others pass to
+  /// clip_grad_norm at every step (0: they do not clip). Every rank calls it at the end of its data
+  /// (PyTorch's Join); returns the number of the others' steps this rank took part in.
+  int64_t join(double clip_norm = 0.0);
+  /// join() one step at a time, for callers that set the learning rate of each step themselves: takes
+  /// part in the others' next step up to its update (its synchronisations, and clip_grad_norm when
+  /// clip_norm is positive) and returns true, when update() must follow; false once every rank has
+  /// joined. join() is `while (join_step(c)) update();`.
+  bool join_step(double clip_norm = 0.0);
 
   /// Averages parameters and buffers across ranks (partialUpdate does this before evaluation).
   void average_parameters();

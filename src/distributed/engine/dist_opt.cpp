@@ -116,6 +116,8 @@ class DistOpt::Impl {
     TANDEM_CHECK(options_.shard == Shard::none || want.method != kPartial, "-d partialUpdate cannot be combined with "
                  "--shard ", shard_name(options_.shard), ": its ranks step whole replicas of the model (use -d plain or "
                  "-d half, or --shard none)");
+    TANDEM_CHECK(!options_.uneven_inputs || want.method != kPartial, "-d partialUpdate cannot take uneven inputs: "
+                 "its ranks step replicas on their own data (use a method that averages gradients)");
     if (want.method != kPartial) {
       bool same_codec = !codec_method_.empty() && codec_method_ == want.method;
       reducer_.set_codec(detail::make_codec(env_, want), same_codec);
@@ -125,6 +127,17 @@ class DistOpt::Impl {
     ready_ = true;
   }
   bool partial() const { return active_.method == kPartial; }
+
+  // Uneven inputs: every rank's synchronisation starts with this all-reduce. Returns how many ranks
+  // have data for it, and how many of those apply an update after it (the step's last micro-batch).
+  std::pair<int64_t, int64_t> count_active(bool has_data, bool last) {
+    Tensor t = Tensor::from_vector<int64_t>({has_data ? 1 : 0, has_data && last ? 1 : 0}, {2}).to(env_.device);
+    WorkPtr w = env_.comm.all_reduce(t, ReduceOp::Sum);
+    detail::count_all_reduce(stats_, 16, env_.world);
+    detail::timed_wait(w, stats_);
+    std::vector<int64_t> v = t.to_vector<int64_t>();
+    return {v[0], v[1]};
+  }
 
   DistOptOptions options_;
   CommStats stats_;
@@ -203,9 +216,15 @@ void DistOpt::backward_and_sync_with(const SyncOptions& sync, const Tensor& loss
   Impl& m = *impl_;
   m.use(sync);
   const bool accumulating = m.accumulating_;
-  m.reducer_.begin(accumulating);
   // Sharded gradients keep no whole gradient to accumulate into: every micro-batch is reduced.
-  if (m.no_sync_depth_ > 0 && m.reducer_.whole_arena()) {
+  const bool local = m.no_sync_depth_ > 0 && m.reducer_.whole_arena();
+  if (!local && m.options_.uneven_inputs && comm_->size() > 1) {
+    // This rank has data: counted among the active ranks, whose average the others' zeros must not dilute.
+    const std::pair<int64_t, int64_t> active = m.count_active(true, m.no_sync_depth_ == 0);
+    m.reducer_.set_contribution_scale(static_cast<double>(comm_->size()) / static_cast<double>(active.first));
+  }
+  m.reducer_.begin(accumulating);
+  if (local) {
     m.backward_counted(loss);
     m.accumulating_ = true;
     return;
@@ -308,6 +327,40 @@ void DistOpt::backward_and_sparse_update(const Tensor& loss, double spars, bool 
   s.error_feedback = corr;
   backward_and_sync_with(s, loss);
   update();
+}
+
+bool DistOpt::join_step(double clip_norm) {
+  Impl& m = *impl_;
+  TANDEM_CHECK(m.options_.uneven_inputs, "join(): DistOpt was built without DistOptOptions::uneven_inputs, so the "
+               "other ranks do not count who still has data (set uneven_inputs on every rank)");
+  TANDEM_CHECK(!m.partial(), "join(): partialUpdate steps replicas on their own data; uneven inputs need a method "
+               "that averages gradients");
+  TANDEM_CHECK(clip_norm >= 0.0, "join(): clip_norm must not be negative, got ", clip_norm);
+  TANDEM_CHECK(!m.accumulating_ || !m.reducer_.whole_arena(), "join() called with gradients accumulated since the "
+               "last update: finish the step (update()) before this rank joins");
+  if (comm_->size() == 1) return false;
+  for (;;) {
+    const auto [active, updating] = m.count_active(false, false);
+    if (active == 0) return false;  // every rank has joined
+    // The others' synchronisation, with zeros from this rank: the same collectives in the same order.
+    m.reducer_.begin(m.accumulating_);
+    m.reducer_.zero_contribution();
+    m.reducer_.finish();
+    m.stats_.steps++;
+    m.accumulating_ = true;
+    if (updating == 0) continue;  // a micro-batch reduced on its own (sharded gradients): more follow
+    if (clip_norm > 0.0) clip_grad_norm(clip_norm);
+    return true;
+  }
+}
+
+int64_t DistOpt::join(double clip_norm) {
+  int64_t steps = 0;
+  while (join_step(clip_norm)) {
+    update();
+    ++steps;
+  }
+  return steps;
 }
 
 // ---- agreement between ranks

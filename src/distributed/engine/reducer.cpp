@@ -239,6 +239,7 @@ void Reducer::finish() {
     b.grad = Tensor();  // the staging: only the rank's block is kept
   }
   finalize();
+  contribution_ = 1.0;
   // A sharded layout stays: the optimizer's state and the parameters' blocks are cut along it.
   if (options_.rebuild_buckets && !rebuilt_ && world_ > 1 && !sharded()) rebuild_due_ = true;
 }
@@ -259,7 +260,15 @@ void Reducer::finish_unsynced() {
 
 // A 16-bit arena is scaled in f32, after its conversion (finalize): its codecs keep no residual.
 void Reducer::apply_gradient_scale(Bucket& b) {
-  if (factor_.defined() && !master_arena_.defined()) backend::backend_for(device_).scale_by(b.grad, factor_, b.grad);
+  backend::Backend& be = backend::backend_for(device_);
+  if (factor_.defined() && !master_arena_.defined()) be.scale_by(b.grad, factor_, b.grad);
+  if (contribution_ != 1.0) be.scale_cast(b.grad, b.grad, contribution_, 0.0);
+}
+
+void Reducer::zero_contribution() {
+  if (arena_.defined()) arena_.zero_();
+  for (Bucket& b : buckets_)
+    if (!whole_arena()) b.grad = Tensor();  // staged afresh, as zeros, when the bucket is launched
 }
 
 std::vector<Tensor> Reducer::carried() {

@@ -63,6 +63,11 @@ class Reducer {
   /// there) before anything else sees it: f16 loss scaling's inverse, so that codecs, their
   /// error-feedback residuals and the optimizer all work in unscaled units. Undefined: none.
   void set_gradient_scale(Tensor factor) { factor_ = std::move(factor); }
+  /// For the next finish only: every gradient is multiplied by s before it is sent (uneven inputs:
+  /// world / active ranks, so that the average over all ranks is the average over the active ones).
+  void set_contribution_scale(double s) { contribution_ = s; }
+  /// This rank contributes zeros to the next finish (a rank with no data left, under uneven inputs).
+  void zero_contribution();
 
   /// With check_finite: whether the last finish found an inf/NaN average (the same on every rank).
   /// Reads the verdict on the host (a wait for the device).
@@ -142,6 +147,7 @@ class Reducer {
   Tensor bucket_sums_;       // check_finite, grad_norm: one value per bucket
   Tensor total_, norm_sq_;  // their sum, for check_finite and for grad_norm (allocated once)
   Tensor factor_;           // set_gradient_scale
+  double contribution_ = 1.0;  // set_contribution_scale
   std::vector<Tensor> carried_saved_;  // check_finite: the carried state as it was before this step
   std::vector<Tensor> bucket_sum_views_;
   bool trace_on_ = false;

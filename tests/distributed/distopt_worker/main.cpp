@@ -219,7 +219,8 @@ int main(int argc, char** argv) {
       {"scaledfeedback", scenario_scaled_feedback}, {"misuse", scenario_misuse},
       {"shardequal", scenario_shard_equal}, {"shardmemory", scenario_shard_memory},
       {"shardtraffic", scenario_shard_traffic}, {"shardrefusals", scenario_shard_refusals},
-      {"reshardsave", scenario_reshard_save}, {"reshardload", scenario_reshard_load}};
+      {"reshardsave", scenario_reshard_save}, {"reshardload", scenario_reshard_load},
+      {"uneven", scenario_uneven}};
   std::vector<std::string> names;
   std::stringstream list(argv[1]);
   for (std::string s; std::getline(list, s, ',');) {

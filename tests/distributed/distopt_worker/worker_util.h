@@ -125,5 +125,6 @@ void scenario_shard_traffic(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_shard_refusals(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_reshard_save(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_reshard_load(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_uneven(const std::shared_ptr<dist::Communicator>& comm);
 
 }  // namespace distopt_worker
