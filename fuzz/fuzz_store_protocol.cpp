@@ -1,6 +1,6 @@
 // libFuzzer harness: the store's frame decoder must reject or accept any body without reading out of
 // bounds, and whatever it accepts must encode back to the same bytes.
-#include "distributed/store_protocol.h"
+#include "distributed/rendezvous/store_protocol.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace proto = tandem::dist::proto;

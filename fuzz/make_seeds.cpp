@@ -6,7 +6,7 @@
 #include <fstream>
 #include <string>
 
-#include "distributed/store_protocol.h"
+#include "distributed/rendezvous/store_protocol.h"
 #include "fuzz_model.h"
 #include "tandem/checkpoint.h"
 #include "tandem/optim/optimizer.h"

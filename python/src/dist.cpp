@@ -94,6 +94,13 @@ void bind_dist(nb::module_& m) {
            nb::arg("tensor"), nb::arg("root") = 0, release_gil(), "In place, asynchronous.")
       .def("all_gather", [](dist::Communicator& c, const Tensor& in, Tensor out) { return c.all_gather(in, out); },
            nb::arg("input"), nb::arg("output"), release_gil(), "output [size * n] = every rank's input [n].")
+      .def(
+          "reduce_scatter",
+          [](dist::Communicator& c, const Tensor& in, Tensor out, dist::ReduceOp op) {
+            return c.reduce_scatter(in, out, op);
+          },
+          nb::arg("input"), nb::arg("output"), nb::arg("op") = dist::ReduceOp::Sum, release_gil(),
+          "output [n] = op over ranks of block rank of input [size * n]; asynchronous.")
       .def("barrier", &dist::Communicator::barrier, release_gil())
       .def("set_timeout", [](dist::Communicator& c, double s) { c.set_timeout(to_ms(s)); }, nb::arg("seconds"));
   m.def(
@@ -138,8 +145,11 @@ void bind_dist(nb::module_& m) {
           "__init__",
           [](dist::DistOpt* self, std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<dist::Communicator> comm,
              size_t bucket_bytes, size_t first_bucket_bytes, const std::string& method, DType half_dtype,
-             double clip, double spars, bool error_feedback, int rank, bool skip_nonfinite) {
+             double clip, double spars, bool error_feedback, int rank, bool skip_nonfinite, const std::string& shard,
+             bool uneven_inputs) {
             dist::DistOptOptions o;
+            o.shard = dist::parse_shard(shard);
+            o.uneven_inputs = uneven_inputs;
             o.bucket_bytes = bucket_bytes;
             o.first_bucket_bytes = first_bucket_bytes;
             o.sync = dist::SyncOptions{dist::parse_sync_method(method), half_dtype, clip, spars, error_feedback, rank};
@@ -151,8 +161,30 @@ void bind_dist(nb::module_& m) {
           nb::arg("first_bucket_bytes") = size_t(1) << 20, nb::arg("method") = "plain",
           nb::arg("half_dtype") = DType::f16, nb::arg("clip") = 0.0, nb::arg("spars") = 0.05,
           nb::arg("error_feedback") = true, nb::arg("rank") = 2, nb::arg("skip_nonfinite") = false,
+          nb::arg("shard") = "none", nb::arg("uneven_inputs") = false,
           "Wraps optimizer; every rank must pass the same parameters and options. method and the settings "
-          "after it are what step() and backward_and_sync() do.")
+          "after it are what step() and backward_and_sync() do; shard (none, optimizer, gradients) what each "
+          "rank keeps only its own share of (ZeRO).")
+      .def("join", &dist::DistOpt::join, nb::arg("clip_norm") = 0.0, release_gil(),
+           "With uneven_inputs: this rank has no data left; takes part in the others' steps until every rank has "
+           "joined. Returns how many steps it took part in.")
+      .def("join_step", &dist::DistOpt::join_step, nb::arg("clip_norm") = 0.0, release_gil(),
+           "join() one step at a time: True when update() must follow, False once every rank has joined.")
+      .def("gather_optimizer_state", &dist::DistOpt::gather_optimizer_state, release_gil(),
+           "Sharded: the wrapped optimizer's state becomes the whole state, gathered from every rank, for a checkpoint.")
+      .def(
+          "memory_report",
+          [](const dist::DistOpt& d) {
+            const dist::MemoryReport r = d.memory_report();
+            nb::dict out;
+            out["parameters"] = r.parameters;
+            out["gradients"] = r.gradients;
+            out["optimizer_state"] = r.optimizer_state;
+            out["master_weights"] = r.master_weights;
+            out["total"] = r.total();
+            return out;
+          },
+          "Bytes this rank keeps for parameters, gradients, optimizer state and master weights.")
       .def_prop_ro("rank_in_local", &dist::DistOpt::rank_in_local)
       .def_prop_ro("rank_in_global", &dist::DistOpt::rank_in_global)
       .def_prop_ro("world_size", &dist::DistOpt::world_size)

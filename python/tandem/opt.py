@@ -474,12 +474,15 @@ class DistOpt(Optimizer):
     ``buffSize`` is the number of float32 gradients per all-reduce bucket; ``skip_nonfinite`` makes
     ``update`` skip, on every rank, a step whose averaged gradients hold inf or NaN; ``timeout``
     (seconds) bounds joining the job and each collective. ``opt=None`` is SINGA's default, ``SGD()``.
+    ``shard`` ("none", "optimizer", "gradients") keeps the optimizer's state (and the gradients) only
+    once across the ranks (ZeRO). With ``uneven_inputs`` ranks may have different numbers of batches:
+    a rank whose data ran out calls ``join()`` and takes part in the others' steps until all are done.
     """
 
     def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None, buffSize=4194304, *,
                  gpu_num=None, gpu_per_node=None, dist_option="plain", spars=0.05, clip=0.0, error_feedback=True,
                  powersgd_rank=2, half_dtype=float16, first_bucket_size=262144, skip_nonfinite=False,
-                 timeout=300.0):
+                 timeout=300.0, shard="none", uneven_inputs=False):
         opt = opt if opt is not None else SGD()
         if not isinstance(opt, Optimizer) or isinstance(opt, DistOpt):
             raise TypeError("DistOpt wraps an optimizer (SGD, Adam, RMSProp, AdaGrad)")
@@ -507,7 +510,8 @@ class DistOpt(Optimizer):
         self._options = dict(bucket_bytes=int(buffSize) * 4, first_bucket_bytes=int(first_bucket_size) * 4,
                              method=dist_option, half_dtype=half_dtype, clip=float(clip), spars=float(spars),
                              error_feedback=bool(error_feedback), rank=int(powersgd_rank),
-                             skip_nonfinite=bool(skip_nonfinite))
+                             skip_nonfinite=bool(skip_nonfinite), shard=str(shard),
+                             uneven_inputs=bool(uneven_inputs))
         self._timeout = float(timeout)
         self._comms = {}
         self._staged = {"plain": [], "half": []}  # fused_all_reduce(..., send=False) copies, by kind
@@ -678,6 +682,24 @@ class DistOpt(Optimizer):
         grad /= self.world_size
         self.opt.update(param, grad)
         return True
+
+    def join(self, clip_norm=0.0):
+        """With ``uneven_inputs``: this rank has no batch left. Takes part, with zero gradients, in the
+        other ranks' steps (and their update, at the learning rate each step has) until every rank has
+        called join(); their averages are over the ranks that still had data. ``clip_norm``: what the
+        others pass to clip_grad_norm each step. Returns how many steps it took part in."""
+        impl = self._require_impl()
+        steps = 0
+        while impl.join_step(float(clip_norm)):
+            self.opt._refresh_lr()
+            impl.update()
+            self.opt._count_step()
+            steps += 1
+        return steps
+
+    def memory_report(self):
+        """Bytes this rank keeps: parameters, gradients, optimizer_state, master_weights, total."""
+        return self._require_impl().memory_report()
 
     def no_sync(self):
         """``with sgd.no_sync():`` backward_and_sync only accumulates this rank's gradients; the next

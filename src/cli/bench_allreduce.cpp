@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safe_file.h"
-#include "distributed/raw_nccl.h"
+#include "distributed/comm/raw_nccl.h"
 #include "tandem/distributed/bootstrap.h"
 #include "tandem/error.h"
 

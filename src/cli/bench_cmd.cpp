@@ -41,6 +41,17 @@ double param_checksum(nn::Module& m) {
   return s;
 }
 
+// What DistOpt keeps per rank (its memory report) and the --shard it ran with.
+void add_memory(nlohmann::json& j, Session& s) {
+  const dist::MemoryReport m = s.opt().memory_report();
+  j["shard"] = dist::shard_name(s.opt().options().shard);
+  j["state_bytes_per_rank"] = {{"parameters", m.parameters},
+                               {"gradients", m.gradients},
+                               {"optimizer_state", m.optimizer_state},
+                               {"master_weights", m.master_weights},
+                               {"total", m.total()}};
+}
+
 int run_train_bench(const TrainBenchConfig& cfg) {
   Session s(cfg);
   nn::ModelConfig mc;
@@ -101,6 +112,7 @@ int run_train_bench(const TrainBenchConfig& cfg) {
                      {"comm_wait_s_per_step", st.wait_seconds / std::max<int64_t>(st.steps, 1)},
                      {"cuda_graph", s.replays() > 0},
                      {"params_changed", true}};
+    add_memory(j, s);
     if (s.device().is_cpu()) j["threads"] = num_threads();
     if (s.device().is_cuda()) {
       // Tensors held at once, as torch.cuda.max_memory_allocated counts them: the device allocator's peak
@@ -190,6 +202,7 @@ int run_lm_train_bench(const TrainBenchConfig& cfg) {
                    {"bytes_sent_per_step", st.bytes_sent / std::max<int64_t>(st.steps, 1)},
                    {"cuda_graph", s.replays() > 0},
                    {"params_changed", true}};
+  add_memory(j, s);
   if (cfg.model == "gpt") j["gpt"] = gpt_shape_json(shape);
   if (fpt > 0) j["tflops"] = tokens_per_s / s.world() * fpt / 1e12;  // achieved, per device
   if (const double m = mfu(tokens_per_s / s.world(), fpt, peak); m > 0) j["mfu"] = m;

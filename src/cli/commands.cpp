@@ -85,6 +85,13 @@ void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& grou
       ->group(group)
       ->check(CLI::IsMember({"f16", "bf16"}))
       ->capture_default_str();
+  app.add_option("--shard", cfg.shard,
+                 "Sharded state (ZeRO): none; optimizer (each rank keeps the optimizer's state for its 1/N of the "
+                 "parameters; same traffic); gradients (and only its 1/N of the averaged gradients); parameters "
+                 "(and of the parameters). With -d plain or half")
+      ->group(group)
+      ->check(CLI::IsMember({"none", "optimizer", "gradients", "parameters", "0", "1", "2", "3"}))
+      ->capture_default_str();
   app.add_option("--bucket-mb", cfg.bucket_mb, "Gradient bytes per all-reduce, in MiB")
       ->group(group)
       ->check(finite_in(0.001, 4096.0))

@@ -254,6 +254,7 @@ bool LmTrainer::setup() {
                  static_cast<long long>(accumulate_), accumulate_ == 1 ? "" : "es", with_commas(step_tokens).c_str(),
                  static_cast<long long>(cfg_.steps), s.opt().optimizer().schedule()->describe().c_str(),
                  s.where().c_str());
+    std::fprintf(stderr, "tandem: %s\n", s.memory_line().c_str());
     if (specs_.val.empty())
       std::fprintf(stderr, "tandem: no validation shards: no validation loss is reported\n");
     if (!eager_because_.empty()) std::fprintf(stderr, "tandem: steps run eagerly: %s\n", eager_because_.c_str());
@@ -527,6 +528,7 @@ void LmTrainer::save_checkpoint(int64_t step) {
   if (const dist::LossScaler* scaler = s.loss_scaler())
     for (auto& [name, t] : scaler->state()) tensors.emplace_back("loss_scale/" + name, t);
   tandem::save_tensor_file(rank_state_path(cfg_.checkpoint, s.rank()), tensors, own.dump());
+  s.opt().gather_optimizer_state();  // sharded: the whole state, for rank 0 to write
   if (!s.lead()) return;
   nlohmann::json rng = nlohmann::json::object();
   for (auto& [name, gen] : s.model().named_generators()) rng[name] = gen->offset();
@@ -538,6 +540,7 @@ void LmTrainer::save_checkpoint(int64_t step) {
                       {"world_size", s.world()},
                       {"seed", cfg_.seed},
                       {"dist_option", s.sync().method},
+                      {"shard", dist::shard_name(s.opt().options().shard)},
                       {"rank_files", s.world()},
                       {"data", specs_.train},
                       {"val_data", specs_.val},

@@ -25,6 +25,7 @@ dist::DistOptOptions dist_options(const SessionConfig& cfg) {
   o.sync.spars = cfg.spars;
   o.sync.error_feedback = cfg.error_feedback;
   if (cfg.low_rank > 0) o.sync.rank = cfg.low_rank;
+  o.shard = dist::parse_shard(cfg.shard);
   return o;
 }
 
@@ -57,6 +58,7 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const SessionConfig& cfg, const
 Session::Session(const SessionConfig& cfg) : cfg_(cfg) {
   // Settings are checked before joining the job: a bad flag fails at once on every rank.
   const std::string method = dist::parse_sync_method(cfg.dist_option);
+  dist::parse_shard(cfg.shard);
   if (method == "sparseTopK")
     TANDEM_CHECK(cfg.spars > 0.0 && cfg.spars <= 1.0, "--spars for sparseTopK is the fraction of gradients sent, in ",
                  "(0, 1]; got ", cfg.spars);
@@ -145,6 +147,7 @@ std::vector<dist::AgreementField> Session::agreement_fields() const {
       {"--clip", num(s.clip)},
       {"--rank", std::to_string(s.rank)},
       {"--half-dtype", dtype_name(s.half_dtype)},
+      {"--shard", dist::shard_name(opt_->options().shard)},
       {"--no-error-feedback", on_off(!s.error_feedback)},
       {"--sync-bn", on_off(cfg_.sync_bn)},
       {"--bucket-mb", num(cfg_.bucket_mb)},
@@ -338,12 +341,32 @@ void Session::aim_at_recorded_batch(Tensor& x, Tensor& y) const {
   y = recorded_->y;
 }
 
+std::string Session::memory_line() const {
+  const dist::MemoryReport m = opt_->memory_report();
+  auto mb = [](int64_t bytes) {
+    const double b = static_cast<double>(bytes);
+    char buf[32];
+    if (b < 1e6)
+      std::snprintf(buf, sizeof buf, "%.1f kB", b / 1e3);
+    else if (b < 1e9)
+      std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+    else
+      std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+    return std::string(buf);
+  };
+  return std::string("model state per rank (--shard ") + dist::shard_name(opt_->options().shard) +
+         "): parameters " + mb(m.parameters) + ", gradients " + mb(m.gradients) + ", optimizer state " +
+         mb(m.optimizer_state) + ", master weights " + mb(m.master_weights) + "; " + mb(m.total()) + " in all";
+}
+
 std::string Session::where() const {
   std::string s = device_.is_cpu() ? "cpu, " + std::to_string(num_threads()) + " threads"
                                    : device_.str() + ", " + precision_name(precision_);
   if (comm_->size() > 1)
-    s += ", " + std::to_string(comm_->size()) + " ranks (" + comm_->backend_name() + ", " +
-         sync().method + ")";
+    s += ", " + std::to_string(comm_->size()) + " ranks (" + comm_->backend_name() + ", " + sync().method +
+         (opt_->options().shard == dist::Shard::none ? std::string()
+                                                     : std::string(", shard ") + dist::shard_name(opt_->options().shard)) +
+         ")";
   return s;
 }
 

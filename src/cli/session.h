@@ -43,6 +43,7 @@ struct SessionConfig {
   int low_rank = 0;        // powerSGD: rank of the approximation (0: its default)
   bool sync_bn = false;    // batch-norm statistics over the global batch
   std::string half_dtype = "f16";
+  std::string shard = "none";  // none, optimizer, gradients, parameters (dist::parse_shard)
   double bucket_mb = 16.0;
   double first_bucket_mb = 1.0;
   double timeout_s = 300.0;
@@ -146,6 +147,9 @@ class Session {
   bool lead() const { return rank() == 0; }
   /// "cpu, 2 threads, 2 ranks (gloo, plain)": where the session runs, for the start-up line.
   std::string where() const;
+  /// "model state per rank (--shard none): parameters 1.7 MB, gradients 1.7 MB, ...": the start-up line
+  /// of what DistOpt keeps (memory_report).
+  std::string memory_line() const;
 
  private:
   struct RecordedBatch;

@@ -147,29 +147,44 @@ std::string rank_state_path(const std::string& checkpoint, int rank) {
 }
 
 void load_rank_state_beside(Session& s, const std::string& checkpoint, const std::string& key, int64_t at) {
-  const std::string own = rank_state_path(checkpoint, s.rank());
-  dist::RankState state;
-  std::vector<std::pair<std::string, Tensor>> scale;
+  // The checkpoint's job had as many rank files as ranks: this rank's own when the number is the same,
+  // every one of them (re-cut by DistOpt) when it is not.
+  auto main_meta = nlohmann::json::parse(checkpoint_meta(checkpoint), nullptr, false);
+  int files = s.world();
+  if (main_meta.is_object() && main_meta.contains("rank_files") && main_meta["rank_files"].is_number_integer())
+    files = std::max(1, main_meta["rank_files"].get<int>());
+  const bool same = files == s.world();
+  std::vector<dist::RankState> states(static_cast<size_t>(same ? 1 : files));
+  std::vector<std::pair<std::string, Tensor>> scale, first_scale;
   std::string why_not;
-  std::error_code ec;
-  if (!std::filesystem::exists(own, ec)) {
-    why_not = "there is no '" + own + "'";
-  } else {
-    auto own_meta = nlohmann::json::parse(checkpoint_meta(own), nullptr, false);
+  for (int r = 0; r < static_cast<int>(states.size()); ++r) {
+    const std::string file = rank_state_path(checkpoint, same ? s.rank() : r);
+    std::error_code ec;
+    if (!std::filesystem::exists(file, ec)) {
+      why_not = "there is no '" + file + "'";
+      continue;
+    }
+    auto own_meta = nlohmann::json::parse(checkpoint_meta(file), nullptr, false);
     const int64_t own_at = own_meta.is_object() ? own_meta.value(key, int64_t{-1}) : -1;
     if (own_at != at) {
-      why_not = "'" + own + "' is from " + key + " " + std::to_string(own_at) + ", the checkpoint from " + key + " " +
+      why_not = "'" + file + "' is from " + key + " " + std::to_string(own_at) + ", the checkpoint from " + key + " " +
                 std::to_string(at);
-    } else {
-      own_meta.erase(key);
-      state.meta_json = own_meta.dump();
-      for (auto& [name, t] : read_checkpoint_tensors(own)) {
-        if (name.rfind("dist/", 0) == 0) state.tensors.emplace_back(name.substr(5), t);
-        if (name.rfind("loss_scale/", 0) == 0) scale.emplace_back(name.substr(11), t);
-      }
+      continue;
     }
+    own_meta.erase(key);
+    dist::RankState& state = states[static_cast<size_t>(r)];
+    state.meta_json = own_meta.dump();
+    std::vector<std::pair<std::string, Tensor>> file_scale;
+    for (auto& [name, t] : read_checkpoint_tensors(file)) {
+      if (name.rfind("dist/", 0) == 0) state.tensors.emplace_back(name.substr(5), t);
+      if (name.rfind("loss_scale/", 0) == 0) file_scale.emplace_back(name.substr(11), t);
+    }
+    // The loss scale is the same on every rank: this rank's own, or else rank 0's.
+    if (same || r == s.rank()) scale = file_scale;
+    if (r == 0) first_scale = file_scale;
   }
-  std::vector<std::string> notes = s.opt().load_rank_state(state);
+  if (scale.empty()) scale = first_scale;
+  std::vector<std::string> notes = same ? s.opt().load_rank_state(states[0]) : s.opt().load_rank_states(states);
   if (dist::LossScaler* scaler = s.loss_scaler()) {
     if (!scale.empty())
       scaler->load_state(scale);
@@ -246,6 +261,7 @@ bool Trainer::setup() {
                  cfg_.model.c_str(), static_cast<long long>(s.model().num_parameters()), cfg_.dataset.c_str(),
                  static_cast<long long>(train_set_.size()), static_cast<long long>(test_set_.size()),
                  static_cast<long long>(cfg_.batch_size), s.where().c_str());
+    std::fprintf(stderr, "tandem: %s\n", s.memory_line().c_str());
     if (!cfg_.metrics_path.empty()) metrics_.emplace(cfg_.metrics_path, new_run_id());
     if (!cfg_.tensorboard_dir.empty()) board_.emplace(cfg_.tensorboard_dir);
   }
@@ -463,6 +479,9 @@ void Trainer::save_checkpoint(int epoch, const EvalStats& eval) {
   if (const dist::LossScaler* scaler = s.loss_scaler())
     for (auto& [name, t] : scaler->state()) tensors.emplace_back("loss_scale/" + name, t);
   tandem::save_tensor_file(rank_state_path(cfg_.checkpoint, s.rank()), tensors, meta.dump());
+  // Sharded, the optimizer's state is gathered whole for rank 0 to write: any number of ranks, with
+  // any --shard, resumes from the checkpoint.
+  s.opt().gather_optimizer_state();
   if (!s.lead()) return;
   nlohmann::json main{{"epoch", epoch},
                       {"epochs", cfg_.epochs},
@@ -473,6 +492,7 @@ void Trainer::save_checkpoint(int epoch, const EvalStats& eval) {
                       {"world_size", s.world()},
                       {"seed", cfg_.seed},
                       {"dist_option", s.sync().method},
+                      {"shard", dist::shard_name(s.opt().options().shard)},
                       {"rank_files", s.world()},
                       {"eval_acc", eval.correct / std::max(eval.samples, 1.0)}};
   tandem::save_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer(), main.dump());

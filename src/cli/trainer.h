@@ -48,7 +48,9 @@ struct TrainConfig : SessionConfig {
 std::string rank_state_path(const std::string& checkpoint, int rank);
 /// --resume: loads this rank's own state (DistOpt's per-rank state, the f16 loss scale) from its file
 /// beside `checkpoint` when that file is there and was saved at the same point (its meta `key`, "epoch"
-/// or "step", equal to `at`); what starts afresh instead is said on stderr, with the reason.
+/// or "step", equal to `at`); a checkpoint saved by another number of ranks has every one of its rank
+/// files read and their state re-cut (DistOpt::load_rank_states). What starts afresh instead is said
+/// on stderr, with the reason.
 void load_rank_state_beside(Session& s, const std::string& checkpoint, const std::string& key, int64_t at);
 
 /// One epoch's training figures, summed over ranks.

@@ -115,6 +115,24 @@ void Optimizer::set_step_guard(Tensor verdict) {
 
 bool Optimizer::guard_allows() const { return !guard_.defined() || std::isfinite(guard_.item<float>()); }
 
+std::shared_ptr<Optimizer> Optimizer::with_params(std::vector<ParamGroup>) const {
+  TANDEM_CHECK(false, "this optimizer cannot step slices of its parameters (sharded state needs SGD, Adam, RMSProp "
+               "or AdaGrad)");
+}
+
+namespace {
+// groups with the settings of `from`'s groups, for with_params.
+std::vector<ParamGroup> with_settings(std::vector<ParamGroup> groups, const Optimizer& from) {
+  TANDEM_CHECK(groups.size() == from.groups().size(), "with_params: ", groups.size(), " groups for an optimizer of ",
+               from.groups().size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].lr_scale = from.groups()[g].lr_scale;
+    groups[g].weight_decay = from.groups()[g].weight_decay;
+  }
+  return groups;
+}
+}  // namespace
+
 void Optimizer::zero_grad(bool set_to_none) {
   for (Tensor& p : params_) {
     Tensor g = p.grad();
@@ -162,6 +180,12 @@ SGD::SGD(std::vector<Tensor> params, const SgdOptions& opt)
 SGD::SGD(std::vector<ParamGroup> groups, const SgdOptions& opt)
     : Optimizer(std::move(groups), opt.lr), opt_(opt), momentum_(params_.size()) {
   check_options();
+}
+
+std::shared_ptr<Optimizer> SGD::with_params(std::vector<ParamGroup> groups) const {
+  auto out = std::make_shared<SGD>(with_settings(std::move(groups), *this), opt_);
+  out->set_lr(lr_);
+  return out;
 }
 
 void SGD::check_options() const {
@@ -236,6 +260,12 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& opt)
 Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& opt)
     : Optimizer(std::move(groups), opt.lr), opt_(opt), m_(params_.size()), v_(params_.size()), t_(params_.size()) {
   check_options();
+}
+
+std::shared_ptr<Optimizer> Adam::with_params(std::vector<ParamGroup> groups) const {
+  auto out = std::make_shared<Adam>(with_settings(std::move(groups), *this), opt_);
+  out->set_lr(lr_);
+  return out;
 }
 
 void Adam::check_options() const {
@@ -355,6 +385,12 @@ RMSProp::RMSProp(std::vector<ParamGroup> groups, const RmsPropOptions& opt)
   check_options();
 }
 
+std::shared_ptr<Optimizer> RMSProp::with_params(std::vector<ParamGroup> groups) const {
+  auto out = std::make_shared<RMSProp>(with_settings(std::move(groups), *this), opt_);
+  out->set_lr(lr_);
+  return out;
+}
+
 void RMSProp::check_options() const {
   TANDEM_CHECK(opt_.alpha >= 0.0 && opt_.alpha < 1.0, "RMSProp alpha (rho) must lie in [0, 1), got ", opt_.alpha);
   TANDEM_CHECK(opt_.eps > 0.0, "RMSProp eps must be positive, got ", opt_.eps);
@@ -401,6 +437,12 @@ AdaGrad::AdaGrad(std::vector<Tensor> params, const AdagradOptions& opt)
 AdaGrad::AdaGrad(std::vector<ParamGroup> groups, const AdagradOptions& opt)
     : Optimizer(std::move(groups), opt.lr), opt_(opt), s_(params_.size()), t_(params_.size()) {
   check_options();
+}
+
+std::shared_ptr<Optimizer> AdaGrad::with_params(std::vector<ParamGroup> groups) const {
+  auto out = std::make_shared<AdaGrad>(with_settings(std::move(groups), *this), opt_);
+  out->set_lr(lr_);
+  return out;
 }
 
 void AdaGrad::check_options() const {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "distributed/launch_output.h"
+#include "distributed/launch/launch_output.h"
 
 using tandem::dist::detail::LineRelay;
 

@@ -47,17 +47,17 @@ TEST(GlooLaunch, AllReduceThreeRanks) {
   expect_every_rank(launch(3, "allreduce"), 3, "all_reduce ok on 3 ranks");
 }
 
-TEST(GlooLaunch, GathersBroadcastBarrierTwoRanks) {
+TEST(GlooLaunch, ReduceScatterGathersBroadcastBarrierTwoRanks) {
   SKIP_WITHOUT_GLOO();
   ProcResult r = launch(2, "collectives");
-  for (const char* what : {"all_gather ok", "all_gatherv ok", "broadcast ok", "barrier ok"})
+  for (const char* what : {"reduce_scatter ok", "all_gather ok", "all_gatherv ok", "broadcast ok", "barrier ok"})
     expect_every_rank(r, 2, what);
 }
 
-TEST(GlooLaunch, GathersBroadcastBarrierThreeRanks) {
+TEST(GlooLaunch, ReduceScatterGathersBroadcastBarrierThreeRanks) {
   SKIP_WITHOUT_GLOO();
   ProcResult r = launch(3, "collectives");
-  for (const char* what : {"all_gather ok", "all_gatherv ok", "broadcast ok", "barrier ok"})
+  for (const char* what : {"reduce_scatter ok", "all_gather ok", "all_gatherv ok", "broadcast ok", "barrier ok"})
     expect_every_rank(r, 3, what);
 }
 

@@ -3,6 +3,11 @@
 // numbers and reports "rank R: SCENARIO ok". CPU ranks talk over Gloo; the GPU variants (NCCL, one
 // GPU per rank) skip unless the machine has two GPUs.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
 
 #include "process_util.h"
 #include "tandem/device.h"
@@ -164,11 +169,72 @@ TEST(DistOptGloo, ReducerSeamsThreeRanks) {
   run_scenarios(3, "introspection,nonfinite,arena16");
 }
 
+TEST(DistOptGloo, ShardedStateMatchesTheUnshardedRunTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "shardequal");
+}
+
+TEST(DistOptGloo, ShardedStateMatchesTheUnshardedRunThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "shardequal");
+}
+
+TEST(DistOptGloo, ShardedMemoryTrafficAndRefusalsTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "shardmemory,shardtraffic,shardrefusals");
+}
+
+TEST(DistOptGloo, ShardedMemoryTrafficAndRefusalsThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "shardmemory,shardtraffic,shardrefusals");
+}
+
+TEST(DistOptGloo, UnevenInputsAverageOverTheRanksThatHaveDataTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "uneven");
+}
+
+TEST(DistOptGloo, UnevenInputsAverageOverTheRanksThatHaveDataThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "uneven");
+}
+
+// Checkpoints saved on 3 ranks load on 2 and on 1, and one saved on 2 loads on 3, under every
+// --shard (each saved under every --shard): the whole state is found again, bit for bit, and the run
+// continues as an unsharded run of the new size from the same state.
+TEST(DistOptGloo, CheckpointsReshardToAnotherNumberOfRanks) {
+  REQUIRE_GLOO();
+  const std::string base = ::testing::TempDir() + "tandem_reshard_" + std::to_string(getpid());
+  auto job = [&](int n, const std::string& scenario, const std::string& dir, int from) {
+    std::map<std::string, std::string> env = {{"TANDEM_TEST_CKPT_DIR", dir}};
+    if (from > 0) env["TANDEM_TEST_CKPT_FROM"] = std::to_string(from);
+    std::vector<std::string> argv = {kWorker, scenario, "--timeout", "60"};
+    if (n > 1) argv.insert(argv.begin(), {kTandem, "launch", "-n", std::to_string(n), "--"});
+    ProcResult r = run_process(argv, env, 180);
+    EXPECT_FALSE(r.timed_out) << r.output;
+    EXPECT_EQ(r.exit_code, 0) << n << " ranks, " << scenario << " in " << dir << ":\n" << r.output;
+    for (int k = 0; k < n; ++k)
+      EXPECT_TRUE(contains(r.output, "rank " + std::to_string(k) + ": " + scenario + " ok")) << r.output;
+    return r;
+  };
+  for (int saved : {3, 2}) {
+    const std::string dir = base + "_" + std::to_string(saved);
+    ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0) << dir;
+    job(saved, "reshardsave", dir, 0);
+  }
+  ProcResult on_two = job(2, "reshardload", base + "_3", 3);
+  EXPECT_TRUE(contains(on_two.output, "is their average on each of the 2 ranks now")) << on_two.output;
+  job(1, "reshardload", base + "_3", 3);
+  job(3, "reshardload", base + "_2", 2);
+  for (int saved : {3, 2}) std::filesystem::remove_all(base + "_" + std::to_string(saved));
+}
+
 // One process: the same API with nothing to exchange.
 TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
                                           "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale",
-                                          "carried", "scaledfeedback", "misuse"};
+                                          "carried", "scaledfeedback", "misuse", "shardequal", "shardmemory",
+                                          "shardtraffic", "shardrefusals", "uneven"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);
@@ -203,7 +269,7 @@ TEST(DistOptNccl, StepApiCodecsSyncBatchNormAndSeams) {
   REQUIRE_TWO_GPUS();
   run_scenarios(2,
                 "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16,lossscale,carried,"
-                "scaledfeedback",
+                "scaledfeedback,shardequal,shardmemory,shardtraffic,shardrefusals",
                 "cuda");
 }
 

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <map>
 
-#include "distributed/group.h"
+#include "distributed/rendezvous/group.h"
 #include "tandem/error.h"
 
 using namespace tandem;

@@ -2,7 +2,7 @@
 // multi-process jobs through `tandem launch` where the machine has enough GPUs.
 #include <gtest/gtest.h>
 
-#include "distributed/group.h"
+#include "distributed/rendezvous/group.h"
 #include "process_util.h"
 #include "tandem/device.h"
 #include "tandem/distributed/store.h"
@@ -64,6 +64,19 @@ TEST(NcclGroupOfOne, CollectivesOnOneGpu) {
   EXPECT_EQ(outv.cpu().to_vector<int32_t>(), (std::vector<int32_t>{7, 8, 9}));
   c->broadcast(in, 0)->wait();
   EXPECT_EQ(in.cpu().to_vector<int32_t>(), (std::vector<int32_t>{7, 8, 9}));
+  for (DType dt : {DType::f32, DType::bf16, DType::i64}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      Tensor rin = Tensor::from_vector<float>({4, -6, 8}, {3}).to(dt).to(Device::cuda(0));
+      Tensor rout = Tensor::zeros({3}, dt, Device::cuda(0));
+      c->reduce_scatter(rin, rout, op)->wait();
+      EXPECT_EQ(rout.cpu().to_vector<float>(), (std::vector<float>{4, -6, 8})) << dtype_name(dt);
+      c->reduce_scatter(rin, rin, op)->wait();  // in place: the output is the rank's (only) block
+      EXPECT_EQ(rin.cpu().to_vector<float>(), (std::vector<float>{4, -6, 8})) << dtype_name(dt);
+    }
+  }
+  Tensor gathered = Tensor::from_vector<float>({1, 2}, {2}).to(Device::cuda(0));
+  c->all_gather(gathered, gathered)->wait();  // in place
+  EXPECT_EQ(gathered.cpu().to_vector<float>(), (std::vector<float>{1, 2}));
   c->barrier();
 
   Tensor cpu = Tensor::zeros({2});
@@ -89,7 +102,7 @@ TEST(NcclLaunch, GathersBroadcastBarrierTwoRanks) {
   REQUIRE_GPUS(2);
   ProcResult r = launch(2, "collectives");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (const char* what : {"all_gather ok", "all_gatherv ok", "broadcast ok", "barrier ok"}) {
+  for (const char* what : {"reduce_scatter ok", "all_gather ok", "all_gatherv ok", "broadcast ok", "barrier ok"}) {
     EXPECT_TRUE(contains(r.output, "rank 0: " + std::string(what))) << r.output;
     EXPECT_TRUE(contains(r.output, "[rank 1] rank 1: " + std::string(what))) << r.output;
   }
@@ -100,6 +113,7 @@ TEST(NcclLaunch, AllCollectivesThreeRanks) {
   ProcResult r = launch(3, "all");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 2] rank 2: all_reduce ok on 3 ranks")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 2] rank 2: reduce_scatter ok")) << r.output;
   EXPECT_TRUE(contains(r.output, "[rank 2] rank 2: barrier ok")) << r.output;
 }
 

@@ -50,6 +50,40 @@ TEST(SingleCommunicator, GathersCopy) {
   EXPECT_EQ(outv.to_vector<int32_t>(), (std::vector<int32_t>{4, 5, 6}));
 }
 
+TEST(SingleCommunicator, ReduceScatterCopiesItsOnlyBlock) {
+  auto c = make_single_communicator();
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+    Tensor in = Tensor::from_vector<float>({2.5f, -1.f, 7.f}, {3});
+    Tensor out = Tensor::zeros({3});
+    c->reduce_scatter(in, out, op)->wait();
+    EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{2.5f, -1.f, 7.f}));
+    EXPECT_FALSE(out.shares_storage(in));
+    c->reduce_scatter(in, in, op)->wait();  // in place
+    EXPECT_EQ(in.to_vector<float>(), (std::vector<float>{2.5f, -1.f, 7.f}));
+  }
+  Tensor whole = Tensor::from_vector<int64_t>({3, 4}, {2});
+  c->all_gather(whole, whole)->wait();  // in place: the input is the output's only block
+  EXPECT_EQ(whole.to_vector<int64_t>(), (std::vector<int64_t>{3, 4}));
+}
+
+TEST(SingleCommunicator, ReduceScatterRejectsWhatAGroupWouldReject) {
+  auto c = make_single_communicator();
+  Tensor four = Tensor::zeros({4});
+  Tensor three = Tensor::zeros({3});
+  Tensor ints = Tensor::zeros({4}, DType::i32);
+  EXPECT_THROW(c->reduce_scatter(four, three), Error);
+  EXPECT_THROW(c->reduce_scatter(four, ints), Error);
+  try {
+    c->reduce_scatter(four, three);
+    ADD_FAILURE() << "a reduce_scatter into too small an output was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must hold 1 x 3 = 3 elements"), std::string::npos) << e.what();
+  }
+  Tensor base = Tensor::zeros({8});
+  Tensor shifted = base.narrow(0, 2, 4);
+  EXPECT_THROW(c->reduce_scatter(base.narrow(0, 0, 4), shifted), Error);  // overlaps, not in place
+}
+
 TEST(SingleCommunicator, BroadcastAndBarrierDoNothing) {
   auto c = make_single_communicator();
   Tensor t = Tensor::from_vector<float>({1.f, 2.f}, {2});

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "distributed/store_protocol.h"
+#include "distributed/rendezvous/store_protocol.h"
 
 namespace tandem::test {
 

@@ -167,6 +167,37 @@ TEST(OutputsCli, BenchTrainTakesTheSynchronisationOptions) {
   EXPECT_NE(misplaced.output.find("--rank"), std::string::npos) << misplaced.output;
 }
 
+// bench train's RESULT says what each rank keeps: with SGD's momentum on 2 ranks, 4 bytes a parameter
+// each of parameters, gradients and momentum unsharded; half the momentum under --shard optimizer,
+// half the gradients too under --shard gradients; and the same bytes sent (up to the padding of the
+// buckets to whole blocks).
+TEST(OutputsCli, BenchTrainReportsTheStateEachRankKeeps) {
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
+  double plain_bytes = 0;
+  for (const char* shard : {"none", "optimizer", "gradients"}) {
+    auto r = run_tandem(std::string("launch -n 2 -- ") + TANDEM_BIN +
+                        " bench train --model mlp --hidden 64 -b 16 --steps 3 --warmup 1 --threads 1 --shard " + shard);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const size_t at = r.output.find("RESULT {");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    auto j = nlohmann::json::parse(r.output.substr(at + 7, r.output.find('\n', at) - at - 7));
+    EXPECT_EQ(j["shard"], shard);
+    const double psi = j["parameters"].get<double>();
+    const auto& m = j["state_bytes_per_rank"];
+    const bool grads_split = std::string(shard) == "gradients", state_split = std::string(shard) != "none";
+    // Padding: fewer than 2 values a bucket.
+    EXPECT_NEAR(m["parameters"].get<double>(), 4 * psi, 64) << r.output;
+    EXPECT_NEAR(m["gradients"].get<double>(), grads_split ? 2 * psi : 4 * psi, 64) << r.output;
+    EXPECT_NEAR(m["optimizer_state"].get<double>(), state_split ? 2 * psi : 4 * psi, 64) << r.output;
+    EXPECT_EQ(m["master_weights"].get<double>(), 0.0);
+    EXPECT_EQ(m["total"].get<double>(), m["parameters"].get<double>() + m["gradients"].get<double>() +
+                                            m["optimizer_state"].get<double>());
+    const double sent = j["bytes_sent_per_step"].get<double>();
+    if (plain_bytes == 0) plain_bytes = sent;
+    EXPECT_NEAR(sent, plain_bytes, 64) << "--shard " << shard;
+  }
+}
+
 TEST(OutputsCli, ExportDoesNotWriteThroughALinkBesideItsOutput) {
   fs::path dir = temp_dir("export_link");
   save_small_checkpoint(dir / "m.ck");

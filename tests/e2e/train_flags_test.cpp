@@ -93,6 +93,36 @@ TEST(TrainFlags, EveryMethodRuns) {
   }
 }
 
+// Sharded state trains the run the unsharded one trains (two ranks add their gradients in either order
+// alike, and SGD steps each slice as it would its whole parameter), and the start-up line says what
+// each rank keeps: SGD's momentum, and under --shard gradients the gradients too, split over the ranks.
+TEST(TrainFlags, ShardedStateTrainsTheSameRunAndSaysWhatEachRankKeeps) {
+  REQUIRE_TWO_CPU_RANKS();
+  std::string none_line;
+  for (const char* shard : {"none", "optimizer", "gradients"}) {
+    std::string out = two_rank_run(std::string("--model mlp --batch-size 32 --shard ") + shard);
+    std::smatch t, m;
+    ASSERT_TRUE(std::regex_search(out, t, std::regex(R"(Training loss = [0-9.]+, training accuracy = [0-9.]+)"))) << out;
+    if (none_line.empty()) none_line = t.str(0);
+    EXPECT_EQ(t.str(0), none_line) << "--shard " << shard;
+    ASSERT_TRUE(std::regex_search(out, m, std::regex(std::string(R"(model state per rank \(--shard )") + shard +
+                                                     R"(\): parameters ([0-9.]+) MB, gradients ([0-9.]+) MB, )"
+                                                     R"(optimizer state ([0-9.]+) MB, master weights 0.0 kB)")))
+        << out;
+    const double params = std::stod(m.str(1)), grads = std::stod(m.str(2)), state = std::stod(m.str(3));
+    const bool shards_grads = std::string(shard) == "gradients", shards_state = std::string(shard) != "none";
+    EXPECT_NEAR(grads, shards_grads ? params / 2 : params, 0.1) << out;
+    EXPECT_NEAR(state, shards_state ? params / 2 : params, 0.1) << out;
+    if (std::string(shard) != "none") EXPECT_NE(out.find(std::string("shard ") + shard + ")"), std::string::npos) << out;
+  }
+  auto refused = run_tandem("launch -n 2 -- " + std::string(TANDEM_BIN) +
+                            " train --epochs 1 --limit-train 256 --limit-test 64 --threads 1 --progress off "
+                            "--shard optimizer -d sparseTopK");
+  EXPECT_NE(refused.status, 0) << refused.output;
+  EXPECT_NE(refused.output.find("-d sparseTopK cannot be combined with --shard optimizer"), std::string::npos)
+      << refused.output;
+}
+
 // --clip bounds each gradient value before the half-precision average: a bound below the gradients'
 // size changes the run, one above all of them leaves it exactly as it was.
 TEST(TrainFlags, ClipBoundsTheHalfGradients) {

@@ -242,6 +242,28 @@ def main():
         d(net.forward(x))
     d.check_consistency(include_buffers=True)
     print(f"rank {rank} ok convert_sync_batch_norm", flush=True)
+
+    # Uneven inputs: rank r has 1 + 2r batches, a learning rate that halves each step (a schedule of the
+    # step count, which a joined rank's steps follow too), and ends with join(); each step applies the
+    # average over the ranks that still had a batch, on every rank.
+    batches = [1 + 2 * r for r in range(world)]
+    for shard in ("none", "optimizer", "gradients"):
+        d = opt.DistOpt(opt.SGD(lr=opt.ExponentialDecay(LR, 1, 0.5)), uneven_inputs=True, shard=shard)
+        net = Weights(W0)
+        net.set_optimizer(d)
+        net.compile([tensor.from_numpy(inputs(rank))])
+        for s in range(batches[rank]):
+            step(d, net, rank, "__call__", s)
+        took_part = d.join()
+        assert took_part == max(batches) - batches[rank], (shard, took_part)
+        w = W0.astype(np.float64)
+        for s in range(max(batches)):
+            active = [r for r in range(world) if s < batches[r]]
+            w -= LR * 0.5 ** s * np.mean([inputs(r, s) for r in active], axis=0)
+        check(rank, f"uneven inputs --shard {shard}", net.get_params()["w"].to_numpy(), w, atol=1e-5)
+        d.check_consistency()
+        memory = d.memory_report()
+        assert memory["total"] == memory["parameters"] + memory["gradients"] + memory["optimizer_state"], memory
     print(f"rank {rank} done", flush=True)
 
 

@@ -11,7 +11,8 @@ CHECKS = ["all_reduce", "synchronize", "all_reduce without wait", "synchronize w
           "backward_and_sparse_update positional", "backward_and_update_half positional", "fused_all_reduce",
           "all_reduce_half", "fused_all_reduce_half", "sparsification", "sparsification accumulation",
           "fused_sparsification", "update(param, grad)",
-          "parameters from the graph", "average_buffers", "convert_sync_batch_norm"]
+          "parameters from the graph", "average_buffers", "convert_sync_batch_norm",
+          "uneven inputs --shard none", "uneven inputs --shard optimizer", "uneven inputs --shard gradients"]
 
 
 @needs_gloo

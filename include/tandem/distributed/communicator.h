@@ -43,7 +43,12 @@ class Communicator {
 
   /// In place: t = op over ranks of t. Dtypes f32, f16, bf16, i32, i64 (f64 on the CPU).
   virtual WorkPtr all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) = 0;
-  /// out [size * n] = concatenation over ranks of in [n] (contiguous, flat).
+  /// out [n] = op over ranks of block rank() of in [size * n] (contiguous, flat; in is not changed).
+  /// out may be that block of in itself (in place). Dtypes as all_reduce. ZeRO's gradient exchange:
+  /// each rank receives the average of its own slice, for half an all-reduce's traffic.
+  virtual WorkPtr reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::Sum) = 0;
+  /// out [size * n] = concatenation over ranks of in [n] (contiguous, flat). in may be block rank()
+  /// of out itself (in place); otherwise the two share no storage.
   virtual WorkPtr all_gather(const Tensor& in, Tensor& out) = 0;
   /// out = concatenation over ranks r of the first counts[r] elements of each rank's in;
   /// in holds counts[rank()] elements; counts are known to every rank.

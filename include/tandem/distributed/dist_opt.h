@@ -32,6 +32,35 @@ std::string parse_sync_method(const std::string& s);
 /// Every method parse_sync_method accepts, in canonical spelling.
 std::vector<std::string> sync_method_names();
 
+/// What each rank keeps only its own share of (ZeRO, Rajbhandari et al. 2020). Every bucket of
+/// gradients is cut into one block per rank; rank r owns block r of every bucket.
+///  - optimizer (stage 1): buckets are reduce-scattered instead of all-reduced; a rank steps the
+///    optimizer on its own blocks only (its state exists only for them), then the parameters'
+///    blocks are all-gathered. Same traffic as an all-reduce.
+///  - gradients (stage 2): as optimizer, and a rank keeps only its block of each reduced bucket: a
+///    gradient lives in a bucket-sized buffer from the moment backward produces it until its
+///    bucket is reduced. Micro-batches are then reduced one by one (no whole gradient is kept to
+///    accumulate into).
+///  - parameters (stage 3): as gradients, and the parameters themselves are sharded.
+enum class Shard { none, optimizer, gradients, parameters };
+/// "none", "optimizer", "gradients", "parameters".
+const char* shard_name(Shard s);
+/// The stage a name (or its number: 0, 1, 2, 3) stands for; throws naming the valid ones otherwise.
+Shard parse_shard(const std::string& s);
+
+/// The bytes one rank keeps for the model's training state, by kind, in the steady state (the
+/// optimizer's state counted before its first step creates it). Buffers a step allocates and
+/// frees (a bucket's staging under sharded gradients) are not counted.
+struct MemoryReport {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_state = 0;
+  /// f32 copies of 16-bit parameters. tandem's parameters are f32 under every precision (bf16 and
+  /// f16 compute from them), so there are none.
+  int64_t master_weights = 0;
+  int64_t total() const { return parameters + gradients + optimizer_state + master_weights; }
+};
+
 struct DistOptOptions {
   size_t bucket_bytes = size_t(16) << 20;       // gradient bytes per all-reduce (and partialUpdate's chunk)
   size_t first_bucket_bytes = size_t(1) << 20;  // a small first bucket starts communication early
@@ -42,6 +71,13 @@ struct DistOptOptions {
   /// decided on the device, so such steps can be recorded; state carried between steps (residuals,
   /// PowerSGD's Q) is put back as it was before a skipped step.
   bool skip_nonfinite = false;
+  /// Sharded state (ZeRO stages); methods plain and half only, buckets kept in the order of the
+  /// first layout (not rebuilt).
+  Shard shard = Shard::none;
+  /// Ranks may run out of data at different steps (uneven inputs): every synchronisation first
+  /// counts, with one 16-byte all-reduce, the ranks that still have data, and averages over them; a
+  /// rank with no data left calls join(). Not with partialUpdate.
+  bool uneven_inputs = false;
 };
 
 /// A rank's own state beside the model and the optimizer, for checkpoints: the bucket layout, the
@@ -148,6 +184,19 @@ class DistOpt {
   /// otherwise those with |g| >= spars; with corr, what was not sent is added to the next step's gradient.
   void backward_and_sparse_update(const Tensor& loss, double spars = 0.05, bool topK = false, bool corr = true);
 
+  /// With uneven_inputs: this rank has no data left (no batch for the next step). Until every rank
+  /// has called join(), it takes part in the other ranks' steps with zero gradients, and applies the
+  /// same update (so that its parameters and optimizer state stay theirs); their averages are taken
+  /// over the ranks that still have data. `clip_norm`: the max_norm the others pass to
+  /// clip_grad_norm at every step (0: they do not clip). Every rank calls it at the end of its data
+  /// (PyTorch's Join); returns the number of the others' steps this rank took part in.
+  int64_t join(double clip_norm = 0.0);
+  /// join() one step at a time, for callers that set the learning rate of each step themselves: takes
+  /// part in the others' next step up to its update (its synchronisations, and clip_grad_norm when
+  /// clip_norm is positive) and returns true, when update() must follow; false once every rank has
+  /// joined. join() is `while (join_step(c)) update();`.
+  bool join_step(double clip_norm = 0.0);
+
   /// Averages parameters and buffers across ranks (partialUpdate does this before evaluation).
   void average_parameters();
   /// Averages buffers only (batch-norm running statistics).
@@ -173,6 +222,21 @@ class DistOpt {
   /// and parameters; whatever does not fit starts afresh instead. Returns one line per part that
   /// starts afresh, saying why (empty when everything was loaded). Every rank calls it.
   std::vector<std::string> load_rank_state(const RankState& saved);
+  /// Loads the states every rank of a checkpoint's job saved (saved[r]: rank r's), on any number of
+  /// ranks. The same number: as load_rank_state(saved[rank]). Another: the state is re-cut, each rank
+  /// taking rank 0's description (its bucket layout, partialUpdate's position) with the average over
+  /// the saved ranks of what each kept for itself (error-feedback residuals: what remains to be sent
+  /// then adds up to the same over the ranks; partialUpdate's local optimizer state) and rank 0's
+  /// codec state (PowerSGD's Q, the same on every rank). Returns what load_rank_state returns, and a
+  /// line saying that it was re-cut. Every rank calls it.
+  std::vector<std::string> load_rank_states(const std::vector<RankState>& saved);
+  /// Collective, under sharding: the wrapped optimizer's state becomes the whole state, gathered
+  /// from every rank's slices, so that a checkpoint of optimizer() holds all of it (the next update
+  /// moves it back into the slices, freeing it). Every rank calls it before the checkpoint is
+  /// written; without sharding it does nothing. A checkpoint loaded into optimizer() is likewise cut
+  /// into this rank's slices at the next update: a run of any number of ranks and any Shard resumes
+  /// from it.
+  void gather_optimizer_state();
   /// partialUpdate: the chunk of the parameters the next update() averages (a wait for the device).
   int64_t partial_chunk() const;
 
@@ -190,6 +254,11 @@ class DistOpt {
   /// Per parameter, the L2 norm of the error-feedback residual kept for it (0 without one).
   std::vector<double> residual_norms() const;
   const DistOptOptions& options() const;
+  /// The bytes this rank keeps for parameters, gradients, optimizer state and master weights.
+  MemoryReport memory_report() const;
+  /// The optimizer that steps this rank's blocks under sharding (the wrapped optimizer's kind and
+  /// settings over slices of the parameters); the wrapped optimizer itself otherwise.
+  optim::Optimizer& stepping_optimizer();
   /// The settings the last step ran with.
   const SyncOptions& active_sync() const;
   /// Whether a step with those settings neither waits on the host nor allocates, so that it can be

@@ -126,6 +126,15 @@ class Optimizer {
   };
   /// The optimizer's per-parameter state, for checkpoints.
   virtual std::vector<StateList> state_lists() { return {}; }
+  /// How many tensors of its parameter's size and dtype the optimizer keeps per parameter once that
+  /// parameter has stepped (Adam 2, SGD with momentum 1, without 0): its state's size before it exists.
+  virtual int state_copies() const { return 0; }
+  /// An optimizer of the same kind and settings, with fresh state, over other parameters in as many
+  /// groups as this one has (group g taking this optimizer's group g's settings). The distributed
+  /// optimizer steps one over the slices of the parameters a rank owns (ZeRO); every update rule
+  /// here is element-wise, so a slice steps exactly as it would within its whole parameter. Throws
+  /// for optimizers that cannot be cut so.
+  virtual std::shared_ptr<Optimizer> with_params(std::vector<ParamGroup> groups) const;
   /// Per-parameter step counts where the update depends on them (Adam's bias correction), else null.
   virtual std::vector<int64_t>* step_counts() { return nullptr; }
   /// From now on, a step changes nothing when `verdict` (one f32 value on the parameters' device)
@@ -188,6 +197,8 @@ class SGD : public Optimizer {
   SGD(std::vector<ParamGroup> groups, const SgdOptions& opt);
   void step() override;
   std::vector<StateList> state_lists() override { return {{"momentum", &momentum_}}; }
+  int state_copies() const override { return opt_.momentum != 0.0 ? 1 : 0; }
+  std::shared_ptr<Optimizer> with_params(std::vector<ParamGroup> groups) const override;
   const SgdOptions& options() const { return opt_; }
   /// Empty once every momentum buffer exists (the first step initialises them differently).
   std::string replay_blocker() const override;
@@ -213,6 +224,8 @@ class Adam : public Optimizer {
   Adam(std::vector<ParamGroup> groups, const AdamOptions& opt);
   void step() override;
   std::vector<StateList> state_lists() override { return {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}; }
+  int state_copies() const override { return 2; }
+  std::shared_ptr<Optimizer> with_params(std::vector<ParamGroup> groups) const override;
   std::vector<int64_t>* step_counts() override { return &t_; }
   /// Empty once every parameter has its state and all have taken the same number of steps, without a
   /// step guard (read on the host): a recorded step then reads its rate and bias corrections from the
@@ -252,6 +265,8 @@ class RMSProp : public Optimizer {
   RMSProp(std::vector<ParamGroup> groups, const RmsPropOptions& opt);
   void step() override;
   std::vector<StateList> state_lists() override { return {{"square_avg", &v_}}; }
+  int state_copies() const override { return 1; }
+  std::shared_ptr<Optimizer> with_params(std::vector<ParamGroup> groups) const override;
   const RmsPropOptions& options() const { return opt_; }
   /// Empty once every running average exists (the first step creates them).
   std::string replay_blocker() const override;
@@ -279,6 +294,8 @@ class AdaGrad : public Optimizer {
   AdaGrad(std::vector<ParamGroup> groups, const AdagradOptions& opt);
   void step() override;
   std::vector<StateList> state_lists() override { return {{"sum", &s_}}; }
+  int state_copies() const override { return 1; }
+  std::shared_ptr<Optimizer> with_params(std::vector<ParamGroup> groups) const override;
   std::vector<int64_t>* step_counts() override { return &t_; }
   const AdagradOptions& options() const { return opt_; }
   /// Empty once every sum exists and the learning rate does not decay with a host-side step count.

@@ -4,6 +4,7 @@
 // status is 0 only when every check held.
 //
 //   distopt_worker SCENARIO[,SCENARIO...] [--device cpu|cuda] [--timeout SECONDS]
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -157,6 +158,38 @@ bool expect_near(const std::string& what, const Values& got, const Values& expec
   return total_bad == 0;
 }
 
+// Largest |a - b| over the tensor relative to the largest |b|, per parameter; reports above `rel`.
+void expect_close_models(const std::string& what, const Values& got, const Values& ref, double rel) {
+  double largest = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    double worst = 0, scale = 0;
+    for (size_t j = 0; j < ref[i].size(); ++j) {
+      worst = std::max(worst, std::fabs(got[i][j] - ref[i][j]));
+      scale = std::max(scale, std::fabs(ref[i][j]));
+    }
+    CHECK_OR_REPORT(worst <= rel * scale, "%s: parameter %zu differs by %.3g relative (allowed %.3g)", what.c_str(), i,
+                    scale > 0 ? worst / scale : worst, rel);
+    largest = std::max(largest, scale > 0 ? worst / scale : worst);
+  }
+  std::printf("%s: largest relative difference %.3g (allowed %.3g)\n", what.c_str(), largest, rel);
+}
+
+void expect_error(const std::string& what, int rank, const std::function<void()>& f,
+                  const std::vector<std::string>& mentions) {
+  std::string msg;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  CHECK_OR_REPORT(!msg.empty(), "%s: no error on rank %d", what.c_str(), rank);
+  if (msg.empty()) return;
+  std::printf("rank %d: %s: %s\n", rank, what.c_str(), msg.c_str());
+  for (const std::string& m : mentions)
+    CHECK_OR_REPORT(msg.find(m) != std::string::npos, "%s: the error does not mention '%s': %s", what.c_str(),
+                    m.c_str(), msg.c_str());
+}
+
 }  // namespace distopt_worker
 
 using namespace distopt_worker;
@@ -183,7 +216,11 @@ int main(int argc, char** argv) {
       {"clipnorm", scenario_clip_norm},  {"accumulate", scenario_accumulate},
       {"syncbn", scenario_sync_bn},      {"powersgd", scenario_power_sgd},
       {"lossscale", scenario_loss_scaling}, {"carried", scenario_carried_nonfinite},
-      {"scaledfeedback", scenario_scaled_feedback}, {"misuse", scenario_misuse}};
+      {"scaledfeedback", scenario_scaled_feedback}, {"misuse", scenario_misuse},
+      {"shardequal", scenario_shard_equal}, {"shardmemory", scenario_shard_memory},
+      {"shardtraffic", scenario_shard_traffic}, {"shardrefusals", scenario_shard_refusals},
+      {"reshardsave", scenario_reshard_save}, {"reshardload", scenario_reshard_load},
+      {"uneven", scenario_uneven}};
   std::vector<std::string> names;
   std::stringstream list(argv[1]);
   for (std::string s; std::getline(list, s, ',');) {

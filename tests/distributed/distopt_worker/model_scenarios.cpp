@@ -52,38 +52,6 @@ Batch global_batch(int step, const Shape& image, int64_t n) {
 
 Values model_values(const nn::Module& m) { return host_values(m.parameters()); }
 
-// Largest |a - b| over the tensor relative to the largest |b|, per parameter; reports above `rel`.
-void expect_close_models(const std::string& what, const Values& got, const Values& ref, double rel) {
-  double largest = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    double worst = 0, scale = 0;
-    for (size_t j = 0; j < ref[i].size(); ++j) {
-      worst = std::max(worst, std::fabs(got[i][j] - ref[i][j]));
-      scale = std::max(scale, std::fabs(ref[i][j]));
-    }
-    CHECK_OR_REPORT(worst <= rel * scale, "%s: parameter %zu differs by %.3g relative (allowed %.3g)", what.c_str(), i,
-                    scale > 0 ? worst / scale : worst, rel);
-    largest = std::max(largest, scale > 0 ? worst / scale : worst);
-  }
-  std::printf("%s: largest relative difference %.3g (allowed %.3g)\n", what.c_str(), largest, rel);
-}
-
-void expect_error(const std::string& what, int rank, const std::function<void()>& f,
-                  const std::vector<std::string>& mentions) {
-  std::string msg;
-  try {
-    f();
-  } catch (const std::exception& e) {
-    msg = e.what();
-  }
-  CHECK_OR_REPORT(!msg.empty(), "%s: no error on rank %d", what.c_str(), rank);
-  if (msg.empty()) return;
-  std::printf("rank %d: %s: %s\n", rank, what.c_str(), msg.c_str());
-  for (const std::string& m : mentions)
-    CHECK_OR_REPORT(msg.find(m) != std::string::npos, "%s: the error does not mention '%s': %s", what.c_str(),
-                    m.c_str(), msg.c_str());
-}
-
 void expect_no_error(const std::string& what, const std::function<void()>& f) {
   try {
     f();

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <limits>
 
-#include "distributed/grad_codec.h"
-#include "distributed/reducer.h"
+#include "distributed/engine/grad_codec.h"
+#include "distributed/engine/reducer.h"
 #include "worker_util.h"
 
 namespace distopt_worker {

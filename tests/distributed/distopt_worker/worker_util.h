@@ -83,6 +83,13 @@ struct Expect {
 };
 Expect average(int W, const std::vector<int64_t>& sizes, const Contrib& contrib, double unit, double floor = 0.0);
 
+/// Checks, per parameter, that the largest |got - ref| is at most rel times the largest |ref|, and
+/// prints the largest relative difference found under `what`.
+void expect_close_models(const std::string& what, const Values& got, const Values& ref, double rel);
+/// Checks that f throws, with a message mentioning every string of `mentions` (printed with the rank).
+void expect_error(const std::string& what, int rank, const std::function<void()>& f,
+                  const std::vector<std::string>& mentions);
+
 /// Rounding units the tolerances are built from.
 constexpr double kF32Eps = 1.0 / (1 << 23);  // f32 spacing at 1
 constexpr double kF16Unit = 1.0 / (1 << 11);  // f16 unit roundoff
@@ -112,5 +119,12 @@ void scenario_loss_scaling(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_carried_nonfinite(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_scaled_feedback(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_misuse(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_shard_equal(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_shard_memory(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_shard_traffic(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_shard_refusals(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_reshard_save(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_reshard_load(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_uneven(const std::shared_ptr<dist::Communicator>& comm);
 
 }  // namespace distopt_worker

@@ -91,6 +91,29 @@ std::vector<T> host(const Tensor& t) {
 
 // ---- scenarios
 
+// Whether got is element `elem` of an all-reduce (or reduce-scatter) over every rank of value<T>(r, i);
+// reports a mismatch under `what`.
+template <typename T>
+bool check_reduced(const char* what, T got, int W, int64_t i, int64_t elem, ReduceOp op, int64_t n) {
+  int64_t isum = 0;
+  for (int r = 0; r < W; ++r) isum += value<T>(r, i);
+  double expected;
+  if constexpr (std::is_integral_v<T>)
+    expected = static_cast<double>(op == ReduceOp::Sum ? isum : isum / W);  // integer average truncates
+  else
+    expected = op == ReduceOp::Sum ? static_cast<double>(isum) : static_cast<double>(isum) / W;
+  double g = to_double(got);
+  bool ok;
+  if constexpr (std::is_integral_v<T>)
+    ok = static_cast<int64_t>(got) == (op == ReduceOp::Sum ? isum : isum / W);
+  else
+    ok = std::fabs(g - expected) <= tolerance<T>(expected);
+  EXPECT_OR_REPORT(ok, "%s %s %s n=%lld: element %lld is %.17g, expected %.17g", what,
+                   op == ReduceOp::Sum ? "sum" : "avg", dtype_name(dtype_of<T>()), static_cast<long long>(n),
+                   static_cast<long long>(elem), g, expected);
+  return ok;
+}
+
 struct ReduceCase {
   Tensor t;
   ReduceOp op;
@@ -109,27 +132,8 @@ void add_reduce_cases(Communicator& c, int64_t n, std::vector<ReduceCase>& cases
     rc.check = [t, op, n, W]() {
       std::vector<T> got = host<T>(t);
       int bad = 0;
-      for (int64_t i = 0; i < n && bad < 5; ++i) {
-        int64_t isum = 0;
-        for (int r = 0; r < W; ++r) isum += value<T>(r, i);
-        double expected;
-        if constexpr (std::is_integral_v<T>)
-          expected = static_cast<double>(op == ReduceOp::Sum ? isum : isum / W);  // integer average truncates
-        else
-          expected = op == ReduceOp::Sum ? static_cast<double>(isum) : static_cast<double>(isum) / W;
-        double g = to_double(got[static_cast<size_t>(i)]);
-        bool ok;
-        if constexpr (std::is_integral_v<T>)
-          ok = static_cast<int64_t>(got[static_cast<size_t>(i)]) == (op == ReduceOp::Sum ? isum : isum / W);
-        else
-          ok = std::fabs(g - expected) <= tolerance<T>(expected);
-        if (!ok) {
-          ++bad;
-          EXPECT_OR_REPORT(false, "all_reduce %s %s n=%lld: element %lld is %.17g, expected %.17g",
-                           op == ReduceOp::Sum ? "sum" : "avg", dtype_name(dtype_of<T>()),
-                           static_cast<long long>(n), static_cast<long long>(i), g, expected);
-        }
-      }
+      for (int64_t i = 0; i < n && bad < 5; ++i)
+        if (!check_reduced<T>("all_reduce", got[static_cast<size_t>(i)], W, i, i, op, n)) ++bad;
     };
     cases.push_back(std::move(rc));
   }
@@ -157,6 +161,67 @@ void scenario_allreduce(Communicator& c) {
     }
   }
   std::printf("rank %d: all_reduce ok on %d ranks (%d cases)\n", c.rank(), c.size(), checks);
+}
+
+// Rank r's input holds value<T>(r, i) at every i of [size * n]; block k of it reduces into rank k's
+// output. In place, the output is the rank's own block of the input; otherwise the input must come
+// back unchanged.
+template <typename T>
+void check_reduce_scatter(Communicator& c, int64_t n, ReduceOp op, bool in_place) {
+  const int W = c.size(), me = c.rank();
+  std::vector<T> mine(static_cast<size_t>(W * n));
+  for (size_t i = 0; i < mine.size(); ++i)
+    mine[i] = from_double<T>(static_cast<double>(value<T>(me, static_cast<int64_t>(i))));
+  Tensor in = make(mine);
+  Tensor out = in_place ? in.narrow(0, me * n, n) : Tensor::full({n}, -1.0, dtype_of<T>(), g_device);
+  WorkPtr w = c.reduce_scatter(in, out, op);
+  w->wait();
+  std::vector<T> got = host<T>(out);
+  const char* what = in_place ? "reduce_scatter in place" : "reduce_scatter";
+  int bad = 0;
+  for (int64_t i = 0; i < n && bad < 5; ++i)
+    if (!check_reduced<T>(what, got[static_cast<size_t>(i)], W, me * n + i, i, op, n)) ++bad;
+  if (in_place) return;
+  std::vector<T> after = host<T>(in);
+  for (size_t i = 0; i < mine.size(); ++i)
+    if (to_double(after[i]) != to_double(mine[i])) {
+      EXPECT_OR_REPORT(false, "reduce_scatter %s n=%lld changed its input at %zu", dtype_name(dtype_of<T>()),
+                       static_cast<long long>(n), i);
+      break;
+    }
+}
+
+void scenario_reduce_scatter(Communicator& c) {
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{4099}, int64_t{1} << 17}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      for (bool in_place : {false, true}) {
+        check_reduce_scatter<float>(c, n, op, in_place);
+        if (c.device().is_cpu()) check_reduce_scatter<double>(c, n, op, in_place);
+        check_reduce_scatter<Half>(c, n, op, in_place);
+        check_reduce_scatter<BFloat16>(c, n, op, in_place);
+        check_reduce_scatter<int32_t>(c, n, op, in_place);
+        check_reduce_scatter<int64_t>(c, n, op, in_place);
+      }
+    }
+  }
+  // Queued back to back, they finish in order, each with its own result.
+  const int64_t n = 1000;
+  std::vector<Tensor> ins, outs;
+  std::vector<WorkPtr> works;
+  for (int k = 0; k < 4; ++k) {
+    ins.push_back(Tensor::full({n * c.size()}, static_cast<double>(c.rank() + k), DType::f32, g_device));
+    outs.push_back(Tensor::empty({n}, DType::f32, g_device));
+    works.push_back(c.reduce_scatter(ins.back(), outs.back(), ReduceOp::Sum));
+  }
+  for (int k = 0; k < 4; ++k) {
+    works[static_cast<size_t>(k)]->wait();
+    double expected = 0;
+    for (int r = 0; r < c.size(); ++r) expected += r + k;
+    std::vector<float> got = host<float>(outs[static_cast<size_t>(k)]);
+    EXPECT_OR_REPORT(got.front() == expected && got.back() == expected, "queued reduce_scatter %d gave %g, expected %g",
+                     k, got.front(), expected);
+  }
+  std::printf("rank %d: reduce_scatter ok\n", c.rank());
 }
 
 template <typename T>
@@ -191,6 +256,28 @@ void check_gatherv(Communicator& c, const std::vector<int64_t>& counts) {
   }
 }
 
+// In place: each rank's contribution already lies in its block of the output.
+template <typename T>
+void check_gather_in_place(Communicator& c, int64_t n) {
+  const int W = c.size(), me = c.rank();
+  auto elem = [](int r, int64_t i) { return static_cast<double>((r * 5 + i) % 241); };
+  Tensor out = Tensor::full({n * W}, -1.0, dtype_of<T>(), g_device);
+  std::vector<T> mine(static_cast<size_t>(n));
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = from_double<T>(elem(me, static_cast<int64_t>(i)));
+  Tensor block = out.narrow(0, me * n, n);
+  block.copy_(make(mine));
+  c.all_gather(block, out)->wait();
+  std::vector<T> got = host<T>(out);
+  for (int r = 0; r < W; ++r)
+    for (int64_t i = 0; i < n; ++i)
+      if (to_double(got[static_cast<size_t>(r * n + i)]) != elem(r, i)) {
+        EXPECT_OR_REPORT(false, "all_gather in place %s: element %lld of rank %d is %g, expected %g",
+                         dtype_name(dtype_of<T>()), static_cast<long long>(i), r,
+                         to_double(got[static_cast<size_t>(r * n + i)]), elem(r, i));
+        return;
+      }
+}
+
 void scenario_allgather(Communicator& c) {
   const size_t W = static_cast<size_t>(c.size());
   for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{100003}}) {
@@ -198,6 +285,8 @@ void scenario_allgather(Communicator& c) {
     check_gatherv<float>(c, counts);
     check_gatherv<int64_t>(c, counts);
     check_gatherv<Half>(c, counts);
+    check_gather_in_place<float>(c, n);
+    check_gather_in_place<BFloat16>(c, n);
   }
   std::printf("rank %d: all_gather ok\n", c.rank());
 }
@@ -481,12 +570,14 @@ int main(int argc, char** argv) {
     if (scenario == "allreduce") {
       scenario_allreduce(*comm);
     } else if (scenario == "collectives") {
+      scenario_reduce_scatter(*comm);
       scenario_allgather(*comm);
       scenario_allgatherv(*comm);
       scenario_broadcast(*comm);
       scenario_barrier(*comm);
     } else if (scenario == "all") {
       scenario_allreduce(*comm);
+      scenario_reduce_scatter(*comm);
       scenario_allgather(*comm);
       scenario_allgatherv(*comm);
       scenario_broadcast(*comm);

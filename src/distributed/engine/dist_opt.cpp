@@ -1,0 +1,693 @@
+// DistOpt: the public face of the reducer. It picks the codec a step's settings ask for, runs
+// backward with the reducer's hook, and applies the averages with the wrapped optimizer; the
+// guide's calls are each one step with their own settings.
+#include "tandem/distributed/dist_opt.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "distributed/engine/grad_codec.h"
+#include "distributed/engine/param_averager.h"
+#include "distributed/engine/reducer.h"
+#include "distributed/engine/shard.h"
+#include "distributed/engine/sync_check.h"
+#include "tandem/autograd.h"
+#include "tandem/ops.h"
+
+namespace tandem::dist {
+
+namespace {
+
+std::string normalise(const std::string& s) {
+  std::string out;
+  for (char c : s)
+    if (c != '-' && c != '_') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+constexpr const char* kPartial = "partialUpdate";
+
+}  // namespace
+
+const char* shard_name(Shard s) {
+  switch (s) {
+    case Shard::none: return "none";
+    case Shard::optimizer: return "optimizer";
+    case Shard::gradients: return "gradients";
+    case Shard::parameters: return "parameters";
+  }
+  return "none";
+}
+
+Shard parse_shard(const std::string& s) {
+  const std::string n = normalise(s);
+  for (Shard k : {Shard::none, Shard::optimizer, Shard::gradients, Shard::parameters})
+    if (n == shard_name(k) || n == std::to_string(static_cast<int>(k))) return k;
+  TANDEM_CHECK(false, "unknown --shard '", s, "' (choose none, optimizer, gradients or parameters: ZeRO stages 0 to 3)");
+}
+
+std::vector<std::string> sync_method_names() {
+  std::vector<std::string> out;
+  for (const detail::CodecName& c : detail::codec_names()) out.push_back(c.name);
+  out.push_back(kPartial);
+  return out;
+}
+
+std::string parse_sync_method(const std::string& s) {
+  const std::string n = normalise(s);
+  if (n == normalise(kPartial) || n == "partial") return kPartial;
+  for (const detail::CodecName& c : detail::codec_names()) {
+    if (normalise(c.name) == n) return c.name;
+    for (const char* alias : c.aliases)
+      if (normalise(alias) == n) return c.name;
+  }
+  std::string all;
+  std::vector<std::string> names = sync_method_names();
+  for (size_t i = 0; i < names.size(); ++i) all += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  TANDEM_CHECK(false, "unknown distributed option '", s, "' (choose ", all, ")");
+}
+
+class DistOpt::Impl {
+ public:
+  Impl(const std::vector<Tensor>& params, const std::shared_ptr<Communicator>& comm, const DistOptOptions& options,
+       const optim::Optimizer& opt)
+      : options_(options),
+        reducer_(params, comm,
+                 {options.bucket_bytes, options.first_bucket_bytes, options.rebuild_buckets, options.skip_nonfinite,
+                  options.shard},
+                 stats_),
+        env_{*comm, stats_, comm->device(), comm->rank(), comm->size(), DType::f32, {}, options.shard},
+        one_(Tensor::ones({1}, DType::f32, comm->device())) {
+    if (options.shard == Shard::none)
+      averager_ = std::make_unique<detail::ParamAverager>(params, comm, options.bucket_bytes, stats_);
+    else
+      sharded_ = std::make_unique<detail::ShardedStep>(params, reducer_, comm, stats_, opt);
+    for (const Tensor& p : params) {
+      env_.shapes.push_back(p.shape());
+      param_impls_.insert(p.impl());
+    }
+    use(options.sync);
+  }
+
+  // Backward from loss, with `then` (the reducer's hook, or nothing) called for each leaf. Throws when
+  // backward reaches none of the optimizer's parameters: the step would change nothing.
+  void backward_counted(const Tensor& loss, const GradReadyHook& then = {}) {
+    int64_t reached = 0;
+    backward(loss, [&](const Tensor& leaf) {
+      reached += param_impls_.count(leaf.impl());
+      if (then) then(leaf);
+    });
+    TANDEM_CHECK(reached > 0, "DistOpt: the loss does not depend on any of the optimizer's ",
+                 param_impls_.size(), " parameters (was it computed from detached tensors or another model?)");
+  }
+
+  // Makes `s` the settings of the next step. A codec is made only when they change; residuals
+  // survive a change of settings within one codec (a top-K flush with spars 1 keeps them) but not
+  // a change of codec.
+  void use(const SyncOptions& s) {
+    SyncOptions want = s;
+    want.method = parse_sync_method(s.method);
+    if (ready_ && want == active_) return;
+    TANDEM_CHECK(options_.shard == Shard::none || want.method != kPartial, "-d partialUpdate cannot be combined with "
+                 "--shard ", shard_name(options_.shard), ": its ranks step whole replicas of the model (use -d plain or "
+                 "-d half, or --shard none)");
+    TANDEM_CHECK(!options_.uneven_inputs || want.method != kPartial, "-d partialUpdate cannot take uneven inputs: "
+                 "its ranks step replicas on their own data (use a method that averages gradients)");
+    if (want.method != kPartial) {
+      bool same_codec = !codec_method_.empty() && codec_method_ == want.method;
+      reducer_.set_codec(detail::make_codec(env_, want), same_codec);
+      codec_method_ = want.method;
+    }
+    active_ = want;
+    ready_ = true;
+  }
+  bool partial() const { return active_.method == kPartial; }
+
+  // Uneven inputs: every rank's synchronisation starts with this all-reduce. Returns how many ranks
+  // have data for it, and how many of those apply an update after it (the step's last micro-batch).
+  std::pair<int64_t, int64_t> count_active(bool has_data, bool last) {
+    Tensor t = Tensor::from_vector<int64_t>({has_data ? 1 : 0, has_data && last ? 1 : 0}, {2}).to(env_.device);
+    WorkPtr w = env_.comm.all_reduce(t, ReduceOp::Sum);
+    detail::count_all_reduce(stats_, 16, env_.world);
+    detail::timed_wait(w, stats_);
+    std::vector<int64_t> v = t.to_vector<int64_t>();
+    return {v[0], v[1]};
+  }
+
+  DistOptOptions options_;
+  CommStats stats_;
+  detail::Reducer reducer_;
+  std::unique_ptr<detail::ParamAverager> averager_;  // unsharded: the parameters' flat buffer
+  std::unique_ptr<detail::ShardedStep> sharded_;     // sharded: the same, and the step of this rank's slices
+  detail::CodecEnv env_;
+  Tensor one_;
+  SyncOptions active_;
+  std::string codec_method_;  // the method of the codec the reducer holds
+  bool ready_ = false;
+  int no_sync_depth_ = 0;
+  bool accumulating_ = false;  // a backward ran since the last update: the next one adds to its gradients
+  nn::NamedTensors buffers_;
+  std::vector<std::string> names_;  // per parameter, from sync_parameters
+  Tensor skipped_;  // skip_nonfinite: i64 [1] on the device, the steps skipped since reset_stats
+  std::unordered_set<const void*> param_impls_;  // the optimizer's parameters, as backward's leaves name them
+};
+
+DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communicator> comm, DistOptOptions options)
+    : opt_(std::move(opt)), comm_(std::move(comm)) {
+  TANDEM_CHECK(opt_ != nullptr, "DistOpt needs an optimizer");
+  TANDEM_CHECK(comm_ != nullptr, "DistOpt needs a communicator");
+  TANDEM_CHECK(options.bucket_bytes >= 1024 && options.first_bucket_bytes >= 1024,
+               "DistOpt bucket sizes must be at least 1 KiB");
+  const auto& ps = opt_->params();
+  for (size_t i = 0; i < ps.size(); ++i)
+    TANDEM_CHECK(ps[i].dtype() == DType::f32, "DistOpt: parameter ", i, " is ", ps[i].str(),
+                 "; f32 parameters are required");
+  TANDEM_CHECK(options.shard != Shard::parameters, "--shard parameters (ZeRO stage 3) is not available yet; use "
+               "--shard gradients, which shards everything but the parameters");
+  impl_ = std::make_unique<Impl>(ps, comm_, options, *opt_);
+  if (options.skip_nonfinite) {
+    opt_->set_step_guard(impl_->reducer_.verdict());
+    impl_->skipped_ = Tensor::zeros({1}, DType::i64, comm_->device());
+  }
+}
+
+DistOpt::~DistOpt() = default;
+
+int DistOpt::rank_in_local() const { return comm_->local_rank(); }
+int DistOpt::rank_in_global() const { return comm_->rank(); }
+int DistOpt::world_size() const { return comm_->size(); }
+
+void DistOpt::sync_parameters(nn::Module& model) {
+  Impl& m = *impl_;
+  const auto& ps = opt_->params();
+  std::vector<std::string> names(ps.size());
+  for (auto& [name, t] : model.named_parameters())
+    for (size_t i = 0; i < ps.size(); ++i)
+      if (ps[i].is_same(t)) names[i] = name;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i].empty()) names[i] = "parameter " + std::to_string(i);
+  m.buffers_ = model.named_buffers();
+  for (auto& [name, t] : m.buffers_)
+    TANDEM_CHECK(t.device() == comm_->device(), "sync_parameters: buffer ", name, " is on ", t.device().str(),
+                 " but the model's parameters are on ", comm_->device().str());
+  m.names_ = names;
+  check_same_model(*comm_, names, ps, m.buffers_);
+  if (comm_->size() == 1) return;
+  if (m.sharded_)
+    m.sharded_->broadcast(0);
+  else
+    m.averager_->broadcast(0);
+  for (auto& [name, t] : m.buffers_) {
+    WorkPtr w = comm_->broadcast(t, 0);
+    detail::timed_wait(w, m.stats_);
+  }
+}
+
+// ---- a step
+
+void DistOpt::backward_and_sync(const Tensor& loss) { backward_and_sync_with(impl_->options_.sync, loss); }
+
+void DistOpt::backward_and_sync_with(const SyncOptions& sync, const Tensor& loss) {
+  Impl& m = *impl_;
+  m.use(sync);
+  const bool accumulating = m.accumulating_;
+  // Sharded gradients keep no whole gradient to accumulate into: every micro-batch is reduced.
+  const bool local = m.no_sync_depth_ > 0 && m.reducer_.whole_arena();
+  if (!local && m.options_.uneven_inputs && comm_->size() > 1) {
+    // This rank has data: counted among the active ranks, whose average the others' zeros must not dilute.
+    const std::pair<int64_t, int64_t> active = m.count_active(true, m.no_sync_depth_ == 0);
+    m.reducer_.set_contribution_scale(static_cast<double>(comm_->size()) / static_cast<double>(active.first));
+  }
+  m.reducer_.begin(accumulating);
+  if (local) {
+    m.backward_counted(loss);
+    m.accumulating_ = true;
+    return;
+  }
+  if (m.partial()) {
+    m.backward_counted(loss);
+    m.reducer_.finish_unsynced();
+  } else if (comm_->size() == 1 && !m.sharded_) {
+    m.backward_counted(loss);
+    m.reducer_.finish_locally();
+  } else {
+    m.backward_counted(loss, [&m](const Tensor& leaf) { m.reducer_.on_ready(leaf); });
+    m.reducer_.finish();
+  }
+  // Counted once backward succeeded: a failed one leaves no step for update() to apply.
+  m.stats_.steps++;
+  m.accumulating_ = true;
+}
+
+Tensor DistOpt::clip_grad_norm(double max_norm) {
+  TANDEM_CHECK(max_norm > 0.0, "clip_grad_norm: max_norm must be positive, got ", max_norm);
+  Impl& m = *impl_;
+  // partialUpdate's gradients are each rank's own, and so is their norm.
+  Tensor norm = m.reducer_.grad_norm(/*agree=*/!m.partial());
+  // coef = min(1, max_norm / (norm + 1e-6)), computed on the device: no host wait.
+  backend::Backend& be = backend::backend_for(comm_->device());
+  Tensor coef = Tensor::empty({1}, DType::f32, comm_->device());
+  be.affine(norm, 1.0 / max_norm, 1e-6 / max_norm, coef);
+  be.binary(backend::Binary::Div, m.one_, coef, coef);
+  be.binary(backend::Binary::Min, coef, m.one_, coef);
+  m.reducer_.scale_grads(coef);
+  return norm;
+}
+
+void DistOpt::scale_gradients(const Tensor& coef) {
+  TANDEM_CHECK(coef.numel() == 1 && coef.dtype() == DType::f32 && coef.device() == comm_->device(),
+               "scale_gradients: the factor must be one f32 value on ", comm_->device().str(), ", got ", coef.str());
+  impl_->reducer_.scale_grads(coef.view({1}));
+}
+
+bool DistOpt::update() {
+  Impl& m = *impl_;
+  TANDEM_CHECK(m.accumulating_, "update() called without backward_and_sync since the last update: its gradients "
+               "were applied already (call backward_and_sync(loss) before each update)");
+  m.accumulating_ = false;
+  // With skip_nonfinite the optimizer reads the verdict where it lies (its guard); the skip count grows
+  // on the device as well. partialUpdate's chunk still travels on a skipped step (the ranks agree on
+  // the verdict, but a collective is issued regardless of it) and is then not written back.
+  if (m.skipped_.defined()) backend::backend_for(comm_->device()).count_nonfinite(m.reducer_.verdict(), m.skipped_);
+  if (m.sharded_)
+    m.sharded_->step(*opt_);
+  else
+    opt_->step();
+  if (m.partial()) m.averager_->average_next_chunk(m.skipped_.defined() ? m.reducer_.verdict() : Tensor());
+  if (!m.skipped_.defined() || backend::backend_for(comm_->device()).recording(comm_->device().index)) return true;
+  return !m.reducer_.found_nonfinite();
+}
+
+void DistOpt::step(const Tensor& loss) {
+  backward_and_sync(loss);
+  update();
+}
+
+DistOpt::NoSync::NoSync(DistOpt& opt) : opt_(opt) { opt_.impl_->no_sync_depth_++; }
+DistOpt::NoSync::~NoSync() { opt_.impl_->no_sync_depth_--; }
+
+// ---- the guide's calls: one step each, with their own settings
+
+namespace {
+
+SyncOptions with_method(SyncOptions s, const char* method) {
+  s.method = method;
+  return s;
+}
+
+}  // namespace
+
+void DistOpt::backward_and_update(const Tensor& loss) {
+  backward_and_sync_with(with_method(impl_->options_.sync, "plain"), loss);
+  update();
+}
+
+void DistOpt::backward_and_update_half(const Tensor& loss, bool clipping, double clip_value) {
+  TANDEM_CHECK(!clipping || clip_value > 0.0, "backward_and_update_half: clip value must be positive, got ",
+               clip_value);
+  SyncOptions s = with_method(impl_->options_.sync, "half");
+  s.clip = clipping ? clip_value : 0.0;
+  backward_and_sync_with(s, loss);
+  update();
+}
+
+void DistOpt::backward_and_partial_update(const Tensor& loss) {
+  backward_and_sync_with(with_method(impl_->options_.sync, kPartial), loss);
+  update();
+}
+
+void DistOpt::backward_and_sparse_update(const Tensor& loss, double spars, bool topK, bool corr) {
+  SyncOptions s = with_method(impl_->options_.sync, topK ? "sparseTopK" : "sparseThreshold");
+  s.spars = spars;
+  s.error_feedback = corr;
+  backward_and_sync_with(s, loss);
+  update();
+}
+
+bool DistOpt::join_step(double clip_norm) {
+  Impl& m = *impl_;
+  TANDEM_CHECK(m.options_.uneven_inputs, "join(): DistOpt was built without DistOptOptions::uneven_inputs, so the "
+               "other ranks do not count who still has data (set uneven_inputs on every rank)");
+  TANDEM_CHECK(!m.partial(), "join(): partialUpdate steps replicas on their own data; uneven inputs need a method "
+               "that averages gradients");
+  TANDEM_CHECK(clip_norm >= 0.0, "join(): clip_norm must not be negative, got ", clip_norm);
+  TANDEM_CHECK(!m.accumulating_ || !m.reducer_.whole_arena(), "join() called with gradients accumulated since the "
+               "last update: finish the step (update()) before this rank joins");
+  if (comm_->size() == 1) return false;
+  for (;;) {
+    const auto [active, updating] = m.count_active(false, false);
+    if (active == 0) return false;  // every rank has joined
+    // The others' synchronisation, with zeros from this rank: the same collectives in the same order.
+    m.reducer_.begin(m.accumulating_);
+    m.reducer_.zero_contribution();
+    m.reducer_.finish();
+    m.stats_.steps++;
+    m.accumulating_ = true;
+    if (updating == 0) continue;  // a micro-batch reduced on its own (sharded gradients): more follow
+    if (clip_norm > 0.0) clip_grad_norm(clip_norm);
+    return true;
+  }
+}
+
+int64_t DistOpt::join(double clip_norm) {
+  int64_t steps = 0;
+  while (join_step(clip_norm)) {
+    update();
+    ++steps;
+  }
+  return steps;
+}
+
+// ---- agreement between ranks
+
+void DistOpt::average_parameters() {
+  if (comm_->size() == 1) return;
+  if (impl_->sharded_)
+    impl_->sharded_->average();
+  else
+    impl_->averager_->average_all();
+  average_buffers();
+}
+
+void DistOpt::average_buffers() {
+  Impl& m = *impl_;
+  if (comm_->size() == 1) return;
+  for (auto& [name, t] : m.buffers_) {
+    if (!is_floating(t.dtype())) continue;
+    WorkPtr w = comm_->all_reduce(t, ReduceOp::Avg);
+    detail::count_all_reduce(m.stats_, static_cast<int64_t>(t.nbytes()), comm_->size());
+    detail::timed_wait(w, m.stats_);
+  }
+}
+
+void DistOpt::check_consistency(bool include_buffers) {
+  Impl& m = *impl_;
+  const auto& ps = opt_->params();
+  std::vector<std::string> names = m.names_;
+  std::vector<Tensor> tensors(ps.begin(), ps.end());
+  for (size_t i = names.size(); i < ps.size(); ++i) names.push_back("parameter " + std::to_string(i));
+  if (include_buffers)
+    for (auto& [name, t] : m.buffers_) {
+      tensors.push_back(t);
+      names.push_back(name);
+    }
+  check_identical_values(*comm_, tensors, names);
+}
+
+// ---- introspection
+
+const CommStats& DistOpt::stats() const {
+  Impl& m = *impl_;
+  if (m.skipped_.defined() && !backend::backend_for(comm_->device()).recording(comm_->device().index))
+    m.stats_.skipped_updates = m.skipped_.item<int64_t>();
+  return m.stats_;
+}
+
+void DistOpt::reset_stats() {
+  impl_->stats_ = CommStats{};
+  if (impl_->skipped_.defined()) impl_->skipped_.zero_();
+}
+void DistOpt::set_trace(bool on) { impl_->reducer_.set_trace(on); }
+const std::vector<std::string>& DistOpt::trace() const { return impl_->reducer_.trace(); }
+const DistOptOptions& DistOpt::options() const { return impl_->options_; }
+
+MemoryReport DistOpt::memory_report() const {
+  const Impl& m = *impl_;
+  MemoryReport r;
+  r.gradients = m.reducer_.gradient_bytes();
+  int64_t stepped = 0;  // elements whose optimizer state this rank keeps
+  if (m.sharded_) {
+    r.parameters = m.sharded_->parameter_bytes();
+    stepped = m.sharded_->stepped_elements();
+  } else {
+    for (const Tensor& p : opt_->params()) {
+      r.parameters += static_cast<int64_t>(p.nbytes());
+      stepped += p.numel();
+    }
+  }
+  r.optimizer_state = static_cast<int64_t>(opt_->state_copies()) * stepped * static_cast<int64_t>(sizeof(float));
+  return r;
+}
+
+optim::Optimizer& DistOpt::stepping_optimizer() { return impl_->sharded_ ? impl_->sharded_->stepper() : *opt_; }
+const SyncOptions& DistOpt::active_sync() const { return impl_->active_; }
+bool DistOpt::step_capturable() const { return impl_->partial() || impl_->reducer_.codec().capturable(); }
+std::string DistOpt::replay_blocker() const {
+  const Impl& m = *impl_;
+  if (!comm_->device().is_cuda()) return "steps on " + comm_->device().str() + " run their kernels as they come";
+  if (comm_->size() > 1 && !comm_->records_collectives())
+    return "steps of more than one rank over " + comm_->backend_name() + " are not recorded: its collectives run as issued";
+  if (m.no_sync_depth_ > 0 || m.accumulating_) return "gradients are being accumulated over micro-batches";
+  if (m.sharded_) return std::string("steps with --shard ") + shard_name(m.options_.shard) + " are not recorded";
+  if (!step_capturable()) return m.active_.method + " sends a number of values known only on the host";
+  return opt_->replay_blocker();
+}
+
+void DistOpt::abandon_step() { impl_->accumulating_ = false; }
+
+void DistOpt::count_replayed_step(const CommStats& d) {
+  CommStats& s = impl_->stats_;
+  s.steps += d.steps;
+  s.collectives += d.collectives;
+  s.bytes_sent += d.bytes_sent;
+  s.bytes_received += d.bytes_received;
+  if (!impl_->skipped_.defined()) s.skipped_updates += d.skipped_updates;  // else counted on the device
+  opt_->count_replayed_step();
+}
+
+const Tensor& DistOpt::step_verdict() const { return impl_->reducer_.verdict(); }
+
+void DistOpt::set_gradient_scale(const Tensor& factor) {
+  TANDEM_CHECK(!factor.defined() || (factor.numel() == 1 && factor.dtype() == DType::f32 &&
+                                     factor.device() == comm_->device()),
+               "set_gradient_scale: the factor must be one f32 value on ", comm_->device().str(), ", got ",
+               factor.str());
+  impl_->reducer_.set_gradient_scale(factor.defined() ? factor.view({1}) : Tensor());
+}
+
+int64_t DistOpt::partial_chunk() const { return impl_->averager_ ? impl_->averager_->next_chunk() : 0; }
+
+// ---- a rank's own state
+
+namespace {
+
+using Json = nlohmann::json;
+constexpr int kRankStateFormat = 1;
+
+Json sync_json(const SyncOptions& s) {
+  return {{"method", s.method},     {"half_dtype", dtype_name(s.half_dtype)}, {"clip", s.clip}, {"spars", s.spars},
+          {"error_feedback", s.error_feedback}, {"rank", s.rank}};
+}
+
+}  // namespace
+
+RankState DistOpt::rank_state() {
+  Impl& m = *impl_;
+  RankState out;
+  Json meta{{"format", kRankStateFormat},
+            {"rank", comm_->rank()},
+            {"world_size", comm_->size()},
+            {"parameters", opt_->params().size()},
+            {"sync", sync_json(m.active_)},
+            {"layout", m.reducer_.layout_order()},
+            {"layout_learnt", m.reducer_.layout_learnt()}};
+  if (m.reducer_.residuals().defined()) out.tensors.emplace_back("residuals", m.reducer_.residuals());
+  if (!m.partial())
+    for (auto& [name, t] : m.reducer_.codec().named_state()) out.tensors.emplace_back("codec/" + name, t);
+  if (m.partial()) {
+    meta["partial_chunk"] = m.averager_->next_chunk();
+    meta["partial_chunks"] = m.averager_->chunks();
+    // Replicas differ between averages, and so does each one's optimizer state.
+    const auto& ps = opt_->params();
+    for (auto& list : opt_->state_lists())
+      for (size_t i = 0; i < ps.size(); ++i)
+        if ((*list.tensors)[i].defined())
+          out.tensors.emplace_back("opt/" + list.kind + "/" + std::to_string(i), (*list.tensors)[i]);
+  }
+  out.meta_json = meta.dump();
+  return out;
+}
+
+namespace {
+
+// What load_rank_state takes from a saved rank's meta data, checked.
+struct SavedRank {
+  std::string problem;  // why nothing of it can be used ("" when it can)
+  std::vector<int> layout;  // the learnt bucket layout, empty when none was learnt
+  int64_t partial_chunk = -1, partial_chunks = -1;
+};
+
+SavedRank check_saved(const std::string& meta_json, int rank, int world, size_t params, const SyncOptions& active) {
+  SavedRank out;
+  if (meta_json.empty()) {
+    out.problem = "no state was saved for this rank";
+    return out;
+  }
+  try {
+    Json meta = Json::parse(meta_json);
+    if (!meta.is_object() || meta.value("format", 0) != kRankStateFormat) {
+      out.problem = "the saved rank state is not in a format this tandem reads";
+      return out;
+    }
+    const int saved_rank = meta.at("rank").get<int>(), saved_world = meta.at("world_size").get<int>();
+    const Json& sync = meta.at("sync");
+    const std::string method = sync.at("method").get<std::string>();
+    const bool compresses = method == "sparseTopK" || method == "sparseThreshold" || method == "powerSGD";
+    if (saved_rank != rank || saved_world != world)
+      out.problem = "it was saved by rank " + std::to_string(saved_rank) + " of " + std::to_string(saved_world) +
+                    " ranks, this is rank " + std::to_string(rank) + " of " + std::to_string(world);
+    else if (meta.at("parameters").get<int64_t>() != static_cast<int64_t>(params))
+      out.problem = "it was saved for another number of parameters";
+    else if (method != active.method)
+      out.problem = "it was saved under -d " + method + ", this run uses -d " + active.method;
+    else if ((compresses && sync.at("error_feedback").get<bool>() != active.error_feedback) ||
+             (method == "powerSGD" && sync.at("rank").get<int>() != active.rank))
+      out.problem = "it was saved with other " + method + " settings (--rank, --no-error-feedback)";
+    if (!out.problem.empty()) return out;
+    if (meta.value("layout_learnt", false)) out.layout = meta.at("layout").get<std::vector<int>>();
+    if (meta.contains("partial_chunk")) {
+      out.partial_chunk = meta.at("partial_chunk").get<int64_t>();
+      out.partial_chunks = meta.at("partial_chunks").get<int64_t>();
+    }
+  } catch (const Json::exception& e) {
+    out.problem = std::string("its description is malformed (") + e.what() + ")";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> DistOpt::load_rank_state(const RankState& saved) {
+  Impl& m = *impl_;
+  const auto& ps = opt_->params();
+  SavedRank mine = check_saved(saved.meta_json, comm_->rank(), comm_->size(), ps.size(), m.active_);
+  // Every rank must reduce the same buckets: all adopt rank 0's learnt layout (as a rebuild does), or
+  // none. [0] says whether rank 0 has one; its order follows.
+  std::vector<int> layout = mine.layout;
+  if (comm_->size() > 1) {
+    std::vector<int64_t> wire(ps.size() + 1, 0);
+    if (mine.layout.size() == ps.size()) {
+      wire[0] = 1;
+      for (size_t i = 0; i < ps.size(); ++i) wire[i + 1] = mine.layout[i];
+    }
+    Tensor t = Tensor::from_vector(wire, {static_cast<int64_t>(wire.size())}).to(comm_->device());
+    WorkPtr w = comm_->broadcast(t, 0);
+    detail::timed_wait(w, m.stats_);
+    std::vector<int64_t> agreed = t.to_vector<int64_t>();
+    layout.clear();
+    if (agreed[0] == 1)
+      for (size_t i = 1; i < agreed.size(); ++i) layout.push_back(static_cast<int>(agreed[i]));
+  }
+  // A sharded layout is never rebuilt: the parameters' blocks and the optimizer's state are cut along it.
+  if (layout.size() == ps.size() && !m.sharded_) m.reducer_.restore_layout(layout);
+  if (mine.problem.empty() && mine.layout != layout) mine.problem = "its bucket layout is not rank 0's";
+
+  std::vector<std::string> parts;  // what this rank's state holds
+  if (m.reducer_.residuals().defined()) parts.push_back("the error-feedback residuals");
+  if (!m.partial() && !m.reducer_.codec().named_state().empty()) parts.push_back(m.active_.method + "'s factors");
+  if (m.partial()) parts.push_back("partialUpdate's position and this rank's own optimizer state");
+  std::vector<std::string> fresh;
+  if (!mine.problem.empty()) {
+    if (parts.empty()) return fresh;  // nothing would have been loaded anyway
+    std::string list;
+    for (size_t i = 0; i < parts.size(); ++i) list += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
+    fresh.push_back("rank " + std::to_string(comm_->rank()) + ": " + list + " start afresh: " + mine.problem);
+    return fresh;
+  }
+  std::map<std::string, Tensor> by_name(saved.tensors.begin(), saved.tensors.end());
+  auto load_into = [&](const std::string& name, Tensor dst, const std::string& what) {
+    auto it = by_name.find(name);
+    if (it == by_name.end() || it->second.numel() != dst.numel() || it->second.dtype() != dst.dtype()) {
+      fresh.push_back("rank " + std::to_string(comm_->rank()) + ": " + what + " start afresh: the saved state " +
+                      (it == by_name.end() ? "lacks " + name : "holds " + name + " as " + it->second.str()));
+      return;
+    }
+    dst.copy_(it->second.view(dst.shape()));
+  };
+  if (m.reducer_.residuals().defined()) load_into("residuals", m.reducer_.residuals(), "the error-feedback residuals");
+  if (!m.partial())
+    for (auto& [name, t] : m.reducer_.codec().named_state()) load_into("codec/" + name, t, m.active_.method + "'s factors");
+  if (m.partial()) {
+    if (mine.partial_chunks == m.averager_->chunks() && mine.partial_chunk >= 0 && mine.partial_chunk < mine.partial_chunks)
+      m.averager_->set_next_chunk(mine.partial_chunk);
+    else
+      fresh.push_back("rank " + std::to_string(comm_->rank()) + ": partialUpdate's round robin starts at chunk 0: "
+                      "the parameters were cut into other chunks (--bucket-mb)");
+    for (auto& list : opt_->state_lists())
+      for (size_t i = 0; i < ps.size(); ++i) {
+        const std::string name = "opt/" + list.kind + "/" + std::to_string(i);
+        if (!by_name.count(name)) continue;
+        Tensor& slot = (*list.tensors)[i];
+        if (!slot.defined()) slot = Tensor::zeros(ps[i].shape(), ps[i].dtype(), ps[i].device());
+        load_into(name, slot, "this rank's " + list.kind);
+      }
+  }
+  return fresh;
+}
+
+std::vector<std::string> DistOpt::load_rank_states(const std::vector<RankState>& saved) {
+  const int world = comm_->size(), rank = comm_->rank();
+  if (static_cast<int>(saved.size()) == world) return load_rank_state(saved[static_cast<size_t>(rank)]);
+  if (saved.empty() || saved[0].meta_json.empty()) return load_rank_state(RankState{});
+  Json meta = Json::parse(saved[0].meta_json, nullptr, false);
+  if (!meta.is_object()) return load_rank_state(RankState{});
+  meta["rank"] = rank;
+  meta["world_size"] = world;
+  RankState merged;
+  merged.meta_json = meta.dump();
+  NoGradGuard no_grad;
+  int averaged = 0;
+  for (const auto& [name, first] : saved[0].tensors) {
+    const bool own = name == "residuals" || name.rfind("opt/", 0) == 0;  // what each rank kept for itself
+    if (!own || !is_floating(first.dtype())) {
+      merged.tensors.emplace_back(name, first);
+      continue;
+    }
+    Tensor sum = first.to(DType::f32).cpu();
+    int n = 1;
+    for (size_t r = 1; r < saved.size(); ++r)
+      for (const auto& [other, t] : saved[r].tensors)
+        if (other == name && t.numel() == first.numel()) {
+          sum = add(sum, t.to(DType::f32).cpu().view(sum.shape()));
+          ++n;
+        }
+    merged.tensors.emplace_back(name, scale(sum, 1.0 / n).to(first.dtype()));
+    averaged = std::max(averaged, n);
+  }
+  std::vector<std::string> notes = load_rank_state(merged);
+  if (averaged > 0)
+    notes.push_back("rank " + std::to_string(rank) + ": the state each of the " + std::to_string(saved.size()) +
+                    " saved ranks kept for itself (error-feedback residuals, partialUpdate's optimizer state) is "
+                    "their average on " +
+                    (world == 1 ? std::string("the one rank now") : "each of the " + std::to_string(world) + " ranks now"));
+  return notes;
+}
+
+void DistOpt::gather_optimizer_state() {
+  if (impl_->sharded_) impl_->sharded_->gather_state(*opt_);
+}
+
+std::vector<double> DistOpt::residual_norms() const { return impl_->reducer_.residual_norms(); }
+
+std::vector<int64_t> DistOpt::bucket_sizes() const {
+  std::vector<int64_t> out;
+  for (const auto& b : impl_->reducer_.buckets()) out.push_back(b.numel);
+  return out;
+}
+
+std::vector<BucketInfo> DistOpt::bucket_layout() const {
+  std::vector<BucketInfo> out;
+  for (const auto& b : impl_->reducer_.buckets()) {
+    BucketInfo info{b.offset, b.numel, b.params, {}};
+    for (int64_t start : b.starts) info.offsets.push_back(b.offset + start);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,157 @@
+#pragma once
+// Internal: the reducer owns the gradient arena (every parameter's gradient is a view into one flat
+// buffer), lays it out in buckets, follows which gradients are final during backward, launches
+// each bucket through the codec the moment it is complete (strictly in order, so that every rank
+// issues the same collectives in the same sequence) and finishes them after backward.
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "distributed/engine/grad_codec.h"
+
+namespace tandem::dist::detail {
+
+struct ReducerOptions {
+  size_t bucket_bytes = size_t(16) << 20;
+  size_t first_bucket_bytes = size_t(1) << 20;
+  bool rebuild_buckets = true;
+  bool check_finite = false;  // decide after each finish whether any averaged gradient is inf/NaN
+  /// optimizer: buckets padded to a multiple of the world size and reduce-scattered into the rank's
+  /// block of the arena. gradients, parameters: no whole arena; each bucket is staged from the
+  /// parameters' gradients as backward produces them, and only the rank's blocks are kept.
+  Shard shard = Shard::none;
+};
+
+class Reducer {
+ public:
+  /// Gradients of `params` go to an arena of their dtype (f32, or f16/bf16 for 16-bit gradients).
+  /// With `masters` (f32 tensors, one per parameter), each finished bucket is also converted to f32
+  /// into a second arena that the masters' grad() views: the optimizer sees f32 averages.
+  Reducer(const std::vector<Tensor>& params, std::shared_ptr<Communicator> comm, ReducerOptions options,
+          CommStats& stats, const std::vector<Tensor>& masters = {});
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  /// Sends gradients through `codec` from the next step on. Residuals are kept when keep_residuals
+  /// and the codec keeps them too; otherwise they start from zero.
+  void set_codec(std::unique_ptr<GradCodec> codec, bool keep_residuals);
+  const GradCodec& codec() const { return *codec_; }
+
+  // ---- one step, in the order it runs
+
+  /// Before backward: unless accumulating onto the gradients of earlier micro-batches, adopts the
+  /// layout learnt from the first step (when due) and zeroes the arena; points every parameter's
+  /// grad() at its slot (zero_grad(set_to_none) may have dropped it).
+  void begin(bool accumulate);
+  /// The backward hook: leaf's gradient is final; launches every bucket completed, in order.
+  void on_ready(const Tensor& leaf);
+  /// After backward: launches the buckets still waiting (parameters that took no part), finishes
+  /// every bucket in order, and decides whether any average is inf/NaN (with check_finite).
+  void finish();
+  /// Under sharded gradients: whether this step's buckets add their averages to the shard (a later
+  /// micro-batch of an accumulated step) rather than replacing it.
+  bool accumulating() const { return accumulating_; }
+  /// After backward in a job of one rank: nothing travels; the codec's local effect only.
+  void finish_locally();
+  /// After backward when gradients stay this rank's own (partialUpdate): only the gradient scale and,
+  /// with check_finite, the verdict (agreed between ranks, so that every rank skips alike).
+  void finish_unsynced();
+
+  /// From the next step on, every gradient is multiplied by factor (one f32 on the device, read
+  /// there) before anything else sees it: f16 loss scaling's inverse, so that codecs, their
+  /// error-feedback residuals and the optimizer all work in unscaled units. Undefined: none.
+  void set_gradient_scale(Tensor factor) { factor_ = std::move(factor); }
+  /// For the next finish only: every gradient is multiplied by s before it is sent (uneven inputs:
+  /// world / active ranks, so that the average over all ranks is the average over the active ones).
+  void set_contribution_scale(double s) { contribution_ = s; }
+  /// This rank contributes zeros to the next finish (a rank with no data left, under uneven inputs).
+  void zero_contribution();
+
+  /// With check_finite: whether the last finish found an inf/NaN average (the same on every rank).
+  /// Reads the verdict on the host (a wait for the device).
+  bool found_nonfinite() const;
+  /// One f32 on the device, finite exactly when the last finish's averages were (with check_finite;
+  /// always finite otherwise). Its address never changes: optimizers and recorded steps read it.
+  const Tensor& verdict() const { return total_; }
+  /// L2 norm of all the gradients (a one-element device tensor); with agree, made bit-identical on
+  /// every rank by one tiny all-reduce.
+  Tensor grad_norm(bool agree);
+  /// Multiplies every gradient by coef (a one-element device tensor).
+  void scale_grads(const Tensor& coef);
+
+  // ---- state that outlives a step (checkpoints)
+  /// Parameter indices in arena order (the bucket layout), and whether it is the learnt one.
+  std::vector<int> layout_order() const;
+  bool layout_learnt() const { return rebuilt_; }
+  /// Adopts a layout saved by layout_order (a permutation of the parameters), as the learnt one.
+  void restore_layout(const std::vector<int>& order);
+  /// The error-feedback residuals, every parameter's in arena order (undefined without them).
+  const Tensor& residuals() const { return residual_arena_; }
+  GradCodec& codec() { return *codec_; }
+
+  // ---- sharding
+  bool sharded() const { return options_.shard != Shard::none; }
+  /// Whether every rank keeps the whole gradient arena (unsharded, and sharded optimizer state).
+  bool whole_arena() const { return options_.shard == Shard::none || options_.shard == Shard::optimizer; }
+  /// Under sharding: the average of this rank's block of bucket k ([span / world]), after finish.
+  const Tensor& owned(size_t k) const { return owned_[k]; }
+  /// Bytes of gradient storage kept between steps: the arena, or under sharded gradients the blocks.
+  int64_t gradient_bytes() const;
+
+  // ---- introspection
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  std::vector<double> residual_norms() const;
+  void set_trace(bool on) { trace_on_ = on; }
+  const std::vector<std::string>& trace() const { return trace_; }
+
+ private:
+  struct Slot {
+    Tensor param, master;
+    int64_t numel = 0, offset = 0;  // in the arena
+    int bucket = -1;
+    bool ready = false;
+    Tensor grad, master_grad, residual;  // views of the arenas
+  };
+  void layout(const std::vector<int>& order);
+  void stage_gradient(Slot& s);
+  void launch_ready();
+  void finalize();
+  void rebuild();
+  void apply_gradient_scale(Bucket& b);
+  void save_carried();
+  std::vector<Tensor> carried();
+  Tensor f32_range(size_t k) const;
+
+  std::shared_ptr<Communicator> comm_;
+  ReducerOptions options_;
+  CommStats& stats_;
+  Device device_;
+  int world_ = 1;
+  std::vector<Slot> slots_;
+  std::unordered_map<TensorImpl*, int> index_;
+  int rank_ = 0;
+  DType arena_dtype_ = DType::f32;
+  bool has_masters_ = false;
+  Tensor arena_, master_arena_, residual_arena_;
+  Tensor shard_arena_;          // sharded gradients: this rank's block of every bucket, in bucket order
+  std::vector<Tensor> owned_;   // sharded: per bucket, this rank's block of the average
+  bool accumulating_ = false;   // this step adds to the gradients of earlier micro-batches
+  std::vector<Bucket> buckets_;
+  std::unique_ptr<GradCodec> codec_;
+  size_t next_launch_ = 0;
+  std::vector<int> ready_order_;  // parameters in the order backward finished them, this step
+  bool rebuild_due_ = false, rebuilt_ = false;
+  bool checked_ = false;  // the last finish decided found_nonfinite
+  Tensor bucket_sums_;       // check_finite, grad_norm: one value per bucket
+  Tensor total_, norm_sq_;  // their sum, for check_finite and for grad_norm (allocated once)
+  Tensor factor_;           // set_gradient_scale
+  double contribution_ = 1.0;  // set_contribution_scale
+  std::vector<Tensor> carried_saved_;  // check_finite: the carried state as it was before this step
+  std::vector<Tensor> bucket_sum_views_;
+  bool trace_on_ = false;
+  std::vector<std::string> trace_;
+};
+
+}  // namespace tandem::dist::detail

@@ -1,0 +1,171 @@
+#include "distributed/engine/shard.h"
+
+#include <algorithm>
+
+#include "core/tensor_impl.h"
+#include "distributed/engine/grad_codec.h"
+
+namespace tandem::dist::detail {
+
+ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reducer, std::shared_ptr<Communicator> comm,
+                         CommStats& stats, const optim::Optimizer& opt)
+    : comm_(std::move(comm)), stats_(stats), reducer_(reducer) {
+  const std::vector<Bucket>& buckets = reducer.buckets();
+  int64_t total = 0;
+  for (const Bucket& b : buckets) total = std::max(total, b.offset + b.span);
+  arena_ = Tensor::zeros({total}, DType::f32, comm_->device());
+  const int world = comm_->size(), rank = comm_->rank();
+  std::vector<optim::ParamGroup> groups(opt.groups().size());
+  std::vector<std::vector<ShardPiece>> group_pieces(groups.size());
+  for (const Bucket& b : buckets) {
+    const int64_t block = b.span / world, lo = b.offset + rank * block, hi = lo + block;
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const int i = b.params[j];
+      const Tensor& p = params[static_cast<size_t>(i)];
+      const int64_t start = b.offset + b.starts[j], end = start + p.numel();
+      Tensor slot = arena_.narrow(0, start, p.numel()).view(p.shape());
+      slot.copy_(p.detach());
+      rebind_storage(p, slot);
+      // The part of the parameter inside this rank's block, and the same part of the block's average.
+      const int64_t a = std::max(start, lo), z = std::min(end, hi);
+      if (a >= z) continue;
+      Tensor piece = arena_.narrow(0, a, z - a);
+      piece.requires_grad_();
+      piece.set_grad(reducer.owned(static_cast<size_t>(b.index)).narrow(0, a - lo, z - a));
+      const size_t g = static_cast<size_t>(opt.group_of()[static_cast<size_t>(i)]);
+      groups[g].params.push_back(piece);
+      group_pieces[g].push_back({i, a - start, z - a, b.index, a});
+      stepped_ += z - a;
+    }
+  }
+  // The optimizer lists its parameters group after group: pieces_ follows its order.
+  for (const auto& list : group_pieces) pieces_.insert(pieces_.end(), list.begin(), list.end());
+  bucket_pieces_.resize(buckets.size());
+  for (size_t q = 0; q < pieces_.size(); ++q) bucket_pieces_[static_cast<size_t>(pieces_[q].bucket)].push_back(q);
+  stepper_ = opt.with_params(std::move(groups));
+}
+
+void ShardedStep::broadcast(int root) {
+  if (comm_->size() == 1) return;
+  WorkPtr w = comm_->broadcast(arena_, root);
+  timed_wait(w, stats_);
+}
+
+void ShardedStep::average() {
+  if (comm_->size() == 1) return;
+  WorkPtr w = comm_->all_reduce(arena_, ReduceOp::Avg);
+  count_all_reduce(stats_, static_cast<int64_t>(arena_.nbytes()), comm_->size());
+  timed_wait(w, stats_);
+}
+
+void ShardedStep::gather_state(optim::Optimizer& opt) {
+  adopt_state(opt);  // state loaded into the wrapped optimizer and not stepped yet: the slices hold it then
+  const int world = comm_->size(), rank = comm_->rank();
+  const Device device = comm_->device();
+  std::vector<optim::Optimizer::StateList> mine = stepper_->state_lists(), theirs = opt.state_lists();
+  TANDEM_ASSERT(mine.size() == theirs.size(), "the optimizer of the slices keeps other state than the wrapped one");
+  const std::vector<Tensor>& params = opt.params();
+  const std::vector<Bucket>& buckets = reducer_.buckets();
+  for (size_t k = 0; k < mine.size(); ++k) {
+    // The slices step together, so their state exists for all or none; a rank without slices learns
+    // which from the others, and every rank gathers alike.
+    bool have = false;
+    for (const Tensor& t : *mine[k].tensors) have = have || t.defined();
+    Tensor flag = Tensor::full({1}, have ? 1.0 : 0.0, DType::i64, device);
+    if (world > 1) {
+      WorkPtr w = comm_->all_reduce(flag, ReduceOp::Sum);
+      timed_wait(w, stats_);
+    }
+    if (flag.item<int64_t>() == 0) continue;
+    for (const Bucket& b : buckets) {
+      const int64_t block = b.span / world, lo = b.offset + rank * block;
+      Tensor whole = Tensor::zeros({b.span}, DType::f32, device);
+      Tensor mine_block = whole.narrow(0, rank * block, block);
+      for (size_t q : bucket_pieces_[static_cast<size_t>(b.index)]) {
+        const Tensor& t = (*mine[k].tensors)[q];
+        if (t.defined()) mine_block.narrow(0, pieces_[q].offset - lo, pieces_[q].numel).copy_(t);
+      }
+      if (world > 1) {
+        WorkPtr w = comm_->all_gather(mine_block, whole);
+        count_all_gather(stats_, static_cast<int64_t>(whole.nbytes()), world);
+        timed_wait(w, stats_);
+      }
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const Tensor& p = params[static_cast<size_t>(b.params[j])];
+        (*theirs[k].tensors)[static_cast<size_t>(b.params[j])] =
+            whole.narrow(0, b.starts[j], p.numel()).view(p.shape()).clone();
+      }
+    }
+  }
+  // Every slice has taken the same steps (they step together): the count of any rank that has one.
+  std::vector<int64_t>* counts = opt.step_counts();
+  std::vector<int64_t>* slice_counts = stepper_->step_counts();
+  if (counts && slice_counts) {
+    const bool have = !slice_counts->empty();
+    Tensor t = Tensor::from_vector<int64_t>({have ? slice_counts->front() : 0, have ? 1 : 0}, {2}).to(device);
+    if (world > 1) {
+      WorkPtr w = comm_->all_reduce(t, ReduceOp::Sum);
+      timed_wait(w, stats_);
+    }
+    std::vector<int64_t> v = t.to_vector<int64_t>();
+    for (int64_t& c : *counts) c = v[1] > 0 ? v[0] / v[1] : 0;
+  }
+}
+
+bool ShardedStep::adopt_state(optim::Optimizer& opt) {
+  std::vector<optim::Optimizer::StateList> mine = stepper_->state_lists(), theirs = opt.state_lists();
+  bool any = false;
+  for (auto& list : theirs)
+    for (const Tensor& t : *list.tensors) any = any || t.defined();
+  if (!any) return false;
+  for (size_t k = 0; k < theirs.size(); ++k)
+    for (size_t q = 0; q < pieces_.size(); ++q) {
+      const ShardPiece& piece = pieces_[q];
+      const Tensor& whole = (*theirs[k].tensors)[static_cast<size_t>(piece.param)];
+      Tensor& slice = (*mine[k].tensors)[q];
+      if (!whole.defined()) {
+        slice = Tensor();
+        continue;
+      }
+      if (!slice.defined()) slice = Tensor::empty({piece.numel}, DType::f32, comm_->device());
+      slice.copy_(whole.contiguous().view({whole.numel()}).narrow(0, piece.start, piece.numel));
+    }
+  std::vector<int64_t>* counts = opt.step_counts();
+  std::vector<int64_t>* slice_counts = stepper_->step_counts();
+  if (counts && slice_counts)
+    for (size_t q = 0; q < pieces_.size(); ++q) (*slice_counts)[q] = (*counts)[static_cast<size_t>(pieces_[q].param)];
+  for (auto& list : theirs)
+    for (Tensor& t : *list.tensors) t = Tensor();
+  return true;
+}
+
+void ShardedStep::step(optim::Optimizer& opt) {
+  adopt_state(opt);  // a checkpoint loaded into the wrapped optimizer, or the state gathered for one
+  optim::Optimizer& s = *stepper_;
+  s.set_schedule(opt.schedule());
+  s.set_lr(opt.lr());
+  s.set_steps(opt.steps());
+  for (size_t g = 0; g < opt.groups().size(); ++g) s.set_group_settings(g, opt.groups()[g]);
+  s.set_step_guard(opt.step_guard());
+  s.step();
+  opt.count_replayed_step();  // the wrapped optimizer's count (and schedule) move on as if it had stepped
+  gather();
+}
+
+void ShardedStep::gather() {
+  const int world = comm_->size(), rank = comm_->rank();
+  if (world == 1) return;  // the one rank's blocks are the whole model
+  const std::vector<Bucket>& buckets = reducer_.buckets();
+  std::vector<WorkPtr> work(buckets.size());
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const Bucket& b = buckets[k];
+    const int64_t block = b.span / world;
+    Tensor whole = arena_.narrow(0, b.offset, b.span);
+    Tensor mine = whole.narrow(0, rank * block, block);
+    work[k] = comm_->all_gather(mine, whole);
+    count_all_gather(stats_, static_cast<int64_t>(whole.nbytes()), world);
+  }
+  for (WorkPtr& w : work) timed_wait(w, stats_);
+}
+
+}  // namespace tandem::dist::detail

@@ -1,0 +1,318 @@
+// Sharded state (ZeRO stages 1 and 2): every stage against the unsharded run of the same steps, the
+// memory each keeps against the ZeRO formulas, the bytes each sends, and the settings it refuses.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "tandem/autograd.h"
+#include "tandem/device.h"
+#include "tandem/ops.h"
+#include "tandem/random.h"
+#include "worker_util.h"
+
+namespace distopt_worker {
+
+namespace {
+
+// A two-layer perceptron's parameters: w1 [8, 33], b1 [33], w2 [33, 5], b2 [5] (467 values). Under
+// 1 KiB buckets they fill three buckets whose sizes no world size of 2 or 3 divides, so that blocks
+// are padded and cut parameters in the middle.
+std::vector<Tensor> mlp_params(uint64_t seed) {
+  Generator gen(seed);
+  std::vector<Tensor> ps = {Tensor::normal({8, 33}, 0.0, 0.4, gen, DType::f32, g_device),
+                            Tensor::normal({33}, 0.0, 0.1, gen, DType::f32, g_device),
+                            Tensor::normal({33, 5}, 0.0, 0.4, gen, DType::f32, g_device),
+                            Tensor::normal({5}, 0.0, 0.1, gen, DType::f32, g_device)};
+  for (Tensor& p : ps) p.requires_grad_();
+  return ps;
+}
+
+// Rank `rank`'s micro-batch `micro` of step `step`: its own data, so that the ranks' gradients differ.
+Tensor mlp_loss(const std::vector<Tensor>& p, int rank, int step, int micro) {
+  Generator gen(7919 * static_cast<uint64_t>(rank) + 131 * static_cast<uint64_t>(step) + static_cast<uint64_t>(micro));
+  Tensor x = Tensor::normal({6, 8}, 0.0, 1.0, gen, DType::f32, g_device);
+  Tensor y = Tensor::normal({6, 5}, 0.0, 1.0, gen, DType::f32, g_device);
+  Tensor h = tanh(bias_add(matmul(x, p[0]), p[1]));
+  return mse_loss(bias_add(matmul(h, p[2]), p[3]), y);
+}
+
+enum class Kind { sgd, adamw, rmsprop, adagrad };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::sgd: return "sgd-momentum";
+    case Kind::adamw: return "adamw";
+    case Kind::rmsprop: return "rmsprop";
+    case Kind::adagrad: return "adagrad";
+  }
+  return "?";
+}
+
+// AdamW decays the matrices only (a group of its own), as GPT training does.
+std::shared_ptr<optim::Optimizer> make_opt(Kind k, const std::vector<Tensor>& p) {
+  switch (k) {
+    case Kind::sgd: {
+      optim::SgdOptions o;
+      o.lr = 0.05;
+      o.momentum = 0.9;
+      o.weight_decay = 1e-3;
+      o.nesterov = true;
+      return std::make_shared<optim::SGD>(p, o);
+    }
+    case Kind::adamw: {
+      optim::AdamOptions o;
+      o.lr = 0.01;
+      o.weight_decay = 0.1;
+      o.decoupled = true;
+      std::vector<optim::ParamGroup> groups(2);
+      groups[0].params = {p[0], p[2]};
+      groups[1].params = {p[1], p[3]};
+      groups[1].weight_decay = 0.0;
+      return std::make_shared<optim::Adam>(std::move(groups), o);
+    }
+    case Kind::rmsprop: {
+      optim::RmsPropOptions o;
+      o.lr = 0.01;
+      o.weight_decay = 1e-3;
+      return std::make_shared<optim::RMSProp>(p, o);
+    }
+    case Kind::adagrad: {
+      optim::AdagradOptions o;
+      o.lr = 0.05;
+      o.lr_decay = 0.01;
+      return std::make_shared<optim::AdaGrad>(p, o);
+    }
+  }
+  return nullptr;
+}
+
+struct Case {
+  Kind kind = Kind::sgd;
+  std::string method = "plain";
+  double clip = 0.0;  // clip_grad_norm's bound; 0: none
+  int micro = 1;      // micro-batches per step
+  int nan_step = -1;  // with skip_nonfinite: the step whose gradients the last rank makes NaN
+};
+
+std::string describe(const Case& c) {
+  std::string s = std::string(kind_name(c.kind)) + " " + c.method;
+  if (c.clip > 0) s += " clip " + strf("%g", c.clip);
+  if (c.micro > 1) s += strf(" %d micro-batches", c.micro);
+  if (c.nan_step >= 0) s += strf(" NaN at step %d", c.nan_step);
+  return s;
+}
+
+struct Run {
+  Values params;
+  int64_t clipped = 0;       // steps whose norm was above the bound
+  int64_t skipped = 0;       // steps update() skipped
+  int64_t state_numel = 0;   // elements of optimizer state this rank holds
+  dist::CommStats stats;     // of the last step
+  std::vector<dist::BucketInfo> buckets;  // the layout the last step ran with
+};
+
+// 20 steps of the case from the same parameters on every rank.
+Run run_steps(const std::shared_ptr<dist::Communicator>& comm, dist::Shard shard, const Case& c, int steps = 20) {
+  std::vector<Tensor> params = mlp_params(42);
+  dist::DistOptOptions o = small_buckets();
+  o.shard = shard;
+  o.sync.method = c.method;
+  o.skip_nonfinite = c.nan_step >= 0;
+  dist::DistOpt opt(make_opt(c.kind, params), comm, o);
+  Run r;
+  for (int s = 0; s < steps; ++s) {
+    if (s + 1 == steps) opt.reset_stats();
+    for (int m = 0; m < c.micro; ++m) {
+      Tensor loss = scale(mlp_loss(params, comm->rank(), s, m), 1.0 / c.micro);
+      if (s == c.nan_step && comm->rank() == comm->size() - 1) loss = scale(loss, std::nan(""));
+      if (m + 1 < c.micro) {
+        auto local_only = opt.no_sync();
+        opt.backward_and_sync(loss);
+      } else {
+        opt.backward_and_sync(loss);
+      }
+    }
+    if (c.clip > 0) r.clipped += opt.clip_grad_norm(c.clip).item<float>() > c.clip;
+    r.skipped += !opt.update();
+  }
+  r.stats = opt.stats();
+  r.buckets = opt.bucket_layout();
+  r.params = host_values(params);
+  for (auto& list : opt.stepping_optimizer().state_lists())
+    for (const Tensor& t : *list.tensors) r.state_numel += t.defined() ? t.numel() : 0;
+  try {
+    opt.check_consistency();
+  } catch (const std::exception& e) {
+    CHECK_OR_REPORT(false, "%s --shard %s: the ranks' parameters differ: %s", describe(c).c_str(),
+                    dist::shard_name(shard), e.what());
+  }
+  return r;
+}
+
+bool bit_identical(const Values& a, const Values& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t j = 0; j < a[i].size(); ++j)
+      if (std::memcmp(&a[i][j], &b[i][j], sizeof(double)) != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+void scenario_shard_equal(const std::shared_ptr<dist::Communicator>& comm) {
+  const int W = comm->size();
+  const std::vector<Case> cases = {
+      {Kind::sgd, "plain", 0.0, 1},      {Kind::adamw, "plain", 0.0, 1},  {Kind::sgd, "plain", 0.05, 1},
+      {Kind::adamw, "plain", 0.05, 1},   {Kind::sgd, "plain", 0.0, 2},    {Kind::adamw, "plain", 0.0, 2},
+      {Kind::sgd, "half", 0.0, 1},       {Kind::rmsprop, "plain", 0.0, 1}, {Kind::adagrad, "plain", 0.0, 1},
+      {Kind::adamw, "plain", 0.0, 1, 4}, {Kind::sgd, "half", 0.0, 1, 0}};
+  for (const Case& c : cases) {
+    Run ref = run_steps(comm, dist::Shard::none, c);
+    if (c.clip > 0) CHECK_OR_REPORT(ref.clipped > 0, "%s: the bound never clipped", describe(c).c_str());
+    if (c.nan_step >= 0) CHECK_OR_REPORT(ref.skipped == 1, "%s: %lld steps skipped", describe(c).c_str(),
+                                         static_cast<long long>(ref.skipped));
+    for (dist::Shard shard : {dist::Shard::optimizer, dist::Shard::gradients}) {
+      Run got = run_steps(comm, shard, c);
+      CHECK_OR_REPORT(got.skipped == ref.skipped, "%s --shard %s: %lld steps skipped, %lld unsharded", describe(c).c_str(),
+                      dist::shard_name(shard), static_cast<long long>(got.skipped), static_cast<long long>(ref.skipped));
+      const std::string what = describe(c) + " --shard " + dist::shard_name(shard) + strf(" on %d ranks", W);
+      // Two ranks add two values in either order alike, and every update rule is element-wise: the
+      // sharded run repeats the unsharded one bit for bit, except where the sums themselves are
+      // taken in another order (the norm from the ranks' blocks; micro-batches averaged one by one).
+      const bool same_order = W == 2 && c.clip == 0 && !(shard == dist::Shard::gradients && c.micro > 1);
+      if (same_order)
+        CHECK_OR_REPORT(bit_identical(got.params, ref.params), "%s: not bit-identical to --shard none", what.c_str());
+      expect_close_models(what + " vs --shard none", got.params, ref.params, 1e-6);
+      // The optimizer's state covers this rank's blocks only: over the ranks, every element once.
+      Tensor total = Tensor::from_vector<int64_t>({got.state_numel}, {1}).to(g_device);
+      comm->all_reduce(total, dist::ReduceOp::Sum)->wait();
+      CHECK_OR_REPORT(total.cpu().to_vector<int64_t>()[0] == ref.state_numel,
+                      "%s: %lld elements of optimizer state on this rank, %lld over all ranks, %lld unsharded",
+                      what.c_str(), static_cast<long long>(got.state_numel),
+                      static_cast<long long>(total.cpu().to_vector<int64_t>()[0]), static_cast<long long>(ref.state_numel));
+    }
+  }
+}
+
+// The bytes each stage keeps, reported and measured through the allocator, against the ZeRO formulas
+// for Adam in f32 with psi parameters on N ranks: 16 psi (none), 8 psi + 8 psi / N (optimizer),
+// 4 psi + 12 psi / N (gradients).
+void scenario_shard_memory(const std::shared_ptr<dist::Communicator>& comm) {
+  const double N = comm->size();
+  // About 240,000 parameters: every tensor stays under the allocator's 1 MiB size class, whose
+  // rounding (to 2 MiB) would swamp the measurement.
+  const std::vector<int64_t> sizes = {120001, 70003, 49999, 7};
+  double psi = 0;
+  for (int64_t n : sizes) psi += static_cast<double>(n);
+  for (dist::Shard shard : {dist::Shard::none, dist::Shard::optimizer, dist::Shard::gradients}) {
+    synchronize(g_device);
+    const int64_t before = static_cast<int64_t>(memory_stats(g_device).in_use);
+    dist::MemoryReport report;
+    int64_t measured = 0;
+    {
+      std::vector<Tensor> params;
+      for (int64_t n : sizes) params.push_back(Tensor::zeros({n}, DType::f32, g_device).requires_grad_());
+      optim::AdamOptions ao;
+      ao.lr = 1e-3;
+      dist::DistOptOptions o;
+      o.shard = shard;
+      dist::DistOpt opt(std::make_shared<optim::Adam>(params, ao), comm, o);
+      report = opt.memory_report();
+      for (int s = 0; s < 2; ++s)
+        opt.step(known_loss(params, comm->rank(), [](int r, size_t i, int64_t j) { return 0.001f * (r + 1) * (i + 1) + 1e-6f * (j % 97); }));
+      synchronize(g_device);
+      measured = static_cast<int64_t>(memory_stats(g_device).in_use) - before;
+    }
+    const double formula = shard == dist::Shard::none        ? 16 * psi
+                           : shard == dist::Shard::optimizer ? 8 * psi + 8 * psi / N
+                                                             : 4 * psi + 12 * psi / N;
+    const double grads = shard == dist::Shard::gradients ? 4 * psi / N : 4 * psi;
+    const double state = shard == dist::Shard::none ? 8 * psi : 8 * psi / N;
+    std::printf("rank %d: --shard %s on %g ranks: reported %lld bytes (parameters %lld, gradients %lld, optimizer "
+                "%lld, master %lld), measured %lld, formula %.0f\n",
+                comm->rank(), dist::shard_name(shard), N, static_cast<long long>(report.total()),
+                static_cast<long long>(report.parameters), static_cast<long long>(report.gradients),
+                static_cast<long long>(report.optimizer_state), static_cast<long long>(report.master_weights),
+                static_cast<long long>(measured), formula);
+    auto within = [](double got, double want) { return std::fabs(got - want) <= 0.05 * want; };
+    CHECK_OR_REPORT(within(static_cast<double>(report.total()), formula), "--shard %s: reported %lld bytes, formula %.0f",
+                    dist::shard_name(shard), static_cast<long long>(report.total()), formula);
+    CHECK_OR_REPORT(within(static_cast<double>(measured), formula), "--shard %s: the allocator holds %lld bytes more, formula %.0f",
+                    dist::shard_name(shard), static_cast<long long>(measured), formula);
+    CHECK_OR_REPORT(within(static_cast<double>(report.parameters), 4 * psi), "--shard %s: %lld bytes of parameters",
+                    dist::shard_name(shard), static_cast<long long>(report.parameters));
+    CHECK_OR_REPORT(within(static_cast<double>(report.gradients), grads), "--shard %s: %lld bytes of gradients, expected %.0f",
+                    dist::shard_name(shard), static_cast<long long>(report.gradients), grads);
+    CHECK_OR_REPORT(within(static_cast<double>(report.optimizer_state), state),
+                    "--shard %s: %lld bytes of optimizer state, expected %.0f", dist::shard_name(shard),
+                    static_cast<long long>(report.optimizer_state), state);
+    CHECK_OR_REPORT(report.master_weights == 0, "f32 parameters have no master weights");
+  }
+}
+
+// Bytes sent per step: a reduce-scatter and an all-gather of every (padded) bucket, (N - 1) / N of it
+// each, which is an all-reduce's 2 (N - 1) / N.
+void scenario_shard_traffic(const std::shared_ptr<dist::Communicator>& comm) {
+  const int64_t W = comm->size();
+  const Case c{Kind::adamw, "plain", 0.0, 1};
+  Run plain = run_steps(comm, dist::Shard::none, c, 3);
+  int64_t plain_expected = 0;
+  for (const dist::BucketInfo& b : plain.buckets) {
+    plain_expected += 4 * b.numel * 2 * (W - 1) / W;
+  }
+  CHECK_OR_REPORT(plain.stats.bytes_sent == plain_expected, "plain sent %lld bytes per step, expected %lld",
+                  static_cast<long long>(plain.stats.bytes_sent), static_cast<long long>(plain_expected));
+  for (dist::Shard shard : {dist::Shard::optimizer, dist::Shard::gradients}) {
+    Run got = run_steps(comm, shard, c, 3);
+    int64_t expected = 0, padding = 0;
+    for (const dist::BucketInfo& b : got.buckets) {
+      const int64_t span = (b.numel + W - 1) / W * W;
+      expected += 2 * (4 * span * (W - 1) / W);
+      padding += span - b.numel;
+    }
+    std::printf("rank %d: --shard %s on %lld ranks: %lld bytes sent per step, plain %lld (%lld padding values)\n",
+                comm->rank(), dist::shard_name(shard), static_cast<long long>(W),
+                static_cast<long long>(got.stats.bytes_sent), static_cast<long long>(plain.stats.bytes_sent),
+                static_cast<long long>(padding));
+    CHECK_OR_REPORT(got.stats.bytes_sent == expected, "--shard %s: %lld bytes sent per step, expected %lld",
+                    dist::shard_name(shard), static_cast<long long>(got.stats.bytes_sent),
+                    static_cast<long long>(expected));
+    // The padding (fewer than N values a bucket) is all that differs from plain.
+    const int64_t slack = 8 * padding + 8 * static_cast<int64_t>(got.buckets.size() + plain.buckets.size());
+    CHECK_OR_REPORT(std::llabs(got.stats.bytes_sent - plain.stats.bytes_sent) <= slack,
+                    "--shard %s sends %lld bytes per step, plain %lld", dist::shard_name(shard),
+                    static_cast<long long>(got.stats.bytes_sent), static_cast<long long>(plain.stats.bytes_sent));
+    // A reduce-scatter and an all-gather a bucket; a job of one rank exchanges nothing.
+    CHECK_OR_REPORT(got.stats.collectives == (W > 1 ? 2 * static_cast<int64_t>(got.buckets.size()) : 0),
+                    "--shard %s: %lld collectives per step for %zu buckets", dist::shard_name(shard),
+                    static_cast<long long>(got.stats.collectives), got.buckets.size());
+  }
+}
+
+void scenario_shard_refusals(const std::shared_ptr<dist::Communicator>& comm) {
+  const int me = comm->rank();
+  for (const char* method : {"sparseTopK", "sparseThreshold", "powerSGD", "partialUpdate"}) {
+    expect_error(strf("-d %s with --shard optimizer", method), me,
+                 [&] {
+                   std::vector<Tensor> params = mlp_params(3);
+                   dist::DistOptOptions o = small_buckets();
+                   o.shard = dist::Shard::optimizer;
+                   o.sync.method = method;
+                   dist::DistOpt opt(make_opt(Kind::sgd, params), comm, o);
+                 },
+                 {method, "--shard optimizer", "plain"});
+  }
+  // A step's own method may not be one that cannot shard either.
+  std::vector<Tensor> params = mlp_params(3);
+  dist::DistOptOptions o = small_buckets();
+  o.shard = dist::Shard::gradients;
+  dist::DistOpt opt(make_opt(Kind::sgd, params), comm, o);
+  expect_error("backward_and_sparse_update under --shard gradients", me,
+               [&] { opt.backward_and_sparse_update(mlp_loss(params, me, 0, 0), 0.1, true); },
+               {"sparseTopK", "--shard gradients"});
+  expect_error("parse_shard", me, [] { dist::parse_shard("stage4"); }, {"stage4", "optimizer", "gradients"});
+  CHECK_OR_REPORT(dist::parse_shard("1") == dist::Shard::optimizer && dist::parse_shard("Gradients") == dist::Shard::gradients,
+                  "parse_shard does not read stage numbers or another case");
+}
+
+}  // namespace distopt_worker
