@@ -212,11 +212,13 @@ void Reducer::launch_ready() {
     apply_gradient_scale(b);
     if (world_ > 1 || !sharded()) {
       codec_->launch(b);
-      continue;
+    } else {
+      // A sharded job of one rank: nothing travels, and its one block is the whole bucket.
+      codec_->apply_locally(b);
+      if (b.shard.data_ptr() != b.grad.data_ptr()) b.shard.copy_(b.grad);
     }
-    // A sharded job of one rank: nothing travels, and its one block is the whole bucket.
-    codec_->apply_locally(b);
-    if (b.shard.data_ptr() != b.grad.data_ptr()) b.shard.copy_(b.grad);
+    // Sharded gradients: the staging is the collective's now (it holds it until done), not ours.
+    if (!whole_arena()) b.grad = Tensor();
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/allocator.h"
 #include "core/tensor_impl.h"
 #include "distributed/engine/grad_codec.h"
 
@@ -25,6 +26,7 @@ ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reduc
     blocks_ = Tensor::zeros({blocks}, DType::f32, device);
     whole_.resize(buckets.size());
     gathering_.resize(buckets.size());
+    held_.resize(buckets.size());
     for (size_t k = 0; k < buckets.size(); ++k) {
       const int g = reducer.group_of_bucket(k);
       if (g < 0) continue;
@@ -80,12 +82,23 @@ void ShardedStep::shard_parameters() {
   params_sharded_ = true;
 }
 
-// Starts bucket k's all-gather into a whole buffer of its own, unless it is gathered or on its way.
+// Starts bucket k's all-gather into a whole buffer of its own, unless it is gathered or on its way. A
+// buffer released while ops still held it for backward is filled again in place: they read it then.
 void ShardedStep::launch(size_t k) {
   if (whole_[k].defined()) return;
   const Bucket& b = reducer_.buckets()[k];
   const int64_t block = b.span / comm_->size();
-  whole_[k] = Tensor::empty({b.span}, DType::f32, comm_->device());
+  if (std::shared_ptr<Storage> kept = held_[k].lock()) {
+    kept->allocator = allocator_;
+    kept->ptr = allocator_->allocate(kept->nbytes);
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = std::move(kept);
+    impl->shape = {b.span};
+    impl->strides = {1};
+    whole_[k] = Tensor(std::move(impl));
+  } else {
+    whole_[k] = Tensor::empty({b.span}, DType::f32, comm_->device());
+  }
   gathering_[k] = comm_->all_gather(blocks_.narrow(0, block_at_[k], block), whole_[k]);
   count_all_gather(stats_, static_cast<int64_t>(whole_[k].nbytes()), comm_->size());
 }
@@ -101,13 +114,24 @@ void ShardedStep::bind(size_t k) {
   }
 }
 
+// Points bucket k's parameters at the NaN and frees its whole buffer. Ops that saved a view of it for
+// backward (a layer's weight) would keep its memory: it is handed back all the same, the buffer kept
+// empty, and filled again in place by the gather that precedes the layer's backward.
 void ShardedStep::unbind(size_t k) {
   if (gathering_.size() > k && gathering_[k]) timed_wait(gathering_[k], stats_);  // no buffer freed in flight
   for (int i : reducer_.buckets()[k].params) {
     const Tensor& p = params_[static_cast<size_t>(i)];
     rebind_storage(p, as_strided(absent_, p.shape(), Shape(p.shape().size(), 0), 0));
   }
-  if (whole_.size() > k) whole_[k] = Tensor();
+  if (whole_.size() <= k || !whole_[k].defined()) return;
+  std::shared_ptr<Storage> buffer = whole_[k].impl()->storage;
+  whole_[k] = Tensor();
+  if (buffer.use_count() == 1 || !buffer->allocator) return;  // nobody else holds it: freed with it
+  allocator_ = buffer->allocator;
+  allocator_->deallocate(buffer->ptr, buffer->nbytes);
+  buffer->ptr = nullptr;
+  buffer->allocator = nullptr;
+  held_[k] = buffer;
 }
 
 void ShardedStep::gather(int group, int next) {

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor_impl.h"
+
 #include "distributed/engine/reducer.h"
 #include "tandem/distributed/sharded_layer.h"
 #include "tandem/optim/optimizer.h"
@@ -93,6 +95,8 @@ class ShardedStep final : public LayerGatherer {
   std::vector<WorkPtr> gathering_;                // per bucket: its all-gather in flight
   std::vector<std::vector<size_t>> group_buckets_;  // per layer group, its buckets
   Tensor absent_;                                 // what a released parameter views
+  std::vector<std::weak_ptr<Storage>> held_;      // per bucket: a released buffer ops still view, emptied
+  Allocator* allocator_ = nullptr;                // what filled such a buffer, to fill it again
   std::vector<ShardPiece> pieces_;                 // in the order of the stepping optimizer's parameters
   std::vector<std::vector<size_t>> bucket_pieces_;  // per bucket, its pieces' indices
   std::shared_ptr<optim::Optimizer> stepper_;
