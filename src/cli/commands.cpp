@@ -87,8 +87,8 @@ void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& grou
       ->capture_default_str();
   app.add_option("--shard", cfg.shard,
                  "Sharded state (ZeRO): none; optimizer (each rank keeps the optimizer's state for its 1/N of the "
-                 "parameters; same traffic); gradients (and only its 1/N of the averaged gradients); parameters "
-                 "(and of the parameters). With -d plain or half")
+                 "parameters; same traffic); gradients (and only its 1/N of the averaged gradients). With -d plain "
+                 "or half. (parameters, ZeRO's stage 3, needs a model of layer groups: the C++ API's ShardedLayer)")
       ->group(group)
       ->check(CLI::IsMember({"none", "optimizer", "gradients", "parameters", "0", "1", "2", "3"}))
       ->capture_default_str();

@@ -58,7 +58,9 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const SessionConfig& cfg, const
 Session::Session(const SessionConfig& cfg) : cfg_(cfg) {
   // Settings are checked before joining the job: a bad flag fails at once on every rank.
   const std::string method = dist::parse_sync_method(cfg.dist_option);
-  dist::parse_shard(cfg.shard);
+  TANDEM_CHECK(dist::parse_shard(cfg.shard) != dist::Shard::parameters, "--shard parameters needs a model built of "
+               "layer groups (dist::ShardedLayer, in the C++ API); tandem's own models have none yet: use --shard "
+               "gradients, which shards everything but the parameters");
   if (method == "sparseTopK")
     TANDEM_CHECK(cfg.spars > 0.0 && cfg.spars <= 1.0, "--spars for sparseTopK is the fraction of gradients sent, in ",
                  "(0, 1]; got ", cfg.spars);

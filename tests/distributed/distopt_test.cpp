@@ -179,6 +179,16 @@ TEST(DistOptGloo, ShardedStateMatchesTheUnshardedRunThreeRanks) {
   run_scenarios(3, "shardequal");
 }
 
+TEST(DistOptGloo, ShardedParametersMatchTheUnshardedRunTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "shard3,shard3memory");
+}
+
+TEST(DistOptGloo, ShardedParametersMatchTheUnshardedRunThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "shard3,shard3memory");
+}
+
 TEST(DistOptGloo, ShardedMemoryTrafficAndRefusalsTwoRanks) {
   REQUIRE_GLOO();
   run_scenarios(2, "shardmemory,shardtraffic,shardrefusals");
@@ -234,7 +244,7 @@ TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
                                           "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale",
                                           "carried", "scaledfeedback", "misuse", "shardequal", "shardmemory",
-                                          "shardtraffic", "shardrefusals", "uneven"};
+                                          "shardtraffic", "shardrefusals", "uneven", "shard3", "shard3memory"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);
@@ -269,7 +279,7 @@ TEST(DistOptNccl, StepApiCodecsSyncBatchNormAndSeams) {
   REQUIRE_TWO_GPUS();
   run_scenarios(2,
                 "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16,lossscale,carried,"
-                "scaledfeedback,shardequal,shardmemory,shardtraffic,shardrefusals",
+                "scaledfeedback,shardequal,shardmemory,shardtraffic,shardrefusals,uneven,shard3,shard3memory",
                 "cuda");
 }
 

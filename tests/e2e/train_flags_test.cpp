@@ -121,6 +121,11 @@ TEST(TrainFlags, ShardedStateTrainsTheSameRunAndSaysWhatEachRankKeeps) {
   EXPECT_NE(refused.status, 0) << refused.output;
   EXPECT_NE(refused.output.find("-d sparseTopK cannot be combined with --shard optimizer"), std::string::npos)
       << refused.output;
+  auto stage3 = run_tandem("train --epochs 1 --limit-train 256 --limit-test 64 --threads 1 --progress off "
+                           "--shard parameters");
+  EXPECT_EQ(stage3.status, 2) << stage3.output;
+  EXPECT_NE(stage3.output.find("--shard parameters needs a model built of layer groups"), std::string::npos)
+      << stage3.output;
 }
 
 // --clip bounds each gradient value before the half-precision average: a bound below the gradients'

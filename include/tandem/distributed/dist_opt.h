@@ -41,7 +41,10 @@ std::vector<std::string> sync_method_names();
 ///    gradient lives in a bucket-sized buffer from the moment backward produces it until its
 ///    bucket is reduced. Micro-batches are then reduced one by one (no whole gradient is kept to
 ///    accumulate into).
-///  - parameters (stage 3): as gradients, and the parameters themselves are sharded.
+///  - parameters (stage 3): as gradients, and the parameters themselves are sharded: each layer group
+///    (a ShardedLayer of the model, found by sync_parameters) is gathered whole just before its forward
+///    and again before its backward, and freed after each; the next group's gather is started
+///    meanwhile. Between steps a rank keeps only its blocks of the parameters.
 enum class Shard { none, optimizer, gradients, parameters };
 /// "none", "optimizer", "gradients", "parameters".
 const char* shard_name(Shard s);
@@ -131,6 +134,8 @@ class DistOpt {
 
   /// Checks that every rank built the same model (names, shapes, dtypes; throws saying what
   /// differs), then broadcasts parameters and buffers from rank 0 so all ranks start identical.
+  /// Under Shard::parameters it first finds the model's layer groups (its ShardedLayers), and then
+  /// shards the parameters: load a checkpoint into the model before calling it.
   void sync_parameters(nn::Module& model);
 
   // ---- a step, split around the synchronisation: backward_and_sync, user code, update
@@ -232,8 +237,9 @@ class DistOpt {
   std::vector<std::string> load_rank_states(const std::vector<RankState>& saved);
   /// Collective, under sharding: the wrapped optimizer's state becomes the whole state, gathered
   /// from every rank's slices, so that a checkpoint of optimizer() holds all of it (the next update
-  /// moves it back into the slices, freeing it). Every rank calls it before the checkpoint is
-  /// written; without sharding it does nothing. A checkpoint loaded into optimizer() is likewise cut
+  /// moves it back into the slices, freeing it); sharded parameters are gathered whole as well (until
+  /// their layers' next use). Every rank calls it before the checkpoint is written; without sharding
+  /// it does nothing. A checkpoint loaded into optimizer() is likewise cut
   /// into this rank's slices at the next update: a run of any number of ranks and any Shard resumes
   /// from it.
   void gather_optimizer_state();
@@ -279,6 +285,7 @@ class DistOpt {
 
  private:
   void backward_and_sync_with(const SyncOptions& sync, const Tensor& loss);
+  void find_layer_groups(nn::Module& model);
   class Impl;
   std::shared_ptr<optim::Optimizer> opt_;
   std::shared_ptr<Communicator> comm_;

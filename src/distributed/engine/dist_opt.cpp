@@ -16,6 +16,7 @@
 #include "distributed/engine/reducer.h"
 #include "distributed/engine/shard.h"
 #include "distributed/engine/sync_check.h"
+#include "tandem/distributed/sharded_layer.h"
 #include "tandem/autograd.h"
 #include "tandem/ops.h"
 
@@ -86,7 +87,7 @@ class DistOpt::Impl {
     if (options.shard == Shard::none)
       averager_ = std::make_unique<detail::ParamAverager>(params, comm, options.bucket_bytes, stats_);
     else
-      sharded_ = std::make_unique<detail::ShardedStep>(params, reducer_, comm, stats_, opt);
+      sharded_ = std::make_shared<detail::ShardedStep>(params, reducer_, comm, stats_, opt);
     for (const Tensor& p : params) {
       env_.shapes.push_back(p.shape());
       param_impls_.insert(p.impl());
@@ -143,7 +144,8 @@ class DistOpt::Impl {
   CommStats stats_;
   detail::Reducer reducer_;
   std::unique_ptr<detail::ParamAverager> averager_;  // unsharded: the parameters' flat buffer
-  std::unique_ptr<detail::ShardedStep> sharded_;     // sharded: the same, and the step of this rank's slices
+  std::shared_ptr<detail::ShardedStep> sharded_;     // sharded: the same, and the step of this rank's slices
+  bool layers_found_ = false;  // sharded parameters: sync_parameters found the model's layer groups
   detail::CodecEnv env_;
   Tensor one_;
   SyncOptions active_;
@@ -167,8 +169,9 @@ DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communic
   for (size_t i = 0; i < ps.size(); ++i)
     TANDEM_CHECK(ps[i].dtype() == DType::f32, "DistOpt: parameter ", i, " is ", ps[i].str(),
                  "; f32 parameters are required");
-  TANDEM_CHECK(options.shard != Shard::parameters, "--shard parameters (ZeRO stage 3) is not available yet; use "
-               "--shard gradients, which shards everything but the parameters");
+  TANDEM_CHECK(!(options.uneven_inputs && options.shard == Shard::parameters), "uneven inputs cannot be combined "
+               "with --shard parameters: a rank without data would have to take part in every layer's gathers (use "
+               "--shard gradients)");
   impl_ = std::make_unique<Impl>(ps, comm_, options, *opt_);
   if (options.skip_nonfinite) {
     opt_->set_step_guard(impl_->reducer_.verdict());
@@ -197,15 +200,45 @@ void DistOpt::sync_parameters(nn::Module& model) {
                  " but the model's parameters are on ", comm_->device().str());
   m.names_ = names;
   check_same_model(*comm_, names, ps, m.buffers_);
+  if (m.options_.shard == Shard::parameters && !m.layers_found_) find_layer_groups(model);
+  if (comm_->size() > 1) {
+    if (m.sharded_)
+      m.sharded_->broadcast(0);
+    else
+      m.averager_->broadcast(0);
+  }
+  if (m.sharded_) m.sharded_->shard_parameters();  // sharded parameters: from now on each rank keeps its blocks
   if (comm_->size() == 1) return;
-  if (m.sharded_)
-    m.sharded_->broadcast(0);
-  else
-    m.averager_->broadcast(0);
   for (auto& [name, t] : m.buffers_) {
     WorkPtr w = comm_->broadcast(t, 0);
     detail::timed_wait(w, m.stats_);
   }
+}
+
+// Sharded parameters: the model's ShardedLayers are the layer groups, in the order the model registers
+// them. The buckets are laid out again along them (before any step), and the parameters' side of the
+// sharding made anew on that layout.
+void DistOpt::find_layer_groups(nn::Module& model) {
+  Impl& m = *impl_;
+  const auto& ps = opt_->params();
+  std::vector<ShardedLayer*> layers;
+  model.apply([&](nn::Module& mod) {
+    if (auto* layer = dynamic_cast<ShardedLayer*>(&mod)) layers.push_back(layer);
+  });
+  TANDEM_CHECK(!layers.empty(), "--shard parameters: the model has no ShardedLayer; wrap each layer (or block of "
+               "layers) whose parameters are to be sharded in dist::ShardedLayer");
+  std::vector<int> groups(ps.size(), -1);
+  for (size_t g = 0; g < layers.size(); ++g)
+    for (auto& [name, t] : layers[g]->named_parameters())
+      for (size_t i = 0; i < ps.size(); ++i)
+        if (ps[i].is_same(t)) groups[i] = static_cast<int>(g);
+  for (size_t i = 0; i < ps.size(); ++i)
+    TANDEM_CHECK(groups[i] >= 0, "--shard parameters: parameter ", m.names_[i], " is in no ShardedLayer; every "
+                 "parameter the optimizer holds must be (wrap the layer it belongs to)");
+  m.reducer_.set_groups(groups);
+  m.sharded_ = std::make_shared<detail::ShardedStep>(ps, m.reducer_, comm_, m.stats_, *opt_, /*shard_parameters=*/true);
+  for (size_t g = 0; g < layers.size(); ++g) layers[g]->attach(m.sharded_, static_cast<int>(g));
+  m.layers_found_ = true;
 }
 
 // ---- a step
@@ -214,6 +247,9 @@ void DistOpt::backward_and_sync(const Tensor& loss) { backward_and_sync_with(imp
 
 void DistOpt::backward_and_sync_with(const SyncOptions& sync, const Tensor& loss) {
   Impl& m = *impl_;
+  TANDEM_CHECK(m.options_.shard != Shard::parameters || m.layers_found_, "--shard parameters: call "
+               "sync_parameters(model) before the first step; it finds the model's ShardedLayers, whose parameters "
+               "it shards");
   m.use(sync);
   const bool accumulating = m.accumulating_;
   // Sharded gradients keep no whole gradient to accumulate into: every micro-batch is reduced.
@@ -238,6 +274,7 @@ void DistOpt::backward_and_sync_with(const SyncOptions& sync, const Tensor& loss
   } else {
     m.backward_counted(loss, [&m](const Tensor& leaf) { m.reducer_.on_ready(leaf); });
     m.reducer_.finish();
+    if (m.sharded_) m.sharded_->release_all();  // groups whose backward freed nothing (an input needing no gradient)
   }
   // Counted once backward succeeded: a failed one leaves no step for update() to apply.
   m.stats_.steps++;
@@ -346,6 +383,7 @@ bool DistOpt::join_step(double clip_norm) {
     m.reducer_.begin(m.accumulating_);
     m.reducer_.zero_contribution();
     m.reducer_.finish();
+    if (m.sharded_) m.sharded_->release_all();
     m.stats_.steps++;
     m.accumulating_ = true;
     if (updating == 0) continue;  // a micro-batch reduced on its own (sharded gradients): more follow
@@ -396,7 +434,9 @@ void DistOpt::check_consistency(bool include_buffers) {
       tensors.push_back(t);
       names.push_back(name);
     }
+  if (m.sharded_) m.sharded_->gather_all();  // sharded parameters: compared whole
   check_identical_values(*comm_, tensors, names);
+  if (m.sharded_) m.sharded_->release_all();
 }
 
 // ---- introspection
@@ -669,7 +709,9 @@ std::vector<std::string> DistOpt::load_rank_states(const std::vector<RankState>&
 }
 
 void DistOpt::gather_optimizer_state() {
-  if (impl_->sharded_) impl_->sharded_->gather_state(*opt_);
+  if (!impl_->sharded_) return;
+  impl_->sharded_->gather_state(*opt_);
+  impl_->sharded_->gather_all();  // sharded parameters: whole until their layers' next use frees them
 }
 
 std::vector<double> DistOpt::residual_norms() const { return impl_->reducer_.residual_norms(); }

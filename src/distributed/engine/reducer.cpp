@@ -3,6 +3,7 @@
 // really arrive in. The codec decides what travels; the reducer decides when.
 #include "distributed/engine/reducer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/backend.h"
@@ -66,10 +67,14 @@ void Reducer::layout(const std::vector<int>& order) {
   const size_t elem = dtype_size(arena_dtype_);
   auto limit_of = [&](size_t k) { return k == 0 ? options_.first_bucket_bytes : options_.bucket_bytes; };
   buckets_.clear();
+  int last_group = -1;
   for (int i : order) {
     Slot& s = slots_[static_cast<size_t>(i)];
+    const int group = groups_.empty() ? -1 : groups_[static_cast<size_t>(i)];
     bool full = !buckets_.empty() &&
-                static_cast<size_t>(buckets_.back().numel + s.numel) * elem > limit_of(buckets_.size() - 1);
+                (static_cast<size_t>(buckets_.back().numel + s.numel) * elem > limit_of(buckets_.size() - 1) ||
+                 group != last_group);
+    last_group = group;
     if (buckets_.empty() || full) {
       Bucket b;
       b.index = static_cast<int>(buckets_.size());
@@ -207,11 +212,13 @@ void Reducer::launch_ready() {
     apply_gradient_scale(b);
     if (world_ > 1 || !sharded()) {
       codec_->launch(b);
-      continue;
+    } else {
+      // A sharded job of one rank: nothing travels, and its one block is the whole bucket.
+      codec_->apply_locally(b);
+      if (b.shard.data_ptr() != b.grad.data_ptr()) b.shard.copy_(b.grad);
     }
-    // A sharded job of one rank: nothing travels, and its one block is the whole bucket.
-    codec_->apply_locally(b);
-    if (b.shard.data_ptr() != b.grad.data_ptr()) b.shard.copy_(b.grad);
+    // Sharded gradients: the staging is the collective's now (it holds it until done), not ours.
+    if (!whole_arena()) b.grad = Tensor();
   }
 }
 
@@ -341,6 +348,20 @@ void Reducer::rebuild() {
   std::vector<int64_t> agreed = t.to_vector<int64_t>();
   order.assign(agreed.begin(), agreed.end());
   layout(order);
+}
+
+void Reducer::set_groups(const std::vector<int>& group_of_param) {
+  TANDEM_CHECK(group_of_param.size() == slots_.size(), "layer groups for ", group_of_param.size(), " of ",
+               slots_.size(), " parameters");
+  groups_ = group_of_param;
+  // Backward meets the groups from the last to the first, and each group's parameters in reverse order.
+  std::vector<int> order(slots_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(order.size() - 1 - i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return groups_[static_cast<size_t>(a)] > groups_[static_cast<size_t>(b)];
+  });
+  layout(order);
+  carried_saved_.clear();
 }
 
 void Reducer::restore_layout(const std::vector<int>& order) {

@@ -87,6 +87,14 @@ class Reducer {
   bool layout_learnt() const { return rebuilt_; }
   /// Adopts a layout saved by layout_order (a permutation of the parameters), as the learnt one.
   void restore_layout(const std::vector<int>& order);
+  /// Lays the buckets out again so that none holds parameters of two layer groups (group_of_param[i]:
+  /// parameter i's), the groups from the last to the first and each group's parameters in reverse
+  /// order, as backward meets them. Before the first step only.
+  void set_groups(const std::vector<int>& group_of_param);
+  /// The layer group of a bucket's parameters (after set_groups; -1 otherwise).
+  int group_of_bucket(size_t k) const {
+    return groups_.empty() ? -1 : groups_[static_cast<size_t>(buckets_[k].params.front())];
+  }
   /// The error-feedback residuals, every parameter's in arena order (undefined without them).
   const Tensor& residuals() const { return residual_arena_; }
   GradCodec& codec() { return *codec_; }
@@ -148,6 +156,7 @@ class Reducer {
   Tensor total_, norm_sq_;  // their sum, for check_finite and for grad_norm (allocated once)
   Tensor factor_;           // set_gradient_scale
   double contribution_ = 1.0;  // set_contribution_scale
+  std::vector<int> groups_;     // set_groups: per parameter, its layer group
   std::vector<Tensor> carried_saved_;  // check_finite: the carried state as it was before this step
   std::vector<Tensor> bucket_sum_views_;
   bool trace_on_ = false;

@@ -1,20 +1,40 @@
 #include "distributed/engine/shard.h"
 
 #include <algorithm>
+#include <cmath>
 
+#include "core/allocator.h"
 #include "core/tensor_impl.h"
 #include "distributed/engine/grad_codec.h"
 
 namespace tandem::dist::detail {
 
 ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reducer, std::shared_ptr<Communicator> comm,
-                         CommStats& stats, const optim::Optimizer& opt)
-    : comm_(std::move(comm)), stats_(stats), reducer_(reducer) {
+                         CommStats& stats, const optim::Optimizer& opt, bool shard_parameters)
+    : comm_(std::move(comm)), stats_(stats), reducer_(reducer), params_(params), stage3_(shard_parameters) {
   const std::vector<Bucket>& buckets = reducer.buckets();
-  int64_t total = 0;
-  for (const Bucket& b : buckets) total = std::max(total, b.offset + b.span);
-  arena_ = Tensor::zeros({total}, DType::f32, comm_->device());
+  const Device device = comm_->device();
   const int world = comm_->size(), rank = comm_->rank();
+  int64_t total = 0, blocks = 0;
+  for (const Bucket& b : buckets) {
+    total = std::max(total, b.offset + b.span);
+    block_at_.push_back(blocks);
+    blocks += b.span / world;
+  }
+  arena_ = Tensor::zeros({total}, DType::f32, device);
+  if (stage3_) {
+    blocks_ = Tensor::zeros({blocks}, DType::f32, device);
+    whole_.resize(buckets.size());
+    gathering_.resize(buckets.size());
+    held_.resize(buckets.size());
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      const int g = reducer.group_of_bucket(k);
+      if (g < 0) continue;
+      if (group_buckets_.size() <= static_cast<size_t>(g)) group_buckets_.resize(static_cast<size_t>(g) + 1);
+      group_buckets_[static_cast<size_t>(g)].push_back(k);
+    }
+    absent_ = Tensor::full({1}, std::nan(""), DType::f32, device);
+  }
   std::vector<optim::ParamGroup> groups(opt.groups().size());
   std::vector<std::vector<ShardPiece>> group_pieces(groups.size());
   for (const Bucket& b : buckets) {
@@ -29,7 +49,8 @@ ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reduc
       // The part of the parameter inside this rank's block, and the same part of the block's average.
       const int64_t a = std::max(start, lo), z = std::min(end, hi);
       if (a >= z) continue;
-      Tensor piece = arena_.narrow(0, a, z - a);
+      Tensor piece = stage3_ ? blocks_.narrow(0, block_at_[static_cast<size_t>(b.index)] + a - lo, z - a)
+                             : arena_.narrow(0, a, z - a);
       piece.requires_grad_();
       piece.set_grad(reducer.owned(static_cast<size_t>(b.index)).narrow(0, a - lo, z - a));
       const size_t g = static_cast<size_t>(opt.group_of()[static_cast<size_t>(i)]);
@@ -45,17 +66,139 @@ ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reduc
   stepper_ = opt.with_params(std::move(groups));
 }
 
+// ---- sharded parameters
+
+void ShardedStep::shard_parameters() {
+  if (!stage3_ || params_sharded_) return;
+  const int world = comm_->size(), rank = comm_->rank();
+  const std::vector<Bucket>& buckets = reducer_.buckets();
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const Bucket& b = buckets[k];
+    const int64_t block = b.span / world;
+    blocks_.narrow(0, block_at_[k], block).copy_(arena_.narrow(0, b.offset + rank * block, block));
+    unbind(k);
+  }
+  arena_ = Tensor();
+  params_sharded_ = true;
+}
+
+// Starts bucket k's all-gather into a whole buffer of its own, unless it is gathered or on its way. A
+// buffer released while ops still held it for backward is filled again in place: they read it then.
+void ShardedStep::launch(size_t k) {
+  if (whole_[k].defined()) return;
+  const Bucket& b = reducer_.buckets()[k];
+  const int64_t block = b.span / comm_->size();
+  if (std::shared_ptr<Storage> kept = held_[k].lock()) {
+    kept->allocator = allocator_;
+    kept->ptr = allocator_->allocate(kept->nbytes);
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = std::move(kept);
+    impl->shape = {b.span};
+    impl->strides = {1};
+    whole_[k] = Tensor(std::move(impl));
+  } else {
+    whole_[k] = Tensor::empty({b.span}, DType::f32, comm_->device());
+  }
+  gathering_[k] = comm_->all_gather(blocks_.narrow(0, block_at_[k], block), whole_[k]);
+  count_all_gather(stats_, static_cast<int64_t>(whole_[k].nbytes()), comm_->size());
+}
+
+// Waits for bucket k's all-gather and points its parameters at the whole buffer.
+void ShardedStep::bind(size_t k) {
+  if (!gathering_[k]) return;  // bound already
+  timed_wait(gathering_[k], stats_);
+  const Bucket& b = reducer_.buckets()[k];
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    const Tensor& p = params_[static_cast<size_t>(b.params[j])];
+    rebind_storage(p, whole_[k].narrow(0, b.starts[j], p.numel()).view(p.shape()));
+  }
+}
+
+// Points bucket k's parameters at the NaN and frees its whole buffer. Ops that saved a view of it for
+// backward (a layer's weight) would keep its memory: it is handed back all the same, the buffer kept
+// empty, and filled again in place by the gather that precedes the layer's backward.
+void ShardedStep::unbind(size_t k) {
+  if (gathering_.size() > k && gathering_[k]) timed_wait(gathering_[k], stats_);  // no buffer freed in flight
+  for (int i : reducer_.buckets()[k].params) {
+    const Tensor& p = params_[static_cast<size_t>(i)];
+    rebind_storage(p, as_strided(absent_, p.shape(), Shape(p.shape().size(), 0), 0));
+  }
+  if (whole_.size() <= k || !whole_[k].defined()) return;
+  std::shared_ptr<Storage> buffer = whole_[k].impl()->storage;
+  whole_[k] = Tensor();
+  if (buffer.use_count() == 1 || !buffer->allocator) return;  // nobody else holds it: freed with it
+  allocator_ = buffer->allocator;
+  allocator_->deallocate(buffer->ptr, buffer->nbytes);
+  buffer->ptr = nullptr;
+  buffer->allocator = nullptr;
+  held_[k] = buffer;
+}
+
+void ShardedStep::gather(int group, int next) {
+  shard_parameters();
+  const auto in_range = [&](int g) { return g >= 0 && static_cast<size_t>(g) < group_buckets_.size(); };
+  if (in_range(group))
+    for (size_t k : group_buckets_[static_cast<size_t>(group)]) launch(k);
+  if (in_range(next))  // prefetched: on its way while this group computes
+    for (size_t k : group_buckets_[static_cast<size_t>(next)]) launch(k);
+  if (in_range(group))
+    for (size_t k : group_buckets_[static_cast<size_t>(group)]) bind(k);
+}
+
+void ShardedStep::release(int group) {
+  if (group < 0 || static_cast<size_t>(group) >= group_buckets_.size()) return;
+  for (size_t k : group_buckets_[static_cast<size_t>(group)]) unbind(k);
+}
+
+void ShardedStep::gather_all() {
+  if (!stage3_) return;
+  shard_parameters();
+  for (size_t k = 0; k < whole_.size(); ++k) launch(k);
+  for (size_t k = 0; k < whole_.size(); ++k) bind(k);
+}
+
+void ShardedStep::release_all() {
+  if (!params_sharded_) return;
+  for (size_t k = 0; k < whole_.size(); ++k)
+    if (whole_[k].defined()) unbind(k);
+}
+
+template <typename F>
+void ShardedStep::on_whole(F f) {
+  gather_all();
+  const int world = comm_->size(), rank = comm_->rank();
+  const std::vector<Bucket>& buckets = reducer_.buckets();
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    f(whole_[k]);
+    const int64_t block = buckets[k].span / world;
+    blocks_.narrow(0, block_at_[k], block).copy_(whole_[k].narrow(0, rank * block, block));
+  }
+  release_all();
+}
+
 void ShardedStep::broadcast(int root) {
   if (comm_->size() == 1) return;
-  WorkPtr w = comm_->broadcast(arena_, root);
-  timed_wait(w, stats_);
+  auto send = [&](Tensor t) {
+    WorkPtr w = comm_->broadcast(t, root);
+    timed_wait(w, stats_);
+  };
+  if (params_sharded_)
+    on_whole(send);
+  else
+    send(arena_);
 }
 
 void ShardedStep::average() {
   if (comm_->size() == 1) return;
-  WorkPtr w = comm_->all_reduce(arena_, ReduceOp::Avg);
-  count_all_reduce(stats_, static_cast<int64_t>(arena_.nbytes()), comm_->size());
-  timed_wait(w, stats_);
+  auto mean = [&](Tensor t) {
+    WorkPtr w = comm_->all_reduce(t, ReduceOp::Avg);
+    count_all_reduce(stats_, static_cast<int64_t>(t.nbytes()), comm_->size());
+    timed_wait(w, stats_);
+  };
+  if (params_sharded_)
+    on_whole(mean);
+  else
+    mean(arena_);
 }
 
 void ShardedStep::gather_state(optim::Optimizer& opt) {
@@ -149,7 +292,7 @@ void ShardedStep::step(optim::Optimizer& opt) {
   s.set_step_guard(opt.step_guard());
   s.step();
   opt.count_replayed_step();  // the wrapped optimizer's count (and schedule) move on as if it had stepped
-  gather();
+  if (!stage3_) gather();      // sharded parameters are gathered by their layers' next use instead
 }
 
 void ShardedStep::gather() {

@@ -5,11 +5,19 @@
 // one's kind and settings steps those slices only, reading their gradients from the reducer's blocks
 // of the averages: its state exists for them alone. After the step, every bucket's parameter blocks
 // are all-gathered in place, and every rank holds the whole model again.
+//
+// With sharded parameters (stage 3) the parameter buffer stays whole only until sync_parameters
+// (a loaded checkpoint and rank 0's broadcast land in it); then each rank keeps its blocks alone, and
+// the parameters are gathered by layer group (ShardedLayer) just for their forward and backward: a
+// released parameter views a single NaN, with zero strides.
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/tensor_impl.h"
+
 #include "distributed/engine/reducer.h"
+#include "tandem/distributed/sharded_layer.h"
 #include "tandem/optim/optimizer.h"
 
 namespace tandem::dist::detail {
@@ -23,12 +31,24 @@ struct ShardPiece {
   int64_t offset = 0;  // where the slice starts in the parameter buffer (and the gradient arena)
 };
 
-class ShardedStep {
+class ShardedStep final : public LayerGatherer {
  public:
   /// Moves `params` into the parameter buffer (each keeps its identity and now views the buffer) and
-  /// makes the optimizer of this rank's slices after `opt`.
+  /// makes the optimizer of this rank's slices after `opt`. With shard_parameters, the slices are of
+  /// this rank's blocks, kept apart (see shard_parameters()).
   ShardedStep(const std::vector<Tensor>& params, const Reducer& reducer, std::shared_ptr<Communicator> comm,
-              CommStats& stats, const optim::Optimizer& opt);
+              CommStats& stats, const optim::Optimizer& opt, bool shard_parameters = false);
+
+  // ---- sharded parameters (stage 3)
+  /// Keeps this rank's blocks of the parameters and frees the whole buffer: from now on the
+  /// parameters are whole only while gathered. Once; does nothing without sharded parameters.
+  void shard_parameters();
+  void gather(int group, int next) override;
+  void release(int group) override;
+  /// Every group gathered (to read or write the whole parameters: checkpoints, checks), and released.
+  void gather_all();
+  void release_all();
+  bool shards_parameters() const { return stage3_; }
 
   /// Every rank takes root's parameters.
   void broadcast(int root);
@@ -47,17 +67,36 @@ class ShardedStep {
   /// The optimizer of this rank's slices (its parameter i is pieces()[i]).
   optim::Optimizer& stepper() { return *stepper_; }
   const std::vector<ShardPiece>& pieces() const { return pieces_; }
-  /// Bytes of the parameter buffer.
-  int64_t parameter_bytes() const { return static_cast<int64_t>(arena_.nbytes()); }
+  /// Bytes of the parameters kept between steps: the whole buffer, or this rank's blocks.
+  int64_t parameter_bytes() const {
+    return static_cast<int64_t>(stage3_ ? blocks_.nbytes() : arena_.nbytes());
+  }
   /// Elements this rank steps (the optimizer's state is this many per copy).
   int64_t stepped_elements() const { return stepped_; }
 
  private:
   void gather();
+  void launch(size_t k);
+  void bind(size_t k);
+  void unbind(size_t k);
+  // Runs f on the whole parameters (gathered for it), then keeps this rank's blocks of what f left.
+  template <typename F>
+  void on_whole(F f);
   std::shared_ptr<Communicator> comm_;
   CommStats& stats_;
   const Reducer& reducer_;
+  std::vector<Tensor> params_;
   Tensor arena_;
+  bool stage3_ = false;
+  bool params_sharded_ = false;
+  Tensor blocks_;                                 // stage 3: this rank's block of every bucket
+  std::vector<int64_t> block_at_;                 // per bucket: where its block starts in blocks_
+  std::vector<Tensor> whole_;                     // stage 3: per bucket, its parameters while gathered
+  std::vector<WorkPtr> gathering_;                // per bucket: its all-gather in flight
+  std::vector<std::vector<size_t>> group_buckets_;  // per layer group, its buckets
+  Tensor absent_;                                 // what a released parameter views
+  std::vector<std::weak_ptr<Storage>> held_;      // per bucket: a released buffer ops still view, emptied
+  Allocator* allocator_ = nullptr;                // what filled such a buffer, to fill it again
   std::vector<ShardPiece> pieces_;                 // in the order of the stepping optimizer's parameters
   std::vector<std::vector<size_t>> bucket_pieces_;  // per bucket, its pieces' indices
   std::shared_ptr<optim::Optimizer> stepper_;

@@ -398,8 +398,10 @@ void scenario_sync_bn(const std::shared_ptr<dist::Communicator>& comm) {
     backward(softmax_cross_entropy(ref->forward(g.x), g.y));
     ref_opt.step();
   }
-  auto run = [&](const std::shared_ptr<Sequential>& model, bool synced) {
-    dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, small_buckets());
+  auto run = [&](const std::shared_ptr<Sequential>& model, bool synced, dist::Shard shard = dist::Shard::none) {
+    dist::DistOptOptions o = small_buckets();
+    o.shard = shard;
+    dist::DistOpt opt(std::make_shared<optim::SGD>(model->parameters(), so), comm, o);
     opt.sync_parameters(*model);
     for (int s = 0; s < steps; ++s) {
       Batch g = shifted_batch(s, b, W);
@@ -417,6 +419,15 @@ void scenario_sync_bn(const std::shared_ptr<dist::Communicator>& comm) {
                         model_values(*model), model_values(*ref), 1e-5);
     expect_close_models(strf("running statistics (%s)", what), values_of(model->named_buffers()),
                         values_of(ref->named_buffers()), 1e-5);
+  }
+  // Sharded state composes with it: the layers' all-reduces run between the buckets' reduce-scatters.
+  for (dist::Shard shard : {dist::Shard::optimizer, dist::Shard::gradients}) {
+    auto sharded = bn_cnn([&](int64_t c) { return std::make_shared<dist::SyncBatchNorm2d>(c, comm); });
+    run(sharded, true, shard);
+    expect_close_models(strf("sync batch norm with --shard %s vs without", dist::shard_name(shard)),
+                        model_values(*sharded), model_values(*built), 1e-6);
+    expect_close_models(strf("running statistics with --shard %s", dist::shard_name(shard)),
+                        values_of(sharded->named_buffers()), values_of(built->named_buffers()), 0.0);
   }
   if (W > 1) {
     auto local = bn_cnn(plain_bn);

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/checkpoint.h"
+#include "tandem/distributed/sharded_layer.h"
 #include "tandem/nn/layers.h"
 #include "tandem/ops.h"
 #include "tandem/random.h"
@@ -24,7 +25,8 @@ namespace distopt_worker {
 
 namespace {
 
-const dist::Shard kShards[] = {dist::Shard::none, dist::Shard::optimizer, dist::Shard::gradients};
+const dist::Shard kShards[] = {dist::Shard::none, dist::Shard::optimizer, dist::Shard::gradients,
+                               dist::Shard::parameters};
 
 std::string ckpt_dir() {
   const char* d = std::getenv("TANDEM_TEST_CKPT_DIR");
@@ -34,13 +36,17 @@ std::string ckpt_dir() {
 std::string ckpt_path(const std::string& name) { return ckpt_dir() + "/" + name + ".ckpt"; }
 std::string rank_path(const std::string& name, int rank) { return ckpt_path(name) + ".rank" + std::to_string(rank); }
 
-// linear 8->21, relu, linear 21->5: 299 parameters in two 1 KiB buckets, cut mid-parameter on 2 and 3 ranks.
-std::shared_ptr<nn::Sequential> small_mlp(uint64_t seed) {
+// linear 8->21, relu, linear 21->5: 299 parameters in two 1 KiB buckets, cut mid-parameter on 2 and 3
+// ranks. For sharded parameters the linear layers are ShardedLayers, under the same parameter names.
+std::shared_ptr<nn::Sequential> small_mlp(uint64_t seed, bool wrap) {
   Generator gen(seed);
+  auto group = [&](nn::ModulePtr l) -> nn::ModulePtr {
+    return wrap ? std::make_shared<dist::ShardedLayer>(std::move(l)) : l;
+  };
   auto m = std::make_shared<nn::Sequential>();
-  m->add(std::make_shared<nn::Linear>(8, 21, gen));
+  m->add(group(std::make_shared<nn::Linear>(8, 21, gen)));
   m->add(std::make_shared<nn::ReLU>());
-  m->add(std::make_shared<nn::Linear>(21, 5, gen));
+  m->add(group(std::make_shared<nn::Linear>(21, 5, gen)));
   m->to(g_device);
   return m;
 }
@@ -69,15 +75,15 @@ struct Job {
 };
 
 Job make_job(const std::shared_ptr<dist::Communicator>& comm, dist::Shard shard, const std::string& method,
-             uint64_t seed) {
+             uint64_t seed, bool sync = true) {
   Job j;
-  j.model = small_mlp(seed);
+  j.model = small_mlp(seed, shard == dist::Shard::parameters);
   dist::DistOptOptions o = small_buckets();
   o.shard = shard;
   o.sync.method = method;
   o.sync.spars = 0.2;
   j.opt = std::make_unique<dist::DistOpt>(adamw(*j.model), comm, o);
-  j.opt->sync_parameters(*j.model);
+  if (sync) j.opt->sync_parameters(*j.model);
   return j;
 }
 
@@ -105,7 +111,9 @@ std::vector<dist::RankState> saved_states(const std::string& name, int from) {
 
 Job load(const std::shared_ptr<dist::Communicator>& comm, dist::Shard shard, const std::string& method,
          const std::string& name, int from) {
-  Job j = make_job(comm, shard, method, 99);  // other parameters than the saved ones: the load must replace them
+  // Other parameters than the saved ones, which the load must replace; loaded before sync_parameters,
+  // which shards them under Shard::parameters.
+  Job j = make_job(comm, shard, method, 99, /*sync=*/false);
   load_checkpoint(ckpt_path(name), *j.model, &j.opt->optimizer());
   for (const std::string& note : j.opt->load_rank_states(saved_states(name, from)))
     std::printf("%s\n", note.c_str());
@@ -176,6 +184,7 @@ void scenario_reshard_load(const std::shared_ptr<dist::Communicator>& comm) {
       Job j = load(comm, shard, "plain", name, from);
       expect_saved_state(j, name, what);
       train(j, me, 4, 5);
+      j.opt->gather_optimizer_state();  // sharded parameters: whole again, to be read
       const Values got = host_values(j.model->parameters());
       // Two ranks add in either order alike: the continuation is exact; three sum in another order.
       expect_close_models(what + ", 5 steps on", got, expected, W <= 2 ? 0.0 : 1e-6);

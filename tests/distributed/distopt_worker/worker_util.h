@@ -126,5 +126,7 @@ void scenario_shard_refusals(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_reshard_save(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_reshard_load(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_uneven(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_shard_parameters(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_shard_parameters_memory(const std::shared_ptr<dist::Communicator>& comm);
 
 }  // namespace distopt_worker

@@ -214,7 +214,7 @@ WorkPtr GlooCommunicator::enqueue(const char* name, Body body) {
   uint32_t tag = next_tag_++;
   note_collective();
   milliseconds timeout(timeout_ms_.load());
-  queue_.push_back([this, work, name, tag, timeout, body = std::move(body)] {
+  queue_.push_back([this, work, name, tag, timeout, body = std::move(body)]() mutable {
     std::string failure;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -228,6 +228,7 @@ WorkPtr GlooCommunicator::enqueue(const char* name, Body body) {
     }
     try {
       body(tag, timeout);
+      body = nullptr;  // lets go of the collective's tensors before its caller learns that it is done
       work->finish(nullptr);
     } catch (const gloo::Exception& e) {
       std::string what = strip_location(e.what());
