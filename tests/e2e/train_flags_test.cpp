@@ -113,7 +113,9 @@ TEST(TrainFlags, ShardedStateTrainsTheSameRunAndSaysWhatEachRankKeeps) {
     const bool shards_grads = std::string(shard) == "gradients", shards_state = std::string(shard) != "none";
     EXPECT_NEAR(grads, shards_grads ? params / 2 : params, 0.1) << out;
     EXPECT_NEAR(state, shards_state ? params / 2 : params, 0.1) << out;
-    if (std::string(shard) != "none") EXPECT_NE(out.find(std::string("shard ") + shard + ")"), std::string::npos) << out;
+    if (std::string(shard) != "none") {
+      EXPECT_NE(out.find(std::string("shard ") + shard + ")"), std::string::npos) << out;
+    }
   }
   auto refused = run_tandem("launch -n 2 -- " + std::string(TANDEM_BIN) +
                             " train --epochs 1 --limit-train 256 --limit-test 64 --threads 1 --progress off "
