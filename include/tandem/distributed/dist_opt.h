@@ -53,7 +53,8 @@ Shard parse_shard(const std::string& s);
 
 /// The bytes one rank keeps for the model's training state, by kind, in the steady state (the
 /// optimizer's state counted before its first step creates it). Buffers a step allocates and
-/// frees (a bucket's staging under sharded gradients) are not counted.
+/// frees (a bucket's staging under sharded gradients, a layer group's whole parameters under sharded
+/// parameters) are not counted.
 struct MemoryReport {
   int64_t parameters = 0;
   int64_t gradients = 0;
@@ -239,9 +240,8 @@ class DistOpt {
   /// from every rank's slices, so that a checkpoint of optimizer() holds all of it (the next update
   /// moves it back into the slices, freeing it); sharded parameters are gathered whole as well (until
   /// their layers' next use). Every rank calls it before the checkpoint is written; without sharding
-  /// it does nothing. A checkpoint loaded into optimizer() is likewise cut
-  /// into this rank's slices at the next update: a run of any number of ranks and any Shard resumes
-  /// from it.
+  /// it does nothing. A checkpoint loaded into optimizer() is likewise cut into this rank's slices at
+  /// the next update: a run of any number of ranks and any Shard resumes from it.
   void gather_optimizer_state();
   /// partialUpdate: the chunk of the parameters the next update() averages (a wait for the device).
   int64_t partial_chunk() const;
