@@ -107,30 +107,47 @@ TEST(CpuVecMath, SumsMaxAndDotOverRaggedLengths) {
     EXPECT_EQ(exp_sum_f32<false>(x.data(), nullptr, n, 1.0f, hi, -INFINITY), se) << n;
     // Below -87.3 the exponentials are 0: x - 100 has none above it.
     EXPECT_EQ(exp_sum_f32<false>(x.data(), nullptr, n, 1.0f, hi + 100.0f, lo), 0.0) << n;
-    double sq = 0, s1 = 0, s2 = 0, wsum = 0, wdev = 0;
+    double sq = 0, wsum = 0, wdev = 0;
     for (int64_t j = 0; j < n; ++j) {
       sq += (static_cast<double>(x[j]) - 0.25) * (static_cast<double>(x[j]) - 0.25);
-      s1 += static_cast<double>(y[j]) * x[j];
-      s2 += static_cast<double>(y[j]) * x[j] * (static_cast<double>(x[j]) - 0.25);
       wsum += y[j];
       wdev += static_cast<double>(y[j]) * (static_cast<double>(x[j]) - 0.25);
     }
     EXPECT_NEAR(sum_sq_dev_f32(x.data(), n, 0.25f), sq, 1e-5 * (1 + sq)) << n;
-    // Gradient y, weight x, rstd 1.5: the sums, and the row's parameter gradients added to what aw, ab hold.
-    double a1, a2;
+    // Three rows (y, x and y + x as gradients, weight x, means 0.25, -0.5, 1, rstd 1.5, 0.5, 2): each row's
+    // sums, and the rows' parameter gradients added to what aw, ab hold.
+    const float mus[3] = {0.25f, -0.5f, 1.0f}, rs[3] = {1.5f, 0.5f, 2.0f};
+    std::vector<float> g3(3 * n), x3(3 * n);
+    for (int64_t j = 0; j < n; ++j) {
+      g3[j] = y[j], g3[n + j] = x[j], g3[2 * n + j] = y[j] + x[j];
+      x3[j] = x3[n + j] = x3[2 * n + j] = x[j];
+    }
+    double a1[3], a2[3];
     std::vector<float> aw(n), ab(n);
     for (int64_t j = 0; j < n; ++j) aw[j] = 0.5f * static_cast<float>(j), ab[j] = -static_cast<float>(j);
-    norm_backward_row_f32(y.data(), x.data(), x.data(), n, 0.25f, 1.5f, aw.data(), ab.data(), a1, a2);
-    EXPECT_NEAR(a1, s1, 1e-5 * (1 + std::abs(s1))) << n;
-    EXPECT_NEAR(a2, s2, 1e-5 * (1 + std::abs(s2))) << n;
-    for (int64_t j = 0; j < n; ++j) {
-      const double want_w = 0.5 * j + static_cast<double>(y[j]) * (static_cast<double>(x[j]) - 0.25) * 1.5;
-      EXPECT_NEAR(aw[j], want_w, 1e-5 * (1 + std::abs(want_w))) << n << " " << j;
-      EXPECT_NEAR(ab[j], static_cast<double>(y[j]) - j, 1e-5 * (1 + j)) << n << " " << j;
+    norm_backward_rows_f32<3>(g3.data(), x.data(), x3.data(), n, n, mus, rs, aw.data(), ab.data(), a1, a2);
+    for (int i = 0; i < 3; ++i) {
+      double w1 = 0, w2 = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const double gw = static_cast<double>(g3[i * n + j]) * x[j];
+        w1 += gw, w2 += gw * (static_cast<double>(x[j]) - mus[i]);
+      }
+      EXPECT_NEAR(a1[i], w1, 1e-5 * (1 + std::abs(w1))) << n << " row " << i;
+      EXPECT_NEAR(a2[i], w2, 1e-5 * (1 + std::abs(w2))) << n << " row " << i;
     }
-    norm_backward_row_f32(y.data(), nullptr, x.data(), n, 0.25f, 1.5f, nullptr, nullptr, a1, a2);  // no weight
-    EXPECT_NEAR(a1, wsum, 1e-5 * (1 + std::abs(wsum))) << n;
-    EXPECT_NEAR(a2, wdev, 1e-5 * (1 + std::abs(wdev))) << n;
+    for (int64_t j = 0; j < n; ++j) {
+      double want_w = 0.5 * j, want_b = -static_cast<double>(j);
+      for (int i = 0; i < 3; ++i) {
+        want_w += static_cast<double>(g3[i * n + j]) * (static_cast<double>(x[j]) - mus[i]) * rs[i];
+        want_b += g3[i * n + j];
+      }
+      EXPECT_NEAR(aw[j], want_w, 1e-5 * (1 + std::abs(want_w))) << n << " " << j;
+      EXPECT_NEAR(ab[j], want_b, 1e-5 * (1 + std::abs(want_b))) << n << " " << j;
+    }
+    // One row, no weight, no parameter gradients.
+    norm_backward_rows_f32<1>(y.data(), nullptr, x.data(), n, n, mus, rs, nullptr, nullptr, a1, a2);
+    EXPECT_NEAR(a1[0], wsum, 1e-5 * (1 + std::abs(wsum))) << n;
+    EXPECT_NEAR(a2[0], wdev, 1e-5 * (1 + std::abs(wdev))) << n;
     // Stored: e^(2 (x - max)), with the range checks skipped or not (the same values), and in place.
     std::vector<float> e(n), e2(n), inplace = x;
     const double s = exp_sum_f32<true>(x.data(), e.data(), n, 2.0f, hi, lo);

@@ -49,21 +49,28 @@ void norm_rows_f32(const float* x, const float* w, const float* b, float* y, int
 
 // Up to kRowGroup f32 rows of the backward, from x and g (c apart), with their mean (null: 0) and rstd: dx =
 // rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = g w (w null: g), xhat = (x - mean) rstd (dx null: not
-// written), the rows' parameter gradients added into aw and ab (where not null) on the pass that takes the
-// sums; every row's sums first, then the rows' dx.
+// written), the rows' parameter gradients added into aw and ab (where not null) on the one pass that takes
+// every row's sums (aw and ab read and written once for the group), then the rows' dx.
 void norm_rows_backward_f32(const float* x, const float* g, const float* w, const float* mean, const float* rstd,
                             float* dx, float* aw, float* ab, int64_t rows, int64_t c, bool rms) {
-  float m1[kRowGroup], m2[kRowGroup];
+  float mus[kRowGroup] = {}, m1[kRowGroup], m2[kRowGroup];
+  double s1[kRowGroup], s2[kRowGroup];
+  if (mean) std::copy(mean, mean + rows, mus);
+  static_assert(kRowGroup == 4, "the switch takes groups of one to four rows");
+  switch (rows) {
+    case 4: cpu::norm_backward_rows_f32<4>(g, w, x, c, c, mus, rstd, aw, ab, s1, s2); break;
+    case 3: cpu::norm_backward_rows_f32<3>(g, w, x, c, c, mus, rstd, aw, ab, s1, s2); break;
+    case 2: cpu::norm_backward_rows_f32<2>(g, w, x, c, c, mus, rstd, aw, ab, s1, s2); break;
+    default: cpu::norm_backward_rows_f32<1>(g, w, x, c, c, mus, rstd, aw, ab, s1, s2); break;
+  }
   const double inv_c = 1.0 / static_cast<double>(c);
   for (int64_t i = 0; i < rows; ++i) {
-    double s1, s2;
-    cpu::norm_backward_row_f32(g + i * c, w, x + i * c, c, mean ? mean[i] : 0.0f, rstd[i], aw, ab, s1, s2);
-    m1[i] = rms ? 0.0f : static_cast<float>(s1 * inv_c);
-    m2[i] = static_cast<float>(s2 * rstd[i] * inv_c);
+    m1[i] = rms ? 0.0f : static_cast<float>(s1[i] * inv_c);
+    m2[i] = static_cast<float>(s2[i] * rstd[i] * inv_c);
   }
   if (!dx) return;
   for (int64_t i = 0; i < rows; ++i) {
-    const float *xr = x + i * c, *gr = g + i * c, mu = mean ? mean[i] : 0.0f, r = rstd[i], a = m1[i], bm = m2[i];
+    const float *xr = x + i * c, *gr = g + i * c, mu = mus[i], r = rstd[i], a = m1[i], bm = m2[i];
     float* dr = dx + i * c;
     if (w)
       for (int64_t k = 0; k < c; ++k) dr[k] = r * (gr[k] * w[k] - a - (xr[k] - mu) * r * bm);

@@ -104,52 +104,58 @@ inline double sum_sq_dev_f32(const float* x, int64_t n, float mu) {
   return s;
 }
 
-/// The sums of one layer-norm row's backward, in one pass over it: s1 = the sum of g[j] w[j] (w null: of
-/// g[j]) and s2 = the sum of g[j] w[j] (x[j] - mu), each in eight lanes of two chains added in a fixed order
-/// at the end; and on the way the row's share of the parameters' gradients, aw[j] += g[j] (x[j] - mu) r and
-/// ab[j] += g[j] (either null: skipped).
-inline void norm_backward_row_f32(const float* g, const float* w, const float* x, int64_t n, float mu, float r,
-                                  float* aw, float* ab, double& s1, double& s2) {
+/// The sums of K layer-norm rows' backward (rows of n, `stride` apart in g and x), in one pass over them:
+/// for row i, s1[i] = the sum of g[j] w[j] (w null: of g[j]) and s2[i] = the sum of g[j] w[j] (x[j] - mu[i]),
+/// each in eight lanes added in a fixed order at the end; and on the way the rows' shares of the
+/// parameters' gradients, aw[j] += g[j] (x[j] - mu[i]) r[i] and ab[j] += g[j] row after row (either null:
+/// skipped), aw and ab read and written once for the K rows.
+template <int K>
+inline void norm_backward_rows_f32(const float* g, const float* w, const float* x, int64_t stride, int64_t n,
+                                   const float* mu, const float* r, float* aw, float* ab, double* s1, double* s2) {
   int64_t j = 0;
-  s1 = s2 = 0.0;
+  for (int i = 0; i < K; ++i) s1[i] = s2[i] = 0.0;
 #if defined(__AVX__)
-  const __m256 m = _mm256_set1_ps(mu), rv = _mm256_set1_ps(r);
-  __m256 p1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, p2[2] = {p1[0], p1[0]};
-  auto step = [&](int64_t i, int c) {
-    const __m256 gv = _mm256_loadu_ps(g + i), d = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
-    const __m256 gw = w ? _mm256_mul_ps(gv, _mm256_loadu_ps(w + i)) : gv;
-    p1[c] = _mm256_add_ps(p1[c], gw);
-    p2[c] = _mm256_add_ps(p2[c], _mm256_mul_ps(gw, d));
-    if (aw) _mm256_storeu_ps(aw + i, _mm256_add_ps(_mm256_loadu_ps(aw + i), _mm256_mul_ps(gv, _mm256_mul_ps(d, rv))));
-    if (ab) _mm256_storeu_ps(ab + i, _mm256_add_ps(_mm256_loadu_ps(ab + i), gv));
-  };
-  for (; j + 16 <= n; j += 16) {
-    step(j, 0);
-    step(j + 8, 1);
-  }
-  if (j + 8 <= n) step(j, 0), j += 8;
-  s1 = hsum256(_mm256_add_ps(p1[0], p1[1]));
-  s2 = hsum256(_mm256_add_ps(p2[0], p2[1]));
-#else
-  float l1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) {
-      const float gv = g[j + l], d = x[j + l] - mu, gw = w ? gv * w[j + l] : gv;
-      l1[l] += gw;
-      l2[l] += gw * d;
-      if (aw) aw[j + l] += gv * (d * r);
-      if (ab) ab[j + l] += gv;
+  __m256 p1[K], p2[K];
+  for (int i = 0; i < K; ++i) p1[i] = p2[i] = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 wv = w ? _mm256_loadu_ps(w + j) : _mm256_set1_ps(1.0f);
+    __m256 awv = aw ? _mm256_loadu_ps(aw + j) : _mm256_setzero_ps(), abv = ab ? _mm256_loadu_ps(ab + j) : awv;
+    for (int i = 0; i < K; ++i) {
+      const __m256 gv = _mm256_loadu_ps(g + i * stride + j);
+      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i * stride + j), _mm256_set1_ps(mu[i]));
+      const __m256 gw = _mm256_mul_ps(gv, wv);
+      p1[i] = _mm256_add_ps(p1[i], gw);
+      p2[i] = _mm256_add_ps(p2[i], _mm256_mul_ps(gw, d));
+      awv = _mm256_add_ps(awv, _mm256_mul_ps(gv, _mm256_mul_ps(d, _mm256_set1_ps(r[i]))));
+      abv = _mm256_add_ps(abv, gv);
     }
-  for (int l = 0; l < 8; ++l) s1 += l1[l], s2 += l2[l];
-#endif
-  for (; j < n; ++j) {
-    const float gv = g[j], d = x[j] - mu;
-    const double gw = static_cast<double>(gv) * (w ? w[j] : 1.0f);
-    s1 += gw;
-    s2 += gw * d;
-    if (aw) aw[j] += gv * (d * r);
-    if (ab) ab[j] += gv;
+    if (aw) _mm256_storeu_ps(aw + j, awv);
+    if (ab) _mm256_storeu_ps(ab + j, abv);
   }
+  for (int i = 0; i < K; ++i) s1[i] = hsum256(p1[i]), s2[i] = hsum256(p2[i]);
+#else
+  float l1[K][8] = {}, l2[K][8] = {};
+  for (; j + 8 <= n; j += 8)
+    for (int i = 0; i < K; ++i)
+      for (int l = 0; l < 8; ++l) {
+        const float gv = g[i * stride + j + l], d = x[i * stride + j + l] - mu[i], gw = w ? gv * w[j + l] : gv;
+        l1[i][l] += gw;
+        l2[i][l] += gw * d;
+        if (aw) aw[j + l] += gv * (d * r[i]);
+        if (ab) ab[j + l] += gv;
+      }
+  for (int i = 0; i < K; ++i)
+    for (int l = 0; l < 8; ++l) s1[i] += l1[i][l], s2[i] += l2[i][l];
+#endif
+  for (; j < n; ++j)
+    for (int i = 0; i < K; ++i) {
+      const float gv = g[i * stride + j], d = x[i * stride + j] - mu[i];
+      const double gw = static_cast<double>(gv) * (w ? w[j] : 1.0f);
+      s1[i] += gw;
+      s2[i] += gw * d;
+      if (aw) aw[j] += gv * (d * r[i]);
+      if (ab) ab[j] += gv;
+    }
 }
 
 /// The smallest and the largest of x[0..n) (n >= 1), in one pass; NaN is not propagated (callers keep
@@ -208,11 +214,15 @@ inline __m256 exp256(__m256 xin) {
   return _mm256_andnot_ps(_mm256_cmp_ps(xin, lo, _CMP_LT_OQ), v);  // 0 below -87.3
 }
 
-/// exp_sum_f32's loop over whole vectors from x[0]: returns where it stopped (the last multiple of 8).
-template <bool kStore, bool kInRange>
+/// exp_sum_f32's loop over whole vectors from x[0] (kScaled false: scale is 1, no product taken): returns
+/// where it stopped (the last multiple of 8).
+template <bool kStore, bool kInRange, bool kScaled>
 inline int64_t exp_sum_vectors(const float* x, float* y, int64_t n, float scale, float shift, double& sum) {
   const __m256 sc = _mm256_set1_ps(scale), sh = _mm256_set1_ps(shift);
-  auto at = [&](int64_t i) { return exp256<kInRange>(_mm256_mul_ps(sc, _mm256_sub_ps(_mm256_loadu_ps(x + i), sh))); };
+  auto at = [&](int64_t i) {
+    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), sh);
+    return exp256<kInRange>(kScaled ? _mm256_mul_ps(sc, d) : d);
+  };
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;  // two chains of sums
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
@@ -246,10 +256,13 @@ inline double exp_sum_f32(const float* x, [[maybe_unused]] float* y, int64_t n, 
   int64_t j = 0;
   double s = 0.0;
 #if defined(__AVX2__) && defined(__FMA__)
-  if (scale * (lowest - shift) >= -87.3f)  // false for NaN
-    j = exp_sum_vectors<kStore, true>(x, y, n, scale, shift, s);
+  const bool in_range = scale * (lowest - shift) >= -87.3f;  // false for NaN
+  if (scale == 1.0f)
+    j = in_range ? exp_sum_vectors<kStore, true, false>(x, y, n, scale, shift, s)
+                 : exp_sum_vectors<kStore, false, false>(x, y, n, scale, shift, s);
   else
-    j = exp_sum_vectors<kStore, false>(x, y, n, scale, shift, s);
+    j = in_range ? exp_sum_vectors<kStore, true, true>(x, y, n, scale, shift, s)
+                 : exp_sum_vectors<kStore, false, true>(x, y, n, scale, shift, s);
 #else
   (void)lowest;
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
