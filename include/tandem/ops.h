@@ -271,12 +271,18 @@ Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha = 1.
 /// x [..., in] x w [out, in]^T + b [out], over the last dimension of x (any number of leading ones, or none);
 /// b may be undefined; relu fuses max(., 0). Mixed precision as conv2d.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu = false);
+/// residual + linear(x, w, b): a residual connection's sum taken by the product itself (its C operand), so that
+/// no pass of its own reads and writes the output; residual has the output's shape. Where the residual's type
+/// is not the product's, the product is converted to it and added (the composition).
+Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual);
 /// GPT-2's MLP in one op: linear(gelu(linear(x, w1, b1), tanh form), w2, b2) for x [..., C], w1 [H, C],
 /// w2 [C2, H], biases [H] and [C2] (both or neither). On CUDA in 16 bits the products carry the biases, the GELU
 /// and its derivative, and the bias gradients in their epilogues (cuBLASLt), so that no activation of the MLP
 /// is read or written outside a product; elsewhere the same steps run as separate kernels. Without biases it is
-/// that composition.
-Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2);
+/// that composition. With residual defined (the output's shape): residual + the MLP, the sum taken by the second
+/// product as linear_residual takes it.
+Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+                const Tensor& residual = Tensor());
 
 // ---- convolution and pooling (NCHW)
 struct Conv2dOptions {
@@ -347,12 +353,14 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Reduct
                              int64_t ignore_index = -100);
 /// A classifier and its loss in one: softmax_cross_entropy(linear(x, weight), targets, reduction, ignore_index)
 /// for x [..., C], weight [V, C] (a language model's head: V the vocabulary) and targets [...]. When a gradient
-/// is taken and the loss is reduced, the logits [..., V] never outlive the op: the forward overwrites them with
-/// the gradient of each position's loss as it takes the loss, and the backward multiplies that by the two
-/// operands (half the memory of the logits and their gradient, one pass over them fewer). Otherwise it is that
-/// composition.
+/// is taken and the loss is reduced, the logits [..., V] never outlive the op: they are made chunk_rows
+/// positions at a time (0: as many as fill 1 GiB of logits), each chunk overwritten by the gradient of its
+/// positions' losses as the loss is taken and multiplied at once by the two operands into the gradients of x
+/// and weight, which the backward then scales by the reduction's weight (one chunk of logits in memory at a
+/// time, one pass over them fewer). Otherwise it is that composition.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets,
-                            Reduction reduction = Reduction::Mean, int64_t ignore_index = -100);
+                            Reduction reduction = Reduction::Mean, int64_t ignore_index = -100,
+                            int64_t chunk_rows = 0);
 /// Negative log-likelihood over the last axis of log-probabilities logp [..., C]: -logp[target] per position,
 /// with ignore_index and reductions as softmax_cross_entropy.
 Tensor nll_loss(const Tensor& logp, const Tensor& targets, Reduction reduction = Reduction::Mean,

@@ -125,6 +125,10 @@ struct GemmFusion {
   Tensor aux;          // [m, n]: written by BiasGelu, read by DGelu
   Tensor a_row_sums;   // when defined: [m] = the sums over k of op(A) (trans_a only: A the output gradient
                        // [k, m] of a layer whose bias gradient this is); f32 or C's type
+  Tensor addend;       // when defined: [m, n] of C's type, contiguous, not C: added to the product before the
+                       // epilogue's bias (C = alpha op(A) op(B) + addend + bias: a residual connection); beta 0
+  Tensor c_col_sums;   // DGelu only, when defined: [n] = the sums over the m rows of the result (the bias
+                       // gradient of the layer whose pre-activation gradient C is); f32 or C's type
 };
 
 enum class PointLoss { SquaredError, BinaryCrossEntropy, BinaryCrossEntropyWithLogits };
@@ -436,6 +440,11 @@ class Backend {
   virtual void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                    const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw,
                                    Tensor& db) = 0;
+  /// layer_norm_backward with dx added into acc (x's type and size, holding the gradient x has received from
+  /// its other readers: a residual connection's). The default computes dx and adds it; CUDA fuses the two.
+  virtual void layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                       const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& acc, Tensor& dw,
+                                       Tensor& db);
   /// Softmax cross-entropy of the rows of logits [n, c] against targets [n] (i32 or i64): loss[i] =
   /// logsumexp(logits_i) - logits_i[t_i], lse[i] = logsumexp(logits_i), valid[i] = 1; a row whose target is
   /// ignore_index gets loss 0 and valid 0. loss, lse, valid: [n] of the statistics' type. A target outside

@@ -216,6 +216,13 @@ class ProfilingBackend final : public Backend {
                 profiler::detail::thread_phase());
     inner_.layer_norm_backward(dy, x, w, mean, rstd, n, c, rms, dx, dw, db);
   }
+  void layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                               const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& acc, Tensor& dw,
+                               Tensor& db) override {
+    Timed timed(inner_, recordings_, device_, rms ? "rms_norm_backward" : "layer_norm_backward",
+                profiler::detail::thread_phase());
+    inner_.layer_norm_backward_add(dy, x, w, mean, rstd, n, c, rms, acc, dw, db);
+  }
   void xent_rows_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss, Tensor& lse,
                          Tensor& valid) override {
     Timed timed(inner_, recordings_, device_, "xent_rows_forward", profiler::detail::thread_phase());

@@ -53,6 +53,13 @@ Tensor SelfAttention::forward(const Tensor& x) {
   return c_proj->forward(a);
 }
 
+Tensor SelfAttention::forward_residual(const Tensor& x, const Tensor& residual) {
+  check_input(x, ".forward_residual");
+  const double p = is_training() ? dropout_ : 0.0;
+  Tensor a = packed_self_attention(c_attn->forward(x), heads_, causal_, p, 0.0, p > 0.0 ? &gen_ : nullptr);
+  return linear_residual(a, c_proj->weight, c_proj->bias, residual);
+}
+
 Tensor SelfAttention::forward_cached(const Tensor& x, KVCache& cache, int64_t capacity) {
   check_input(x, ".forward_cached");
   NoGradGuard no_grad;
@@ -127,6 +134,13 @@ Tensor FeedForward::forward(const Tensor& x) {
   return gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias);
 }
 
+Tensor FeedForward::forward_residual(const Tensor& x, const Tensor& residual) {
+  const int64_t width = c_fc->weight.size(1);
+  TANDEM_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == width, "FeedForward.forward_residual: input must be [..., ",
+               width, "], got ", x.defined() ? x.str() : std::string("an undefined tensor"));
+  return gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, residual);
+}
+
 std::string FeedForward::describe() const {
   return detail::cat("FeedForward(", c_fc->weight.size(1), " -> ", c_fc->weight.size(0), " -> ",
                      c_proj->weight.size(0), ", GELU tanh)");
@@ -164,8 +178,13 @@ Tensor TransformerBlock::forward(const Tensor& x) {
     Tensor r = drop ? dropout(y, opt_.dropout, true, gen_) : y;
     return r.dtype() == x.dtype() ? r : cast(r, x.dtype());
   };
-  Tensor h = add(x, branch(attn->forward(ln_1->forward(x))));
-  return add(h, branch(mlp->forward(ln_2->forward(h))));
+  if (drop) {
+    Tensor h = add(x, branch(attn->forward(ln_1->forward(x))));
+    return add(h, branch(mlp->forward(ln_2->forward(h))));
+  }
+  // Without dropout each branch's output projection adds the residual itself.
+  Tensor h = attn->forward_residual(ln_1->forward(x), x);
+  return mlp->forward_residual(ln_2->forward(h), h);
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t capacity) {

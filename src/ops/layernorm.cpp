@@ -50,10 +50,16 @@ Tensor normalise(const Tensor& x, const Shape& normalized_shape, const Tensor& w
   return record_op(y, {x, w, b}, op,
                    [sx, sw, mean, rstd, n, c, rms, work, need_x, need_w, need_b, bdt, pshape](const Tensor& g) {
     Tensor dy = g.contiguous().to(sx.dtype());
-    Tensor dx = need_x ? grad_buffer(0, sx.shape(), sx.dtype(), sx.device()) : Tensor();
+    // Where x's gradient from its other readers has arrived (a residual connection's), this one is added
+    // into it by the kernel.
+    Tensor acc = need_x && work ? grad_add_target(0) : Tensor();
+    const bool into = acc.defined() && acc.dtype() == sx.dtype() && acc.shape() == sx.shape() && acc.is_contiguous();
+    Tensor dx = into ? acc : need_x ? grad_buffer(0, sx.shape(), sx.dtype(), sx.device()) : Tensor();
     Tensor dw = need_w ? grad_buffer(1, sw.shape(), sw.dtype(), sw.device()) : Tensor();
     Tensor db = need_b ? grad_buffer(2, pshape, bdt, sx.device()) : Tensor();
-    if (work) {
+    if (work && into) {
+      be(dy).layer_norm_backward_add(dy, sx, sw, mean, rstd, n, c, rms, dx, dw, db);
+    } else if (work) {
       be(dy).layer_norm_backward(dy, sx, sw, mean, rstd, n, c, rms, dx, dw, db);
     } else {  // no rows (or empty rows): the parameters' gradients are empty sums
       if (dw.defined()) dw.zero_();

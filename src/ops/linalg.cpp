@@ -147,16 +147,30 @@ Tensor fused_product(const Tensor& x, const Tensor& w, backend::GemmFusion f) {
   return y;
 }
 
-backend::GemmFusion with_bias(const Tensor& b, DType cdt) {
+// A bias as a product's epilogue reads it: an f32 bias of 16-bit products on CUDA as it is (cuBLASLt and
+// the bias kernel take it), else in the compute type.
+Tensor epilogue_bias(const Tensor& b, DType cdt) {
+  if (b.dtype() == DType::f32 && is_half(cdt) && b.device().is_cuda()) return b.contiguous();
+  return to_dense(b, cdt, false);
+}
+
+backend::GemmFusion with_bias(const Tensor& b, DType cdt, const Tensor& addend = Tensor()) {
   backend::GemmFusion f;
   if (b.defined()) {
     f.epilogue = backend::GemmEpilogue::Bias;
-    f.bias = to_dense(b, cdt, false);
+    f.bias = epilogue_bias(b, cdt);
   }
+  f.addend = addend;
   return f;
 }
 
-Tensor linear_2d(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
+// Whether a residual can be the product's C operand: of the compute type, contiguous, [n, out] elements.
+bool residual_fuses(const Tensor& r, DType cdt, int64_t n, int64_t out_f) {
+  return r.defined() && r.dtype() == cdt && r.is_contiguous() && r.numel() == n * out_f;
+}
+
+// x w^T + b (+ residual, when defined: of the compute type, [n, out] elements, added by the product).
+Tensor linear_2d(const Tensor& x, const Tensor& w, const Tensor& b, bool relu, const Tensor& residual = Tensor()) {
   const Precision prec = current_precision();
   const DType cdt = compute_dtype(x.device(), prec, x.dtype());
   int64_t n = x.size(0), out_f = w.size(0);
@@ -166,15 +180,17 @@ Tensor linear_2d(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
     y = gemm_raw(false, true, xc, wc);  // [n, out]
     if (y.numel()) be(y).bias_relu(y, b.defined() ? b.contiguous() : Tensor(), n, out_f, 1, y);
   } else {
-    y = fused_product(xc, wc, with_bias(b, cdt));
+    y = fused_product(xc, wc, with_bias(b, cdt, residual.defined() ? residual.view({n, out_f}) : Tensor()));
   }
   Tensor sx = w.requires_grad() ? xc.detach() : Tensor();
   Tensor sw = x.requires_grad() ? wc.detach() : Tensor();
   Tensor sy = relu ? y.detach() : Tensor();
   bool need_b = b.defined() && b.requires_grad();
   const DType x_dtype = x.dtype(), w_dtype = w.dtype();
-  return record_op(y, {x, w, b}, "linear",
-                   [sx, sw, sy, need_b, n, out_f, prec, cdt, x_dtype, w_dtype](const Tensor& g) {
+  const bool with_residual = residual.defined();
+  const Shape r_shape = with_residual ? residual.shape() : Shape{};
+  return record_op(y, {x, w, b, residual}, with_residual ? "linear_residual" : "linear",
+                   [sx, sw, sy, need_b, n, out_f, prec, cdt, x_dtype, w_dtype, with_residual, r_shape](const Tensor& g) {
     PrecisionScope scope(prec);
     Tensor gc = to_dense(g, cdt, false);
     Tensor db;
@@ -190,7 +206,8 @@ Tensor linear_2d(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
     // Without the ReLU the weight's product takes the bias gradient too.
     Tensor dw = sx.defined() ? weight_grad(gc, sx, w_dtype, 1, sy.defined() ? Tensor() : db) : Tensor();
     if (dx.defined() && x_dtype != cdt) dx = dx.to(x_dtype);
-    return std::vector<Tensor>{dx, dw, db};
+    // The residual's gradient is the output's, handed on as it is (a later op may add its own into it).
+    return std::vector<Tensor>{dx, dw, db, with_residual ? g.view(r_shape) : Tensor()};
   });
 }
 
@@ -276,24 +293,60 @@ Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha, dou
   });
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
-  check_floating(x, "linear", "input");
-  check_dim(w, 2, "linear", "weight");
-  check_floating(w, "linear", "weight");
-  check_same_device(x, w, "linear");
-  TANDEM_CHECK(x.dim() >= 1, "linear: a 0-dimensional input ", x.str(), " has no features");
+namespace {
+void check_linear(const Tensor& x, const Tensor& w, const Tensor& b, const char* op) {
+  check_floating(x, op, "input");
+  check_dim(w, 2, op, "weight");
+  check_floating(w, op, "weight");
+  check_same_device(x, w, op);
+  TANDEM_CHECK(x.dim() >= 1, op, ": a 0-dimensional input ", x.str(), " has no features");
   const Precision prec = current_precision();
   const bool mixed = compute_dtype(x.device(), prec, DType::f64) != DType::f64;  // 16-bit copies are made here
-  TANDEM_CHECK(x.dtype() == w.dtype() || mixed, "linear: input ", x.str(), " and weight ", w.str(),
-               " differ in dtype");
-  TANDEM_CHECK(x.size(-1) == w.size(1), "linear: input ", x.str(), " has ", x.size(-1), " features, the weight ",
+  TANDEM_CHECK(x.dtype() == w.dtype() || mixed, op, ": input ", x.str(), " and weight ", w.str(), " differ in dtype");
+  TANDEM_CHECK(x.size(-1) == w.size(1), op, ": input ", x.str(), " has ", x.size(-1), " features, the weight ",
                w.str(), " expects ", w.size(1));
   if (b.defined()) {
-    check_dim(b, 1, "linear", "bias");
-    TANDEM_CHECK(b.size(0) == w.size(0) && b.dtype() == w.dtype(), "linear: bias ", b.str(),
-                 " does not match weight ", w.str());
-    check_same_device(x, b, "linear");
+    check_dim(b, 1, op, "bias");
+    TANDEM_CHECK(b.size(0) == w.size(0) && b.dtype() == w.dtype(), op, ": bias ", b.str(), " does not match weight ",
+                 w.str());
+    check_same_device(x, b, op);
   }
+}
+
+Shape linear_shape(const Tensor& x, const Tensor& w) {
+  Shape out(x.shape().begin(), x.shape().end() - 1);
+  out.push_back(w.size(0));
+  return out;
+}
+
+// The residual of a product with output shape `out`: checked, and whether the product can add it itself.
+bool check_residual(const Tensor& r, const Tensor& x, const Shape& out, DType cdt, const char* op) {
+  check_defined(r, op, "residual");
+  check_floating(r, op, "residual");
+  check_same_device(x, r, op);
+  TANDEM_CHECK(r.shape() == out, op, ": residual ", r.str(), " must have the output's shape ", shape_str(out));
+  return residual_fuses(r, cdt, shape_numel(out) / std::max<int64_t>(out.back(), 1), out.back());
+}
+
+// residual + y, y converted to the residual's type: the composition of a residual connection.
+Tensor add_residual(const Tensor& residual, const Tensor& y) {
+  return add(residual, y.dtype() == residual.dtype() ? y : cast(y, residual.dtype()));
+}
+}  // namespace
+
+Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual) {
+  const char* op = "linear_residual";
+  check_linear(x, w, b, op);
+  const Shape out = linear_shape(x, w);
+  const DType cdt = compute_dtype(x.device(), current_precision(), x.dtype());
+  if (!check_residual(residual, x, out, cdt, op)) return add_residual(residual, linear(x, w, b));
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  Tensor y = linear_2d(x.dim() == 2 ? x : reshape(x, {rows, x.size(-1)}), w, b, false, residual);
+  return x.dim() == 2 ? y : reshape(y, out);
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
+  check_linear(x, w, b, "linear");
   if (x.dim() == 2) return linear_2d(x, w, b, relu);
   // Every other dimension of x is a batch dimension: rows of one matrix.
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
@@ -303,7 +356,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
   return reshape(y, out_shape);
 }
 
-Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+                const Tensor& residual) {
   const char* op = "gelu_mlp";
   check_floating(x, op, "input");
   check_dim(w1, 2, op, "first weight");
@@ -313,10 +367,16 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
   TANDEM_CHECK(w2.size(1) == w1.size(0), op, ": the second weight ", w2.str(), " must take the first's ", w1.size(0),
                " outputs");
   TANDEM_CHECK(b1.defined() == b2.defined(), op, ": give both biases or neither");
-  // Without biases it is the composition.
-  if (!b1.defined()) return linear(gelu(linear(x, w1, b1), /*tanh_approximation=*/true), w2, b2);
   const Precision prec = current_precision();
   const DType cdt = compute_dtype(x.device(), prec, x.dtype());
+  const Shape out_shape = linear_shape(x, w2);
+  const bool fuse_residual = residual.defined() && check_residual(residual, x, out_shape, cdt, op);
+  // Without biases it is the composition.
+  if (!b1.defined()) {
+    Tensor h = gelu(linear(x, w1, b1), /*tanh_approximation=*/true);
+    return residual.defined() ? linear_residual(h, w2, b2, residual) : linear(h, w2, b2);
+  }
+  if (residual.defined() && !fuse_residual) return add_residual(residual, gelu_mlp(x, w1, b1, w2, b2));
   for (const Tensor* t : {&w1, &b1, &w2, &b2}) check_same_device(x, *t, op);
   const bool mixed = compute_dtype(x.device(), prec, DType::f64) != DType::f64;  // 16-bit copies are made here
   for (const Tensor* t : {&w1, &b1, &w2, &b2})
@@ -326,15 +386,13 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
                ": biases ", b1.str(), " and ", b2.str(), " do not match the weights ", w1.str(), " and ", w2.str());
   const int64_t c = x.size(-1), hidden = w1.size(0), out_f = w2.size(0);
   const int64_t n = x.numel() / std::max<int64_t>(c, 1);
-  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
-  out_shape.push_back(out_f);
   Tensor xc = to_dense(reshape(x, {n, c}), cdt, false), w1c = to_dense(w1, cdt, false), w2c = to_dense(w2, cdt, false);
   backend::GemmFusion f1;
   f1.epilogue = backend::GemmEpilogue::BiasGelu;
-  f1.bias = to_dense(b1, cdt, false);
+  f1.bias = epilogue_bias(b1, cdt);
   f1.aux = Tensor::empty({n, hidden}, cdt, x.device());  // the GELU's input, kept for the backward
   Tensor h = fused_product(xc, w1c, f1);
-  Tensor y = fused_product(h, w2c, with_bias(b2, cdt));
+  Tensor y = fused_product(h, w2c, with_bias(b2, cdt, fuse_residual ? residual.view({n, out_f}) : Tensor()));
   const bool need_x = x.requires_grad(), need_w1 = w1.requires_grad(), need_b1 = b1.requires_grad(),
              need_w2 = w2.requires_grad(), need_b2 = b2.requires_grad();
   const bool through = need_x || need_w1 || need_b1;  // the gradient goes on past the GELU
@@ -343,7 +401,8 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
          sw2 = through ? w2c.detach() : Tensor();
   const DType xdt = x.dtype(), w1dt = w1.dtype(), b1dt = b1.dtype(), w2dt = w2.dtype(), b2dt = b2.dtype();
   const Shape xshape = x.shape();
-  Tensor out = record_op(y, {x, w1, b1, w2, b2}, op,
+  const Shape r_shape = fuse_residual ? residual.shape() : Shape{};
+  Tensor out = record_op(y, {x, w1, b1, w2, b2, residual}, op,
                          [=](const Tensor& g) {
     PrecisionScope scope(prec);
     Tensor gc = to_dense(g, cdt, false);
@@ -361,21 +420,18 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
       backend::GemmFusion fd;
       fd.epilogue = backend::GemmEpilogue::DGelu;
       fd.aux = pre;
+      // The first bias's gradient (the column sums of dpre) taken by the same product.
+      if (need_b1) db1 = fd.c_col_sums = grad_buffer(2, {hidden}, b1dt, gc.device());
       Tensor dpre = Tensor::empty({n, hidden}, cdt, gc.device());
       be(gc).gemm_fused(false, false, n, hidden, out_f, 1.0, gc, sw2, 0.0, dpre, fd);
-      if (need_b1) db1 = grad_buffer(2, {hidden}, b1dt, gc.device());
-      if (need_w1) {
-        dw1 = weight_grad(dpre, sx, w1dt, 1, db1);
-      } else if (need_b1) {
-        be(dpre).bias_grad(dpre, n, hidden, 1, db1);
-      }
+      if (need_w1) dw1 = weight_grad(dpre, sx, w1dt, 1, Tensor());
       if (need_x) {
         dx = gemm_raw(false, false, dpre, sw1);
         if (xdt != cdt) dx = dx.to(xdt);
         dx = dx.view(xshape);
       }
     }
-    return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
+    return std::vector<Tensor>{dx, dw1, db1, dw2, db2, fuse_residual ? g.view(r_shape) : Tensor()};
   });
   return reshape(out, out_shape);
 }

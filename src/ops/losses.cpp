@@ -155,7 +155,7 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Reduct
 }
 
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets, Reduction reduction,
-                            int64_t ignore_index) {
+                            int64_t ignore_index, int64_t chunk_rows) {
   const char* op = "linear_cross_entropy";
   check_floating(x, op, "input");
   check_dim(weight, 2, op, "weight");
@@ -164,6 +164,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   TANDEM_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), op, ": input ", x.str(), " must end in the weight ",
                weight.str(), "'s ", weight.size(1), " features");
   check_defined(targets, op, "targets");
+  TANDEM_CHECK(chunk_rows >= 0, op, ": chunk_rows ", chunk_rows, " must not be negative (0: chosen by size)");
   const Shape lead(x.shape().begin(), x.shape().end() - 1);
   TANDEM_CHECK(targets.shape() == lead, op, ": targets ", targets.str(), " do not fit the input ", x.str(),
                ": the targets' shape must be the input's without the last (feature) dimension, ", shape_str(lead));
@@ -178,20 +179,43 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   const DType cdt = compute_dtype(x.device(), prec, x.dtype());
   TANDEM_CHECK(x.dtype() == weight.dtype() || compute_dtype(x.device(), prec, DType::f64) != DType::f64, op, ": input ", x.str(), " and weight ",
                weight.str(), " differ in dtype");
-  const int64_t n = targets.numel(), c = x.size(-1);
+  const int64_t n = targets.numel(), c = x.size(-1), v = weight.size(0);
   Tensor xc = to_dense(reshape(x, {n, c}), cdt, false), wc = to_dense(weight, cdt, false);
   Tensor tc = targets.contiguous().view({n});
-  // The logits, overwritten by the gradient of each position's loss (at unit weight) as the loss is taken.
-  Tensor dlogits = gemm_raw(false, true, xc, wc);
   const DType st = stat_dtype(cdt);
+  const DType xdt = x.dtype(), wdt = weight.dtype();
   Tensor per = Tensor::empty({n}, st, x.device()), valid = Tensor::empty({n}, st, x.device());
-  if (n > 0) be(x).xent_rows_forward_grad(dlogits, tc, ignore_index, per, valid);
+  // The gradients at unit weight per position, made chunk by chunk: dx's rows, and dw summed over the chunks
+  // in the weight's type where the product writes it (f32 from 16 bits).
+  const bool direct_w = wdt == cdt || (wdt == DType::f32 && is_half(cdt));
+  Tensor dx = need_x ? Tensor::empty({n, c}, cdt, x.device()) : Tensor();
+  Tensor dw = need_w ? Tensor::empty({v, c}, direct_w ? wdt : cdt, x.device()) : Tensor();
+  constexpr int64_t kChunkBytes = int64_t(1) << 30;
+  const int64_t row_bytes = std::max<int64_t>(v * static_cast<int64_t>(dtype_size(cdt)), 1);
+  int64_t rows = std::max<int64_t>(1, std::min(n, chunk_rows > 0 ? chunk_rows : kChunkBytes / row_bytes));
+  if (chunk_rows == 0 && n > 0) {  // chunks of equal size, a multiple of 64 rows
+    const int64_t chunks = (n + rows - 1) / rows;
+    rows = std::min(n, ((n + chunks - 1) / chunks + 63) / 64 * 64);
+  }
+  Tensor buf = Tensor::empty({std::min(rows, n), v}, cdt, x.device());
+  if (n == 0 && dw.defined()) dw.zero_();
+  for (int64_t r0 = 0; r0 < n; r0 += rows) {
+    const int64_t m = std::min(rows, n - r0);
+    Tensor xs = xc.narrow(0, r0, m);
+    // The logits, overwritten by the gradient of each position's loss (at unit weight) as the loss is taken.
+    Tensor logits = buf.narrow(0, 0, m);
+    gemm_raw(false, true, xs, wc, logits);
+    Tensor per_s = per.narrow(0, r0, m), valid_s = valid.narrow(0, r0, m);
+    be(x).xent_rows_forward_grad(logits, tc.narrow(0, r0, m), ignore_index, per_s, valid_s);
+    if (dx.defined()) gemm_raw(false, false, logits, wc, dx.narrow(0, r0, m));
+    if (dw.defined())
+      be(x).gemm_fused(true, false, v, c, m, 1.0, logits, xs, r0 == 0 ? 0.0 : 1.0, dw, backend::GemmFusion{});
+  }
+  buf = Tensor();
   Tensor count = reduction == Reduction::Mean ? sum_all(valid) : Tensor();
   Tensor out = reduce(per, count, reduction, targets.shape());
-  Tensor sx = need_w ? xc.detach() : Tensor(), sw = need_x ? wc.detach() : Tensor();
   const Shape xshape = x.shape();
-  const DType xdt = x.dtype(), wdt = weight.dtype();
-  return record_op(out, {x, weight}, op, [dlogits, sx, sw, count, reduction, st, prec, xshape, xdt, wdt](const Tensor& g) {
+  return record_op(out, {x, weight}, op, [dx, dw, count, reduction, st, prec, xshape, xdt, wdt](const Tensor& g) {
     PrecisionScope scope(prec);
     // d loss / d logits = w (softmax - onehot): w the reduction's weight, applied to the two products.
     const Tensor w = position_weights(g, count, reduction, st);
@@ -199,9 +223,9 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
       Tensor u = t.dtype() == dt ? t : t.to(dt);
       return binary_raw(Binary::Mul, u, w.to(dt));
     };
-    Tensor dx = sw.defined() ? weighted(gemm_raw(false, false, dlogits, sw), xdt).view(xshape) : Tensor();
-    Tensor dw = sx.defined() ? weighted(gemm_raw(true, false, dlogits, sx), wdt) : Tensor();
-    return std::vector<Tensor>{dx, dw};
+    Tensor gx = dx.defined() ? weighted(dx, xdt).view(xshape) : Tensor();
+    Tensor gw = dw.defined() ? weighted(dw, wdt) : Tensor();
+    return std::vector<Tensor>{gx, gw};
   });
 }
 

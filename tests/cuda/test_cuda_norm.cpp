@@ -195,6 +195,14 @@ TEST(CudaNorm, LinearCrossEntropyFusesTheHeadWithTheLoss) {
         expect_close(b.y, a.y, tol.rtol, tol.atol, "fused vs composed " + tag + " loss");
         expect_norm_close(b.grads[0], a.grads[0], tol.grad_rel, "fused vs composed " + tag + " d input");
         expect_norm_close(b.grads[1], a.grads[1], tol.grad_rel, "fused vs composed " + tag + " d weight");
+        // The logits in chunks of 4 positions (the weight's gradient accumulated in f32 over the chunks).
+        const Fn chunked = [r](const std::vector<Tensor>& v) {
+          return linear_cross_entropy(v[0], v[1], v[2], r, -100, 4);
+        };
+        auto ch = run_on({x, w, targets}, {true, true, false}, t, gpu(), chunked, dy);
+        expect_close(b.y, ch.y, tol.rtol, tol.atol, "chunked vs composed " + tag + " loss");
+        expect_norm_close(b.grads[0], ch.grads[0], tol.grad_rel, "chunked vs composed " + tag + " d input");
+        expect_norm_close(b.grads[1], ch.grads[1], tol.grad_rel, "chunked vs composed " + tag + " d weight");
       }
   }
 }

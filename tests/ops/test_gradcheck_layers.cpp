@@ -47,6 +47,42 @@ TEST(GradCheck, GeluMlp) {
   EXPECT_THROW(gelu_mlp(x, w1, b1, w2, Tensor()), Error);
 }
 
+// A residual connection taken by the product: every input, the residual included, against finite differences
+// and against the composition; a layer norm reading the same input as the residual (its gradient then added
+// into the residual's by the norm's backward); bad residuals.
+TEST(GradCheck, LinearResidual) {
+  Generator gen(14);
+  Tensor x = leaf({2, 3, 6}, gen), w = leaf({6, 6}, gen), b = leaf({6}, gen), r = leaf({2, 3, 6}, gen);
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return linear_residual(t[0], t[1], t[2], t[3]); }, {x, w, b, r}));
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return linear_residual(t[0], t[1], Tensor(), t[2]); }, {x, w, r}));
+  Tensor g = leaf({6}, gen), beta = leaf({6}, gen);
+  EXPECT_TRUE(gradcheck(
+      [](const Ts& t) { return linear_residual(layer_norm(t[0], {6}, t[3], t[4]), t[1], t[2], t[0]); },
+      {x, w, b, g, beta}));
+  const Tensor fused = linear_residual(x, w, b, r), plain = add(r, linear(x, w, b));
+  const std::vector<double> a = fused.contiguous().to_vector<double>(), e = plain.contiguous().to_vector<double>();
+  ASSERT_EQ(a.size(), e.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], e[i], 1e-12) << i;
+  EXPECT_THROW(linear_residual(x, w, b, leaf({2, 3, 5}, gen)), Error);
+  EXPECT_THROW(linear_residual(x, w, b, Tensor()), Error);
+  Tensor wide = leaf({4, 6}, gen);
+  EXPECT_THROW(linear_residual(x, wide, Tensor(), r), Error);  // the output is [2, 3, 4]
+}
+
+TEST(GradCheck, GeluMlpResidual) {
+  Generator gen(15);
+  Tensor x = leaf({2, 3, 4}, gen), w1 = leaf({8, 4}, gen), b1 = leaf({8}, gen), w2 = leaf({4, 8}, gen),
+         b2 = leaf({4}, gen), r = leaf({2, 3, 4}, gen);
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return gelu_mlp(t[0], t[1], t[2], t[3], t[4], t[5]); },
+                        {x, w1, b1, w2, b2, r}));
+  EXPECT_TRUE(gradcheck([](const Ts& t) { return gelu_mlp(t[0], t[1], Tensor(), t[2], Tensor(), t[3]); }, {x, w1, w2, r}));
+  const Tensor fused = gelu_mlp(x, w1, b1, w2, b2, r), plain = add(r, gelu_mlp(x, w1, b1, w2, b2));
+  const std::vector<double> a = fused.contiguous().to_vector<double>(), e = plain.contiguous().to_vector<double>();
+  ASSERT_EQ(a.size(), e.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], e[i], 1e-12) << i;
+  EXPECT_THROW(gelu_mlp(x, w1, b1, w2, b2, leaf({2, 3, 8}, gen)), Error);
+}
+
 struct ConvCase {
   Shape x, w;
   Conv2dOptions opt;

@@ -82,6 +82,13 @@ TEST(GradcheckNorm, LinearCrossEntropy) {
   }
   EXPECT_TRUE(gradcheck1([&](const Tensor& v) { return linear_cross_entropy(v, w.detach(), t, Reduction::Mean); }, x));
   EXPECT_TRUE(gradcheck1([&](const Tensor& v) { return linear_cross_entropy(x.detach(), v, t, Reduction::Mean); }, w));
+  // The logits made a few positions at a time: chunks of 1, 4 (the last one shorter) and 6 positions.
+  for (int64_t rows : {1, 4, 6})
+    for (Reduction r : {Reduction::Mean, Reduction::Sum})
+      EXPECT_TRUE(gradcheck(
+          [&](const std::vector<Tensor>& in) { return linear_cross_entropy(in[0], in[1], t, r, -100, rows); }, {x, w}))
+          << reduction_name(r) << " chunks of " << rows;
+  EXPECT_THROW(linear_cross_entropy(x, w, t, Reduction::Mean, -100, -1), Error);
 }
 
 // The fused classifier against the composition it stands for: the loss and both gradients, in f32 and f64,
@@ -97,6 +104,11 @@ TEST(GradcheckNorm, LinearCrossEntropyIsTheComposition) {
       Tensor fused = linear_cross_entropy(xa, wa, t, r, 7), plain = softmax_cross_entropy(linear(xb, wb, Tensor()), t, r, 7);
       backward(scale(fused, 3.0));
       backward(scale(plain, 3.0));
+      // In chunks of 4 positions: the second chunk's weight gradient added to the first's.
+      Tensor xc = x0.clone(), wc = w0.clone();
+      for (Tensor* v : {&xc, &wc}) v->requires_grad_();
+      Tensor chunked = linear_cross_entropy(xc, wc, t, r, 7, 4);
+      backward(scale(chunked, 3.0));
       const double tol = dt == DType::f32 ? 1e-6 : 1e-12;
       auto close = [&](const Tensor& a, const Tensor& b, const char* what) {
         const std::vector<double> va = a.to(DType::f64).to_vector<double>(), vb = b.to(DType::f64).to_vector<double>();
@@ -108,6 +120,9 @@ TEST(GradcheckNorm, LinearCrossEntropyIsTheComposition) {
       close(fused.detach(), plain.detach(), "loss");
       close(xa.grad(), xb.grad(), "d input");
       close(wa.grad(), wb.grad(), "d weight");
+      close(chunked.detach(), plain.detach(), "loss in chunks");
+      close(xc.grad(), xb.grad(), "d input in chunks");
+      close(wc.grad(), wb.grad(), "d weight in chunks");
     }
     NoGradGuard no_grad;
     const Tensor a = linear_cross_entropy(x0, w0, t, Reduction::Mean),

@@ -261,6 +261,8 @@ class SelfAttention : public Module {
   SelfAttention(int64_t width, int64_t heads, Generator& gen, bool causal = true, bool bias = true,
                 double dropout = 0.0, double init_std = 0.02, double proj_std = 0.02);
   Tensor forward(const Tensor& x) override;
+  /// residual + forward(x), the sum taken by the output projection (linear_residual).
+  Tensor forward_residual(const Tensor& x, const Tensor& residual);
   /// Attention for x [B, Tn, width], the next Tn positions of the sequences whose earlier positions `cache`
   /// holds: their keys and values are appended to the cache (made for `capacity` positions on first use, or
   /// when it is empty and the batch, dtype or device changed), and each position attends to the cached ones
@@ -289,6 +291,8 @@ class FeedForward : public Module {
   FeedForward(int64_t width, int64_t hidden, Generator& gen, bool bias = true, double init_std = 0.02,
               double proj_std = 0.02);
   Tensor forward(const Tensor& x) override;
+  /// residual + forward(x), the sum taken by c_proj's product (gelu_mlp's residual).
+  Tensor forward_residual(const Tensor& x, const Tensor& residual);
   std::string describe() const override;
   std::shared_ptr<Linear> c_fc, c_proj;
 };

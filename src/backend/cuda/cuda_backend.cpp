@@ -190,6 +190,10 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
       affine(c, beta, 0.0, c);
     return;
   }
+  // 16-bit products into a fresh C take cuBLASLt's fastest algorithm where tuning is on.
+  if (c.dtype() != DType::f32 && beta == 0.0 && gemm_tuning_enabled() &&
+      lt_matmul(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, GemmFusion{}))
+    return;
   DeviceState& s = state_for(c);
   const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
   // cuBLAS is column-major: the row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T,

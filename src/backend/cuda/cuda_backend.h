@@ -221,6 +221,9 @@ class CudaBackend final : public Backend {
                           Tensor& y, Tensor& mean, Tensor& rstd) override;
   void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                            int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db) override;
+  void layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                               const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& acc, Tensor& dw,
+                               Tensor& db) override;
   void xent_rows_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss, Tensor& lse,
                          Tensor& valid) override;
   void xent_rows_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& g,
@@ -271,6 +274,12 @@ class CudaBackend final : public Backend {
   void strided_backward_filter(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw);
   /// Adds b[k] to y when b is defined, then max(y, 0) when relu: what follows a convolution that leaves both out.
   void conv_epilogue(const ConvGeom& g, const Tensor& b, bool relu, Tensor& y);
+  /// Layer / RMS norm backward; with accumulate, dx is added into what dx holds.
+  void ln_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                   int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db, bool accumulate);
+  /// The product through cuBLASLt (cuda_gemm_lt.cpp); false where cuBLASLt does not take the case.
+  bool lt_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
+                 const Tensor& b, double beta, Tensor& c, const GemmFusion& f);
 
   int device_count_ = 0;
   std::vector<std::unique_ptr<CachingAllocator>> allocators_;
@@ -295,6 +304,10 @@ class Scratch {
   size_t nbytes_;
   void* ptr_;
 };
+
+/// Whether cuBLASLt's candidate algorithms are timed for each new product shape (TANDEM_GEMM_TUNE, on unless
+/// "0"; off under deterministic algorithms); 16-bit products then all go through cuBLASLt.
+bool gemm_tuning_enabled();
 
 /// The private pool of the recording under way on this thread for `device`, or null.
 Allocator* capture_pool(int device);

@@ -1,16 +1,21 @@
 // CUDA backend: products with their epilogue fused through cuBLASLt — a linear layer's bias, the bias and
 // GELU of a transformer's MLP (its input kept for the backward), the GELU's gradient — so that none of them
-// costs a pass over the activations of its own; and weight gradients written in f32 from 16-bit operands. One plan (descriptors and the heuristic's algorithm) is kept per
-// shape, type, epilogue and operand alignment; cases cuBLASLt does not take go to the composed default.
+// costs a pass over the activations of its own; a residual added as the product's C operand; the bias gradient
+// of the GELU's layer beside the GELU's gradient; weight gradients written in f32 from 16-bit operands. One
+// plan (descriptors and algorithm) is kept per shape, type, epilogue and operand alignment; cases cuBLASLt does
+// not take go to the composed default. The algorithm is the fastest of cuBLASLt's heuristic candidates, timed
+// once at the plan's first use outside a recording (TANDEM_GEMM_TUNE=0: the heuristic's first choice).
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "tandem/precision.h"
 
 namespace tandem::backend {
 
@@ -26,6 +31,7 @@ cudaDataType_t lt_type(DType t) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+
 struct Plan {
   bool usable = false;
   cublasLtMatmulDesc_t desc = nullptr;
@@ -35,9 +41,17 @@ struct Plan {
 
 }  // namespace
 
+bool gemm_tuning_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("TANDEM_GEMM_TUNE");
+    return !(e && e[0] == '0');
+  }();
+  return on && !deterministic_algorithms();  // a timed choice may differ from one run to the next
+}
+
 class LtCache {
  public:
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, bool>;
   cublasLtHandle_t handle = nullptr;
   std::map<Key, Plan> plans;
   LtCache() { TANDEM_CUBLAS_CHECK(cublasLtCreate(&handle)); }
@@ -52,43 +66,59 @@ class LtCache {
   }
 };
 
-void CudaBackend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-                             const Tensor& a, const Tensor& b, double beta, Tensor& c, const GemmFusion& f) {
+bool CudaBackend::lt_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+                            const Tensor& a, const Tensor& b, double beta, Tensor& c, const GemmFusion& f) {
   const bool half_inputs = (a.dtype() == DType::bf16 || a.dtype() == DType::f16) && b.dtype() == a.dtype();
   const bool f32_out = c.dtype() == DType::f32;
-  const bool rows = f.a_row_sums.defined();
-  // cuBLASLt here: 16-bit operands and an epilogue to fuse, or C in f32 (a weight gradient). The sums of op(A)
-  // are taken by the backend's own reduction after the product: cuBLASLt's BGRADB runs as a kernel of its
-  // own, slower than that one (measured on an H200, GPT-2's layers).
-  if (!half_inputs || !(c.dtype() == a.dtype() || (f32_out && beta == 0.0)) || m == 0 || n == 0 || k == 0 ||
-      (f.epilogue == GemmEpilogue::None && !f32_out) || (rows && (!trans_a || f.epilogue != GemmEpilogue::None)) ||
-      (f.epilogue != GemmEpilogue::None && f32_out)) {
-    Backend::gemm_fused(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f);
-    return;
-  }
+  const bool add = f.addend.defined();
+  if (!half_inputs || !(c.dtype() == a.dtype() || f32_out) || m == 0 || n == 0 || k == 0 ||
+      (f.epilogue != GemmEpilogue::None && f32_out) || (add && (f32_out || beta != 0.0)) ||
+      (f.a_row_sums.defined() && !trans_a) || (f.c_col_sums.defined() && f.epilogue != GemmEpilogue::DGelu))
+    return false;
   DeviceState& s = state_for(c);
-  const Tensor vec = f.epilogue == GemmEpilogue::Bias || f.epilogue == GemmEpilogue::BiasGelu ? f.bias : Tensor();
+  const bool bgrad = f.c_col_sums.defined();
+  const Tensor vec = bgrad ? f.c_col_sums
+                     : f.epilogue == GemmEpilogue::Bias || f.epilogue == GemmEpilogue::BiasGelu ? f.bias : Tensor();
   const bool has_aux = f.epilogue == GemmEpilogue::BiasGelu || f.epilogue == GemmEpilogue::DGelu;
   cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_DEFAULT;
   switch (f.epilogue) {
     case GemmEpilogue::None: break;
     case GemmEpilogue::Bias: ep = CUBLASLT_EPILOGUE_BIAS; break;
     case GemmEpilogue::BiasGelu: ep = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
-    case GemmEpilogue::DGelu: ep = CUBLASLT_EPILOGUE_DGELU; break;
+    case GemmEpilogue::DGelu: ep = bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU; break;
   }
+  const void* c_in = add ? f.addend.data_ptr() : c.data_ptr();
   const int align = (aligned16(a.data_ptr()) ? 1 : 0) | (aligned16(b.data_ptr()) ? 2 : 0) |
                     (aligned16(c.data_ptr()) ? 4 : 0) | (vec.defined() && aligned16(vec.data_ptr()) ? 8 : 0) |
-                    (has_aux && aligned16(f.aux.data_ptr()) ? 16 : 0);
+                    (has_aux && aligned16(f.aux.data_ptr()) ? 16 : 0) | (aligned16(c_in) ? 32 : 0);
   const LtCache::Key key{m, n, k, trans_a, trans_b, static_cast<int>(a.dtype()), static_cast<int>(c.dtype()),
-                         static_cast<int>(ep), vec.defined() ? static_cast<int>(vec.dtype()) : -1, align};
+                         static_cast<int>(ep), vec.defined() ? static_cast<int>(vec.dtype()) : -1, align,
+                         add || beta != 0.0};
+  const float al = static_cast<float>(alpha), be = add ? 1.0f : static_cast<float>(beta);
   std::unique_lock<std::mutex> lock(s.cublas_mu);
   if (!s.lt) s.lt = std::make_shared<LtCache>();
   LtCache& cache = *s.lt;
+  // This call's pointers (a plan may have been made for other tensors of the same shape).
+  auto point = [&](Plan& p) {
+    if (vec.defined()) {
+      const void* vp = vec.data_ptr();
+      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vp, sizeof(vp)));
+    }
+    if (has_aux) {
+      const void* xp = f.aux.data_ptr();
+      TANDEM_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &xp, sizeof(xp)));
+    }
+  };
+  auto run = [&](Plan& p, const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(cache.handle, p.desc, &al, b.data_ptr(), p.la, a.data_ptr(), p.lb, &be, c_in, p.lc,
+                          c.data_ptr(), p.lc, &algo, s.cublas_workspace, s.cublas_workspace_bytes, s.stream);
+  };
   auto it = cache.plans.find(key);
   if (it == cache.plans.end()) {
     // Column-major cuBLASLt computes the row-major C = op(A) op(B) as C^T = op(B)^T op(A)^T: its A is our B
     // and its B our A, each matrix read as its own transpose; C^T's rows are C's columns, so the bias (one
-    // per column of C) is cuBLASLt's per-row bias.
+    // per column of C) is cuBLASLt's per-row bias, and the bias gradient its sum over C^T's columns.
     Plan p;
     const cudaDataType_t ab = lt_type(a.dtype()), ct = lt_type(c.dtype());
     TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -98,17 +128,13 @@ void CudaBackend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, i
     TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
     if (vec.defined()) {
       const int32_t vt = lt_type(vec.dtype());
-      const void* vp = vec.data_ptr();
       TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vt, sizeof(vt)));
-      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vp, sizeof(vp)));
     }
     if (has_aux) {
       const int64_t ld = n;
-      const void* xp = f.aux.data_ptr();
       TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
-      TANDEM_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &xp, sizeof(xp)));
     }
+    point(p);
     // Stored shapes, column-major: our B is [k, n] row-major ([n, k] when transposed), our A [m, k] ([k, m]).
     const uint64_t la_rows = trans_b ? k : n, la_cols = trans_b ? n : k, lb_rows = trans_a ? m : k,
                    lb_cols = trans_a ? k : m;
@@ -120,45 +146,74 @@ void CudaBackend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, i
     const uint64_t ws = s.cublas_workspace_bytes;
     TANDEM_CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    cublasLtMatmulHeuristicResult_t result{};
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates]{};
     int found = 0;
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(cache.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+    // In place (C read and written, beta != 0) a trial would change C: the first choice is taken untimed.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    TANDEM_CUDA_CHECK(cudaStreamIsCapturing(s.stream, &capturing));
+    const bool tune = gemm_tuning_enabled() && capturing == cudaStreamCaptureStatusNone && (add || beta == 0.0);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cache.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref,
+                                                             tune ? kCandidates : 1, results, &found);
     (void)cublasLtMatmulPreferenceDestroy(pref);
     p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0;
-    if (p.usable) p.algo = result.algo;
+    if (p.usable) p.algo = results[0].algo;
+    if (p.usable && tune && found > 1) {
+      // Each candidate runs twice untimed, then three times between events; a candidate the device refuses
+      // at run time is passed over.
+      cudaEvent_t e0 = nullptr, e1 = nullptr;
+      TANDEM_CUDA_CHECK(cudaEventCreate(&e0));
+      TANDEM_CUDA_CHECK(cudaEventCreate(&e1));
+      float best = -1.0f;
+      for (int i = 0; i < found; ++i) {
+        if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        bool ok = true;
+        for (int r = 0; r < 2 && ok; ++r) ok = run(p, results[i].algo) == CUBLAS_STATUS_SUCCESS;
+        if (!ok) continue;
+        TANDEM_CUDA_CHECK(cudaEventRecord(e0, s.stream));
+        for (int r = 0; r < 3 && ok; ++r) ok = run(p, results[i].algo) == CUBLAS_STATUS_SUCCESS;
+        TANDEM_CUDA_CHECK(cudaEventRecord(e1, s.stream));
+        TANDEM_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (ok && (best < 0.0f || ms < best)) {
+          best = ms;
+          p.algo = results[i].algo;
+        }
+      }
+      (void)cudaEventDestroy(e0);
+      (void)cudaEventDestroy(e1);
+      p.usable = best >= 0.0f;
+    }
     it = cache.plans.emplace(key, p).first;
   }
   Plan& p = it->second;
-  if (p.usable) {
-    // This call's pointers (the plan may have been made for other tensors of the same shape).
-    if (vec.defined()) {
-      const void* vp = vec.data_ptr();
-      TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vp, sizeof(vp)));
+  if (!p.usable) return false;
+  point(p);
+  const cublasStatus_t st = run(p, p.algo);
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    lock.unlock();
+    if (f.a_row_sums.defined()) {
+      Tensor sums = f.a_row_sums;
+      bias_grad(a, k, m, 1, sums);  // A is [k, m]: its column sums
     }
-    if (has_aux) {
-      const void* xp = f.aux.data_ptr();
-      TANDEM_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &xp, sizeof(xp)));
-    }
-    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
-    const cublasStatus_t st =
-        cublasLtMatmul(cache.handle, p.desc, &al, b.data_ptr(), p.la, a.data_ptr(), p.lb, &be, c.data_ptr(), p.lc,
-                       c.data_ptr(), p.lc, &p.algo, s.cublas_workspace, s.cublas_workspace_bytes, s.stream);
-    if (st == CUBLAS_STATUS_SUCCESS) {
-      lock.unlock();
-      if (rows) {
-        Tensor sums = f.a_row_sums;
-        bias_grad(a, k, m, 1, sums);  // A is [k, m]: its column sums
-      }
-      return;
-    }
-    TANDEM_CHECK(st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE,
-                 "cublasLtMatmul failed: ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ")");
-    p.usable = false;  // refused at run time: composed from now on
+    return true;
   }
-  lock.unlock();  // the composed default's products take cuBLAS's lock themselves
-  Backend::gemm_fused(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f);
+  TANDEM_CHECK(st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE,
+               "cublasLtMatmul failed: ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ")");
+  p.usable = false;  // refused at run time: composed from now on
+  return false;
+}
+
+void CudaBackend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+                             const Tensor& a, const Tensor& b, double beta, Tensor& c, const GemmFusion& f) {
+  // cuBLASLt here: 16-bit operands with an epilogue or a residual to fuse, or C in f32 (a weight gradient); a
+  // plain 16-bit product is cuBLAS's (gemm). The sums of op(A) are taken by the backend's own reduction after
+  // the product: cuBLASLt's BGRADB runs as a kernel of its own, slower than that one (measured on an H200,
+  // GPT-2's layers).
+  const bool plain = f.epilogue == GemmEpilogue::None && !f.addend.defined() && c.dtype() != DType::f32;
+  if (plain || !lt_matmul(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f))
+    Backend::gemm_fused(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f);
 }
 
 }  // namespace tandem::backend

@@ -138,7 +138,8 @@ template <typename T, typename W, int VEC, int NV>
 __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                                         const float* __restrict__ mean, const float* __restrict__ rstd,
                                         T* __restrict__ dx, float* __restrict__ partial_w,
-                                        float* __restrict__ partial_b, int64_t n, int64_t c, bool rms) {
+                                        float* __restrict__ partial_b, int64_t n, int64_t c, bool rms,
+                                        bool accumulate) {
   extern __shared__ float sums[];  // [warp][weight, bias][(k * VEC + u) * 32 + lane]
   constexpr int kPad = NV * 32 * VEC;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -187,9 +188,15 @@ __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __res
       for (int k = 0; k < NV; ++k) {
         const int64_t col = (int64_t(k) * 32 + lane) * VEC;
         if (col < c) {
-          float o[VEC];
+          float o[VEC], prev[VEC];
+          if (accumulate) {
+            load_floats<VEC>(dx + r * c + col, prev);
+          } else {
 #pragma unroll
-          for (int u = 0; u < VEC; ++u) o[u] = rs * (g[k][u] - m1 - xh[k][u] * m2);
+            for (int u = 0; u < VEC; ++u) prev[u] = 0.0f;
+          }
+#pragma unroll
+          for (int u = 0; u < VEC; ++u) o[u] = prev[u] + rs * (g[k][u] - m1 - xh[k][u] * m2);
           store_floats<VEC>(dx + r * c + col, o);
         }
       }
@@ -217,7 +224,8 @@ template <typename T, typename W>
 __global__ void ln_backward_block_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                                          const float* __restrict__ mean, const float* __restrict__ rstd,
                                          T* __restrict__ dx, float* __restrict__ partial_w,
-                                         float* __restrict__ partial_b, int64_t n, int64_t c, bool rms) {
+                                         float* __restrict__ partial_b, int64_t n, int64_t c, bool rms,
+                                         bool accumulate) {
   __shared__ float scratch[32];
   const float inv_c = 1.0f / static_cast<float>(c);
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
@@ -234,7 +242,7 @@ __global__ void ln_backward_block_kernel(const T* __restrict__ dy, const T* __re
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
       const float xh = (to_float(x[r * c + j]) - mu) * rs, g = to_float(dy[r * c + j]);
       const float gw = g * (w ? to_float(w[j]) : 1.0f);
-      if (dx) dx[r * c + j] = from_float<T>(rs * (gw - m1 - xh * m2));
+      if (dx) dx[r * c + j] = from_float<T>((accumulate ? to_float(dx[r * c + j]) : 0.0f) + rs * (gw - m1 - xh * m2));
       if (partial_w) partial_w[blockIdx.x * c + j] += g * xh;
       if (partial_b) partial_b[blockIdx.x * c + j] += g;
     }
@@ -342,6 +350,20 @@ void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Ten
 void CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                       const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw,
                                       Tensor& db) {
+  ln_backward(dy, x, w, mean, rstd, n, c, rms, dx, dw, db, false);
+}
+
+void CudaBackend::layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                          const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& acc, Tensor& dw,
+                                          Tensor& db) {
+  TANDEM_ASSERT(acc.numel() == x.numel() && acc.dtype() == x.dtype() && acc.is_contiguous(),
+                "layer_norm_backward_add into ", acc.str(), " for ", x.str());
+  ln_backward(dy, x, w, mean, rstd, n, c, rms, acc, dw, db, true);
+}
+
+void CudaBackend::ln_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                              const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db,
+                              bool accumulate) {
   const char* op = rms ? "rms_norm backward" : "layer_norm backward";
   TANDEM_ASSERT(x.numel() == n * c && dy.numel() == x.numel() && dy.dtype() == x.dtype() && rstd.numel() == n &&
                     (!dx.defined() || (dx.numel() == x.numel() && dx.dtype() == x.dtype())),
@@ -404,13 +426,15 @@ void CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const T
         const unsigned grid =
             static_cast<unsigned>(std::clamp<int64_t>((n + kBackwardWarps - 1) / kBackwardWarps, 1, wave));
         launch(grid, false, [&](float* a, float* b2) {
-          kernel<<<grid, kBackwardWarps * 32, smem, st.stream>>>(pg, px, pw, pm, pr, pd, a, b2, n, c, rms);
+          kernel<<<grid, kBackwardWarps * 32, smem, st.stream>>>(pg, px, pw, pm, pr, pd, a, b2, n, c, rms,
+                                                                  accumulate);
         });
       });
       if (!warp) {
         const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(n, 1, max_blocks));
         launch(grid, true, [&](float* a, float* b2) {
-          ln_backward_block_kernel<T, W><<<grid, kRowThreads, 0, st.stream>>>(pg, px, pw, pm, pr, pd, a, b2, n, c, rms);
+          ln_backward_block_kernel<T, W><<<grid, kRowThreads, 0, st.stream>>>(pg, px, pw, pm, pr, pd, a, b2, n, c, rms,
+                                                                               accumulate);
         });
       }
     });
