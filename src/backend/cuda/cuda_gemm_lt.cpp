@@ -212,8 +212,17 @@ void CudaBackend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, i
   // the product: cuBLASLt's BGRADB runs as a kernel of its own, slower than that one (measured on an H200,
   // GPT-2's layers).
   const bool plain = f.epilogue == GemmEpilogue::None && !f.addend.defined() && c.dtype() != DType::f32;
-  if (plain || !lt_matmul(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f))
-    Backend::gemm_fused(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f);
+  if (!plain && lt_matmul(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f)) return;
+  if (!plain && f.c_col_sums.defined()) {  // the GELU's derivative fused without the column sums, then those
+    GemmFusion g = f;
+    g.c_col_sums = Tensor();
+    if (lt_matmul(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, g)) {
+      Tensor sums = f.c_col_sums;
+      bias_grad(c, m, n, 1, sums);
+      return;
+    }
+  }
+  Backend::gemm_fused(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f);
 }
 
 }  // namespace tandem::backend
