@@ -155,6 +155,13 @@ if has gpttune; then  # cuBLASLt's first choice per product beside the timed cho
   say "tandem gpt2 b32 timed choice (rc $?): $(grep RESULT "$OUT/gpt_tune.log" | tail -1)"
 fi
 
+if has gptchunk; then  # the classifier's logits in 1 GiB chunks (default) beside one chunk, GPT-2 b32
+  for mb in 1024 65536 1024 65536; do
+    TANDEM_LOGIT_CHUNK_MB=$mb "$T" bench train --model gpt --batch-size 32 --device cuda >"$OUT/gpt_chunk_$mb.log" 2>&1
+    say "tandem gpt2 b32 TANDEM_LOGIT_CHUNK_MB=$mb (rc $?): $(grep RESULT "$OUT/gpt_chunk_$mb.log" | tail -1 | grep -oE '"(ms_per_step|peak_memory_mib)":[^,}]*' | tr '\n' ' ')"
+  done
+fi
+
 if has shard; then  # one GPU, no traffic: what --shard optimizer / gradients cost over none
   for sh in none optimizer gradients none; do
     "$T" bench train --model gpt --batch-size 16 --device cuda --shard "$sh" >"$OUT/shard_gpt_$sh.log" 2>&1

@@ -3,6 +3,8 @@
 // element. A kernel computes the loss of each position (in f32 for 16-bit inputs, f64 for f64) and the op
 // reduces it; the backward kernel takes one weight per position, or one for all, so that a reduction's
 // gradient needs no tensor of the input's size.
+#include <cstdlib>
+
 #include "ops/layout.h"
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
@@ -190,7 +192,12 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   const bool direct_w = wdt == cdt || (wdt == DType::f32 && is_half(cdt));
   Tensor dx = need_x ? Tensor::empty({n, c}, cdt, x.device()) : Tensor();
   Tensor dw = need_w ? Tensor::empty({v, c}, direct_w ? wdt : cdt, x.device()) : Tensor();
-  constexpr int64_t kChunkBytes = int64_t(1) << 30;
+  // TANDEM_LOGIT_CHUNK_MB sets the automatic chunks' size (default 1024 MiB of logits).
+  static const int64_t kChunkBytes = [] {
+    const char* e = std::getenv("TANDEM_LOGIT_CHUNK_MB");
+    const long long mb = e ? std::atoll(e) : 0;
+    return (mb > 0 ? static_cast<int64_t>(mb) : int64_t(1024)) << 20;
+  }();
   const int64_t row_bytes = std::max<int64_t>(v * static_cast<int64_t>(dtype_size(cdt)), 1);
   int64_t rows = std::max<int64_t>(1, std::min(n, chunk_rows > 0 ? chunk_rows : kChunkBytes / row_bytes));
   if (chunk_rows == 0 && n > 0) {  // chunks of equal size, a multiple of 64 rows
