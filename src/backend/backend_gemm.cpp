@@ -27,14 +27,13 @@ void Backend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
     }
     case GemmEpilogue::DGelu: unary_backward(Unary::GeluTanh, prod, f.aux, prod); break;
   }
-  if (prod.is_same(c)) {
-  } else if (beta != 0.0) {  // C of another type, accumulated: C = beta C + the product
+  if (!prod.is_same(c) && beta == 0.0) {
+    copy_strided(prod, c);
+  } else if (!prod.is_same(c)) {  // C of another type, accumulated: C = beta C + the product
     Tensor wide = Tensor::empty(c.shape(), c.dtype(), c.device());
     copy_strided(prod, wide);
     if (beta != 1.0) affine(c, beta, 0.0, c);
     binary(Binary::Add, c, wide, c);
-  } else {
-    copy_strided(prod, c);
   }
   if (f.c_col_sums.defined()) {
     Tensor sums = f.c_col_sums;
