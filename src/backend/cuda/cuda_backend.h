@@ -308,6 +308,11 @@ class Scratch {
 /// Whether cuBLASLt's candidate algorithms are timed for each new product shape (TANDEM_GEMM_TUNE, on unless
 /// "0"; off under deterministic algorithms); 16-bit products then all go through cuBLASLt.
 bool gemm_tuning_enabled();
+// How the gradient through a fused GELU (GemmEpilogue::DGelu) is taken, from TANDEM_DGELU_EPILOGUE: the
+// derivative in cuBLASLt's epilogue and the bias gradient by tandem's column reduction (dgelu, the default),
+// both in cuBLASLt's epilogue (bgrad), or the product then tandem's elementwise kernel and reduction (none).
+enum class DGeluFusion { Derivative, DerivativeAndSums, None };
+DGeluFusion dgelu_fusion();
 
 /// The private pool of the recording under way on this thread for `device`, or null.
 Allocator* capture_pool(int device);

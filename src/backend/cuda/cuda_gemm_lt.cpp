@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 #include "backend/cuda/cuda_backend.h"
@@ -47,6 +48,19 @@ bool gemm_tuning_enabled() {
     return !(e && e[0] == '0');
   }();
   return on && !deterministic_algorithms();  // a timed choice may differ from one run to the next
+}
+
+DGeluFusion dgelu_fusion() {
+  static const DGeluFusion mode = [] {
+    const char* e = std::getenv("TANDEM_DGELU_EPILOGUE");
+    const std::string v = e ? e : "";
+    if (v.empty() || v == "dgelu") return DGeluFusion::Derivative;
+    if (v == "bgrad") return DGeluFusion::DerivativeAndSums;
+    if (v == "none") return DGeluFusion::None;
+    TANDEM_CHECK(false, "TANDEM_DGELU_EPILOGUE=", v, ": expected dgelu (the default), bgrad or none");
+    return DGeluFusion::Derivative;
+  }();
+  return mode;
 }
 
 class LtCache {
@@ -212,7 +226,10 @@ void CudaBackend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, i
   // the product: cuBLASLt's BGRADB runs as a kernel of its own, slower than that one (measured on an H200,
   // GPT-2's layers).
   const bool plain = f.epilogue == GemmEpilogue::None && !f.addend.defined() && c.dtype() != DType::f32;
-  if (!plain && lt_matmul(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f)) return;
+  const DGeluFusion dg = f.epilogue == GemmEpilogue::DGelu ? dgelu_fusion() : DGeluFusion::DerivativeAndSums;
+  if (dg == DGeluFusion::None) return Backend::gemm_fused(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f);
+  const bool try_sums = dg == DGeluFusion::DerivativeAndSums || !f.c_col_sums.defined();
+  if (!plain && try_sums && lt_matmul(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, f)) return;
   if (!plain && f.c_col_sums.defined()) {  // the GELU's derivative fused without the column sums, then those
     GemmFusion g = f;
     g.c_col_sums = Tensor();
