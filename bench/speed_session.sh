@@ -34,11 +34,17 @@ say "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | 
 
 if has build; then
   t0=$SECONDS
+  # The GPU machine cannot reach PyPI: the cuDNN frontend's headers (fused attention) travel in .data/cudnn-frontend
+  # (a copy of build/cudnn-frontend, which ./tandem.sh fetches here).
+  fe=$PWD/.data/cudnn-frontend/include
+  [ -f "$fe/cudnn_frontend.h" ] && CMAKE_EXTRA="-DTANDEM_CUDNN_FRONTEND_INCLUDE=$fe ${CMAKE_EXTRA:-}"
   if ! { cmake -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DTANDEM_NCCL=ON -DTANDEM_MPI=ON \
            -DCMAKE_CUDA_ARCHITECTURES=90 ${CMAKE_EXTRA:-} && cmake --build build-gpu -j16; } >"$OUT/build.log" 2>&1; then
     tail -40 "$OUT/build.log"; exit 1
   fi
   say "build: $((SECONDS - t0)) s"
+  grep -q "fused attention compiled out" "$OUT/build.log" &&
+    say "WARNING: no cuDNN frontend headers (copy build/cudnn-frontend to .data/cudnn-frontend and carry it): attention takes the math path"
 fi
 
 if has tests; then
@@ -167,7 +173,7 @@ if has gptenv; then  # GPT-2 b32 under each setting of GPT_ENVS ("A=1 B=2;A=3": 
   IFS=';' read -ra envs <<<"${GPT_ENVS:-TANDEM_DGELU_EPILOGUE=dgelu;TANDEM_DGELU_EPILOGUE=bgrad;TANDEM_DGELU_EPILOGUE=none}"
   for round in 1 2; do
     for e in "${envs[@]}"; do
-      log="$OUT/gpt_env_${round}_$(echo "$e" | tr -c 'A-Za-z0-9=_\n' _).log"
+      log="$OUT/gpt_env_${round}_$(echo "$e" | tr -c 'A-Za-z0-9_\n' _).log"
       env $e "$T" bench train --model gpt --batch-size "${GPT_ENV_BATCH:-32}" --device cuda >"$log" 2>&1
       say "tandem gpt2 b${GPT_ENV_BATCH:-32} $e (rc $?): $(grep RESULT "$log" | tail -1 | grep -oE '"(ms_per_step|tokens_per_s|peak_memory_mib)":[^,}]*' | tr '\n' ' ')"
     done

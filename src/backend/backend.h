@@ -57,6 +57,9 @@ struct BnArgs {
 /// One tensor's share of a multi-tensor optimizer step.
 struct ParamSlot {
   Tensor param, grad, buf0, buf1;  // buf0: momentum / Adam m; buf1: Adam v
+  /// Adam only, when defined: a bf16 or f16 copy of the parameter (same size, contiguous), written with
+  /// the updated parameter, rounded to nearest as Tensor::to rounds (AdamArgs::copies).
+  Tensor copy;
 };
 
 struct SgdArgs {
@@ -77,6 +80,10 @@ struct AdamArgs {
   /// decoupled shrink 1 - lr weight_decay (1 when not decoupled). A recorded step then follows a
   /// learning-rate schedule and the bias correction: the host writes the values before each replay.
   const float* step_scalars = nullptr;
+  /// When set: one f32 value on the slots' device by which every gradient is multiplied as the step reads
+  /// it (a clipping factor computed on the device), exactly as if the gradients had been scaled first. The
+  /// CUDA kernel leaves the gradients as they are; the CPU scales them in place first.
+  const float* grad_factor = nullptr;
 };
 
 /// RMSProp: g += weight_decay * p; v = alpha * v + (1 - alpha) * g^2 (v in buf0);

@@ -3,8 +3,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "cli/commands.h"
+#include "ops/param_copies.h"
 #include "tandem/distributed/loss_scaler.h"
 #include "tandem/distributed/sync_batch_norm.h"
 #include "tandem/nn/gpt.h"
@@ -123,6 +126,14 @@ void Session::build_model(nn::ModelConfig mc) {
   o.skip_nonfinite = precision_ == Precision::f16;
   opt_ = std::make_unique<dist::DistOpt>(make_optimizer(cfg_, *model_), comm_, o);
   if (o.skip_nonfinite) scaler_ = std::make_unique<dist::LossScaler>(*opt_);
+  // 16-bit products on a GPU read 16-bit copies of the weights that the optimizer writes as it updates
+  // them, instead of converting every weight at every step — where the optimizer keeps such copies and
+  // nothing else writes the parameters between steps (no sharded gather, no partialUpdate average).
+  // TANDEM_PARAM_COPIES=0 converts at every step instead (the same values).
+  const char* env = std::getenv("TANDEM_PARAM_COPIES");
+  copies_wanted_ = device_.is_cuda() && activation_dtype(precision_) != DType::f32 &&
+                   opt_->optimizer().keeps_parameter_copies() && o.shard == dist::Shard::none && !partial() &&
+                   !(env && std::strcmp(env, "0") == 0);
 }
 
 void Session::sync_model() { opt_->sync_parameters(*model_); }
@@ -166,6 +177,13 @@ std::vector<dist::AgreementField> Session::agreement_fields() const {
 }
 
 StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double weight, bool last) {
+  if (copies_wanted_ && !copies_) {
+    // Made at the first step, after any checkpoint is loaded and the ranks synchronised: from here on
+    // only the optimizer writes the parameters, and it writes their copies with them.
+    copies_ = std::make_unique<ParamCopies>(opt_->optimizer().params(), activation_dtype(precision_));
+    opt_->optimizer().set_parameter_copies(copies_->copies());
+  }
+  ParamCopiesScope copies_scope(copies_.get());
   Tensor logits, loss;
   {
     PrecisionScope scope(precision_);
@@ -191,7 +209,8 @@ StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double we
 
 Tensor Session::apply_update() {
   Tensor norm;
-  if (cfg_.clip_norm > 0.0) norm = opt_->clip_grad_norm(cfg_.clip_norm);
+  // The clipping coefficient is applied by the optimizer as it reads the gradients, where it can.
+  if (cfg_.clip_norm > 0.0) norm = opt_->clip_grad_norm_in_update(cfg_.clip_norm);
   if (scaler_)
     scaler_->update();
   else

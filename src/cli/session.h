@@ -17,6 +17,10 @@
 #include "tandem/precision.h"
 #include "tandem/tensor.h"
 
+namespace tandem {
+class ParamCopies;
+}
+
 namespace tandem::cli {
 
 /// The settings a session is built from (the flags train and bench have in common).
@@ -168,6 +172,8 @@ class Session {
   nn::ModulePtr model_;
   std::unique_ptr<dist::DistOpt> opt_;
   std::unique_ptr<dist::LossScaler> scaler_;
+  bool copies_wanted_ = false;               // see build_model
+  std::unique_ptr<ParamCopies> copies_;      // made at the first forward_backward
   StepSums sums_;
   std::unique_ptr<Recorded> recorded_;
   bool graph_given_up_ = false;

@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "core/tensor_impl.h"
+#include "ops/param_copies.h"
 
 namespace tandem::ops {
 
@@ -34,6 +35,9 @@ Tensor empty_dense_like(const Tensor& t, DType dtype) {
 
 Tensor to_dense(const Tensor& t, DType dtype, bool channels_last) {
   if (t.dtype() == dtype && (channels_last ? is_channels_last(t) : t.is_contiguous())) return t;
+  // A parameter whose 16-bit copy the optimizer keeps (ParamCopiesScope): read, not converted.
+  if (!channels_last || t.dim() != 4)
+    if (Tensor c = active_param_copy(t, dtype); c.defined()) return c;
   if (!channels_last) return t.dtype() == dtype ? t.contiguous() : t.to(dtype);  // one copy either way
   Tensor out = empty_channels_last(t.shape(), dtype, t.device());
   if (out.numel() == 0) return out;

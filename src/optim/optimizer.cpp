@@ -113,6 +113,31 @@ void Optimizer::set_step_guard(Tensor verdict) {
   guard_ = std::move(verdict);
 }
 
+void Optimizer::set_gradient_factor(Tensor factor) {
+  TANDEM_CHECK(!factor.defined() || takes_gradient_factor(),
+               "this optimizer does not take a gradient factor: scale the gradients before its step");
+  TANDEM_CHECK(!factor.defined() || (factor.numel() == 1 && factor.dtype() == DType::f32 &&
+                                     (params_.empty() || factor.device() == params_.front().device())),
+               "a gradient factor is one f32 value on the parameters' device, got ", factor.str());
+  grad_factor_ = std::move(factor);
+}
+
+void Optimizer::set_parameter_copies(std::vector<Tensor> copies) {
+  TANDEM_CHECK(copies.empty() || keeps_parameter_copies(), "this optimizer does not keep parameter copies");
+  TANDEM_CHECK(copies.empty() || copies.size() == params_.size(), "set_parameter_copies: ", copies.size(),
+               " copies for ", params_.size(), " parameters");
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const Tensor& c = copies[i];
+    if (!c.defined()) continue;
+    TANDEM_CHECK((c.dtype() == DType::bf16 || c.dtype() == DType::f16) && c.is_contiguous() &&
+                     c.shape() == params_[i].shape() && c.device() == params_[i].device() &&
+                     params_[i].dtype() == DType::f32,
+                 "set_parameter_copies: copy ", i, " ", c.str(), " is not a contiguous bf16 or f16 tensor of parameter ",
+                 params_[i].str(), "'s shape and device (of an f32 parameter)");
+  }
+  copies_ = std::move(copies);
+}
+
 bool Optimizer::guard_allows() const { return !guard_.defined() || std::isfinite(guard_.item<float>()); }
 
 std::shared_ptr<Optimizer> Optimizer::with_params(std::vector<ParamGroup>) const {
@@ -207,7 +232,7 @@ void SGD::step() {
     if (!g.defined()) continue;
     check_grad(params_[i], g);
     const size_t grp = static_cast<size_t>(group_of_[i]);
-    ParamSlot s{params_[i], g, Tensor(), Tensor()};
+    ParamSlot s{params_[i], g, Tensor(), Tensor(), Tensor()};
     if (opt_.momentum != 0.0) {
       bool first = !momentum_[i].defined();
       if (first) {
@@ -293,7 +318,8 @@ void Adam::step() {
       m_[i] = Tensor::zeros(params_[i].shape(), params_[i].dtype(), params_[i].device());
       v_[i] = Tensor::zeros(params_[i].shape(), params_[i].dtype(), params_[i].device());
     }
-    by_step[{group_of_[i], ++t_[i]}].push_back(ParamSlot{params_[i], g, m_[i], v_[i]});
+    by_step[{group_of_[i], ++t_[i]}].push_back(
+        ParamSlot{params_[i], g, m_[i], v_[i], copies_.empty() ? Tensor() : copies_[i]});
   }
   // A step being recorded reads its factors from the device (written by after_recording and
   // prepare_replay), so that replays follow the schedule and the bias correction.
@@ -315,6 +341,7 @@ void Adam::step() {
     backend::AdamArgs args{group_lr(grp), opt_.beta1, opt_.beta2, opt_.eps, group_decay(grp, opt_.weight_decay),
                            key.second, opt_.decoupled};
     if (dyn) args.step_scalars = dyn + 3 * grp;
+    if (grad_factor_.defined()) args.grad_factor = grad_factor_.data<float>();
     run_grouped(slots, [&](backend::Backend& b, std::vector<ParamSlot>& g) {
       b.adam_step(g.data(), static_cast<int64_t>(g.size()), args);
     });
@@ -408,7 +435,7 @@ void RMSProp::step() {
     // A zero average is where the update starts from, so a guarded first step that is skipped leaves
     // the state as a first step would find it.
     if (!v_[i].defined()) v_[i] = Tensor::zeros(params_[i].shape(), params_[i].dtype(), params_[i].device());
-    slots[static_cast<size_t>(group_of_[i])].push_back(ParamSlot{params_[i], g, v_[i], Tensor()});
+    slots[static_cast<size_t>(group_of_[i])].push_back(ParamSlot{params_[i], g, v_[i], Tensor(), Tensor()});
   }
   for (size_t grp = 0; grp < slots.size(); ++grp) {
     backend::RmsPropArgs args{group_lr(grp), opt_.alpha, opt_.eps, group_decay(grp, opt_.weight_decay),
@@ -470,7 +497,7 @@ void AdaGrad::step() {
     if (!s_[i].defined())
       s_[i] = Tensor::full(params_[i].shape(), opt_.initial_accumulator_value, params_[i].dtype(), params_[i].device());
     ++t_[i];
-    by_step[{group_of_[i], decays ? t_[i] : 0}].push_back(ParamSlot{params_[i], g, s_[i], Tensor()});
+    by_step[{group_of_[i], decays ? t_[i] : 0}].push_back(ParamSlot{params_[i], g, s_[i], Tensor(), Tensor()});
   }
   for (auto& [key, slots] : by_step) {
     const size_t grp = static_cast<size_t>(key.first);

@@ -13,7 +13,7 @@ using backend::SgdArgs;
 TEST(CpuSgd, PlainStepWithWeightDecay) {
   // p = 1, g = 0.5, lr 0.1, wd 0.2: d = 0.5 + 0.2 = 0.7, p = 1 - 0.07 = 0.93; then d = 0.5 + 0.186 = 0.686.
   Tensor p = Tensor::full({3}, 1.0, DType::f64), g = Tensor::full({3}, 0.5, DType::f64);
-  ParamSlot slot{p, g, Tensor(), Tensor()};
+  ParamSlot slot{p, g, Tensor(), Tensor(), Tensor()};
   SgdArgs a{0.1, 0.0, 0.0, 0.2, false, true};
   cpu().sgd_step(&slot, 1, a);
   EXPECT_NEAR(p.to_vector<double>()[2], 0.93, 1e-15);
@@ -50,7 +50,7 @@ TEST(CpuSgd, MomentumDampeningAndNesterov) {
       Tensor b1 = Tensor::empty({1}, dt), b2 = Tensor::empty({50000}, dt);
       for (int step = 0; step < 3; ++step) {
         Tensor g1 = Tensor::full({1}, grads[step], dt), g2 = Tensor::full({50000}, grads[step], dt);
-        ParamSlot slots[2] = {{p1, g1, b1, Tensor()}, {p2, g2, b2, Tensor()}};
+        ParamSlot slots[2] = {{p1, g1, b1, Tensor(), Tensor()}, {p2, g2, b2, Tensor(), Tensor()}};
         cpu().sgd_step(slots, 2, SgdArgs{0.1, 0.9, c.dampening, c.wd, c.nesterov, step == 0});
         const double tol = dt == DType::f64 ? 1e-14 : 1e-6;
         EXPECT_NEAR(p1.item<double>(), c.p[step], tol) << "step " << step << " dampening " << c.dampening;
@@ -85,7 +85,7 @@ TEST(CpuAdam, BothWeightDecayModesOverSeveralSteps) {
       Tensor p = Tensor::full({40000}, 1.5, dt), m = Tensor::zeros({40000}, dt), v = Tensor::zeros({40000}, dt);
       for (int64_t t = 1; t <= 4; ++t) {
         Tensor g = Tensor::full({40000}, grads[t - 1], dt);
-        ParamSlot slot{p, g, m, v};
+        ParamSlot slot{p, g, m, v, Tensor()};
         cpu().adam_step(&slot, 1, AdamArgs{lr, b1, b2, eps, wd, t, decoupled});
         ref.step(grads[t - 1], t, lr, b1, b2, eps, wd, decoupled);
         const double tol = dt == DType::f64 ? 1e-13 : 2e-6;
@@ -103,12 +103,45 @@ TEST(CpuAdam, FirstStepMovesEachElementByAboutLr) {
   Tensor p = Tensor::from_vector<float>({0.f, 0.f, 0.f}, {3});
   Tensor g = Tensor::from_vector<float>({2.f, -0.001f, 30.f}, {3});
   Tensor m = Tensor::zeros({3}), v = Tensor::zeros({3});
-  ParamSlot slot{p, g, m, v};
+  ParamSlot slot{p, g, m, v, Tensor()};
   cpu().adam_step(&slot, 1, AdamArgs{0.1, 0.9, 0.999, 1e-8, 0.0, 1, false});
   auto got = p.to_vector<float>();
   EXPECT_NEAR(got[0], -0.1f, 1e-6);
   EXPECT_NEAR(got[1], 0.1f, 1e-5);
   EXPECT_NEAR(got[2], -0.1f, 1e-6);
+}
+
+// A gradient factor gives the step of gradients scaled by it first; the copies are the updated parameters'
+// rounding to bf16 and f16 (Tensor::to's).
+TEST(CpuAdam, GradientFactorAndCopiesGiveTheBitsOfScalingFirstAndConverting) {
+  for (DType copy_type : {DType::bf16, DType::f16}) {
+    Tensor p1 = Tensor::from_vector<float>({0.5f, -1.25f, 3.0f, 1e-3f}, {4}), p2 = p1.clone();
+    Tensor m1 = Tensor::zeros({4}), v1 = Tensor::zeros({4}), m2 = Tensor::zeros({4}), v2 = Tensor::zeros({4});
+    Tensor copy = Tensor::zeros({4}, copy_type);
+    for (int64_t t = 1; t <= 3; ++t) {
+      const float f = 0.3f + 0.2f * static_cast<float>(t);
+      Tensor factor = Tensor::full({1}, f);
+      std::vector<float> gv = {0.7f * t, -0.2f, 1.9f, -3.0f / t};
+      Tensor g1 = Tensor::from_vector<float>(gv, {4}), g2 = Tensor::from_vector<float>(gv, {4});
+      cpu().scale_by(g2, factor, g2);
+      AdamArgs a{0.01, 0.9, 0.95, 1e-8, 0.1, t, true};
+      ParamSlot s2{p2, g2, m2, v2, Tensor()};
+      cpu().adam_step(&s2, 1, a);
+      AdamArgs af = a;
+      af.grad_factor = factor.data<float>();
+      ParamSlot s1{p1, g1, m1, v1, copy};
+      cpu().adam_step(&s1, 1, af);
+      EXPECT_EQ(p1.to_vector<float>(), p2.to_vector<float>()) << "step " << t;
+      EXPECT_EQ(m1.to_vector<float>(), m2.to_vector<float>());
+      EXPECT_EQ(v1.to_vector<float>(), v2.to_vector<float>());
+      EXPECT_EQ(copy.to(DType::f32).to_vector<float>(), p2.to(copy_type).to(DType::f32).to_vector<float>())
+          << dtype_name(copy_type) << " step " << t;
+    }
+  }
+  // A copy of another size is refused with the parameter named.
+  Tensor p = Tensor::zeros({4}), g = Tensor::zeros({4}), m = Tensor::zeros({4}), v = Tensor::zeros({4});
+  ParamSlot bad{p, g, m, v, Tensor::zeros({3}, DType::bf16)};
+  EXPECT_THROW(cpu().adam_step(&bad, 1, AdamArgs{0.01, 0.9, 0.95, 1e-8, 0.0, 1, true}), Error);
 }
 
 }  // namespace

@@ -109,7 +109,7 @@ TEST(CudaGuard, SgdStepsUnderAGuardMatchTheCpu) {
     Tensor cp = p.clone(), cm = m.clone(), gp = p.to(gpu()), gm = m.to(gpu()), gg = g.to(gpu());
     Tensor cv = verdict(v, Device::cpu()), gv = verdict(v, gpu());
     backend::SgdArgs a{0.1, 0.9, 0.0, 1e-4, false, false};
-    backend::ParamSlot cs{cp, g, cm, Tensor()}, gs{gp, gg, gm, Tensor()};
+    backend::ParamSlot cs{cp, g, cm, Tensor(), Tensor()}, gs{gp, gg, gm, Tensor(), Tensor()};
     a.guard = static_cast<const float*>(cv.data_ptr());
     cpu_be().sgd_step(&cs, 1, a);
     a.guard = static_cast<const float*>(gv.data_ptr());

@@ -22,7 +22,7 @@ ParamSet make_set(const std::vector<int64_t>& sizes, Device d, bool with_buf0, b
 
 std::vector<backend::ParamSlot> slots_for(ParamSet& s, const std::vector<Tensor>& grads) {
   std::vector<backend::ParamSlot> out;
-  for (size_t i = 0; i < s.params.size(); ++i) out.push_back({s.params[i], grads[i], s.bufs0[i], s.bufs1[i]});
+  for (size_t i = 0; i < s.params.size(); ++i) out.push_back({s.params[i], grads[i], s.bufs0[i], s.bufs1[i], Tensor()});
   return out;
 }
 
@@ -94,14 +94,54 @@ TEST(CudaOptim, AdamMatchesTheCpu) {
   }
 }
 
+// The clipping factor read as the step reads each gradient gives the bits scaling the gradients first gives;
+// the 16-bit copies are the updated parameters' rounding (Tensor::to), in bf16 and f16.
+TEST(CudaOptim, AdamsGradientFactorAndCopiesGiveTheBitsOfScalingFirstAndConverting) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (const auto& sizes : {kSizes, many_sizes()}) {
+    for (DType copy_type : {DType::bf16, DType::f16}) {
+      for (bool decoupled : {false, true}) {
+        ParamSet folded = make_set(sizes, gpu(), true, true), first = make_set(sizes, gpu(), true, true);
+        std::vector<Tensor> copies;
+        for (const Tensor& p : folded.params) copies.push_back(Tensor::zeros(p.shape(), copy_type, gpu()));
+        for (int step = 1; step <= 3; ++step) {
+          backend::AdamArgs a{1e-2, 0.9, 0.95, 1e-8, 0.1, step, decoupled};
+          const Tensor factor = Tensor::full({1}, 0.37 + 0.1 * step, DType::f32, gpu());
+          std::vector<Tensor> g1 = grads_for(sizes, step, gpu()), g2 = grads_for(sizes, step, gpu());
+          for (Tensor& g : g2) gpu_be().scale_by(g, factor, g);
+          auto sf = slots_for(folded, g1);
+          for (size_t i = 0; i < sf.size(); ++i) sf[i].copy = copies[i];
+          backend::AdamArgs af = a;
+          af.grad_factor = factor.data<float>();
+          gpu_be().adam_step(sf.data(), static_cast<int64_t>(sf.size()), af);
+          auto ss = slots_for(first, g2);
+          gpu_be().adam_step(ss.data(), static_cast<int64_t>(ss.size()), a);
+          const std::string what = std::string(dtype_name(copy_type)) + (decoupled ? " decoupled" : " l2") + " step " +
+                                   std::to_string(step) + " tensors " + std::to_string(sizes.size());
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            EXPECT_EQ(folded.params[i].to_vector<float>(), first.params[i].to_vector<float>()) << what << " param " << i;
+            EXPECT_EQ(folded.bufs0[i].to_vector<float>(), first.bufs0[i].to_vector<float>()) << what << " m " << i;
+            EXPECT_EQ(folded.bufs1[i].to_vector<float>(), first.bufs1[i].to_vector<float>()) << what << " v " << i;
+            EXPECT_EQ(copies[i].to(DType::f32).to_vector<float>(),
+                      first.params[i].to(copy_type).to(DType::f32).to_vector<float>())
+                << what << " copy " << i;
+            // The gradients are read, not rescaled.
+            EXPECT_EQ(g1[i].to_vector<float>(), grads_for(sizes, step, gpu())[i].to_vector<float>()) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaOptim, RejectsMismatchedSlots) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   Tensor p = Tensor::zeros({10}, DType::f32, gpu()), g = Tensor::zeros({9}, DType::f32, gpu());
-  backend::ParamSlot slot{p, g, Tensor(), Tensor()};
+  backend::ParamSlot slot{p, g, Tensor(), Tensor(), Tensor()};
   backend::SgdArgs a{0.1, 0.0, 0.0, 0.0, false, true};
   EXPECT_THROW(gpu_be().sgd_step(&slot, 1, a), Error);
   Tensor p64 = Tensor::zeros({10}, DType::f64, gpu()), g64 = Tensor::zeros({10}, DType::f64, gpu());
-  backend::ParamSlot slot64{p64, g64, Tensor(), Tensor()};
+  backend::ParamSlot slot64{p64, g64, Tensor(), Tensor(), Tensor()};
   try {
     gpu_be().sgd_step(&slot64, 1, a);
     ADD_FAILURE() << "an f64 parameter was accepted";

@@ -235,8 +235,8 @@ void compare_square_kernel(const Args& a, double init, Step step, const std::str
     std::vector<Tensor> gc = rand_set(sizes, 1000 * s, Device::cpu()), gg = rand_set(sizes, 1000 * s, gpu());
     std::vector<backend::ParamSlot> sc, sg;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      sc.push_back({pc[i], gc[i], vc[i], Tensor()});
-      sg.push_back({pg[i], gg[i], vg[i], Tensor()});
+      sc.push_back({pc[i], gc[i], vc[i], Tensor(), Tensor()});
+      sg.push_back({pg[i], gg[i], vg[i], Tensor(), Tensor()});
     }
     step(cpu_be(), sc, a);
     step(gpu_be(), sg, a);
@@ -269,7 +269,7 @@ TEST(CudaRnn, FusedKernelsHonourTheGuard) {
   Tensor p = rand_cpu({100}, 1).to(gpu()).clone(), g = rand_cpu({100}, 2).to(gpu()), v = Tensor::zeros({100}, DType::f32, gpu());
   Tensor before = p.cpu();
   Tensor inf = Tensor::full({1}, std::numeric_limits<double>::infinity(), DType::f32, gpu());
-  backend::ParamSlot slot{p, g, v, Tensor()};
+  backend::ParamSlot slot{p, g, v, Tensor(), Tensor()};
   backend::RmsPropArgs r{0.1, 0.9, 1e-8, 0.0, false, inf.data<float>()};
   gpu_be().rmsprop_step(&slot, 1, r);
   backend::AdagradArgs a{0.1, 1e-8, 0.0, false, inf.data<float>()};

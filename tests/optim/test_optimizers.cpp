@@ -312,5 +312,34 @@ TEST(Optimizers, DistOptStepsLikeItsOptimizer) {
   EXPECT_EQ(opt_inner->lr(), opt_alone->lr());
 }
 
+TEST(Optimizers, ClippingInTheUpdateStepsAsClippingFirst) {
+  // clip_grad_norm_in_update leaves the coefficient to Adam's step (read as it reads the gradients) and
+  // scales SGD's gradients itself: the parameters are those of clip_grad_norm's runs, bit for bit.
+  for (const char* kind : {"adamw", "sgd"}) {
+    auto make = [&](Net& n) -> std::shared_ptr<optim::Optimizer> {
+      if (std::string(kind) == "sgd")
+        return std::make_shared<optim::SGD>(n.parameters(), optim::SgdOptions{.lr = 0.05, .momentum = 0.9});
+      return std::make_shared<optim::Adam>(optim::decay_groups(n, 0.1),
+                                           optim::AdamOptions{.lr = 0.01, .beta2 = 0.95, .decoupled = true});
+    };
+    Net first(4), folded(4);
+    auto o1 = make(first), o2 = make(folded);
+    dist::DistOpt d1(o1, dist::make_single_communicator()), d2(o2, dist::make_single_communicator());
+    d1.sync_parameters(first);
+    d2.sync_parameters(folded);
+    for (int s = 0; s < 5; ++s) {
+      d1.backward_and_sync(softmax_cross_entropy(first.forward(batch_tokens(s)), batch_labels(s)));
+      d2.backward_and_sync(softmax_cross_entropy(folded.forward(batch_tokens(s)), batch_labels(s)));
+      const float n1 = d1.clip_grad_norm(0.05).item<float>(), n2 = d2.clip_grad_norm_in_update(0.05).item<float>();
+      EXPECT_EQ(n1, n2);
+      EXPECT_GT(n1, 0.05f) << "the bound should clip";
+      d1.update();
+      d2.update();
+      EXPECT_FALSE(o2->gradient_factor().defined()) << "the factor outlived its step";
+    }
+    EXPECT_EQ(values(folded), values(first)) << kind;
+  }
+}
+
 }  // namespace
 }  // namespace tandem

@@ -150,6 +150,11 @@ class DistOpt {
   /// max_norm / (norm + 1e-6) when above). Returns the norm before clipping, a one-element tensor
   /// on the device, identical on every rank. Call between backward_and_sync and update.
   Tensor clip_grad_norm(double max_norm);
+  /// As clip_grad_norm, the scaling left to the next update(): the wrapped optimizer multiplies the
+  /// gradients by the coefficient as its step reads them where it can (Adam, unsharded, not
+  /// partialUpdate), the same update bit for bit without a pass over the gradients; otherwise they are
+  /// scaled here. Until that update, grad() may hold the unclipped gradients.
+  Tensor clip_grad_norm_in_update(double max_norm);
   /// Multiplies every averaged gradient by coef, a one-element f32 tensor on the communicator's device
   /// (read on the device: no host wait). Call between backward_and_sync and update.
   void scale_gradients(const Tensor& coef);
@@ -286,6 +291,8 @@ class DistOpt {
  private:
   void backward_and_sync_with(const SyncOptions& sync, const Tensor& loss);
   void find_layer_groups(nn::Module& model);
+  // The global norm (returned) and coef = min(1, max_norm / (norm + 1e-6)), both on the device.
+  Tensor clip_coefficient(double max_norm, Tensor& coef);
   class Impl;
   std::shared_ptr<optim::Optimizer> opt_;
   std::shared_ptr<Communicator> comm_;

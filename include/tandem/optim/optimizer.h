@@ -143,6 +143,24 @@ class Optimizer {
   /// step can be recorded). An undefined tensor removes the guard.
   void set_step_guard(Tensor verdict);
   const Tensor& step_guard() const { return guard_; }
+  /// Whether step() can multiply the gradients by a factor as it reads them (set_gradient_factor): Adam's
+  /// fused step does; the others need the gradients scaled beforehand.
+  virtual bool takes_gradient_factor() const { return false; }
+  /// From now on (until called with an undefined tensor), every gradient a step reads is multiplied by
+  /// `factor`, one f32 value on the parameters' device read when the step runs (a clipping coefficient
+  /// computed there): the update is the one scaling the gradients first gives, bit for bit, without the
+  /// pass over them. Throws for an optimizer that does not take one (takes_gradient_factor).
+  void set_gradient_factor(Tensor factor);
+  const Tensor& gradient_factor() const { return grad_factor_; }
+  /// Whether step() can keep 16-bit copies of the parameters up to date (set_parameter_copies): Adam's does.
+  virtual bool keeps_parameter_copies() const { return false; }
+  /// copies[i]: undefined, or a contiguous bf16 or f16 tensor of params()[i]'s shape that every later step
+  /// writes with the parameter it updates, rounded to nearest as Tensor::to rounds — a copy that starts as
+  /// the parameter's rounding stays so, and the 16-bit products read it instead of converting the
+  /// parameter at every step. An empty list stops the writing. Throws for an optimizer that does not keep
+  /// copies, a list of another length, or a copy of another size.
+  void set_parameter_copies(std::vector<Tensor> copies);
+  const std::vector<Tensor>& parameter_copies() const { return copies_; }
   /// Steps taken so far (steps skipped by the guard included).
   int64_t steps() const { return steps_; }
   /// Sets the step count (a checkpoint's); with a schedule, the learning rate follows.
@@ -177,6 +195,8 @@ class Optimizer {
   double lr_;
   int64_t steps_ = 0;
   Tensor guard_;
+  Tensor grad_factor_;          // set_gradient_factor
+  std::vector<Tensor> copies_;  // set_parameter_copies
   std::vector<GroupSettings> groups_;
   std::vector<int> group_of_;
   std::shared_ptr<const LrSchedule> schedule_;
@@ -227,6 +247,8 @@ class Adam : public Optimizer {
   int state_copies() const override { return 2; }
   std::shared_ptr<Optimizer> with_params(std::vector<ParamGroup> groups) const override;
   std::vector<int64_t>* step_counts() override { return &t_; }
+  bool takes_gradient_factor() const override { return true; }
+  bool keeps_parameter_copies() const override { return true; }
   /// Empty once every parameter has its state and all have taken the same number of steps, without a
   /// step guard (read on the host): a recorded step then reads its rate and bias corrections from the
   /// device.

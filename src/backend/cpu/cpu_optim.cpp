@@ -81,6 +81,16 @@ void adam_one(const ParamSlot& s, const AdamArgs& a) {
   });
 }
 
+// The 16-bit copy of an updated parameter (ParamSlot::copy), rounded to nearest as Tensor::to rounds.
+template <typename C>
+void write_copy(const Tensor& param, const Tensor& copy) {
+  const float* p = ptr<float>(param);
+  C* c = ptr<C>(copy);
+  cpu::parallel_for(param.numel(), cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) c[i] = C(p[i]);
+  });
+}
+
 template <typename T>
 void rmsprop_one(const ParamSlot& s, const RmsPropArgs& a) {
   const int64_t n = s.param.numel();
@@ -130,9 +140,33 @@ void CpuBackend::sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) {
 
 void CpuBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) {
   TANDEM_ASSERT(a.step >= 1, "adam_step: step ", a.step, " (steps count from 1)");
-  for (int64_t i = 0; i < count; ++i) check_slot(slots[i], i, true, true, "adam_step");
   for (int64_t i = 0; i < count; ++i) {
-    dispatch_float(slots[i].param.dtype(), "adam_step", [&](auto tag) { adam_one<decltype(tag)>(slots[i], a); });
+    const ParamSlot& s = slots[i];
+    check_slot(s, i, true, true, "adam_step");
+    TANDEM_CHECK(!a.grad_factor || s.param.dtype() == DType::f32, "adam_step: a gradient factor needs f32 parameters, got ",
+                 s.param.str());
+    TANDEM_CHECK(!s.copy.defined() || (s.param.dtype() == DType::f32 && s.copy.is_contiguous() &&
+                                       s.copy.numel() == s.param.numel() &&
+                                       (s.copy.dtype() == DType::bf16 || s.copy.dtype() == DType::f16)),
+                 "adam_step: the copy ", s.copy.defined() ? s.copy.str() : std::string(), " of parameter ", s.param.str(),
+                 " is not a contiguous bf16 or f16 tensor of its size (of an f32 parameter)");
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const ParamSlot& s = slots[i];
+    if (a.grad_factor) {  // scaled in place first: the values the unfolded scaling gives
+      const float f = *a.grad_factor;
+      float* g = ptr<float>(s.grad);
+      cpu::parallel_for(s.grad.numel(), cpu::grain_for(1), [&](int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) g[j] = g[j] * f;
+      });
+    }
+    dispatch_float(s.param.dtype(), "adam_step", [&](auto tag) { adam_one<decltype(tag)>(s, a); });
+    if (s.copy.defined()) {
+      if (s.copy.dtype() == DType::bf16)
+        write_copy<BFloat16>(s.param, s.copy);
+      else
+        write_copy<Half>(s.param, s.copy);
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 // argument block, so one launch updates up to kMaxTensors tensors; each block updates one chunk of
 // one tensor, found from the table of first blocks.
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -19,6 +20,7 @@ struct TensorTable {
   const float* g[kMaxTensors];
   float* b0[kMaxTensors];
   float* b1[kMaxTensors];
+  void* h[kMaxTensors];  // Adam: the 16-bit copies (ParamSlot::copy), or null
   int64_t n[kMaxTensors];
   int64_t first_block[kMaxTensors + 1];
   int count;
@@ -31,10 +33,12 @@ struct SgdScalars {
 
 // p = p * shrink - step * m / (sqrt(v) * inv_sqrt_bc2 + eps), with step = lr / (1 - beta1^t) and
 // inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t): the bias-corrected update, folded as the CPU folds it.
-// With dyn set, step, inv_sqrt_bc2 and shrink are read from the device (dyn[0], dyn[1], dyn[2]).
+// With dyn set, step, inv_sqrt_bc2 and shrink are read from the device (dyn[0], dyn[1], dyn[2]); with
+// factor set, every gradient is multiplied by *factor as it is read (rounded as a separate scaling would).
 struct AdamScalars {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, l2, shrink, step, inv_sqrt_bc2;
   const float* dyn;
+  const float* factor;
 };
 
 // The tensor and the element range this block updates.
@@ -66,6 +70,8 @@ __global__ void sgd_kernel(TensorTable t, SgdScalars s, const float* guard) {
   }
 }
 
+// CopyT: the type of the parameters' 16-bit copies (t.h), written with the parameters; float: none.
+template <typename CopyT>
 __global__ void adam_kernel(TensorTable t, AdamScalars s) {
   int64_t begin, end;
   const int k = locate(t, begin, end);
@@ -73,15 +79,20 @@ __global__ void adam_kernel(TensorTable t, AdamScalars s) {
   const float* __restrict__ g = t.g[k];
   float* __restrict__ m = t.b0[k];
   float* __restrict__ v = t.b1[k];
+  CopyT* __restrict__ h = static_cast<CopyT*>(t.h[k]);
   const float step = s.dyn ? s.dyn[0] : s.step, inv_sqrt_bc2 = s.dyn ? s.dyn[1] : s.inv_sqrt_bc2,
               shrink = s.dyn ? s.dyn[2] : s.shrink;
+  const float factor = s.factor ? *s.factor : 1.0f;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float pi = p[i], gi = g[i] + s.l2 * pi;
+    const float pi = p[i], gi = (s.factor ? __fmul_rn(g[i], factor) : g[i]) + s.l2 * pi;
     const float mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
     const float vi = s.beta2 * v[i] + s.one_minus_beta2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] = pi * shrink - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + s.eps);
+    const float pn = pi * shrink - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + s.eps);
+    p[i] = pn;
+    if constexpr (!std::is_same_v<CopyT, float>)
+      if (h) h[i] = kern::from_float<CopyT>(pn);
   }
 }
 
@@ -144,6 +155,7 @@ void for_each_table(ParamSlot* slots, int64_t count, bool two_buffers, bool with
     t.g[k] = s.grad.data<float>();
     t.b0[k] = with_buffer ? s.buf0.data<float>() : nullptr;
     t.b1[k] = two_buffers ? s.buf1.data<float>() : nullptr;
+    t.h[k] = s.copy.defined() ? s.copy.data_ptr() : nullptr;
     t.n[k] = n;
     t.first_block[k] = blocks;
     blocks += (n + kChunk - 1) / kChunk;
@@ -193,9 +205,29 @@ void CudaBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) 
                       a.decoupled ? static_cast<float>(1.0 - a.lr * a.weight_decay) : 1.0f,
                       static_cast<float>(a.lr / (1.0 - std::pow(a.beta1, t))),
                       static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, t))),
-                      a.step_scalars};
+                      a.step_scalars,
+                      a.grad_factor};
+  // The copies of one call share a type (a launch writes one kind).
+  DType copy_type = DType::f32;
+  for (int64_t i = 0; i < count; ++i) {
+    const Tensor& c = slots[i].copy;
+    if (!c.defined()) continue;
+    TANDEM_CHECK((c.dtype() == DType::bf16 || c.dtype() == DType::f16) && c.is_contiguous() &&
+                     c.numel() == slots[i].param.numel() && c.device() == slots[i].param.device(),
+                 "adam: the copy ", c.str(), " of parameter ", slots[i].param.str(),
+                 " is not a contiguous bf16 or f16 tensor of its size on its device");
+    TANDEM_CHECK(copy_type == DType::f32 || copy_type == c.dtype(), "adam: copies of two types (",
+                 dtype_name(copy_type), " and ", dtype_name(c.dtype()), ") in one step");
+    copy_type = c.dtype();
+  }
   for_each_table(slots, count, true, true, "adam", [&](const TensorTable& tt, int64_t blocks) {
-    adam_kernel<<<static_cast<unsigned>(blocks), kOptimBlock, 0, st.stream>>>(tt, s);
+    const unsigned grid = static_cast<unsigned>(blocks);
+    if (copy_type == DType::bf16)
+      adam_kernel<__nv_bfloat16><<<grid, kOptimBlock, 0, st.stream>>>(tt, s);
+    else if (copy_type == DType::f16)
+      adam_kernel<__half><<<grid, kOptimBlock, 0, st.stream>>>(tt, s);
+    else
+      adam_kernel<float><<<grid, kOptimBlock, 0, st.stream>>>(tt, s);
     TANDEM_CUDA_LAUNCH_CHECK("adam_kernel");
   });
 }

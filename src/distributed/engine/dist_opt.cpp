@@ -148,6 +148,8 @@ class DistOpt::Impl {
   bool layers_found_ = false;  // sharded parameters: sync_parameters found the model's layer groups
   detail::CodecEnv env_;
   Tensor one_;
+  // clip_grad_norm_in_update's coefficient, for the next update's optimizer to apply as it reads the gradients.
+  Tensor pending_factor_;
   SyncOptions active_;
   std::string codec_method_;  // the method of the codec the reducer holds
   bool ready_ = false;
@@ -282,17 +284,35 @@ void DistOpt::backward_and_sync_with(const SyncOptions& sync, const Tensor& loss
 }
 
 Tensor DistOpt::clip_grad_norm(double max_norm) {
+  Tensor coef;
+  Tensor norm = clip_coefficient(max_norm, coef);
+  impl_->reducer_.scale_grads(coef);
+  return norm;
+}
+
+Tensor DistOpt::clip_grad_norm_in_update(double max_norm) {
+  Impl& m = *impl_;
+  Tensor coef;
+  Tensor norm = clip_coefficient(max_norm, coef);
+  // The wrapped optimizer steps the gradients where they are (not slices, not one rank's own chunk).
+  if (!m.sharded_ && !m.partial() && opt_->takes_gradient_factor())
+    m.pending_factor_ = coef;
+  else
+    m.reducer_.scale_grads(coef);
+  return norm;
+}
+
+Tensor DistOpt::clip_coefficient(double max_norm, Tensor& coef) {
   TANDEM_CHECK(max_norm > 0.0, "clip_grad_norm: max_norm must be positive, got ", max_norm);
   Impl& m = *impl_;
   // partialUpdate's gradients are each rank's own, and so is their norm.
   Tensor norm = m.reducer_.grad_norm(/*agree=*/!m.partial());
   // coef = min(1, max_norm / (norm + 1e-6)), computed on the device: no host wait.
   backend::Backend& be = backend::backend_for(comm_->device());
-  Tensor coef = Tensor::empty({1}, DType::f32, comm_->device());
+  coef = Tensor::empty({1}, DType::f32, comm_->device());
   be.affine(norm, 1.0 / max_norm, 1e-6 / max_norm, coef);
   be.binary(backend::Binary::Div, m.one_, coef, coef);
   be.binary(backend::Binary::Min, coef, m.one_, coef);
-  m.reducer_.scale_grads(coef);
   return norm;
 }
 
@@ -311,10 +331,20 @@ bool DistOpt::update() {
   // on the device as well. partialUpdate's chunk still travels on a skipped step (the ranks agree on
   // the verdict, but a collective is issued regardless of it) and is then not written back.
   if (m.skipped_.defined()) backend::backend_for(comm_->device()).count_nonfinite(m.reducer_.verdict(), m.skipped_);
-  if (m.sharded_)
+  if (m.sharded_) {
     m.sharded_->step(*opt_);
-  else
+  } else if (m.pending_factor_.defined()) {
+    // The clipping coefficient, applied by the optimizer as it reads the gradients (no pass over them).
+    struct Clear {
+      optim::Optimizer& o;
+      ~Clear() { o.set_gradient_factor(Tensor()); }
+    } clear{*opt_};
+    opt_->set_gradient_factor(std::move(m.pending_factor_));
+    m.pending_factor_ = Tensor();
     opt_->step();
+  } else {
+    opt_->step();
+  }
   if (m.partial()) m.averager_->average_next_chunk(m.skipped_.defined() ? m.reducer_.verdict() : Tensor());
   if (!m.skipped_.defined() || backend::backend_for(comm_->device()).recording(comm_->device().index)) return true;
   return !m.reducer_.found_nonfinite();
@@ -488,7 +518,10 @@ std::string DistOpt::replay_blocker() const {
   return opt_->replay_blocker();
 }
 
-void DistOpt::abandon_step() { impl_->accumulating_ = false; }
+void DistOpt::abandon_step() {
+  impl_->accumulating_ = false;
+  impl_->pending_factor_ = Tensor();
+}
 
 void DistOpt::count_replayed_step(const CommStats& d) {
   CommStats& s = impl_->stats_;

@@ -1,0 +1,35 @@
+#include "ops/param_copies.h"
+
+#include "core/tensor_impl.h"
+#include "tandem/error.h"
+
+namespace tandem {
+
+namespace {
+thread_local const ParamCopies* t_active = nullptr;
+}  // namespace
+
+ParamCopies::ParamCopies(const std::vector<Tensor>& params, DType dtype) : dtype_(dtype), copies_(params.size()) {
+  TANDEM_CHECK(dtype == DType::bf16 || dtype == DType::f16, "parameter copies are bf16 or f16, not ", dtype_name(dtype));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    if (!p.defined() || p.dtype() != DType::f32 || !p.is_contiguous()) continue;
+    copies_[i] = p.detach().to(dtype);
+    index_.emplace(p.impl(), i);
+  }
+}
+
+Tensor ParamCopies::find(const Tensor& t, DType dtype) const {
+  if (dtype != dtype_ || !t.defined()) return Tensor();
+  auto it = index_.find(t.impl());
+  return it == index_.end() ? Tensor() : copies_[it->second];
+}
+
+ParamCopiesScope::ParamCopiesScope(const ParamCopies* copies) : prev_(t_active) { t_active = copies; }
+ParamCopiesScope::~ParamCopiesScope() { t_active = prev_; }
+
+Tensor active_param_copy(const Tensor& t, DType dtype) {
+  return t_active ? t_active->find(t, dtype) : Tensor();
+}
+
+}  // namespace tandem
