@@ -152,8 +152,11 @@ __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __res
   }
   const int64_t warps = int64_t(gridDim.x) * nwarps;
   const float inv_c = 1.0f / static_cast<float>(c);
+  const bool add_to = dx && accumulate;
   for (int64_t r = kern::thread_index() >> 5; r < n; r += warps) {
-    float xh[NV][VEC], g[NV][VEC];
+    // prev: the gradient dx already holds (accumulate), read with x and dy rather than after the row's sums, so
+    // that its latency overlaps theirs.
+    float xh[NV][VEC], g[NV][VEC], prev[NV][VEC];
     const float mu = rms ? 0.0f : mean[r], rs = rstd[r];
     float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
@@ -163,6 +166,12 @@ __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __res
         float wv[VEC];
         load_floats<VEC>(x + r * c + col, xh[k]);
         load_floats<VEC>(dy + r * c + col, g[k]);
+        if (add_to) {
+          load_floats<VEC>(dx + r * c + col, prev[k]);
+        } else {
+#pragma unroll
+          for (int u = 0; u < VEC; ++u) prev[k][u] = 0.0f;
+        }
         load_param<VEC>(w, col, 1.0f, wv);
 #pragma unroll
         for (int u = 0; u < VEC; ++u) {
@@ -188,15 +197,9 @@ __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __res
       for (int k = 0; k < NV; ++k) {
         const int64_t col = (int64_t(k) * 32 + lane) * VEC;
         if (col < c) {
-          float o[VEC], prev[VEC];
-          if (accumulate) {
-            load_floats<VEC>(dx + r * c + col, prev);
-          } else {
+          float o[VEC];
 #pragma unroll
-            for (int u = 0; u < VEC; ++u) prev[u] = 0.0f;
-          }
-#pragma unroll
-          for (int u = 0; u < VEC; ++u) o[u] = prev[u] + rs * (g[k][u] - m1 - xh[k][u] * m2);
+          for (int u = 0; u < VEC; ++u) o[u] = prev[k][u] + rs * (g[k][u] - m1 - xh[k][u] * m2);
           store_floats<VEC>(dx + r * c + col, o);
         }
       }

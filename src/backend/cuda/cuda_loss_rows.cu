@@ -22,6 +22,7 @@ namespace {
 constexpr int kWarps = 8;           // warps per block of the warp-per-row kernels
 constexpr int kRowThreads = 512;    // threads of the block-per-row kernels
 constexpr int64_t kWarpClasses = 1024;  // rows up to this many classes go one warp per row
+constexpr int64_t kLongRow = 16384;     // the fused classifier's rows from this many classes: 1024-thread blocks
 
 __device__ void report_target(ErrorSink sink, int64_t row, int64_t target, int64_t classes) {
   if (atomicCAS(sink.claim, 0, 1) != 0) return;
@@ -30,6 +31,15 @@ __device__ void report_target(ErrorSink sink, int64_t row, int64_t target, int64
   sink.rec->classes = classes;
   __threadfence_system();
   sink.rec->flag = 1;
+}
+
+// exp(a * log2(e) - b) in one fused multiply-add and the special-function unit's 2^x (ex2.approx, as
+// __expf uses it): with b = z log2(e), exp(a - z).
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float exp_shifted(float a, float b_log2) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(a, kLog2e, -b_log2)));
+  return r;
 }
 
 // Merges an online (maximum, sum of exp(x - maximum)) pair with another.
@@ -100,8 +110,9 @@ __device__ __forceinline__ void add_vector(float& m, float& s, const float (&v)[
     m = mv;
   }
   float part = 0.0f;
+  const float ml = m * kLog2e;
 #pragma unroll
-  for (int u = 0; u < VEC; ++u) part += __expf(v[u] - m);
+  for (int u = 0; u < VEC; ++u) part += exp_shifted(v[u], ml);
   s += part;
 }
 
@@ -160,40 +171,52 @@ __global__ void xent_block_kernel(const T* __restrict__ x, const L* __restrict__
 }
 
 // The fused classifier's forward: each row's loss as xent_block_kernel gives it, then the row overwritten by
-// its gradient at unit weight, softmax - onehot (0 in ignored rows). The second read of the row mostly finds
-// it in L2, recently read. (Holding the row in registers instead, one 512-thread block a row, measured 4x
-// slower at GPT-2's vocabulary: too few rows in flight.)
-// Blocks of 32 threads serve short rows.
+// its gradient at unit weight, softmax - onehot (0 in ignored rows). The second read of the row finds it in L2:
+// long rows (a vocabulary) take 1024-thread blocks, at most two to a multiprocessor, so that the rows in
+// flight (264 of GPT-2's 100 KB rows on an H200) stay well inside L2; with 512-thread blocks four to a
+// multiprocessor held more than L2 and the second read went to memory. The one-hot's 1 is subtracted by
+// one thread after the row is written, from the target's logit kept before. (Holding the row in registers
+// instead, one 512-thread block a row, measured 4x slower at GPT-2's vocabulary.) Blocks of 32 threads serve
+// short rows.
 template <typename T, typename L, int VEC>
 __global__ void xent_forward_grad_kernel(T* x, const L* __restrict__ targets, int64_t n, int64_t c, int64_t ignore,
                                          float* __restrict__ loss, float* __restrict__ valid, ErrorSink sink) {
-  __shared__ float sm[32], ss[32], z_row;
+  __shared__ float sm[32], ss[32], z_row, xt_row;
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     T* xr = x + r * c;
     const rows::RowSplit sp = rows::split_row<VEC>(xr, c);
     float m, s;
     row_online<T, VEC>(xr, sp, c, m, s);
-    __syncthreads();  // the scratch (and z_row) may still be read for the previous row
+    __syncthreads();  // the scratch (and z_row, xt_row) may still be read for the previous row
     block_merge(m, s, sm, ss);
+    const int64_t t = static_cast<int64_t>(targets[r]);
+    const bool skip = t == ignore, has_target = !skip && t >= 0 && t < c;
     if (threadIdx.x == 0) {
       z_row = m + __logf(s);
+      if (has_target) xt_row = kern::to_float(xr[t]);
       finish_row(xr, targets[r], ignore, r, c, z_row, loss, static_cast<float*>(nullptr), valid, sink);
     }
     __syncthreads();  // the target's logit is read before the row is overwritten
-    const int64_t t = static_cast<int64_t>(targets[r]);
-    const bool skip = t == ignore;
-    const float z = z_row;
-    auto grad = [&](float v, int64_t j) { return skip ? 0.0f : __expf(v - z) - (j == t ? 1.0f : 0.0f); };
-    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) xr[j] = kern::from_float<T>(grad(kern::to_float(xr[j]), j));
+    if (skip) {
+      const T zero = kern::from_float<T>(0.0f);
+      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) xr[j] = zero;
+      continue;
+    }
+    const float zl = z_row * kLog2e;
+    for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) xr[j] = kern::from_float<T>(exp_shifted(kern::to_float(xr[j]), zl));
     for (int64_t j0 = sp.head + int64_t(threadIdx.x) * VEC; j0 < sp.body_end; j0 += int64_t(blockDim.x) * VEC) {
       float v[VEC];
       rows::load_floats<VEC>(xr + j0, v);
 #pragma unroll
-      for (int u = 0; u < VEC; ++u) v[u] = grad(v[u], j0 + u);
+      for (int u = 0; u < VEC; ++u) v[u] = exp_shifted(v[u], zl);
       rows::store_floats<VEC>(xr + j0, v);
     }
     for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x)
-      xr[j] = kern::from_float<T>(grad(kern::to_float(xr[j]), j));
+      xr[j] = kern::from_float<T>(exp_shifted(kern::to_float(xr[j]), zl));
+    if (has_target) {
+      __syncthreads();  // every thread's writes of the row are done
+      if (threadIdx.x == 0) xr[t] = kern::from_float<T>(exp_shifted(xt_row, zl) - 1.0f);
+    }
   }
 }
 
@@ -376,7 +399,8 @@ void CudaBackend::xent_rows_forward_grad(Tensor& logits, const Tensor& targets, 
                 " shapes");
   if (n == 0) return;
   DeviceState& st = state_for(loss);
-  const int threads = c <= kWarpClasses ? 32 : kRowThreads;
+  // Rows of a vocabulary's length in 1024-thread blocks (see the kernel): the second read stays in L2.
+  const int threads = c <= kWarpClasses ? 32 : c >= kLongRow ? 1024 : kRowThreads;
   kern::dispatch_float(logits.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     T* x = static_cast<T*>(logits.data_ptr());

@@ -70,7 +70,23 @@ __global__ void sgd_kernel(TensorTable t, SgdScalars s, const float* guard) {
   }
 }
 
-// CopyT: the type of the parameters' 16-bit copies (t.h), written with the parameters; float: none.
+// One element's Adam update: the new parameter is returned, m and v updated in place.
+struct AdamElem {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, l2, shrink, step, inv_sqrt_bc2, factor;
+  bool scaled;
+  __device__ __forceinline__ float operator()(float pi, float g, float& m, float& v) const {
+    const float gi = (scaled ? __fmul_rn(g, factor) : g) + l2 * pi;
+    const float mi = beta1 * m + one_minus_beta1 * gi;
+    const float vi = beta2 * v + one_minus_beta2 * gi * gi;
+    m = mi;
+    v = vi;
+    return pi * shrink - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+  }
+};
+
+// CopyT: the type of the parameters' 16-bit copies (t.h), written with the parameters; float: none. Where every
+// array of the tensor is 16-byte aligned (its copy 8-byte), each thread updates four consecutive elements with
+// 16-byte accesses (the chunk's last few, when its length is not a multiple of four, one at a time).
 template <typename CopyT>
 __global__ void adam_kernel(TensorTable t, AdamScalars s) {
   int64_t begin, end;
@@ -80,18 +96,54 @@ __global__ void adam_kernel(TensorTable t, AdamScalars s) {
   float* __restrict__ m = t.b0[k];
   float* __restrict__ v = t.b1[k];
   CopyT* __restrict__ h = static_cast<CopyT*>(t.h[k]);
-  const float step = s.dyn ? s.dyn[0] : s.step, inv_sqrt_bc2 = s.dyn ? s.dyn[1] : s.inv_sqrt_bc2,
-              shrink = s.dyn ? s.dyn[2] : s.shrink;
-  const float factor = s.factor ? *s.factor : 1.0f;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float pi = p[i], gi = (s.factor ? __fmul_rn(g[i], factor) : g[i]) + s.l2 * pi;
-    const float mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
-    const float vi = s.beta2 * v[i] + s.one_minus_beta2 * gi * gi;
+  const AdamElem f{s.beta1,
+                   s.beta2,
+                   s.one_minus_beta1,
+                   s.one_minus_beta2,
+                   s.eps,
+                   s.l2,
+                   s.dyn ? s.dyn[2] : s.shrink,
+                   s.dyn ? s.dyn[0] : s.step,
+                   s.dyn ? s.dyn[1] : s.inv_sqrt_bc2,
+                   s.factor ? *s.factor : 1.0f,
+                   s.factor != nullptr};
+  int64_t i = begin;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
+                         reinterpret_cast<uintptr_t>(m) | reinterpret_cast<uintptr_t>(v);
+  constexpr bool kCopies = !std::is_same_v<CopyT, float>;
+  if ((addr & 15) == 0 && (begin & 3) == 0 && (!kCopies || (reinterpret_cast<uintptr_t>(h) & 7) == 0)) {
+    const int64_t vend = begin + (end - begin) / 4 * 4;
+    for (int64_t j = begin + 4 * int64_t(threadIdx.x); j < vend; j += 4 * int64_t(blockDim.x)) {
+      float4 pv = *reinterpret_cast<const float4*>(p + j);
+      const float4 gv = *reinterpret_cast<const float4*>(g + j);
+      float4 mv = *reinterpret_cast<const float4*>(m + j);
+      float4 vv = *reinterpret_cast<const float4*>(v + j);
+      pv.x = f(pv.x, gv.x, mv.x, vv.x);
+      pv.y = f(pv.y, gv.y, mv.y, vv.y);
+      pv.z = f(pv.z, gv.z, mv.z, vv.z);
+      pv.w = f(pv.w, gv.w, mv.w, vv.w);
+      *reinterpret_cast<float4*>(p + j) = pv;
+      *reinterpret_cast<float4*>(m + j) = mv;
+      *reinterpret_cast<float4*>(v + j) = vv;
+      if constexpr (kCopies) {
+        if (h) {
+          struct alignas(8) Four {
+            CopyT e[4];
+          } c{{kern::from_float<CopyT>(pv.x), kern::from_float<CopyT>(pv.y), kern::from_float<CopyT>(pv.z),
+               kern::from_float<CopyT>(pv.w)}};
+          *reinterpret_cast<Four*>(h + j) = c;
+        }
+      }
+    }
+    i = vend;
+  }
+  for (i += threadIdx.x; i < end; i += blockDim.x) {
+    float mi = m[i], vi = v[i];
+    const float pn = f(p[i], g[i], mi, vi);
     m[i] = mi;
     v[i] = vi;
-    const float pn = pi * shrink - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + s.eps);
     p[i] = pn;
-    if constexpr (!std::is_same_v<CopyT, float>)
+    if constexpr (kCopies)
       if (h) h[i] = kern::from_float<CopyT>(pn);
   }
 }
