@@ -245,41 +245,9 @@ __device__ __forceinline__ void complete(double* partial, unsigned* counters, in
 
 // Adds the contributions of every stride-th unit from u to the end (n units; unit j at offset_of(j)):
 // four packs loaded before any is added.
-// An Elem with kFloatStage true adds into float sums over kStageGroups groups of four packs at a time, which
-// are then added to the double totals (the order stays fixed: the same sums on every run).
-constexpr int kStageGroups = 8;
-template <typename Elem>
-constexpr bool float_stage() {
-  if constexpr (requires { Elem::kFloatStage; })
-    return Elem::kFloatStage;
-  else
-    return false;
-}
-
 template <int K, int V, typename I, typename Elem, typename OffsetOf>
 __device__ __forceinline__ void accumulate(const Elem& elem, I u, I n, I stride, const OffsetOf& offset_of,
                                            double (&acc)[K][V]) {
-  if constexpr (float_stage<Elem>()) {
-    while (u + 3 * stride < n) {
-      float st[K][V] = {};
-      for (int g = 0; g < kStageGroups && u + 3 * stride < n; ++g, u += 4 * stride) {
-        const I o0 = offset_of(u), o1 = offset_of(u + stride), o2 = offset_of(u + 2 * stride),
-                o3 = offset_of(u + 3 * stride);
-        const auto l0 = elem.template load<V>(o0);
-        const auto l1 = elem.template load<V>(o1);
-        const auto l2 = elem.template load<V>(o2);
-        const auto l3 = elem.template load<V>(o3);
-        elem.template add<V>(o0, l0, st);
-        elem.template add<V>(o1, l1, st);
-        elem.template add<V>(o2, l2, st);
-        elem.template add<V>(o3, l3, st);
-      }
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[k][v] += st[k][v];
-    }
-  }
   for (; u + 3 * stride < n; u += 4 * stride) {
     const I o0 = offset_of(u), o1 = offset_of(u + stride), o2 = offset_of(u + 2 * stride),
             o3 = offset_of(u + 3 * stride);

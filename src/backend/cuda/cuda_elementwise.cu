@@ -90,9 +90,6 @@ struct BiasOp {
 // Sum per channel of g (masked by y > 0 with RELU, the masked values written to dx when dx is not null).
 template <typename T, bool RELU>
 struct BiasGradElem {
-  // 16-bit gradients are summed in f32 over short runs of rows before the f64 totals (chan::accumulate):
-  // conversions to f64 at every element held the reduction under memory speed.
-  static constexpr bool kFloatStage = sizeof(T) == 2;
   const T *g, *y;
   T* dx;
   template <int V>
@@ -106,8 +103,8 @@ struct BiasGradElem {
     if (RELU) l.y = load_pack<V>(y, off);
     return l;
   }
-  template <int V, typename I, typename A>
-  __device__ __forceinline__ void add(I off, const L<V>& l, A (&s)[1][V]) const {
+  template <int V, typename I>
+  __device__ __forceinline__ void add(I off, const L<V>& l, double (&s)[1][V]) const {
     Pack<T, V> mv;
 #pragma unroll
     for (int u = 0; u < V; ++u) {

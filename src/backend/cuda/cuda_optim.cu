@@ -70,17 +70,21 @@ __global__ void sgd_kernel(TensorTable t, SgdScalars s, const float* guard) {
   }
 }
 
-// One element's Adam update: the new parameter is returned, m and v updated in place.
+// One element's Adam update: the new parameter is returned, m and v updated in place. Every operation is
+// rounded on its own (no contraction into fused multiply-adds), as the CPU computes it: each instantiation
+// and code path gives the same bits (a factor read in the step, or the gradients scaled first; with or without
+// 16-bit copies; four elements a thread or one), which the compiler's free choice of contractions did not.
 struct AdamElem {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, l2, shrink, step, inv_sqrt_bc2, factor;
   bool scaled;
   __device__ __forceinline__ float operator()(float pi, float g, float& m, float& v) const {
-    const float gi = (scaled ? __fmul_rn(g, factor) : g) + l2 * pi;
-    const float mi = beta1 * m + one_minus_beta1 * gi;
-    const float vi = beta2 * v + one_minus_beta2 * gi * gi;
+    const float gi = __fadd_rn(scaled ? __fmul_rn(g, factor) : g, __fmul_rn(l2, pi));
+    const float mi = __fadd_rn(__fmul_rn(beta1, m), __fmul_rn(one_minus_beta1, gi));
+    const float vi = __fadd_rn(__fmul_rn(beta2, v), __fmul_rn(__fmul_rn(one_minus_beta2, gi), gi));
     m = mi;
     v = vi;
-    return pi * shrink - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), inv_sqrt_bc2), eps);
+    return __fsub_rn(__fmul_rn(pi, shrink), __fdiv_rn(__fmul_rn(step, mi), denom));
   }
 };
 
