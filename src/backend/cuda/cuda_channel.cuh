@@ -330,11 +330,6 @@ __global__ void planes_reduce_kernel(I n, I c, FastDiv packs_div, I s, Elem elem
 /// Per-device state of the reductions: completion counters, kept zero between launches.
 unsigned* reduce_counters(CudaBackend& be, int device, int64_t needed);
 
-/// The most threads across a row of the row reductions (a power of two from 1 to 256): 8, or
-/// TANDEM_REDUCE_ACROSS (read once; for measuring wider column groups: fewer rows' 128-byte pieces, longer
-/// contiguous reads).
-int64_t reduce_across();
-
 /// Reduces K sums per channel over a layout of T elements (see accumulate for elem), then calls
 /// finish(channel, const double (&totals)[K]) once per channel; both are device functors; ptrs are the
 /// tensors elem touches (16-byte accesses need them aligned).
@@ -360,7 +355,7 @@ void reduce(CudaBackend& be, int device, const Layout& l, Elem elem, Finish fini
       const int64_t cpacks = l.c / V;
       // Up to 8 threads across (128-byte rows for 16-byte packs): narrow column groups keep the
       // partials of each group few, and many groups total them at once.
-      const int64_t tx = pow2_at_least(cpacks, reduce_across()), ty = kReduceThreads / tx;
+      const int64_t tx = pow2_at_least(cpacks, 8), ty = kReduceThreads / tx;
       const int64_t cols = (cpacks + tx - 1) / tx;
       const int64_t splits = std::clamp<int64_t>(
           std::min((m + 8 * ty - 1) / (8 * ty), (target_blocks + cols - 1) / cols), 1, 65535);

@@ -1,6 +1,5 @@
 // CUDA backend: the elementwise entry points (their walks and launches; the kernel is in
 // cuda_elementwise.cuh), bias broadcast and reduction kernels, and whole-tensor sums.
-#include <cstdlib>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -330,19 +329,6 @@ void CudaBackend::relu_bias_grad(const Tensor& dy, const Tensor& y, int64_t n, i
 }
 
 namespace chan {
-int64_t reduce_across() {
-  static const int64_t across = [] {
-    const char* env = std::getenv("TANDEM_REDUCE_ACROSS");
-    if (!env || !*env) return int64_t(8);
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    TANDEM_CHECK(end && *end == '\0' && v >= 1 && v <= kReduceThreads && (v & (v - 1)) == 0,
-                 "TANDEM_REDUCE_ACROSS=", env, ": give a power of two from 1 to ", kReduceThreads);
-    return int64_t(v);
-  }();
-  return across;
-}
-
 unsigned* reduce_counters(CudaBackend& be, int device, int64_t needed) {
   DeviceState& st = be.state(device);
   if (needed > st.reduce_counter_count) {
