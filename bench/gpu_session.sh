@@ -2,12 +2,15 @@
 # Two-GPU session: builds tandem on a GPU machine, runs the GPU tests, then times and checks tandem
 # next to PyTorch DDP (torchrun, the same number of processes) in the same call. Logs go to $OUT
 # (default /tmp/tandem-gpu), a summary to stdout and $OUT/summary.txt.
-#   bench/gpu_session.sh [build] [tests] [cnn] [resnet] [gpt] [accuracy] [commbound] [sanitize]
+#   bench/gpu_session.sh [build] [tests] [cnn] [resnet] [gpt] [shard] [accuracy] [commbound] [sanitize]
 #   (default: all of them; each stage after tests wants 2 GPUs for its 2-GPU half)
 #   cnn:       the guide's CNN, batch 64 per GPU, recorded steps, 1 and 2 GPUs; PyTorch DDP beside
 #   resnet:    ResNet-50 3x224x224, 1000 classes: bf16 batch 256 and TF32 batch 128 per GPU, 1 and 2 GPUs
 #   gpt:       GPT-2 124M, context 1024, bf16, batch 32 per GPU, random tokens, 1 and 2 GPUs, plain;
-#              PyTorch DDP beside (bench/gpt2_ddp_peer.py, eager and torch.compile)
+#              PyTorch DDP beside (bench/gpt2_ddp_peer.py, eager and torch.compile); and --shard optimizer
+#   shard:     sharded state on 2 GPUs: GPT-2 b32 (plain and half) and ResNet-18 bf16 under --shard none,
+#              optimizer, gradients; each RESULT carries the step time, state_bytes_per_rank (to set against
+#              the formulas of docs/distributed.md) and bytes_sent_per_step
 #   accuracy:  Fashion-MNIST, 10 epochs on 2 GPUs, every -d option and bf16, through tandem launch and
 #              mpiexec --hostfile, with --check-consistency 200 (METHODS narrows the list)
 #   commbound: NCCL on sockets only, the 36.8 M-parameter MLP: bytes and time per step per option
@@ -23,15 +26,18 @@ DATA=$PWD/.data/fashion-mnist
 PEER=$PWD/.data/peer
 T=$PWD/build-gpu/bin/tandem
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-stages=${*:-build tests cnn resnet gpt accuracy commbound sanitize}
+stages=${*:-build tests cnn resnet gpt shard accuracy commbound sanitize}
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 has() { [[ " $stages " == *" $1 "* ]]; }
 say "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$NGPU commit ${COMMIT:-?}; stages: $stages"
 
 if has build; then
   t0=$SECONDS
+  # The cuDNN frontend's headers (fused attention) travel in .data/cudnn-frontend: the GPU machine has no PyPI.
+  fe=$PWD/.data/cudnn-frontend/include extra=()
+  [ -f "$fe/cudnn_frontend.h" ] && extra=(-DTANDEM_CUDNN_FRONTEND_INCLUDE="$fe")
   if ! { cmake -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DTANDEM_NCCL=ON -DTANDEM_MPI=ON \
-           -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build-gpu -j"$(nproc)"; } >"$OUT/build.log" 2>&1; then
+           -DCMAKE_CUDA_ARCHITECTURES=90 "${extra[@]}" && cmake --build build-gpu -j"$(nproc)"; } >"$OUT/build.log" 2>&1; then
     tail -40 "$OUT/build.log"; exit 1
   fi
   say "build: $((SECONDS - t0)) s"
@@ -90,7 +96,22 @@ if has gpt; then  # GPT-2 124M, data-parallel
   [ "$NGPU" -ge 2 ] && tan "tandem 2gpu gpt2 b32 bf16 plain" 2 --model gpt -b 32 -d plain
   [ "$NGPU" -ge 2 ] && gpt_peer "peer ddp 2gpu gpt2 b32 eager" 2 --batch 32
   [ "$NGPU" -ge 2 ] && gpt_peer "peer ddp 2gpu gpt2 b32 compile" 2 --batch 32 --compile
-  # With the sharding of the optimizer state: add `--shard optimizer` here once DistOpt has it.
+  [ "$NGPU" -ge 2 ] && tan "tandem 2gpu gpt2 b32 bf16 plain --shard optimizer" 2 --model gpt -b 32 -d plain --shard optimizer
+fi
+
+if has shard; then  # sharded state across 2 GPUs: time, bytes kept and bytes sent per rank against plain
+  if [ "$NGPU" -ge 2 ]; then
+    for sh in none optimizer gradients none optimizer; do
+      tan "tandem 2gpu gpt2 b32 --shard $sh" 2 --model gpt -b 32 --shard "$sh"
+    done
+    for sh in none optimizer gradients; do
+      tan "tandem 2gpu gpt2 b32 -d half --shard $sh" 2 --model gpt -b 32 -d half --shard "$sh"
+      tan "tandem 2gpu resnet18 b128 bf16 --shard $sh" 2 --model resnet18 --image 28 --channels 1 --classes 10 -b 128 \
+        --steps 200 --precision bf16 --shard "$sh"
+    done
+  else
+    say "shard: one GPU here; the 2-GPU runs need two"
+  fi
 fi
 
 run_acc() {  # name, then the command up to its train flags
