@@ -126,13 +126,12 @@ void Session::build_model(nn::ModelConfig mc) {
   o.skip_nonfinite = precision_ == Precision::f16;
   opt_ = std::make_unique<dist::DistOpt>(make_optimizer(cfg_, *model_), comm_, o);
   if (o.skip_nonfinite) scaler_ = std::make_unique<dist::LossScaler>(*opt_);
-  // 16-bit products on a GPU read 16-bit copies of the weights that the optimizer writes as it updates
-  // them, instead of converting every weight at every step — where the optimizer keeps such copies and
-  // nothing else writes the parameters between steps (no sharded gather, no partialUpdate average).
-  // TANDEM_PARAM_COPIES=0 converts at every step instead (the same values).
+  // 16-bit products on a GPU read 16-bit copies of the weights that are written as the weights change (by
+  // AdamW as it steps, or once per sharded step after the gather), instead of converting every weight at
+  // every step; DistOpt says where it cannot keep them (partialUpdate, sharded parameters, an unsharded
+  // optimizer that writes none). TANDEM_PARAM_COPIES=0 converts at every step instead (the same values).
   const char* env = std::getenv("TANDEM_PARAM_COPIES");
   copies_wanted_ = device_.is_cuda() && activation_dtype(precision_) != DType::f32 &&
-                   opt_->optimizer().keeps_parameter_copies() && o.shard == dist::Shard::none && !partial() &&
                    !(env && std::strcmp(env, "0") == 0);
 }
 
@@ -177,11 +176,13 @@ std::vector<dist::AgreementField> Session::agreement_fields() const {
 }
 
 StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double weight, bool last) {
-  if (copies_wanted_ && !copies_) {
-    // Made at the first step, after any checkpoint is loaded and the ranks synchronised: from here on
-    // only the optimizer writes the parameters, and it writes their copies with them.
-    copies_ = std::make_unique<ParamCopies>(opt_->optimizer().params(), activation_dtype(precision_));
-    opt_->optimizer().set_parameter_copies(copies_->copies());
+  if (copies_wanted_) {
+    // Made at the first step, after any checkpoint is loaded and the ranks synchronised: from here on only
+    // the steps write the parameters, and their copies are written with them.
+    copies_wanted_ = false;
+    const DType dt = activation_dtype(precision_);
+    std::vector<Tensor> copies = opt_->keep_parameter_copies(dt);
+    if (!copies.empty()) copies_ = std::make_unique<ParamCopies>(opt_->optimizer().params(), std::move(copies), dt);
   }
   ParamCopiesScope copies_scope(copies_.get());
   Tensor logits, loss;

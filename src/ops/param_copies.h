@@ -16,6 +16,9 @@ class ParamCopies {
  public:
   /// A dtype (bf16 or f16) copy of every f32 parameter, made now: the rounding of its current value.
   ParamCopies(const std::vector<Tensor>& params, DType dtype);
+  /// The given copies (copies[i]: params[i]'s in `dtype`, or undefined), kept current by their owner
+  /// (dist::DistOpt::keep_parameter_copies).
+  ParamCopies(const std::vector<Tensor>& params, std::vector<Tensor> copies, DType dtype);
   /// Entry i: params[i]'s copy (undefined for a parameter that is not f32).
   const std::vector<Tensor>& copies() const { return copies_; }
   /// The copy of t in `dtype` when t is one of the parameters itself (the same tensor, not a view of it),

@@ -130,34 +130,37 @@ TEST(CudaLmTrain, RecordedAdamWStepsFollowTheScheduleAsEagerStepsDo) {
   fs::remove_all(dir);
 }
 
-// bf16 products read the 16-bit copies AdamW writes with the weights (the default) or convert the weights
-// at every step (TANDEM_PARAM_COPIES=0): the same bits, with clipping folded into the step as well.
+// bf16 products read the 16-bit copies AdamW writes with the weights, or (--shard optimizer) that the sharded
+// step writes after its gather (the default), or convert the weights at every step (TANDEM_PARAM_COPIES=0): the
+// same bits, with clipping folded into the step as well.
 TEST(CudaLmTrain, ParameterCopiesGiveTheBitsOfConvertingAtEveryStep) {
   REQUIRE_GPU();
   const fs::path dir = temp_dir("copies"), corpus = make_corpus(dir);
-  const std::string run = "train --model gpt --gpt-config char --layers 2 --heads 2 --width 64 --context 64 "
-                          "--dropout 0 --data " + corpus.string() + " --steps 12 --batch-size 4 --device cuda "
-                          "--clip-norm 0.5 --lr 3e-3 --warmup 2 --deterministic --eval-every 0 --eval-steps 2 "
-                          "--checkpoint ";
-  auto with = run_tandem(run + (dir / "copies.ck").string());
-  ASSERT_EQ(with.status, 0) << with.output;
-  EXPECT_FALSE(contains(with.output, "steps run eagerly")) << with.output;
-  setenv("TANDEM_PARAM_COPIES", "0", 1);
-  auto without = run_tandem(run + (dir / "converted.ck").string());
-  unsetenv("TANDEM_PARAM_COPIES");
-  ASSERT_EQ(without.status, 0) << without.output;
-  EXPECT_EQ(step_losses(with.output), step_losses(without.output));
-  auto a = tandem::read_checkpoint_tensors((dir / "copies.ck").string());
-  auto b = tandem::read_checkpoint_tensors((dir / "converted.ck").string());
-  ASSERT_EQ(a.size(), b.size());
-  int params = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].first, b[i].first);
-    if (a[i].first.rfind("param/", 0) != 0) continue;
-    ++params;
-    EXPECT_EQ(a[i].second.to_vector<float>(), b[i].second.to_vector<float>()) << a[i].first;
+  for (const std::string shard : {"none", "optimizer"}) {
+    const std::string run = "train --model gpt --gpt-config char --layers 2 --heads 2 --width 64 --context 64 "
+                            "--dropout 0 --data " + corpus.string() + " --steps 12 --batch-size 4 --device cuda "
+                            "--clip-norm 0.5 --lr 3e-3 --warmup 2 --deterministic --eval-every 0 --eval-steps 2 "
+                            "--shard " + shard + " --checkpoint ";
+    auto with = run_tandem(run + (dir / ("copies_" + shard + ".ck")).string());
+    ASSERT_EQ(with.status, 0) << with.output;
+    if (shard == "none") EXPECT_FALSE(contains(with.output, "steps run eagerly")) << with.output;
+    setenv("TANDEM_PARAM_COPIES", "0", 1);
+    auto without = run_tandem(run + (dir / ("converted_" + shard + ".ck")).string());
+    unsetenv("TANDEM_PARAM_COPIES");
+    ASSERT_EQ(without.status, 0) << without.output;
+    EXPECT_EQ(step_losses(with.output), step_losses(without.output)) << "--shard " << shard;
+    auto a = tandem::read_checkpoint_tensors((dir / ("copies_" + shard + ".ck")).string());
+    auto b = tandem::read_checkpoint_tensors((dir / ("converted_" + shard + ".ck")).string());
+    ASSERT_EQ(a.size(), b.size());
+    int params = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].first, b[i].first);
+      if (a[i].first.rfind("param/", 0) != 0) continue;
+      ++params;
+      EXPECT_EQ(a[i].second.to_vector<float>(), b[i].second.to_vector<float>()) << a[i].first << " --shard " << shard;
+    }
+    EXPECT_GT(params, 10);
   }
-  EXPECT_GT(params, 10);
   fs::remove_all(dir);
 }
 

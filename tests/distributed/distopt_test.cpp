@@ -179,6 +179,16 @@ TEST(DistOptGloo, ShardedStateMatchesTheUnshardedRunThreeRanks) {
   run_scenarios(3, "shardequal");
 }
 
+TEST(DistOptGloo, ClippingInTheShardedStepAndWeightCopiesTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "shardfold");
+}
+
+TEST(DistOptGloo, ClippingInTheShardedStepAndWeightCopiesThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "shardfold");
+}
+
 TEST(DistOptGloo, ShardedParametersMatchTheUnshardedRunTwoRanks) {
   REQUIRE_GLOO();
   run_scenarios(2, "shard3,shard3memory");
@@ -244,7 +254,7 @@ TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
                                           "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale",
                                           "carried", "scaledfeedback", "misuse", "shardequal", "shardmemory",
-                                          "shardtraffic", "shardrefusals", "uneven", "shard3", "shard3memory"};
+                                          "shardtraffic", "shardrefusals", "uneven", "shard3", "shard3memory", "shardfold"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);
@@ -279,7 +289,7 @@ TEST(DistOptNccl, StepApiCodecsSyncBatchNormAndSeams) {
   REQUIRE_TWO_GPUS();
   run_scenarios(2,
                 "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16,lossscale,carried,"
-                "scaledfeedback,shardequal,shardmemory,shardtraffic,shardrefusals,uneven,shard3,shard3memory",
+                "scaledfeedback,shardequal,shardmemory,shardtraffic,shardrefusals,uneven,shard3,shard3memory,shardfold",
                 "cuda");
 }
 

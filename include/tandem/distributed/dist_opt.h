@@ -150,11 +150,19 @@ class DistOpt {
   /// max_norm / (norm + 1e-6) when above). Returns the norm before clipping, a one-element tensor
   /// on the device, identical on every rank. Call between backward_and_sync and update.
   Tensor clip_grad_norm(double max_norm);
-  /// As clip_grad_norm, the scaling left to the next update(): the wrapped optimizer multiplies the
-  /// gradients by the coefficient as its step reads them where it can (Adam, unsharded, not
-  /// partialUpdate), the same update bit for bit without a pass over the gradients; otherwise they are
-  /// scaled here. Until that update, grad() may hold the unclipped gradients.
+  /// As clip_grad_norm, the scaling left to the next update(): the optimizer that steps (the wrapped one,
+  /// or under --shard the one of this rank's slices) multiplies the gradients by the coefficient as its step
+  /// reads them where it can (Adam; not partialUpdate), the same update bit for bit without a pass over the
+  /// gradients; otherwise they are scaled here. Until that update, grad() may hold the unclipped gradients.
   Tensor clip_grad_norm_in_update(double max_norm);
+  /// bf16 or f16 copies of the parameters (one per parameter of the wrapped optimizer, in its order), the
+  /// parameters' rounding now and kept so by every later update(): Adam writes them as it steps (unsharded),
+  /// or the sharded step converts the gathered parameters in one pass (--shard optimizer, gradients, any
+  /// optimizer). Empty where nothing keeps them: partialUpdate (its averages write the parameters), sharded
+  /// parameters, an unsharded optimizer that writes no copies. The 16-bit products read them in place of the
+  /// parameters inside a ParamCopiesScope. Writes to the parameters by other means (loading a checkpoint into
+  /// them) leave the copies stale until this is called again.
+  std::vector<Tensor> keep_parameter_copies(DType dtype);
   /// Multiplies every averaged gradient by coef, a one-element f32 tensor on the communicator's device
   /// (read on the device: no host wait). Call between backward_and_sync and update.
   void scale_gradients(const Tensor& coef);

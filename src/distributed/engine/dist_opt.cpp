@@ -294,12 +294,27 @@ Tensor DistOpt::clip_grad_norm_in_update(double max_norm) {
   Impl& m = *impl_;
   Tensor coef;
   Tensor norm = clip_coefficient(max_norm, coef);
-  // The wrapped optimizer steps the gradients where they are (not slices, not one rank's own chunk).
-  if (!m.sharded_ && !m.partial() && opt_->takes_gradient_factor())
+  // The optimizer that steps reads the averaged gradients (the wrapped one, or the slices' under --shard);
+  // partialUpdate's own chunk is not what the norm was taken over.
+  const optim::Optimizer& stepping = m.sharded_ ? m.sharded_->stepper() : *opt_;
+  if (!m.partial() && stepping.takes_gradient_factor())
     m.pending_factor_ = coef;
   else
     m.reducer_.scale_grads(coef);
   return norm;
+}
+
+std::vector<Tensor> DistOpt::keep_parameter_copies(DType dtype) {
+  TANDEM_CHECK(dtype == DType::bf16 || dtype == DType::f16, "keep_parameter_copies: bf16 or f16, not ",
+               dtype_name(dtype));
+  Impl& m = *impl_;
+  if (m.partial()) return {};
+  if (m.sharded_) return m.sharded_->keep_copies(dtype);
+  if (!opt_->keeps_parameter_copies()) return {};
+  std::vector<Tensor> copies;
+  for (const Tensor& p : opt_->params()) copies.push_back(p.detach().contiguous().to(dtype));
+  opt_->set_parameter_copies(copies);
+  return copies;
 }
 
 Tensor DistOpt::clip_coefficient(double max_norm, Tensor& coef) {
@@ -332,7 +347,9 @@ bool DistOpt::update() {
   // the verdict, but a collective is issued regardless of it) and is then not written back.
   if (m.skipped_.defined()) backend::backend_for(comm_->device()).count_nonfinite(m.reducer_.verdict(), m.skipped_);
   if (m.sharded_) {
-    m.sharded_->step(*opt_);
+    Tensor factor = std::move(m.pending_factor_);
+    m.pending_factor_ = Tensor();
+    m.sharded_->step(*opt_, factor);
   } else if (m.pending_factor_.defined()) {
     // The clipping coefficient, applied by the optimizer as it reads the gradients (no pass over them).
     struct Clear {

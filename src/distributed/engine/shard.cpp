@@ -182,10 +182,12 @@ void ShardedStep::broadcast(int root) {
     WorkPtr w = comm_->broadcast(t, root);
     timed_wait(w, stats_);
   };
-  if (params_sharded_)
+  if (params_sharded_) {
     on_whole(send);
-  else
+  } else {
     send(arena_);
+    refresh_copies();
+  }
 }
 
 void ShardedStep::average() {
@@ -195,10 +197,12 @@ void ShardedStep::average() {
     count_all_reduce(stats_, static_cast<int64_t>(t.nbytes()), comm_->size());
     timed_wait(w, stats_);
   };
-  if (params_sharded_)
+  if (params_sharded_) {
     on_whole(mean);
-  else
+  } else {
     mean(arena_);
+    refresh_copies();
+  }
 }
 
 void ShardedStep::gather_state(optim::Optimizer& opt) {
@@ -282,7 +286,7 @@ bool ShardedStep::adopt_state(optim::Optimizer& opt) {
   return true;
 }
 
-void ShardedStep::step(optim::Optimizer& opt) {
+void ShardedStep::step(optim::Optimizer& opt, const Tensor& grad_factor) {
   adopt_state(opt);  // a checkpoint loaded into the wrapped optimizer, or the state gathered for one
   optim::Optimizer& s = *stepper_;
   s.set_schedule(opt.schedule());
@@ -290,9 +294,39 @@ void ShardedStep::step(optim::Optimizer& opt) {
   s.set_steps(opt.steps());
   for (size_t g = 0; g < opt.groups().size(); ++g) s.set_group_settings(g, opt.groups()[g]);
   s.set_step_guard(opt.step_guard());
-  s.step();
+  {
+    struct Clear {
+      optim::Optimizer& o;
+      ~Clear() { o.set_gradient_factor(Tensor()); }
+    } clear{s};
+    s.set_gradient_factor(grad_factor);
+    s.step();
+  }
   opt.count_replayed_step();  // the wrapped optimizer's count (and schedule) move on as if it had stepped
-  if (!stage3_) gather();      // sharded parameters are gathered by their layers' next use instead
+  if (!stage3_) {              // sharded parameters are gathered by their layers' next use instead
+    gather();
+    refresh_copies();
+  }
+}
+
+std::vector<Tensor> ShardedStep::keep_copies(DType dtype) {
+  TANDEM_CHECK(dtype == DType::bf16 || dtype == DType::f16, "parameter copies are bf16 or f16, not ", dtype_name(dtype));
+  if (stage3_) return {};
+  if (!copy_arena_.defined() || copy_arena_.dtype() != dtype)
+    copy_arena_ = Tensor::empty(arena_.shape(), dtype, arena_.device());
+  refresh_copies();
+  std::vector<Tensor> views(params_.size());
+  for (const Bucket& b : reducer_.buckets())
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const Tensor& p = params_[static_cast<size_t>(b.params[j])];
+      views[static_cast<size_t>(b.params[j])] = copy_arena_.narrow(0, b.offset + b.starts[j], p.numel()).view(p.shape());
+    }
+  return views;
+}
+
+// The copies as Tensor::to rounds the parameters: one conversion over the whole buffer.
+void ShardedStep::refresh_copies() {
+  if (copy_arena_.defined()) copy_arena_.copy_(arena_);
 }
 
 void ShardedStep::gather() {

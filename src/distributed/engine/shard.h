@@ -53,8 +53,15 @@ class ShardedStep final : public LayerGatherer {
   /// Every rank takes root's parameters.
   void broadcast(int root);
   /// Steps this rank's slices with `opt`'s settings (learning rate, schedule, step count, group
-  /// settings, step guard), counts the step in `opt`, then all-gathers the parameters.
-  void step(optim::Optimizer& opt);
+  /// settings, step guard), counts the step in `opt`, then all-gathers the parameters (and writes their
+  /// 16-bit copies, where kept). A defined grad_factor (one f32 value on the device, a clipping
+  /// coefficient) multiplies every gradient the slices' optimizer reads (it must take one).
+  void step(optim::Optimizer& opt, const Tensor& grad_factor = Tensor());
+  /// Stages 1 and 2: bf16 or f16 copies of the parameters in one buffer laid out as the parameter buffer,
+  /// the parameters' rounding now and written again after every change of the parameters here (the step's
+  /// gather, a broadcast, an average): one conversion of the whole buffer. One view per parameter, in
+  /// the order the step was made with. Empty under sharded parameters.
+  std::vector<Tensor> keep_copies(DType dtype);
   /// Averages the parameters across ranks.
   void average();
   /// Collective: `opt`'s state lists (and step counts) receive the whole state, gathered from every
@@ -76,6 +83,7 @@ class ShardedStep final : public LayerGatherer {
 
  private:
   void gather();
+  void refresh_copies();
   void launch(size_t k);
   void bind(size_t k);
   void unbind(size_t k);
@@ -87,6 +95,7 @@ class ShardedStep final : public LayerGatherer {
   const Reducer& reducer_;
   std::vector<Tensor> params_;
   Tensor arena_;
+  Tensor copy_arena_;  // keep_copies: the parameters' 16-bit copies, laid out as arena_
   bool stage3_ = false;
   bool params_sharded_ = false;
   Tensor blocks_;                                 // stage 3: this rank's block of every bucket

@@ -198,6 +198,51 @@ void scenario_shard_equal(const std::shared_ptr<dist::Communicator>& comm) {
   }
 }
 
+// Clipping left to the step (clip_grad_norm_in_update: the slices' Adam reads the coefficient with each
+// gradient) gives the parameters of clipping first, bit for bit, under every stage but sharded parameters;
+// the 16-bit copies DistOpt keeps (AdamW's, or the sharded step's one conversion after its gather, for any
+// optimizer) are the parameters' rounding after every step.
+void scenario_shard_fold(const std::shared_ptr<dist::Communicator>& comm) {
+  const int W = comm->size();
+  for (Kind kind : {Kind::adamw, Kind::sgd})
+    for (dist::Shard shard : {dist::Shard::none, dist::Shard::optimizer, dist::Shard::gradients}) {
+      const std::string what = std::string(kind_name(kind)) + " --shard " + dist::shard_name(shard) +
+                               strf(" on %d ranks", W);
+      Values runs[2];
+      for (int folded = 0; folded < 2; ++folded) {
+        std::vector<Tensor> params = mlp_params(42);
+        dist::DistOptOptions o = small_buckets();
+        o.shard = shard;
+        dist::DistOpt opt(make_opt(kind, params), comm, o);
+        std::vector<Tensor> copies;
+        if (folded) {
+          copies = opt.keep_parameter_copies(DType::bf16);
+          const bool expected = shard != dist::Shard::none || kind == Kind::adamw;
+          CHECK_OR_REPORT(copies.empty() != expected, "%s: keep_parameter_copies gave %zu copies", what.c_str(),
+                          copies.size());
+        }
+        int64_t clipped = 0;
+        for (int s = 0; s < 12; ++s) {
+          opt.backward_and_sync(mlp_loss(params, comm->rank(), s, 0));
+          const float norm = (folded ? opt.clip_grad_norm_in_update(0.05) : opt.clip_grad_norm(0.05)).item<float>();
+          clipped += norm > 0.05f;
+          opt.update();
+          const std::vector<Tensor>& order = opt.optimizer().params();  // the copies' order (AdamW's groups)
+          for (size_t i = 0; i < copies.size(); ++i) {
+            const std::vector<float> want = order[i].detach().to(DType::bf16).to(DType::f32).cpu().to_vector<float>();
+            const std::vector<float> got = copies[i].to(DType::f32).cpu().to_vector<float>();
+            CHECK_OR_REPORT(got == want, "%s: step %d: the bf16 copy of parameter %zu is not the parameter's rounding",
+                            what.c_str(), s, i);
+          }
+        }
+        CHECK_OR_REPORT(clipped > 0, "%s: the bound never clipped", what.c_str());
+        runs[folded] = host_values(params);
+      }
+      CHECK_OR_REPORT(bit_identical(runs[1], runs[0]),
+                      "%s: clipping in the step did not give the parameters of clipping first", what.c_str());
+    }
+}
+
 // The bytes each stage keeps, reported and measured through the allocator, against the ZeRO formulas
 // for Adam in f32 with psi parameters on N ranks: 16 psi (none), 8 psi + 8 psi / N (optimizer),
 // 4 psi + 12 psi / N (gradients).
