@@ -9,16 +9,6 @@ namespace {
 thread_local const ParamCopies* t_active = nullptr;
 }  // namespace
 
-ParamCopies::ParamCopies(const std::vector<Tensor>& params, DType dtype) : dtype_(dtype), copies_(params.size()) {
-  TANDEM_CHECK(dtype == DType::bf16 || dtype == DType::f16, "parameter copies are bf16 or f16, not ", dtype_name(dtype));
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& p = params[i];
-    if (!p.defined() || p.dtype() != DType::f32 || !p.is_contiguous()) continue;
-    copies_[i] = p.detach().to(dtype);
-    index_.emplace(p.impl(), i);
-  }
-}
-
 ParamCopies::ParamCopies(const std::vector<Tensor>& params, std::vector<Tensor> copies, DType dtype)
     : dtype_(dtype), copies_(std::move(copies)) {
   TANDEM_CHECK(dtype == DType::bf16 || dtype == DType::f16, "parameter copies are bf16 or f16, not ", dtype_name(dtype));

@@ -1,7 +1,7 @@
 #pragma once
-// Internal: 16-bit copies of f32 parameters, kept equal to the parameters' rounding by the optimizer that
-// updates them (Optimizer::set_parameter_copies), read by the 16-bit products in place of a conversion of
-// every weight at every step.
+// Internal: 16-bit copies of f32 parameters, kept equal to the parameters' rounding by what updates them
+// (dist::DistOpt::keep_parameter_copies: AdamW's step, or the sharded step's gather), read by the 16-bit
+// products in place of a conversion of every weight at every step.
 #include <cstddef>
 #include <unordered_map>
 #include <vector>
@@ -14,13 +14,9 @@ struct TensorImpl;
 
 class ParamCopies {
  public:
-  /// A dtype (bf16 or f16) copy of every f32 parameter, made now: the rounding of its current value.
-  ParamCopies(const std::vector<Tensor>& params, DType dtype);
-  /// The given copies (copies[i]: params[i]'s in `dtype`, or undefined), kept current by their owner
-  /// (dist::DistOpt::keep_parameter_copies).
+  /// The given copies (copies[i]: params[i]'s in `dtype`, bf16 or f16, or undefined), kept current by
+  /// their owner (dist::DistOpt::keep_parameter_copies).
   ParamCopies(const std::vector<Tensor>& params, std::vector<Tensor> copies, DType dtype);
-  /// Entry i: params[i]'s copy (undefined for a parameter that is not f32).
-  const std::vector<Tensor>& copies() const { return copies_; }
   /// The copy of t in `dtype` when t is one of the parameters itself (the same tensor, not a view of it),
   /// else an undefined tensor.
   Tensor find(const Tensor& t, DType dtype) const;
