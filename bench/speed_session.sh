@@ -19,7 +19,9 @@
 # ResNet-18); `singaex` SINGA's char_rnn.py (a Shakespeare text), gan/vanilla.py and gan/lsgan.py (a
 # mnist.pkl.gz made from Fashion-MNIST), exported into .data/singa/examples with the import changed,
 # matplotlib and tqdm from .data/whl where missing.
-# Expects the peer scripts in .data/peer (a copy of the shared bench folder).
+# Expects the peer scripts in .data/peer (a copy of the shared bench folder) and the cuDNN frontend headers in
+# .data/cudnn-frontend (a copy of build/cudnn-frontend, which ./tandem.sh fetches; without them attention takes
+# the math path and the GPT figures mean nothing). Carry both.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
