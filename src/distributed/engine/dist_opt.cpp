@@ -252,6 +252,9 @@ void DistOpt::backward_and_sync_with(const SyncOptions& sync, const Tensor& loss
   TANDEM_CHECK(m.options_.shard != Shard::parameters || m.layers_found_, "--shard parameters: call "
                "sync_parameters(model) before the first step; it finds the model's ShardedLayers, whose parameters "
                "it shards");
+  TANDEM_CHECK(sync.method != kPartial || opt_->parameter_copies().empty(),
+               "partialUpdate averages the parameters behind the 16-bit copies that keep_parameter_copies keeps (they "
+               "would go stale): choose partialUpdate before asking for copies, which it then does not keep");
   m.use(sync);
   const bool accumulating = m.accumulating_;
   // Sharded gradients keep no whole gradient to accumulate into: every micro-batch is reduced.
