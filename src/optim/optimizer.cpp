@@ -122,6 +122,16 @@ void Optimizer::set_gradient_factor(Tensor factor) {
   grad_factor_ = std::move(factor);
 }
 
+void Optimizer::step_with_gradient_factor(const Tensor& factor) {
+  if (!factor.defined()) return step();
+  set_gradient_factor(factor);
+  struct Clear {
+    Optimizer& o;
+    ~Clear() { o.grad_factor_ = Tensor(); }
+  } clear{*this};
+  step();
+}
+
 void Optimizer::set_parameter_copies(std::vector<Tensor> copies) {
   TANDEM_CHECK(copies.empty() || keeps_parameter_copies(), "this optimizer does not keep parameter copies");
   TANDEM_CHECK(copies.empty() || copies.size() == params_.size(), "set_parameter_copies: ", copies.size(),

@@ -152,6 +152,9 @@ class Optimizer {
   /// pass over them. Throws for an optimizer that does not take one (takes_gradient_factor).
   void set_gradient_factor(Tensor factor);
   const Tensor& gradient_factor() const { return grad_factor_; }
+  /// One step() with `factor` as its gradient factor, cleared again after it (also when it throws); an
+  /// undefined factor: a plain step().
+  void step_with_gradient_factor(const Tensor& factor);
   /// Whether step() can keep 16-bit copies of the parameters up to date (set_parameter_copies): Adam's does.
   virtual bool keeps_parameter_copies() const { return false; }
   /// copies[i]: undefined, or a contiguous bf16 or f16 tensor of params()[i]'s shape that every later step

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <map>
 #include <unordered_set>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -349,22 +350,13 @@ bool DistOpt::update() {
   // on the device as well. partialUpdate's chunk still travels on a skipped step (the ranks agree on
   // the verdict, but a collective is issued regardless of it) and is then not written back.
   if (m.skipped_.defined()) backend::backend_for(comm_->device()).count_nonfinite(m.reducer_.verdict(), m.skipped_);
-  if (m.sharded_) {
-    Tensor factor = std::move(m.pending_factor_);
-    m.pending_factor_ = Tensor();
+  // The clipping coefficient, if clip_grad_norm_in_update left one: applied by the stepping optimizer as it
+  // reads the gradients (no pass over them).
+  const Tensor factor = std::exchange(m.pending_factor_, Tensor());
+  if (m.sharded_)
     m.sharded_->step(*opt_, factor);
-  } else if (m.pending_factor_.defined()) {
-    // The clipping coefficient, applied by the optimizer as it reads the gradients (no pass over them).
-    struct Clear {
-      optim::Optimizer& o;
-      ~Clear() { o.set_gradient_factor(Tensor()); }
-    } clear{*opt_};
-    opt_->set_gradient_factor(std::move(m.pending_factor_));
-    m.pending_factor_ = Tensor();
-    opt_->step();
-  } else {
-    opt_->step();
-  }
+  else
+    opt_->step_with_gradient_factor(factor);
   if (m.partial()) m.averager_->average_next_chunk(m.skipped_.defined() ? m.reducer_.verdict() : Tensor());
   if (!m.skipped_.defined() || backend::backend_for(comm_->device()).recording(comm_->device().index)) return true;
   return !m.reducer_.found_nonfinite();

@@ -294,14 +294,7 @@ void ShardedStep::step(optim::Optimizer& opt, const Tensor& grad_factor) {
   s.set_steps(opt.steps());
   for (size_t g = 0; g < opt.groups().size(); ++g) s.set_group_settings(g, opt.groups()[g]);
   s.set_step_guard(opt.step_guard());
-  {
-    struct Clear {
-      optim::Optimizer& o;
-      ~Clear() { o.set_gradient_factor(Tensor()); }
-    } clear{s};
-    s.set_gradient_factor(grad_factor);
-    s.step();
-  }
+  s.step_with_gradient_factor(grad_factor);
   opt.count_replayed_step();  // the wrapped optimizer's count (and schedule) move on as if it had stepped
   if (!stage3_) {              // sharded parameters are gathered by their layers' next use instead
     gather();
