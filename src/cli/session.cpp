@@ -284,7 +284,7 @@ StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track, co
   }
   rec->delta = opt_->stats() - before;
   recorded_ = std::move(rec);
-  opt_->optimizer().after_recording();  // the recorded step's rate, where the optimizer reads it on the device
+  opt_->after_recording();  // the recorded step's rate, where the optimizer reads it on the device
   recorded_->graph->replay();  // this batch's step
   comm_->watch("a recorded training step");
   ++replays_;
@@ -293,7 +293,7 @@ StepResult Session::record_step(const Tensor& x, const Tensor& y, bool track, co
 
 StepResult Session::replay_step(const Tensor& x, const Tensor& y) {
   Recorded& rec = *recorded_;
-  opt_->optimizer().prepare_replay();  // the next step's rate, where the optimizer reads it on the device
+  opt_->prepare_replay();  // the next step's rate, where the optimizer reads it on the device
   rec.replay(x, y);  // with the gather recorded, x and y are the recorded tensors (fits_recording)
   comm_->watch("a recorded training step");  // its collectives, held to the timeout
   opt_->count_replayed_step(rec.delta);

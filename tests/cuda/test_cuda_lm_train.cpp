@@ -164,6 +164,46 @@ TEST(CudaLmTrain, ParameterCopiesGiveTheBitsOfConvertingAtEveryStep) {
   fs::remove_all(dir);
 }
 
+// Sharded steps (--shard optimizer and gradients, one GPU) are recorded and replayed like unsharded ones: the
+// slices' AdamW reads its scheduled rate on the device, and the run ends where the same run taken eagerly
+// (--cuda-graph off) ends.
+TEST(CudaLmTrain, RecordedShardedStepsEndWhereEagerStepsEnd) {
+  REQUIRE_GPU();
+  const fs::path dir = temp_dir("shardrec"), corpus = make_corpus(dir);
+  for (const std::string shard : {"optimizer", "gradients"}) {
+    const std::string run = "train --model gpt --gpt-config char --layers 2 --heads 2 --width 64 --context 64 "
+                            "--dropout 0 --data " + corpus.string() + " --steps 14 --batch-size 4 --device cuda "
+                            "--clip-norm 0.5 --lr 3e-3 --warmup 3 --min-lr 3e-4 --deterministic --eval-every 0 "
+                            "--eval-steps 2 --shard " + shard + " --checkpoint ";
+    auto recorded = run_tandem(run + (dir / ("recorded_" + shard + ".ck")).string());
+    ASSERT_EQ(recorded.status, 0) << recorded.output;
+    EXPECT_FALSE(contains(recorded.output, "steps run eagerly")) << recorded.output;
+    auto eager = run_tandem(run + (dir / ("eager_" + shard + ".ck")).string() + " --cuda-graph off");
+    ASSERT_EQ(eager.status, 0) << eager.output;
+    const auto la = step_losses(recorded.output), lb = step_losses(eager.output);
+    ASSERT_EQ(la.size(), 14u);
+    ASSERT_EQ(lb.size(), 14u);
+    double loss_diff = 0, param_diff = 0;
+    for (auto& [k, v] : la) loss_diff = std::max(loss_diff, std::fabs(v - lb.at(k)));
+    EXPECT_LT(loss_diff, 1e-4) << "--shard " << shard;
+    auto a = tandem::read_checkpoint_tensors((dir / ("recorded_" + shard + ".ck")).string());
+    auto b = tandem::read_checkpoint_tensors((dir / ("eager_" + shard + ".ck")).string());
+    ASSERT_EQ(a.size(), b.size());
+    int params = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].first, b[i].first);
+      if (a[i].first.rfind("param/", 0) != 0) continue;
+      ++params;
+      const std::vector<float> x = a[i].second.to_vector<float>(), y = b[i].second.to_vector<float>();
+      ASSERT_EQ(x.size(), y.size());
+      for (size_t j = 0; j < x.size(); ++j) param_diff = std::max(param_diff, std::fabs(double(x[j]) - y[j]));
+    }
+    EXPECT_GT(params, 10);
+    EXPECT_LT(param_diff, 1e-5) << "--shard " << shard;
+  }
+  fs::remove_all(dir);
+}
+
 // The product name the peak table reads (tests/cli checks the table itself).
 TEST(CudaLmTrain, DeviceNameIsTheDriversProductName) {
   REQUIRE_GPU();

@@ -289,6 +289,11 @@ class DistOpt {
   /// Why the next step (backward_and_sync, clip_grad_norm, update) could not be recorded once in a
   /// DeviceGraph and replayed; empty when it can.
   std::string replay_blocker() const;
+  /// After a step was recorded, and before each replay: the stepping optimizer (the wrapped one, or the
+  /// slices' under --shard) writes what its recorded step reads on the device (its rate and bias
+  /// corrections for the step about to run: Optimizer::after_recording, prepare_replay).
+  void after_recording();
+  void prepare_replay();
   /// Forgets a step given up after backward_and_sync (a recording that failed part-way): the next
   /// backward_and_sync starts from zeroed gradients again.
   void abandon_step();

@@ -525,9 +525,27 @@ std::string DistOpt::replay_blocker() const {
   if (comm_->size() > 1 && !comm_->records_collectives())
     return "steps of more than one rank over " + comm_->backend_name() + " are not recorded: its collectives run as issued";
   if (m.no_sync_depth_ > 0 || m.accumulating_) return "gradients are being accumulated over micro-batches";
-  if (m.sharded_) return std::string("steps with --shard ") + shard_name(m.options_.shard) + " are not recorded";
+  if (m.options_.shard == Shard::parameters)
+    return "steps with --shard parameters are not recorded (their layers' gathers fill and free buffers as they run)";
   if (!step_capturable()) return m.active_.method + " sends a number of values known only on the host";
-  return opt_->replay_blocker();
+  // Under --shard the slices' optimizer steps: its state and counts decide (the wrapped one holds none).
+  return m.sharded_ ? m.sharded_->stepper().replay_blocker() : opt_->replay_blocker();
+}
+
+void DistOpt::after_recording() {
+  Impl& m = *impl_;
+  if (m.sharded_)
+    m.sharded_->stepper().after_recording();
+  else
+    opt_->after_recording();
+}
+
+void DistOpt::prepare_replay() {
+  Impl& m = *impl_;
+  if (m.sharded_)
+    m.sharded_->prepare_replay(*opt_);
+  else
+    opt_->prepare_replay();
 }
 
 void DistOpt::abandon_step() {
@@ -543,6 +561,7 @@ void DistOpt::count_replayed_step(const CommStats& d) {
   s.bytes_received += d.bytes_received;
   if (!impl_->skipped_.defined()) s.skipped_updates += d.skipped_updates;  // else counted on the device
   opt_->count_replayed_step();
+  if (impl_->sharded_) impl_->sharded_->stepper().count_replayed_step();  // the slices' step counts
 }
 
 const Tensor& DistOpt::step_verdict() const { return impl_->reducer_.verdict(); }

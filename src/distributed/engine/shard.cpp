@@ -286,14 +286,26 @@ bool ShardedStep::adopt_state(optim::Optimizer& opt) {
   return true;
 }
 
-void ShardedStep::step(optim::Optimizer& opt, const Tensor& grad_factor) {
-  adopt_state(opt);  // a checkpoint loaded into the wrapped optimizer, or the state gathered for one
-  optim::Optimizer& s = *stepper_;
+namespace {
+// The slices' optimizer takes the wrapped one's settings for its next step.
+void take_settings(optim::Optimizer& s, const optim::Optimizer& opt) {
   s.set_schedule(opt.schedule());
   s.set_lr(opt.lr());
   s.set_steps(opt.steps());
   for (size_t g = 0; g < opt.groups().size(); ++g) s.set_group_settings(g, opt.groups()[g]);
   s.set_step_guard(opt.step_guard());
+}
+}  // namespace
+
+void ShardedStep::prepare_replay(const optim::Optimizer& opt) {
+  take_settings(*stepper_, opt);
+  stepper_->prepare_replay();
+}
+
+void ShardedStep::step(optim::Optimizer& opt, const Tensor& grad_factor) {
+  adopt_state(opt);  // a checkpoint loaded into the wrapped optimizer, or the state gathered for one
+  optim::Optimizer& s = *stepper_;
+  take_settings(s, opt);
   s.step_with_gradient_factor(grad_factor);
   opt.count_replayed_step();  // the wrapped optimizer's count (and schedule) move on as if it had stepped
   if (!stage3_) {              // sharded parameters are gathered by their layers' next use instead

@@ -57,6 +57,9 @@ class ShardedStep final : public LayerGatherer {
   /// 16-bit copies, where kept). A defined grad_factor (one f32 value on the device, a clipping
   /// coefficient) multiplies every gradient the slices' optimizer reads (it must take one).
   void step(optim::Optimizer& opt, const Tensor& grad_factor = Tensor());
+  /// Recorded steps (stages 1 and 2): the slices' optimizer takes `opt`'s settings for the step a replay is
+  /// about to take and writes what its recorded step reads on the device (Optimizer::prepare_replay).
+  void prepare_replay(const optim::Optimizer& opt);
   /// Stages 1 and 2: bf16 or f16 copies of the parameters in one buffer laid out as the parameter buffer,
   /// the parameters' rounding now and written again after every change of the parameters here (the step's
   /// gather, a broadcast, an average): one conversion of the whole buffer. One view per parameter, in
