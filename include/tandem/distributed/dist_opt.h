@@ -82,6 +82,13 @@ struct DistOptOptions {
   /// counts, with one 16-byte all-reduce, the ranks that still have data, and averages over them; a
   /// rank with no data left calls join(). Not with partialUpdate.
   bool uneven_inputs = false;
+  /// --shard optimizer and gradients, with a model built of dist::ShardedLayer groups (found by
+  /// sync_parameters): update() returns with the step's all-gathers in flight, issued in the order forward
+  /// uses the groups, and each group waits for its own parameters as its forward begins, so that the
+  /// gathers overlap the next forward (parameters in no group are waited for at once). Between update()
+  /// and a group's next forward its parameters may still be arriving: read them only after
+  /// wait_parameters() (DistOpt's own reads — checks, checkpoints, the next step — wait by themselves).
+  bool overlap_gather = false;
 };
 
 /// A rank's own state beside the model and the optimizer, for checkpoints: the bucket layout, the
@@ -223,6 +230,8 @@ class DistOpt {
   /// Throws, naming the first tensor that differs, unless all ranks hold bit-identical parameters
   /// (and buffers, with include_buffers: batch-norm statistics agree only after average_buffers()).
   void check_consistency(bool include_buffers = true);
+  /// Waits for the parameters' all-gathers still in flight (overlap_gather); a no-op otherwise.
+  void wait_parameters();
 
   /// With skip_nonfinite: one f32 value on the device, finite exactly when the last synchronised
   /// gradients were (every rank holds the same); always finite otherwise. Its address never changes.
@@ -304,6 +313,7 @@ class DistOpt {
  private:
   void backward_and_sync_with(const SyncOptions& sync, const Tensor& loss);
   void find_layer_groups(nn::Module& model);
+  void overlap_layer_groups(nn::Module& model);
   // The global norm (returned) and coef = min(1, max_norm / (norm + 1e-6)), both on the device.
   Tensor clip_coefficient(double max_norm, Tensor& coef);
   class Impl;

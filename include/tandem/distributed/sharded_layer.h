@@ -25,7 +25,9 @@ class LayerGatherer {
 /// after it, gathered again when backward reaches the layer and freed once backward has passed it,
 /// the next group's gather started meanwhile. The wrapper's parameters and buffers are the layer's,
 /// under the layer's names, so a wrapped model's checkpoints are those of the unwrapped one. Until a
-/// DistOpt with Shard::parameters takes it over (its sync_parameters), it is the layer itself.
+/// DistOpt with Shard::parameters takes it over (its sync_parameters), it is the layer itself. Under
+/// Shard::optimizer and gradients with DistOptOptions::overlap_gather, its parameters stay whole and its
+/// forward first waits for their all-gather from the last step, which the forwards before it overlapped.
 /// A parameter belongs to one group: layers that share one (tied weights) go into one wrapper; batch
 /// norm is converted to sync batch norm before wrapping.
 class ShardedLayer : public nn::Module {

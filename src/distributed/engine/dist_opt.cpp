@@ -172,6 +172,10 @@ DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communic
   for (size_t i = 0; i < ps.size(); ++i)
     TANDEM_CHECK(ps[i].dtype() == DType::f32, "DistOpt: parameter ", i, " is ", ps[i].str(),
                  "; f32 parameters are required");
+  TANDEM_CHECK(!options.overlap_gather || options.shard == Shard::optimizer || options.shard == Shard::gradients,
+               "overlap_gather overlaps the all-gathers of --shard optimizer and gradients with the next forward; with "
+               "--shard ", shard_name(options.shard), options.shard == Shard::parameters ?
+               " each group is gathered for its own forward already" : " nothing is gathered");
   TANDEM_CHECK(!(options.uneven_inputs && options.shard == Shard::parameters), "uneven inputs cannot be combined "
                "with --shard parameters: a rank without data would have to take part in every layer's gathers (use "
                "--shard gradients)");
@@ -204,6 +208,7 @@ void DistOpt::sync_parameters(nn::Module& model) {
   m.names_ = names;
   check_same_model(*comm_, names, ps, m.buffers_);
   if (m.options_.shard == Shard::parameters && !m.layers_found_) find_layer_groups(model);
+  if (m.options_.overlap_gather) overlap_layer_groups(model);
   if (comm_->size() > 1) {
     if (m.sharded_)
       m.sharded_->broadcast(0);
@@ -242,6 +247,27 @@ void DistOpt::find_layer_groups(nn::Module& model) {
   m.sharded_ = std::make_shared<detail::ShardedStep>(ps, m.reducer_, comm_, m.stats_, *opt_, /*shard_parameters=*/true);
   for (size_t g = 0; g < layers.size(); ++g) layers[g]->attach(m.sharded_, static_cast<int>(g));
   m.layers_found_ = true;
+}
+
+void DistOpt::overlap_layer_groups(nn::Module& model) {
+  Impl& m = *impl_;
+  const auto& ps = opt_->params();
+  std::vector<ShardedLayer*> layers;
+  model.apply([&](nn::Module& mod) {
+    if (auto* layer = dynamic_cast<ShardedLayer*>(&mod)) layers.push_back(layer);
+  });
+  std::vector<int> groups(ps.size(), -1);
+  for (size_t g = 0; g < layers.size(); ++g)
+    for (auto& [name, t] : layers[g]->named_parameters())
+      for (size_t i = 0; i < ps.size(); ++i)
+        if (ps[i].is_same(t)) groups[i] = static_cast<int>(g);
+  m.sharded_->wait_all();
+  m.sharded_->overlap_groups(groups);
+  for (size_t g = 0; g < layers.size(); ++g) layers[g]->attach(m.sharded_, static_cast<int>(g));
+}
+
+void DistOpt::wait_parameters() {
+  if (impl_->sharded_) impl_->sharded_->wait_all();
 }
 
 // ---- a step
@@ -466,6 +492,7 @@ void DistOpt::average_buffers() {
 }
 
 void DistOpt::check_consistency(bool include_buffers) {
+  wait_parameters();
   Impl& m = *impl_;
   const auto& ps = opt_->params();
   std::vector<std::string> names = m.names_;
@@ -527,6 +554,8 @@ std::string DistOpt::replay_blocker() const {
   if (m.no_sync_depth_ > 0 || m.accumulating_) return "gradients are being accumulated over micro-batches";
   if (m.options_.shard == Shard::parameters)
     return "steps with --shard parameters are not recorded (their layers' gathers fill and free buffers as they run)";
+  if (m.options_.overlap_gather)
+    return "steps with overlapped gathers are not recorded (each layer group waits for the last step's gather)";
   if (!step_capturable()) return m.active_.method + " sends a number of values known only on the host";
   // Under --shard the slices' optimizer steps: its state and counts decide (the wrapped one holds none).
   return m.sharded_ ? m.sharded_->stepper().replay_blocker() : opt_->replay_blocker();
@@ -774,6 +803,7 @@ std::vector<std::string> DistOpt::load_rank_states(const std::vector<RankState>&
 
 void DistOpt::gather_optimizer_state() {
   if (!impl_->sharded_) return;
+  impl_->sharded_->wait_all();
   impl_->sharded_->gather_state(*opt_);
   impl_->sharded_->gather_all();  // sharded parameters: whole until their layers' next use frees them
 }

@@ -135,6 +135,11 @@ void ShardedStep::unbind(size_t k) {
 }
 
 void ShardedStep::gather(int group, int next) {
+  if (!stage3_) {  // whole parameters; with overlapped gathers, this group's may still be arriving
+    if (group >= 0 && static_cast<size_t>(group) < overlap_buckets_.size())
+      for (size_t k : overlap_buckets_[static_cast<size_t>(group)]) wait_bucket(k);
+    return;
+  }
   shard_parameters();
   const auto in_range = [&](int g) { return g >= 0 && static_cast<size_t>(g) < group_buckets_.size(); };
   if (in_range(group))
@@ -146,6 +151,7 @@ void ShardedStep::gather(int group, int next) {
 }
 
 void ShardedStep::release(int group) {
+  if (!stage3_) return;  // stages 1 and 2 keep the parameters whole
   if (group < 0 || static_cast<size_t>(group) >= group_buckets_.size()) return;
   for (size_t k : group_buckets_[static_cast<size_t>(group)]) unbind(k);
 }
@@ -178,6 +184,7 @@ void ShardedStep::on_whole(F f) {
 
 void ShardedStep::broadcast(int root) {
   if (comm_->size() == 1) return;
+  wait_all();
   auto send = [&](Tensor t) {
     WorkPtr w = comm_->broadcast(t, root);
     timed_wait(w, stats_);
@@ -192,6 +199,7 @@ void ShardedStep::broadcast(int root) {
 
 void ShardedStep::average() {
   if (comm_->size() == 1) return;
+  wait_all();
   auto mean = [&](Tensor t) {
     WorkPtr w = comm_->all_reduce(t, ReduceOp::Avg);
     count_all_reduce(stats_, static_cast<int64_t>(t.nbytes()), comm_->size());
@@ -303,20 +311,19 @@ void ShardedStep::prepare_replay(const optim::Optimizer& opt) {
 }
 
 void ShardedStep::step(optim::Optimizer& opt, const Tensor& grad_factor) {
+  wait_all();        // the slices are written where the last step's gathers read
   adopt_state(opt);  // a checkpoint loaded into the wrapped optimizer, or the state gathered for one
   optim::Optimizer& s = *stepper_;
   take_settings(s, opt);
   s.step_with_gradient_factor(grad_factor);
   opt.count_replayed_step();  // the wrapped optimizer's count (and schedule) move on as if it had stepped
-  if (!stage3_) {              // sharded parameters are gathered by their layers' next use instead
-    gather();
-    refresh_copies();
-  }
+  if (!stage3_) gather();      // sharded parameters are gathered by their layers' next use instead
 }
 
 std::vector<Tensor> ShardedStep::keep_copies(DType dtype) {
   TANDEM_CHECK(dtype == DType::bf16 || dtype == DType::f16, "parameter copies are bf16 or f16, not ", dtype_name(dtype));
   if (stage3_) return {};
+  wait_all();
   if (!copy_arena_.defined() || copy_arena_.dtype() != dtype)
     copy_arena_ = Tensor::empty(arena_.shape(), dtype, arena_.device());
   refresh_copies();
@@ -334,20 +341,76 @@ void ShardedStep::refresh_copies() {
   if (copy_arena_.defined()) copy_arena_.copy_(arena_);
 }
 
+// Stages 1 and 2 after a step: every bucket's parameter blocks all-gathered in place, then the 16-bit copies
+// written. With overlapped gathers the buckets go out in the order forward uses them and only those holding
+// a parameter of no group are waited for here (each copied as it arrives).
 void ShardedStep::gather() {
   const int world = comm_->size(), rank = comm_->rank();
-  if (world == 1) return;  // the one rank's blocks are the whole model
+  if (world == 1) {  // the one rank's blocks are the whole model
+    refresh_copies();
+    return;
+  }
   const std::vector<Bucket>& buckets = reducer_.buckets();
-  std::vector<WorkPtr> work(buckets.size());
-  for (size_t k = 0; k < buckets.size(); ++k) {
+  in_flight_.resize(buckets.size());
+  auto launch_bucket = [&](size_t k) {
     const Bucket& b = buckets[k];
     const int64_t block = b.span / world;
     Tensor whole = arena_.narrow(0, b.offset, b.span);
     Tensor mine = whole.narrow(0, rank * block, block);
-    work[k] = comm_->all_gather(mine, whole);
+    in_flight_[k] = comm_->all_gather(mine, whole);
     count_all_gather(stats_, static_cast<int64_t>(whole.nbytes()), world);
+  };
+  if (gather_order_.empty()) {
+    for (size_t k = 0; k < buckets.size(); ++k) launch_bucket(k);
+    for (WorkPtr& w : in_flight_) timed_wait(w, stats_);
+    refresh_copies();
+    return;
   }
-  for (WorkPtr& w : work) timed_wait(w, stats_);
+  for (size_t k : gather_order_) launch_bucket(k);
+  for (size_t k : waited_at_once_) wait_bucket(k);
+}
+
+void ShardedStep::overlap_groups(const std::vector<int>& group_of) {
+  if (stage3_) return;
+  const std::vector<Bucket>& buckets = reducer_.buckets();
+  overlap_buckets_.clear();
+  waited_at_once_.clear();
+  std::vector<std::pair<int, size_t>> first_use;  // (the first group using the bucket, or -1; the bucket)
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    int first = -1;
+    bool loose = false;
+    for (int i : buckets[k].params) {
+      const int g = group_of[static_cast<size_t>(i)];
+      if (g < 0) {
+        loose = true;
+        continue;
+      }
+      if (overlap_buckets_.size() <= static_cast<size_t>(g)) overlap_buckets_.resize(static_cast<size_t>(g) + 1);
+      std::vector<size_t>& list = overlap_buckets_[static_cast<size_t>(g)];
+      if (list.empty() || list.back() != k) list.push_back(k);
+      first = first < 0 ? g : std::min(first, g);
+    }
+    if (loose) waited_at_once_.push_back(k);
+    first_use.push_back({loose ? -1 : first, k});
+  }
+  std::stable_sort(first_use.begin(), first_use.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  gather_order_.clear();
+  for (const auto& [g, k] : first_use) gather_order_.push_back(k);
+}
+
+// Waits for bucket k's all-gather, if one is in flight, and writes that bucket's 16-bit copies.
+void ShardedStep::wait_bucket(size_t k) {
+  if (k >= in_flight_.size() || !in_flight_[k]) return;
+  timed_wait(in_flight_[k], stats_);
+  if (!copy_arena_.defined()) return;
+  const Bucket& b = reducer_.buckets()[k];
+  Tensor part = copy_arena_.narrow(0, b.offset, b.span);
+  part.copy_(arena_.narrow(0, b.offset, b.span));
+}
+
+void ShardedStep::wait_all() {
+  for (size_t k = 0; k < in_flight_.size(); ++k) wait_bucket(k);
 }
 
 }  // namespace tandem::dist::detail

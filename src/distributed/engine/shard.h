@@ -50,6 +50,13 @@ class ShardedStep final : public LayerGatherer {
   void release_all();
   bool shards_parameters() const { return stage3_; }
 
+  /// Stages 1 and 2, overlapped gathers: group_of[i] is parameter i's layer group (-1: none). From the next
+  /// step on, the step's all-gathers go out in the groups' order and are left in flight; gather(group, ...)
+  /// waits for a group's, wait_all() for every one. Nothing overlaps on one rank.
+  void overlap_groups(const std::vector<int>& group_of);
+  /// Waits for every all-gather still in flight (and writes those buckets' 16-bit copies).
+  void wait_all();
+
   /// Every rank takes root's parameters.
   void broadcast(int root);
   /// Steps this rank's slices with `opt`'s settings (learning rate, schedule, step count, group
@@ -87,6 +94,7 @@ class ShardedStep final : public LayerGatherer {
  private:
   void gather();
   void refresh_copies();
+  void wait_bucket(size_t k);
   void launch(size_t k);
   void bind(size_t k);
   void unbind(size_t k);
@@ -99,6 +107,11 @@ class ShardedStep final : public LayerGatherer {
   std::vector<Tensor> params_;
   Tensor arena_;
   Tensor copy_arena_;  // keep_copies: the parameters' 16-bit copies, laid out as arena_
+  // Stages 1 and 2 with overlapped gathers: per group, the buckets holding its parameters; the buckets with a
+  // parameter in no group; the order the step's gathers go out in; each bucket's gather in flight.
+  std::vector<std::vector<size_t>> overlap_buckets_;
+  std::vector<size_t> waited_at_once_, gather_order_;
+  std::vector<WorkPtr> in_flight_;
   bool stage3_ = false;
   bool params_sharded_ = false;
   Tensor blocks_;                                 // stage 3: this rank's block of every bucket

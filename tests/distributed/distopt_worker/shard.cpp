@@ -409,10 +409,12 @@ struct LayeredRun {
   std::vector<dist::BucketInfo> buckets;
 };
 
-LayeredRun run_layered(const std::shared_ptr<dist::Communicator>& comm, dist::Shard shard, const Case& c, int steps) {
-  auto model = layered(17, shard == dist::Shard::parameters);
+LayeredRun run_layered(const std::shared_ptr<dist::Communicator>& comm, dist::Shard shard, const Case& c, int steps,
+                       bool overlap = false) {
+  auto model = layered(17, shard == dist::Shard::parameters || overlap);
   dist::DistOptOptions o = small_buckets();
   o.shard = shard;
+  o.overlap_gather = overlap;
   o.sync.method = c.method;
   dist::DistOpt opt(make_opt(c.kind, model->parameters()), comm, o);
   opt.sync_parameters(*model);
@@ -450,6 +452,45 @@ LayeredRun run_layered(const std::shared_ptr<dist::Communicator>& comm, dist::Sh
 }
 
 }  // namespace
+
+// Stages 1 and 2 with their all-gathers overlapping the next forward (overlap_gather, the model in
+// ShardedLayer groups): the parameters of the same stage without overlap, bit for bit (the same sums; only
+// when each arrives differs), and of the unsharded run as scenario_shard_equal finds them; the settings it
+// refuses.
+void scenario_shard_overlap(const std::shared_ptr<dist::Communicator>& comm) {
+  const int64_t W = comm->size();
+  const std::vector<Case> cases = {{Kind::sgd, "plain", 0.0, 1}, {Kind::adamw, "plain", 0.0, 1},
+                                   {Kind::adamw, "plain", 0.05, 1}, {Kind::sgd, "half", 0.0, 1},
+                                   {Kind::adamw, "plain", 0.0, 2}};
+  for (const Case& c : cases) {
+    LayeredRun ref = run_layered(comm, dist::Shard::none, c, 20);
+    for (dist::Shard shard : {dist::Shard::optimizer, dist::Shard::gradients}) {
+      LayeredRun plain = run_layered(comm, shard, c, 20);
+      LayeredRun got = run_layered(comm, shard, c, 20, /*overlap=*/true);
+      const std::string what = describe(c) + " --shard " + dist::shard_name(shard) +
+                               strf(" with overlapped gathers on %lld ranks", static_cast<long long>(W));
+      CHECK_OR_REPORT(bit_identical(got.params, plain.params), "%s: not bit-identical to the same stage without overlap",
+                      what.c_str());
+      CHECK_OR_REPORT(bit_identical(got.eval, plain.eval), "%s: evaluates otherwise than without overlap", what.c_str());
+      const double rel = c.method == "half" && W > 2 ? 1e-3 : 1e-6;  // as in scenario_shard_equal
+      expect_close_models(what + " vs --shard none", got.params, ref.params, rel);
+      CHECK_OR_REPORT(got.stats.collectives == plain.stats.collectives && got.stats.bytes_sent == plain.stats.bytes_sent,
+                      "%s: %lld collectives and %lld bytes a step, %lld and %lld without overlap", what.c_str(),
+                      static_cast<long long>(got.stats.collectives), static_cast<long long>(got.stats.bytes_sent),
+                      static_cast<long long>(plain.stats.collectives), static_cast<long long>(plain.stats.bytes_sent));
+    }
+  }
+  for (dist::Shard shard : {dist::Shard::none, dist::Shard::parameters})
+    expect_error(strf("overlap_gather with --shard %s", dist::shard_name(shard)), static_cast<int>(comm->rank()),
+                 [&] {
+                   auto model = layered(17, true);
+                   dist::DistOptOptions o = small_buckets();
+                   o.shard = shard;
+                   o.overlap_gather = true;
+                   dist::DistOpt opt(make_opt(Kind::sgd, model->parameters()), comm, o);
+                 },
+                 {"overlap_gather", dist::shard_name(shard)});
+}
 
 void scenario_shard_parameters(const std::shared_ptr<dist::Communicator>& comm) {
   const int64_t W = comm->size();
