@@ -94,6 +94,7 @@ class BucketWork {
   BucketWork& operator=(const BucketWork&) = delete;
   void reset(size_t buckets);
   WorkPtr& operator[](size_t k) { return work_[k]; }
+  size_t size() const { return work_.size(); }
 
  private:
   std::vector<WorkPtr> work_;

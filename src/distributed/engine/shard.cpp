@@ -351,7 +351,7 @@ void ShardedStep::gather() {
     return;
   }
   const std::vector<Bucket>& buckets = reducer_.buckets();
-  in_flight_.resize(buckets.size());
+  in_flight_.reset(buckets.size());
   auto launch_bucket = [&](size_t k) {
     const Bucket& b = buckets[k];
     const int64_t block = b.span / world;
@@ -362,7 +362,7 @@ void ShardedStep::gather() {
   };
   if (gather_order_.empty()) {
     for (size_t k = 0; k < buckets.size(); ++k) launch_bucket(k);
-    for (WorkPtr& w : in_flight_) timed_wait(w, stats_);
+    for (size_t k = 0; k < buckets.size(); ++k) timed_wait(in_flight_[k], stats_);
     refresh_copies();
     return;
   }

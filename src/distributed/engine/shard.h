@@ -16,6 +16,7 @@
 
 #include "core/tensor_impl.h"
 
+#include "distributed/engine/grad_codec.h"
 #include "distributed/engine/reducer.h"
 #include "tandem/distributed/sharded_layer.h"
 #include "tandem/optim/optimizer.h"
@@ -111,7 +112,7 @@ class ShardedStep final : public LayerGatherer {
   // parameter in no group; the order the step's gathers go out in; each bucket's gather in flight.
   std::vector<std::vector<size_t>> overlap_buckets_;
   std::vector<size_t> waited_at_once_, gather_order_;
-  std::vector<WorkPtr> in_flight_;
+  BucketWork in_flight_;  // waited for (quietly) when the step goes away
   bool stage3_ = false;
   bool params_sharded_ = false;
   Tensor blocks_;                                 // stage 3: this rank's block of every bucket
