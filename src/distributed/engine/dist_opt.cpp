@@ -5,17 +5,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <map>
-#include <unordered_set>
 #include <utility>
 
-#include <nlohmann/json.hpp>
-
 #include "backend/backend.h"
-#include "distributed/engine/grad_codec.h"
-#include "distributed/engine/param_averager.h"
-#include "distributed/engine/reducer.h"
-#include "distributed/engine/shard.h"
+#include "distributed/engine/dist_opt_impl.h"
 #include "distributed/engine/sync_check.h"
 #include "tandem/distributed/sharded_layer.h"
 #include "tandem/autograd.h"
@@ -31,8 +24,6 @@ std::string normalise(const std::string& s) {
     if (c != '-' && c != '_') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
 }
-
-constexpr const char* kPartial = "partialUpdate";
 
 }  // namespace
 
@@ -74,93 +65,6 @@ std::string parse_sync_method(const std::string& s) {
   TANDEM_CHECK(false, "unknown distributed option '", s, "' (choose ", all, ")");
 }
 
-class DistOpt::Impl {
- public:
-  Impl(const std::vector<Tensor>& params, const std::shared_ptr<Communicator>& comm, const DistOptOptions& options,
-       const optim::Optimizer& opt)
-      : options_(options),
-        reducer_(params, comm,
-                 {options.bucket_bytes, options.first_bucket_bytes, options.rebuild_buckets, options.skip_nonfinite,
-                  options.shard},
-                 stats_),
-        env_{*comm, stats_, comm->device(), comm->rank(), comm->size(), DType::f32, {}, options.shard},
-        one_(Tensor::ones({1}, DType::f32, comm->device())) {
-    if (options.shard == Shard::none)
-      averager_ = std::make_unique<detail::ParamAverager>(params, comm, options.bucket_bytes, stats_);
-    else
-      sharded_ = std::make_shared<detail::ShardedStep>(params, reducer_, comm, stats_, opt);
-    for (const Tensor& p : params) {
-      env_.shapes.push_back(p.shape());
-      param_impls_.insert(p.impl());
-    }
-    use(options.sync);
-  }
-
-  // Backward from loss, with `then` (the reducer's hook, or nothing) called for each leaf. Throws when
-  // backward reaches none of the optimizer's parameters: the step would change nothing.
-  void backward_counted(const Tensor& loss, const GradReadyHook& then = {}) {
-    int64_t reached = 0;
-    backward(loss, [&](const Tensor& leaf) {
-      reached += param_impls_.count(leaf.impl());
-      if (then) then(leaf);
-    });
-    TANDEM_CHECK(reached > 0, "DistOpt: the loss does not depend on any of the optimizer's ",
-                 param_impls_.size(), " parameters (was it computed from detached tensors or another model?)");
-  }
-
-  // Makes `s` the settings of the next step. A codec is made only when they change; residuals
-  // survive a change of settings within one codec (a top-K flush with spars 1 keeps them) but not
-  // a change of codec.
-  void use(const SyncOptions& s) {
-    SyncOptions want = s;
-    want.method = parse_sync_method(s.method);
-    if (ready_ && want == active_) return;
-    TANDEM_CHECK(options_.shard == Shard::none || want.method != kPartial, "-d partialUpdate cannot be combined with "
-                 "--shard ", shard_name(options_.shard), ": its ranks step whole replicas of the model (use -d plain or "
-                 "-d half, or --shard none)");
-    TANDEM_CHECK(!options_.uneven_inputs || want.method != kPartial, "-d partialUpdate cannot take uneven inputs: "
-                 "its ranks step replicas on their own data (use a method that averages gradients)");
-    if (want.method != kPartial) {
-      bool same_codec = !codec_method_.empty() && codec_method_ == want.method;
-      reducer_.set_codec(detail::make_codec(env_, want), same_codec);
-      codec_method_ = want.method;
-    }
-    active_ = want;
-    ready_ = true;
-  }
-  bool partial() const { return active_.method == kPartial; }
-
-  // Uneven inputs: every rank's synchronisation starts with this all-reduce. Returns how many ranks
-  // have data for it, and how many of those apply an update after it (the step's last micro-batch).
-  std::pair<int64_t, int64_t> count_active(bool has_data, bool last) {
-    Tensor t = Tensor::from_vector<int64_t>({has_data ? 1 : 0, has_data && last ? 1 : 0}, {2}).to(env_.device);
-    WorkPtr w = env_.comm.all_reduce(t, ReduceOp::Sum);
-    detail::count_all_reduce(stats_, 16, env_.world);
-    detail::timed_wait(w, stats_);
-    std::vector<int64_t> v = t.to_vector<int64_t>();
-    return {v[0], v[1]};
-  }
-
-  DistOptOptions options_;
-  CommStats stats_;
-  detail::Reducer reducer_;
-  std::unique_ptr<detail::ParamAverager> averager_;  // unsharded: the parameters' flat buffer
-  std::shared_ptr<detail::ShardedStep> sharded_;     // sharded: the same, and the step of this rank's slices
-  bool layers_found_ = false;  // sharded parameters: sync_parameters found the model's layer groups
-  detail::CodecEnv env_;
-  Tensor one_;
-  // clip_grad_norm_in_update's coefficient, for the next update's optimizer to apply as it reads the gradients.
-  Tensor pending_factor_;
-  SyncOptions active_;
-  std::string codec_method_;  // the method of the codec the reducer holds
-  bool ready_ = false;
-  int no_sync_depth_ = 0;
-  bool accumulating_ = false;  // a backward ran since the last update: the next one adds to its gradients
-  nn::NamedTensors buffers_;
-  std::vector<std::string> names_;  // per parameter, from sync_parameters
-  Tensor skipped_;  // skip_nonfinite: i64 [1] on the device, the steps skipped since reset_stats
-  std::unordered_set<const void*> param_impls_;  // the optimizer's parameters, as backward's leaves name them
-};
 
 DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communicator> comm, DistOptOptions options)
     : opt_(std::move(opt)), comm_(std::move(comm)) {
@@ -223,23 +127,31 @@ void DistOpt::sync_parameters(nn::Module& model) {
   }
 }
 
-// Sharded parameters: the model's ShardedLayers are the layer groups, in the order the model registers
-// them. The buckets are laid out again along them (before any step), and the parameters' side of the
-// sharding made anew on that layout.
-void DistOpt::find_layer_groups(nn::Module& model) {
-  Impl& m = *impl_;
-  const auto& ps = opt_->params();
+namespace {
+// The model's ShardedLayers, in the order the model registers them (the order forward runs them), and each
+// of `ps`'s group among them (-1: in none).
+std::pair<std::vector<ShardedLayer*>, std::vector<int>> layer_groups(nn::Module& model, const std::vector<Tensor>& ps) {
   std::vector<ShardedLayer*> layers;
   model.apply([&](nn::Module& mod) {
     if (auto* layer = dynamic_cast<ShardedLayer*>(&mod)) layers.push_back(layer);
   });
-  TANDEM_CHECK(!layers.empty(), "--shard parameters: the model has no ShardedLayer; wrap each layer (or block of "
-               "layers) whose parameters are to be sharded in dist::ShardedLayer");
   std::vector<int> groups(ps.size(), -1);
   for (size_t g = 0; g < layers.size(); ++g)
     for (auto& [name, t] : layers[g]->named_parameters())
       for (size_t i = 0; i < ps.size(); ++i)
         if (ps[i].is_same(t)) groups[i] = static_cast<int>(g);
+  return {std::move(layers), std::move(groups)};
+}
+}  // namespace
+
+// Sharded parameters: the model's ShardedLayers are the layer groups. The buckets are laid out again along
+// them (before any step), and the parameters' side of the sharding made anew on that layout.
+void DistOpt::find_layer_groups(nn::Module& model) {
+  Impl& m = *impl_;
+  const auto& ps = opt_->params();
+  auto [layers, groups] = layer_groups(model, ps);
+  TANDEM_CHECK(!layers.empty(), "--shard parameters: the model has no ShardedLayer; wrap each layer (or block of "
+               "layers) whose parameters are to be sharded in dist::ShardedLayer");
   for (size_t i = 0; i < ps.size(); ++i)
     TANDEM_CHECK(groups[i] >= 0, "--shard parameters: parameter ", m.names_[i], " is in no ShardedLayer; every "
                  "parameter the optimizer holds must be (wrap the layer it belongs to)");
@@ -249,18 +161,10 @@ void DistOpt::find_layer_groups(nn::Module& model) {
   m.layers_found_ = true;
 }
 
+// Stages 1 and 2 with overlap_gather: the groups' gathers are waited for by their layers.
 void DistOpt::overlap_layer_groups(nn::Module& model) {
   Impl& m = *impl_;
-  const auto& ps = opt_->params();
-  std::vector<ShardedLayer*> layers;
-  model.apply([&](nn::Module& mod) {
-    if (auto* layer = dynamic_cast<ShardedLayer*>(&mod)) layers.push_back(layer);
-  });
-  std::vector<int> groups(ps.size(), -1);
-  for (size_t g = 0; g < layers.size(); ++g)
-    for (auto& [name, t] : layers[g]->named_parameters())
-      for (size_t i = 0; i < ps.size(); ++i)
-        if (ps[i].is_same(t)) groups[i] = static_cast<int>(g);
+  auto [layers, groups] = layer_groups(model, opt_->params());
   m.sharded_->wait_all();
   m.sharded_->overlap_groups(groups);
   for (size_t g = 0; g < layers.size(); ++g) layers[g]->attach(m.sharded_, static_cast<int>(g));
@@ -604,209 +508,6 @@ void DistOpt::set_gradient_scale(const Tensor& factor) {
 }
 
 int64_t DistOpt::partial_chunk() const { return impl_->averager_ ? impl_->averager_->next_chunk() : 0; }
-
-// ---- a rank's own state
-
-namespace {
-
-using Json = nlohmann::json;
-constexpr int kRankStateFormat = 1;
-
-Json sync_json(const SyncOptions& s) {
-  return {{"method", s.method},     {"half_dtype", dtype_name(s.half_dtype)}, {"clip", s.clip}, {"spars", s.spars},
-          {"error_feedback", s.error_feedback}, {"rank", s.rank}};
-}
-
-}  // namespace
-
-RankState DistOpt::rank_state() {
-  Impl& m = *impl_;
-  RankState out;
-  Json meta{{"format", kRankStateFormat},
-            {"rank", comm_->rank()},
-            {"world_size", comm_->size()},
-            {"parameters", opt_->params().size()},
-            {"sync", sync_json(m.active_)},
-            {"layout", m.reducer_.layout_order()},
-            {"layout_learnt", m.reducer_.layout_learnt()}};
-  if (m.reducer_.residuals().defined()) out.tensors.emplace_back("residuals", m.reducer_.residuals());
-  if (!m.partial())
-    for (auto& [name, t] : m.reducer_.codec().named_state()) out.tensors.emplace_back("codec/" + name, t);
-  if (m.partial()) {
-    meta["partial_chunk"] = m.averager_->next_chunk();
-    meta["partial_chunks"] = m.averager_->chunks();
-    // Replicas differ between averages, and so does each one's optimizer state.
-    const auto& ps = opt_->params();
-    for (auto& list : opt_->state_lists())
-      for (size_t i = 0; i < ps.size(); ++i)
-        if ((*list.tensors)[i].defined())
-          out.tensors.emplace_back("opt/" + list.kind + "/" + std::to_string(i), (*list.tensors)[i]);
-  }
-  out.meta_json = meta.dump();
-  return out;
-}
-
-namespace {
-
-// What load_rank_state takes from a saved rank's meta data, checked.
-struct SavedRank {
-  std::string problem;  // why nothing of it can be used ("" when it can)
-  std::vector<int> layout;  // the learnt bucket layout, empty when none was learnt
-  int64_t partial_chunk = -1, partial_chunks = -1;
-};
-
-SavedRank check_saved(const std::string& meta_json, int rank, int world, size_t params, const SyncOptions& active) {
-  SavedRank out;
-  if (meta_json.empty()) {
-    out.problem = "no state was saved for this rank";
-    return out;
-  }
-  try {
-    Json meta = Json::parse(meta_json);
-    if (!meta.is_object() || meta.value("format", 0) != kRankStateFormat) {
-      out.problem = "the saved rank state is not in a format this tandem reads";
-      return out;
-    }
-    const int saved_rank = meta.at("rank").get<int>(), saved_world = meta.at("world_size").get<int>();
-    const Json& sync = meta.at("sync");
-    const std::string method = sync.at("method").get<std::string>();
-    const bool compresses = method == "sparseTopK" || method == "sparseThreshold" || method == "powerSGD";
-    if (saved_rank != rank || saved_world != world)
-      out.problem = "it was saved by rank " + std::to_string(saved_rank) + " of " + std::to_string(saved_world) +
-                    " ranks, this is rank " + std::to_string(rank) + " of " + std::to_string(world);
-    else if (meta.at("parameters").get<int64_t>() != static_cast<int64_t>(params))
-      out.problem = "it was saved for another number of parameters";
-    else if (method != active.method)
-      out.problem = "it was saved under -d " + method + ", this run uses -d " + active.method;
-    else if ((compresses && sync.at("error_feedback").get<bool>() != active.error_feedback) ||
-             (method == "powerSGD" && sync.at("rank").get<int>() != active.rank))
-      out.problem = "it was saved with other " + method + " settings (--rank, --no-error-feedback)";
-    if (!out.problem.empty()) return out;
-    if (meta.value("layout_learnt", false)) out.layout = meta.at("layout").get<std::vector<int>>();
-    if (meta.contains("partial_chunk")) {
-      out.partial_chunk = meta.at("partial_chunk").get<int64_t>();
-      out.partial_chunks = meta.at("partial_chunks").get<int64_t>();
-    }
-  } catch (const Json::exception& e) {
-    out.problem = std::string("its description is malformed (") + e.what() + ")";
-  }
-  return out;
-}
-
-}  // namespace
-
-std::vector<std::string> DistOpt::load_rank_state(const RankState& saved) {
-  Impl& m = *impl_;
-  const auto& ps = opt_->params();
-  SavedRank mine = check_saved(saved.meta_json, comm_->rank(), comm_->size(), ps.size(), m.active_);
-  // Every rank must reduce the same buckets: all adopt rank 0's learnt layout (as a rebuild does), or
-  // none. [0] says whether rank 0 has one; its order follows.
-  std::vector<int> layout = mine.layout;
-  if (comm_->size() > 1) {
-    std::vector<int64_t> wire(ps.size() + 1, 0);
-    if (mine.layout.size() == ps.size()) {
-      wire[0] = 1;
-      for (size_t i = 0; i < ps.size(); ++i) wire[i + 1] = mine.layout[i];
-    }
-    Tensor t = Tensor::from_vector(wire, {static_cast<int64_t>(wire.size())}).to(comm_->device());
-    WorkPtr w = comm_->broadcast(t, 0);
-    detail::timed_wait(w, m.stats_);
-    std::vector<int64_t> agreed = t.to_vector<int64_t>();
-    layout.clear();
-    if (agreed[0] == 1)
-      for (size_t i = 1; i < agreed.size(); ++i) layout.push_back(static_cast<int>(agreed[i]));
-  }
-  // A sharded layout is never rebuilt: the parameters' blocks and the optimizer's state are cut along it.
-  if (layout.size() == ps.size() && !m.sharded_) m.reducer_.restore_layout(layout);
-  if (mine.problem.empty() && mine.layout != layout) mine.problem = "its bucket layout is not rank 0's";
-
-  std::vector<std::string> parts;  // what this rank's state holds
-  if (m.reducer_.residuals().defined()) parts.push_back("the error-feedback residuals");
-  if (!m.partial() && !m.reducer_.codec().named_state().empty()) parts.push_back(m.active_.method + "'s factors");
-  if (m.partial()) parts.push_back("partialUpdate's position and this rank's own optimizer state");
-  std::vector<std::string> fresh;
-  if (!mine.problem.empty()) {
-    if (parts.empty()) return fresh;  // nothing would have been loaded anyway
-    std::string list;
-    for (size_t i = 0; i < parts.size(); ++i) list += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
-    fresh.push_back("rank " + std::to_string(comm_->rank()) + ": " + list + " start afresh: " + mine.problem);
-    return fresh;
-  }
-  std::map<std::string, Tensor> by_name(saved.tensors.begin(), saved.tensors.end());
-  auto load_into = [&](const std::string& name, Tensor dst, const std::string& what) {
-    auto it = by_name.find(name);
-    if (it == by_name.end() || it->second.numel() != dst.numel() || it->second.dtype() != dst.dtype()) {
-      fresh.push_back("rank " + std::to_string(comm_->rank()) + ": " + what + " start afresh: the saved state " +
-                      (it == by_name.end() ? "lacks " + name : "holds " + name + " as " + it->second.str()));
-      return;
-    }
-    dst.copy_(it->second.view(dst.shape()));
-  };
-  if (m.reducer_.residuals().defined()) load_into("residuals", m.reducer_.residuals(), "the error-feedback residuals");
-  if (!m.partial())
-    for (auto& [name, t] : m.reducer_.codec().named_state()) load_into("codec/" + name, t, m.active_.method + "'s factors");
-  if (m.partial()) {
-    if (mine.partial_chunks == m.averager_->chunks() && mine.partial_chunk >= 0 && mine.partial_chunk < mine.partial_chunks)
-      m.averager_->set_next_chunk(mine.partial_chunk);
-    else
-      fresh.push_back("rank " + std::to_string(comm_->rank()) + ": partialUpdate's round robin starts at chunk 0: "
-                      "the parameters were cut into other chunks (--bucket-mb)");
-    for (auto& list : opt_->state_lists())
-      for (size_t i = 0; i < ps.size(); ++i) {
-        const std::string name = "opt/" + list.kind + "/" + std::to_string(i);
-        if (!by_name.count(name)) continue;
-        Tensor& slot = (*list.tensors)[i];
-        if (!slot.defined()) slot = Tensor::zeros(ps[i].shape(), ps[i].dtype(), ps[i].device());
-        load_into(name, slot, "this rank's " + list.kind);
-      }
-  }
-  return fresh;
-}
-
-std::vector<std::string> DistOpt::load_rank_states(const std::vector<RankState>& saved) {
-  const int world = comm_->size(), rank = comm_->rank();
-  if (static_cast<int>(saved.size()) == world) return load_rank_state(saved[static_cast<size_t>(rank)]);
-  if (saved.empty() || saved[0].meta_json.empty()) return load_rank_state(RankState{});
-  Json meta = Json::parse(saved[0].meta_json, nullptr, false);
-  if (!meta.is_object()) return load_rank_state(RankState{});
-  meta["rank"] = rank;
-  meta["world_size"] = world;
-  RankState merged;
-  merged.meta_json = meta.dump();
-  NoGradGuard no_grad;
-  int averaged = 0;
-  for (const auto& [name, first] : saved[0].tensors) {
-    const bool own = name == "residuals" || name.rfind("opt/", 0) == 0;  // what each rank kept for itself
-    if (!own || !is_floating(first.dtype())) {
-      merged.tensors.emplace_back(name, first);
-      continue;
-    }
-    Tensor sum = first.to(DType::f32).cpu();
-    int n = 1;
-    for (size_t r = 1; r < saved.size(); ++r)
-      for (const auto& [other, t] : saved[r].tensors)
-        if (other == name && t.numel() == first.numel()) {
-          sum = add(sum, t.to(DType::f32).cpu().view(sum.shape()));
-          ++n;
-        }
-    merged.tensors.emplace_back(name, scale(sum, 1.0 / n).to(first.dtype()));
-    averaged = std::max(averaged, n);
-  }
-  std::vector<std::string> notes = load_rank_state(merged);
-  if (averaged > 0)
-    notes.push_back("rank " + std::to_string(rank) + ": the state each of the " + std::to_string(saved.size()) +
-                    " saved ranks kept for itself (error-feedback residuals, partialUpdate's optimizer state) is "
-                    "their average on " +
-                    (world == 1 ? std::string("the one rank now") : "each of the " + std::to_string(world) + " ranks now"));
-  return notes;
-}
-
-void DistOpt::gather_optimizer_state() {
-  if (!impl_->sharded_) return;
-  impl_->sharded_->wait_all();
-  impl_->sharded_->gather_state(*opt_);
-  impl_->sharded_->gather_all();  // sharded parameters: whole until their layers' next use frees them
-}
 
 std::vector<double> DistOpt::residual_norms() const { return impl_->reducer_.residual_norms(); }
 
