@@ -135,13 +135,13 @@ void ShardedStep::unbind(size_t k) {
 }
 
 void ShardedStep::gather(int group, int next) {
+  const auto in_range = [&](int g) { return g >= 0 && static_cast<size_t>(g) < group_buckets_.size(); };
   if (!stage3_) {  // whole parameters; with overlapped gathers, this group's may still be arriving
-    if (group >= 0 && static_cast<size_t>(group) < overlap_buckets_.size())
-      for (size_t k : overlap_buckets_[static_cast<size_t>(group)]) wait_bucket(k);
+    if (in_range(group))
+      for (size_t k : group_buckets_[static_cast<size_t>(group)]) wait_bucket(k);
     return;
   }
   shard_parameters();
-  const auto in_range = [&](int g) { return g >= 0 && static_cast<size_t>(g) < group_buckets_.size(); };
   if (in_range(group))
     for (size_t k : group_buckets_[static_cast<size_t>(group)]) launch(k);
   if (in_range(next))  // prefetched: on its way while this group computes
@@ -373,7 +373,7 @@ void ShardedStep::gather() {
 void ShardedStep::overlap_groups(const std::vector<int>& group_of) {
   if (stage3_) return;
   const std::vector<Bucket>& buckets = reducer_.buckets();
-  overlap_buckets_.clear();
+  group_buckets_.clear();
   waited_at_once_.clear();
   std::vector<std::pair<int, size_t>> first_use;  // (the first group using the bucket, or -1; the bucket)
   for (size_t k = 0; k < buckets.size(); ++k) {
@@ -385,8 +385,8 @@ void ShardedStep::overlap_groups(const std::vector<int>& group_of) {
         loose = true;
         continue;
       }
-      if (overlap_buckets_.size() <= static_cast<size_t>(g)) overlap_buckets_.resize(static_cast<size_t>(g) + 1);
-      std::vector<size_t>& list = overlap_buckets_[static_cast<size_t>(g)];
+      if (group_buckets_.size() <= static_cast<size_t>(g)) group_buckets_.resize(static_cast<size_t>(g) + 1);
+      std::vector<size_t>& list = group_buckets_[static_cast<size_t>(g)];
       if (list.empty() || list.back() != k) list.push_back(k);
       first = first < 0 ? g : std::min(first, g);
     }

@@ -108,9 +108,8 @@ class ShardedStep final : public LayerGatherer {
   std::vector<Tensor> params_;
   Tensor arena_;
   Tensor copy_arena_;  // keep_copies: the parameters' 16-bit copies, laid out as arena_
-  // Stages 1 and 2 with overlapped gathers: per group, the buckets holding its parameters; the buckets with a
-  // parameter in no group; the order the step's gathers go out in; each bucket's gather in flight.
-  std::vector<std::vector<size_t>> overlap_buckets_;
+  // Stages 1 and 2 with overlapped gathers: the buckets with a parameter in no group; the order the step's
+  // gathers go out in; each bucket's gather in flight (group_buckets_ lists each group's buckets).
   std::vector<size_t> waited_at_once_, gather_order_;
   BucketWork in_flight_;  // waited for (quietly) when the step goes away
   bool stage3_ = false;
@@ -119,7 +118,7 @@ class ShardedStep final : public LayerGatherer {
   std::vector<int64_t> block_at_;                 // per bucket: where its block starts in blocks_
   std::vector<Tensor> whole_;                     // stage 3: per bucket, its parameters while gathered
   std::vector<WorkPtr> gathering_;                // per bucket: its all-gather in flight
-  std::vector<std::vector<size_t>> group_buckets_;  // per layer group, its buckets
+  std::vector<std::vector<size_t>> group_buckets_;  // per layer group, the buckets holding its parameters
   Tensor absent_;                                 // what a released parameter views
   std::vector<std::weak_ptr<Storage>> held_;      // per bucket: a released buffer ops still view, emptied
   Allocator* allocator_ = nullptr;                // what filled such a buffer, to fill it again
