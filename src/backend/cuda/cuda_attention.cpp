@@ -2,7 +2,8 @@
 // attention (scaled dot-product attention, forward and backward) through the cuDNN frontend's graph API.
 //
 // Building a cuDNN graph takes milliseconds to seconds, so each geometry (shape, type, causal mask, scale,
-// dropout, determinism) is built once per device, forward and backward together, and kept; afterwards a
+// dropout, determinism) is built once per device, forward and backward together, and kept (every plan the
+// heuristics offer is timed on scratch tensors and the fastest kept: TANDEM_ATTENTION_TUNE); afterwards a
 // call looks its graph up and queues it on the compute stream, with the workspace taken from the
 // device's allocator (a recording's own pool while a step is recorded) and nothing waited for. A geometry
 // cuDNN does not take is remembered as such, and the op computes it by the math path instead. Built
@@ -180,13 +181,17 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionKey& k) {
   return graph;
 }
 
-// Builds a graph's plans; returns the workspace it needs, or -1 with the reason when cuDNN does not take it.
-int64_t build(fe::graph::Graph& graph, cudnnHandle_t handle, std::string& why) {
-  fe::error_t st = graph.build(handle, {fe::HeurMode_t::A});
+// Builds a graph's plans: heuristic A's first choice, or (tuning) every plan heuristics A and B offer, to be
+// timed. Returns the workspace the chosen plan needs (tuning: the largest any plan needs), or -1 with the
+// reason when cuDNN does not take the graph.
+int64_t build(fe::graph::Graph& graph, cudnnHandle_t handle, bool all, std::string& why) {
+  fe::error_t st = all ? graph.build(handle, {fe::HeurMode_t::A, fe::HeurMode_t::B}, fe::BuildPlanPolicy_t::ALL)
+                       : graph.build(handle, {fe::HeurMode_t::A});
   if (!st.is_good()) {
     why = st.get_message();
     return -1;
   }
+  if (all) return graph.get_autotune_workspace_size();
   int64_t ws = 0;
   st = graph.get_workspace_size(ws);
   if (!st.is_good()) {
@@ -195,7 +200,20 @@ int64_t build(fe::graph::Graph& graph, cudnnHandle_t handle, std::string& why) {
   }
   return ws;
 }
+
 #endif
+
+}  // namespace
+
+bool attention_tuning_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("TANDEM_ATTENTION_TUNE");
+    return !(e && e[0] == '0');
+  }();
+  return on && !deterministic_algorithms();  // a timed choice may differ from one run to the next
+}
+
+namespace {
 
 // A geometry's graphs, or the reason cuDNN refused it.
 struct AttentionPlan {
@@ -205,6 +223,54 @@ struct AttentionPlan {
 #endif
   int64_t fwd_ws = 0, bwd_ws = 0;
 };
+
+#if TANDEM_WITH_CUDNN_FRONTEND
+// Elements a [b, h, t, d] tensor of these strides spans.
+int64_t span(int64_t b, int64_t h, int64_t t, int64_t d, const std::array<int64_t, 4>& s) {
+  return 1 + (b - 1) * s[0] + (h - 1) * s[1] + (t - 1) * s[2] + (d - 1) * s[3];
+}
+
+// Times every built plan of the geometry's forward and backward on scratch tensors (each 16-bit input
+// holds 0.0115 everywhere) and keeps the fastest of each; the workspaces become the chosen plans'. Waits
+// for the device: outside recordings only.
+void tune(AttentionPlan& plan, const AttentionKey& k, cudnnHandle_t handle, DeviceState& dev, Allocator& alloc) {
+  auto scratch = [&](int64_t elems, size_t elem_bytes) {
+    auto s = std::make_unique<Scratch>(alloc, static_cast<size_t>(elems) * elem_bytes);
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(s->as<void>(), 0x3C, static_cast<size_t>(elems) * elem_bytes, dev.stream));
+    return s;
+  };
+  const std::array<int64_t, 4> out = bthd(k.h, k.tq, k.dv);
+  auto q = scratch(span(k.b, k.h, k.tq, k.d, k.qs), 2), kk = scratch(span(k.b, k.h, k.tk, k.d, k.ks), 2),
+       v = scratch(span(k.b, k.h, k.tk, k.dv, k.vs), 2), o = scratch(span(k.b, k.h, k.tq, k.dv, out), 2),
+       dout = scratch(span(k.b, k.h, k.tq, k.dv, out), 2), stats = scratch(k.b * k.h * k.tq, 4),
+       dq = scratch(span(k.b, k.h, k.tq, k.d, grad_strides(k, k.qs, k.tq, k.d)), 2),
+       dk = scratch(span(k.b, k.h, k.tk, k.d, grad_strides(k, k.ks, k.tk, k.d)), 2),
+       dv = scratch(span(k.b, k.h, k.tk, k.dv, grad_strides(k, k.vs, k.tk, k.dv)), 2), rng = scratch(2, 8);
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(rng->as<void>(), 0, 16, dev.stream));
+  Scratch ws(alloc, static_cast<size_t>(std::max(plan.fwd_ws, plan.bwd_ws)));
+  std::unordered_map<int64_t, void*> pack = {{kQ, q->as<void>()}, {kK, kk->as<void>()}, {kV, v->as<void>()},
+                                             {kO, o->as<void>()}, {kStats, stats->as<void>()}};
+  if (k.dropout_p > 0.0f) {
+    pack[kSeed] = rng->as<int64_t>();
+    pack[kOffset] = rng->as<int64_t>() + 1;
+  }
+  auto pick = [&](fe::graph::Graph& graph, int64_t& plan_ws, const char* what) {
+    fe::error_t st = graph.autotune(handle, pack, ws.as<void>());
+    TANDEM_CHECK(st.is_good(), "scaled_dot_product_attention: timing cuDNN's fused attention ", what,
+                 " plans failed: ", st.get_message());
+    st = graph.get_workspace_size(plan_ws);
+    TANDEM_CHECK(st.is_good(), "scaled_dot_product_attention: cuDNN's fused attention ", what, ": ",
+                 st.get_message());
+  };
+  pick(*plan.fwd, plan.fwd_ws, "forward");  // also writes the statistics the backward reads
+  pack[kDO] = dout->as<void>();
+  pack[kDQ] = dq->as<void>();
+  pack[kDK] = dk->as<void>();
+  pack[kDV] = dv->as<void>();
+  pick(*plan.bwd, plan.bwd_ws, "backward");
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(dev.stream));  // the scratch goes back to the allocator
+}
+#endif
 
 // Per device: a cuDNN handle of its own (on the compute stream) and the built geometries.
 struct AttentionState {
@@ -228,7 +294,7 @@ std::string describe(const AttentionKey& k) {
 }
 
 // The plan of a geometry, built on first use. Call with st.mu held.
-AttentionPlan& plan_for(AttentionState& st, const AttentionKey& key, DeviceState& dev) {
+AttentionPlan& plan_for(AttentionState& st, const AttentionKey& key, DeviceState& dev, Allocator& alloc) {
   auto it = st.plans.find(key);
   if (it != st.plans.end()) return *it->second;
   auto plan = std::make_unique<AttentionPlan>();
@@ -241,13 +307,15 @@ AttentionPlan& plan_for(AttentionState& st, const AttentionKey& key, DeviceState
       TANDEM_CUDNN_CHECK(cudnnSetStream(h, dev.stream));
       st.handle = h;
     }
+    const bool tuned = attention_tuning_enabled();
     plan->fwd = forward_graph(key);
-    plan->fwd_ws = build(*plan->fwd, st.handle, why);
+    plan->fwd_ws = build(*plan->fwd, st.handle, tuned, why);
     if (plan->fwd_ws >= 0) {
       plan->bwd = backward_graph(key);
-      plan->bwd_ws = build(*plan->bwd, st.handle, why);
+      plan->bwd_ws = build(*plan->bwd, st.handle, tuned, why);
     }
     plan->ok = plan->fwd_ws >= 0 && plan->bwd_ws >= 0;
+    if (plan->ok && tuned) tune(*plan, key, st.handle, dev, alloc);
   } catch (const std::exception& e) {
     why = e.what();
     plan->ok = false;
@@ -262,6 +330,7 @@ AttentionPlan& plan_for(AttentionState& st, const AttentionKey& key, DeviceState
   }
 #else
   (void)dev;
+  (void)alloc;
 #endif
   return *st.plans.emplace(key, std::move(plan)).first->second;
 }
@@ -305,7 +374,7 @@ bool CudaBackend::fused_attention_supported(const AttentionGeom& g, DType dtype,
   // Graphs are built outside recordings (building allocates and waits for the device): a geometry first
   // met while a step is recorded takes the math path there.
   if (recording(device)) return false;
-  return plan_for(st, key, dev).ok;
+  return plan_for(st, key, dev, allocator(dev.device)).ok;
 #else
   static std::once_flag notice;
   std::call_once(notice, [] {
@@ -335,7 +404,7 @@ void CudaBackend::fused_attention_forward(const Tensor& q, const Tensor& k, cons
 #if TANDEM_WITH_CUDNN_FRONTEND
   AttentionState& st = attention_state(dev.device);
   std::lock_guard<std::mutex> lock(st.mu);
-  AttentionPlan& plan = plan_for(st, key, dev);
+  AttentionPlan& plan = plan_for(st, key, dev, allocator(dev.device));
   TANDEM_CHECK(plan.ok, "scaled_dot_product_attention: cuDNN's fused attention does not take ", q.str());
   Scratch ws(allocator(dev.device), static_cast<size_t>(plan.fwd_ws));
   Scratch rng(allocator(dev.device), g.dropout_p > 0 ? 2 * sizeof(int64_t) : 0);
@@ -373,7 +442,7 @@ void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, con
 #if TANDEM_WITH_CUDNN_FRONTEND
   AttentionState& st = attention_state(dev.device);
   std::lock_guard<std::mutex> lock(st.mu);
-  AttentionPlan& plan = plan_for(st, key, dev);
+  AttentionPlan& plan = plan_for(st, key, dev, allocator(dev.device));
   TANDEM_CHECK(plan.ok, "scaled_dot_product_attention backward: cuDNN's fused attention does not take ", q.str());
   Scratch ws(allocator(dev.device), static_cast<size_t>(plan.bwd_ws));
   Scratch rng(allocator(dev.device), g.dropout_p > 0 ? 2 * sizeof(int64_t) : 0);

@@ -308,6 +308,9 @@ class Scratch {
 /// Whether cuBLASLt's candidate algorithms are timed for each new product shape (TANDEM_GEMM_TUNE, on unless
 /// "0"; off under deterministic algorithms); 16-bit products then all go through cuBLASLt.
 bool gemm_tuning_enabled();
+/// Whether every plan cuDNN's heuristics offer for a fused attention geometry is built and timed, the fastest
+/// kept (TANDEM_ATTENTION_TUNE, on unless "0"; off under deterministic algorithms: heuristic A's first choice).
+bool attention_tuning_enabled();
 // How the gradient through a fused GELU (GemmEpilogue::DGelu) is taken, from TANDEM_DGELU_EPILOGUE: the
 // derivative in cuBLASLt's epilogue and the bias gradient by tandem's column reduction (dgelu, the default),
 // both in cuBLASLt's epilogue (bgrad), or the product then tandem's elementwise kernel and reduction (none).
