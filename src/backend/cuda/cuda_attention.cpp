@@ -9,6 +9,7 @@
 // cuDNN does not take is remembered as such, and the op computes it by the math path instead. Built
 // without the frontend's headers (TANDEM_WITH_CUDNN_FRONTEND 0), nothing is fused: the first 16-bit
 // attention on a GPU says so once on stderr.
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_backend.h"
@@ -222,6 +224,7 @@ struct AttentionPlan {
   std::shared_ptr<fe::graph::Graph> fwd, bwd;
 #endif
   int64_t fwd_ws = 0, bwd_ws = 0;
+  int64_t fwd_index = -1, bwd_index = -1;  // the timed choice (-1: the heuristic's first)
 };
 
 #if TANDEM_WITH_CUDNN_FRONTEND
@@ -230,9 +233,58 @@ int64_t span(int64_t b, int64_t h, int64_t t, int64_t d, const std::array<int64_
   return 1 + (b - 1) * s[0] + (h - 1) * s[1] + (t - 1) * s[2] + (d - 1) * s[3];
 }
 
+// The fastest plan of a graph on the given tensors: every built plan run in three interleaved rounds of
+// two untimed and five timed executions, each plan's best round kept. Returns its index, or -1 when no plan
+// runs.
+int64_t fastest_plan(fe::graph::Graph& graph, cudnnHandle_t handle, std::unordered_map<int64_t, void*>& pack, void* ws,
+                     cudaStream_t stream) {
+  const int64_t n = graph.get_execution_plan_count();
+  std::vector<float> best(static_cast<size_t>(n), -1.0f);
+  std::vector<bool> runs(static_cast<size_t>(n), true);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&start));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int round = 0; round < 3; ++round)
+    for (int64_t i = 0; i < n; ++i) {
+      if (!runs[static_cast<size_t>(i)]) continue;
+      bool ok = true;
+      for (int r = 0; r < 2 && ok; ++r) ok = graph.execute_plan_at_index(handle, pack, ws, i).is_good();
+      TANDEM_CUDA_CHECK(cudaEventRecord(start, stream));
+      for (int r = 0; r < 5 && ok; ++r) ok = graph.execute_plan_at_index(handle, pack, ws, i).is_good();
+      TANDEM_CUDA_CHECK(cudaEventRecord(stop, stream));
+      TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));
+      if (!ok) {  // a plan that did not build, or does not run here
+        runs[static_cast<size_t>(i)] = false;
+        continue;
+      }
+      float ms = 0.0f;
+      TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      float& b = best[static_cast<size_t>(i)];
+      if (b < 0.0f || ms < b) b = ms;
+    }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  (void)cudaGetLastError();
+  int64_t chosen = -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (runs[static_cast<size_t>(i)] && best[static_cast<size_t>(i)] >= 0.0f &&
+        (chosen < 0 || best[static_cast<size_t>(i)] < best[static_cast<size_t>(chosen)]))
+      chosen = i;
+  if (std::getenv("TANDEM_ATTENTION_TUNE_LOG"))
+    for (int64_t i = 0; i < n; ++i) {
+      std::string name;
+      (void)graph.get_plan_name_at_index(i, name);
+      std::fprintf(stderr, "tandem: attention plan %lld %s: %s%s\n", static_cast<long long>(i), name.c_str(),
+                   runs[static_cast<size_t>(i)] ? detail::cat(best[static_cast<size_t>(i)] / 5.0f, " ms").c_str()
+                                                : "does not run",
+                   i == chosen ? " (chosen)" : "");
+    }
+  return chosen;
+}
+
 // Times every built plan of the geometry's forward and backward on scratch tensors (each 16-bit input
-// holds 0.0115 everywhere) and keeps the fastest of each; the workspaces become the chosen plans'. Waits
-// for the device: outside recordings only.
+// holds 0.0115 everywhere) and keeps the fastest of each with its workspace. Waits for the device:
+// outside recordings only.
 void tune(AttentionPlan& plan, const AttentionKey& k, cudnnHandle_t handle, DeviceState& dev, Allocator& alloc) {
   auto scratch = [&](int64_t elems, size_t elem_bytes) {
     auto s = std::make_unique<Scratch>(alloc, static_cast<size_t>(elems) * elem_bytes);
@@ -254,20 +306,19 @@ void tune(AttentionPlan& plan, const AttentionKey& k, cudnnHandle_t handle, Devi
     pack[kSeed] = rng->as<int64_t>();
     pack[kOffset] = rng->as<int64_t>() + 1;
   }
-  auto pick = [&](fe::graph::Graph& graph, int64_t& plan_ws, const char* what) {
-    fe::error_t st = graph.autotune(handle, pack, ws.as<void>());
-    TANDEM_CHECK(st.is_good(), "scaled_dot_product_attention: timing cuDNN's fused attention ", what,
-                 " plans failed: ", st.get_message());
-    st = graph.get_workspace_size(plan_ws);
+  auto pick = [&](fe::graph::Graph& graph, int64_t& index, int64_t& plan_ws, const char* what) {
+    index = fastest_plan(graph, handle, pack, ws.as<void>(), dev.stream);
+    TANDEM_CHECK(index >= 0, "scaled_dot_product_attention: no plan of cuDNN's fused attention ", what, " ran");
+    fe::error_t st = graph.get_workspace_size_plan_at_index(index, plan_ws);
     TANDEM_CHECK(st.is_good(), "scaled_dot_product_attention: cuDNN's fused attention ", what, ": ",
                  st.get_message());
   };
-  pick(*plan.fwd, plan.fwd_ws, "forward");  // also writes the statistics the backward reads
+  pick(*plan.fwd, plan.fwd_index, plan.fwd_ws, "forward");  // also writes the statistics the backward reads
   pack[kDO] = dout->as<void>();
   pack[kDQ] = dq->as<void>();
   pack[kDK] = dk->as<void>();
   pack[kDV] = dv->as<void>();
-  pick(*plan.bwd, plan.bwd_ws, "backward");
+  pick(*plan.bwd, plan.bwd_index, plan.bwd_ws, "backward");
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(dev.stream));  // the scratch goes back to the allocator
 }
 #endif
@@ -336,9 +387,9 @@ AttentionPlan& plan_for(AttentionState& st, const AttentionKey& key, DeviceState
 }
 
 #if TANDEM_WITH_CUDNN_FRONTEND
-void execute(fe::graph::Graph& graph, cudnnHandle_t handle, std::unordered_map<int64_t, void*>& pack, void* ws,
-             const char* what) {
-  fe::error_t st = graph.execute(handle, pack, ws);
+void execute(fe::graph::Graph& graph, int64_t index, cudnnHandle_t handle, std::unordered_map<int64_t, void*>& pack,
+             void* ws, const char* what) {
+  fe::error_t st = index < 0 ? graph.execute(handle, pack, ws) : graph.execute_plan_at_index(handle, pack, ws, index);
   TANDEM_CHECK(st.is_good(), "scaled_dot_product_attention: cuDNN's fused attention ", what, " failed: ",
                st.get_message());
 }
@@ -415,7 +466,7 @@ void CudaBackend::fused_attention_forward(const Tensor& q, const Tensor& k, cons
     pack[kSeed] = rng.as<int64_t>();
     pack[kOffset] = rng.as<int64_t>() + 1;
   }
-  execute(*plan.fwd, st.handle, pack, ws.as<void>(), "forward");
+  execute(*plan.fwd, plan.fwd_index, st.handle, pack, ws.as<void>(), "forward");
 #else
   (void)dev;
   (void)seed;
@@ -454,7 +505,7 @@ void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, con
     pack[kSeed] = rng.as<int64_t>();
     pack[kOffset] = rng.as<int64_t>() + 1;
   }
-  execute(*plan.bwd, st.handle, pack, ws.as<void>(), "backward");
+  execute(*plan.bwd, plan.bwd_index, st.handle, pack, ws.as<void>(), "backward");
 #else
   (void)dev;
   (void)q;
