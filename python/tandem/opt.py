@@ -477,12 +477,14 @@ class DistOpt(Optimizer):
     ``shard`` ("none", "optimizer", "gradients") keeps the optimizer's state (and the gradients) only
     once across the ranks (ZeRO). With ``uneven_inputs`` ranks may have different numbers of batches:
     a rank whose data ran out calls ``join()`` and takes part in the others' steps until all are done.
+    ``master_weights`` (``bfloat16`` or ``float16``) makes the parameters hold values of that type while
+    the optimizer steps float32 masters of them, kept as its state (sharded with it under ``shard``).
     """
 
     def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None, buffSize=4194304, *,
                  gpu_num=None, gpu_per_node=None, dist_option="plain", spars=0.05, clip=0.0, error_feedback=True,
                  powersgd_rank=2, half_dtype=float16, first_bucket_size=262144, skip_nonfinite=False,
-                 timeout=300.0, shard="none", uneven_inputs=False):
+                 timeout=300.0, shard="none", uneven_inputs=False, master_weights=None):
         opt = opt if opt is not None else SGD()
         if not isinstance(opt, Optimizer) or isinstance(opt, DistOpt):
             raise TypeError("DistOpt wraps an optimizer (SGD, Adam, RMSProp, AdaGrad)")
@@ -511,7 +513,8 @@ class DistOpt(Optimizer):
                              method=dist_option, half_dtype=half_dtype, clip=float(clip), spars=float(spars),
                              error_feedback=bool(error_feedback), rank=int(powersgd_rank),
                              skip_nonfinite=bool(skip_nonfinite), shard=str(shard),
-                             uneven_inputs=bool(uneven_inputs))
+                             uneven_inputs=bool(uneven_inputs),
+                             master_weights=float32 if master_weights is None else master_weights)
         self._timeout = float(timeout)
         self._comms = {}
         self._staged = {"plain": [], "half": []}  # fused_all_reduce(..., send=False) copies, by kind

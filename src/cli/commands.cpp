@@ -92,6 +92,13 @@ void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& grou
       ->group(group)
       ->check(CLI::IsMember({"none", "optimizer", "gradients", "parameters", "0", "1", "2", "3"}))
       ->capture_default_str();
+  app.add_option("--master-weights", cfg.master_weights,
+                 "Mixed-precision master weights: the parameters hold bf16 or f16 values and the optimizer steps f32 "
+                 "masters of them, kept (and checkpointed) as its state, sharded with it under --shard; none: the "
+                 "parameters are f32")
+      ->group(group)
+      ->check(CLI::IsMember({"none", "bf16", "f16"}))
+      ->capture_default_str();
   app.add_option("--bucket-mb", cfg.bucket_mb, "Gradient bytes per all-reduce, in MiB")
       ->group(group)
       ->check(finite_in(0.001, 4096.0))

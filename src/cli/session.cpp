@@ -29,6 +29,7 @@ dist::DistOptOptions dist_options(const SessionConfig& cfg) {
   o.sync.error_feedback = cfg.error_feedback;
   if (cfg.low_rank > 0) o.sync.rank = cfg.low_rank;
   o.shard = dist::parse_shard(cfg.shard);
+  if (cfg.master_weights != "none") o.master_weights = parse_dtype(cfg.master_weights);
   return o;
 }
 

@@ -58,7 +58,7 @@ std::vector<std::pair<std::string, Tensor>> collect(const nn::Module& model, opt
   if (opt) {
     auto names = param_names(model);
     const auto& params = opt->params();
-    for (auto& list : opt->state_lists())
+    for (auto& list : opt->all_state_lists())
       for (size_t i = 0; i < params.size(); ++i) {
         const Tensor& s = (*list.tensors)[i];
         auto it = names.find(params[i].impl());
@@ -392,7 +392,7 @@ std::string load_checkpoint(const std::string& path, nn::Module& model, optim::O
   if (opt) {
     auto names = param_names(model);
     const auto& params = opt->params();
-    for (auto& list : opt->state_lists())
+    for (auto& list : opt->all_state_lists())
       for (size_t i = 0; i < params.size(); ++i) {
         auto it = names.find(params[i].impl());
         if (it == names.end()) continue;
@@ -436,6 +436,10 @@ std::string load_checkpoint(const std::string& path, nn::Module& model, optim::O
   for (auto& [dst, h] : assign) dst.detach().copy_(h);
   const Json& header = file.header();
   if (opt) {
+    // Masters the file lacks are made again from the loaded parameters at their next step.
+    for (auto& list : opt->all_state_lists())
+      if (list.kind == "master")
+        for (Tensor& t : *list.tensors) t = Tensor();
     for (auto& s : states) {
       Tensor& slot = (*s.list)[s.index];
       const Tensor& p = opt->params()[s.index];

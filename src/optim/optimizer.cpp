@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "backend/backend.h"
+#include "core/tensor_impl.h"
 #include "tandem/autograd.h"
 
 namespace tandem::optim {
@@ -96,13 +97,73 @@ void Optimizer::set_steps(int64_t n) {
   if (schedule_) set_lr(schedule_->lr(steps_));
 }
 
+// ---- master weights
+
+struct Optimizer::Binding {
+  std::shared_ptr<Storage> storage;
+  Shape strides;
+  int64_t offset = 0;
+};
+
+void Optimizer::keep_master_weights(DType dtype) {
+  TANDEM_CHECK(dtype == DType::bf16 || dtype == DType::f16 || dtype == DType::f32,
+               "master weights keep bf16 or f16 parameters (f32: none), not ", dtype_name(dtype));
+  for (const Tensor& p : params_)
+    TANDEM_CHECK(p.dtype() == DType::f32, "master weights: parameter ", p.str(), " is not f32");
+  restore_params(/*round=*/false);
+  master_dtype_ = dtype;
+  masters_.assign(params_.size(), Tensor());
+  if (dtype == DType::f32) return;
+  NoGradGuard no_grad;
+  for (const Tensor& p : params_) p.detach().copy_(p.detach().to(dtype));
+}
+
+std::vector<Optimizer::StateList> Optimizer::all_state_lists() {
+  std::vector<StateList> out = state_lists();
+  if (master_dtype_ != DType::f32) out.push_back({"master", &masters_});
+  return out;
+}
+
+// Under master weights, the parameters that step view their masters while the step runs (made from the
+// parameter at its first step); end_step points them back and writes the masters' rounding into them.
 void Optimizer::begin_step() {
   if (schedule_) set_lr(schedule_->lr(steps_));
+  if (master_dtype_ == DType::f32) return;
+  restore_params(/*round=*/false);  // a step that threw midway
+  if (masters_.size() != params_.size()) masters_.resize(params_.size());
+  swapped_.assign(params_.size(), nullptr);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    if (!p.grad().defined()) continue;
+    if (!masters_[i].defined()) masters_[i] = p.detach().clone();
+    TensorImpl* impl = p.impl();
+    swapped_[i] = std::make_shared<Binding>(Binding{impl->storage, impl->strides, impl->offset});
+    rebind_storage(p, masters_[i]);
+  }
 }
 
 void Optimizer::end_step() {
   steps_++;
   if (schedule_) set_lr(schedule_->lr(steps_));
+  restore_params(/*round=*/true);  // nothing when no step of masters is in progress (a replay's count)
+}
+
+void Optimizer::restore_params(bool round) {
+  if (swapped_.empty()) return;
+  std::vector<std::shared_ptr<Binding>> swapped = std::move(swapped_);
+  swapped_.clear();
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < swapped.size(); ++i) {
+    if (!swapped[i]) continue;
+    TensorImpl* impl = params_[i].impl();
+    impl->storage = swapped[i]->storage;
+    impl->strides = swapped[i]->strides;
+    impl->offset = swapped[i]->offset;
+    if (!round) continue;
+    // The 16-bit copy a step keeps is the master's rounding already; otherwise one is made.
+    const Tensor& c = copies_.empty() ? Tensor() : copies_[i];
+    params_[i].detach().copy_(c.defined() && c.dtype() == master_dtype_ ? c : masters_[i].to(master_dtype_));
+  }
 }
 
 void Optimizer::count_replayed_step() { end_step(); }

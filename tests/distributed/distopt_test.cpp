@@ -199,6 +199,16 @@ TEST(DistOptGloo, OverlappedGathersMatchTheStagesWithoutThreeRanks) {
   run_scenarios(3, "shardoverlap");
 }
 
+TEST(DistOptGloo, MasterWeightsUnderEveryStageTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "shardmasters");
+}
+
+TEST(DistOptGloo, MasterWeightsUnderEveryStageThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "shardmasters");
+}
+
 TEST(DistOptGloo, ShardedParametersMatchTheUnshardedRunTwoRanks) {
   REQUIRE_GLOO();
   run_scenarios(2, "shard3,shard3memory");
@@ -264,7 +274,8 @@ TEST(DistOptSingle, OneProcessStepsLocally) {
   const std::vector<std::string> names = {"plain", "half", "equivalence", "grads", "clipswitch", "introspection",
                                           "nonfinite", "arena16", "clipnorm", "accumulate", "syncbn", "lossscale",
                                           "carried", "scaledfeedback", "misuse", "shardequal", "shardmemory",
-                                          "shardtraffic", "shardrefusals", "uneven", "shard3", "shard3memory", "shardfold", "shardoverlap"};
+                                          "shardtraffic", "shardrefusals", "uneven", "shard3", "shard3memory", "shardfold", "shardoverlap",
+                                          "shardmasters"};
   std::string list;
   for (const std::string& s : names) list += (list.empty() ? "" : ",") + s;
   ProcResult r = run_process({kWorker, list}, {}, 120);
@@ -299,7 +310,7 @@ TEST(DistOptNccl, StepApiCodecsSyncBatchNormAndSeams) {
   REQUIRE_TWO_GPUS();
   run_scenarios(2,
                 "grads,clipswitch,clipnorm,accumulate,syncbn,powersgd,introspection,nonfinite,arena16,lossscale,carried,"
-                "scaledfeedback,shardequal,shardmemory,shardtraffic,shardrefusals,uneven,shard3,shard3memory,shardfold,shardoverlap",
+                "scaledfeedback,shardequal,shardmemory,shardtraffic,shardrefusals,uneven,shard3,shard3memory,shardfold,shardoverlap,shardmasters",
                 "cuda");
 }
 

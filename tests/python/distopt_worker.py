@@ -264,6 +264,30 @@ def main():
         d.check_consistency()
         memory = d.memory_report()
         assert memory["total"] == memory["parameters"] + memory["gradients"] + memory["optimizer_state"], memory
+
+    # Master weights: the parameters hold bfloat16 values while the optimizer steps float32 masters (4 bytes a
+    # parameter, once over the ranks when sharded); sharded or not, the same parameters.
+    def bf16_rounding(a):
+        u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+    ends = {}
+    for shard in ("none", "optimizer", "gradients"):
+        d = opt.DistOpt(opt.SGD(lr=LR, momentum=0.9), shard=shard, master_weights=tensor.bfloat16)
+        net = Weights(W0)
+        net.set_optimizer(d)
+        net.compile([tensor.from_numpy(inputs(rank))])
+        for s in range(3):
+            step(d, net, rank, "__call__", s)
+        w = net.get_params()["w"].to_numpy()
+        assert np.array_equal(w, bf16_rounding(w)), (shard, w)
+        memory = d.memory_report()
+        kept = memory["master_weights"]
+        assert kept == 4 * N if shard == "none" else 0 < kept < 4 * N, (shard, memory)
+        ends[shard] = w
+    for shard in ("optimizer", "gradients"):
+        check(rank, f"master weights --shard {shard}", ends[shard], ends["none"], atol=0)
+    assert not np.array_equal(ends["none"], W0), "master weights: nothing stepped"
     print(f"rank {rank} done", flush=True)
 
 

@@ -59,8 +59,9 @@ struct MemoryReport {
   int64_t parameters = 0;
   int64_t gradients = 0;
   int64_t optimizer_state = 0;
-  /// f32 copies of 16-bit parameters. tandem's parameters are f32 under every precision (bf16 and
-  /// f16 compute from them), so there are none.
+  /// f32 master copies of 16-bit parameters (DistOptOptions::master_weights): of every parameter, or of
+  /// this rank's blocks under --shard. The parameters themselves are counted in f32: tandem keeps their
+  /// 16-bit values in f32 storage.
   int64_t master_weights = 0;
   int64_t total() const { return parameters + gradients + optimizer_state + master_weights; }
 };
@@ -89,6 +90,12 @@ struct DistOptOptions {
   /// and a group's next forward its parameters may still be arriving: read them only after
   /// wait_parameters() (DistOpt's own reads — checks, checkpoints, the next step — wait by themselves).
   bool overlap_gather = false;
+  /// Mixed-precision master weights (Optimizer::keep_master_weights): bf16 or f16 makes the parameters hold
+  /// values of that precision while the optimizer steps f32 masters, kept as its state: whole without
+  /// sharding, this rank's blocks alone under --shard (the rank rounds its updated blocks into the
+  /// parameters before the all-gather). Checkpoints keep the masters, re-cut like the rest of the state.
+  /// f32 (the default): no masters; the parameters hold f32 values. Not with partialUpdate.
+  DType master_weights = DType::f32;
 };
 
 /// A rank's own state beside the model and the optimizer, for checkpoints: the bucket layout, the

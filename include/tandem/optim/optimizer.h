@@ -164,6 +164,17 @@ class Optimizer {
   /// copies, a list of another length, or a copy of another size.
   void set_parameter_copies(std::vector<Tensor> copies);
   const std::vector<Tensor>& parameter_copies() const { return copies_; }
+  /// Mixed-precision master weights: from now on every parameter holds a bf16 or f16 value (rounded to
+  /// nearest now, kept in its own f32 storage), and the optimizer keeps an f32 master copy of it, made from
+  /// the parameter at its first step: a step updates the master with the parameter's gradient, then writes
+  /// the master's rounding into the parameter. The master is optimizer state ("master" in state lists and
+  /// checkpoints; sharded with the rest under DistOpt's --shard). f32 stops keeping masters (they are dropped;
+  /// the parameters keep their values). Throws for another dtype or a parameter that is not f32.
+  void keep_master_weights(DType dtype);
+  /// The parameters' precision under master weights (bf16 or f16); f32 when masters are not kept.
+  DType master_weights() const { return master_dtype_; }
+  /// state_lists() and, while master weights are kept, the masters ("master").
+  std::vector<StateList> all_state_lists();
   /// Steps taken so far (steps skipped by the guard included).
   int64_t steps() const { return steps_; }
   /// Sets the step count (a checkpoint's); with a schedule, the learning rate follows.
@@ -200,6 +211,11 @@ class Optimizer {
   Tensor guard_;
   Tensor grad_factor_;          // set_gradient_factor
   std::vector<Tensor> copies_;  // set_parameter_copies
+  DType master_dtype_ = DType::f32;  // keep_master_weights
+  std::vector<Tensor> masters_;      // per parameter; undefined until its first step
+  struct Binding;
+  std::vector<std::shared_ptr<Binding>> swapped_;  // the parameters' own storage while a step writes the masters
+  void restore_params(bool round);
   std::vector<GroupSettings> groups_;
   std::vector<int> group_of_;
   std::shared_ptr<const LrSchedule> schedule_;

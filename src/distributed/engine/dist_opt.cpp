@@ -83,6 +83,13 @@ DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communic
   TANDEM_CHECK(!(options.uneven_inputs && options.shard == Shard::parameters), "uneven inputs cannot be combined "
                "with --shard parameters: a rank without data would have to take part in every layer's gathers (use "
                "--shard gradients)");
+  TANDEM_CHECK(options.master_weights == DType::f32 || options.master_weights == DType::bf16 ||
+                   options.master_weights == DType::f16,
+               "master weights: bf16 or f16 parameters (f32: none), not ", dtype_name(options.master_weights));
+  TANDEM_CHECK(options.master_weights == DType::f32 || options.sync.method != kPartial,
+               "master weights cannot be combined with partialUpdate: its averages of the parameters would leave "
+               "the masters behind");
+  opt_->keep_master_weights(options.master_weights);  // rounds the parameters before they are shared or moved
   impl_ = std::make_unique<Impl>(ps, comm_, options, *opt_);
   if (options.skip_nonfinite) {
     opt_->set_step_guard(impl_->reducer_.verdict());
@@ -183,6 +190,9 @@ void DistOpt::backward_and_sync_with(const SyncOptions& sync, const Tensor& loss
   TANDEM_CHECK(m.options_.shard != Shard::parameters || m.layers_found_, "--shard parameters: call "
                "sync_parameters(model) before the first step; it finds the model's ShardedLayers, whose parameters "
                "it shards");
+  TANDEM_CHECK(sync.method != kPartial || m.options_.master_weights == DType::f32,
+               "partialUpdate averages the parameters, which would leave the master weights (master_weights ",
+               dtype_name(m.options_.master_weights), ") behind: choose another method, or no master weights");
   TANDEM_CHECK(sync.method != kPartial || opt_->parameter_copies().empty(),
                "partialUpdate averages the parameters behind the 16-bit copies that keep_parameter_copies keeps (they "
                "would go stale): choose partialUpdate before asking for copies, which it then does not keep");
@@ -376,6 +386,9 @@ int64_t DistOpt::join(double clip_norm) {
 // ---- agreement between ranks
 
 void DistOpt::average_parameters() {
+  TANDEM_CHECK(impl_->options_.master_weights == DType::f32, "average_parameters: under master weights the parameters "
+               "are the rounding of the optimizer's f32 masters, which an average of the parameters would leave behind "
+               "(every rank steps the same masters: nothing drifts to average)");
   if (comm_->size() == 1) return;
   if (impl_->sharded_)
     impl_->sharded_->average();
@@ -444,6 +457,7 @@ MemoryReport DistOpt::memory_report() const {
     }
   }
   r.optimizer_state = static_cast<int64_t>(opt_->state_copies()) * stepped * static_cast<int64_t>(sizeof(float));
+  if (m.options_.master_weights != DType::f32) r.master_weights = stepped * static_cast<int64_t>(sizeof(float));
   return r;
 }
 

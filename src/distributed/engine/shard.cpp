@@ -64,6 +64,8 @@ ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reduc
   bucket_pieces_.resize(buckets.size());
   for (size_t q = 0; q < pieces_.size(); ++q) bucket_pieces_[static_cast<size_t>(pieces_[q].bucket)].push_back(q);
   stepper_ = opt.with_params(std::move(groups));
+  // Master weights: the slices' optimizer keeps (and steps) f32 masters of this rank's slices alone.
+  stepper_->keep_master_weights(opt.master_weights());
 }
 
 // ---- sharded parameters
@@ -217,7 +219,7 @@ void ShardedStep::gather_state(optim::Optimizer& opt) {
   adopt_state(opt);  // state loaded into the wrapped optimizer and not stepped yet: the slices hold it then
   const int world = comm_->size(), rank = comm_->rank();
   const Device device = comm_->device();
-  std::vector<optim::Optimizer::StateList> mine = stepper_->state_lists(), theirs = opt.state_lists();
+  std::vector<optim::Optimizer::StateList> mine = stepper_->all_state_lists(), theirs = opt.all_state_lists();
   TANDEM_ASSERT(mine.size() == theirs.size(), "the optimizer of the slices keeps other state than the wrapped one");
   const std::vector<Tensor>& params = opt.params();
   const std::vector<Bucket>& buckets = reducer_.buckets();
@@ -268,7 +270,7 @@ void ShardedStep::gather_state(optim::Optimizer& opt) {
 }
 
 bool ShardedStep::adopt_state(optim::Optimizer& opt) {
-  std::vector<optim::Optimizer::StateList> mine = stepper_->state_lists(), theirs = opt.state_lists();
+  std::vector<optim::Optimizer::StateList> mine = stepper_->all_state_lists(), theirs = opt.all_state_lists();
   bool any = false;
   for (auto& list : theirs)
     for (const Tensor& t : *list.tensors) any = any || t.defined();

@@ -2,7 +2,8 @@
 // --shard (and one each of sparseTopK, partialUpdate and powerSGD, whose ranks keep state of their
 // own: residuals, local momentum, Q); a job of another size
 // loads each of them under every --shard, finds the whole state it saved, bit for bit, and continues
-// exactly as an unsharded run of its own size that started from the same state.
+// exactly as an unsharded run of its own size that started from the same state. The same with master
+// weights (bf16 parameters, f32 masters saved as optimizer state).
 //
 // The checkpoints live in $TANDEM_TEST_CKPT_DIR; a loading job finds the saving job's size in
 // $TANDEM_TEST_CKPT_FROM.
@@ -75,13 +76,14 @@ struct Job {
 };
 
 Job make_job(const std::shared_ptr<dist::Communicator>& comm, dist::Shard shard, const std::string& method,
-             uint64_t seed, bool sync = true) {
+             uint64_t seed, bool sync = true, DType masters = DType::f32) {
   Job j;
   j.model = small_mlp(seed, shard == dist::Shard::parameters);
   dist::DistOptOptions o = small_buckets();
   o.shard = shard;
   o.sync.method = method;
   o.sync.spars = 0.2;
+  o.master_weights = masters;
   j.opt = std::make_unique<dist::DistOpt>(adamw(*j.model), comm, o);
   if (sync) j.opt->sync_parameters(*j.model);
   return j;
@@ -110,10 +112,10 @@ std::vector<dist::RankState> saved_states(const std::string& name, int from) {
 }
 
 Job load(const std::shared_ptr<dist::Communicator>& comm, dist::Shard shard, const std::string& method,
-         const std::string& name, int from) {
+         const std::string& name, int from, DType masters = DType::f32) {
   // Other parameters than the saved ones, which the load must replace; loaded before sync_parameters,
   // which shards them under Shard::parameters.
-  Job j = make_job(comm, shard, method, 99, /*sync=*/false);
+  Job j = make_job(comm, shard, method, 99, /*sync=*/false, masters);
   load_checkpoint(ckpt_path(name), *j.model, &j.opt->optimizer());
   for (const std::string& note : j.opt->load_rank_states(saved_states(name, from)))
     std::printf("%s\n", note.c_str());
@@ -128,13 +130,13 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }
 
 // The loaded job's whole state, gathered, against the file: parameters and optimizer state, bit for bit.
-void expect_saved_state(Job& j, const std::string& name, const std::string& what) {
+void expect_saved_state(Job& j, const std::string& name, const std::string& what, int per_parameter = 3) {
   j.opt->gather_optimizer_state();
   std::map<std::string, Tensor> now;
   for (auto& [n, t] : j.model->named_parameters()) now["param/" + n] = t;
   auto names = j.model->named_parameters();
   optim::Optimizer& o = j.opt->optimizer();
-  for (auto& list : o.state_lists())
+  for (auto& list : o.all_state_lists())
     for (size_t i = 0; i < o.params().size(); ++i)
       for (auto& [n, t] : names)
         if (t.is_same(o.params()[i]) && (*list.tensors)[i].defined()) now["opt/" + list.kind + "/" + n] = (*list.tensors)[i];
@@ -147,8 +149,8 @@ void expect_saved_state(Job& j, const std::string& name, const std::string& what
     CHECK_OR_REPORT(same_bits(it->second, t), "%s: %s differs from the saved one", what.c_str(), n.c_str());
     ++compared;
   }
-  CHECK_OR_REPORT(compared == 3 * 4, "%s: %d saved tensors compared (4 parameters, 2 moments each)", what.c_str(),
-                  compared);
+  CHECK_OR_REPORT(compared == per_parameter * 4, "%s: %d saved tensors compared (4 parameters, %d tensors each)",
+                  what.c_str(), compared, per_parameter);
 }
 
 }  // namespace
@@ -159,6 +161,10 @@ void scenario_reshard_save(const std::shared_ptr<dist::Communicator>& comm) {
     Job j = make_job(comm, shard, "plain", 5);
     train(j, comm->rank(), 0, 4);
     save(j, comm, dist::shard_name(shard));
+    // With master weights (bf16 parameters): the masters are saved gathered, beside the moments.
+    Job m = make_job(comm, shard, "plain", 5, true, DType::bf16);
+    train(m, comm->rank(), 0, 4);
+    save(m, comm, std::string("masters-") + dist::shard_name(shard));
   }
   for (const char* method : {"sparseTopK", "partialUpdate", "powerSGD"}) {
     Job j = make_job(comm, dist::Shard::none, method, 5);
@@ -188,6 +194,23 @@ void scenario_reshard_load(const std::shared_ptr<dist::Communicator>& comm) {
       const Values got = host_values(j.model->parameters());
       // Two ranks add in either order alike: the continuation is exact; three sum in another order.
       expect_close_models(what + ", 5 steps on", got, expected, W <= 2 ? 0.0 : 1e-6);
+    }
+  }
+  // Master weights: every stage's checkpoint, loaded under every stage, holds the saved masters and
+  // continues as the unsharded run with masters of this size.
+  for (dist::Shard saved : kShards) {
+    const std::string name = std::string("masters-") + dist::shard_name(saved);
+    Job ref = load(comm, dist::Shard::none, "plain", name, from, DType::bf16);
+    train(ref, me, 4, 5);
+    const Values expected = host_values(ref.model->parameters());
+    for (dist::Shard shard : kShards) {
+      const std::string what = strf("master weights saved on %d ranks with --shard %s, loaded on %d with --shard %s",
+                                    from, dist::shard_name(saved), W, dist::shard_name(shard));
+      Job j = load(comm, shard, "plain", name, from, DType::bf16);
+      expect_saved_state(j, name, what, 4);
+      train(j, me, 4, 5);
+      j.opt->gather_optimizer_state();
+      expect_close_models(what + ", 5 steps on", host_values(j.model->parameters()), expected, W <= 2 ? 0.0 : 1e-2);
     }
   }
   if (from == W) return;

@@ -51,7 +51,7 @@ const char* kind_name(Kind k) {
   return "?";
 }
 
-// AdamW decays the matrices only (a group of its own), as GPT training does.
+// AdamW decays the matrices only (a group of its own, the vectors in the other), as GPT training does.
 std::shared_ptr<optim::Optimizer> make_opt(Kind k, const std::vector<Tensor>& p) {
   switch (k) {
     case Kind::sgd: {
@@ -68,8 +68,7 @@ std::shared_ptr<optim::Optimizer> make_opt(Kind k, const std::vector<Tensor>& p)
       o.weight_decay = 0.1;
       o.decoupled = true;
       std::vector<optim::ParamGroup> groups(2);
-      groups[0].params = {p[0], p[2]};
-      groups[1].params = {p[1], p[3]};
+      for (const Tensor& t : p) groups[t.dim() >= 2 ? 0 : 1].params.push_back(t);
       groups[1].weight_decay = 0.0;
       return std::make_shared<optim::Adam>(std::move(groups), o);
     }
@@ -95,6 +94,7 @@ struct Case {
   double clip = 0.0;  // clip_grad_norm's bound; 0: none
   int micro = 1;      // micro-batches per step
   int nan_step = -1;  // with skip_nonfinite: the step whose gradients the last rank makes NaN
+  DType masters = DType::f32;  // DistOptOptions::master_weights
 };
 
 std::string describe(const Case& c) {
@@ -102,6 +102,7 @@ std::string describe(const Case& c) {
   if (c.clip > 0) s += " clip " + strf("%g", c.clip);
   if (c.micro > 1) s += strf(" %d micro-batches", c.micro);
   if (c.nan_step >= 0) s += strf(" NaN at step %d", c.nan_step);
+  if (c.masters != DType::f32) s += std::string(" master weights (") + dtype_name(c.masters) + " parameters)";
   return s;
 }
 
@@ -405,8 +406,11 @@ Tensor layered_loss(nn::Module& m, int rank, int step, int micro) {
 struct LayeredRun {
   Values params;
   Values eval;            // the model's output on a fixed input after the steps, without gradients
+  Values masters;         // master weights, gathered whole (empty without them)
   dist::CommStats stats;  // of the last step
   std::vector<dist::BucketInfo> buckets;
+  dist::MemoryReport report;
+  int64_t master_numel = 0;  // elements of master weights this rank keeps
 };
 
 LayeredRun run_layered(const std::shared_ptr<dist::Communicator>& comm, dist::Shard shard, const Case& c, int steps,
@@ -416,6 +420,7 @@ LayeredRun run_layered(const std::shared_ptr<dist::Communicator>& comm, dist::Sh
   o.shard = shard;
   o.overlap_gather = overlap;
   o.sync.method = c.method;
+  o.master_weights = c.masters;
   dist::DistOpt opt(make_opt(c.kind, model->parameters()), comm, o);
   opt.sync_parameters(*model);
   LayeredRun r;
@@ -440,8 +445,14 @@ LayeredRun run_layered(const std::shared_ptr<dist::Communicator>& comm, dist::Sh
     Generator gen(5);
     r.eval = host_values({model->forward(Tensor::normal({3, 8}, 0.0, 1.0, gen, DType::f32, g_device))});
   }
+  r.report = opt.memory_report();
+  for (auto& list : opt.stepping_optimizer().all_state_lists())
+    if (list.kind == "master")
+      for (const Tensor& t : *list.tensors) r.master_numel += t.defined() ? t.numel() : 0;
   opt.gather_optimizer_state();  // the parameters too, whole, to be read here
   r.params = host_values(model->parameters());
+  for (auto& list : opt.optimizer().all_state_lists())
+    if (list.kind == "master") r.masters = host_values(*list.tensors);
   try {
     opt.check_consistency();
   } catch (const std::exception& e) {
@@ -608,6 +619,93 @@ void scenario_shard_parameters_memory(const std::shared_ptr<dist::Communicator>&
               got.group_bytes);
   CHECK_OR_REPORT(extra <= 2.1 * got.group_bytes, "a step with sharded parameters held %.0f bytes more than with "
                   "whole ones: more than two groups of %.0f whole at once", extra, got.group_bytes);
+}
+
+}  // namespace distopt_worker
+
+namespace distopt_worker {
+
+namespace {
+// Elements of the values that the dtype does not represent exactly.
+int64_t unrepresentable(const Values& v, DType dtype) {
+  int64_t n = 0;
+  for (const auto& p : v) {
+    Tensor t = Tensor::from_vector<float>(std::vector<float>(p.begin(), p.end()), {static_cast<int64_t>(p.size())});
+    std::vector<float> back = t.to(dtype).to(DType::f32).to_vector<float>();
+    for (size_t j = 0; j < p.size(); ++j) n += static_cast<double>(back[j]) != p[j];
+  }
+  return n;
+}
+}  // namespace
+
+// Master weights (16-bit parameters, f32 masters as optimizer state) under every stage: the parameters and
+// the masters (gathered) of the unsharded run with masters, bit for bit where the sums are taken in the
+// same order; the parameters hold 16-bit values, the masters more; the masters are this rank's blocks alone
+// (over the ranks, every element once: 4 bytes a parameter); and they change the result (a run without
+// them ends elsewhere).
+void scenario_shard_masters(const std::shared_ptr<dist::Communicator>& comm) {
+  const int64_t W = comm->size();
+  const std::vector<Case> cases = {
+      {Kind::adamw, "plain", 0.0, 1, -1, DType::bf16}, {Kind::sgd, "plain", 0.0, 1, -1, DType::bf16},
+      {Kind::adamw, "plain", 0.05, 1, -1, DType::bf16}, {Kind::adamw, "plain", 0.0, 2, -1, DType::bf16},
+      {Kind::sgd, "half", 0.0, 1, -1, DType::f16}};
+  for (const Case& c : cases) {
+    LayeredRun ref = run_layered(comm, dist::Shard::none, c, 20);
+    Case without = c;
+    without.masters = DType::f32;
+    LayeredRun f32 = run_layered(comm, dist::Shard::none, without, 20);
+    const std::string name = describe(c) + strf(" on %lld ranks", static_cast<long long>(W));
+    CHECK_OR_REPORT(!bit_identical(ref.params, f32.params), "%s: the same parameters as without master weights",
+                    name.c_str());
+    CHECK_OR_REPORT(unrepresentable(ref.masters, c.masters) > 0, "%s: every master is a %s value", name.c_str(),
+                    dtype_name(c.masters));
+    CHECK_OR_REPORT(unrepresentable(f32.params, c.masters) > 0, "%s: without masters the parameters are %s values",
+                    name.c_str(), dtype_name(c.masters));
+    int64_t psi = 0;
+    for (const auto& p : ref.params) psi += static_cast<int64_t>(p.size());
+    for (dist::Shard shard : {dist::Shard::none, dist::Shard::optimizer, dist::Shard::gradients, dist::Shard::parameters}) {
+      LayeredRun got = shard == dist::Shard::none ? ref : run_layered(comm, shard, c, 20);
+      const std::string what = name + " --shard " + dist::shard_name(shard);
+      CHECK_OR_REPORT(unrepresentable(got.params, c.masters) == 0, "%s: %lld parameters are not %s values", what.c_str(),
+                      static_cast<long long>(unrepresentable(got.params, c.masters)), dtype_name(c.masters));
+      CHECK_OR_REPORT(got.masters.size() == ref.params.size(), "%s: %zu master weights gathered for %zu parameters",
+                      what.c_str(), got.masters.size(), ref.params.size());
+      // The masters this rank keeps, reported and counted: over the ranks, every element once.
+      CHECK_OR_REPORT(got.report.master_weights == 4 * got.master_numel, "%s: %lld bytes of master weights reported, "
+                      "%lld kept", what.c_str(), static_cast<long long>(got.report.master_weights),
+                      static_cast<long long>(4 * got.master_numel));
+      Tensor total = Tensor::from_vector<int64_t>({got.master_numel}, {1}).to(g_device);
+      comm->all_reduce(total, dist::ReduceOp::Sum)->wait();
+      const int64_t over_ranks = total.cpu().to_vector<int64_t>()[0];
+      CHECK_OR_REPORT(over_ranks == (shard == dist::Shard::none ? W * psi : psi),
+                      "%s: %lld master elements over the ranks for %lld parameters", what.c_str(),
+                      static_cast<long long>(over_ranks), static_cast<long long>(psi));
+      if (shard == dist::Shard::none) continue;
+      const bool same_order = W == 2 && c.clip == 0 && c.micro == 1;
+      if (same_order) {
+        CHECK_OR_REPORT(bit_identical(got.params, ref.params), "%s: parameters not bit-identical to --shard none",
+                        what.c_str());
+        CHECK_OR_REPORT(bit_identical(got.masters, ref.masters), "%s: masters not bit-identical to --shard none",
+                        what.c_str());
+      }
+      // Masters within f32 rounding of the sums' order (16-bit sums of three ranks: f16's); the parameters
+      // are their rounding, within one unit of the 16-bit type.
+      expect_close_models(what + ": masters vs --shard none", got.masters, ref.masters,
+                          c.method == "half" && W > 2 ? 1e-3 : 1e-6);
+      expect_close_models(what + ": parameters vs --shard none", got.params, ref.params, 1e-2);
+    }
+  }
+  // Not with partialUpdate.
+  auto model = layered(17, false);
+  dist::DistOptOptions o = small_buckets();
+  o.master_weights = DType::bf16;
+  o.sync.method = "partialUpdate";
+  expect_error("master weights with partialUpdate", comm->rank(),
+               [&] { dist::DistOpt opt(make_opt(Kind::sgd, model->parameters()), comm, o); }, {"partialUpdate", "master"});
+  o.sync.method = "plain";
+  o.master_weights = DType::i64;
+  expect_error("master weights of i64", comm->rank(),
+               [&] { dist::DistOpt opt(make_opt(Kind::sgd, model->parameters()), comm, o); }, {"bf16", "f16"});
 }
 
 }  // namespace distopt_worker
