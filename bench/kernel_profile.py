@@ -9,6 +9,7 @@ share of the step's summed kernel time (launch gaps are not counted: compare wit
 the benchmarks). Precision maps to the peer's closest setting: f32 -> --no-tf32, tf32 -> --channels-last,
 bf16 -> --bf16."""
 import argparse
+import shlex
 import collections
 import csv
 import io
@@ -124,6 +125,8 @@ def main():
     p.add_argument("--tandem", default="build-gpu/bin/tandem")
     p.add_argument("--peer", default="", help="path of pytorch_ddp.py (without it, tandem alone)")
     p.add_argument("--out", default="/tmp", help="where the ncu logs go")
+    p.add_argument("--tandem-args", default="", help="more flags for tandem's bench train (e.g. '--shard optimizer')")
+    p.add_argument("--label", default="", help="added to the log's name (to profile one model under two settings)")
     a = p.parse_args()
     geometry = ["--image", "224", "--channels", "3", "--classes", "1000"] if a.model == "resnet50" else []
     if a.geometry:
@@ -137,9 +140,10 @@ def main():
         print(table(f"PyTorch {a.model} batch {a.batch} {' '.join(PEER_FLAGS[a.precision])}", peer, a.steps, a.top))
         return
     tandem = ncu([a.tandem, "bench", "train", "--model", a.model, "-b", str(a.batch), "--device", "cuda",
-                  "--precision", a.precision, "--steps", str(a.steps), "--warmup", "5", "--profile"] + geometry,
-                 os.path.join(a.out, f"ncu_tandem_{a.model}_{a.precision}.csv"))
-    print(table(f"tandem {a.model} batch {a.batch} {a.precision}", tandem, a.steps, a.top))
+                  "--precision", a.precision, "--steps", str(a.steps), "--warmup", "5", "--profile"] + geometry +
+                 shlex.split(a.tandem_args),
+                 os.path.join(a.out, f"ncu_tandem_{a.model}_{a.precision}{a.label}.csv"))
+    print(table(f"tandem {a.model} batch {a.batch} {a.precision} {a.tandem_args}".rstrip(), tandem, a.steps, a.top))
     if not a.peer:
         return
     peer = ncu([sys.executable, os.path.join(here, "peer_profile.py"), "--peer", a.peer, "--model", a.model,
