@@ -354,18 +354,27 @@ void ShardedStep::gather() {
   }
   const std::vector<Bucket>& buckets = reducer_.buckets();
   in_flight_.reset(buckets.size());
+  // Under master weights the parameters hold 16-bit values: the blocks travel in 16 bits (half the bytes),
+  // through the 16-bit copies where they are of that type, else through a staging of the bucket's.
+  const DType sent = stepper_->master_weights();
+  staging_.assign(sent == DType::f32 ? 0 : buckets.size(), Tensor());
   auto launch_bucket = [&](size_t k) {
     const Bucket& b = buckets[k];
     const int64_t block = b.span / world;
     Tensor whole = arena_.narrow(0, b.offset, b.span);
+    if (sent != DType::f32) {
+      whole = copy_arena_.defined() && copy_arena_.dtype() == sent ? copy_arena_.narrow(0, b.offset, b.span)
+                                                                    : Tensor::empty({b.span}, sent, arena_.device());
+      staging_[k] = whole;
+      whole.narrow(0, rank * block, block).copy_(arena_.narrow(0, b.offset + rank * block, block));  // exact
+    }
     Tensor mine = whole.narrow(0, rank * block, block);
     in_flight_[k] = comm_->all_gather(mine, whole);
     count_all_gather(stats_, static_cast<int64_t>(whole.nbytes()), world);
   };
   if (gather_order_.empty()) {
     for (size_t k = 0; k < buckets.size(); ++k) launch_bucket(k);
-    for (size_t k = 0; k < buckets.size(); ++k) timed_wait(in_flight_[k], stats_);
-    refresh_copies();
+    for (size_t k = 0; k < buckets.size(); ++k) wait_bucket(k);
     return;
   }
   for (size_t k : gather_order_) launch_bucket(k);
@@ -401,14 +410,22 @@ void ShardedStep::overlap_groups(const std::vector<int>& group_of) {
   for (const auto& [g, k] : first_use) gather_order_.push_back(k);
 }
 
-// Waits for bucket k's all-gather, if one is in flight, and writes that bucket's 16-bit copies.
+// Waits for bucket k's all-gather, if one is in flight, and writes that bucket's 16-bit copies (or, when it
+// travelled in 16 bits, its parameters from what arrived: exactly, the values being 16-bit ones).
 void ShardedStep::wait_bucket(size_t k) {
   if (k >= in_flight_.size() || !in_flight_[k]) return;
   timed_wait(in_flight_[k], stats_);
-  if (!copy_arena_.defined()) return;
   const Bucket& b = reducer_.buckets()[k];
-  Tensor part = copy_arena_.narrow(0, b.offset, b.span);
-  part.copy_(arena_.narrow(0, b.offset, b.span));
+  Tensor params = arena_.narrow(0, b.offset, b.span);
+  if (k < staging_.size() && staging_[k].defined()) {
+    params.copy_(staging_[k]);
+    const bool copies_arrived =
+        copy_arena_.defined() && staging_[k].data_ptr() == copy_arena_.narrow(0, b.offset, 1).data_ptr();
+    staging_[k] = Tensor();
+    if (copies_arrived || !copy_arena_.defined()) return;
+  }
+  if (!copy_arena_.defined()) return;
+  copy_arena_.narrow(0, b.offset, b.span).copy_(params);
 }
 
 void ShardedStep::wait_all() {

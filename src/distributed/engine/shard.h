@@ -111,6 +111,9 @@ class ShardedStep final : public LayerGatherer {
   // Stages 1 and 2 with overlapped gathers: the buckets with a parameter in no group; the order the step's
   // gathers go out in; each bucket's gather in flight (group_buckets_ lists each group's buckets).
   std::vector<size_t> waited_at_once_, gather_order_;
+  // Master weights: per bucket, the 16-bit buffer its all-gather fills (declared before in_flight_, so that
+  // the gathers are waited for before these go).
+  std::vector<Tensor> staging_;
   BucketWork in_flight_;  // waited for (quietly) when the step goes away
   bool stage3_ = false;
   bool params_sharded_ = false;
