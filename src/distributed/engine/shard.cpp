@@ -101,14 +101,30 @@ void ShardedStep::launch(size_t k) {
   } else {
     whole_[k] = Tensor::empty({b.span}, DType::f32, comm_->device());
   }
-  gathering_[k] = comm_->all_gather(blocks_.narrow(0, block_at_[k], block), whole_[k]);
-  count_all_gather(stats_, static_cast<int64_t>(whole_[k].nbytes()), comm_->size());
+  // Under master weights the blocks hold 16-bit values: they travel in 16 bits (exactly), and bind() writes
+  // them into the whole buffer.
+  const DType sent = stepper_->master_weights();
+  Tensor from = blocks_.narrow(0, block_at_[k], block), into = whole_[k];
+  if (sent != DType::f32) {
+    if (whole16_.size() != whole_.size()) whole16_.resize(whole_.size());
+    whole16_[k] = Tensor::empty({b.span}, sent, comm_->device());
+    into = whole16_[k];
+    Tensor mine = into.narrow(0, comm_->rank() * block, block);
+    mine.copy_(from);
+    from = mine;
+  }
+  gathering_[k] = comm_->all_gather(from, into);
+  count_all_gather(stats_, static_cast<int64_t>(into.nbytes()), comm_->size());
 }
 
 // Waits for bucket k's all-gather and points its parameters at the whole buffer.
 void ShardedStep::bind(size_t k) {
   if (!gathering_[k]) return;  // bound already
   timed_wait(gathering_[k], stats_);
+  if (k < whole16_.size() && whole16_[k].defined()) {  // arrived in 16 bits
+    whole_[k].copy_(whole16_[k]);
+    whole16_[k] = Tensor();
+  }
   const Bucket& b = reducer_.buckets()[k];
   for (size_t j = 0; j < b.params.size(); ++j) {
     const Tensor& p = params_[static_cast<size_t>(b.params[j])];
@@ -121,6 +137,7 @@ void ShardedStep::bind(size_t k) {
 // empty, and filled again in place by the gather that precedes the layer's backward.
 void ShardedStep::unbind(size_t k) {
   if (gathering_.size() > k && gathering_[k]) timed_wait(gathering_[k], stats_);  // no buffer freed in flight
+  if (k < whole16_.size()) whole16_[k] = Tensor();
   for (int i : reducer_.buckets()[k].params) {
     const Tensor& p = params_[static_cast<size_t>(i)];
     rebind_storage(p, as_strided(absent_, p.shape(), Shape(p.shape().size(), 0), 0));

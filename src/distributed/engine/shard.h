@@ -120,6 +120,7 @@ class ShardedStep final : public LayerGatherer {
   Tensor blocks_;                                 // stage 3: this rank's block of every bucket
   std::vector<int64_t> block_at_;                 // per bucket: where its block starts in blocks_
   std::vector<Tensor> whole_;                     // stage 3: per bucket, its parameters while gathered
+  std::vector<Tensor> whole16_;                   // master weights: per bucket, its 16-bit gather in flight
   std::vector<WorkPtr> gathering_;                // per bucket: its all-gather in flight
   std::vector<std::vector<size_t>> group_buckets_;  // per layer group, the buckets holding its parameters
   Tensor absent_;                                 // what a released parameter views

@@ -642,8 +642,8 @@ int64_t unrepresentable(const Values& v, DType dtype) {
 // Master weights (16-bit parameters, f32 masters as optimizer state) under every stage: the parameters and
 // the masters (gathered) of the unsharded run with masters, bit for bit where the sums are taken in the
 // same order; the parameters hold 16-bit values, the masters more; the masters are this rank's blocks alone
-// (over the ranks, every element once: 4 bytes a parameter); stages 1 and 2 all-gather in 16 bits; and the
-// masters change the result (a run without them ends elsewhere).
+// (over the ranks, every element once: 4 bytes a parameter); the parameters are all-gathered in 16 bits; and
+// the masters change the result (a run without them ends elsewhere).
 void scenario_shard_masters(const std::shared_ptr<dist::Communicator>& comm) {
   const int64_t W = comm->size();
   const std::vector<Case> cases = {
@@ -682,13 +682,15 @@ void scenario_shard_masters(const std::shared_ptr<dist::Communicator>& comm) {
                       "%s: %lld master elements over the ranks for %lld parameters", what.c_str(),
                       static_cast<long long>(over_ranks), static_cast<long long>(psi));
       if (shard == dist::Shard::none) continue;
-      // Stages 1 and 2 gather the parameters' 16-bit values in 16 bits: a reduce-scatter of f32 gradients and
-      // an all-gather of 2-byte values a bucket, (N-1)/N of each (every bucket padded to whole blocks).
-      if (shard != dist::Shard::parameters && c.method == "plain" && c.clip == 0 && c.micro == 1) {
+      // The parameters' 16-bit values are gathered in 16 bits: a bucket's f32 gradients reduce-scattered and its
+      // 2-byte values all-gathered once (stages 1 and 2) or twice (stage 3: forward and backward), (N-1)/N of
+      // each, every bucket padded to whole blocks. Stage 3 then sends what plain sends.
+      if (c.method == "plain" && c.clip == 0 && c.micro == 1) {
+        const int64_t gathers = shard == dist::Shard::parameters ? 2 : 1;
         int64_t expected = 0;
         for (const dist::BucketInfo& b : got.buckets) {
           const int64_t span = (b.numel + W - 1) / W * W;
-          expected += 4 * span * (W - 1) / W + 2 * span * (W - 1) / W;
+          expected += 4 * span * (W - 1) / W + gathers * (2 * span * (W - 1) / W);
         }
         CHECK_OR_REPORT(got.stats.bytes_sent == expected, "%s: %lld bytes sent per step, expected %lld (16-bit "
                         "gathers)", what.c_str(), static_cast<long long>(got.stats.bytes_sent),
