@@ -132,6 +132,43 @@ TEST(ResumeCli, AShardedCheckpointOfThreeRanksResumesOnTwoAsATwoRankRunWould) {
   fs::remove_all(dir);
 }
 
+// Master weights (--master-weights bf16) on 2 ranks under --shard optimizer: one epoch then a resumed second
+// end in the bits of two epochs in one go; the checkpoint holds the f32 masters beside the moments, and the
+// parameters hold bf16 values while the masters do not.
+TEST(ResumeCli, MasterWeightsResumeWhereTheUninterruptedRunEnds) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
+  fs::path dir = temp_dir("masters");
+  const std::string straight = (dir / "straight.ck").string(), resumed = (dir / "resumed.ck").string();
+  const std::string opts = " --optimizer adamw --lr 1e-3 --shard optimizer --master-weights bf16 --bucket-mb 0.05 "
+                           "--first-bucket-mb 0.01";
+  auto two = run_tandem(launch2(opts + " --epochs 2 --checkpoint " + straight));
+  ASSERT_EQ(two.status, 0) << two.output;
+  // The start-up line counts each rank's masters (half of them on each of the 2 ranks).
+  EXPECT_TRUE(contains(two.output, "master weights ")) << two.output;
+  EXPECT_FALSE(contains(two.output, "master weights 0.0 kB")) << two.output;
+  auto one = run_tandem(launch2(opts + " --epochs 1 --checkpoint " + resumed));
+  ASSERT_EQ(one.status, 0) << one.output;
+  auto again = run_tandem(launch2(opts + " --epochs 2 --resume --checkpoint " + resumed));
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_FALSE(contains(again.output, "start afresh")) << again.output;
+  expect_same_tensors(straight, resumed, "two epochs against one and a resumed second");
+  int masters = 0, params = 0, unrounded_masters = 0, unrounded_params = 0;
+  for (auto& [name, t] : tensors_of(straight)) {
+    const bool master = name.rfind("opt/master/", 0) == 0, param = name.rfind("param/", 0) == 0;
+    if (!master && !param) continue;
+    tandem::Tensor back = t.to(tandem::DType::bf16).to(tandem::DType::f32);
+    const int differ = std::memcmp(back.data_ptr(), t.data_ptr(), t.nbytes()) != 0;
+    (master ? masters : params)++;
+    (master ? unrounded_masters : unrounded_params) += differ;
+  }
+  EXPECT_GT(params, 0);
+  EXPECT_EQ(masters, params) << "one master per parameter in the checkpoint";
+  EXPECT_EQ(unrounded_params, 0) << "parameters that are not bf16 values";
+  EXPECT_GT(unrounded_masters, 0) << "the masters hold no more than bf16 values";
+  fs::remove_all(dir);
+}
+
 // Ranks that see different checkpoints (a disk that is not shared) all stop before training, naming what
 // each found and where it looked.
 TEST(ResumeCli, RanksThatFindDifferentCheckpointsStopNamingThePaths) {
