@@ -204,6 +204,54 @@ TEST(CudaLmTrain, RecordedShardedStepsEndWhereEagerStepsEnd) {
   fs::remove_all(dir);
 }
 
+// Master weights on the GPU (--master-weights bf16, unsharded and --shard optimizer): the steps are recorded and
+// end where the same run taken eagerly ends (the f32 masters within 1e-5), the parameters hold bf16 values and
+// the checkpoint one master per parameter.
+TEST(CudaLmTrain, MasterWeightsStepsAreRecordedAndKeepBf16Parameters) {
+  REQUIRE_GPU();
+  const fs::path dir = temp_dir("masters"), corpus = make_corpus(dir);
+  for (const std::string shard : {"none", "optimizer"}) {
+    const std::string run = "train --model gpt --gpt-config char --layers 2 --heads 2 --width 64 --context 64 "
+                            "--dropout 0 --data " + corpus.string() + " --steps 12 --batch-size 4 --device cuda "
+                            "--clip-norm 0.5 --lr 3e-3 --warmup 3 --deterministic --eval-every 0 --eval-steps 2 "
+                            "--master-weights bf16 --shard " + shard + " --checkpoint ";
+    auto recorded = run_tandem(run + (dir / ("recorded_" + shard + ".ck")).string());
+    ASSERT_EQ(recorded.status, 0) << recorded.output;
+    EXPECT_FALSE(contains(recorded.output, "steps run eagerly")) << recorded.output;
+    auto eager = run_tandem(run + (dir / ("eager_" + shard + ".ck")).string() + " --cuda-graph off");
+    ASSERT_EQ(eager.status, 0) << eager.output;
+    const auto la = step_losses(recorded.output), lb = step_losses(eager.output);
+    ASSERT_EQ(la.size(), 12u);
+    ASSERT_EQ(lb.size(), 12u);
+    double loss_diff = 0, master_diff = 0;
+    for (auto& [k, v] : la) loss_diff = std::max(loss_diff, std::fabs(v - lb.at(k)));
+    EXPECT_LT(loss_diff, 1e-4) << "--shard " << shard;
+    auto a = tandem::read_checkpoint_tensors((dir / ("recorded_" + shard + ".ck")).string());
+    auto b = tandem::read_checkpoint_tensors((dir / ("eager_" + shard + ".ck")).string());
+    ASSERT_EQ(a.size(), b.size());
+    int params = 0, masters = 0, unrounded = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].first, b[i].first);
+      if (a[i].first.rfind("param/", 0) == 0) {
+        ++params;
+        const std::vector<float> x = a[i].second.to_vector<float>();
+        const std::vector<float> r = a[i].second.to(tandem::DType::bf16).to(tandem::DType::f32).to_vector<float>();
+        for (size_t j = 0; j < x.size(); ++j) unrounded += x[j] != r[j];
+      } else if (a[i].first.rfind("opt/master/", 0) == 0) {
+        ++masters;
+        const std::vector<float> x = a[i].second.to_vector<float>(), y = b[i].second.to_vector<float>();
+        ASSERT_EQ(x.size(), y.size());
+        for (size_t j = 0; j < x.size(); ++j) master_diff = std::max(master_diff, std::fabs(double(x[j]) - y[j]));
+      }
+    }
+    EXPECT_GT(params, 10);
+    EXPECT_EQ(masters, params) << "--shard " << shard;
+    EXPECT_EQ(unrounded, 0) << "parameter values that are not bf16 ones, --shard " << shard;
+    EXPECT_LT(master_diff, 1e-5) << "--shard " << shard;
+  }
+  fs::remove_all(dir);
+}
+
 // The product name the peak table reads (tests/cli checks the table itself).
 TEST(CudaLmTrain, DeviceNameIsTheDriversProductName) {
   REQUIRE_GPU();
