@@ -124,6 +124,14 @@ std::vector<Optimizer::StateList> Optimizer::all_state_lists() {
   return out;
 }
 
+std::string Optimizer::master_weights_blocker() const {
+  if (master_dtype_ == DType::f32) return "";
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].grad().defined() && (i >= masters_.size() || !masters_[i].defined()))
+      return "master weights are made from the parameters at their first step";
+  return "";
+}
+
 // Under master weights, the parameters that step view their masters while the step runs (made from the
 // parameter at its first step); end_step points them back and writes the masters' rounding into them.
 void Optimizer::begin_step() {

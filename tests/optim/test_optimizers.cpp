@@ -291,6 +291,51 @@ TEST(Optimizers, ResumeEqualsUninterrupted) {
                                              optim::AdamOptions{.lr = 0.01, .decoupled = true});
       },
       "adamw, decay groups");
+  check_resume(
+      [&](Net& n) {
+        auto o = std::make_unique<optim::Adam>(optim::decay_groups(n, 0.1),
+                                               optim::AdamOptions{.lr = 0.01, .decoupled = true});
+        o->keep_master_weights(DType::bf16);
+        return o;
+      },
+      "adamw, master weights");
+}
+
+// Master weights: the parameter holds the bf16 rounding of an f32 master that takes every update. Steps of
+// 2^-12 to a weight of 1 (below bf16's half unit there, 2^-8) add up in the master and move the parameter
+// once they pass it; the master is optimizer state ("master"), made at the parameter's first step, which a
+// recording would make again at every replay (master_weights_blocker).
+TEST(Optimizers, MasterWeightsAddUpUpdatesTheParametersCannotHold) {
+  Tensor p = Tensor::from_vector<float>({1.0f + 0.0009765625f, 3.0f}, {2});  // 1 + 2^-10 is no bf16 value
+  p.requires_grad_();
+  optim::SGD sgd({p}, optim::SgdOptions{.lr = 1.0});
+  sgd.keep_master_weights(DType::bf16);
+  EXPECT_EQ(p.to_vector<float>(), (std::vector<float>{1.0f, 3.0f})) << "the parameter is rounded at once";
+  EXPECT_EQ(sgd.all_state_lists().back().kind, "master");
+  p.set_grad(Tensor::from_vector<float>({-0.000244140625f, 0.0f}, {2}));  // -2^-12: p += 2^-12 a step
+  EXPECT_NE(sgd.master_weights_blocker(), "") << "the first step makes the master";
+  for (int s = 1; s <= 24; ++s) {
+    sgd.step();
+    EXPECT_EQ(sgd.master_weights_blocker(), "");
+    const float master = (*sgd.all_state_lists().back().tensors)[0].to_vector<float>()[0];
+    EXPECT_EQ(master, 1.0f + static_cast<float>(s) * 0.000244140625f) << "step " << s;
+    // bf16 holds 1 and 1 + 2^-7 here: the master's rounding (a tie, at 1 + 2^-8, goes to the even 1).
+    EXPECT_EQ(p.to_vector<float>()[0], s * 0.000244140625 > 0.00390625 ? 1.0078125f : 1.0f) << "step " << s;
+  }
+  // Without masters the same updates, each rounded away, leave the parameter where it started.
+  Tensor q = Tensor::from_vector<float>({1.0f}, {1});
+  q.requires_grad_();
+  optim::SGD plain({q}, optim::SgdOptions{.lr = 1.0});
+  for (int s = 0; s < 24; ++s) {
+    q.set_grad(Tensor::from_vector<float>({-0.000244140625f}, {1}));
+    plain.step();
+    q.detach().copy_(q.detach().to(DType::bf16));
+  }
+  EXPECT_EQ(q.to_vector<float>()[0], 1.0f);
+  // f32 stops keeping masters; other types are refused.
+  sgd.keep_master_weights(DType::f32);
+  EXPECT_EQ(sgd.all_state_lists().size(), sgd.state_lists().size());
+  EXPECT_THROW(sgd.keep_master_weights(DType::i64), std::exception);
 }
 
 TEST(Optimizers, DistOptStepsLikeItsOptimizer) {

@@ -175,6 +175,9 @@ class Optimizer {
   DType master_weights() const { return master_dtype_; }
   /// state_lists() and, while master weights are kept, the masters ("master").
   std::vector<StateList> all_state_lists();
+  /// Why the next step could not be recorded for its master weights (a parameter with a gradient whose master
+  /// the step would make: a recorded copy would make it again at every replay); empty when it can.
+  std::string master_weights_blocker() const;
   /// Steps taken so far (steps skipped by the guard included).
   int64_t steps() const { return steps_; }
   /// Sets the step count (a checkpoint's); with a schedule, the learning rate follows.

@@ -476,7 +476,9 @@ std::string DistOpt::replay_blocker() const {
     return "steps with overlapped gathers are not recorded (each layer group waits for the last step's gather)";
   if (!step_capturable()) return m.active_.method + " sends a number of values known only on the host";
   // Under --shard the slices' optimizer steps: its state and counts decide (the wrapped one holds none).
-  return m.sharded_ ? m.sharded_->stepper().replay_blocker() : opt_->replay_blocker();
+  const optim::Optimizer& stepping = m.sharded_ ? m.sharded_->stepper() : *opt_;
+  if (std::string why = stepping.master_weights_blocker(); !why.empty()) return why;
+  return stepping.replay_blocker();
 }
 
 void DistOpt::after_recording() {
