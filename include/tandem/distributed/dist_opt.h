@@ -94,7 +94,8 @@ struct DistOptOptions {
   /// values of that precision while the optimizer steps f32 masters, kept as its state: whole without
   /// sharding, this rank's blocks alone under --shard (the rank rounds its updated blocks into the
   /// parameters before the all-gather). Checkpoints keep the masters, re-cut like the rest of the state.
-  /// f32 (the default): no masters; the parameters hold f32 values. Not with partialUpdate.
+  /// f32 (the default): those of the wrapped optimizer (none unless it keeps them already). Not with
+  /// partialUpdate.
   DType master_weights = DType::f32;
 };
 

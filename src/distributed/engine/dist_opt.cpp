@@ -86,10 +86,13 @@ DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communic
   TANDEM_CHECK(options.master_weights == DType::f32 || options.master_weights == DType::bf16 ||
                    options.master_weights == DType::f16,
                "master weights: bf16 or f16 parameters (f32: none), not ", dtype_name(options.master_weights));
+  // An optimizer that keeps master weights already (Optimizer::keep_master_weights) keeps them under DistOpt.
+  if (options.master_weights == DType::f32) options.master_weights = opt_->master_weights();
   TANDEM_CHECK(options.master_weights == DType::f32 || options.sync.method != kPartial,
                "master weights cannot be combined with partialUpdate: its averages of the parameters would leave "
                "the masters behind");
-  opt_->keep_master_weights(options.master_weights);  // rounds the parameters before they are shared or moved
+  // Rounds the parameters before they are shared or moved (and keeps masters made by earlier steps).
+  if (opt_->master_weights() != options.master_weights) opt_->keep_master_weights(options.master_weights);
   impl_ = std::make_unique<Impl>(ps, comm_, options, *opt_);
   if (options.skip_nonfinite) {
     opt_->set_step_guard(impl_->reducer_.verdict());

@@ -710,6 +710,18 @@ void scenario_shard_masters(const std::shared_ptr<dist::Communicator>& comm) {
       expect_close_models(what + ": parameters vs --shard none", got.params, ref.params, 1e-2);
     }
   }
+  // An optimizer that keeps master weights already keeps them under DistOpt's default options.
+  {
+    auto m = layered(17, false);
+    auto own = make_opt(Kind::adamw, m->parameters());
+    own->keep_master_weights(DType::bf16);
+    dist::DistOptOptions d = small_buckets();
+    d.shard = dist::Shard::optimizer;
+    dist::DistOpt opt(own, comm, d);
+    CHECK_OR_REPORT(opt.options().master_weights == DType::bf16 && opt.memory_report().master_weights > 0,
+                    "an optimizer's own master weights are dropped by DistOpt (%s, %lld bytes)",
+                    dtype_name(opt.options().master_weights), static_cast<long long>(opt.memory_report().master_weights));
+  }
   // Not with partialUpdate.
   auto model = layered(17, false);
   dist::DistOptOptions o = small_buckets();
