@@ -391,7 +391,12 @@ void ShardedStep::gather() {
   };
   if (gather_order_.empty()) {
     for (size_t k = 0; k < buckets.size(); ++k) launch_bucket(k);
-    for (size_t k = 0; k < buckets.size(); ++k) wait_bucket(k);
+    if (!staging_.empty()) {  // 16-bit gathers: each bucket written into the parameters as it arrives
+      for (size_t k = 0; k < buckets.size(); ++k) wait_bucket(k);
+      return;
+    }
+    for (size_t k = 0; k < buckets.size(); ++k) timed_wait(in_flight_[k], stats_);
+    refresh_copies();  // one conversion of the whole buffer
     return;
   }
   for (size_t k : gather_order_) launch_bucket(k);
@@ -439,7 +444,7 @@ void ShardedStep::wait_bucket(size_t k) {
     const bool copies_arrived =
         copy_arena_.defined() && staging_[k].data_ptr() == copy_arena_.narrow(0, b.offset, 1).data_ptr();
     staging_[k] = Tensor();
-    if (copies_arrived || !copy_arena_.defined()) return;
+    if (copies_arrived) return;
   }
   if (!copy_arena_.defined()) return;
   copy_arena_.narrow(0, b.offset, b.span).copy_(params);
