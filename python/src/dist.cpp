@@ -132,6 +132,7 @@ void bind_dist(nb::module_& m) {
   nb::class_<dist::BucketInfo>(m, "BucketInfo")
       .def_ro("offset", &dist::BucketInfo::offset)
       .def_ro("numel", &dist::BucketInfo::numel)
+      .def_ro("span", &dist::BucketInfo::span)
       .def_ro("params", &dist::BucketInfo::params)
       .def_ro("offsets", &dist::BucketInfo::offsets);
   m.def("sync_method_names", &dist::sync_method_names, "plain, half, partialUpdate, sparseTopK, sparseThreshold, powerSGD");

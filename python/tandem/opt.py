@@ -764,7 +764,8 @@ class DistOpt(Optimizer):
         self._require_impl().reset_stats()
 
     def bucket_layout(self):
-        """The gradient buckets in launch order: offset, numel, parameter indices and their offsets."""
+        """The gradient buckets in launch order: offset, numel, span (with the padding to whole blocks per
+        rank when sharded), parameter indices and their offsets."""
         return self._require_impl().bucket_layout()
 
     def residual_norms(self):

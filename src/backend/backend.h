@@ -57,7 +57,7 @@ struct BnArgs {
 /// One tensor's share of a multi-tensor optimizer step.
 struct ParamSlot {
   Tensor param, grad, buf0, buf1;  // buf0: momentum / Adam m; buf1: Adam v
-  /// Adam only, when defined: a bf16 or f16 copy of the parameter (same size, contiguous), written with
+  /// SGD and Adam, when defined: a bf16 or f16 copy of the parameter (same size, contiguous), written with
   /// the updated parameter, rounded to nearest as Tensor::to rounds (Optimizer::set_parameter_copies).
   Tensor copy;
 };

@@ -128,9 +128,9 @@ void Session::build_model(nn::ModelConfig mc) {
   opt_ = std::make_unique<dist::DistOpt>(make_optimizer(cfg_, *model_), comm_, o);
   if (o.skip_nonfinite) scaler_ = std::make_unique<dist::LossScaler>(*opt_);
   // 16-bit products on a GPU read 16-bit copies of the weights that are written as the weights change (by
-  // AdamW as it steps, or once per sharded step after the gather), instead of converting every weight at
-  // every step; DistOpt says where it cannot keep them (partialUpdate, sharded parameters, an unsharded
-  // optimizer that writes none). TANDEM_PARAM_COPIES=0 converts at every step instead (the same values).
+  // SGD and AdamW as they step, or once per sharded step after the gather on more than one rank), instead of
+  // converting every weight at every step; DistOpt says where it cannot keep them (partialUpdate, sharded
+  // parameters, an unsharded optimizer that writes none). TANDEM_PARAM_COPIES=0 converts at every step instead (the same values).
   const char* env = std::getenv("TANDEM_PARAM_COPIES");
   copies_wanted_ = device_.is_cuda() && activation_dtype(precision_) != DType::f32 &&
                    !(env && std::strcmp(env, "0") == 0);

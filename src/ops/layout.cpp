@@ -35,18 +35,20 @@ Tensor empty_dense_like(const Tensor& t, DType dtype) {
 
 Tensor to_dense(const Tensor& t, DType dtype, bool channels_last) {
   if (t.dtype() == dtype && (channels_last ? is_channels_last(t) : t.is_contiguous())) return t;
-  // A parameter whose 16-bit copy the optimizer keeps (ParamCopiesScope): read, not converted.
-  if (!channels_last || t.dim() != 4)
-    if (Tensor c = active_param_copy(t, dtype); c.defined()) return c;
+  // A parameter whose 16-bit copy the optimizer keeps (ParamCopiesScope): read, not converted (a filter wanted
+  // channels-last is rearranged from the copy: half the bytes the parameter's conversion reads).
+  const Tensor copy = active_param_copy(t, dtype);
+  if (copy.defined() && (!channels_last || t.dim() != 4)) return copy;
   if (!channels_last) return t.dtype() == dtype ? t.contiguous() : t.to(dtype);  // one copy either way
-  Tensor out = empty_channels_last(t.shape(), dtype, t.device());
+  const Tensor& from = copy.defined() ? copy : t;
+  Tensor out = empty_channels_last(from.shape(), dtype, from.device());
   if (out.numel() == 0) return out;
   // Copy through [n, h, w, c] views of both: the destination's is contiguous, the source's is strided.
-  const Shape& sh = t.shape();
-  const Shape& st = t.strides();
-  Tensor src = as_strided(t, {sh[0], sh[2], sh[3], sh[1]}, {st[0], st[2], st[3], st[1]}, t.storage_offset());
+  const Shape& sh = from.shape();
+  const Shape& st = from.strides();
+  Tensor src = as_strided(from, {sh[0], sh[2], sh[3], sh[1]}, {st[0], st[2], st[3], st[1]}, from.storage_offset());
   Tensor dst = as_strided(out, {sh[0], sh[2], sh[3], sh[1]}, contiguous_strides({sh[0], sh[2], sh[3], sh[1]}), 0);
-  backend::backend_for(t.device()).copy_strided(src, dst);
+  backend::backend_for(from.device()).copy_strided(src, dst);
   return out;
 }
 

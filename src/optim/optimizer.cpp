@@ -311,7 +311,7 @@ void SGD::step() {
     if (!g.defined()) continue;
     check_grad(params_[i], g);
     const size_t grp = static_cast<size_t>(group_of_[i]);
-    ParamSlot s{params_[i], g, Tensor(), Tensor(), Tensor()};
+    ParamSlot s{params_[i], g, Tensor(), Tensor(), copies_.empty() ? Tensor() : copies_[i]};
     if (opt_.momentum != 0.0) {
       bool first = !momentum_[i].defined();
       if (first) {

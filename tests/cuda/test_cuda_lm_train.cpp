@@ -143,7 +143,9 @@ TEST(CudaLmTrain, ParameterCopiesGiveTheBitsOfConvertingAtEveryStep) {
                             "--shard " + shard + " --checkpoint ";
     auto with = run_tandem(run + (dir / ("copies_" + shard + ".ck")).string());
     ASSERT_EQ(with.status, 0) << with.output;
-    if (shard == "none") EXPECT_FALSE(contains(with.output, "steps run eagerly")) << with.output;
+    if (shard == "none") {
+      EXPECT_FALSE(contains(with.output, "steps run eagerly")) << with.output;
+    }
     setenv("TANDEM_PARAM_COPIES", "0", 1);
     auto without = run_tandem(run + (dir / ("converted_" + shard + ".ck")).string());
     unsetenv("TANDEM_PARAM_COPIES");

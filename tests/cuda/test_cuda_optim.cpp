@@ -75,6 +75,70 @@ TEST(CudaOptim, SgdMatchesTheCpu) {
   }
 }
 
+// SGD's 16-bit copies are the updated parameters' rounding (Tensor::to), in bf16 and f16, and writing them leaves
+// the update's bits as they are; parameters that start at any element (slices of one buffer, as a sharded step's
+// are: the kernel's four-element path and its one-element path) step as whole tensors do; the first step does not
+// read the momentum buffer (NaN there, not carried into the update).
+TEST(CudaOptim, SgdCopiesAndUnalignedSlicesGiveTheBitsOfThePlainStep) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const backend::SgdArgs configs[] = {
+      {0.1, 0.9, 0.0, 1e-4, false, false},
+      {0.05, 0.9, 0.1, 0.0, true, false},
+      {0.01, 0.0, 0.0, 1e-3, false, false},
+  };
+  for (const auto& sizes : {kSizes, many_sizes()}) {
+    for (DType copy_type : {DType::bf16, DType::f16}) {
+      for (int64_t shift : {0, 1, 3}) {
+        for (const backend::SgdArgs& cfg : configs) {
+          const bool momentum = cfg.momentum != 0.0;
+          ParamSet plain = make_set(sizes, gpu(), momentum, false);
+          // The same parameters as slices of one buffer, each starting `shift` elements past a 16-byte boundary
+          // (shift 0: every slice aligned), their momentum and copies likewise.
+          int64_t total = 0;
+          for (int64_t n : sizes) total += (n + shift + 3) / 4 * 4;
+          Tensor arena = Tensor::zeros({total}, DType::f32, gpu());
+          Tensor moms = Tensor::full({total}, std::nan(""), DType::f32, gpu());
+          Tensor copy_arena = Tensor::zeros({total}, copy_type, gpu());
+          ParamSet sliced;
+          std::vector<Tensor> copies;
+          int64_t at = 0;
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            Tensor p = arena.narrow(0, at + shift, sizes[i]);
+            p.copy_(plain.params[i]);
+            sliced.params.push_back(p);
+            sliced.bufs0.push_back(momentum ? moms.narrow(0, at + shift, sizes[i]) : Tensor());
+            sliced.bufs1.push_back(Tensor());
+            copies.push_back(copy_arena.narrow(0, at + shift, sizes[i]));
+            at += (sizes[i] + shift + 3) / 4 * 4;
+          }
+          for (int step = 1; step <= 3; ++step) {
+            backend::SgdArgs a = cfg;
+            a.first_step = step == 1;
+            auto sp = slots_for(plain, grads_for(sizes, step, gpu()));
+            auto ss = slots_for(sliced, grads_for(sizes, step, gpu()));
+            for (size_t i = 0; i < ss.size(); ++i) ss[i].copy = copies[i];
+            gpu_be().sgd_step(sp.data(), static_cast<int64_t>(sp.size()), a);
+            gpu_be().sgd_step(ss.data(), static_cast<int64_t>(ss.size()), a);
+            const std::string what = std::string(dtype_name(copy_type)) + " shift " + std::to_string(shift) +
+                                     " momentum " + std::to_string(cfg.momentum) + " nesterov " +
+                                     std::to_string(cfg.nesterov) + " step " + std::to_string(step) + " tensors " +
+                                     std::to_string(sizes.size());
+            for (size_t i = 0; i < sizes.size(); ++i) {
+              EXPECT_EQ(sliced.params[i].to_vector<float>(), plain.params[i].to_vector<float>()) << what << " param " << i;
+              if (momentum) {
+                EXPECT_EQ(sliced.bufs0[i].to_vector<float>(), plain.bufs0[i].to_vector<float>()) << what << " buf " << i;
+              }
+              EXPECT_EQ(copies[i].to(DType::f32).to_vector<float>(),
+                        plain.params[i].to(copy_type).to(DType::f32).to_vector<float>())
+                  << what << " copy " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaOptim, AdamMatchesTheCpu) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   for (const auto& sizes : {kSizes, many_sizes()}) {

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/layout.h"
+#include "ops/param_copies.h"
 #include "tandem/nn/models.h"
 #include "tandem/ops.h"
 #include "tandem/optim/optimizer.h"
@@ -388,6 +389,59 @@ TEST(CudaPrecision, MixedPrecisionStepsOfAResidualNetwork) {
     const double min_cos = p == Precision::f32 ? 0.99999 : p == Precision::bf16 ? 0.93 : 0.98;
     EXPECT_GT(ab / std::sqrt(aa * bb), min_cos) << name << ": first gradients point elsewhere";
   }
+}
+
+// bf16 steps of a residual network whose convolutions read the 16-bit filter copies SGD writes as it steps (each
+// rearranged channels-last from its copy), against the same steps converting every f32 weight: the same bits.
+TEST(CudaPrecision, SgdWeightCopiesGiveTheBitsOfConvertingAtEveryStep) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const bool was_deterministic = deterministic_algorithms();
+  set_deterministic_algorithms(true);
+  nn::ModelConfig mc;
+  mc.in_channels = 3;
+  mc.height = 16;
+  mc.width = 16;
+  mc.num_classes = 10;
+  Tensor x = rand_cpu({16, 3, 16, 16}, 118).to(gpu());
+  std::vector<int32_t> lv;
+  for (int i = 0; i < 16; ++i) lv.push_back((3 * i) % 10);
+  Tensor labels = Tensor::from_vector(lv, {16}).to(gpu());
+  auto train = [&](bool copies) {
+    nn::ModulePtr model = nn::make_model("resnet18", mc);
+    model->to(gpu());
+    optim::SgdOptions so;
+    so.lr = 0.02;
+    so.momentum = 0.9;
+    so.weight_decay = 1e-4;
+    optim::SGD sgd(model->parameters(), so);
+    std::vector<Tensor> kept;
+    if (copies) {
+      for (const Tensor& p : sgd.params()) kept.push_back(p.detach().contiguous().to(DType::bf16));
+      sgd.set_parameter_copies(kept);
+    }
+    ParamCopies table(sgd.params(), copies ? kept : std::vector<Tensor>(sgd.params().size()), DType::bf16);
+    for (int step = 0; step < 4; ++step) {
+      ParamCopiesScope scope(copies ? &table : nullptr);
+      Tensor loss;
+      {
+        PrecisionScope precision(Precision::bf16);
+        loss = softmax_cross_entropy(model->forward(x), labels);
+      }
+      sgd.zero_grad();
+      backward(loss);
+      sgd.step();
+      for (size_t i = 0; i < kept.size(); ++i)
+        EXPECT_EQ(kept[i].to(DType::f32).to_vector<float>(), sgd.params()[i].to(DType::bf16).to(DType::f32).to_vector<float>())
+            << "step " << step << ": the copy of parameter " << i << " is not its rounding";
+    }
+    std::vector<std::vector<float>> out;
+    for (const Tensor& p : sgd.params()) out.push_back(p.to_vector<float>());
+    return out;
+  };
+  const auto converted = train(false), read = train(true);
+  ASSERT_EQ(converted.size(), read.size());
+  for (size_t i = 0; i < read.size(); ++i) EXPECT_EQ(read[i], converted[i]) << "parameter " << i;
+  set_deterministic_algorithms(was_deterministic);
 }
 
 }  // namespace

@@ -155,7 +155,8 @@ class Optimizer {
   /// One step() with `factor` as its gradient factor, cleared again after it (also when it throws); an
   /// undefined factor: a plain step().
   void step_with_gradient_factor(const Tensor& factor);
-  /// Whether step() can keep 16-bit copies of the parameters up to date (set_parameter_copies): Adam's does.
+  /// Whether step() can keep 16-bit copies of the parameters up to date (set_parameter_copies): SGD's and
+  /// Adam's do.
   virtual bool keeps_parameter_copies() const { return false; }
   /// copies[i]: undefined, or a contiguous bf16 or f16 tensor of params()[i]'s shape that every later step
   /// writes with the parameter it updates, rounded to nearest as Tensor::to rounds — a copy that starts as
@@ -241,6 +242,7 @@ class SGD : public Optimizer {
   std::vector<StateList> state_lists() override { return {{"momentum", &momentum_}}; }
   int state_copies() const override { return opt_.momentum != 0.0 ? 1 : 0; }
   std::shared_ptr<Optimizer> with_params(std::vector<ParamGroup> groups) const override;
+  bool keeps_parameter_copies() const override { return true; }
   const SgdOptions& options() const { return opt_; }
   /// Empty once every momentum buffer exists (the first step initialises them differently).
   std::string replay_blocker() const override;

@@ -91,6 +91,23 @@ void write_copy(const Tensor& param, const Tensor& copy) {
   });
 }
 
+// The slot's copy, if it has one, from its updated parameter.
+void write_copy(const ParamSlot& s) {
+  if (!s.copy.defined()) return;
+  if (s.copy.dtype() == DType::bf16)
+    write_copy<BFloat16>(s.param, s.copy);
+  else
+    write_copy<Half>(s.param, s.copy);
+}
+
+void check_copy(const ParamSlot& s, const char* op) {
+  TANDEM_CHECK(!s.copy.defined() || (s.param.dtype() == DType::f32 && s.copy.is_contiguous() &&
+                                     s.copy.numel() == s.param.numel() &&
+                                     (s.copy.dtype() == DType::bf16 || s.copy.dtype() == DType::f16)),
+               op, ": the copy ", s.copy.defined() ? s.copy.str() : std::string(), " of parameter ", s.param.str(),
+               " is not a contiguous bf16 or f16 tensor of its size (of an f32 parameter)");
+}
+
 template <typename T>
 void rmsprop_one(const ParamSlot& s, const RmsPropArgs& a) {
   const int64_t n = s.param.numel();
@@ -131,10 +148,14 @@ void adagrad_one(const ParamSlot& s, const AdagradArgs& a) {
 }  // namespace
 
 void CpuBackend::sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) {
-  for (int64_t i = 0; i < count; ++i) check_slot(slots[i], i, a.momentum != 0.0, false, "sgd_step");
+  for (int64_t i = 0; i < count; ++i) {
+    check_slot(slots[i], i, a.momentum != 0.0, false, "sgd_step");
+    check_copy(slots[i], "sgd_step");
+  }
   if (a.guard && !std::isfinite(*a.guard)) return;
   for (int64_t i = 0; i < count; ++i) {
     dispatch_float(slots[i].param.dtype(), "sgd_step", [&](auto tag) { sgd_one<decltype(tag)>(slots[i], a); });
+    write_copy(slots[i]);
   }
 }
 
@@ -145,11 +166,7 @@ void CpuBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) {
     check_slot(s, i, true, true, "adam_step");
     TANDEM_CHECK(!a.grad_factor || s.param.dtype() == DType::f32, "adam_step: a gradient factor needs f32 parameters, got ",
                  s.param.str());
-    TANDEM_CHECK(!s.copy.defined() || (s.param.dtype() == DType::f32 && s.copy.is_contiguous() &&
-                                       s.copy.numel() == s.param.numel() &&
-                                       (s.copy.dtype() == DType::bf16 || s.copy.dtype() == DType::f16)),
-                 "adam_step: the copy ", s.copy.defined() ? s.copy.str() : std::string(), " of parameter ", s.param.str(),
-                 " is not a contiguous bf16 or f16 tensor of its size (of an f32 parameter)");
+    check_copy(s, "adam_step");
   }
   for (int64_t i = 0; i < count; ++i) {
     const ParamSlot& s = slots[i];
@@ -161,12 +178,7 @@ void CpuBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) {
       });
     }
     dispatch_float(s.param.dtype(), "adam_step", [&](auto tag) { adam_one<decltype(tag)>(s, a); });
-    if (s.copy.defined()) {
-      if (s.copy.dtype() == DType::bf16)
-        write_copy<BFloat16>(s.param, s.copy);
-      else
-        write_copy<Half>(s.param, s.copy);
-    }
+    write_copy(s);
   }
 }
 

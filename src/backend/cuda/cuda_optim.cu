@@ -20,7 +20,7 @@ struct TensorTable {
   const float* g[kMaxTensors];
   float* b0[kMaxTensors];
   float* b1[kMaxTensors];
-  void* h[kMaxTensors];  // Adam: the 16-bit copies (ParamSlot::copy), or null
+  void* h[kMaxTensors];  // SGD, Adam: the 16-bit copies (ParamSlot::copy), or null
   int64_t n[kMaxTensors];
   int64_t first_block[kMaxTensors + 1];
   int count;
@@ -51,6 +51,22 @@ __device__ __forceinline__ int locate(const TensorTable& t, int64_t& begin, int6
   return k;
 }
 
+// One element's SGD update: the new parameter is returned, the momentum buffer updated in place (read only
+// after the first step). The same expressions in both of sgd_kernel's paths.
+struct SgdElem {
+  SgdScalars s;
+  __device__ __forceinline__ float operator()(float p, float g, float& buf) const {
+    const float d = g + s.weight_decay * p;
+    if (!s.use_momentum) return p - s.lr * d;
+    const float b = s.first_step ? d : s.momentum * buf + s.one_minus_dampening * d;
+    buf = b;
+    return p - s.lr * (s.nesterov ? d + s.momentum * b : b);
+  }
+};
+
+// CopyT: as adam_kernel's. Where the tensor's arrays are 16-byte aligned (its copy 8-byte), each thread updates
+// four consecutive elements with 16-byte accesses; the momentum buffer is not read at the first step.
+template <typename CopyT>
 __global__ void sgd_kernel(TensorTable t, SgdScalars s, const float* guard) {
   if (guard && !isfinite(*guard)) return;  // the step's gradients were not finite: skipped
   int64_t begin, end;
@@ -58,15 +74,44 @@ __global__ void sgd_kernel(TensorTable t, SgdScalars s, const float* guard) {
   float* __restrict__ p = t.p[k];
   const float* __restrict__ g = t.g[k];
   float* __restrict__ buf = t.b0[k];
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float d = g[i] + s.weight_decay * p[i];
-    if (!s.use_momentum) {
-      p[i] -= s.lr * d;
-      continue;
+  CopyT* __restrict__ h = static_cast<CopyT*>(t.h[k]);
+  constexpr bool kCopies = !std::is_same_v<CopyT, float>;
+  const SgdElem f{s};
+  const bool reads_buf = s.use_momentum && !s.first_step;
+  int64_t i = begin;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) |
+                         (s.use_momentum ? reinterpret_cast<uintptr_t>(buf) : 0);
+  if ((addr & 15) == 0 && (begin & 3) == 0 && (!kCopies || (reinterpret_cast<uintptr_t>(h) & 7) == 0)) {
+    const int64_t vend = begin + (end - begin) / 4 * 4;
+    for (int64_t j = begin + 4 * int64_t(threadIdx.x); j < vend; j += 4 * int64_t(blockDim.x)) {
+      float4 pv = *reinterpret_cast<const float4*>(p + j);
+      const float4 gv = *reinterpret_cast<const float4*>(g + j);
+      float4 bv = reads_buf ? *reinterpret_cast<const float4*>(buf + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+      pv.x = f(pv.x, gv.x, bv.x);
+      pv.y = f(pv.y, gv.y, bv.y);
+      pv.z = f(pv.z, gv.z, bv.z);
+      pv.w = f(pv.w, gv.w, bv.w);
+      *reinterpret_cast<float4*>(p + j) = pv;
+      if (s.use_momentum) *reinterpret_cast<float4*>(buf + j) = bv;
+      if constexpr (kCopies) {
+        if (h) {
+          struct alignas(8) Four {
+            CopyT e[4];
+          } c{{kern::from_float<CopyT>(pv.x), kern::from_float<CopyT>(pv.y), kern::from_float<CopyT>(pv.z),
+               kern::from_float<CopyT>(pv.w)}};
+          *reinterpret_cast<Four*>(h + j) = c;
+        }
+      }
     }
-    const float b = s.first_step ? d : s.momentum * buf[i] + s.one_minus_dampening * d;
-    buf[i] = b;
-    p[i] -= s.lr * (s.nesterov ? d + s.momentum * b : b);
+    i = vend;
+  }
+  for (i += threadIdx.x; i < end; i += blockDim.x) {
+    float b = reads_buf ? buf[i] : 0.f;
+    const float pn = f(p[i], g[i], b);
+    p[i] = pn;
+    if (s.use_momentum) buf[i] = b;
+    if constexpr (kCopies)
+      if (h) h[i] = kern::from_float<CopyT>(pn);
   }
 }
 
@@ -231,6 +276,24 @@ int common_device(ParamSlot* slots, int64_t count, const char* op) {
   }
   return dev;
 }
+
+// The type of the slots' 16-bit copies (ParamSlot::copy; f32: none). The copies of one call share a type (a
+// launch writes one kind).
+DType copies_type(ParamSlot* slots, int64_t count, const char* op) {
+  DType copy_type = DType::f32;
+  for (int64_t i = 0; i < count; ++i) {
+    const Tensor& c = slots[i].copy;
+    if (!c.defined()) continue;
+    TANDEM_CHECK((c.dtype() == DType::bf16 || c.dtype() == DType::f16) && c.is_contiguous() &&
+                     c.numel() == slots[i].param.numel() && c.device() == slots[i].param.device(),
+                 op, ": the copy ", c.str(), " of parameter ", slots[i].param.str(),
+                 " is not a contiguous bf16 or f16 tensor of its size on its device");
+    TANDEM_CHECK(copy_type == DType::f32 || copy_type == c.dtype(), op, ": copies of two types (",
+                 dtype_name(copy_type), " and ", dtype_name(c.dtype()), ") in one step");
+    copy_type = c.dtype();
+  }
+  return copy_type;
+}
 }  // namespace
 
 void CudaBackend::sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) {
@@ -240,8 +303,15 @@ void CudaBackend::sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) {
   const bool use_momentum = a.momentum != 0.0;
   const SgdScalars s{static_cast<float>(a.lr), static_cast<float>(a.momentum), static_cast<float>(1.0 - a.dampening),
                      static_cast<float>(a.weight_decay), a.nesterov, a.first_step, use_momentum};
+  const DType copy_type = copies_type(slots, count, "sgd");
   for_each_table(slots, count, false, use_momentum, "sgd", [&](const TensorTable& t, int64_t blocks) {
-    sgd_kernel<<<static_cast<unsigned>(blocks), kOptimBlock, 0, st.stream>>>(t, s, a.guard);
+    const unsigned grid = static_cast<unsigned>(blocks);
+    if (copy_type == DType::bf16)
+      sgd_kernel<__nv_bfloat16><<<grid, kOptimBlock, 0, st.stream>>>(t, s, a.guard);
+    else if (copy_type == DType::f16)
+      sgd_kernel<__half><<<grid, kOptimBlock, 0, st.stream>>>(t, s, a.guard);
+    else
+      sgd_kernel<float><<<grid, kOptimBlock, 0, st.stream>>>(t, s, a.guard);
     TANDEM_CUDA_LAUNCH_CHECK("sgd_kernel");
   });
 }
@@ -263,19 +333,7 @@ void CudaBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) 
                       static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, t))),
                       a.step_scalars,
                       a.grad_factor};
-  // The copies of one call share a type (a launch writes one kind).
-  DType copy_type = DType::f32;
-  for (int64_t i = 0; i < count; ++i) {
-    const Tensor& c = slots[i].copy;
-    if (!c.defined()) continue;
-    TANDEM_CHECK((c.dtype() == DType::bf16 || c.dtype() == DType::f16) && c.is_contiguous() &&
-                     c.numel() == slots[i].param.numel() && c.device() == slots[i].param.device(),
-                 "adam: the copy ", c.str(), " of parameter ", slots[i].param.str(),
-                 " is not a contiguous bf16 or f16 tensor of its size on its device");
-    TANDEM_CHECK(copy_type == DType::f32 || copy_type == c.dtype(), "adam: copies of two types (",
-                 dtype_name(copy_type), " and ", dtype_name(c.dtype()), ") in one step");
-    copy_type = c.dtype();
-  }
+  const DType copy_type = copies_type(slots, count, "adam");
   for_each_table(slots, count, true, true, "adam", [&](const TensorTable& tt, int64_t blocks) {
     const unsigned grid = static_cast<unsigned>(blocks);
     if (copy_type == DType::bf16)

@@ -393,10 +393,18 @@ void DistOpt::average_parameters() {
                "are the rounding of the optimizer's f32 masters, which an average of the parameters would leave behind "
                "(every rank steps the same masters: nothing drifts to average)");
   if (comm_->size() == 1) return;
-  if (impl_->sharded_)
-    impl_->sharded_->average();
-  else
+  if (impl_->sharded_) {
+    impl_->sharded_->average();  // and its copies
+  } else {
     impl_->averager_->average_all();
+    // The 16-bit copies the optimizer keeps follow the averages.
+    const std::vector<Tensor>& copies = opt_->parameter_copies();
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < copies.size(); ++i) {
+      Tensor copy = copies[i];
+      if (copy.defined()) copy.copy_(opt_->params()[i].detach());
+    }
+  }
   average_buffers();
 }
 
@@ -539,7 +547,7 @@ std::vector<int64_t> DistOpt::bucket_sizes() const {
 std::vector<BucketInfo> DistOpt::bucket_layout() const {
   std::vector<BucketInfo> out;
   for (const auto& b : impl_->reducer_.buckets()) {
-    BucketInfo info{b.offset, b.numel, b.params, {}};
+    BucketInfo info{b.offset, b.numel, b.span, b.params, {}};
     for (int64_t start : b.starts) info.offsets.push_back(b.offset + start);
     out.push_back(std::move(info));
   }

@@ -352,6 +352,14 @@ std::vector<Tensor> ShardedStep::keep_copies(DType dtype) {
       const Tensor& p = params_[static_cast<size_t>(b.params[j])];
       views[static_cast<size_t>(b.params[j])] = copy_arena_.narrow(0, b.offset + b.starts[j], p.numel()).view(p.shape());
     }
+  // An optimizer that writes copies as it steps writes those of this rank's slices: on one rank, every
+  // parameter's, and the step needs no conversion of its own.
+  stepper_copies_ = stepper_->keeps_parameter_copies();
+  if (stepper_copies_) {
+    std::vector<Tensor> mine;
+    for (const ShardPiece& piece : pieces_) mine.push_back(copy_arena_.narrow(0, piece.offset, piece.numel));
+    stepper_->set_parameter_copies(std::move(mine));
+  }
   return views;
 }
 
@@ -365,8 +373,8 @@ void ShardedStep::refresh_copies() {
 // a parameter of no group are waited for here (each copied as it arrives).
 void ShardedStep::gather() {
   const int world = comm_->size(), rank = comm_->rank();
-  if (world == 1) {  // the one rank's blocks are the whole model
-    refresh_copies();
+  if (world == 1) {  // the one rank's blocks are the whole model (its copies written by the step, if it writes them)
+    if (!stepper_copies_) refresh_copies();
     return;
   }
   const std::vector<Bucket>& buckets = reducer_.buckets();
@@ -380,10 +388,12 @@ void ShardedStep::gather() {
     const int64_t block = b.span / world;
     Tensor whole = arena_.narrow(0, b.offset, b.span);
     if (sent != DType::f32) {
-      whole = copy_arena_.defined() && copy_arena_.dtype() == sent ? copy_arena_.narrow(0, b.offset, b.span)
-                                                                    : Tensor::empty({b.span}, sent, arena_.device());
+      const bool through_copies = copy_arena_.defined() && copy_arena_.dtype() == sent;
+      whole = through_copies ? copy_arena_.narrow(0, b.offset, b.span) : Tensor::empty({b.span}, sent, arena_.device());
       staging_[k] = whole;
-      whole.narrow(0, rank * block, block).copy_(arena_.narrow(0, b.offset + rank * block, block));  // exact
+      // This rank's block: exact in 16 bits (and there already when the step wrote the copies).
+      if (!(through_copies && stepper_copies_))
+        whole.narrow(0, rank * block, block).copy_(arena_.narrow(0, b.offset + rank * block, block));
     }
     Tensor mine = whole.narrow(0, rank * block, block);
     in_flight_[k] = comm_->all_gather(mine, whole);

@@ -70,8 +70,9 @@ class ShardedStep final : public LayerGatherer {
   void prepare_replay(const optim::Optimizer& opt);
   /// Stages 1 and 2: bf16 or f16 copies of the parameters in one buffer laid out as the parameter buffer,
   /// the parameters' rounding now and written again after every change of the parameters here (the step's
-  /// gather, a broadcast, an average): one conversion of the whole buffer. One view per parameter, in
-  /// the order the step was made with. Empty under sharded parameters.
+  /// gather, a broadcast, an average): one conversion of the whole buffer, or, on one rank with an optimizer
+  /// that keeps copies (SGD, Adam), the copies its step writes. One view per parameter, in the order the step
+  /// was made with. Empty under sharded parameters.
   std::vector<Tensor> keep_copies(DType dtype);
   /// Averages the parameters across ranks.
   void average();
@@ -108,6 +109,7 @@ class ShardedStep final : public LayerGatherer {
   std::vector<Tensor> params_;
   Tensor arena_;
   Tensor copy_arena_;  // keep_copies: the parameters' 16-bit copies, laid out as arena_
+  bool stepper_copies_ = false;  // the slices' optimizer writes their copies in copy_arena_ as it steps
   // Stages 1 and 2 with overlapped gathers: the buckets with a parameter in no group; the order the step's
   // gathers go out in; each bucket's gather in flight (group_buckets_ lists each group's buckets).
   std::vector<size_t> waited_at_once_, gather_order_;

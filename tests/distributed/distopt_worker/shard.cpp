@@ -201,51 +201,73 @@ void scenario_shard_equal(const std::shared_ptr<dist::Communicator>& comm) {
 
 // Clipping left to the step (clip_grad_norm_in_update: the slices' Adam reads the coefficient with each
 // gradient) gives the parameters of clipping first, bit for bit, under every stage but sharded parameters;
-// the 16-bit copies DistOpt keeps (AdamW's, or the sharded step's one conversion after its gather, for any
-// optimizer) are the parameters' rounding after every step.
+// the 16-bit copies DistOpt keeps (the ones SGD and AdamW write as they step, or, on more than one rank, the
+// sharded step's conversion after its gather) are the parameters' rounding after every step, also under bf16
+// master weights (where the parameters hold bf16 values and the copies are those values, which sharded steps
+// all-gather).
 void scenario_shard_fold(const std::shared_ptr<dist::Communicator>& comm) {
   const int W = comm->size();
-  for (Kind kind : {Kind::adamw, Kind::sgd})
-    for (dist::Shard shard : {dist::Shard::none, dist::Shard::optimizer, dist::Shard::gradients}) {
-      const std::string what = std::string(kind_name(kind)) + " --shard " + dist::shard_name(shard) +
-                               strf(" on %d ranks", W);
-      Values runs[2];
-      for (int folded = 0; folded < 2; ++folded) {
-        std::vector<Tensor> params = mlp_params(42);
-        dist::DistOptOptions o = small_buckets();
-        o.shard = shard;
-        dist::DistOpt opt(make_opt(kind, params), comm, o);
-        std::vector<Tensor> copies;
-        if (folded) {
-          copies = opt.keep_parameter_copies(DType::bf16);
-          const bool expected = shard != dist::Shard::none || kind == Kind::adamw;
-          CHECK_OR_REPORT(copies.empty() != expected, "%s: keep_parameter_copies gave %zu copies", what.c_str(),
-                          copies.size());
-        }
-        int64_t clipped = 0;
-        for (int s = 0; s < 12; ++s) {
-          opt.backward_and_sync(mlp_loss(params, comm->rank(), s, 0));
-          const float norm = (folded ? opt.clip_grad_norm_in_update(0.05) : opt.clip_grad_norm(0.05)).item<float>();
-          clipped += norm > 0.05f;
-          opt.update();
-          const std::vector<Tensor>& order = opt.optimizer().params();  // the copies' order (AdamW's groups)
-          for (size_t i = 0; i < copies.size(); ++i) {
-            const std::vector<float> want = order[i].detach().to(DType::bf16).to(DType::f32).cpu().to_vector<float>();
-            const std::vector<float> got = copies[i].to(DType::f32).cpu().to_vector<float>();
-            CHECK_OR_REPORT(got == want, "%s: step %d: the bf16 copy of parameter %zu is not the parameter's rounding",
-                            what.c_str(), s, i);
+  for (DType masters : {DType::f32, DType::bf16})
+    for (Kind kind : {Kind::adamw, Kind::sgd})
+      for (dist::Shard shard : {dist::Shard::none, dist::Shard::optimizer, dist::Shard::gradients}) {
+        const std::string what = std::string(kind_name(kind)) + " --shard " + dist::shard_name(shard) +
+                                 (masters == DType::f32 ? "" : " --master-weights bf16") + strf(" on %d ranks", W);
+        Values runs[2];
+        for (int folded = 0; folded < 2; ++folded) {
+          std::vector<Tensor> params = mlp_params(42);
+          dist::DistOptOptions o = small_buckets();
+          o.shard = shard;
+          o.master_weights = masters;
+          dist::DistOpt opt(make_opt(kind, params), comm, o);
+          std::vector<Tensor> copies;
+          if (folded) {
+            copies = opt.keep_parameter_copies(DType::bf16);
+            CHECK_OR_REPORT(copies.size() == params.size(), "%s: keep_parameter_copies gave %zu copies for %zu parameters",
+                            what.c_str(), copies.size(), params.size());
           }
+          int64_t clipped = 0;
+          for (int s = 0; s < 12; ++s) {
+            opt.backward_and_sync(mlp_loss(params, comm->rank(), s, 0));
+            const float norm = (folded ? opt.clip_grad_norm_in_update(0.05) : opt.clip_grad_norm(0.05)).item<float>();
+            clipped += norm > 0.05f;
+            opt.update();
+            const std::vector<Tensor>& order = opt.optimizer().params();  // the copies' order (AdamW's groups)
+            for (size_t i = 0; i < copies.size(); ++i) {
+              const std::vector<float> want = order[i].detach().to(DType::bf16).to(DType::f32).cpu().to_vector<float>();
+              const std::vector<float> got = copies[i].to(DType::f32).cpu().to_vector<float>();
+              CHECK_OR_REPORT(got == want, "%s: step %d: the bf16 copy of parameter %zu is not the parameter's rounding",
+                              what.c_str(), s, i);
+              if (masters != DType::f32)
+                CHECK_OR_REPORT(order[i].detach().cpu().to_vector<float>() == want,
+                                "%s: step %d: parameter %zu holds values bf16 does not", what.c_str(), s, i);
+            }
+          }
+          CHECK_OR_REPORT(clipped > 0, "%s: the bound never clipped", what.c_str());
+          runs[folded] = host_values(params);
+          // An average of the parameters moves their copies with them (each rank's parameters moved apart first,
+          // past the optimizer: the average is then none of them; one rank has nothing to average).
+          if (folded && masters == DType::f32 && W > 1) {
+            for (Tensor& p : params) {
+              std::vector<float> v = p.detach().cpu().to_vector<float>();
+              for (float& x : v) x += 0.01f * static_cast<float>(comm->rank() + 1);
+              p.detach().copy_(Tensor::from_vector<float>(v, p.shape()).to(p.device()));
+            }
+            opt.average_parameters();
+            const std::vector<Tensor>& order = opt.optimizer().params();
+            for (size_t i = 0; i < copies.size(); ++i)
+              CHECK_OR_REPORT(copies[i].to(DType::f32).cpu().to_vector<float>() ==
+                                  order[i].detach().to(DType::bf16).to(DType::f32).cpu().to_vector<float>(),
+                              "%s: after average_parameters the bf16 copy of parameter %zu is not the parameter's rounding",
+                              what.c_str(), i);
+          }
+          if (folded && shard == dist::Shard::none && masters == DType::f32)  // its averages would leave the copies stale
+            expect_error("partialUpdate after keep_parameter_copies", comm->rank(),
+                         [&] { opt.backward_and_partial_update(mlp_loss(params, comm->rank(), 99, 0)); },
+                         {"partialUpdate", "keep_parameter_copies"});
         }
-        CHECK_OR_REPORT(clipped > 0, "%s: the bound never clipped", what.c_str());
-        runs[folded] = host_values(params);
-        if (folded && shard == dist::Shard::none && kind == Kind::adamw)  // its averages would leave the copies stale
-          expect_error("partialUpdate after keep_parameter_copies", comm->rank(),
-                       [&] { opt.backward_and_partial_update(mlp_loss(params, comm->rank(), 99, 0)); },
-                       {"partialUpdate", "keep_parameter_copies"});
+        CHECK_OR_REPORT(bit_identical(runs[1], runs[0]),
+                        "%s: clipping in the step did not give the parameters of clipping first", what.c_str());
       }
-      CHECK_OR_REPORT(bit_identical(runs[1], runs[0]),
-                      "%s: clipping in the step did not give the parameters of clipping first", what.c_str());
-    }
 }
 
 // The bytes each stage keeps, reported and measured through the allocator, against the ZeRO formulas
@@ -316,13 +338,23 @@ void scenario_shard_traffic(const std::shared_ptr<dist::Communicator>& comm) {
   }
   CHECK_OR_REPORT(plain.stats.bytes_sent == plain_expected, "plain sent %lld bytes per step, expected %lld",
                   static_cast<long long>(plain.stats.bytes_sent), static_cast<long long>(plain_expected));
+  const int64_t sizes[] = {8 * 33, 33, 33 * 5, 5};  // mlp_params'
   for (dist::Shard shard : {dist::Shard::optimizer, dist::Shard::gradients}) {
     Run got = run_steps(comm, shard, c, 3);
     int64_t expected = 0, padding = 0;
     for (const dist::BucketInfo& b : got.buckets) {
-      const int64_t span = (b.numel + W - 1) / W * W;
-      expected += 2 * (4 * span * (W - 1) / W);
-      padding += span - b.numel;
+      // Whole blocks of 16-byte units, one per rank; each parameter at a 16-byte boundary.
+      CHECK_OR_REPORT(b.span % (4 * W) == 0 && b.span >= b.numel && b.span - b.numel < 4 * W,
+                      "--shard %s: a bucket of %lld values spans %lld", dist::shard_name(shard),
+                      static_cast<long long>(b.numel), static_cast<long long>(b.span));
+      int64_t values = 0;
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        CHECK_OR_REPORT(b.offsets[j] % 4 == 0, "--shard %s: parameter %d starts at element %lld",
+                        dist::shard_name(shard), b.params[j], static_cast<long long>(b.offsets[j]));
+        values += sizes[b.params[j]];
+      }
+      expected += 2 * (4 * b.span * (W - 1) / W);
+      padding += b.span - values;
     }
     std::printf("rank %d: --shard %s on %lld ranks: %lld bytes sent per step, plain %lld (%lld padding values)\n",
                 comm->rank(), dist::shard_name(shard), static_cast<long long>(W),
@@ -523,7 +555,7 @@ void scenario_shard_parameters(const std::shared_ptr<dist::Communicator>& comm) 
     // Traffic: every group gathered for forward and again for backward, and reduce-scattered: 1.5 times
     // an all-reduce (up to the padding of the buckets to whole blocks).
     int64_t expected = 0, plain = 0;
-    for (const dist::BucketInfo& b : got.buckets) expected += 3 * (4 * ((b.numel + W - 1) / W * W) * (W - 1) / W);
+    for (const dist::BucketInfo& b : got.buckets) expected += 3 * (4 * b.span * (W - 1) / W);
     for (const dist::BucketInfo& b : ref.buckets) plain += 4 * b.numel * 2 * (W - 1) / W;
     std::printf("rank %d: --shard parameters on %lld ranks: %lld bytes sent per step, plain %lld (%.3f times)\n",
                 comm->rank(), static_cast<long long>(W), static_cast<long long>(got.stats.bytes_sent),
@@ -533,8 +565,16 @@ void scenario_shard_parameters(const std::shared_ptr<dist::Communicator>& comm) 
                     static_cast<long long>(got.stats.bytes_sent), static_cast<long long>(expected));
     CHECK_OR_REPORT(ref.stats.bytes_sent == plain, "plain: %lld bytes sent per step, expected %lld",
                     static_cast<long long>(ref.stats.bytes_sent), static_cast<long long>(plain));
-    CHECK_OR_REPORT(got.stats.bytes_sent <= plain * 3 / 2 + 12 * W * static_cast<int64_t>(got.buckets.size()),
-                    "--shard parameters sends more than 1.5 times plain's bytes");
+    // Beyond 1.5 times plain: the padding (to whole blocks, and to align each parameter), 3 (N-1)/N of 4 bytes a value.
+    int64_t padding = 0;
+    for (const dist::BucketInfo& b : got.buckets) {
+      padding += b.span;
+      for (int i : b.params) padding -= static_cast<int64_t>(got.params[static_cast<size_t>(i)].size());
+    }
+    CHECK_OR_REPORT(got.stats.bytes_sent <= plain * 3 / 2 + 12 * padding,
+                    "--shard parameters sends %lld bytes, more than 1.5 times plain's %lld and its padding (%lld values)",
+                    static_cast<long long>(got.stats.bytes_sent), static_cast<long long>(plain),
+                    static_cast<long long>(padding));
   }
   // Every parameter must be in a layer group.
   auto loose = layered(3, false);
@@ -688,10 +728,8 @@ void scenario_shard_masters(const std::shared_ptr<dist::Communicator>& comm) {
       if (c.method == "plain" && c.clip == 0 && c.micro == 1) {
         const int64_t gathers = shard == dist::Shard::parameters ? 2 : 1;
         int64_t expected = 0;
-        for (const dist::BucketInfo& b : got.buckets) {
-          const int64_t span = (b.numel + W - 1) / W * W;
-          expected += 4 * span * (W - 1) / W + gathers * (2 * span * (W - 1) / W);
-        }
+        for (const dist::BucketInfo& b : got.buckets)
+          expected += 4 * b.span * (W - 1) / W + gathers * (2 * b.span * (W - 1) / W);
         CHECK_OR_REPORT(got.stats.bytes_sent == expected, "%s: %lld bytes sent per step, expected %lld (16-bit "
                         "gathers)", what.c_str(), static_cast<long long>(got.stats.bytes_sent),
                         static_cast<long long>(expected));
