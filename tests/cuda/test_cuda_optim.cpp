@@ -42,6 +42,13 @@ void expect_sets_close(const ParamSet& c, const ParamSet& g, double rtol, double
 
 const std::vector<int64_t> kSizes = {1, 1000, 70000, 5, 8193, 8192};
 
+// Momentum with weight decay; Nesterov with dampening; plain SGD with weight decay.
+const backend::SgdArgs kSgdConfigs[] = {
+    {0.1, 0.9, 0.0, 1e-4, false, false},
+    {0.05, 0.9, 0.1, 0.0, true, false},
+    {0.01, 0.0, 0.0, 1e-3, false, false},
+};
+
 std::vector<int64_t> many_sizes() {  // more tensors than one launch takes
   std::vector<int64_t> s;
   for (int i = 0; i < 93; ++i) s.push_back(1 + (i * 37) % 300);
@@ -50,13 +57,8 @@ std::vector<int64_t> many_sizes() {  // more tensors than one launch takes
 
 TEST(CudaOptim, SgdMatchesTheCpu) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  const backend::SgdArgs configs[] = {
-      {0.1, 0.9, 0.0, 1e-4, false, false},
-      {0.05, 0.9, 0.1, 0.0, true, false},
-      {0.01, 0.0, 0.0, 1e-3, false, false},
-  };
   for (const auto& sizes : {kSizes, many_sizes()}) {
-    for (const backend::SgdArgs& cfg : configs) {
+    for (const backend::SgdArgs& cfg : kSgdConfigs) {
       const bool momentum = cfg.momentum != 0.0;
       ParamSet c = make_set(sizes, Device::cpu(), momentum, false), g = make_set(sizes, gpu(), momentum, false);
       for (int step = 1; step <= 3; ++step) {
@@ -81,15 +83,10 @@ TEST(CudaOptim, SgdMatchesTheCpu) {
 // read the momentum buffer (NaN there, not carried into the update).
 TEST(CudaOptim, SgdCopiesAndUnalignedSlicesGiveTheBitsOfThePlainStep) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  const backend::SgdArgs configs[] = {
-      {0.1, 0.9, 0.0, 1e-4, false, false},
-      {0.05, 0.9, 0.1, 0.0, true, false},
-      {0.01, 0.0, 0.0, 1e-3, false, false},
-  };
   for (const auto& sizes : {kSizes, many_sizes()}) {
     for (DType copy_type : {DType::bf16, DType::f16}) {
       for (int64_t shift : {0, 1, 3}) {
-        for (const backend::SgdArgs& cfg : configs) {
+        for (const backend::SgdArgs& cfg : kSgdConfigs) {
           const bool momentum = cfg.momentum != 0.0;
           ParamSet plain = make_set(sizes, gpu(), momentum, false);
           // The same parameters as slices of one buffer, each starting `shift` elements past a 16-byte boundary

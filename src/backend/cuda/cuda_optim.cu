@@ -51,6 +51,16 @@ __device__ __forceinline__ int locate(const TensorTable& t, int64_t& begin, int6
   return k;
 }
 
+// Four updated parameters' 16-bit copies (CopyT: __half or __nv_bfloat16) in one 8-byte store at h (8-byte aligned).
+template <typename CopyT>
+__device__ __forceinline__ void store_copies(CopyT* h, const float4& pv) {
+  struct alignas(8) Four {
+    CopyT e[4];
+  } c{{kern::from_float<CopyT>(pv.x), kern::from_float<CopyT>(pv.y), kern::from_float<CopyT>(pv.z),
+       kern::from_float<CopyT>(pv.w)}};
+  *reinterpret_cast<Four*>(h) = c;
+}
+
 // One element's SGD update: the new parameter is returned, the momentum buffer updated in place (read only
 // after the first step). The same expressions in both of sgd_kernel's paths.
 struct SgdElem {
@@ -93,15 +103,8 @@ __global__ void sgd_kernel(TensorTable t, SgdScalars s, const float* guard) {
       pv.w = f(pv.w, gv.w, bv.w);
       *reinterpret_cast<float4*>(p + j) = pv;
       if (s.use_momentum) *reinterpret_cast<float4*>(buf + j) = bv;
-      if constexpr (kCopies) {
-        if (h) {
-          struct alignas(8) Four {
-            CopyT e[4];
-          } c{{kern::from_float<CopyT>(pv.x), kern::from_float<CopyT>(pv.y), kern::from_float<CopyT>(pv.z),
-               kern::from_float<CopyT>(pv.w)}};
-          *reinterpret_cast<Four*>(h + j) = c;
-        }
-      }
+      if constexpr (kCopies)
+        if (h) store_copies(h + j, pv);
     }
     i = vend;
   }
@@ -174,15 +177,8 @@ __global__ void adam_kernel(TensorTable t, AdamScalars s) {
       *reinterpret_cast<float4*>(p + j) = pv;
       *reinterpret_cast<float4*>(m + j) = mv;
       *reinterpret_cast<float4*>(v + j) = vv;
-      if constexpr (kCopies) {
-        if (h) {
-          struct alignas(8) Four {
-            CopyT e[4];
-          } c{{kern::from_float<CopyT>(pv.x), kern::from_float<CopyT>(pv.y), kern::from_float<CopyT>(pv.z),
-               kern::from_float<CopyT>(pv.w)}};
-          *reinterpret_cast<Four*>(h + j) = c;
-        }
-      }
+      if constexpr (kCopies)
+        if (h) store_copies(h + j, pv);
     }
     i = vend;
   }
