@@ -195,6 +195,12 @@ if has shard; then  # one GPU, no traffic: what --shard optimizer / gradients co
       --precision bf16 --shard "$sh" >"$OUT/shard_r18_$sh.log" 2>&1
     say "tandem resnet18 b128 bf16 --shard $sh (rc $?): $(grep RESULT "$OUT/shard_r18_$sh.log" | tail -1 | grep -oE '"(ms_per_step|peak_memory_mib)":[^,}]*' | tr '\n' ' ')"
   done
+  # The same without the 16-bit weight copies SGD writes (every weight converted at every step).
+  for sh in none optimizer; do
+    TANDEM_PARAM_COPIES=0 "$T" bench train --model resnet18 --image 28 --channels 1 --classes 10 -b 128 --steps 200 \
+      --device cuda --precision bf16 --shard "$sh" >"$OUT/shard_r18_${sh}_converted.log" 2>&1
+    say "tandem resnet18 b128 bf16 --shard $sh, TANDEM_PARAM_COPIES=0 (rc $?): $(grep RESULT "$OUT/shard_r18_${sh}_converted.log" | tail -1 | grep -oE '"(ms_per_step|peak_memory_mib)":[^,}]*' | tr '\n' ' ')"
+  done
 fi
 
 if has gptchar; then  # the char GPT on Shakespeare, nanoGPT's recipe, beside the PyTorch script compiled
