@@ -126,8 +126,8 @@ inline CommStats operator-(const CommStats& b, const CommStats& a) {
 
 /// One gradient bucket: a range of the gradient buffer holding whole parameters.
 struct BucketInfo {
-  int64_t offset = 0, numel = 0;  // the range, in elements (sharded: each parameter starts at a 16-byte
-                                  // boundary, the gaps between them zero)
+  int64_t offset = 0, numel = 0;  // the range, in elements (each parameter starts at a 16-byte boundary, the
+                                  // gaps between them zero)
   int64_t span = 0;               // numel with the padding to whole blocks, one per rank (sharded; else numel)
   std::vector<int> params;        // the optimizer's parameter indices, in buffer order
   std::vector<int64_t> offsets;   // where each of them starts in the buffer

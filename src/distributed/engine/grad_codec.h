@@ -16,8 +16,8 @@ namespace tandem::dist::detail {
 /// One bucket as the reducer lays it out.
 struct Bucket {
   int index = 0;
-  int64_t offset = 0, numel = 0;  // range of the gradient arena, in elements (sharded: with the gaps that
-                                  // align each parameter's start to 16 bytes)
+  int64_t offset = 0, numel = 0;  // range of the gradient arena, in elements (with the zero gaps that put
+                                  // each parameter's start at a 16-byte boundary)
   int64_t span = 0;               // numel, padded under sharding to whole blocks of 16 bytes, one per rank
   std::vector<int> params;        // parameter indices, in arena order
   std::vector<int64_t> starts;    // each parameter's offset inside the bucket

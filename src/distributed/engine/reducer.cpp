@@ -66,10 +66,11 @@ Reducer::~Reducer() = default;
 void Reducer::layout(const std::vector<int>& order) {
   const size_t elem = dtype_size(arena_dtype_);
   auto limit_of = [&](size_t k) { return k == 0 ? options_.first_bucket_bytes : options_.bucket_bytes; };
-  // Sharded, every parameter starts at a 16-byte boundary of the buffers (the gaps stay zero), so that the
-  // kernels stepping a rank's slices, and those reading the sharded step's parameters, take 16-byte accesses
-  // whatever the sizes of the parameters before them.
-  const int64_t align = sharded() ? std::max<int64_t>(1, static_cast<int64_t>(16 / elem)) : 1;
+  // Every parameter starts at a 16-byte boundary of the buffers (the gaps, inside a bucket and between buckets,
+  // stay zero), so that the products writing gradients into the buffer, the optimizer's kernels and, sharded,
+  // those reading a rank's slices take 16-byte accesses whatever the sizes of the parameters before them (a
+  // 10-class bias, say).
+  const int64_t align = std::max<int64_t>(1, static_cast<int64_t>(16 / elem));
   buckets_.clear();
   int last_group = -1;
   for (int i : order) {
@@ -92,14 +93,14 @@ void Reducer::layout(const std::vector<int>& order) {
     b.numel = start + s.numel;
   }
   // Sharded, every bucket is padded to whole blocks, one per rank, each a whole number of 16-byte units (the
-  // padding stays zero).
+  // padding stays zero); unsharded, its span is its values.
   const int64_t unit = sharded() ? world_ * align : 1;
   int64_t offset = 0, blocks = 0;
   for (Bucket& b : buckets_) {
     b.offset = offset;
     b.span = (b.numel + unit - 1) / unit * unit;
     for (size_t j = 0; j < b.params.size(); ++j) slots_[static_cast<size_t>(b.params[j])].offset = b.offset + b.starts[j];
-    offset += b.span;
+    offset += (b.span + align - 1) / align * align;  // the next bucket at a 16-byte boundary too
     blocks += sharded() ? b.span / world_ : b.span;  // this rank's block of each
   }
   if (whole_arena() && (!arena_.defined() || arena_.numel() != offset)) {

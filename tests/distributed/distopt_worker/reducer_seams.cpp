@@ -15,26 +15,30 @@ void scenario_introspection(const std::shared_ptr<dist::Communicator>& comm) {
   const int me = comm->rank();
   const std::vector<int64_t> sizes = {37, 300, 5, 256, 96};
   Fixture f = make_fixture(comm, sizes, small_buckets());
-  // Every parameter in exactly one bucket, at its offset, buckets tiling the buffer in launch order.
+  // Every parameter in exactly one bucket, at its offset, buckets tiling the buffer in launch order: each
+  // parameter and each bucket at the first 16-byte boundary after the one before (the gaps zero).
   std::vector<dist::BucketInfo> layout = f.opt->bucket_layout();
   std::vector<int> seen(sizes.size(), 0);
+  auto aligned = [](int64_t at) { return (at + 3) / 4 * 4; };
   int64_t next = 0;
   for (const dist::BucketInfo& b : layout) {
-    CHECK_OR_REPORT(b.offset == next && b.params.size() == b.offsets.size() && !b.params.empty(),
+    CHECK_OR_REPORT(b.offset == aligned(next) && b.params.size() == b.offsets.size() && !b.params.empty(),
                     "bucket at %lld (expected at %lld) with %zu parameters and %zu offsets",
-                    static_cast<long long>(b.offset), static_cast<long long>(next), b.params.size(), b.offsets.size());
+                    static_cast<long long>(b.offset), static_cast<long long>(aligned(next)), b.params.size(),
+                    b.offsets.size());
     int64_t at = b.offset;
     for (size_t j = 0; j < b.params.size(); ++j) {
       const size_t i = static_cast<size_t>(b.params[j]);
-      CHECK_OR_REPORT(i < sizes.size() && b.offsets[j] == at, "parameter %zu at %lld, expected at %lld", i,
-                      static_cast<long long>(b.offsets[j]), static_cast<long long>(at));
+      CHECK_OR_REPORT(i < sizes.size() && b.offsets[j] == aligned(at), "parameter %zu at %lld, expected at %lld", i,
+                      static_cast<long long>(b.offsets[j]), static_cast<long long>(aligned(at)));
       if (i < sizes.size()) {
         ++seen[i];
-        at += sizes[i];
+        at = aligned(at) + sizes[i];
       }
     }
-    CHECK_OR_REPORT(at - b.offset == b.numel, "a bucket of %lld values holds parameters of %lld",
-                    static_cast<long long>(b.numel), static_cast<long long>(at - b.offset));
+    CHECK_OR_REPORT(at - b.offset == b.numel && b.span == b.numel,
+                    "a bucket of %lld values (span %lld) holds parameters up to %lld", static_cast<long long>(b.numel),
+                    static_cast<long long>(b.span), static_cast<long long>(at - b.offset));
     CHECK_OR_REPORT(b.numel * 4 <= 1024 || b.params.size() == 1, "a bucket of %lld values exceeds 1 KiB",
                     static_cast<long long>(b.numel));
     next = b.offset + b.numel;
