@@ -101,8 +101,11 @@ class Reducer {
 
   // ---- sharding
   bool sharded() const { return options_.shard != Shard::none; }
-  /// Whether every rank keeps the whole gradient arena (unsharded, and sharded optimizer state).
-  bool whole_arena() const { return options_.shard == Shard::none || options_.shard == Shard::optimizer; }
+  /// Whether every rank keeps the whole gradient arena (unsharded, sharded optimizer state, and any stage on
+  /// one rank, whose one block of each bucket is the whole bucket: staging its gradients would only copy them).
+  bool whole_arena() const {
+    return options_.shard == Shard::none || options_.shard == Shard::optimizer || world_ == 1;
+  }
   /// Under sharding: the average of this rank's block of bucket k ([span / world]), after finish.
   const Tensor& owned(size_t k) const { return owned_[k]; }
   /// Bytes of gradient storage kept between steps: the arena, or under sharded gradients the blocks.
