@@ -166,6 +166,30 @@ TEST(CudaLmTrain, ParameterCopiesGiveTheBitsOfConvertingAtEveryStep) {
   fs::remove_all(dir);
 }
 
+using Checkpoint = std::vector<std::pair<std::string, tandem::Tensor>>;
+
+// `run` (ending in --checkpoint) of `steps` steps, recorded and then with --cuda-graph off, each into
+// dir/{recorded,eager}_<tag>.ck: both succeed, the first records its steps, the losses agree step by step within
+// 1e-4; returns the two checkpoints (empty ones after a failure).
+std::pair<Checkpoint, Checkpoint> recorded_and_eager_checkpoints(const std::string& run, const fs::path& dir,
+                                                                 const std::string& tag, size_t steps) {
+  const std::string rec = (dir / ("recorded_" + tag + ".ck")).string(), eag = (dir / ("eager_" + tag + ".ck")).string();
+  auto recorded = run_tandem(run + rec);
+  EXPECT_EQ(recorded.status, 0) << recorded.output;
+  EXPECT_FALSE(contains(recorded.output, "steps run eagerly")) << recorded.output;
+  auto eager = run_tandem(run + eag + " --cuda-graph off");
+  EXPECT_EQ(eager.status, 0) << eager.output;
+  if (recorded.status != 0 || eager.status != 0) return {};
+  const auto la = step_losses(recorded.output), lb = step_losses(eager.output);
+  EXPECT_EQ(la.size(), steps) << tag;
+  EXPECT_EQ(lb.size(), steps) << tag;
+  double loss_diff = 0;
+  for (auto& [k, v] : la)
+    if (lb.count(k)) loss_diff = std::max(loss_diff, std::fabs(v - lb.at(k)));
+  EXPECT_LT(loss_diff, 1e-4) << tag;
+  return {tandem::read_checkpoint_tensors(rec), tandem::read_checkpoint_tensors(eag)};
+}
+
 // Sharded steps (--shard optimizer and gradients, one GPU) are recorded and replayed like unsharded ones: the
 // slices' AdamW reads its scheduled rate on the device, and the run ends where the same run taken eagerly
 // (--cuda-graph off) ends.
@@ -177,20 +201,9 @@ TEST(CudaLmTrain, RecordedShardedStepsEndWhereEagerStepsEnd) {
                             "--dropout 0 --data " + corpus.string() + " --steps 14 --batch-size 4 --device cuda "
                             "--clip-norm 0.5 --lr 3e-3 --warmup 3 --min-lr 3e-4 --deterministic --eval-every 0 "
                             "--eval-steps 2 --shard " + shard + " --checkpoint ";
-    auto recorded = run_tandem(run + (dir / ("recorded_" + shard + ".ck")).string());
-    ASSERT_EQ(recorded.status, 0) << recorded.output;
-    EXPECT_FALSE(contains(recorded.output, "steps run eagerly")) << recorded.output;
-    auto eager = run_tandem(run + (dir / ("eager_" + shard + ".ck")).string() + " --cuda-graph off");
-    ASSERT_EQ(eager.status, 0) << eager.output;
-    const auto la = step_losses(recorded.output), lb = step_losses(eager.output);
-    ASSERT_EQ(la.size(), 14u);
-    ASSERT_EQ(lb.size(), 14u);
-    double loss_diff = 0, param_diff = 0;
-    for (auto& [k, v] : la) loss_diff = std::max(loss_diff, std::fabs(v - lb.at(k)));
-    EXPECT_LT(loss_diff, 1e-4) << "--shard " << shard;
-    auto a = tandem::read_checkpoint_tensors((dir / ("recorded_" + shard + ".ck")).string());
-    auto b = tandem::read_checkpoint_tensors((dir / ("eager_" + shard + ".ck")).string());
+    const auto [a, b] = recorded_and_eager_checkpoints(run, dir, shard, 14);
     ASSERT_EQ(a.size(), b.size());
+    double param_diff = 0;
     int params = 0;
     for (size_t i = 0; i < a.size(); ++i) {
       ASSERT_EQ(a[i].first, b[i].first);
@@ -217,20 +230,9 @@ TEST(CudaLmTrain, MasterWeightsStepsAreRecordedAndKeepBf16Parameters) {
                             "--dropout 0 --data " + corpus.string() + " --steps 12 --batch-size 4 --device cuda "
                             "--clip-norm 0.5 --lr 3e-3 --warmup 3 --deterministic --eval-every 0 --eval-steps 2 "
                             "--master-weights bf16 --shard " + shard + " --checkpoint ";
-    auto recorded = run_tandem(run + (dir / ("recorded_" + shard + ".ck")).string());
-    ASSERT_EQ(recorded.status, 0) << recorded.output;
-    EXPECT_FALSE(contains(recorded.output, "steps run eagerly")) << recorded.output;
-    auto eager = run_tandem(run + (dir / ("eager_" + shard + ".ck")).string() + " --cuda-graph off");
-    ASSERT_EQ(eager.status, 0) << eager.output;
-    const auto la = step_losses(recorded.output), lb = step_losses(eager.output);
-    ASSERT_EQ(la.size(), 12u);
-    ASSERT_EQ(lb.size(), 12u);
-    double loss_diff = 0, master_diff = 0;
-    for (auto& [k, v] : la) loss_diff = std::max(loss_diff, std::fabs(v - lb.at(k)));
-    EXPECT_LT(loss_diff, 1e-4) << "--shard " << shard;
-    auto a = tandem::read_checkpoint_tensors((dir / ("recorded_" + shard + ".ck")).string());
-    auto b = tandem::read_checkpoint_tensors((dir / ("eager_" + shard + ".ck")).string());
+    const auto [a, b] = recorded_and_eager_checkpoints(run, dir, shard, 12);
     ASSERT_EQ(a.size(), b.size());
+    double master_diff = 0;
     int params = 0, masters = 0, unrounded = 0;
     for (size_t i = 0; i < a.size(); ++i) {
       ASSERT_EQ(a[i].first, b[i].first);
