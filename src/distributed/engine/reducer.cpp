@@ -220,9 +220,9 @@ void Reducer::launch_ready() {
     if (world_ > 1 || !sharded()) {
       codec_->launch(b);
     } else {
-      // A sharded job of one rank: nothing travels, and its one block is the whole bucket.
+      // A sharded job of one rank: nothing travels, and its one block is the whole bucket, a view of the whole
+      // arena it keeps (whole_arena).
       codec_->apply_locally(b);
-      if (b.shard.data_ptr() != b.grad.data_ptr()) b.shard.copy_(b.grad);
     }
     // Sharded gradients: the staging is the collective's now (it holds it until done), not ours.
     if (!whole_arena()) b.grad = Tensor();
