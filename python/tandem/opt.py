@@ -340,7 +340,11 @@ class Optimizer:
                     return self._impl, i
         held = self._singles.get(name)
         if held is None or held[0].data_ptr != param.data_ptr:
-            impl = self._create([param])
+            # A tensor made without stores_grad (SINGA's Tensor(shape) or from_numpy) is stepped through
+            # a leaf that shares its memory: SINGA's apply updates any tensor in place.
+            leaf = param if param.requires_grad else _tandem.Tensor(data=param, requires_grad=True,
+                                                                    stores_grad=True)
+            impl = self._create([leaf])
             impl.lr = self._lr
             held = self._singles[name] = (param, impl)
         return held[1], 0

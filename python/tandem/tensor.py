@@ -699,7 +699,8 @@ def _transpose(self, axes=None, dim1=None):
 
 
 def _T(self):
-    """The dimensions reversed (the transpose of a 2-d tensor), as a view."""
+    """``t.T()``, SINGA's method: the dimensions reversed (a 2-d tensor's transpose), as a view that shares
+    the tensor's memory."""
     return _transpose(self)
 
 
@@ -707,7 +708,7 @@ _METHODS.update({
     "__getitem__": _getitem,
     "reshape": _reshape,
     "transpose": _transpose,
-    "T": property(_T, doc="The dimensions reversed (a 2-d tensor's transpose), as a view."),
+    "T": _T,
 })
 _install()
 

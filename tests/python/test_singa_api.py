@@ -554,7 +554,7 @@ def test_tensor_methods():
     t = tensor.from_numpy(a)
     np.testing.assert_array_equal(t.transpose().to_numpy(), a.T)
     np.testing.assert_array_equal(t.transpose((1, 0)).to_numpy(), a.T)
-    np.testing.assert_array_equal(t.T.to_numpy(), a.T)
+    np.testing.assert_array_equal(t.T().to_numpy(), a.T)
     np.testing.assert_array_equal(t[1].to_numpy(), a[1:2])  # an int keeps the dimension, as SINGA's
     np.testing.assert_array_equal(t[-1, 1:3].to_numpy(), a[2:3, 1:3])
     np.testing.assert_array_equal(t[:, 2].to_numpy(), a[:, 2:3])
@@ -586,7 +586,7 @@ def test_tensor_methods():
     assert tensor.average(t) == pytest.approx(a.mean())
     np.testing.assert_allclose(tensor.average(t, 1).to_numpy(), a.mean(1))
     c = tensor.zeros((3, 3))
-    tensor.mult(t, t.T, c, alpha=2.0)
+    tensor.mult(t, t.T(), c, alpha=2.0)
     np.testing.assert_allclose(c.to_numpy(), 2 * a @ a.T)
     np.testing.assert_allclose(tensor.axpy(0.5, t, tensor.ones((3, 4))).to_numpy(), 1 + 0.5 * a)
     np.testing.assert_allclose(tensor.softmax(t).to_numpy().sum(1), 1.0, rtol=1e-6)

@@ -143,6 +143,26 @@ def test_apply_and_update_step_one_parameter(cpu):
         sgd.apply("c", c, tensor.from_numpy(np.ones(3, np.float32), cpu))
 
 
+def test_apply_steps_a_tensor_that_stores_no_gradient(cpu):
+    """SINGA's RBM example steps tensors made by Tensor(shape) and from_numpy (no stores_grad) with
+    apply: they are updated in place, with momentum kept by name, and stay as they were made."""
+    w = tensor.from_numpy(np.array([1.0, -2.0, 0.5], np.float32), cpu)
+    v = tensor.Tensor((2, 2), cpu)
+    assert not w.requires_grad and not w.stores_grad
+    sgd = opt.SGD(lr=0.1, momentum=0.9, weight_decay=0.01)
+    g = np.array([0.5, 1.0, -1.0], np.float32)
+    want, buf = w.to_numpy().copy(), np.zeros(3, np.float32)
+    for step in range(3):
+        sgd.apply("w", w, tensor.from_numpy(g * (step + 1), cpu))
+        d = g * (step + 1) + 0.01 * want
+        buf = d if step == 0 else 0.9 * buf + d
+        want = want - 0.1 * buf
+        np.testing.assert_allclose(w.to_numpy(), want, rtol=1e-6)
+    sgd.apply("v", v, tensor.from_numpy(np.ones((2, 2), np.float32), cpu))
+    np.testing.assert_allclose(v.to_numpy(), -0.1 * np.ones((2, 2)), rtol=1e-6)
+    assert not w.requires_grad and not v.requires_grad
+
+
 class _Stray(model.Model):
     """A model whose forward multiplies by a tensor that requires a gradient but is no parameter (held in
     a list: a tensor attribute that stores a gradient would be one)."""
