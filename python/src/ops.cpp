@@ -43,6 +43,88 @@ std::vector<Tensor> graph_leaves(const Tensor& t) {
   return out;
 }
 
+// A Python callable held by graph nodes, which the engine may free without the GIL.
+std::shared_ptr<nb::object> hold_callable(nb::object fn) {
+  return std::shared_ptr<nb::object>(new nb::object(std::move(fn)), [](nb::object* o) {
+    if (!Py_IsInitialized()) return;  // the interpreter is gone: nothing left to release
+    nb::gil_scoped_acquire gil;
+    delete o;
+  });
+}
+
+// SINGA's Operator subclasses with a Python forward/backward: each floating-point output gets a node whose
+// backward calls backward(*dys) under the GIL (zeros for the other outputs' gradients) and takes what it
+// returns as the inputs' gradients: moved to each input's device and dtype, checked against its shape.
+// Only shapes, dtypes and devices are kept, no Python object but the callable.
+std::vector<Tensor> record_function(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                                    nb::object backward_fn, const std::string& name) {
+  TANDEM_CHECK(PyCallable_Check(backward_fn.ptr()), name, ": backward must be callable");
+  struct Meta {
+    Shape shape;
+    DType dtype;
+    Device device;
+  };
+  auto meta = [](const Tensor& t) { return Meta{t.shape(), t.dtype(), t.device()}; };
+  auto ins = std::make_shared<std::vector<Meta>>();
+  auto outs = std::make_shared<std::vector<Meta>>();
+  for (const Tensor& x : inputs) {
+    TANDEM_CHECK(x.defined(), name, ": an input is an undefined tensor");
+    ins->push_back(meta(x));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TANDEM_CHECK(outputs[i].defined(), name, ": output ", i, " is an undefined tensor");
+    outs->push_back(meta(outputs[i]));
+  }
+  auto fn = hold_callable(std::move(backward_fn));
+  // The callable (a bound method: its instance, its module's globals) is held from C++, where the
+  // collector cannot see it: a tensor in a module global whose graph holds one is still alive when the
+  // extension is torn down at exit. That is no leak of a running program; nanobind would report it.
+  if (grad_enabled()) nb::set_leak_warnings(false);
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    Tensor y = outputs[i].detach();  // an output may be an input returned as it is
+    if (!is_floating(y.dtype())) {
+      out.push_back(y);
+      continue;
+    }
+    out.push_back(record_op(y, inputs, name.c_str(), [fn, i, name, ins, outs](const Tensor& dy) {
+      std::vector<Tensor> dys;
+      for (size_t k = 0; k < outs->size(); ++k) {
+        const Meta& m = (*outs)[k];
+        dys.push_back(k == i ? dy : Tensor::zeros(m.shape, m.dtype, m.device));
+      }
+      nb::gil_scoped_acquire gil;
+      nb::object r = (*fn)(*nb::cast(dys));
+      std::vector<nb::object> given;
+      if (nb::isinstance<nb::tuple>(r) || nb::isinstance<nb::list>(r)) {
+        for (nb::handle h : r) given.push_back(nb::borrow(h));
+      } else {
+        given.push_back(r);
+      }
+      TANDEM_CHECK(given.size() == ins->size(), name, ".backward gave ", given.size(), " gradient(s) for ",
+                   ins->size(), " input(s): it must give one (a tensor, or None) for each");
+      std::vector<Tensor> grads;
+      for (size_t j = 0; j < given.size(); ++j) {
+        if (given[j].is_none()) {
+          grads.emplace_back();
+          continue;
+        }
+        TANDEM_CHECK(nb::isinstance<Tensor>(given[j]), name, ".backward: the gradient of input ", j,
+                     " must be a tensor or None, got ", nb::type_name(given[j].type()).c_str());
+        Tensor t = nb::cast<Tensor>(given[j]);
+        const Meta& m = (*ins)[j];
+        TANDEM_CHECK(t.shape() == m.shape, name, ".backward: the gradient of input ", j, " has shape ",
+                     shape_str(t.shape()), " but the input has ", shape_str(m.shape));
+        if (t.device() != m.device) t = t.to(m.device);
+        if (t.dtype() != m.dtype) t = t.to(m.dtype);
+        grads.push_back(std::move(t));
+      }
+      return grads;
+    }));
+  }
+  return out;
+}
+
 // Disables graph recording inside a `with` block.
 struct NoGradScope {
   std::unique_ptr<NoGradGuard> guard;
@@ -156,6 +238,12 @@ void bind_ops(nb::module_& m) {
       "Back-propagates from loss into fresh gradients (each leaf's earlier gradient dropped first) and returns the "
       "leaves in the order their gradients became final (SINGA's autograd.backward). retain_graph keeps the graph, "
       "so that backward can run over it again (it goes with the last tensor that refers to it).");
+  m.def("record_function", &record_function, nb::arg("outputs"), nb::arg("inputs"), nb::arg("backward"),
+        nb::arg("name"),
+        "Gives outputs (computed outside the graph) a graph node over inputs whose gradient backward(i, dy) computes "
+        "in Python: i the output, dy its gradient; it returns one tensor or None per input. Returns the outputs as "
+        "new tensors on the same memory (floating-point ones carry the node when grad mode is on and an input needs "
+        "a gradient).");
   m.def("graph_leaves", &graph_leaves, nb::arg("tensor"),
         "The leaves needing a gradient that tensor was computed from, in a deterministic order.");
   m.def("grad_enabled", &grad_enabled, "False inside a no_grad block.");

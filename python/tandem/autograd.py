@@ -59,8 +59,17 @@ def gradients(y, dy=None):
 # ---- operators
 class Operator:
     """SINGA's operator classes: an instance is called on tensors and returns a tuple of outputs
-    (``ReLU()(x)[0]``). tandem's operators run C++ operations, which record their own gradients:
-    subclasses that define SINGA's ``forward`` / ``backward`` on raw tensors are not supported."""
+    (``ReLU()(x)[0]``). tandem's own operators run C++ operations, which record their own gradients.
+
+    A subclass may define SINGA's pair instead, in Python: ``forward(*xs)`` gets the input tensors and
+    returns a tensor or a tuple of them, computed without recording a graph (``singa_wrap``'s functions,
+    tensor methods, NumPy through ``copy_from_numpy``); ``backward(*dys)`` gets the gradient of each
+    output and returns the gradient of each input: a tensor, or a tuple with a tensor or None per input,
+    of the input's shape (gradients on another device or in another dtype are moved and converted).
+    The operator's outputs then carry a graph node that calls ``backward`` when the loss is
+    back-propagated; the instance may keep what ``forward`` saw for it (``self.x = x``). With several
+    outputs, ``backward`` is called once for each output that receives a gradient, zeros in place of the
+    others' (the sum of those calls is the gradient, as backward is linear in the dys)."""
 
     op_count = 0
 
@@ -74,13 +83,31 @@ class Operator:
         for x in xs:
             if not isinstance(x, Tensor):
                 raise TypeError(f"{type(self).__name__}: inputs must be tandem Tensors, got {type(x).__name__}")
+        if type(self).forward is not Operator.forward:
+            return self._python_forward(xs)
         y = self._apply(*xs)
         return y if isinstance(y, tuple) else (y,)
 
     def _apply(self, *xs):
-        raise NotImplementedError(
-            f"{type(self).__name__}: tandem operators compute with C++ operations; a Python forward/backward "
-            "pair on raw tensors is not supported")
+        raise NotImplementedError(f"{type(self).__name__} must define forward(*xs) and backward(*dys)")
+
+    def forward(self, *xs):
+        """SINGA's forward of a Python operator (see the class): the outputs from the inputs."""
+        raise NotImplementedError(f"{type(self).__name__} must define forward(*xs)")
+
+    def backward(self, *dys):
+        """SINGA's backward of a Python operator (see the class): the inputs' gradients from the outputs'."""
+        raise NotImplementedError(f"{type(self).__name__} must define backward(*dys) to be back-propagated")
+
+    def _python_forward(self, xs):
+        name = type(self).__name__
+        with _tandem.no_grad():
+            ys = self.forward(*xs)
+        ys = tuple(ys) if isinstance(ys, (tuple, list)) else (ys,)
+        for i, y in enumerate(ys):
+            if not isinstance(y, Tensor):
+                raise TypeError(f"{name}.forward must return tensors, got {type(y).__name__} as output {i}")
+        return tuple(_tandem.record_function(list(ys), list(xs), self.backward, name))
 
 
 class _Elementwise(Operator):

@@ -145,6 +145,8 @@ class Model(Layer):
         opt = self.optimizer
         if opt is None:
             return "the model has no optimizer (set_optimizer): its steps are not recorded"
+        if opt._python_steps():
+            return f"the optimizer ({type(opt).__name__}) steps in Python (its apply())"
         impl = getattr(opt, "_impl", None)
         if impl is None:
             return "the optimizer has no parameters yet"

@@ -126,6 +126,14 @@ class Optimizer:
     everything is float32. A model whose optimizer has a 16-bit dtype, or whose input tensors are
     16-bit, runs its steps in that precision (CPU inputs are converted to float32 first). No loss is
     scaled, as in SINGA's float16 training.
+
+    A subclass that defines SINGA's ``apply(param_name, param_value, param_grad)`` (and not tandem's
+    C++ optimizer) steps in Python, as SINGA's own optimizers are written: a call on a loss runs
+    ``call(loss)``, which back-propagates and gives ``apply`` each parameter with its gradient (named by
+    ``p.name``, or ``id(p)``), then ``step()``, which counts the step and sets ``lr_value`` (a
+    one-element tensor) to the schedule's next rate. ``device_check(*tensors)`` moves tensors to the
+    first one's device. Such an optimizer's state is its own: checkpoints keep the model's parameters and
+    the step count; recorded steps and DistOpt need one of tandem's optimizers.
     """
 
     def __init__(self, lr, dtype=float32):
@@ -135,6 +143,7 @@ class Optimizer:
         self._schedule = _schedule(lr, "lr")
         self._steps = 0
         self._lr = self._schedule.value_at(0)
+        self.lr_value = _tandem.full([1], self._lr, None, float32)  # SINGA's: the rate as a tensor
         self._model = None
         self._module = None  # the C++ module listing the parameters
         self._impl = None
@@ -147,6 +156,19 @@ class Optimizer:
         """The precision the model computes in with this optimizer ("f16", "bf16"), or None."""
         return _PRECISIONS.get(self.dtype)
 
+    def _python_steps(self):
+        """True for a subclass that steps in Python: it defines apply() and no C++ optimizer."""
+        cls = type(self)
+        return cls._create is Optimizer._create and cls.apply is not Optimizer.apply
+
+    def device_check(self, *inputs):
+        """SINGA's: moves every tensor given to the device of the first, in place (numbers, such as
+        tandem's ``step_counter``, are left as they are)."""
+        dev = inputs[0].device
+        for t in inputs[1:]:
+            if isinstance(t, _tandem.Tensor) and t.device != dev:
+                t.to_device(dev)
+
     # ---- parameters
     def _use_model(self, model):
         self._model = model
@@ -154,6 +176,8 @@ class Optimizer:
             self._build(model._module())
 
     def _ensure(self, loss):
+        if self._python_steps():
+            return
         if self._impl is None:
             if self._model is not None:
                 module = self._model._module()
@@ -184,6 +208,8 @@ class Optimizer:
 
     def _build(self, module):
         self._module = module
+        if self._python_steps():
+            return  # apply() steps each parameter
         # Frozen parameters (Embedding.from_pretrained(freeze=True), requires_grad=False) are not trained.
         self._impl = self._create([p for p in module.parameters() if p.requires_grad])
         self._impl.lr = self._lr
@@ -198,6 +224,9 @@ class Optimizer:
         it follows the learning-rate schedule in proportion) or "lr_scale" (a factor of the optimizer's
         rate). Parameters in no group keep the optimizer's settings. :func:`decay_groups` makes the
         usual split. Takes effect now, or when the optimizer learns its parameters."""
+        if self._python_steps():
+            raise ValueError(f"set_param_groups: {type(self).__name__} steps in Python (its apply()); parameter groups "
+                             "are settings of tandem's optimizers (SGD, Adam, RMSProp, AdaGrad)")
         checked = []
         for i, g in enumerate(groups):
             if not isinstance(g, dict) or "params" not in g:
@@ -274,6 +303,7 @@ class Optimizer:
 
     def _refresh_lr(self):
         self._lr = self._schedule.value_at(self._steps)
+        self.lr_value.set_value(self._lr)
         if self._impl is not None:
             self._impl.lr = self._lr
         for _, impl in self._singles.values():
@@ -299,12 +329,23 @@ class Optimizer:
         """Back-propagates from loss and applies its gradients, as SINGA's: gradients left on the
         parameters by earlier passes (an ``autograd.backward`` loop, ``t.backward()``) are dropped first.
         To apply the sum of several passes, call ``t.backward()`` for each, then ``step()``."""
-        self._fresh_backward(loss)
+        if self._python_steps():
+            self.call(loss)
+        else:
+            self._fresh_backward(loss)
         self.step()
 
     def call(self, loss):
         """SINGA's first half of a step: back-propagates and applies this loss's gradients (as
         backward_and_update), without counting the step (``step()`` counts it)."""
+        if self._python_steps():
+            from .autograd import backward
+
+            for p, g in backward(loss):
+                if p.name is None:
+                    p.name = id(p)
+                self.apply(p.name, p, g)
+            return
         self._fresh_backward(loss)
         self._impl.step()
         self._impl.zero_grad(True)
@@ -315,7 +356,11 @@ class Optimizer:
         _tandem.backward(loss)
 
     def step(self):
-        """Applies the accumulated gradients, then clears them, and counts the step."""
+        """Applies the accumulated gradients, then clears them, and counts the step (an optimizer that
+        steps in Python: counts it, and sets lr_value to the next rate)."""
+        if self._python_steps():
+            self._count_step()
+            return
         if self._impl is None:
             raise RuntimeError("the optimizer has no parameters yet: call it on a loss or use model.set_optimizer")
         self._impl.step()
@@ -492,6 +537,9 @@ class DistOpt(Optimizer):
         opt = opt if opt is not None else SGD()
         if not isinstance(opt, Optimizer) or isinstance(opt, DistOpt):
             raise TypeError("DistOpt wraps an optimizer (SGD, Adam, RMSProp, AdaGrad)")
+        if opt._python_steps():
+            raise TypeError(f"DistOpt wraps one of tandem's optimizers (SGD, Adam, RMSProp, AdaGrad); {type(opt).__name__} "
+                            "steps in Python (its apply()), which DistOpt's C++ step cannot call")
         super().__init__(opt.lr, opt.dtype)
         self.opt = opt
         local_rank = _either(local_rank, gpu_num, "local_rank", "gpu_num")
