@@ -2,6 +2,7 @@
 
     python bench/make_singa_standins.py malaria FASHION_MNIST_DIR OUT_DIR [TRAIN_PER_CLASS TEST_PER_CLASS]
     python bench/make_singa_standins.py qabot OUT.pickle
+    python bench/make_singa_standins.py bank OUT_DIR [CLIENTS]
 
 malaria: what examples/malaria_cnn (and largedataset_cnn, with OUT_DIR/training_set as its Data folder)
 read: PNG files under OUT_DIR/{training_set,testing_set}/{Parasitized,Uninfected}, here Fashion-MNIST shirts
@@ -12,6 +13,11 @@ qabot: the cache examples/qabot's prepare_data() reads from /tmp/insuranceQA_cac
 InsuranceQA and the GoogleNews word vectors: 400 answers of 20-60 words from a 2,000-word vocabulary with
 random 300-d vectors; 2,000 training and 200 test questions, each 6-12 words drawn from its answer, with 99
 other answers as candidates.
+
+bank: the splits examples/hfl's clients read (OUT_DIR/bank_{train,test}_{i}.csv, as its bank.py writes them
+from UCI's bank-marketing data): 20 numeric features, 2,000 training and 500 test rows per client (3 by
+default), y = 1 where a fixed random linear function of the features plus noise exceeds 0.5; client i's
+features are scaled by 1 + 0.3 i.
 """
 import gzip
 import os
@@ -67,11 +73,28 @@ def qabot(out):
     print(f"{out}: 2000 training and 200 test questions over 400 answers")
 
 
+def bank(out, clients=3):
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(20)
+    os.makedirs(out, exist_ok=True)
+    for i in range(clients):
+        for part, n in (("train", 2000), ("test", 500)):
+            x = rng.standard_normal((n, 20)) * (1 + i * 0.3)
+            frame = pd.DataFrame(x, columns=[f"f{j}" for j in range(20)])
+            frame["y"] = ((x @ w + rng.standard_normal(n)) > 0.5).astype(int)
+            frame.to_csv(os.path.join(out, f"bank_{part}_{i}.csv"), index=False)
+    print(f"{out}: {clients} clients of 2000 training and 500 test rows")
+
+
 def main():
     if len(sys.argv) >= 4 and sys.argv[1] == "malaria":
         malaria(sys.argv[2], sys.argv[3], *[int(v) for v in sys.argv[4:6]])
     elif len(sys.argv) == 3 and sys.argv[1] == "qabot":
         qabot(sys.argv[2])
+    elif len(sys.argv) in (3, 4) and sys.argv[1] == "bank":
+        bank(sys.argv[2], *[int(v) for v in sys.argv[3:4]])
     else:
         sys.exit(__doc__)
 
