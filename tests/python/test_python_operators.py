@@ -315,6 +315,24 @@ def test_python_optimizer_limits_are_stated():
     assert np.all(np.isfinite(losses)) and m.replays == 0
 
 
+class SumOnHost(autograd.Operator):
+    """The sum of every element, its gradient made with NumPy on the CPU whatever the input's device."""
+
+    def forward(self, x):
+        self.shape = x.shape
+        return singa.SumAll(x)
+
+    def backward(self, dy):
+        return tensor.from_numpy(np.full(self.shape, tensor.to_numpy(dy)[0], np.float32))
+
+
+def test_a_gradient_made_on_the_host_reaches_the_input():
+    a0 = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a = param(a0)
+    list(autograd.backward(SumOnHost()(Cube()(a)[0])[0] * 2.0))
+    np.testing.assert_allclose(a.grad.to_numpy(), 2 * 3 * a0 ** 2, rtol=1e-6)
+
+
 @needs_gpu
 def test_python_operator_on_a_gpu_matches_the_cpu():
     dev = tandem.device.create_cuda_gpu_on(0)
@@ -323,7 +341,7 @@ def test_python_operator_on_a_gpu_matches_the_cpu():
     got = {}
     for where in (None, dev):
         a = param(a0, where)
-        loss = SumError()(Cube()(a)[0])[0]  # SumError's gradient is made on the CPU and moved
+        loss = SumOnHost()(Cube()(a)[0])[0]  # its gradient is made on the CPU and moved to the input's device
         list(autograd.backward(loss))
         got[where is None] = (loss.to_numpy(), a.grad.to_numpy())
     np.testing.assert_allclose(got[False][0], got[True][0], rtol=1e-5)
