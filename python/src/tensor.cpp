@@ -144,7 +144,16 @@ void bind_tensor(nb::module_& m) {
       .def("detach", &Tensor::detach, "Same data, cut off from autograd.")
       // copies and conversions
       .def("clone", &Tensor::clone, release_gil())
-      .def("contiguous", &Tensor::contiguous, release_gil())
+      .def(
+          "contiguous",
+          [](const Tensor& x) {
+            if (x.is_contiguous()) return x;
+            // A copy that autograd records (its gradient passes through): Tensor::contiguous is the raw
+            // copy operations use on their inputs, which would cut a view off its graph here.
+            return record_op(x.contiguous(), {x}, "contiguous",
+                             [](const Tensor& g) { return std::vector<Tensor>{g}; });
+          },
+          release_gil(), "The same values laid out densely (itself when already so); recorded by autograd.")
       .def(
           "to",
           [](const Tensor& x, nb::handle target) {

@@ -316,3 +316,16 @@ def test_pool1d_layers():
     np.testing.assert_allclose(layer.MaxPool1d(2)(x).to_numpy(), a.reshape(2, 3, 1, 4, 2).max(-1))
     np.testing.assert_allclose(layer.AvgPool1d(4, 2)(x).to_numpy(),
                                np.stack([a[..., i:i + 4].mean(-1) for i in (0, 2, 4)], -1), rtol=1e-6)
+
+
+def test_contiguous_copy_of_a_view_keeps_the_gradient():
+    """t.transpose(...).contiguous() copies the view and autograd records the copy (the gradient passes)."""
+    a = np.arange(6.0).reshape(2, 3)
+    x = tensor.Tensor((2, 3), dtype=tensor.float64, requires_grad=True, stores_grad=True)
+    x.copy_from_numpy(a)
+    y = x.transpose().contiguous()
+    assert y.is_contiguous() and not y.shares_storage(x) and y.requires_grad
+    c = np.arange(6.0).reshape(3, 2) + 1
+    list(autograd.backward(autograd.reduce_sum(y * tensor.from_numpy(c, dtype=tensor.float64), [0, 1], keepdims=0)))
+    np.testing.assert_array_equal(x.grad.to_numpy(), c.T)
+    assert x.contiguous().shares_storage(x)  # already dense: itself
