@@ -48,6 +48,27 @@ needs_fashion = pytest.mark.skipif(not (FASHION / "train-images-idx3-ubyte.gz").
                                    reason="Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)")
 
 
+def torch_for_numpy():
+    """The system's PyTorch where it exchanges arrays with this NumPy, else None: Debian's 1.13 was built
+    for NumPy 1 and cannot read NumPy 2's arrays ("Numpy is not available")."""
+    import warnings
+
+    try:
+        import numpy as np
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its complaint about the NumPy it was not built for
+            import torch
+
+            torch.from_numpy(np.zeros(1)).numpy()
+        return torch
+    except Exception:  # not installed, or built for another NumPy
+        return None
+
+
+TORCH_SKIP = "no PyTorch that exchanges arrays with this NumPy (Debian's python3-torch needs NumPy 1)"
+
+
 @pytest.fixture
 def cpu():
     dev = tandem.device.get_default_device()

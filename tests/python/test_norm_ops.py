@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from conftest import TORCH_SKIP, torch_for_numpy
 from tandem import _tandem, autograd, layer, tensor
 
 
@@ -133,7 +134,9 @@ def test_scaled_dot_product_attention(cpu, causal):
 
 
 def test_attention_against_torch(cpu):
-    torch = pytest.importorskip("torch")
+    torch = torch_for_numpy()
+    if torch is None:
+        pytest.skip(TORCH_SKIP)
     q, k, v = rand((1, 3, 6, 4), 14), rand((1, 3, 6, 4), 15), rand((1, 3, 6, 4), 16)
     o = autograd.scaled_dot_product_attention(tensor.from_numpy(q, cpu), tensor.from_numpy(k, cpu),
                                               tensor.from_numpy(v, cpu), causal=True).to_numpy()

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from conftest import TORCH_SKIP, torch_for_numpy
 from tandem import _tandem, autograd, layer, model, opt, tensor
 
 EMPTY = inspect.Parameter.empty
@@ -82,11 +83,7 @@ def test_embedding_layer_is_lazy_and_loads_pretrained_tables(cpu):
 
 # ---- recurrent layers
 
-torch = None
-try:  # the system's PyTorch, when this interpreter sees it
-    import torch  # noqa: F811
-except ImportError:
-    pass
+torch = torch_for_numpy()  # the system's PyTorch, when this interpreter can use it
 
 
 def torch_module(kind, lay, batch_first=False):
@@ -98,7 +95,7 @@ def torch_module(kind, lay, batch_first=False):
     return m
 
 
-@pytest.mark.skipif(torch is None, reason="PyTorch is not importable here")
+@pytest.mark.skipif(torch is None, reason=TORCH_SKIP)
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
 def test_recurrent_layers_follow_singas_calls_and_pytorchs_values(cpu, kind):
     rng = np.random.RandomState(1)
@@ -132,7 +129,7 @@ def test_recurrent_layers_follow_singas_calls_and_pytorchs_values(cpu, kind):
     assert grads
 
 
-@pytest.mark.skipif(torch is None, reason="PyTorch is not importable here")
+@pytest.mark.skipif(torch is None, reason=TORCH_SKIP)
 def test_deep_bidirectional_batch_first_lstm_on_a_tensor(cpu):
     rng = np.random.RandomState(2)
     N, T, I, H = 2, 4, 3, 5
