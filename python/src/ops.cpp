@@ -194,12 +194,21 @@ void bind_ops(nb::module_& m) {
       "x [N, in] w [out, in]^T + b; relu fuses max(., 0).");
   m.def(
       "conv2d",
-      [bias](const Tensor& x, const Tensor& w, const std::optional<Tensor>& b, Pair stride, Pair padding, bool relu) {
-        return conv2d(x, w, bias(b), Conv2dOptions{stride, padding, relu});
-      },
+      [bias](const Tensor& x, const Tensor& w, const std::optional<Tensor>& b, Pair stride, Pair padding, bool relu,
+             int groups) { return conv2d(x, w, bias(b), Conv2dOptions{stride, padding, relu, groups}); },
       nb::arg("x"), nb::arg("weight"), nb::arg("bias").none() = nb::none(), nb::arg("stride") = Pair{1, 1},
-      nb::arg("padding") = Pair{0, 0}, nb::arg("relu") = false, release_gil(),
-      "NCHW convolution; weight [K, C, R, S]; relu fuses max(., 0).");
+      nb::arg("padding") = Pair{0, 0}, nb::arg("relu") = false, nb::arg("groups") = 1, release_gil(),
+      "NCHW convolution; weight [K, C / groups, R, S]; relu fuses max(., 0).");
+  m.def(
+      "batch_norm2d",
+      [](const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor running_mean, Tensor running_var,
+         bool training, double momentum, double eps) {
+        return batch_norm2d(x, gamma, beta, running_mean, running_var, training, momentum, eps);
+      },
+      nb::arg("x"), nb::arg("gamma"), nb::arg("beta"), nb::arg("running_mean"), nb::arg("running_var"),
+      nb::arg("training"), nb::arg("momentum") = 0.1, nb::arg("eps") = 1e-5, release_gil(),
+      "Batch normalisation of NCHW x per channel: batch statistics in training (the running ones updated in "
+      "place: (1 - momentum) running + momentum batch), the running ones otherwise.");
   m.def(
       "max_pool2d", [](const Tensor& x, Pair kernel, Pair stride, Pair padding) {
         return max_pool2d(x, Pool2dOptions{kernel, stride, padding});

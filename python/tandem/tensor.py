@@ -715,3 +715,6 @@ _install()
 # ---- softmax, normalisation, losses, attention
 
 # ---- embedding, recurrent networks
+
+#: SINGA's name for a tensor given to ``compile`` as a model's input (an alias of Tensor there too).
+PlaceHolder = Tensor
