@@ -8,6 +8,7 @@ import pytest
 import tandem
 from tandem import autograd, layer, model, opt, tensor
 from tandem import singa_wrap as singa
+from test_singa_api import Tiny
 
 needs_gpu = pytest.mark.skipif(tandem.device.get_num_gpus() == 0, reason="no CUDA GPU")
 
@@ -260,31 +261,13 @@ class PySGD(opt.Optimizer):
         singa.Axpy(minus_lr.data, buf.data, param_value.data)
 
 
-class Mlp(model.Model):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = layer.Linear(5)
-        self.relu = layer.ReLU()
-        self.fc2 = layer.Linear(3)
-        self.loss = layer.SoftMaxCrossEntropy()
-
-    def forward(self, x):
-        return self.fc2(self.relu(self.fc1(x)))
-
-    def train_one_batch(self, x, y):
-        out = self.forward(x)
-        loss = self.loss(out, y)
-        self.optimizer(loss)
-        return out, loss
-
-
 def _train(optimizer, steps=4, use_graph=False):
     dev = tandem.device.get_default_device()
     dev.SetRandSeed(7)
     rng = np.random.default_rng(3)
     x = tensor.from_numpy(rng.standard_normal((6, 4)).astype(np.float32), dev)
     y = tensor.from_numpy(rng.integers(0, 3, 6).astype(np.int32), dev)
-    m = Mlp()
+    m = Tiny()  # Linear, ReLU, Linear, softmax cross-entropy
     m.set_optimizer(optimizer)
     m.compile([x], is_train=True, use_graph=use_graph)
     losses = [float(m(x, y)[1].to_numpy()[0]) for _ in range(steps)]
