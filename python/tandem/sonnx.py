@@ -5,9 +5,10 @@ the model's weights as parameters, to evaluate or to train (fine-tuning, a new h
 The graph runs eagerly on tandem's operations, node by node in the file's (topological) order, so it
 runs on the CPU and on GPUs and back-propagates like any model. Shapes are taken from the inputs of
 each call: the parts of a graph that compute shapes (``Shape``, ``Gather`` of a shape, ``Concat`` of
-sizes, ``ConstantOfShape``, ...) are evaluated with NumPy as constants. Floating-point initializers of
-more than one element that feed a node's weight inputs (Conv, ConvTranspose's weight and bias, Gemm,
-MatMul and the arithmetic ops, the normalisations' scale and bias, PRelu's slope) become parameters;
+sizes, ``ConstantOfShape``, ...) are evaluated with NumPy as constants. Floating-point initializers
+that feed a node's weight inputs (Conv's weight and bias, Gemm's operands, the normalisations' scale and
+bias, PRelu's slope; MatMul's and the arithmetic operators' when they hold more than one number) become
+parameters;
 BatchNormalization's running mean and variance are buffers (updated in training mode); the other
 initializers are constants. The operators supported are listed in ``SUPPORTED``; a graph with another
 raises NotImplementedError at ``prepare`` naming it. Reading files needs the ``onnx`` package
@@ -49,7 +50,7 @@ def _is_t(v):
 
 
 class _Ctx:
-    """One run: the device, the training flag and the values by name."""
+    """One run: the device, the training flag, the graph's floating type and the constants on the device."""
 
     def __init__(self, device, training, float_type=np.float32, cache=None):
         self.device = device
@@ -77,14 +78,13 @@ class _Ctx:
         elif a.dtype not in _DT:
             a = a.astype(np.int64 if np.issubdtype(a.dtype, np.integer) else self.float_type)
         bf16 = like is not None and like.dtype == _tandem.DType.bfloat16 and a.dtype.kind == "f"
-        small = keep and a.nbytes <= (1 << 20) and len(self.cache) < _CACHED_CONSTANTS
-        key = (str(self.device), a.dtype.str, a.shape, bf16, a.tobytes()) if small else None
+        key = (str(self.device), a.dtype.str, a.shape, bf16, a.tobytes()) if keep and a.nbytes <= (1 << 20) else None
         t = self.cache.get(key) if key is not None else None
         if t is None:
             t = _tandem.from_array(np.ascontiguousarray(a), self.device)
             if bf16:
                 t = t.as_type(_tandem.DType.bfloat16)
-            if key is not None:
+            if key is not None and len(self.cache) < _CACHED_CONSTANTS:
                 self.cache[key] = t
         return t
 
@@ -726,9 +726,11 @@ def _argmax(ctx, at, xs):
 SUPPORTED = tuple(sorted(_OPS))
 
 # Weight positions: the inputs of these operators that an initializer may be a parameter at.
-_WEIGHT_INPUTS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (0, 1, 2), "MatMul": (0, 1),
-                  "BatchNormalization": (1, 2), "InstanceNormalization": (1, 2), "LayerNormalization": (1, 2),
-                  "PRelu": (1,), "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1)}
+_WEIGHT_INPUTS = {"Conv": (1, 2), "Gemm": (0, 1, 2), "BatchNormalization": (1, 2), "InstanceNormalization": (1, 2),
+                  "LayerNormalization": (1, 2), "PRelu": (1,)}
+# ... and of these, when the initializer has more than one element (a single number there is a constant:
+# a scale, an epsilon, the 2 of a square).
+_ARRAY_INPUTS = {"MatMul": (0, 1), "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1)}
 _BUFFER_INPUTS = {"BatchNormalization": (3, 4)}
 
 
@@ -882,17 +884,17 @@ def prepare(model, device="CPU", **kwargs):
 
 def _role(graph):
     """Initializer name -> "param" or "buffer", by the inputs that read it."""
-    onnx = _onnx()
-    floats = {t.name for t in graph.initializer
-              if onnx.helper.tensor_dtype_to_np_dtype(t.data_type).kind == "f" and int(np.prod(t.dims)) > 1}
+    sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer
+             if np.dtype(_NP.get(t.data_type, np.int64)).kind == "f"}
     roles = {}
     for node in graph.node:
         for i, name in enumerate(node.input):
-            if name not in floats:
+            if name not in sizes:
                 continue
             if i in _BUFFER_INPUTS.get(node.op_type, ()):
                 roles.setdefault(name, "buffer")
-            elif i in _WEIGHT_INPUTS.get(node.op_type, ()):
+            elif i in _WEIGHT_INPUTS.get(node.op_type, ()) or (
+                    i in _ARRAY_INPUTS.get(node.op_type, ()) and sizes[name] > 1):
                 roles[name] = "param"
     return roles
 
