@@ -882,6 +882,25 @@ def prepare(model, device="CPU", **kwargs):
     return SingaRep(model.graph, device, _opset_of(model))
 
 
+def run_node(node, inputs, device="CPU", opset_version=_OPSET):
+    """SINGA's run_node (the ONNX backend API): one NodeProto run on ``inputs`` (NumPy arrays, one for each of
+    the node's non-empty inputs); returns an OrderedDict of the node's outputs by name, as tensors."""
+    from collections import OrderedDict
+
+    if node.op_type not in _OPS:
+        raise NotImplementedError(f"sonnx.run_node: tandem does not run {node.op_type} "
+                                  f"(supported: {', '.join(SUPPORTED)})")
+    named = [name for name in node.input if name != ""]
+    if len(named) != len(inputs):
+        raise ValueError(f"sonnx.run_node: {node.op_type} takes {len(named)} input(s), got {len(inputs)}")
+    given = iter(inputs)
+    ctx = _Ctx(_device(device), False)
+    ctx.opset, ctx.op, ctx.outputs = int(opset_version), node.op_type, len(node.output)
+    xs = [None if name == "" else ctx.t(np.asarray(next(given)), keep=False) for name in node.input]
+    outs = _OPS[node.op_type](ctx, _attributes(node), xs)
+    return OrderedDict((name, ctx.t(v, keep=False)) for name, v in zip(node.output, outs) if name)
+
+
 def _role(graph):
     """Initializer name -> "param" or "buffer", by the inputs that read it."""
     sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer

@@ -377,3 +377,15 @@ def test_constants_are_put_on_the_device_once():
         y = rep.run([e["attention_x"] * (i + 2)])[0]
         assert np.isfinite(y).all()
     assert len(rep._constants) == kept
+
+
+def test_run_node_as_the_backend_api():
+    x = np.random.default_rng(9).standard_normal((1, 2, 5, 5)).astype(np.float32)
+    w = np.random.default_rng(10).standard_normal((3, 2, 3, 3)).astype(np.float32)
+    node = N("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])
+    out = sonnx.run_node(node, [x, w])
+    assert list(out) == ["y"]
+    want = reference(model([node], [("x", [1, 2, 5, 5]), ("w", [3, 2, 3, 3])], ["y"], {}, 13), {"x": x, "w": w})[0]
+    np.testing.assert_allclose(out["y"].to_numpy(), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="takes 2 input"):
+        sonnx.run_node(node, [x])
