@@ -389,3 +389,23 @@ def test_run_node_as_the_backend_api():
     np.testing.assert_allclose(out["y"].to_numpy(), want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="takes 2 input"):
         sonnx.run_node(node, [x])
+
+
+@pytest.mark.skipif(tandem.device.get_num_gpus() == 0, reason="no CUDA GPU")
+def test_a_graph_on_a_gpu_matches_the_cpu_and_trains():
+    e = np.load(FIXTURES / "expected.npz")
+    gpu = tandem.device.create_cuda_gpu_on(0)
+    for name in ("cnn", "attention"):
+        rep = sonnx.prepare(str(FIXTURES / f"{name}.onnx"), gpu)
+        x = tensor.from_numpy(e[f"{name}_x"], gpu)
+        np.testing.assert_allclose(rep.run([x])[0], e[f"{name}_y"], rtol=1e-3, atol=1e-4)  # TF32 products
+    m, _ = cnn()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16, 3, 11, 9)).astype(np.float32)
+    labels = (x[:, 0].mean((1, 2)) > 0).astype(np.int32)
+    net = Head(m, 2)
+    tx, ty = tensor.from_numpy(x, gpu), tensor.from_numpy(labels, gpu)
+    net.set_optimizer(opt.SGD(lr=0.2, momentum=0.9))
+    net.compile([tx], is_train=True, use_graph=True)
+    losses = [float(net(tx, ty)[1].to_numpy()[0]) for _ in range(30)]
+    assert losses[-1] < 0.5 * losses[0], losses
