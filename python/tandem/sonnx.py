@@ -869,7 +869,13 @@ def _opset_of(model):
 def _load(model):
     onnx = _onnx()
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-        model = onnx.load(model)
+        path = model
+        try:
+            model = onnx.load(path)
+        except OSError:
+            raise
+        except Exception as e:  # protobuf's DecodeError and the like: not an ONNX file
+            raise ValueError(f"sonnx: {path!s} is not a readable ONNX model ({type(e).__name__}: {e})") from e
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"sonnx: expected an onnx.ModelProto or a file name, got {type(model).__name__}")
     return model

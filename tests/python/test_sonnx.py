@@ -336,6 +336,12 @@ def test_files_load(tmp_path):
     sonnx.save(m, str(path))
     np.testing.assert_allclose(sonnx.prepare(str(path)).run([feeds["x"]])[0], reference(m, feeds)[0], rtol=1e-5,
                                atol=1e-6)
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(path.read_bytes()[:100] + b"\xff" * 64)  # cut and garbled
+    with pytest.raises(ValueError, match="not a readable ONNX model"):
+        sonnx.prepare(str(bad))
+    with pytest.raises(FileNotFoundError):
+        sonnx.prepare(str(tmp_path / "missing.onnx"))
 
 
 FIXTURES = __import__("pathlib").Path(__file__).resolve().parent.parent / "fixtures" / "onnx"
