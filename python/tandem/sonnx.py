@@ -52,13 +52,15 @@ def _is_t(v):
 class _Ctx:
     """One run: the device, the training flag, the graph's floating type and the constants on the device."""
 
-    def __init__(self, device, training, float_type=np.float32, cache=None):
+    def __init__(self, device, training, float_type=np.float32, cache=None, initializers=None):
         self.device = device
+        self.initializers = initializers or {}  # id of an initializer's array -> its name
         self.training = training
         self.float_type = float_type  # the graph's floating type: float64 constants folded with NumPy become it
         # Constants already on the device, by value: later calls (and a recorded step, which cannot copy
         # from the host) reuse them. Operators never write into their inputs, so sharing them is safe. At
-        # most _CACHED_CONSTANTS are kept (values that follow the data would otherwise pile up), none dropped.
+        # most _CACHED_CONSTANTS computed values are kept (values that follow the data would otherwise pile up),
+        # none dropped; initializers are kept by name.
         self.cache = cache if cache is not None else {}
 
     def t(self, v, like=None, keep=True):
@@ -66,6 +68,7 @@ class _Ctx:
         or else the graph's floating type."""
         if _is_t(v):
             return v
+        init = self.initializers.get(id(v))
         a = np.asarray(v)
         if a.dtype == np.bool_:
             a = a.astype(np.uint8)
@@ -78,13 +81,18 @@ class _Ctx:
         elif a.dtype not in _DT:
             a = a.astype(np.int64 if np.issubdtype(a.dtype, np.integer) else self.float_type)
         bf16 = like is not None and like.dtype == _tandem.DType.bfloat16 and a.dtype.kind == "f"
-        key = (str(self.device), a.dtype.str, a.shape, bf16, a.tobytes()) if keep and a.nbytes <= (1 << 20) else None
+        if init is not None:  # an initializer: kept by name, whatever its size
+            key = (str(self.device), a.dtype.str, bf16, "initializer", init)
+        elif keep and a.nbytes <= (1 << 20):
+            key = (str(self.device), a.dtype.str, a.shape, bf16, a.tobytes())
+        else:
+            key = None
         t = self.cache.get(key) if key is not None else None
         if t is None:
             t = _tandem.from_array(np.ascontiguousarray(a), self.device)
             if bf16:
                 t = t.as_type(_tandem.DType.bfloat16)
-            if key is not None and len(self.cache) < _CACHED_CONSTANTS:
+            if init is not None or (key is not None and len(self.cache) < _CACHED_CONSTANTS):
                 self.cache[key] = t
         return t
 
@@ -778,6 +786,7 @@ class SingaRep:
         self.dev = _device(device)
         self.is_graph = False
         self._constants = {}  # see _Ctx.cache
+        self._initializer_ids = {id(v): k for k, v in self.states.items()}
         self._params = params or {}  # initializer name -> tensor (SONNXModel's parameters and buffers)
         unknown = sorted({n.op_type for n in self.layers} - set(_OPS))
         if unknown:
@@ -791,7 +800,7 @@ class SingaRep:
             raise ValueError(f"sonnx: the graph takes {len(self.inputs)} input(s) "
                              f"({', '.join(i.name for i in self.inputs)}), got {len(x)}")
         dev = next((v.device for v in x if _is_t(v)), self.dev)
-        ctx = _Ctx(dev, training, self.float_type, self._constants)
+        ctx = _Ctx(dev, training, self.float_type, self._constants, self._initializer_ids)
         ctx.opset = self.opset
         n = len(self.layers)
         last = kwargs.get("last_layers", n - 1)
