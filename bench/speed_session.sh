@@ -62,6 +62,10 @@ if has python; then  # the package installed into build-gpu/pyenv, its tests, Py
   say "python step ($((SECONDS - t0)) s, rc $?): $(grep -E '^(median|fastest)' "$OUT/python_step.log" | tr '\n' ' ')"
   [ -x build-gpu/pyenv/bin/python ] && build-gpu/pyenv/bin/python -c "import pytest" 2>/dev/null ||
     build-gpu/pyenv/bin/python -m pip install -q --no-index --find-links .data/whl pytest >>"$OUT/python_step.log" 2>&1
+  # onnx (tests/python/test_sonnx.py) where its wheel travels in .data/whl
+  if ls .data/whl/onnx-*.whl >/dev/null 2>&1 && ! build-gpu/pyenv/bin/python -c "import onnx" 2>/dev/null; then
+    build-gpu/pyenv/bin/python -m pip install -q --no-index --find-links .data/whl onnx >>"$OUT/python_step.log" 2>&1
+  fi
   # A test stuck for a minute prints every thread's Python stack; the suite gets PYTEST_LIMIT seconds (300).
   # Plugins of other environments stay out.
   export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
