@@ -63,14 +63,17 @@ __device__ __forceinline__ void store_copies(CopyT* h, const float4& pv) {
 
 // One element's SGD update: the new parameter is returned, the momentum buffer updated in place (read only
 // after the first step). The same expressions in both of sgd_kernel's paths.
+// Every operation rounded on its own, as AdamElem's: the compiler contracted the four-element and the
+// one-element paths (and the instantiations with and without 16-bit copies) into different fused
+// multiply-adds, so a parameter's bits depended on its alignment.
 struct SgdElem {
   SgdScalars s;
   __device__ __forceinline__ float operator()(float p, float g, float& buf) const {
-    const float d = g + s.weight_decay * p;
-    if (!s.use_momentum) return p - s.lr * d;
-    const float b = s.first_step ? d : s.momentum * buf + s.one_minus_dampening * d;
+    const float d = __fadd_rn(g, __fmul_rn(s.weight_decay, p));
+    if (!s.use_momentum) return __fsub_rn(p, __fmul_rn(s.lr, d));
+    const float b = s.first_step ? d : __fadd_rn(__fmul_rn(s.momentum, buf), __fmul_rn(s.one_minus_dampening, d));
     buf = b;
-    return p - s.lr * (s.nesterov ? d + s.momentum * b : b);
+    return __fsub_rn(p, __fmul_rn(s.lr, s.nesterov ? __fadd_rn(d, __fmul_rn(s.momentum, b)) : b));
   }
 };
 
