@@ -35,14 +35,12 @@ Tensor empty_dense_like(const Tensor& t, DType dtype) {
 
 Tensor to_dense(const Tensor& t, DType dtype, bool channels_last) {
   if (t.dtype() == dtype && (channels_last ? is_channels_last(t) : t.is_contiguous())) return t;
-  // A parameter whose 16-bit copy the optimizer keeps (ParamCopiesScope): read, not converted. A filter wanted
-  // channels-last is converted from the parameter as it would be without copies: rearranged from the copy
-  // instead, SGD's steps of a residual network on an H200 gave other bits than converting (with
-  // TANDEM_CHANNELS_LAST=0 the same; CudaPrecision.SgdWeightCopiesGiveTheBitsOfConvertingAtEveryStep).
+  // A parameter whose 16-bit copy the optimizer keeps (ParamCopiesScope): read, not converted (a filter wanted
+  // channels-last is rearranged from the copy: half the bytes the parameter's conversion reads).
   const Tensor copy = active_param_copy(t, dtype);
   if (copy.defined() && (!channels_last || t.dim() != 4)) return copy;
   if (!channels_last) return t.dtype() == dtype ? t.contiguous() : t.to(dtype);  // one copy either way
-  const Tensor& from = t;
+  const Tensor& from = copy.defined() ? copy : t;
   Tensor out = empty_channels_last(from.shape(), dtype, from.device());
   if (out.numel() == 0) return out;
   // Copy through [n, h, w, c] views of both: the destination's is contiguous, the source's is strided.
