@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/column_sums.h"
 #include "autograd/retain_graph.h"
 #include "backend/backend.h"
 #include "core/tensor_impl.h"
@@ -20,6 +21,8 @@ namespace {
 thread_local bool t_grad_enabled = true;
 thread_local bool t_retain_graph = false;
 std::atomic<uint64_t> g_seq{0};
+std::atomic<uint64_t> g_passes{0};
+thread_local uint64_t t_pass = 0;  // the backward pass running on this thread, 0 outside one
 
 std::shared_ptr<Node> accumulator_for(const Tensor& leaf) {
   TensorImpl* impl = leaf.impl();
@@ -41,6 +44,7 @@ thread_local const std::vector<Tensor>* t_add_targets = nullptr;
 
 void accumulate(const std::shared_ptr<TensorImpl>& leaf_impl, Tensor g) {
   Tensor leaf(leaf_impl);
+  drop_column_sums(g);  // a leaf may adopt the buffer and write it later
   TANDEM_ASSERT(g.numel() == leaf.numel(), "gradient ", g.str(), " for leaf ", leaf.str());
   if (leaf_impl->grad && leaf_impl->grad_zeroed) {
     // The buffer holds zeros: the gradient is written over it (one conversion at most), or already is.
@@ -83,7 +87,36 @@ Tensor grad_destination(size_t i) {
 }
 
 Tensor grad_add_target(size_t i) {
-  return t_add_targets && i < t_add_targets->size() ? (*t_add_targets)[i] : Tensor();
+  Tensor t = t_add_targets && i < t_add_targets->size() ? (*t_add_targets)[i] : Tensor();
+  drop_column_sums(t);  // the caller adds into it
+  return t;
+}
+
+void set_column_sums(const Tensor& t, int64_t cols, const Tensor& sums) {
+  if (!t.defined() || t_pass == 0 || cols <= 0 || !t.is_contiguous() || t.numel() % cols != 0) return;
+  TANDEM_ASSERT(sums.defined() && sums.numel() == cols && sums.dtype() == DType::f32, "column sums ", sums.str(),
+                " for ", cols, " columns");
+  auto h = std::make_unique<ColumnSums>();
+  h->sums = sums;
+  h->offset = t.impl()->offset;
+  h->numel = t.numel();
+  h->cols = cols;
+  h->dtype = t.dtype();
+  h->pass = t_pass;
+  t.impl()->storage->column_sums = std::move(h);
+}
+
+Tensor column_sums_of(const Tensor& t, int64_t cols) {
+  if (!t.defined() || t_pass == 0 || !t.is_contiguous()) return Tensor();
+  const ColumnSums* h = t.impl()->storage->column_sums.get();
+  if (!h || h->pass != t_pass || h->offset != t.impl()->offset || h->numel != t.numel() || h->cols != cols ||
+      h->dtype != t.dtype())
+    return Tensor();
+  return h->sums;
+}
+
+void drop_column_sums(const Tensor& t) {
+  if (t.defined() && t.impl()->storage) t.impl()->storage->column_sums.reset();
 }
 
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
@@ -144,6 +177,11 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
   }
   NoGradGuard no_grad;
   profiler::BackwardScope profiled_as_backward;
+  struct PassScope {
+    uint64_t prev = t_pass;
+    PassScope() { t_pass = ++g_passes; }
+    ~PassScope() { t_pass = prev; }
+  } pass_scope;
 
   std::shared_ptr<Node> root = loss.grad_fn() ? loss.grad_fn() : accumulator_for(loss);
 

@@ -444,14 +444,17 @@ class Backend {
   virtual void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t n, int64_t c, double eps,
                                   bool rms, Tensor& y, Tensor& mean, Tensor& rstd) = 0;
   /// dx (x's type) and, where defined, dw = sum over rows of dy * xhat and db = sum over rows of dy (w's type).
-  virtual void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+  /// With dx_sums defined (f32, [c]) the backend may also write the column sums of dx as stored; it returns
+  /// whether it did (the CPU for f32, CUDA for rows a warp holds).
+  virtual bool layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                    const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw,
-                                   Tensor& db) = 0;
+                                   Tensor& db, Tensor& dx_sums) = 0;
   /// layer_norm_backward with dx added into acc (x's type and size, holding the gradient x has received from
-  /// its other readers: a residual connection's). The default computes dx and adds it; CUDA fuses the two.
-  virtual void layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+  /// its other readers: a residual connection's); acc_sums, the column sums of acc after the addition. The
+  /// default computes dx and adds it (no sums); the CPU (f32) and CUDA fuse the two.
+  virtual bool layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                        const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& acc, Tensor& dw,
-                                       Tensor& db);
+                                       Tensor& db, Tensor& acc_sums);
   /// Softmax cross-entropy of the rows of logits [n, c] against targets [n] (i32 or i64): loss[i] =
   /// logsumexp(logits_i) - logits_i[t_i], lse[i] = logsumexp(logits_i), valid[i] = 1; a row whose target is
   /// ignore_index gets loss 0 and valid 0. loss, lse, valid: [n] of the statistics' type. A target outside

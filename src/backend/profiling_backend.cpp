@@ -210,18 +210,19 @@ class ProfilingBackend final : public Backend {
     Timed timed(inner_, recordings_, device_, rms ? "rms_norm" : "layer_norm", profiler::detail::thread_phase());
     inner_.layer_norm_forward(x, w, b, n, c, eps, rms, y, mean, rstd);
   }
-  void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                           int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db) override {
+  bool layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                           int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db,
+                           Tensor& dx_sums) override {
     Timed timed(inner_, recordings_, device_, rms ? "rms_norm_backward" : "layer_norm_backward",
                 profiler::detail::thread_phase());
-    inner_.layer_norm_backward(dy, x, w, mean, rstd, n, c, rms, dx, dw, db);
+    return inner_.layer_norm_backward(dy, x, w, mean, rstd, n, c, rms, dx, dw, db, dx_sums);
   }
-  void layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+  bool layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& acc, Tensor& dw,
-                               Tensor& db) override {
+                               Tensor& db, Tensor& acc_sums) override {
     Timed timed(inner_, recordings_, device_, rms ? "rms_norm_backward" : "layer_norm_backward",
                 profiler::detail::thread_phase());
-    inner_.layer_norm_backward_add(dy, x, w, mean, rstd, n, c, rms, acc, dw, db);
+    return inner_.layer_norm_backward_add(dy, x, w, mean, rstd, n, c, rms, acc, dw, db, acc_sums);
   }
   void xent_rows_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss, Tensor& lse,
                          Tensor& valid) override {

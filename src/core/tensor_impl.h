@@ -12,12 +12,26 @@ namespace tandem {
 
 class Allocator;
 
+/// The column sums of a gradient held in a storage, taken by the kernel that wrote it (layer norm's
+/// backward), for the bias gradient of a layer that reads the same gradient (see ops::column_sums_of).
+/// Valid while the region is not written again: the backward engine drops it where an op is offered the
+/// gradient to add into or a leaf takes it, and it holds only within the backward pass that made it.
+struct ColumnSums {
+  Tensor sums;          // f32 [cols]
+  int64_t offset = 0;   // the region, in elements of dtype: [offset, offset + numel) viewed as [numel / cols, cols]
+  int64_t numel = 0;
+  int64_t cols = 0;
+  DType dtype = DType::f32;
+  uint64_t pass = 0;    // the backward pass (autograd::current_pass)
+};
+
 /// A block of memory on one device, returned to its allocator when the last user lets go.
 struct Storage {
   void* ptr = nullptr;
   size_t nbytes = 0;
   Device device;
   Allocator* allocator = nullptr;  // null: memory not owned
+  std::unique_ptr<ColumnSums> column_sums;  // see ColumnSums
   Storage(void* p, size_t n, Device d, Allocator* a) : ptr(p), nbytes(n), device(d), allocator(a) {}
   ~Storage();
   Storage(const Storage&) = delete;

@@ -1,5 +1,8 @@
 // Layer and RMS normalisation over the trailing dimensions: one fused kernel per direction, the row
 // statistics saved by the forward for the backward.
+#include <cstdlib>
+
+#include "autograd/column_sums.h"
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
 
@@ -8,6 +11,16 @@ namespace tandem {
 using namespace ops;
 
 namespace {
+
+// Whether the backward hands on dx's column sums (TANDEM_LN_COLUMN_SUMS=0: not, and the layers that would take
+// them reduce the gradient themselves; for measuring).
+bool column_sums_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("TANDEM_LN_COLUMN_SUMS");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
 
 // Checks a parameter of normalized_shape: x's type, or f32 with 16-bit x on CUDA.
 void check_param(const Tensor& p, const Tensor& x, const Shape& normalized_shape, const char* op, const char* what) {
@@ -57,14 +70,19 @@ Tensor normalise(const Tensor& x, const Shape& normalized_shape, const Tensor& w
     Tensor dx = into ? acc : need_x ? grad_buffer(0, sx.shape(), sx.dtype(), sx.device()) : Tensor();
     Tensor dw = need_w ? grad_buffer(1, sw.shape(), sw.dtype(), sw.device()) : Tensor();
     Tensor db = need_b ? grad_buffer(2, pshape, bdt, sx.device()) : Tensor();
+    // dx's column sums, where the kernel can take them on its pass: the bias gradient of a layer that added
+    // into x (a residual branch's output projection) is those sums, read here instead of from dx again.
+    Tensor sums = need_x && work && column_sums_on() ? Tensor::empty({c}, DType::f32, sx.device()) : Tensor();
+    bool summed = false;
     if (work && into) {
-      be(dy).layer_norm_backward_add(dy, sx, sw, mean, rstd, n, c, rms, dx, dw, db);
+      summed = be(dy).layer_norm_backward_add(dy, sx, sw, mean, rstd, n, c, rms, dx, dw, db, sums);
     } else if (work) {
-      be(dy).layer_norm_backward(dy, sx, sw, mean, rstd, n, c, rms, dx, dw, db);
+      summed = be(dy).layer_norm_backward(dy, sx, sw, mean, rstd, n, c, rms, dx, dw, db, sums);
     } else {  // no rows (or empty rows): the parameters' gradients are empty sums
       if (dw.defined()) dw.zero_();
       if (db.defined()) db.zero_();
     }
+    if (summed) set_column_sums(dx, c, sums);
     return std::vector<Tensor>{dx, dw, db};
   });
 }

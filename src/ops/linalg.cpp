@@ -5,6 +5,7 @@
 
 #include "core/tensor_impl.h"
 #include "ops/layout.h"
+#include "autograd/column_sums.h"
 #include "ops/op_utils.h"
 #include "ops/shape_utils.h"
 #include "tandem/ops.h"
@@ -134,9 +135,12 @@ Tensor weight_grad(const Tensor& g, const Tensor& x, DType w_dtype, size_t index
   const DType cdt = g.dtype();
   const bool direct = w_dtype == cdt || (w_dtype == DType::f32 && is_half(cdt));
   Tensor dw = grad_buffer(index, {g.size(1), x.size(1)}, direct ? w_dtype : cdt, g.device());
+  // The bias gradient: g's column sums where the kernel that wrote g took them (see bias_grad_of).
+  const Tensor sums = db.defined() ? column_sums_of(g, g.size(1)) : Tensor();
   backend::GemmFusion f;
-  f.a_row_sums = db;
+  if (!sums.defined()) f.a_row_sums = db;
   be(g).gemm_fused(true, false, g.size(1), x.size(1), g.size(0), 1.0, g, x, 0.0, dw, f);
+  if (sums.defined()) Tensor(db).copy_(sums);
   return direct ? dw : dw.to(w_dtype);
 }
 
@@ -194,7 +198,7 @@ Tensor linear_2d(const Tensor& x, const Tensor& w, const Tensor& b, bool relu, c
       be(gc).relu_bias_grad(gc, sy, n, out_f, 1, masked, db);
       gc = masked;
     } else if (need_b && !sx.defined()) {
-      be(gc).bias_grad(gc, n, out_f, 1, db);
+      bias_grad_of(gc, n, out_f, db);
     }
     Tensor dx = sw.defined() ? gemm_raw(false, false, gc, sw) : Tensor();
     // Without the ReLU the weight's product takes the bias gradient too.
@@ -406,7 +410,7 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
       if (need_w2) {
         dw2 = weight_grad(gc, sh, w2dt, 3, db2);
       } else {
-        be(gc).bias_grad(gc, n, out_f, 1, db2);
+        bias_grad_of(gc, n, out_f, db2);
       }
     }
     if (through) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "autograd/column_sums.h"
 #include "core/tensor_impl.h"
 #include "ops/layout.h"
 
@@ -95,6 +96,15 @@ Tensor grad_buffer(size_t i, const Shape& shape, DType dtype, Device device) {
   Tensor d = grad_destination(i);
   if (d.defined() && d.shape() == shape && d.dtype() == dtype && d.device() == device && d.is_contiguous()) return d;
   return Tensor::empty(shape, dtype, device);
+}
+
+void bias_grad_of(const Tensor& g, int64_t n, int64_t c, Tensor& db) {
+  if (!db.defined()) return;
+  Tensor sums = column_sums_of(g, c);
+  if (sums.defined() && g.numel() == n * c)
+    db.copy_(sums);
+  else
+    be(g).bias_grad(g, n, c, 1, db);
 }
 
 Tensor gemm_raw(bool ta, bool tb, const Tensor& a, const Tensor& b, Tensor out) {

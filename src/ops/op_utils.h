@@ -48,6 +48,10 @@ Tensor gemm_raw(bool ta, bool tb, const Tensor& a, const Tensor& b, Tensor out =
 /// In a backward function: the buffer for input i's gradient, the engine's destination when it matches
 /// (see grad_destination), else a new one.
 Tensor grad_buffer(size_t i, const Shape& shape, DType dtype, Device device);
+/// In a backward function: db = the column sums of g viewed as [n, c] (the bias gradient of the layer whose
+/// output gradient g is): the sums the kernel that wrote g took on its pass (see column_sums_of) where it did,
+/// else a reduction over g.
+void bias_grad_of(const Tensor& g, int64_t n, int64_t c, Tensor& db);
 /// A tensor of the given shape filled with the value of the one-element tensor s (no host sync).
 Tensor broadcast_scalar(const Tensor& s, const Shape& shape);
 

@@ -149,7 +149,8 @@ TEST(CpuRows, LayerNormAndRmsNormForwardAndBackward) {
             Tensor dy = rand_tensor({n, c}, DType::f32, gen), dx = Tensor::empty({n, c}, DType::f32);
             Tensor dw = affine ? Tensor::empty({c}, DType::f32) : Tensor();
             Tensor db = b.defined() ? Tensor::empty({c}, DType::f32) : Tensor();
-            cpu().layer_norm_backward(dy, x, w, mean, rstd, n, c, rms, dx, dw, db);
+            Tensor dx_sums = Tensor::empty({c}, DType::f32);
+            EXPECT_TRUE(cpu().layer_norm_backward(dy, x, w, mean, rstd, n, c, rms, dx, dw, db, dx_sums)) << what;
             const std::vector<double> vdy = values(dy);
             std::vector<double> want_dx(n * c), want_dw(c, 0.0), want_db(c, 0.0);
             for (int64_t i = 0; i < n; ++i) {
@@ -167,13 +168,32 @@ TEST(CpuRows, LayerNormAndRmsNormForwardAndBackward) {
             if (!one) expect_close(dx, want_dx, tol_for(DType::f32, 50), what + " dx");
             if (dw.defined() && !one) expect_close(dw, want_dw, tol_for(DType::f32, 50), what + " dw");
             if (db.defined()) expect_close(db, want_db, tol_for(DType::f32, 50), what + " db");
+            // The column sums of dx as stored, and of dx added into a gradient already there.
+            const std::vector<double> vdx = values(dx);
+            auto column_sums = [&](const std::vector<double>& v) {
+              std::vector<double> out(c, 0.0);
+              for (int64_t i = 0; i < n; ++i)
+                for (int64_t j = 0; j < c; ++j) out[j] += v[i * c + j];
+              return out;
+            };
+            expect_close(dx_sums, column_sums(vdx), tol_for(DType::f32, 50), what + " dx column sums");
+            Tensor acc = rand_tensor({n, c}, DType::f32, gen), acc_sums = Tensor::empty({c}, DType::f32);
+            std::vector<double> want_acc = values(acc);
+            for (int64_t e = 0; e < n * c; ++e) want_acc[e] += vdx[e];
+            Tensor dw3 = affine ? Tensor::empty({c}, DType::f32) : Tensor(), db3;
+            EXPECT_TRUE(cpu().layer_norm_backward_add(dy, x, w, mean, rstd, n, c, rms, acc, dw3, db3, acc_sums)) << what;
+            if (!one) {
+              expect_close(acc, want_acc, tol_for(DType::f32, 50), what + " dx added");
+            }
+            expect_close(acc_sums, column_sums(values(acc)), tol_for(DType::f32, 50), what + " added column sums");
+            if (dw3.defined()) EXPECT_EQ(values(dw3), values(dw)) << what;
 
             if (!affine) continue;
             // The parameters' gradients without dx, then dx alone: the same values.
-            Tensor none, dw2 = Tensor::empty({c}, DType::f32), dx2 = Tensor::empty({n, c}, DType::f32), none2;
-            cpu().layer_norm_backward(dy, x, w, mean, rstd, n, c, rms, none, dw2, none2);
+            Tensor none, dw2 = Tensor::empty({c}, DType::f32), dx2 = Tensor::empty({n, c}, DType::f32), none2, none_sums;
+            cpu().layer_norm_backward(dy, x, w, mean, rstd, n, c, rms, none, dw2, none2, none_sums);
             EXPECT_EQ(values(dw2), values(dw)) << what;
-            cpu().layer_norm_backward(dy, x, w, mean, rstd, n, c, rms, dx2, none, none2);
+            cpu().layer_norm_backward(dy, x, w, mean, rstd, n, c, rms, dx2, none, none2, none_sums);
             EXPECT_EQ(values(dx2), values(dx)) << what;
           }
   }

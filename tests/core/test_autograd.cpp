@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "autograd/column_sums.h"
 #include "autograd/retain_graph.h"
 #include "tandem/autograd.h"
 #include "tandem/ops.h"
@@ -339,6 +340,114 @@ TEST(Autograd, GradientFlowsIntoFloat32Leaves) {
   backward(sum(mul(x, x)));
   EXPECT_EQ(x.grad().dtype(), DType::f32);
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2.f, 4.f}));
+}
+
+// Layer norm's backward hands on the column sums of the gradient it writes (f32 on the CPU): an op reading
+// that gradient unchanged finds them, equal to the sums of its values; once the engine or an op has added
+// another share into the gradient, or in a later backward pass, it finds none.
+TEST(Autograd, LayerNormHandsOnTheColumnSumsOfTheGradientItWrites) {
+  Generator gen(5);
+  const int64_t rows = 6, cols = 8;
+  Tensor x = Tensor::uniform({rows, cols}, -1.0, 1.0, gen, DType::f32).requires_grad_();
+  Tensor w = Tensor::uniform({cols}, 0.5, 1.5, gen, DType::f32).requires_grad_();
+  Tensor b = Tensor::uniform({cols}, -0.5, 0.5, gen, DType::f32).requires_grad_();
+  Tensor r = Tensor::uniform({rows, cols}, -1.0, 1.0, gen, DType::f32);
+  // Identity whose backward records what column_sums_of finds for its output's gradient.
+  Tensor seen;
+  int probed = 0;
+  auto probe = [&](const Tensor& t) {
+    return record_op(t.detach().clone(), {t}, "probe", [&](const Tensor& g) {
+      ++probed;
+      seen = column_sums_of(g, cols);
+      if (seen.defined()) seen = seen.clone();
+      return std::vector<Tensor>{g};
+    });
+  };
+  auto expect_sums_of = [&](const Tensor& g, const std::string& what) {
+    ASSERT_TRUE(seen.defined()) << what;
+    const std::vector<double> v = g.to_vector<double>(), got = seen.to_vector<double>();
+    for (int64_t j = 0; j < cols; ++j) {
+      double want = 0.0;
+      for (int64_t i = 0; i < rows; ++i) want += v[i * cols + j];
+      EXPECT_NEAR(got[j], want, 1e-5 * (1.0 + std::fabs(want))) << what << " column " << j;
+    }
+  };
+  // The norm alone reads y: its dx is y's whole gradient.
+  {
+    Tensor y = probe(x);
+    backward(sum(mul(layer_norm(y, {cols}, w, b), r)));
+    EXPECT_EQ(probed, 1);
+    expect_sums_of(x.grad(), "alone");
+  }
+  // A residual connection: the branch's share arrives first and the norm adds its own into it.
+  {
+    x.set_grad(Tensor());
+    Tensor wl = Tensor::uniform({cols, cols}, -0.3, 0.3, gen, DType::f32);
+    Tensor y = probe(x);
+    backward(sum(mul(linear_residual(layer_norm(y, {cols}, w, b), wl, Tensor(), y), r)));
+    expect_sums_of(x.grad(), "residual");
+  }
+  // add hands one tensor to both inputs, so the norm is not offered it: no sums.
+  {
+    x.set_grad(Tensor());
+    seen = Tensor();
+    Tensor y = probe(x);
+    backward(sum(mul(add(layer_norm(y, {cols}, w, b), y), r)));
+    EXPECT_FALSE(seen.defined());
+  }
+  // The norm runs first and a later share is added by the engine: no sums (they would be the norm's alone).
+  {
+    x.set_grad(Tensor());
+    seen = Tensor();
+    Tensor y = probe(x);
+    Tensor other = mul(y, y);
+    backward(sum(add(mul(layer_norm(y, {cols}, w, b), r), other)));
+    EXPECT_FALSE(seen.defined());
+  }
+  // An op offered the gradient to add into drops them.
+  {
+    x.set_grad(Tensor());
+    seen = Tensor();
+    Tensor y = probe(x);
+    Tensor first = record_op(y.detach().clone(), {y}, "adds_into", [&](const Tensor& g) {
+      Tensor acc = grad_add_target(0);
+      if (!acc.defined()) return std::vector<Tensor>{g};
+      acc.copy_(add(acc, g));
+      return std::vector<Tensor>{acc};
+    });
+    backward(sum(add(first, mul(layer_norm(y, {cols}, w, b), r))));
+    EXPECT_FALSE(seen.defined());
+  }
+  // Outside a backward pass nothing is recorded or found.
+  Tensor t = Tensor::ones({rows, cols}, DType::f32);
+  set_column_sums(t, cols, Tensor::zeros({cols}, DType::f32));
+  EXPECT_FALSE(column_sums_of(t, cols).defined());
+}
+
+// A linear layer whose output joins a residual stream before a layer norm takes its bias gradient from the
+// norm's sums: the same values as the layer norm in f64 (no sums handed on) within f32's rounding.
+TEST(Autograd, ResidualBiasGradientFromTheNormsSumsMatchesF64) {
+  const int64_t rows = 40, width = 16;
+  auto run = [&](DType dt) {
+    Generator g2(3);
+    Tensor x = Tensor::uniform({rows, width}, -1.0, 1.0, g2, dt).requires_grad_();
+    Tensor w1 = Tensor::uniform({width, width}, -0.3, 0.3, g2, dt).requires_grad_();
+    Tensor b1 = Tensor::uniform({width}, -0.1, 0.1, g2, dt).requires_grad_();
+    Tensor lw = Tensor::uniform({width}, 0.5, 1.5, g2, dt).requires_grad_();
+    Tensor lb = Tensor::uniform({width}, -0.5, 0.5, g2, dt).requires_grad_();
+    Tensor r = Tensor::uniform({rows, width}, -1.0, 1.0, g2, dt);
+    Tensor h = linear_residual(layer_norm(x, {width}, lw, lb), w1, b1, x);
+    Tensor out = linear_residual(layer_norm(h, {width}, lw, lb), w1, b1, h);
+    backward(sum(mul(layer_norm(out, {width}, lw, lb), r)));
+    return std::vector<Tensor>{x.grad(), w1.grad(), b1.grad(), lw.grad(), lb.grad()};
+  };
+  const std::vector<Tensor> f32 = run(DType::f32), f64 = run(DType::f64);
+  const char* names[] = {"x", "w1", "b1", "lw", "lb"};
+  for (size_t i = 0; i < f32.size(); ++i) {
+    const std::vector<double> a = f32[i].to_vector<double>(), e = f64[i].to_vector<double>();
+    ASSERT_EQ(a.size(), e.size());
+    for (size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], e[j], 2e-5 * (1.0 + std::fabs(e[j]))) << names[i] << " " << j;
+  }
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // against the CPU: forward values and every gradient, in f32, f16 and bf16. 16-bit runs are compared with
 // the CPU's f32 result on the same (16-bit rounded) inputs; shapes cover the warp-per-row kernels (with and
 // without 16-byte accesses), the block-per-row kernels and axes that are not last.
+#include <algorithm>
+#include <cmath>
 #include <functional>
 
 #include "cuda/cuda_test_util.h"
@@ -123,6 +125,47 @@ TEST(CudaNorm, LayerNormAndRmsNorm) {
       compare({x}, {true}, t, [c](const std::vector<Tensor>& v) { return layer_norm(v[0], {c}); }, "layer_norm plain" + cs);
       compare({x, w}, {true, true}, t, [c](const std::vector<Tensor>& v) { return rms_norm(v[0], {c}, v[1]); },
               "rms_norm" + cs);
+    }
+  }
+}
+
+// The backward's column sums of dx as stored (written or added into a gradient already there), which a
+// residual branch's bias gradient takes: equal to the sums of the stored values, for every warp-per-row width;
+// rows the warp kernel does not take (unaligned, or a block per row) report that they gave none.
+TEST(CudaNorm, LayerNormBackwardSumsTheColumnsOfDx) {
+  REQUIRE_GPU();
+  for (int64_t c : {8, 768, 777, 2048, 4096}) {
+    const int64_t n = 300;
+    for (DType t : kTypes) {
+      const std::string what = std::string(dtype_name(t)) + " c=" + std::to_string(c);
+      Tensor x = rand_cpu({n, c}, 40 + c, -2.0, 2.0).to(t).to(gpu()), dy = rand_cpu({n, c}, 41 + c).to(t).to(gpu());
+      Tensor w = rand_cpu({c}, 42 + c, 0.5, 1.5).to(gpu()), b = rand_cpu({c}, 43 + c).to(gpu());
+      Tensor y = Tensor::empty({n, c}, t, gpu()), mean = Tensor::empty({n}, DType::f32, gpu()),
+             rstd = Tensor::empty({n}, DType::f32, gpu());
+      gpu_be().layer_norm_forward(x, w, b, n, c, 1e-5, false, y, mean, rstd);
+      const int64_t vec = 16 / static_cast<int64_t>(dtype_size(t));  // elements a 16-byte access holds
+      const bool warp = c % vec == 0 && (c + 32 * vec - 1) / (32 * vec) <= 8;
+      for (bool add : {false, true}) {
+        Tensor dx = add ? rand_cpu({n, c}, 44 + c).to(t).to(gpu()) : Tensor::empty({n, c}, t, gpu());
+        Tensor dw = Tensor::empty({c}, DType::f32, gpu()), db = Tensor::empty({c}, DType::f32, gpu());
+        Tensor sums = Tensor::empty({c}, DType::f32, gpu());
+        const bool summed = add ? gpu_be().layer_norm_backward_add(dy, x, w, mean, rstd, n, c, false, dx, dw, db, sums)
+                                : gpu_be().layer_norm_backward(dy, x, w, mean, rstd, n, c, false, dx, dw, db, sums);
+        EXPECT_EQ(summed, warp) << what;
+        if (!summed) continue;
+        const std::vector<double> v = dx.cpu().to_vector<double>(), got = sums.cpu().to_vector<double>();
+        double worst = 0.0;
+        for (int64_t j = 0; j < c; ++j) {
+          double want = 0.0, mag = 0.0;
+          for (int64_t i = 0; i < n; ++i) {
+            want += v[i * c + j];
+            mag += std::fabs(v[i * c + j]);
+          }
+          worst = std::max(worst, std::fabs(got[j] - want) / (mag + 1e-30));
+        }
+        EXPECT_LT(worst, 2e-5) << what << (add ? " added" : "") << ": column sums off by " << worst
+                               << " of the columns' absolute sums";
+      }
     }
   }
 }

@@ -116,8 +116,12 @@ class CpuBackend final : public Backend {
                         Tensor& dx) override;
   void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t n, int64_t c, double eps, bool rms,
                           Tensor& y, Tensor& mean, Tensor& rstd) override;
-  void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                           int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db) override;
+  bool layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                           int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db,
+                           Tensor& dx_sums) override;
+  bool layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                               const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& acc, Tensor& dw, Tensor& db,
+                               Tensor& acc_sums) override;
   void xent_rows_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss, Tensor& lse,
                          Tensor& valid) override;
   void xent_rows_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& g,
@@ -140,6 +144,9 @@ class CpuBackend final : public Backend {
   void adagrad_step(ParamSlot* slots, int64_t count, const AdagradArgs& a) override;
 
  private:
+  bool norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                     int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db, Tensor& dx_sums, bool add);
+
   std::unique_ptr<Allocator> allocator_;
 };
 

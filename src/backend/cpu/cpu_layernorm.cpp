@@ -50,9 +50,10 @@ void norm_rows_f32(const float* x, const float* w, const float* b, float* y, int
 // Up to kRowGroup f32 rows of the backward, from x and g (c apart), with their mean (null: 0) and rstd: dx =
 // rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = g w (w null: g), xhat = (x - mean) rstd (dx null: not
 // written), the rows' parameter gradients added into aw and ab (where not null) on the one pass that takes
-// every row's sums (aw and ab read and written once for the group), then the rows' dx.
+// every row's sums (aw and ab read and written once for the group), then the rows' dx (added to what dx holds
+// with add), their column sums added into ad where not null.
 void norm_rows_backward_f32(const float* x, const float* g, const float* w, const float* mean, const float* rstd,
-                            float* dx, float* aw, float* ab, int64_t rows, int64_t c, bool rms) {
+                            float* dx, float* aw, float* ab, int64_t rows, int64_t c, bool rms, bool add, float* ad) {
   float mus[kRowGroup] = {}, m1[kRowGroup], m2[kRowGroup];
   double s1[kRowGroup], s2[kRowGroup];
   if (mean) std::copy(mean, mean + rows, mus);
@@ -72,10 +73,16 @@ void norm_rows_backward_f32(const float* x, const float* g, const float* w, cons
   for (int64_t i = 0; i < rows; ++i) {
     const float *xr = x + i * c, *gr = g + i * c, mu = mus[i], r = rstd[i], a = m1[i], bm = m2[i];
     float* dr = dx + i * c;
-    if (w)
+    if (add && w)
+      for (int64_t k = 0; k < c; ++k) dr[k] += r * (gr[k] * w[k] - a - (xr[k] - mu) * r * bm);
+    else if (add)
+      for (int64_t k = 0; k < c; ++k) dr[k] += r * (gr[k] - a - (xr[k] - mu) * r * bm);
+    else if (w)
       for (int64_t k = 0; k < c; ++k) dr[k] = r * (gr[k] * w[k] - a - (xr[k] - mu) * r * bm);
     else
       for (int64_t k = 0; k < c; ++k) dr[k] = r * (gr[k] - a - (xr[k] - mu) * r * bm);
+    if (ad)
+      for (int64_t k = 0; k < c; ++k) ad[k] += dr[k];
   }
 }
 
@@ -136,11 +143,29 @@ void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tens
   });
 }
 
-void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+bool CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                      const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw,
-                                     Tensor& db) {
+                                     Tensor& db, Tensor& dx_sums) {
+  return norm_backward(dy, x, w, mean, rstd, n, c, rms, dx, dw, db, dx_sums, false);
+}
+
+bool CpuBackend::layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                         const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& acc, Tensor& dw,
+                                         Tensor& db, Tensor& acc_sums) {
+  if (x.dtype() != DType::f32)
+    return Backend::layer_norm_backward_add(dy, x, w, mean, rstd, n, c, rms, acc, dw, db, acc_sums);
+  TANDEM_ASSERT(acc.numel() == x.numel() && acc.dtype() == x.dtype() && acc.is_contiguous(),
+                "layer_norm_backward_add into ", acc.str(), " for ", x.str());
+  return norm_backward(dy, x, w, mean, rstd, n, c, rms, acc, dw, db, acc_sums, true);
+}
+
+// f32: dx added into (add) or written, with its column sums where dx_sums is defined; f64: dx written.
+bool CpuBackend::norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                               const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db,
+                               Tensor& dx_sums, bool add) {
   const char* op = rms ? "rms_norm" : "layer_norm";
   TANDEM_ASSERT(x.numel() == n * c && dy.numel() == x.numel() && rstd.numel() == n, op, " backward of ", x.str());
+  bool summed = false;
   dispatch_float(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     const T* px = static_cast<const T*>(x.data_ptr());
@@ -153,21 +178,26 @@ void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Te
     if constexpr (std::is_same_v<T, float>) {
       // One pass over x and dy: each block of rows writes its dx and sums its rows' parameter gradients in
       // float (a block is 64 rows), the blocks' sums then added per column in double, in block order.
+      const bool want_d = pdx && dx_sums.defined();
       if (n == 0) {
         if (want_w) fill(dw, 0.0);
         if (want_b) fill(db, 0.0);
+        if (want_d) fill(dx_sums, 0.0);
+        summed = want_d;
         return;
       }
       const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
-      std::vector<float> part_w(want_w ? blocks * c : 0), part_b(want_b ? blocks * c : 0);
+      std::vector<float> part_w(want_w ? blocks * c : 0), part_b(want_b ? blocks * c : 0),
+          part_d(want_d ? blocks * c : 0);
       cpu::parallel_for(blocks, 1, [&](int64_t lo, int64_t hi) {  // a block is work enough for a task
         for (int64_t blk = lo; blk < hi; ++blk) {
           float* aw = want_w ? part_w.data() + blk * c : nullptr;
           float* ab = want_b ? part_b.data() + blk * c : nullptr;
+          float* ad = want_d ? part_d.data() + blk * c : nullptr;
           const int64_t r0 = blk * kRowsPerBlock, r1 = std::min(n, r0 + kRowsPerBlock);
           for (int64_t i = r0; i < r1; i += kRowGroup)
             norm_rows_backward_f32(px + i * c, pg + i * c, pw, pm ? pm + i : nullptr, pr + i,
-                                   pdx ? pdx + i * c : nullptr, aw, ab, std::min(kRowGroup, r1 - i), c, rms);
+                                   pdx ? pdx + i * c : nullptr, aw, ab, std::min(kRowGroup, r1 - i), c, rms, add, ad);
         }
       });
       auto finish = [&](const std::vector<float>& part, Tensor& out) {
@@ -180,8 +210,11 @@ void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Te
       };
       if (want_w) finish(part_w, dw);
       if (want_b) finish(part_b, db);
+      if (want_d) finish(part_d, dx_sums);
+      summed = want_d;
       return;
     }
+    TANDEM_ASSERT(!add, op, " backward added into ", dx.str(), " on the CPU is f32 only");
     // f64: statistics and sums in double, dx first, then the parameter gradients per block of rows.
     if (pdx && n > 0) {
       cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
@@ -238,6 +271,7 @@ void CpuBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Te
     if (want_w) finish(part_w, dw);
     if (want_b) finish(part_b, db);
   });
+  return summed;
 }
 
 }  // namespace tandem::backend

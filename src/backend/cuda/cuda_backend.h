@@ -219,11 +219,12 @@ class CudaBackend final : public Backend {
                         Tensor& dx) override;
   void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t n, int64_t c, double eps, bool rms,
                           Tensor& y, Tensor& mean, Tensor& rstd) override;
-  void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                           int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db) override;
-  void layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+  bool layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                           int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db,
+                           Tensor& dx_sums) override;
+  bool layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& acc, Tensor& dw,
-                               Tensor& db) override;
+                               Tensor& db, Tensor& acc_sums) override;
   void xent_rows_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss, Tensor& lse,
                          Tensor& valid) override;
   void xent_rows_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& g,
@@ -274,9 +275,11 @@ class CudaBackend final : public Backend {
   void strided_backward_filter(const Tensor& dy, const Tensor& x, const ConvGeom& g, Tensor& dw);
   /// Adds b[k] to y when b is defined, then max(y, 0) when relu: what follows a convolution that leaves both out.
   void conv_epilogue(const ConvGeom& g, const Tensor& b, bool relu, Tensor& y);
-  /// Layer / RMS norm backward; with accumulate, dx is added into what dx holds.
-  void ln_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                   int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db, bool accumulate);
+  /// Layer / RMS norm backward; with accumulate, dx is added into what dx holds; dx's column sums into dx_sums
+  /// where defined and the rows fit the warp kernel (returns whether they were written).
+  bool ln_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                   int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db, Tensor& dx_sums,
+                   bool accumulate);
   /// The product through cuBLASLt (cuda_gemm_lt.cpp); false where cuBLASLt does not take the case.
   bool lt_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
                  const Tensor& b, double beta, Tensor& c, const GemmFusion& f);

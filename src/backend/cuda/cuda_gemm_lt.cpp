@@ -50,6 +50,20 @@ bool gemm_tuning_enabled() {
   return on && !deterministic_algorithms();  // a timed choice may differ from one run to the next
 }
 
+// How many of cuBLASLt's heuristic candidates the tuning times (TANDEM_GEMM_CANDIDATES, 1-64; 8 by default).
+int gemm_candidates() {
+  static const int count = [] {
+    const char* e = std::getenv("TANDEM_GEMM_CANDIDATES");
+    if (!e || !*e) return 8;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    TANDEM_CHECK(end && *end == '\0' && v >= 1 && v <= 64, "TANDEM_GEMM_CANDIDATES=", e,
+                 ": expected a count from 1 to 64");
+    return static_cast<int>(v);
+  }();
+  return count;
+}
+
 DGeluFusion dgelu_fusion() {
   static const DGeluFusion mode = [] {
     const char* e = std::getenv("TANDEM_DGELU_EPILOGUE");
@@ -160,15 +174,16 @@ bool CudaBackend::lt_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
     const uint64_t ws = s.cublas_workspace_bytes;
     TANDEM_CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    constexpr int kCandidates = 8;
-    cublasLtMatmulHeuristicResult_t results[kCandidates]{};
+    constexpr int kMaxCandidates = 64;
+    const int candidates = gemm_candidates();
+    cublasLtMatmulHeuristicResult_t results[kMaxCandidates]{};
     int found = 0;
     // In place (C read and written, beta != 0) a trial would change C: the first choice is taken untimed.
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     TANDEM_CUDA_CHECK(cudaStreamIsCapturing(s.stream, &capturing));
     const bool tune = gemm_tuning_enabled() && capturing == cudaStreamCaptureStatusNone && (add || beta == 0.0);
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cache.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref,
-                                                             tune ? kCandidates : 1, results, &found);
+                                                             tune ? candidates : 1, results, &found);
     (void)cublasLtMatmulPreferenceDestroy(pref);
     p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0;
     if (p.usable) p.algo = results[0].algo;

@@ -8,8 +8,10 @@
 // memory in a fixed order and writes one row of partial sums, which a second launch adds per column in
 // block order (deterministic, no atomics). Longer rows take one block per row, with the same partials.
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
 #include <mutex>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -130,32 +132,41 @@ __global__ void ln_forward_block_kernel(const T* __restrict__ x, const W* __rest
 
 // Backward, one warp per row: dx = rstd (gw - mean(gw) - xhat mean(gw xhat)) with gw = dy w (the mean(gw)
 // term absent for RMS). With partial_w / partial_b, each block writes the sums over its rows of dy xhat and
-// dy for every column to its row of the partials [gridDim.x, c]. Each warp accumulates those sums for the
-// columns its lanes own in shared memory (registers would cost the kernel its occupancy), laid out so that
-// the lanes of a warp touch consecutive banks; the block then adds its warps' sums in warp order.
-// Dynamic shared memory: warps * 2 * NV * VEC * 32 floats.
-template <typename T, typename W, int VEC, int NV>
+// dy for every column to its row of the partials [gridDim.x, c]; with partial_d, those of dx as stored (after
+// the addition, with accumulate). Each warp accumulates those sums for the columns its lanes own in shared
+// memory (registers would cost the kernel its occupancy), laid out so that the lanes of a warp touch
+// consecutive banks; the block then adds its warps' sums in warp order.
+// Dynamic shared memory: warps * (2, or 3 with partial_d) * NV * VEC * 32 floats.
+template <typename T, typename W, int VEC, int NV, bool RELOAD>
 __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                                         const float* __restrict__ mean, const float* __restrict__ rstd,
                                         T* __restrict__ dx, float* __restrict__ partial_w,
-                                        float* __restrict__ partial_b, int64_t n, int64_t c, bool rms,
-                                        bool accumulate) {
-  extern __shared__ float sums[];  // [warp][weight, bias][(k * VEC + u) * 32 + lane]
+                                        float* __restrict__ partial_b, float* __restrict__ partial_d, int64_t n,
+                                        int64_t c, bool rms, bool accumulate) {
+  extern __shared__ float sums[];  // [warp][weight, bias(, dx)][(k * VEC + u) * 32 + lane]
   constexpr int kPad = NV * 32 * VEC;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const bool partial = partial_w || partial_b;
-  float* aw = sums + warp * 2 * kPad;
+  const bool sum_dx = partial_d && dx;
+  const int per_warp = sum_dx ? 3 : 2;
+  float* aw = sums + warp * per_warp * kPad;
   float* ab = aw + kPad;
-  if (partial) {
+  float* ad = ab + kPad;
+  if (partial || sum_dx) {
 #pragma unroll
     for (int i = 0; i < NV * VEC; ++i) aw[i * 32 + lane] = ab[i * 32 + lane] = 0.0f;
+  }
+  if (sum_dx) {
+#pragma unroll
+    for (int i = 0; i < NV * VEC; ++i) ad[i * 32 + lane] = 0.0f;
   }
   const int64_t warps = int64_t(gridDim.x) * nwarps;
   const float inv_c = 1.0f / static_cast<float>(c);
   const bool add_to = dx && accumulate;
   for (int64_t r = kern::thread_index() >> 5; r < n; r += warps) {
-    // prev: the gradient dx already holds (accumulate), read with x and dy rather than after the row's sums, so
-    // that its latency overlaps theirs.
+    // Held in registers between the two passes (RELOAD: read again in the second, from L1, which leaves the
+    // kernel fewer registers and more warps in flight). prev: the gradient dx already holds (accumulate), read
+    // with x and dy rather than after the row's sums, so that its latency overlaps theirs.
     float xh[NV][VEC], g[NV][VEC], prev[NV][VEC];
     const float mu = rms ? 0.0f : mean[r], rs = rstd[r];
     float s1 = 0.0f, s2 = 0.0f;
@@ -163,30 +174,35 @@ __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __res
     for (int k = 0; k < NV; ++k) {
       const int64_t col = (int64_t(k) * 32 + lane) * VEC;
       if (col < c) {
-        float wv[VEC];
-        load_floats<VEC>(x + r * c + col, xh[k]);
-        load_floats<VEC>(dy + r * c + col, g[k]);
-        if (add_to) {
-          load_floats<VEC>(dx + r * c + col, prev[k]);
-        } else {
+        float wv[VEC], xv[VEC], gv[VEC];
+        load_floats<VEC>(x + r * c + col, xv);
+        load_floats<VEC>(dy + r * c + col, gv);
+        if (!RELOAD) {
+          if (add_to) {
+            load_floats<VEC>(dx + r * c + col, prev[k]);
+          } else {
 #pragma unroll
-          for (int u = 0; u < VEC; ++u) prev[k][u] = 0.0f;
+            for (int u = 0; u < VEC; ++u) prev[k][u] = 0.0f;
+          }
         }
         load_param<VEC>(w, col, 1.0f, wv);
 #pragma unroll
         for (int u = 0; u < VEC; ++u) {
-          xh[k][u] = (xh[k][u] - mu) * rs;
+          const float xu = (xv[u] - mu) * rs;
           if (partial) {
             const int i = (k * VEC + u) * 32 + lane;
-            aw[i] = fmaf(g[k][u], xh[k][u], aw[i]);
-            ab[i] += g[k][u];
+            aw[i] = fmaf(gv[u], xu, aw[i]);
+            ab[i] += gv[u];
           }
-          const float gw = g[k][u] * wv[u];
-          g[k][u] = gw;
+          const float gw = gv[u] * wv[u];
+          if (!RELOAD) {
+            xh[k][u] = xu;
+            g[k][u] = gw;
+          }
           s1 += gw;
-          s2 = fmaf(gw, xh[k][u], s2);
+          s2 = fmaf(gw, xu, s2);
         }
-      } else {
+      } else if (!RELOAD) {
 #pragma unroll
         for (int u = 0; u < VEC; ++u) xh[k][u] = g[k][u] = 0.0f;
       }
@@ -197,27 +213,50 @@ __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __res
       for (int k = 0; k < NV; ++k) {
         const int64_t col = (int64_t(k) * 32 + lane) * VEC;
         if (col < c) {
+          if (RELOAD) {
+            float wv[VEC];
+            load_floats<VEC>(x + r * c + col, xh[k]);
+            load_floats<VEC>(dy + r * c + col, g[k]);
+            if (add_to) {
+              load_floats<VEC>(dx + r * c + col, prev[k]);
+            } else {
+#pragma unroll
+              for (int u = 0; u < VEC; ++u) prev[k][u] = 0.0f;
+            }
+            load_param<VEC>(w, col, 1.0f, wv);
+#pragma unroll
+            for (int u = 0; u < VEC; ++u) {
+              xh[k][u] = (xh[k][u] - mu) * rs;
+              g[k][u] *= wv[u];
+            }
+          }
           float o[VEC];
 #pragma unroll
           for (int u = 0; u < VEC; ++u) o[u] = prev[k][u] + rs * (g[k][u] - m1 - xh[k][u] * m2);
           store_floats<VEC>(dx + r * c + col, o);
+          if (sum_dx) {
+#pragma unroll
+            for (int u = 0; u < VEC; ++u) ad[(k * VEC + u) * 32 + lane] += to_float(from_float<T>(o[u]));
+          }
         }
       }
     }
   }
-  if (!partial) return;
+  if (!partial && !sum_dx) return;
   __syncthreads();
   // Column j = (k * 32 + lane) * VEC + u sits at (k * VEC + u) * 32 + lane of every warp's sums.
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
     const int k = static_cast<int>(j / (32 * VEC)), ln = static_cast<int>((j / VEC) % 32), u = static_cast<int>(j % VEC);
     const int i = (k * VEC + u) * 32 + ln;
-    float tw = 0.0f, tb = 0.0f;
+    float tw = 0.0f, tb = 0.0f, td = 0.0f;
     for (int wi = 0; wi < nwarps; ++wi) {
-      tw += sums[wi * 2 * kPad + i];
-      tb += sums[wi * 2 * kPad + kPad + i];
+      tw += sums[wi * per_warp * kPad + i];
+      tb += sums[wi * per_warp * kPad + kPad + i];
+      if (sum_dx) td += sums[wi * per_warp * kPad + 2 * kPad + i];
     }
     if (partial_w) partial_w[blockIdx.x * c + j] = tw;
     if (partial_b) partial_b[blockIdx.x * c + j] = tb;
+    if (sum_dx) partial_d[blockIdx.x * c + j] = td;
   }
 }
 
@@ -252,15 +291,16 @@ __global__ void ln_backward_block_kernel(const T* __restrict__ dy, const T* __re
   }
 }
 
-// dw[j] (blockIdx.y 0) or db[j] (1) = the sum over the `parts` rows of its partials [parts, c], in a fixed
-// order: 32 columns per block (threadIdx.x, coalesced), the rows split over threadIdx.y and the 32 partial
-// sums added in shared memory. Many loads are in flight at once, which a thread per column would not have.
+// dw[j] (blockIdx.y 0), db[j] (1) or dsum[j] (2, f32) = the sum over the `parts` rows of its partials
+// [parts, c], in a fixed order: 32 columns per block (threadIdx.x, coalesced), the rows split over threadIdx.y
+// and the 32 partial sums added in shared memory. Many loads are in flight at once, which a thread per column
+// would not have.
 template <typename W>
 __global__ void column_sum_kernel(const float* __restrict__ partial_w, const float* __restrict__ partial_b,
-                                  int64_t parts, int64_t c, W* __restrict__ dw, W* __restrict__ db) {
+                                  const float* __restrict__ partial_d, int64_t parts, int64_t c, W* __restrict__ dw,
+                                  W* __restrict__ db, float* __restrict__ dsum) {
   __shared__ float tile[32][33];
-  const float* part = blockIdx.y == 0 ? partial_w : partial_b;
-  W* out = blockIdx.y == 0 ? dw : db;
+  const float* part = blockIdx.y == 0 ? partial_w : blockIdx.y == 1 ? partial_b : partial_d;
   if (!part) return;  // the same for the whole block
   const int64_t j = int64_t(blockIdx.x) * 32 + threadIdx.x;
   float s = 0.0f;
@@ -272,7 +312,12 @@ __global__ void column_sum_kernel(const float* __restrict__ partial_w, const flo
     float t = 0.0f;
 #pragma unroll
     for (int k = 0; k < 32; ++k) t += tile[k][threadIdx.x];
-    out[j] = from_float<W>(t);
+    if (blockIdx.y == 0)
+      dw[j] = from_float<W>(t);
+    else if (blockIdx.y == 1)
+      db[j] = from_float<W>(t);
+    else
+      dsum[j] = t;
   }
 }
 
@@ -308,6 +353,19 @@ bool with_ln_shape(int64_t c, std::initializer_list<const void*> ptrs, F&& f) {
   else if (per_lane <= 8) f(std::integral_constant<int, 8>{});
   else return false;
   return true;
+}
+
+// Whether the warp-per-row backward reads its rows twice (TANDEM_LN_BACKWARD=reload) or holds them in registers
+// between its passes (registers, the default).
+bool ln_backward_reload() {
+  static const bool reload = [] {
+    const char* e = std::getenv("TANDEM_LN_BACKWARD");
+    const std::string v = e ? e : "";
+    TANDEM_CHECK(v.empty() || v == "reload" || v == "registers", "TANDEM_LN_BACKWARD=", v,
+                 ": expected registers (the default) or reload");
+    return v == "reload";
+  }();
+  return reload;
 }
 
 template <typename P>
@@ -350,23 +408,23 @@ void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Ten
   });
 }
 
-void CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+bool CudaBackend::layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                       const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw,
-                                      Tensor& db) {
-  ln_backward(dy, x, w, mean, rstd, n, c, rms, dx, dw, db, false);
+                                      Tensor& db, Tensor& dx_sums) {
+  return ln_backward(dy, x, w, mean, rstd, n, c, rms, dx, dw, db, dx_sums, false);
 }
 
-void CudaBackend::layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+bool CudaBackend::layer_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                           const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& acc, Tensor& dw,
-                                          Tensor& db) {
+                                          Tensor& db, Tensor& acc_sums) {
   TANDEM_ASSERT(acc.numel() == x.numel() && acc.dtype() == x.dtype() && acc.is_contiguous(),
                 "layer_norm_backward_add into ", acc.str(), " for ", x.str());
-  ln_backward(dy, x, w, mean, rstd, n, c, rms, acc, dw, db, true);
+  return ln_backward(dy, x, w, mean, rstd, n, c, rms, acc, dw, db, acc_sums, true);
 }
 
-void CudaBackend::ln_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+bool CudaBackend::ln_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                               const Tensor& rstd, int64_t n, int64_t c, bool rms, Tensor& dx, Tensor& dw, Tensor& db,
-                              bool accumulate) {
+                              Tensor& dx_sums, bool accumulate) {
   const char* op = rms ? "rms_norm backward" : "layer_norm backward";
   TANDEM_ASSERT(x.numel() == n * c && dy.numel() == x.numel() && dy.dtype() == x.dtype() && rstd.numel() == n &&
                     (!dx.defined() || (dx.numel() == x.numel() && dx.dtype() == x.dtype())),
@@ -375,9 +433,13 @@ void CudaBackend::ln_backward(const Tensor& dy, const Tensor& x, const Tensor& w
   if (n == 0 || c == 0) {
     if (dw.defined()) fill(dw, 0.0);
     if (db.defined()) fill(db, 0.0);
-    return;
+    if (dx_sums.defined() && dx.defined()) fill(dx_sums, 0.0);
+    return dx_sums.defined() && dx.defined();
   }
+  TANDEM_ASSERT(!dx_sums.defined() || (dx_sums.dtype() == DType::f32 && dx_sums.numel() == c), op, ": column sums ",
+                dx_sums.str(), " for ", c, " columns");
   const bool want_w = dw.defined(), want_b = db.defined();
+  bool summed = false;
   kern::dispatch_float(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     // The parameter gradients take the parameters' type; the weight (if any) decides it.
@@ -393,32 +455,38 @@ void CudaBackend::ln_backward(const Tensor& dy, const Tensor& x, const Tensor& w
         TANDEM_CHECK(dw.dtype() == rows::device_dtype<W>(), op, ": weight gradient ", dw.str(), " must match the weight");
       // Blocks of the block-per-row kernel: enough to fill the GPU a few times over, no more than rows need.
       const int64_t max_blocks = static_cast<int64_t>(st.sm_count) * 4;
-      auto launch = [&](unsigned grid, bool zero_partials, auto&& kernel_launch) {
-        const bool partial = want_w || want_b;
-        const size_t part_bytes = partial ? static_cast<size_t>(grid) * c * 2 * sizeof(float) : 0;
+      // want_d: the column sums of dx too (the warp kernel only).
+      auto launch = [&](unsigned grid, bool zero_partials, bool want_d, auto&& kernel_launch) {
+        const bool partial = want_w || want_b || want_d;
+        const size_t part_bytes = partial ? static_cast<size_t>(grid) * c * (want_d ? 3 : 2) * sizeof(float) : 0;
         Scratch parts(allocator(st.device), part_bytes);
         float* pw_part = want_w ? parts.as<float>() : nullptr;
         float* pb_part = want_b ? parts.as<float>() + static_cast<size_t>(grid) * c : nullptr;
+        float* pd_part = want_d ? parts.as<float>() + static_cast<size_t>(grid) * c * 2 : nullptr;
         if (partial && zero_partials) TANDEM_CUDA_CHECK(cudaMemsetAsync(parts.as<float>(), 0, part_bytes, st.stream));
-        kernel_launch(pw_part, pb_part);
+        kernel_launch(pw_part, pb_part, pd_part);
         TANDEM_CUDA_LAUNCH_CHECK("layer norm backward kernel");
         if (partial) {
-          const dim3 sum_grid(static_cast<unsigned>((c + 31) / 32), 2), sum_block(32, 32);
+          const dim3 sum_grid(static_cast<unsigned>((c + 31) / 32), want_d ? 3 : 2), sum_block(32, 32);
           column_sum_kernel<W><<<sum_grid, sum_block, 0, st.stream>>>(
-              pw_part, pb_part, grid, c, want_w ? static_cast<W*>(dw.data_ptr()) : nullptr,
-              want_b ? static_cast<W*>(db.data_ptr()) : nullptr);
+              pw_part, pb_part, pd_part, grid, c, want_w ? static_cast<W*>(dw.data_ptr()) : nullptr,
+              want_b ? static_cast<W*>(db.data_ptr()) : nullptr, want_d ? dx_sums.data<float>() : nullptr);
           TANDEM_CUDA_LAUNCH_CHECK("column_sum_kernel");
         }
       };
       const bool warp = with_ln_shape<T>(c, {pg, px, pd, pw}, [&](auto ntag) {
         constexpr int NV = decltype(ntag)::value, VEC = rows::kVec<T>;
-        const size_t smem = (want_w || want_b) ? size_t(kBackwardWarps) * 2 * sizeof(float) * NV * 32 * VEC : 0;
-        auto kernel = ln_backward_warp_kernel<T, W, VEC, NV>;
-        if (smem > 48 * 1024) {  // rows of 1025-2048 16-bit elements: more shared memory than the default
+        const bool want_d = pd && dx_sums.defined();
+        const int per_warp = want_d ? 3 : (want_w || want_b) ? 2 : 0;
+        const size_t smem = size_t(kBackwardWarps) * per_warp * sizeof(float) * NV * 32 * VEC;
+        auto kernel = ln_backward_reload() ? ln_backward_warp_kernel<T, W, VEC, NV, true>
+                                           : ln_backward_warp_kernel<T, W, VEC, NV, false>;
+        if (smem > 48 * 1024) {  // long rows: more shared memory than the default (the most it may need)
           static std::once_flag once;
           std::call_once(once, [&] {
             TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(smem)));
+                                                   static_cast<int>(size_t(kBackwardWarps) * 3 * sizeof(float) *
+                                                                    NV * 32 * VEC)));
           });
         }
         // One full wave of resident blocks (each block's partial sums cost a row of [grid, c]), no more than
@@ -428,20 +496,22 @@ void CudaBackend::ln_backward(const Tensor& dy, const Tensor& x, const Tensor& w
         const int64_t wave = static_cast<int64_t>(st.sm_count) * std::max(per_sm, 1);
         const unsigned grid =
             static_cast<unsigned>(std::clamp<int64_t>((n + kBackwardWarps - 1) / kBackwardWarps, 1, wave));
-        launch(grid, false, [&](float* a, float* b2) {
-          kernel<<<grid, kBackwardWarps * 32, smem, st.stream>>>(pg, px, pw, pm, pr, pd, a, b2, n, c, rms,
+        launch(grid, false, want_d, [&](float* a, float* b2, float* d) {
+          kernel<<<grid, kBackwardWarps * 32, smem, st.stream>>>(pg, px, pw, pm, pr, pd, a, b2, d, n, c, rms,
                                                                   accumulate);
         });
+        summed = want_d;
       });
       if (!warp) {
         const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(n, 1, max_blocks));
-        launch(grid, true, [&](float* a, float* b2) {
+        launch(grid, true, false, [&](float* a, float* b2, float*) {
           ln_backward_block_kernel<T, W><<<grid, kRowThreads, 0, st.stream>>>(pg, px, pw, pm, pr, pd, a, b2, n, c, rms,
                                                                                accumulate);
         });
       }
     });
   });
+  return summed;
 }
 
 }  // namespace tandem::backend
