@@ -391,61 +391,89 @@ TEST(CudaPrecision, MixedPrecisionStepsOfAResidualNetwork) {
   }
 }
 
-// bf16 steps of a residual network whose convolutions read the 16-bit filter copies SGD writes as it steps, against
-// the same steps converting every f32 weight: the same bits. The convolutions run NCHW: on an H200 two
-// channels-last bf16 runs without copies gave different bits even under deterministic algorithms, so there the
-// comparison would test that instead (the rearrangement of a copy into channels-last is a plain copy).
+// Four bf16 SGD steps (momentum, weight decay) of ResNet-18 on the images x under deterministic algorithms, the
+// convolutions in the layout the caller forces; with copies the convolutions read the 16-bit filter copies SGD
+// writes as it steps (each checked to be its parameter's rounding), else every f32 weight is converted at every
+// step. Returns the parameters.
+std::vector<std::vector<float>> train_bf16_resnet(const Tensor& x, const Tensor& labels, bool copies) {
+  nn::ModelConfig mc;
+  mc.in_channels = 3;
+  mc.height = x.size(2);
+  mc.width = x.size(3);
+  mc.num_classes = 10;
+  nn::ModulePtr model = nn::make_model("resnet18", mc);
+  model->to(gpu());
+  optim::SgdOptions so;
+  so.lr = 0.02;
+  so.momentum = 0.9;
+  so.weight_decay = 1e-4;
+  optim::SGD sgd(model->parameters(), so);
+  std::vector<Tensor> kept;
+  if (copies) {
+    for (const Tensor& p : sgd.params()) kept.push_back(p.detach().contiguous().to(DType::bf16));
+    sgd.set_parameter_copies(kept);
+  }
+  ParamCopies table(sgd.params(), copies ? kept : std::vector<Tensor>(sgd.params().size()), DType::bf16);
+  for (int step = 0; step < 4; ++step) {
+    ParamCopiesScope scope(copies ? &table : nullptr);
+    Tensor loss;
+    {
+      PrecisionScope precision(Precision::bf16);
+      loss = softmax_cross_entropy(model->forward(x), labels);
+    }
+    sgd.zero_grad();
+    backward(loss);
+    sgd.step();
+    for (size_t i = 0; i < kept.size(); ++i)
+      EXPECT_EQ(kept[i].to(DType::f32).to_vector<float>(), sgd.params()[i].to(DType::bf16).to(DType::f32).to_vector<float>())
+          << "step " << step << ": the copy of parameter " << i << " is not its rounding";
+  }
+  std::vector<std::vector<float>> out;
+  for (const Tensor& p : sgd.params()) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+// Two runs without copies, then one with them: the same bits, the first run's parameters given as converted.
+void expect_runs_repeat_and_copies_match(const Tensor& x, const Tensor& labels, const std::string& layout) {
+  const auto converted = train_bf16_resnet(x, labels, false), again = train_bf16_resnet(x, labels, false),
+             read = train_bf16_resnet(x, labels, true);
+  ASSERT_EQ(converted.size(), again.size());
+  ASSERT_EQ(converted.size(), read.size());
+  for (size_t i = 0; i < again.size(); ++i)
+    EXPECT_EQ(again[i], converted[i]) << layout << " parameter " << i << ": two runs without copies differ (not deterministic)";
+  for (size_t i = 0; i < read.size(); ++i) EXPECT_EQ(read[i], converted[i]) << layout << " parameter " << i;
+}
+
+// bf16 steps of a residual network whose convolutions read the 16-bit filter copies SGD writes as it steps,
+// against the same steps converting every f32 weight: the same bits, with the convolutions NCHW.
 TEST(CudaPrecision, SgdWeightCopiesGiveTheBitsOfConvertingAtEveryStep) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   const bool was_deterministic = deterministic_algorithms();
   set_deterministic_algorithms(true);
   ops::force_channels_last(0);
-  nn::ModelConfig mc;
-  mc.in_channels = 3;
-  mc.height = 16;
-  mc.width = 16;
-  mc.num_classes = 10;
   Tensor x = rand_cpu({16, 3, 16, 16}, 118).to(gpu());
   std::vector<int32_t> lv;
   for (int i = 0; i < 16; ++i) lv.push_back((3 * i) % 10);
   Tensor labels = Tensor::from_vector(lv, {16}).to(gpu());
-  auto train = [&](bool copies) {
-    nn::ModulePtr model = nn::make_model("resnet18", mc);
-    model->to(gpu());
-    optim::SgdOptions so;
-    so.lr = 0.02;
-    so.momentum = 0.9;
-    so.weight_decay = 1e-4;
-    optim::SGD sgd(model->parameters(), so);
-    std::vector<Tensor> kept;
-    if (copies) {
-      for (const Tensor& p : sgd.params()) kept.push_back(p.detach().contiguous().to(DType::bf16));
-      sgd.set_parameter_copies(kept);
-    }
-    ParamCopies table(sgd.params(), copies ? kept : std::vector<Tensor>(sgd.params().size()), DType::bf16);
-    for (int step = 0; step < 4; ++step) {
-      ParamCopiesScope scope(copies ? &table : nullptr);
-      Tensor loss;
-      {
-        PrecisionScope precision(Precision::bf16);
-        loss = softmax_cross_entropy(model->forward(x), labels);
-      }
-      sgd.zero_grad();
-      backward(loss);
-      sgd.step();
-      for (size_t i = 0; i < kept.size(); ++i)
-        EXPECT_EQ(kept[i].to(DType::f32).to_vector<float>(), sgd.params()[i].to(DType::bf16).to(DType::f32).to_vector<float>())
-            << "step " << step << ": the copy of parameter " << i << " is not its rounding";
-    }
-    std::vector<std::vector<float>> out;
-    for (const Tensor& p : sgd.params()) out.push_back(p.to_vector<float>());
-    return out;
-  };
-  const auto converted = train(false), again = train(false), read = train(true);
-  ASSERT_EQ(converted.size(), read.size());
-  for (size_t i = 0; i < again.size(); ++i)
-    EXPECT_EQ(again[i], converted[i]) << "parameter " << i << ": two runs without copies differ (not deterministic)";
-  for (size_t i = 0; i < read.size(); ++i) EXPECT_EQ(read[i], converted[i]) << "parameter " << i;
+  expect_runs_repeat_and_copies_match(x, labels, "NCHW");
+  ops::force_channels_last(-1);
+  set_deterministic_algorithms(was_deterministic);
+}
+
+// The same with channels-last convolutions, which compute in bf16 (the rearrangement of a copy into
+// channels-last is a plain copy). The geometry is one no other test uses, so the first run searches for the
+// convolutions' algorithms and the later runs reuse them: a convolution whose input gradient is added into a
+// residual connection's (cuDNN's beta) must give the same bits on its first call as on the later ones.
+TEST(CudaPrecision, ChannelsLastBf16StepsOfAResidualNetworkRepeatTheirBits) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const bool was_deterministic = deterministic_algorithms();
+  set_deterministic_algorithms(true);
+  ops::force_channels_last(1);
+  Tensor x = rand_cpu({12, 3, 12, 12}, 119).to(gpu());
+  std::vector<int32_t> lv;
+  for (int i = 0; i < 12; ++i) lv.push_back((7 * i) % 10);
+  Tensor labels = Tensor::from_vector(lv, {12}).to(gpu());
+  expect_runs_repeat_and_copies_match(x, labels, "channels-last");
   ops::force_channels_last(-1);
   set_deterministic_algorithms(was_deterministic);
 }

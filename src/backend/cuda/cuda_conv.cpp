@@ -540,17 +540,31 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
     return;
   }
   if (accumulate) {
-    // cuDNN and the pointwise product add through their beta; the algorithm search (which writes its
-    // output) and col2im (which writes whole positions) take a temporary, added afterwards.
-    bool direct;
-    {
+    // cuDNN and the pointwise product add through their beta; col2im (which writes whole positions)
+    // takes a temporary, added afterwards. The algorithm search writes its output, so a geometry's
+    // first call searches into a temporary and then adds as every later call does: in 16 bits a sum
+    // through beta is rounded once and a temporary added afterwards twice, and the bits must not depend
+    // on whether the geometry was new to the process.
+    auto plan_state = [&](bool& searched, bool& direct) {
       std::lock_guard<std::mutex> lock(st.cudnn_mu);
       const ConvPlan& p = st.conv->plan(g, math);
+      searched = p.has_bwd_data;
       direct = p.has_bwd_data && (!p.bwd_data_gemm || pointwise(g));
-    }
-    if (!direct) {
+    };
+    auto temporary = [&] {
       Tensor part = as_strided(Tensor::empty({dx.numel()}, dx.dtype(), dx.device()), dx.shape(), dx.strides(), 0);
       conv2d_backward_data(dy, w, g, part, false);
+      return part;
+    };
+    bool searched = false, direct = false;
+    plan_state(searched, direct);
+    Tensor part;
+    if (!searched) {
+      part = temporary();
+      plan_state(searched, direct);
+    }
+    if (!direct) {
+      if (!part.defined()) part = temporary();
       binary(Binary::Add, dx, part, dx);
       return;
     }
