@@ -32,7 +32,8 @@ constexpr int kWarps = 4;         // warps per block of the warp-per-row forward
 constexpr int kBackwardWarps = 4;  // warps per block of the warp-per-row backward
 constexpr int kRowThreads = 256;  // threads of the block-per-row kernels
 
-// Loads VEC parameters (of type W, or 1 / 0 when p is null) at column col as floats.
+// Loads VEC values of type W at column col of p as floats (a parameter, or a row of the gradient added to), or
+// fallback where p is null.
 template <int VEC, typename W>
 __device__ __forceinline__ void load_param(const W* __restrict__ p, int64_t col, float fallback, float (&out)[VEC]) {
   if (p) {
@@ -177,14 +178,7 @@ __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __res
         float wv[VEC], xv[VEC], gv[VEC];
         load_floats<VEC>(x + r * c + col, xv);
         load_floats<VEC>(dy + r * c + col, gv);
-        if (!RELOAD) {
-          if (add_to) {
-            load_floats<VEC>(dx + r * c + col, prev[k]);
-          } else {
-#pragma unroll
-            for (int u = 0; u < VEC; ++u) prev[k][u] = 0.0f;
-          }
-        }
+        if (!RELOAD) load_param<VEC>(add_to ? dx + r * c : nullptr, col, 0.0f, prev[k]);
         load_param<VEC>(w, col, 1.0f, wv);
 #pragma unroll
         for (int u = 0; u < VEC; ++u) {
@@ -217,12 +211,7 @@ __global__ void ln_backward_warp_kernel(const T* __restrict__ dy, const T* __res
             float wv[VEC];
             load_floats<VEC>(x + r * c + col, xh[k]);
             load_floats<VEC>(dy + r * c + col, g[k]);
-            if (add_to) {
-              load_floats<VEC>(dx + r * c + col, prev[k]);
-            } else {
-#pragma unroll
-              for (int u = 0; u < VEC; ++u) prev[k][u] = 0.0f;
-            }
+            load_param<VEC>(add_to ? dx + r * c : nullptr, col, 0.0f, prev[k]);
             load_param<VEC>(w, col, 1.0f, wv);
 #pragma unroll
             for (int u = 0; u < VEC; ++u) {
