@@ -274,7 +274,8 @@ class Backend {
 
   /// gemm with an epilogue (GemmFusion) and C of A's type or, for 16-bit A and B, f32 (beta 0 then). CUDA fuses
   /// it into the product through cuBLASLt where cuBLASLt takes the case; the default composes gemm with the
-  /// bias, GELU and reduction kernels (same values up to rounding).
+  /// bias, GELU and reduction kernels (same values up to rounding). A untransposed may be an [m, k] view of
+  /// rows a.stride(0) apart (padded rows); the default packs it first.
   virtual void gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
                           const Tensor& b, double beta, Tensor& c, const GemmFusion& f);
 
@@ -440,7 +441,9 @@ class Backend {
   /// Layer normalisation of each row of x viewed as [n, c]: y = (x - mean) * rstd * w + b with
   /// rstd = 1 / sqrt(var + eps) (biased variance); with rms, y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) +
   /// eps). w and b may be undefined (1 and 0); mean (undefined with rms) and rstd are [n]. CUDA: x, y f32,
-  /// f16, bf16; w, b f32 or x's type.
+  /// f16, bf16; w, b f32 or x's type. y is contiguous, or an [n, c] view of rows ld = y.stride(0) apart
+  /// (padded rows, ops/padded_rows.h; CUDA: ld - c <= 32): each row is then followed by a one and ld - c - 1
+  /// zeros.
   virtual void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t n, int64_t c, double eps,
                                   bool rms, Tensor& y, Tensor& mean, Tensor& rstd) = 0;
   /// dx (x's type) and, where defined, dw = sum over rows of dy * xhat and db = sum over rows of dy (w's type).

@@ -5,6 +5,14 @@ namespace tandem::backend {
 
 void Backend::gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
                          const Tensor& b, double beta, Tensor& c, const GemmFusion& f) {
+  if (!a.is_contiguous()) {  // rows of A a stride apart: packed first
+    TANDEM_ASSERT(!trans_a && a.dim() == 2 && a.size(0) == m && a.size(1) == k, "gemm_fused: A ", a.str(), " for ", m,
+                  "x", k);
+    Tensor packed = Tensor::empty(a.shape(), a.dtype(), a.device());
+    copy_strided(a, packed);
+    gemm_fused(trans_a, trans_b, m, n, k, alpha, packed, b, beta, c, f);
+    return;
+  }
   TANDEM_ASSERT(!f.a_row_sums.defined() || trans_a, "gemm_fused: row sums of op(A) need trans_a");
   TANDEM_ASSERT(c.dtype() == a.dtype() || beta == 0.0 || f.epilogue == GemmEpilogue::None,
                 "gemm_fused: beta with an epilogue and C of another type than A");

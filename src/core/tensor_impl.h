@@ -32,6 +32,9 @@ struct Storage {
   Device device;
   Allocator* allocator = nullptr;  // null: memory not owned
   std::unique_ptr<ColumnSums> column_sums;  // see ColumnSums
+  // Rows padded with a column of ones (ops/padded_rows.h): when padded_ld > 0, the storage from element 0 is
+  // rows of padded_ld elements whose element padded_cols is 1 and whose later elements are 0.
+  int64_t padded_ld = 0, padded_cols = 0;
   Storage(void* p, size_t n, Device d, Allocator* a) : ptr(p), nbytes(n), device(d), allocator(a) {}
   ~Storage();
   Storage(const Storage&) = delete;

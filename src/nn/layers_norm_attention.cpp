@@ -1,6 +1,8 @@
 // Layers of the normalisation and attention family: LayerNorm, RMSNorm, MultiHeadAttention.
 #include <cmath>
 
+#include "ops/padded_rows.h"
+#include "tandem/autograd.h"
 #include "tandem/nn/layers.h"
 
 namespace tandem::nn {
@@ -22,6 +24,11 @@ LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool affine, bool with_
 }
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, shape_, weight, bias, eps_); }
+
+Tensor LayerNorm::forward_padded(const Tensor& x) {
+  if (!ops::bias_from_product() || !grad_enabled()) return forward(x);
+  return ops::layer_norm_padded(x, shape_, weight, bias, eps_);
+}
 
 std::string LayerNorm::describe() const {
   return detail::cat("LayerNorm(", shape_str(shape_), ", eps ", eps_, weight.defined() ? "" : ", no affine", ")");

@@ -178,13 +178,16 @@ Tensor TransformerBlock::forward(const Tensor& x) {
     Tensor r = drop ? dropout(y, opt_.dropout, true, gen_) : y;
     return r.dtype() == x.dtype() ? r : cast(r, x.dtype());
   };
+  // Each norm feeds a product with a bias: under TANDEM_BIAS_FROM_PRODUCT=1 its rows are padded for that
+  // product's weight gradient to take the bias gradient (ops/padded_rows.h).
+  auto norm = [&](LayerNorm& ln, const Tensor& v) { return opt_.bias ? ln.forward_padded(v) : ln.forward(v); };
   if (drop) {
-    Tensor h = add(x, branch(attn->forward(ln_1->forward(x))));
-    return add(h, branch(mlp->forward(ln_2->forward(h))));
+    Tensor h = add(x, branch(attn->forward(norm(*ln_1, x))));
+    return add(h, branch(mlp->forward(norm(*ln_2, h))));
   }
   // Without dropout each branch's output projection adds the residual itself.
-  Tensor h = attn->forward_residual(ln_1->forward(x), x);
-  return mlp->forward_residual(ln_2->forward(h), h);
+  Tensor h = attn->forward_residual(norm(*ln_1, x), x);
+  return mlp->forward_residual(norm(*ln_2, h), h);
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t capacity) {

@@ -3,7 +3,9 @@
 #include <cstdlib>
 
 #include "autograd/column_sums.h"
+#include "core/tensor_impl.h"
 #include "ops/op_utils.h"
+#include "ops/padded_rows.h"
 #include "tandem/ops.h"
 
 namespace tandem {
@@ -34,8 +36,10 @@ void check_param(const Tensor& p, const Tensor& x, const Shape& normalized_shape
                " differ in dtype", x.device().is_cuda() && is_half(x.dtype()) ? " (16-bit inputs take f32 or their own type)" : "");
 }
 
+// With pad (one normalized dimension), the output's rows are the first c columns of padded rows (see
+// padded_rows.h): the same values, for a product with a bias after it.
 Tensor normalise(const Tensor& x, const Shape& normalized_shape, const Tensor& w, const Tensor& b, double eps, bool rms,
-                 const char* op) {
+                 const char* op, bool pad = false) {
   check_floating(x, op, "input");
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   TANDEM_CHECK(k >= 1 && k <= x.dim(), op, ": normalized_shape ", shape_str(normalized_shape), " needs between 1 and ",
@@ -51,10 +55,28 @@ Tensor normalise(const Tensor& x, const Shape& normalized_shape, const Tensor& w
   for (int64_t i = 0; i < x.dim() - k; ++i) n *= x.size(i);
   const DType st = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor xc = x.contiguous(), wc = w.defined() ? w.contiguous() : Tensor(), bc = b.defined() ? b.contiguous() : Tensor();
-  Tensor y = empty_like(xc);
   Tensor mean = rms ? Tensor() : Tensor::empty({n}, st, x.device()), rstd = Tensor::empty({n}, st, x.device());
   const bool work = n > 0 && c > 0;
-  if (work) be(x).layer_norm_forward(xc, wc, bc, n, c, eps, rms, y, mean, rstd);
+  Tensor y, rows;  // rows: y as [n, c] for the kernel
+  if (pad && work && k == 1) {
+    const int64_t ld = padded_ld(c);
+    Tensor buf = Tensor::empty({n, ld}, xc.dtype(), x.device());
+    mark_padded_rows(buf, c);
+    const Shape& shape = x.shape();
+    Shape strides(shape.size());
+    int64_t step = ld;
+    strides.back() = 1;
+    for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) {
+      strides[i] = step;
+      step *= shape[i];
+    }
+    y = as_strided(buf, shape, strides, 0);
+    rows = as_strided(buf, {n, c}, {ld, 1}, 0);
+  } else {
+    y = empty_like(xc);
+    rows = y;
+  }
+  if (work) be(x).layer_norm_forward(xc, wc, bc, n, c, eps, rms, rows, mean, rstd);
   const bool need_x = x.requires_grad(), need_w = w.defined() && w.requires_grad(),
              need_b = b.defined() && b.requires_grad();
   Tensor sx = xc.detach(), sw = wc.defined() ? wc.detach() : Tensor();
@@ -96,5 +118,12 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, double eps) {
   return normalise(x, normalized_shape, weight, Tensor(), eps, true, "rms_norm");
 }
+
+namespace ops {
+Tensor layer_norm_padded(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                         double eps) {
+  return normalise(x, normalized_shape, weight, bias, eps, false, "layer_norm", true);
+}
+}  // namespace ops
 
 }  // namespace tandem

@@ -7,6 +7,7 @@
 #include "ops/layout.h"
 #include "autograd/column_sums.h"
 #include "ops/op_utils.h"
+#include "ops/padded_rows.h"
 #include "ops/shape_utils.h"
 #include "tandem/ops.h"
 
@@ -172,7 +173,11 @@ Tensor linear_2d(const Tensor& x, const Tensor& w, const Tensor& b, bool relu, c
   const Precision prec = current_precision();
   const DType cdt = compute_dtype(x.device(), prec, x.dtype());
   int64_t n = x.size(0), out_f = w.size(0);
-  Tensor xc = to_dense(x, cdt, false), wc = to_dense(w, cdt, false);
+  // x the first columns of padded rows (a layer norm's output, see padded_rows.h): the product reads them in
+  // place, and the weight gradient's product takes the bias gradient too.
+  const bool need_b = b.defined() && b.requires_grad();
+  const Tensor xp = !relu && need_b && w.requires_grad() && x.dtype() == cdt ? padded_rows_of(x) : Tensor();
+  Tensor xc = xp.defined() ? x : to_dense(x, cdt, false), wc = to_dense(w, cdt, false);
   Tensor y;
   if (relu) {
     y = gemm_raw(false, true, xc, wc);  // [n, out]
@@ -180,15 +185,16 @@ Tensor linear_2d(const Tensor& x, const Tensor& w, const Tensor& b, bool relu, c
   } else {
     y = fused_product(xc, wc, with_bias(b, cdt, residual.defined() ? residual.view({n, out_f}) : Tensor()));
   }
-  Tensor sx = w.requires_grad() ? xc.detach() : Tensor();
+  Tensor sx = w.requires_grad() ? (xp.defined() ? xp : xc.detach()) : Tensor();
   Tensor sw = x.requires_grad() ? wc.detach() : Tensor();
   Tensor sy = relu ? y.detach() : Tensor();
-  bool need_b = b.defined() && b.requires_grad();
   const DType x_dtype = x.dtype(), w_dtype = w.dtype();
-  const bool with_residual = residual.defined();
+  const bool with_residual = residual.defined(), padded = xp.defined();
+  const int64_t in_f = x.size(1);
   const Shape r_shape = with_residual ? residual.shape() : Shape{};
   return record_op(y, {x, w, b, residual}, with_residual ? "linear_residual" : "linear",
-                   [sx, sw, sy, need_b, n, out_f, prec, cdt, x_dtype, w_dtype, with_residual, r_shape](const Tensor& g) {
+                   [sx, sw, sy, need_b, n, in_f, out_f, prec, cdt, x_dtype, w_dtype, with_residual, padded,
+                    r_shape](const Tensor& g) {
     PrecisionScope scope(prec);
     Tensor gc = to_dense(g, cdt, false);
     Tensor db;
@@ -202,7 +208,9 @@ Tensor linear_2d(const Tensor& x, const Tensor& w, const Tensor& b, bool relu, c
     }
     Tensor dx = sw.defined() ? gemm_raw(false, false, gc, sw) : Tensor();
     // Without the ReLU the weight's product takes the bias gradient too.
-    Tensor dw = sx.defined() ? weight_grad(gc, sx, w_dtype, 1, sy.defined() ? Tensor() : db) : Tensor();
+    Tensor dw = padded     ? weight_grad_padded(gc, sx, in_f, w_dtype, 1, db)
+                : sx.defined() ? weight_grad(gc, sx, w_dtype, 1, sy.defined() ? Tensor() : db)
+                               : Tensor();
     if (dx.defined() && x_dtype != cdt) dx = dx.to(x_dtype);
     // The residual's gradient is the output's, handed on as it is (a later op may add its own into it).
     return std::vector<Tensor>{dx, dw, db, with_residual ? g.view(r_shape) : Tensor()};
@@ -384,7 +392,11 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
                ": biases ", b1.str(), " and ", b2.str(), " do not match the weights ", w1.str(), " and ", w2.str());
   const int64_t c = x.size(-1), hidden = w1.size(0), out_f = w2.size(0);
   const int64_t n = x.numel() / std::max<int64_t>(c, 1);
-  Tensor xc = to_dense(reshape(x, {n, c}), cdt, false), w1c = to_dense(w1, cdt, false), w2c = to_dense(w2, cdt, false);
+  const Tensor x2 = reshape(x, {n, c});
+  // x the first columns of padded rows (see linear_2d): the first weight's gradient product takes its bias's.
+  const Tensor xp = w1.requires_grad() && b1.requires_grad() && x2.dtype() == cdt ? padded_rows_of(x2) : Tensor();
+  Tensor xc = xp.defined() ? x2 : to_dense(x2, cdt, false), w1c = to_dense(w1, cdt, false),
+         w2c = to_dense(w2, cdt, false);
   backend::GemmFusion f1;
   f1.epilogue = backend::GemmEpilogue::BiasGelu;
   f1.bias = to_dense(b1, cdt, false);
@@ -395,7 +407,8 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
              need_w2 = w2.requires_grad(), need_b2 = b2.requires_grad();
   const bool through = need_x || need_w1 || need_b1;  // the gradient goes on past the GELU
   Tensor pre = through ? f1.aux.detach() : Tensor(), sh = need_w2 || need_b2 ? h.detach() : Tensor();
-  Tensor sx = need_w1 || need_b1 ? xc.detach() : Tensor(), sw1 = need_x ? w1c.detach() : Tensor(),
+  const bool padded = xp.defined();
+  Tensor sx = padded ? xp : need_w1 || need_b1 ? xc.detach() : Tensor(), sw1 = need_x ? w1c.detach() : Tensor(),
          sw2 = through ? w2c.detach() : Tensor();
   const DType xdt = x.dtype(), w1dt = w1.dtype(), b1dt = b1.dtype(), w2dt = w2.dtype(), b2dt = b2.dtype();
   const Shape xshape = x.shape();
@@ -418,15 +431,21 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
       backend::GemmFusion fd;
       fd.epilogue = backend::GemmEpilogue::DGelu;
       fd.aux = pre;
-      // The first bias's gradient (the column sums of dpre) taken by the same product, in the product's type.
-      Tensor sums = need_b1 ? (b1dt == cdt ? grad_buffer(2, {hidden}, b1dt, gc.device())
-                                           : Tensor::empty({hidden}, cdt, gc.device()))
-                            : Tensor();
+      // The first bias's gradient (the column sums of dpre) taken by the same product, in the product's type
+      // (from padded rows: by the first weight's gradient product).
+      Tensor sums = need_b1 && !padded ? (b1dt == cdt ? grad_buffer(2, {hidden}, b1dt, gc.device())
+                                                      : Tensor::empty({hidden}, cdt, gc.device()))
+                                       : Tensor();
       fd.c_col_sums = sums;
       Tensor dpre = Tensor::empty({n, hidden}, cdt, gc.device());
       be(gc).gemm_fused(false, false, n, hidden, out_f, 1.0, gc, sw2, 0.0, dpre, fd);
-      if (need_b1) db1 = sums.dtype() == b1dt ? sums : sums.to(b1dt);
-      if (need_w1) dw1 = weight_grad(dpre, sx, w1dt, 1, Tensor());
+      if (padded) {
+        db1 = grad_buffer(2, {hidden}, b1dt, gc.device());
+        dw1 = weight_grad_padded(dpre, sx, c, w1dt, 1, db1);
+      } else {
+        if (need_b1) db1 = sums.dtype() == b1dt ? sums : sums.to(b1dt);
+        if (need_w1) dw1 = weight_grad(dpre, sx, w1dt, 1, Tensor());
+      }
       if (need_x) {
         dx = gemm_raw(false, false, dpre, sw1);
         if (xdt != cdt) dx = dx.to(xdt);

@@ -2,6 +2,7 @@
 // full one (the key-value cache written on the device), greedy sampling's tokens, a bf16 run, and a token
 // out of range reported at the next synchronisation.
 #include "cuda/cuda_test_util.h"
+#include "ops/padded_rows.h"
 #include "tandem/autograd.h"
 #include "tandem/nn/gpt.h"
 #include "tandem/ops.h"
@@ -88,6 +89,34 @@ TEST(CudaGpt, Bf16RunsCloseToF32) {
                          1);
   expect_norm_close(ref, cached.to(DType::f32), 3e-2, "bf16 cached logits");
   EXPECT_EQ(m.generate({1, 2, 3}, 10, nn::SampleOptions{0.8, 10, 1}).size(), 10u);
+}
+
+// Under bf16 (f32 weights, 16-bit products) the blocks' bias gradients from the weight-gradient products
+// (TANDEM_BIAS_FROM_PRODUCT=1, padded rows) against the reductions: the same loss, gradients within bf16's
+// rounding.
+TEST(CudaGpt, BiasGradientsFromTheWeightProductsMatchTheReductions) {
+  REQUIRE_GPU();
+  auto run = [](int mode) {
+    ops::set_bias_from_product(mode);
+    nn::GPT m(small(), 10);
+    m.to(gpu());
+    Tensor x = tokens(4, 32, 5, 96).to(gpu()), y = tokens(4, 32, 6, 96).to(gpu());
+    Tensor loss;
+    {
+      PrecisionScope bf16(Precision::bf16);
+      loss = m.loss(x, y);
+      backward(loss);
+    }
+    ops::set_bias_from_product(-1);
+    std::vector<Tensor> out{loss.detach().cpu().to(DType::f32)};
+    for (auto& [name, p] : m.named_parameters()) out.push_back(p.grad().cpu().to(DType::f32));
+    return std::make_pair(out, m.named_parameters());
+  };
+  const auto [off, names] = run(0);
+  const auto [on, unused] = run(1);
+  ASSERT_EQ(off.size(), on.size());
+  EXPECT_NEAR(on[0].item<double>(), off[0].item<double>(), 1e-3 * std::fabs(off[0].item<double>()));
+  for (size_t i = 1; i < off.size(); ++i) expect_norm_close(off[i], on[i], 2e-2, "gradient of " + names[i - 1].first);
 }
 
 TEST(CudaGpt, TokenOutOfRangeIsReportedAtTheNextSync) {

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "cuda/cuda_test_util.h"
+#include "ops/padded_rows.h"
 #include "tandem/autograd.h"
 #include "tandem/graph.h"
 #include "tandem/ops.h"
@@ -125,6 +126,41 @@ TEST(CudaNorm, LayerNormAndRmsNorm) {
       compare({x}, {true}, t, [c](const std::vector<Tensor>& v) { return layer_norm(v[0], {c}); }, "layer_norm plain" + cs);
       compare({x, w}, {true, true}, t, [c](const std::vector<Tensor>& v) { return rms_norm(v[0], {c}, v[1]); },
               "rms_norm" + cs);
+    }
+  }
+}
+
+// Padded rows (ops/padded_rows.h): the norm's rows followed by a one and zeros in memory, read in place by a
+// linear layer and the MLP after it, whose weight-gradient products take the bias gradients: values and
+// gradients against the CPU's plain rows, for a warp per row (768: GPT-2; 64) and a block per row (20: rows
+// not a whole number of vectors).
+TEST(CudaNorm, PaddedRowsFeedTheProductsAfterTheNorm) {
+  REQUIRE_GPU();
+  for (int64_t c : {20, 64, 768}) {
+    const int64_t n = 3, t = 37, hidden = 2 * c, ld = ops::padded_ld(c);
+    Tensor x = rand_cpu({n, t, c}, 30 + c, -2.0, 2.0), lw = rand_cpu({c}, 31 + c, 0.5, 1.5),
+           lb = rand_cpu({c}, 32 + c), w = rand_cpu({c, c}, 33 + c, -0.2, 0.2), b = rand_cpu({c}, 34 + c),
+           w1 = rand_cpu({hidden, c}, 35 + c, -0.2, 0.2), b1 = rand_cpu({hidden}, 36 + c),
+           w2 = rand_cpu({c, hidden}, 37 + c, -0.2, 0.2), b2 = rand_cpu({c}, 38 + c);
+    for (DType dt : kTypes) {
+      const std::string cs = " c=" + std::to_string(c);
+      compare({x, lw, lb, w, b, w1, b1, w2, b2}, {true, true, true, true, true, true, true, true, true}, dt,
+              [c](const std::vector<Tensor>& v) {
+                const Tensor h = linear(ops::layer_norm_padded(v[0], {c}, v[1], v[2], 1e-5), v[3], v[4]);
+                return gelu_mlp(ops::layer_norm_padded(h, {c}, v[1], v[2], 1e-5), v[5], v[6], v[7], v[8], h);
+              },
+              "padded rows" + cs, 2.0);
+      // The rows as written on the device: the norm's values, a one, zeros.
+      Tensor y = ops::layer_norm_padded(x.to(dt).to(gpu()), {c}, lw.to(dt).to(gpu()), lb.to(dt).to(gpu()), 1e-5);
+      const Tensor rows = ops::padded_rows_of(reshape(y, {n * t, c}));
+      ASSERT_TRUE(rows.defined()) << cs;
+      const std::vector<float> got = rows.cpu().to(DType::f32).to_vector<float>();
+      const std::vector<float> plain = reshape(y, {n * t, c}).cpu().to(DType::f32).to_vector<float>();
+      for (int64_t r = 0; r < n * t; ++r) {
+        for (int64_t j = 0; j < c; ++j) ASSERT_EQ(got[r * ld + j], plain[r * c + j]) << cs << " " << r << ", " << j;
+        ASSERT_EQ(got[r * ld + c], 1.0f) << cs << " row " << r;
+        for (int64_t j = c + 1; j < ld; ++j) ASSERT_EQ(got[r * ld + j], 0.0f) << cs << " " << r << ", " << j;
+      }
     }
   }
 }

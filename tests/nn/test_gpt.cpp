@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tensor_impl.h"
+#include "ops/padded_rows.h"
 #include "tandem/autograd.h"
 #include "tandem/nn/gpt.h"
 #include "tandem/nn/models.h"
@@ -130,6 +131,15 @@ TEST(Gpt, LossAndEveryGradientMatchPyTorchInF32) {
 TEST(Gpt, LossAndEveryGradientMatchPyTorchInF64) {
   check_against_pytorch(true, 1e-10, 1e-12, false);
   check_against_pytorch(true, 1e-10, 1e-12, true);
+}
+
+// The same with the blocks' norms writing padded rows, so that the products after them take their bias
+// gradients from the weight gradients' products (TANDEM_BIAS_FROM_PRODUCT=1).
+TEST(Gpt, BiasGradientsFromTheWeightProductsMatchPyTorch) {
+  ops::set_bias_from_product(1);
+  check_against_pytorch(false, 1e-5, 1e-6, false);
+  check_against_pytorch(true, 1e-10, 1e-12, true);
+  ops::set_bias_from_product(-1);
 }
 
 TEST(Gpt, ParameterNamesAreGpt2sAndTheOutputLayerIsTheTokenTable) {

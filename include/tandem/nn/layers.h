@@ -185,6 +185,10 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool affine = true, bool bias = true);
   Tensor forward(const Tensor& x) override;
+  /// forward for a product with a bias after it: the same values; where TANDEM_BIAS_FROM_PRODUCT=1 and
+  /// gradients are recorded, the output's rows are padded in memory so that the product's weight gradient
+  /// takes its bias gradient too.
+  Tensor forward_padded(const Tensor& x);
   std::string describe() const override;
   const Shape& normalized_shape() const { return shape_; }
   double eps() const { return eps_; }

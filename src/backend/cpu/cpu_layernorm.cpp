@@ -22,18 +22,18 @@ constexpr int64_t kRowsPerBlock = 64;  // rows whose parameter gradients one tas
 // square root), and a group's chains overlap where one row's would leave the core waiting.
 constexpr int64_t kRowGroup = 4;
 
-// Up to kRowGroup f32 rows of the forward, from x (c apart): y = (x - mean) rstd [* w] [+ b], and each row's
+// Up to kRowGroup f32 rows of the forward, from x (c apart) into y (ldy apart): y = (x - mean) rstd [* w] [+ b], and each row's
 // mean (mean null: not stored) and rstd; every row's statistics first, then the rows written. inv_c is 1 / c
 // (0 for c = 0).
-void norm_rows_f32(const float* x, const float* w, const float* b, float* y, int64_t rows, int64_t c, double inv_c,
-                   double eps, bool rms, float* mean, float* rstd) {
+void norm_rows_f32(const float* x, const float* w, const float* b, float* y, int64_t ldy, int64_t rows, int64_t c,
+                   double inv_c, double eps, bool rms, float* mean, float* rstd) {
   float mus[kRowGroup], rs[kRowGroup];
   for (int64_t i = 0; i < rows; ++i) mus[i] = rms ? 0.0f : static_cast<float>(cpu::sum_f32(x + i * c, c) * inv_c);
   for (int64_t i = 0; i < rows; ++i)
     rs[i] = static_cast<float>(1.0 / std::sqrt(cpu::sum_sq_dev_f32(x + i * c, c, mus[i]) * inv_c + eps));
   for (int64_t i = 0; i < rows; ++i) {
     const float *xr = x + i * c, mu = mus[i], r = rs[i];
-    float* yr = y + i * c;
+    float* yr = y + i * ldy;
     if (w && b)
       for (int64_t k = 0; k < c; ++k) yr[k] = (xr[k] - mu) * r * w[k] + b[k];
     else if (w)
@@ -86,6 +86,16 @@ void norm_rows_backward_f32(const float* x, const float* g, const float* w, cons
   }
 }
 
+// Rows [lo, hi) of y (ldy apart): 1 at column c, 0 after it.
+template <typename T>
+void pad_rows(T* y, int64_t lo, int64_t hi, int64_t c, int64_t ldy) {
+  for (int64_t i = lo; i < hi; ++i) {
+    T* r = y + i * ldy;
+    r[c] = T(1);
+    for (int64_t j = c + 1; j < ldy; ++j) r[j] = T(0);
+  }
+}
+
 template <typename T>
 const T* opt_data(const Tensor& t, const char* op) {
   if (!t.defined()) return nullptr;
@@ -101,6 +111,10 @@ void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tens
   TANDEM_ASSERT(x.numel() == n * c && y.numel() == x.numel() && rstd.numel() == n && (rms || mean.numel() == n), op,
                 " of ", x.str(), " as [", n, ", ", c, "]");
   if (n == 0) return;
+  // y contiguous, or [n, c] rows ldy apart padded after c with a one and zeros (padded rows, see the op).
+  const bool padded = !y.is_contiguous();
+  TANDEM_ASSERT(!padded || (y.dim() == 2 && y.strides()[1] == 1 && y.strides()[0] > c), op, " into ", y.str());
+  const int64_t ldy = padded ? y.strides()[0] : c;
   dispatch_float(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     const T* px = static_cast<const T*>(x.data_ptr());
@@ -112,13 +126,14 @@ void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tens
     cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
       if constexpr (std::is_same_v<T, float>) {
         for (int64_t i = lo; i < hi; i += kRowGroup)
-          norm_rows_f32(px + i * c, pw, pb, py + i * c, std::min(kRowGroup, hi - i), c, inv_c, eps, rms,
+          norm_rows_f32(px + i * c, pw, pb, py + i * ldy, ldy, std::min(kRowGroup, hi - i), c, inv_c, eps, rms,
                         pm ? pm + i : nullptr, pr + i);
+        if (padded) pad_rows(py, lo, hi, c, ldy);
         return;
       }
       for (int64_t i = lo; i < hi; ++i) {
         const T* xr = px + i * c;
-        T* yr = py + i * c;
+        T* yr = py + i * ldy;
         double mu = 0.0;
         if (!rms) {
           for (int64_t j = 0; j < c; ++j) mu += static_cast<double>(xr[j]);
@@ -139,6 +154,7 @@ void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Tens
           yr[j] = static_cast<T>(v);
         }
       }
+      if (padded) pad_rows(py, lo, hi, c, ldy);
     });
   });
 }

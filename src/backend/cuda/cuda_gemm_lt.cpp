@@ -79,7 +79,7 @@ DGeluFusion dgelu_fusion() {
 
 class LtCache {
  public:
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, bool, int64_t>;
   cublasLtHandle_t handle = nullptr;
   std::map<Key, Plan> plans;
   LtCache() { TANDEM_CUBLAS_CHECK(cublasLtCreate(&handle)); }
@@ -103,6 +103,14 @@ bool CudaBackend::lt_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
       (f.epilogue != GemmEpilogue::None && f32_out) || (add && (f32_out || beta != 0.0)) ||
       (f.a_row_sums.defined() && !trans_a) || (f.c_col_sums.defined() && f.epilogue != GemmEpilogue::DGelu))
     return false;
+  // A's rows: packed, or (A untransposed) a.strides()[0] apart, 16-byte aligned (padded rows).
+  int64_t lda = trans_a ? m : k;
+  if (!a.is_contiguous()) {
+    if (trans_a || a.dim() != 2 || a.strides()[1] != 1 || a.strides()[0] < k ||
+        (a.strides()[0] * static_cast<int64_t>(dtype_size(a.dtype()))) % 16 != 0)
+      return false;
+    lda = a.strides()[0];
+  }
   DeviceState& s = state_for(c);
   const bool bgrad = f.c_col_sums.defined();
   const Tensor vec = bgrad ? f.c_col_sums
@@ -121,7 +129,7 @@ bool CudaBackend::lt_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
                     (has_aux && aligned16(f.aux.data_ptr()) ? 16 : 0) | (aligned16(c_in) ? 32 : 0);
   const LtCache::Key key{m, n, k, trans_a, trans_b, static_cast<int>(a.dtype()), static_cast<int>(c.dtype()),
                          static_cast<int>(ep), vec.defined() ? static_cast<int>(vec.dtype()) : -1, align,
-                         add || beta != 0.0};
+                         add || beta != 0.0, lda};
   const float al = static_cast<float>(alpha), be = add ? 1.0f : static_cast<float>(beta);
   std::unique_lock<std::mutex> lock(s.cublas_mu);
   if (!s.lt) s.lt = std::make_shared<LtCache>();
@@ -163,11 +171,12 @@ bool CudaBackend::lt_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
       TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
     }
     point(p);
-    // Stored shapes, column-major: our B is [k, n] row-major ([n, k] when transposed), our A [m, k] ([k, m]).
+    // Stored shapes, column-major: our B is [k, n] row-major ([n, k] when transposed), our A [m, k] ([k, m]),
+    // its rows lda apart.
     const uint64_t la_rows = trans_b ? k : n, la_cols = trans_b ? n : k, lb_rows = trans_a ? m : k,
                    lb_cols = trans_a ? k : m;
     TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, ab, la_rows, la_cols, static_cast<int64_t>(la_rows)));
-    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, ab, lb_rows, lb_cols, static_cast<int64_t>(lb_rows)));
+    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, ab, lb_rows, lb_cols, lda));
     TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, ct, n, m, n));
     cublasLtMatmulPreference_t pref = nullptr;
     TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));

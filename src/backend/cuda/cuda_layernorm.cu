@@ -47,7 +47,7 @@ __device__ __forceinline__ void load_param(const W* __restrict__ p, int64_t col,
 template <typename T, typename W, int VEC, int NV>
 __global__ void ln_forward_warp_kernel(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b,
                                        T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t n,
-                                       int64_t c, float eps, bool rms) {
+                                       int64_t c, int64_t ldy, float eps, bool rms) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
   const float inv_c = 1.0f / static_cast<float>(c);
@@ -83,7 +83,8 @@ __global__ void ln_forward_warp_kernel(const T* __restrict__ x, const W* __restr
       if (mean) mean[r] = mu;
       rstd[r] = rs;
     }
-    T* yr = y + r * c;
+    T* yr = y + r * ldy;
+    if (lane < ldy - c) yr[c + lane] = from_float<T>(lane == 0 ? 1.0f : 0.0f);  // padded rows: a one, then zeros
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int64_t col = (int64_t(k) * 32 + lane) * VEC;
@@ -103,7 +104,7 @@ __global__ void ln_forward_warp_kernel(const T* __restrict__ x, const W* __restr
 template <typename T, typename W>
 __global__ void ln_forward_block_kernel(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b,
                                         T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t n,
-                                        int64_t c, float eps, bool rms) {
+                                        int64_t c, int64_t ldy, float eps, bool rms) {
   __shared__ float scratch[32];
   const float inv_c = 1.0f / static_cast<float>(c);
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
@@ -126,8 +127,9 @@ __global__ void ln_forward_block_kernel(const T* __restrict__ x, const W* __rest
     }
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
       const float wv = w ? to_float(w[j]) : 1.0f, bv = b ? to_float(b[j]) : 0.0f;
-      y[r * c + j] = from_float<T>(fmaf((to_float(xr[j]) - mu) * rs, wv, bv));
+      y[r * ldy + j] = from_float<T>(fmaf((to_float(xr[j]) - mu) * rs, wv, bv));
     }
+    for (int64_t j = c + threadIdx.x; j < ldy; j += blockDim.x) y[r * ldy + j] = from_float<T>(j == c ? 1.0f : 0.0f);
   }
 }
 
@@ -371,6 +373,11 @@ void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Ten
                     rstd.dtype() == DType::f32 && (rms || (mean.numel() == n && mean.dtype() == DType::f32)),
                 op, " of ", x.str(), " as [", n, ", ", c, "]");
   if (n == 0 || c == 0) return;
+  // y contiguous, or [n, c] rows ldy apart padded after c with a one and zeros (at most 32: padded rows).
+  const bool padded = !y.is_contiguous();
+  TANDEM_ASSERT(!padded || (y.dim() == 2 && y.strides()[1] == 1 && y.strides()[0] > c && y.strides()[0] - c <= 32), op,
+                " into ", y.str());
+  const int64_t ldy = padded ? y.strides()[0] : c;
   DeviceState& st = state_for(y);
   kern::dispatch_float(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
@@ -384,14 +391,14 @@ void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& w, const Ten
       const float e = static_cast<float>(eps);
       // Parameters are read VEC at a time like the data, 16 bytes per access (two for f32 parameters of
       // 16-bit data), so their addresses must be 16-byte aligned too.
-      const bool warp = with_ln_shape<T>(c, {px, py, pw, pb}, [&](auto ntag) {
+      const bool warp = ldy % rows::kVec<T> == 0 && with_ln_shape<T>(c, {px, py, pw, pb}, [&](auto ntag) {
         constexpr int NV = decltype(ntag)::value;
         ln_forward_warp_kernel<T, W, rows::kVec<T>, NV><<<rows::warp_row_blocks(n, kWarps), kWarps * 32, 0,
-                                                          st.stream>>>(px, pw, pb, py, pm, pr, n, c, e, rms);
+                                                          st.stream>>>(px, pw, pb, py, pm, pr, n, c, ldy, e, rms);
       });
       if (!warp)
         ln_forward_block_kernel<T, W><<<static_cast<unsigned>(std::clamp<int64_t>(n, 1, kern::kMaxBlocks)), kRowThreads,
-                                        0, st.stream>>>(px, pw, pb, py, pm, pr, n, c, e, rms);
+                                        0, st.stream>>>(px, pw, pb, py, pm, pr, n, c, ldy, e, rms);
       TANDEM_CUDA_LAUNCH_CHECK("layer norm kernel");
     });
   });

@@ -1,0 +1,71 @@
+// Rows padded with a column of ones, for the bias gradient taken by the weight gradient's product (see
+// padded_rows.h).
+#include "ops/padded_rows.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "core/tensor_impl.h"
+#include "ops/op_utils.h"
+
+namespace tandem::ops {
+
+namespace {
+std::atomic<int> g_mode{-1};
+
+bool from_environment() {
+  static const bool on = [] {
+    const char* e = std::getenv("TANDEM_BIAS_FROM_PRODUCT");
+    const std::string v = e ? e : "";
+    TANDEM_CHECK(v.empty() || v == "0" || v == "1", "TANDEM_BIAS_FROM_PRODUCT=", v, ": expected 0 or 1");
+    return v == "1";
+  }();
+  return on;
+}
+}  // namespace
+
+bool bias_from_product() {
+  const int m = g_mode.load(std::memory_order_relaxed);
+  return m < 0 ? from_environment() : m == 1;
+}
+
+void set_bias_from_product(int mode) { g_mode.store(mode < 0 ? -1 : mode ? 1 : 0, std::memory_order_relaxed); }
+
+int64_t padded_ld(int64_t c) { return (c + 1 + 7) / 8 * 8; }
+
+void mark_padded_rows(const Tensor& buf, int64_t cols) {
+  TANDEM_ASSERT(buf.defined() && buf.dim() == 2 && buf.is_contiguous() && buf.storage_offset() == 0 &&
+                    buf.size(1) == padded_ld(cols),
+                "padded rows of ", cols, " columns in ", buf.defined() ? buf.str() : std::string("nothing"));
+  Storage& s = *buf.impl()->storage;
+  s.padded_ld = buf.size(1);
+  s.padded_cols = cols;
+}
+
+Tensor padded_rows_of(const Tensor& x) {
+  if (!x.defined() || x.dim() != 2 || !x.impl()->storage) return Tensor();
+  const Storage& s = *x.impl()->storage;
+  const int64_t ld = s.padded_ld, n = x.size(0), off = x.storage_offset();
+  if (ld == 0 || x.size(1) != s.padded_cols || x.strides()[1] != 1 || (n > 1 && x.strides()[0] != ld) || off % ld != 0)
+    return Tensor();
+  if (static_cast<size_t>((off + n * ld) * static_cast<int64_t>(dtype_size(x.dtype()))) > s.nbytes) return Tensor();
+  return as_strided(x, {n, ld}, {ld, 1}, off);
+}
+
+Tensor weight_grad_padded(const Tensor& g, const Tensor& xp, int64_t c, DType w_dtype, size_t index, Tensor& db) {
+  const DType cdt = g.dtype();
+  const int64_t out = g.size(1), ld = xp.size(1);
+  TANDEM_ASSERT(xp.dtype() == cdt && xp.size(0) == g.size(0) && ld > c && db.defined() && db.numel() == out,
+                "weight_grad_padded: ", g.str(), ", ", xp.str(), ", ", c, " columns");
+  // The product's type: the weight's where the product can write it (the compute type, or f32 from 16 bits).
+  const DType pdt = w_dtype == cdt || (w_dtype == DType::f32 && is_half(cdt)) ? w_dtype : cdt;
+  Tensor full = Tensor::empty({out, ld}, pdt, g.device());
+  be(g).gemm_fused(true, false, out, ld, g.size(0), 1.0, g, xp, 0.0, full, backend::GemmFusion{});
+  Tensor dw = grad_buffer(index, {out, c}, w_dtype, g.device());
+  be(g).copy_strided(as_strided(full, {out, c}, {ld, 1}, 0), dw);
+  be(g).copy_strided(as_strided(full, {out}, {ld}, c), db);
+  return dw;
+}
+
+}  // namespace tandem::ops
