@@ -26,7 +26,7 @@ LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool affine, bool with_
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, shape_, weight, bias, eps_); }
 
 Tensor LayerNorm::forward_padded(const Tensor& x) {
-  if (!ops::bias_from_product() || !grad_enabled()) return forward(x);
+  if (!x.defined() || !ops::bias_from_product(x.device()) || !grad_enabled()) return forward(x);
   return ops::layer_norm_padded(x, shape_, weight, bias, eps_);
 }
 

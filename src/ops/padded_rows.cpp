@@ -14,20 +14,26 @@ namespace tandem::ops {
 namespace {
 std::atomic<int> g_mode{-1};
 
-bool from_environment() {
-  static const bool on = [] {
+// The setting's default, where the environment does not choose: off on every device (on the CPU the wider
+// products cost more than the reductions they replace).
+constexpr bool kDefaultOnCuda = false;
+
+// TANDEM_BIAS_FROM_PRODUCT: 1, 0, or -1 when unset.
+int from_environment() {
+  static const int mode = [] {
     const char* e = std::getenv("TANDEM_BIAS_FROM_PRODUCT");
     const std::string v = e ? e : "";
     TANDEM_CHECK(v.empty() || v == "0" || v == "1", "TANDEM_BIAS_FROM_PRODUCT=", v, ": expected 0 or 1");
-    return v == "1";
+    return v.empty() ? -1 : v == "1" ? 1 : 0;
   }();
-  return on;
+  return mode;
 }
 }  // namespace
 
-bool bias_from_product() {
-  const int m = g_mode.load(std::memory_order_relaxed);
-  return m < 0 ? from_environment() : m == 1;
+bool bias_from_product(Device d) {
+  int m = g_mode.load(std::memory_order_relaxed);
+  if (m < 0) m = from_environment();
+  return m < 0 ? kDefaultOnCuda && d.is_cuda() : m == 1;
 }
 
 void set_bias_from_product(int mode) { g_mode.store(mode < 0 ? -1 : mode ? 1 : 0, std::memory_order_relaxed); }

@@ -10,9 +10,9 @@
 
 namespace tandem::ops {
 
-/// Whether transformer blocks have their layer norms write padded rows for the products after them
-/// (TANDEM_BIAS_FROM_PRODUCT=1; off by default, and with 0).
-bool bias_from_product();
+/// Whether transformer blocks on device d have their layer norms write padded rows for the products after
+/// them: TANDEM_BIAS_FROM_PRODUCT=1 on, 0 off; unset, off on every device.
+bool bias_from_product(Device d);
 /// Sets it for this process (tests): 1 on, 0 off, -1 back to the environment's choice.
 void set_bias_from_product(int mode);
 
