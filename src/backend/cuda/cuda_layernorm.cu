@@ -475,11 +475,11 @@ bool CudaBackend::ln_backward(const Tensor& dy, const Tensor& x, const Tensor& w
         const bool want_d = pd && dx_sums.defined();
         const int per_warp = want_d ? 3 : (want_w || want_b) ? 2 : 0;
         const size_t smem = size_t(kBackwardWarps) * per_warp * sizeof(float) * NV * 32 * VEC;
-        auto kernel = ln_backward_reload() ? ln_backward_warp_kernel<T, W, VEC, NV, true>
-                                           : ln_backward_warp_kernel<T, W, VEC, NV, false>;
+        const bool reload = ln_backward_reload();
+        auto kernel = reload ? ln_backward_warp_kernel<T, W, VEC, NV, true> : ln_backward_warp_kernel<T, W, VEC, NV, false>;
         if (smem > 48 * 1024) {  // long rows: more shared memory than the default (the most it may need)
-          static std::once_flag once;
-          std::call_once(once, [&] {
+          static std::once_flag once[2];  // per variant
+          std::call_once(once[reload ? 1 : 0], [&] {
             TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(size_t(kBackwardWarps) * 3 * sizeof(float) *
                                                                     NV * 32 * VEC)));
