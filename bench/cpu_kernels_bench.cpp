@@ -105,7 +105,7 @@ void training_steps(int64_t batch, int steps) {
     Tensor loss = softmax_cross_entropy(linear(h, ps[6].value, ps[7].value), labels);
     backward(loss);
     std::vector<backend::ParamSlot> slots;
-    for (Param& p : ps) slots.push_back({p.value, p.value.grad(), p.momentum, Tensor()});
+    for (Param& p : ps) slots.push_back({p.value, p.value.grad(), p.momentum, Tensor(), Tensor()});
     backend::cpu_backend().sgd_step(slots.data(), static_cast<int64_t>(slots.size()),
                                     {0.005, 0.9, 0.0, 1e-5, false, first});
     first = false;

@@ -512,6 +512,12 @@ class Backend {
   /// the order of i (the same bits on every run); otherwise in any order (CUDA: f32 atomics).
   /// dy and dweight share the weight's dtype; 16-bit sums are f32.
   virtual void embedding_backward(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) = 0;
+  /// embedding_backward with the sums added into dweight (a gradient the table has received already: a tied
+  /// output layer's), where the backend takes the case: returns whether it did (the default: never; the CPU:
+  /// always; CUDA: f32 without deterministic, its atomics adding into dweight).
+  virtual bool embedding_backward_add(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) {
+    return false;
+  }
   /// Whether rnn_forward and rnn_backward compute this network here (the fused kernels: cuDNN's);
   /// when not, tandem::rnn composes it of other ops.
   virtual bool rnn_supported(const RnnGeom& g) { return false; }

@@ -490,6 +490,10 @@ class ProfilingBackend final : public Backend {
     Timed timed(inner_, recordings_, device_, "embedding_backward", profiler::detail::thread_phase());
     inner_.embedding_backward(dy, indices, deterministic, dweight);
   }
+  bool embedding_backward_add(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) override {
+    Timed timed(inner_, recordings_, device_, "embedding_backward", profiler::detail::thread_phase());
+    return inner_.embedding_backward_add(dy, indices, deterministic, dweight);
+  }
   bool rnn_supported(const RnnGeom& g) override { return inner_.rnn_supported(g); }
   void rnn_forward(const RnnGeom& g, const Tensor& x, const Tensor& w, const Tensor& hx, const Tensor& cx,
                    bool training, Tensor& y, Tensor& hy, Tensor& cy, Tensor& reserve) override {

@@ -26,8 +26,14 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   const DType dt = weight.dtype();
   const Device dev = weight.device();
   return record_op(y, {weight}, "embedding", [idx, v, d, n, dt, dev, deterministic](const Tensor& g) {
-    Tensor dw = grad_buffer(0, {v, d}, dt, dev);
     Tensor gc = g.contiguous().view({n, d});
+    // Where the table's gradient from its other readers has arrived (a tied output layer's), the rows are
+    // added into it: no zeroed table of its own, and no pass adding two tables.
+    Tensor acc = grad_add_target(0);
+    if (acc.defined() && acc.dtype() == dt && acc.shape() == Shape({v, d}) && acc.is_contiguous() &&
+        be(acc).embedding_backward_add(gc, idx, deterministic, acc))
+      return std::vector<Tensor>{acc};
+    Tensor dw = grad_buffer(0, {v, d}, dt, dev);
     if (dw.numel() > 0) be(dw).embedding_backward(gc, idx, deterministic, dw);
     return std::vector<Tensor>{dw};
   });

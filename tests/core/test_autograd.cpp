@@ -162,6 +162,42 @@ TEST(Autograd, AGradientBegunByOneOpTakesTheNextShareInPlace) {
   expect_values(w.grad(), {4.0, 4.0});
 }
 
+// A table read by an embedding and by a tied output layer: whichever op's backward runs second adds its
+// share into the gradient the first began (the embedding's rows added in place); the values are the sum of
+// both shares, taken here by hand in f64.
+TEST(Autograd, TiedEmbeddingAndOutputLayerSumTheirGradients) {
+  const int64_t v = 5, d = 3, n = 4;
+  Generator gen(21);
+  const Tensor w0 = Tensor::uniform({v, d}, -1.0, 1.0, gen, DType::f64);
+  const Tensor x = Tensor::uniform({n, d}, -1.0, 1.0, gen, DType::f64);
+  const Tensor r = Tensor::uniform({n, v}, -1.0, 1.0, gen, DType::f64);
+  const Tensor s = Tensor::uniform({n, d}, -1.0, 1.0, gen, DType::f64);
+  const std::vector<int64_t> ids = {3, 0, 3, 4};
+  const Tensor idx = Tensor::from_vector(ids, {n});
+  // d/dw of sum(x w^T * r) is r^T x; of sum(w[ids] * s) the rows of s added at their ids.
+  const std::vector<double> xv = x.to_vector<double>(), rv = r.to_vector<double>(), sv = s.to_vector<double>();
+  std::vector<double> expected(v * d, 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < d; ++k) {
+      for (int64_t j = 0; j < v; ++j) expected[j * d + k] += rv[i * v + j] * xv[i * d + k];
+      expected[ids[i] * d + k] += sv[i * d + k];
+    }
+  // The op recorded last runs its backward first: the embedding (as in a GPT) or the output layer.
+  for (DType dt : {DType::f32, DType::f64})
+    for (bool head_last : {true, false}) {
+      Tensor w = w0.to(dt).clone().requires_grad_();
+      auto head = [&] { return sum(mul(linear(x.to(dt), w, Tensor()), r.to(dt))); };
+      auto table = [&] { return sum(mul(embedding(w, idx), s.to(dt))); };
+      Tensor first = head_last ? table() : head();
+      Tensor second = head_last ? head() : table();
+      backward(add(first, second));
+      const std::vector<double> got = w.grad().to_vector<double>();
+      ASSERT_EQ(got.size(), expected.size());
+      for (size_t k = 0; k < got.size(); ++k)
+        EXPECT_NEAR(got[k], expected[k], dt == DType::f32 ? 1e-5 : 1e-12) << dtype_name(dt) << " " << k;
+    }
+}
+
 // A convolution whose input also feeds a residual connection adds its input gradient into the one
 // the connection brought, with the values of separate gradients added.
 TEST(Autograd, ConvolutionAddsIntoAResidualGradient) {

@@ -137,6 +137,7 @@ class CpuBackend final : public Backend {
   // ---- embedding and recurrent networks
   void embedding_forward(const Tensor& weight, const Tensor& indices, Tensor& out) override;
   void embedding_backward(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) override;
+  bool embedding_backward_add(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) override;
 
   void sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) override;
   void adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) override;

@@ -52,6 +52,12 @@ void CpuBackend::embedding_forward(const Tensor& weight, const Tensor& indices, 
 
 void CpuBackend::embedding_backward(const Tensor& dy, const Tensor& indices, bool /*deterministic*/,
                                     Tensor& dweight) {
+  dweight.zero_();
+  (void)embedding_backward_add(dy, indices, true, dweight);
+}
+
+bool CpuBackend::embedding_backward_add(const Tensor& dy, const Tensor& indices, bool /*deterministic*/,
+                                        Tensor& dweight) {
   const int64_t v = dweight.size(0), d = dweight.size(1);
   const std::vector<int64_t> idx = checked_indices(indices, v, "embedding backward");
   const int64_t n = static_cast<int64_t>(idx.size());
@@ -61,7 +67,6 @@ void CpuBackend::embedding_backward(const Tensor& dy, const Tensor& indices, boo
     using T = decltype(tag);
     T* dw = dweight.data<T>();
     const T* g = dy.data<T>();
-    std::fill(dw, dw + v * d, T(0));
     // Columns split across threads; within a column the rows are added in index order.
     cpu::parallel_for(d, cpu::grain_for(n), [&](int64_t c0, int64_t c1) {
       for (int64_t i = 0; i < n; ++i) {
@@ -71,6 +76,7 @@ void CpuBackend::embedding_backward(const Tensor& dy, const Tensor& indices, boo
       }
     });
   });
+  return true;
 }
 
 }  // namespace tandem::backend

@@ -248,6 +248,7 @@ class CudaBackend final : public Backend {
   // ---- embedding and recurrent networks
   void embedding_forward(const Tensor& weight, const Tensor& indices, Tensor& out) override;
   void embedding_backward(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) override;
+  bool embedding_backward_add(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) override;
   bool rnn_supported(const RnnGeom& g) override;
   void rnn_forward(const RnnGeom& g, const Tensor& x, const Tensor& w, const Tensor& hx, const Tensor& cx,
                    bool training, Tensor& y, Tensor& hy, Tensor& cy, Tensor& reserve) override;

@@ -206,4 +206,25 @@ void CudaBackend::embedding_backward(const Tensor& dy, const Tensor& indices, bo
   });
 }
 
+// f32 without deterministic: the atomics add into the gradient there (the sums in any order, as above).
+bool CudaBackend::embedding_backward_add(const Tensor& dy, const Tensor& indices, bool deterministic,
+                                         Tensor& dweight) {
+  if (deterministic || dweight.dtype() != DType::f32 || dy.dtype() != DType::f32 || !dweight.is_contiguous())
+    return false;
+  DeviceState& st = state_for(dweight);
+  const int64_t n = indices.numel(), rows = dweight.size(0), d = dweight.size(1);
+  if (dweight.numel() == 0 || n == 0) return true;
+  TANDEM_CHECK(n < INT_MAX && rows < INT_MAX, "embedding backward: ", n, " indices into ", rows,
+               " rows is more than the CUDA kernels take (2^31 - 1)");
+  const float* g = dy.data<float>();
+  float* dw = dweight.data<float>();
+  dispatch_index(indices.dtype(), "embedding backward", [&](auto itag) {
+    using Index = decltype(itag);
+    scatter_add_kernel<float, Index><<<blocks_for(n * d), kBlock, 0, st.stream>>>(
+        g, static_cast<const Index*>(indices.data_ptr()), dw, n, d, rows);
+    TANDEM_CUDA_LAUNCH_CHECK("scatter_add_kernel");
+  });
+  return true;
+}
+
 }  // namespace tandem::backend
