@@ -245,7 +245,7 @@ case "$cmd" in
     cmake --build "$dir" -j "$JOBS" --target fuzzers >&2
     "$dir/fuzz/make_seeds" "$dir/fuzz-seeds"
     harnesses=("$@")
-    [ ${#harnesses[@]} -gt 0 ] || harnesses=(idx cifar checkpoint store_protocol)
+    [ ${#harnesses[@]} -gt 0 ] || harnesses=(idx cifar checkpoint store_protocol tokens gpt_text)
     failed=0
     for h in "${harnesses[@]}"; do
       corpus="$dir/fuzz-corpus/$h"

@@ -9,6 +9,7 @@
 #include "distributed/rendezvous/store_protocol.h"
 #include "fuzz_model.h"
 #include "tandem/checkpoint.h"
+#include "tandem/nn/gpt.h"
 #include "tandem/optim/optimizer.h"
 
 namespace fs = std::filesystem;
@@ -75,5 +76,23 @@ int main(int argc, char** argv) {
   write(dir / "store/get", body(proto::encode(proto::kGet, {"key"})));
   write(dir / "store/add", body(proto::encode(proto::kAdd, {"counter", "1"})));
   write(dir / "store/empty", body(proto::encode(proto::kCheck, {})));
+  // Token shards: llm.c's 256 x int32 header (magic, version, count) then uint16 tokens, and bare tokens.
+  std::string tokens;
+  for (int i = 0; i < 40; ++i) {
+    tokens.push_back(static_cast<char>((i * 37) % 251));
+    tokens.push_back(0);
+  }
+  std::string header(1024, '\0');
+  for (auto [k, v] : {std::pair<int, uint32_t>{0, 20240520u}, {1, 1u}, {2, 40u}})
+    for (int b = 0; b < 4; ++b) header[4 * k + b] = static_cast<char>((v >> (8 * b)) & 0xff);
+  write(dir / "tokens/llmc", header + tokens);
+  write(dir / "tokens/bare", tokens);
+  tandem::nn::GptConfig gpt;
+  gpt.layers = 2, gpt.heads = 2, gpt.width = 16, gpt.context = 8, gpt.vocab = 256;
+  write(dir / "gpt_text/config", tandem::nn::gpt_config_to_json(gpt));
+  write(dir / "gpt_text/meta", tandem::nn::gpt_checkpoint_meta(gpt));
+  write(dir / "gpt_text/gutenberg",
+        "The Project Gutenberg eBook of Hamlet\n*** START OF THE PROJECT GUTENBERG EBOOK HAMLET ***\n"
+        "HAMLET. To be, or not to be.\n*** END OF THE PROJECT GUTENBERG EBOOK HAMLET ***\nLicence.\n");
   return 0;
 }
