@@ -62,15 +62,9 @@ Tensor normalise(const Tensor& x, const Shape& normalized_shape, const Tensor& w
     const int64_t ld = padded_ld(c);
     Tensor buf = Tensor::empty({n, ld}, xc.dtype(), x.device());
     mark_padded_rows(buf, c);
-    const Shape& shape = x.shape();
-    Shape strides(shape.size());
-    int64_t step = ld;
-    strides.back() = 1;
-    for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) {
-      strides[i] = step;
-      step *= shape[i];
-    }
-    y = as_strided(buf, shape, strides, 0);
+    Shape wide = x.shape();  // x's shape with rows ld long: its strides are the view's
+    wide.back() = ld;
+    y = as_strided(buf, x.shape(), contiguous_strides(wide), 0);
     rows = as_strided(buf, {n, c}, {ld, 1}, 0);
   } else {
     y = empty_like(xc);

@@ -132,9 +132,12 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b) {
 // the compute type), written in the weight's type where the product can write it (the compute type, or f32
 // from 16 bits) — into the gradient's destination when the engine offers one; with db defined, the bias
 // gradient (g's column sums) is taken by the same product.
+// Whether a product of compute type cdt can write a gradient of w_dtype (the same type, or f32 from 16 bits).
+bool writes_directly(DType w_dtype, DType cdt) { return w_dtype == cdt || (w_dtype == DType::f32 && is_half(cdt)); }
+
 Tensor weight_grad(const Tensor& g, const Tensor& x, DType w_dtype, size_t index, const Tensor& db) {
   const DType cdt = g.dtype();
-  const bool direct = w_dtype == cdt || (w_dtype == DType::f32 && is_half(cdt));
+  const bool direct = writes_directly(w_dtype, cdt);
   Tensor dw = grad_buffer(index, {g.size(1), x.size(1)}, direct ? w_dtype : cdt, g.device());
   // The bias gradient: g's column sums where the kernel that wrote g took them (see bias_grad_of).
   const Tensor sums = db.defined() ? column_sums_of(g, g.size(1)) : Tensor();
@@ -143,6 +146,22 @@ Tensor weight_grad(const Tensor& g, const Tensor& x, DType w_dtype, size_t index
   be(g).gemm_fused(true, false, g.size(1), x.size(1), g.size(0), 1.0, g, x, 0.0, dw, f);
   if (sums.defined()) Tensor(db).copy_(sums);
   return direct ? dw : dw.to(w_dtype);
+}
+
+// weight_grad from the input's padded rows xp [n, ld] (padded_rows_of; the first c columns are x): the product
+// g^T xp [out, ld] holds the weight gradient in its first c columns and the bias gradient (g's column sums, the
+// column of ones) in column c; both are copied out, db defined ([out] of w_dtype).
+Tensor weight_grad_padded(const Tensor& g, const Tensor& xp, int64_t c, DType w_dtype, size_t index, Tensor& db) {
+  const DType cdt = g.dtype();
+  const int64_t out = g.size(1), ld = xp.size(1);
+  TANDEM_ASSERT(xp.dtype() == cdt && xp.size(0) == g.size(0) && ld > c && db.defined() && db.numel() == out,
+                "weight_grad_padded: ", g.str(), ", ", xp.str(), ", ", c, " columns");
+  Tensor full = Tensor::empty({out, ld}, writes_directly(w_dtype, cdt) ? w_dtype : cdt, g.device());
+  be(g).gemm_fused(true, false, out, ld, g.size(0), 1.0, g, xp, 0.0, full, backend::GemmFusion{});
+  Tensor dw = grad_buffer(index, {out, c}, w_dtype, g.device());
+  be(g).copy_strided(as_strided(full, {out, c}, {ld, 1}, 0), dw);
+  be(g).copy_strided(as_strided(full, {out}, {ld}, c), db);
+  return dw;
 }
 
 // y [n, out] = x w^T with the epilogue f (bias, or bias and GELU) fused into the product.

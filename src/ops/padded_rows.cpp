@@ -7,7 +7,6 @@
 #include <string>
 
 #include "core/tensor_impl.h"
-#include "ops/op_utils.h"
 
 namespace tandem::ops {
 
@@ -57,21 +56,6 @@ Tensor padded_rows_of(const Tensor& x) {
     return Tensor();
   if (static_cast<size_t>((off + n * ld) * static_cast<int64_t>(dtype_size(x.dtype()))) > s.nbytes) return Tensor();
   return as_strided(x, {n, ld}, {ld, 1}, off);
-}
-
-Tensor weight_grad_padded(const Tensor& g, const Tensor& xp, int64_t c, DType w_dtype, size_t index, Tensor& db) {
-  const DType cdt = g.dtype();
-  const int64_t out = g.size(1), ld = xp.size(1);
-  TANDEM_ASSERT(xp.dtype() == cdt && xp.size(0) == g.size(0) && ld > c && db.defined() && db.numel() == out,
-                "weight_grad_padded: ", g.str(), ", ", xp.str(), ", ", c, " columns");
-  // The product's type: the weight's where the product can write it (the compute type, or f32 from 16 bits).
-  const DType pdt = w_dtype == cdt || (w_dtype == DType::f32 && is_half(cdt)) ? w_dtype : cdt;
-  Tensor full = Tensor::empty({out, ld}, pdt, g.device());
-  be(g).gemm_fused(true, false, out, ld, g.size(0), 1.0, g, xp, 0.0, full, backend::GemmFusion{});
-  Tensor dw = grad_buffer(index, {out, c}, w_dtype, g.device());
-  be(g).copy_strided(as_strided(full, {out, c}, {ld, 1}, 0), dw);
-  be(g).copy_strided(as_strided(full, {out}, {ld}, c), db);
-  return dw;
 }
 
 }  // namespace tandem::ops

@@ -33,10 +33,4 @@ Tensor padded_rows_of(const Tensor& x);
 Tensor layer_norm_padded(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                          double eps);
 
-/// The weight gradient g^T x [out, c] of a layer with output gradient g [n, out] (the compute type) and
-/// input rows xp [n, ld] padded from c columns (padded_rows_of), in w_dtype, into the gradient's destination
-/// index when the engine offers one; its bias gradient (g's column sums, from the same product) into db
-/// (defined: [out] of w_dtype).
-Tensor weight_grad_padded(const Tensor& g, const Tensor& xp, int64_t c, DType w_dtype, size_t index, Tensor& db);
-
 }  // namespace tandem::ops

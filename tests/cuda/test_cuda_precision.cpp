@@ -444,20 +444,26 @@ void expect_runs_repeat_and_copies_match(const Tensor& x, const Tensor& labels, 
   for (size_t i = 0; i < read.size(); ++i) EXPECT_EQ(read[i], converted[i]) << layout << " parameter " << i;
 }
 
+// Under deterministic algorithms and a forced convolution layout (1 channels-last, 0 NCHW), a batch of n
+// [3, hw, hw] images whose labels step by `step`: the runs of expect_runs_repeat_and_copies_match.
+void check_layout(int mode, int64_t n, int64_t hw, uint64_t seed, int step, const char* layout) {
+  const bool was_deterministic = deterministic_algorithms();
+  set_deterministic_algorithms(true);
+  ops::force_channels_last(mode);
+  Tensor x = rand_cpu({n, 3, hw, hw}, seed).to(gpu());
+  std::vector<int32_t> lv;
+  for (int64_t i = 0; i < n; ++i) lv.push_back(static_cast<int32_t>((step * i) % 10));
+  Tensor labels = Tensor::from_vector(lv, {n}).to(gpu());
+  expect_runs_repeat_and_copies_match(x, labels, layout);
+  ops::force_channels_last(-1);
+  set_deterministic_algorithms(was_deterministic);
+}
+
 // bf16 steps of a residual network whose convolutions read the 16-bit filter copies SGD writes as it steps,
 // against the same steps converting every f32 weight: the same bits, with the convolutions NCHW.
 TEST(CudaPrecision, SgdWeightCopiesGiveTheBitsOfConvertingAtEveryStep) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  const bool was_deterministic = deterministic_algorithms();
-  set_deterministic_algorithms(true);
-  ops::force_channels_last(0);
-  Tensor x = rand_cpu({16, 3, 16, 16}, 118).to(gpu());
-  std::vector<int32_t> lv;
-  for (int i = 0; i < 16; ++i) lv.push_back((3 * i) % 10);
-  Tensor labels = Tensor::from_vector(lv, {16}).to(gpu());
-  expect_runs_repeat_and_copies_match(x, labels, "NCHW");
-  ops::force_channels_last(-1);
-  set_deterministic_algorithms(was_deterministic);
+  check_layout(0, 16, 16, 118, 3, "NCHW");
 }
 
 // The same with channels-last convolutions, which compute in bf16 (the rearrangement of a copy into
@@ -466,16 +472,7 @@ TEST(CudaPrecision, SgdWeightCopiesGiveTheBitsOfConvertingAtEveryStep) {
 // residual connection's (cuDNN's beta) must give the same bits on its first call as on the later ones.
 TEST(CudaPrecision, ChannelsLastBf16StepsOfAResidualNetworkRepeatTheirBits) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  const bool was_deterministic = deterministic_algorithms();
-  set_deterministic_algorithms(true);
-  ops::force_channels_last(1);
-  Tensor x = rand_cpu({12, 3, 12, 12}, 119).to(gpu());
-  std::vector<int32_t> lv;
-  for (int i = 0; i < 12; ++i) lv.push_back((7 * i) % 10);
-  Tensor labels = Tensor::from_vector(lv, {12}).to(gpu());
-  expect_runs_repeat_and_copies_match(x, labels, "channels-last");
-  ops::force_channels_last(-1);
-  set_deterministic_algorithms(was_deterministic);
+  check_layout(1, 12, 12, 119, 7, "channels-last");
 }
 
 }  // namespace

@@ -22,9 +22,9 @@ constexpr int64_t kRowsPerBlock = 64;  // rows whose parameter gradients one tas
 // square root), and a group's chains overlap where one row's would leave the core waiting.
 constexpr int64_t kRowGroup = 4;
 
-// Up to kRowGroup f32 rows of the forward, from x (c apart) into y (ldy apart): y = (x - mean) rstd [* w] [+ b], and each row's
-// mean (mean null: not stored) and rstd; every row's statistics first, then the rows written. inv_c is 1 / c
-// (0 for c = 0).
+// Up to kRowGroup f32 rows of the forward, from x (c apart) into y (ldy apart): y = (x - mean) rstd [* w] [+ b],
+// and each row's mean (mean null: not stored) and rstd; every row's statistics first, then the rows written.
+// inv_c is 1 / c (0 for c = 0).
 void norm_rows_f32(const float* x, const float* w, const float* b, float* y, int64_t ldy, int64_t rows, int64_t c,
                    double inv_c, double eps, bool rms, float* mean, float* rstd) {
   float mus[kRowGroup], rs[kRowGroup];
