@@ -3,9 +3,9 @@
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
 #   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [cnnconv] [convlog]
-#                          [r18] [f16] [profile] [singa] [singaex] [ops] [gpt] [gpttune] [gptenv] [shard] [gptchar]
+#                          [r18] [f16] [profile] [singa] [singaex] [ops] [gpt] [gpttune] [gptenv] [gptbest] [shard] [gptchar]
 #   (default: build tests cnn resnet)
-# CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests;
+# CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests; GPU_TESTS a regular expression of the GPU tests to run (all);
 # PROFILE lists "model batch precision" triples separated by ';';
 # PEER_PROFILE=0 profiles tandem alone; PROFILE_TOP kernels are listed (22). GPT_BATCHES lists the GPT-2 124M batches of `gpt` (default 32; the
 # eager peer runs at the first), GPT_ROUNDS how many alternating tandem / torch.compile pairs each gets (1); (Per-kernel times of tandem's GPT-2 step:
@@ -51,7 +51,7 @@ fi
 
 if has tests; then
   t0=$SECONDS
-  ctest --test-dir build-gpu -L gpu --output-on-failure -j4 >"$OUT/ctest_gpu.log" 2>&1
+  ctest --test-dir build-gpu -L gpu ${GPU_TESTS:+-R "$GPU_TESTS"} --output-on-failure -j4 >"$OUT/ctest_gpu.log" 2>&1
   say "ctest -L gpu ($((SECONDS - t0)) s): $(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log")"
   grep -E '\(Failed\)|\(Timeout\)|\(SEGFAULT\)|\(Subprocess aborted\)' "$OUT/ctest_gpu.log" | head -20 | tee -a "$OUT/summary.txt"
 fi
@@ -185,6 +185,36 @@ if has gptenv; then  # GPT-2 b32 under each setting of GPT_ENVS ("A=1 B=2;A=3": 
       env $e "$T" bench train --model gpt --batch-size "${GPT_ENV_BATCH:-32}" --device cuda >"$log" 2>&1
       say "tandem gpt2 b${GPT_ENV_BATCH:-32} $e (rc $?): $(grep RESULT "$log" | tail -1 | grep -oE '"(ms_per_step|tokens_per_s|peak_memory_mib)":[^,}]*' | tr '\n' ' ')"
     done
+  done
+fi
+
+# `gptbest`: tandem's GPT-2 b32 step once under each setting of GPT_ENVS (as gptenv), then the `gpt` comparison
+# (GPT_BATCHES, eager PyTorch at the first) with the fastest of those settings exported; a batch is skipped once
+# the call has run GPT_BEST_LIMIT seconds (540), so that what ran comes back within one device call.
+if has gptbest; then
+  IFS=';' read -ra envs <<<"${GPT_ENVS:-TANDEM_BIAS_FROM_PRODUCT=0;TANDEM_BIAS_FROM_PRODUCT=1}"
+  best="" best_ms=""
+  for e in "${envs[@]}"; do
+    log="$OUT/gpt_best_$(echo "$e" | tr -c 'A-Za-z0-9_\n' _).log"
+    env $e "$T" bench train --model gpt --batch-size 32 --device cuda >"$log" 2>&1
+    rc=$?
+    ms=$(grep RESULT "$log" | tail -1 | grep -oE '"ms_per_step":[0-9.]+' | cut -d: -f2)
+    say "tandem gpt2 b32 $e (rc $rc): ${ms:-no result} ms"
+    if [ -n "$ms" ] && { [ -z "$best_ms" ] || awk "BEGIN{exit !($ms < $best_ms)}"; }; then best=$e best_ms=$ms; fi
+  done
+  say "fastest setting: ${best:-none} (${best_ms:-?} ms); the comparison below runs with it"
+  first=1
+  for b in ${GPT_BATCHES:-32 16 64}; do
+    if [ "$SECONDS" -gt "${GPT_BEST_LIMIT:-540}" ]; then say "batch $b skipped: the call has run $SECONDS s"; continue; fi
+    env $best "$T" bench train --model gpt --batch-size "$b" --device cuda >"$OUT/gpt_b$b.log" 2>&1
+    say "tandem gpt2 b$b with $best (rc $?): $(grep RESULT "$OUT/gpt_b$b.log" | tail -1)"
+    python3 "$PEER/gpt2_peer.py" --batch "$b" --compile >"$OUT/gpt_peer_compile_b$b.log" 2>&1
+    say "pytorch compile gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_peer_compile_b$b.log" | tail -1)"
+    if [ $first = 1 ]; then
+      python3 "$PEER/gpt2_peer.py" --batch "$b" >"$OUT/gpt_peer_eager_b$b.log" 2>&1
+      say "pytorch eager gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_peer_eager_b$b.log" | tail -1)"
+      first=0
+    fi
   done
 fi
 
