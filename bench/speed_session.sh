@@ -145,23 +145,29 @@ if has ops; then
   done
 fi
 
-if has gpt; then  # GPT-2 124M, context 1024, bf16, random tokens: tandem bench train beside gpt2_peer.py
-  first=1
-  for b in ${GPT_BATCHES:-32}; do
-   for round in $(seq "${GPT_ROUNDS:-1}"); do  # rounds alternate the two programs (the ratio moves ~1% a call)
-    "$T" bench train --model gpt --batch-size "$b" --device cuda >"$OUT/gpt_b$b.log" 2>&1
-    say "tandem gpt2 b$b round $round (rc $?): $(grep RESULT "$OUT/gpt_b$b.log" | tail -1)"
-    grep -E "eagerly|error" "$OUT/gpt_b$b.log" | head -3 | tee -a "$OUT/summary.txt"
-    python3 "$PEER/gpt2_peer.py" --batch "$b" --compile >"$OUT/gpt_peer_compile_b$b.log" 2>&1
-    say "pytorch compile gpt2 b$b round $round (rc $?): $(grep RESULT "$OUT/gpt_peer_compile_b$b.log" | tail -1)"
-   done
+# tandem's GPT-2 124M step (context 1024, bf16, random tokens) beside gpt2_peer.py --compile at each batch of $2, rounds
+# alternating the two programs (GPT_ROUNDS, 1; the ratio moves ~1% a call), and eager PyTorch at the first batch; tandem
+# under the settings $1 ("A=1 B=2", or none); a batch is skipped once the call has run $3 seconds (where given).
+gpt_compare() {
+  local setting=$1 batches=$2 limit=${3:-} first=1 b round
+  for b in $batches; do
+    if [ -n "$limit" ] && [ "$SECONDS" -gt "$limit" ]; then say "batch $b skipped: the call has run $SECONDS s"; continue; fi
+    for round in $(seq "${GPT_ROUNDS:-1}"); do
+      env $setting "$T" bench train --model gpt --batch-size "$b" --device cuda >"$OUT/gpt_b$b.log" 2>&1
+      say "tandem gpt2 b$b round $round${setting:+ with $setting} (rc $?): $(grep RESULT "$OUT/gpt_b$b.log" | tail -1)"
+      grep -E "eagerly|error" "$OUT/gpt_b$b.log" | head -3 | tee -a "$OUT/summary.txt"
+      python3 "$PEER/gpt2_peer.py" --batch "$b" --compile >"$OUT/gpt_peer_compile_b$b.log" 2>&1
+      say "pytorch compile gpt2 b$b round $round (rc $?): $(grep RESULT "$OUT/gpt_peer_compile_b$b.log" | tail -1)"
+    done
     if [ $first = 1 ]; then
       python3 "$PEER/gpt2_peer.py" --batch "$b" >"$OUT/gpt_peer_eager_b$b.log" 2>&1
       say "pytorch eager gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_peer_eager_b$b.log" | tail -1)"
       first=0
     fi
   done
-fi
+}
+
+has gpt && gpt_compare "" "${GPT_BATCHES:-32}"
 
 if has gpttune; then  # cuBLASLt's first choice per product beside the timed choice, GPT-2 b32
   TANDEM_GEMM_TUNE=0 "$T" bench train --model gpt --batch-size 32 --device cuda >"$OUT/gpt_notune.log" 2>&1
@@ -203,19 +209,7 @@ if has gptbest; then
     if [ -n "$ms" ] && { [ -z "$best_ms" ] || awk "BEGIN{exit !($ms < $best_ms)}"; }; then best=$e best_ms=$ms; fi
   done
   say "fastest setting: ${best:-none} (${best_ms:-?} ms); the comparison below runs with it"
-  first=1
-  for b in ${GPT_BATCHES:-32 16 64}; do
-    if [ "$SECONDS" -gt "${GPT_BEST_LIMIT:-540}" ]; then say "batch $b skipped: the call has run $SECONDS s"; continue; fi
-    env $best "$T" bench train --model gpt --batch-size "$b" --device cuda >"$OUT/gpt_b$b.log" 2>&1
-    say "tandem gpt2 b$b with $best (rc $?): $(grep RESULT "$OUT/gpt_b$b.log" | tail -1)"
-    python3 "$PEER/gpt2_peer.py" --batch "$b" --compile >"$OUT/gpt_peer_compile_b$b.log" 2>&1
-    say "pytorch compile gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_peer_compile_b$b.log" | tail -1)"
-    if [ $first = 1 ]; then
-      python3 "$PEER/gpt2_peer.py" --batch "$b" >"$OUT/gpt_peer_eager_b$b.log" 2>&1
-      say "pytorch eager gpt2 b$b (rc $?): $(grep RESULT "$OUT/gpt_peer_eager_b$b.log" | tail -1)"
-      first=0
-    fi
-  done
+  gpt_compare "$best" "${GPT_BATCHES:-32 16 64}" "${GPT_BEST_LIMIT:-540}"
 fi
 
 if has shard; then  # one GPU, no traffic: what --shard optimizer / gradients cost over none
