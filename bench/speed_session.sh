@@ -51,7 +51,7 @@ fi
 
 if has tests; then
   t0=$SECONDS
-  ctest --test-dir build-gpu -L gpu ${GPU_TESTS:+-R "$GPU_TESTS"} --output-on-failure -j4 >"$OUT/ctest_gpu.log" 2>&1
+  ctest --test-dir build-gpu -L gpu ${GPU_TESTS:+-R "$GPU_TESTS"} --output-on-failure --timeout 90 -j4 >"$OUT/ctest_gpu.log" 2>&1
   say "ctest -L gpu ($((SECONDS - t0)) s): $(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log")"
   grep -E '\(Failed\)|\(Timeout\)|\(SEGFAULT\)|\(Subprocess aborted\)' "$OUT/ctest_gpu.log" | head -20 | tee -a "$OUT/summary.txt"
 fi
