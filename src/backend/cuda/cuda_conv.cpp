@@ -104,8 +104,13 @@ bool log_search() {
 // the forward's timing happened to fall). Every search starts from the widest math allowed.
 cudnnMathType_t search_math(const ConvMath& m) { return m.exact() ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH; }
 
-// The fastest usable algorithm (the list comes sorted fastest first); under deterministic_algorithms()
-// only one that gives the same bits on every run.
+// Whether algorithms and paths are chosen by timing them. Not under deterministic_algorithms(): a timed
+// choice may differ from one run to the next, and the bits with it; cuDNN's heuristics then give the
+// order of the algorithms, and the other paths are left out unless their variables ask for them.
+bool timed_choice() { return !deterministic_algorithms(); }
+
+// The first usable algorithm (the list comes sorted fastest first, or in the heuristics' order); under
+// deterministic_algorithms() only one that gives the same bits on every run.
 template <typename Perf>
 int pick(const Perf* perf, int count, const ConvMath& cm, const char* pass, const ConvGeom& g) {
   const bool deterministic = deterministic_algorithms();
@@ -405,6 +410,7 @@ float gpu_ms(cudaStream_t stream, F&& run) {
 template <typename CudnnRun, typename GemmRun>
 bool gemm_wins(DeviceState& st, const char* pass, const ConvGeom& g, CudnnRun&& cudnn, GemmRun&& gemm) {
   if (getenv_is("TANDEM_CONV_GEMM", '0') || getenv_is("TANDEM_CONV_GEMM", '1')) return getenv_is("TANDEM_CONV_GEMM", '1');
+  if (!timed_choice()) return false;
   const float t_cudnn = gpu_ms(st.stream, cudnn), t_gemm = gpu_ms(st.stream, gemm);
   if (log_search())
     std::fprintf(stderr, "conv %s n%lld c%lld %lldx%lld k%lld %lldx%lld: cuDNN %.4f ms, im2col+cuBLAS %.4f ms%s\n",
@@ -422,6 +428,7 @@ template <typename CurrentRun, typename OtherRun>
 bool other_wins(DeviceState& st, const char* pass, const char* name, const char* env, double rel_tol,
                 const ConvGeom& g, CurrentRun&& current, OtherRun&& other, const Tensor& out) {
   if (getenv_is(env, '0') || getenv_is(env, '1')) return getenv_is(env, '1');
+  if (!timed_choice()) return false;
   const float t_current = gpu_ms(st.stream, current), t_other = gpu_ms(st.stream, other);
   if (log_search())
     std::fprintf(stderr, "conv %s n%lld c%lld %lldx%lld k%lld %lldx%lld s%lld: chosen so far %.4f ms, %s %.4f ms%s\n",
@@ -466,9 +473,13 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
       cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
       int found = 0;
       TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, search_math(math)));
-      TANDEM_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv, p.y,
-                                                                y.data_ptr(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found,
-                                                                perf, ws.ptr(), ws.size()));
+      if (timed_choice())
+        TANDEM_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, x.data_ptr(), p.w, w.data_ptr(), p.conv,
+                                                                  p.y, y.data_ptr(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                                  &found, perf, ws.ptr(), ws.size()));
+      else
+        TANDEM_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y,
+                                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
       int i = pick(perf, found, math, "fwd", g);
       TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no ", math_name(math), " forward algorithm for input ",
                            x.str(), " and weight ", w.str());
@@ -578,9 +589,13 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int found = 0;
     TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, search_math(math)));
-    TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-        h, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.x, dx.data_ptr(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-        &found, perf, ws.ptr(), ws.size()));
+    if (timed_choice())
+      TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+          h, p.w, w.data_ptr(), p.y, dy.data_ptr(), p.conv, p.x, dx.data_ptr(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+          &found, perf, ws.ptr(), ws.size()));
+    else
+      TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          h, p.w, p.y, p.conv, p.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf));
     int i = pick(perf, found, math, "bwd-data", g);
     TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no ", math_name(math), " backward-data algorithm for gradient ",
                          dy.str(), " and weight ", w.str());
@@ -651,9 +666,13 @@ void CudaBackend::conv2d_backward_weight(const Tensor& dy, const Tensor& x, cons
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int found = 0;
     TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, search_math(math)));
-    TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-        h, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv, p.w, dw.data_ptr(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-        &found, perf, ws.ptr(), ws.size()));
+    if (timed_choice())
+      TANDEM_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+          h, p.x, x.data_ptr(), p.y, dy.data_ptr(), p.conv, p.w, dw.data_ptr(),
+          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf, ws.ptr(), ws.size()));
+    else
+      TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          h, p.x, p.y, p.conv, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf));
     int i = pick(perf, found, math, "bwd-filter", g);
     TANDEM_RUNTIME_CHECK(i >= 0, "conv2d: cuDNN offers no ", math_name(math), " backward-filter algorithm for input ",
                          x.str(), " and gradient ", dy.str());
