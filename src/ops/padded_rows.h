@@ -11,7 +11,7 @@
 namespace tandem::ops {
 
 /// Whether transformer blocks on device d have their layer norms write padded rows for the products after
-/// them: TANDEM_BIAS_FROM_PRODUCT=1 on, 0 off; unset, off on every device.
+/// them: TANDEM_BIAS_FROM_PRODUCT=1 on, 0 off; unset, on for CUDA devices and off on the CPU.
 bool bias_from_product(Device d);
 /// Sets it for this process (tests): 1 on, 0 off, -1 back to the environment's choice.
 void set_bias_from_product(int mode);
