@@ -26,6 +26,13 @@ inline std::string corpus_text(uint64_t seed, size_t bytes) {
   return s;
 }
 
+/// The text in capitals: the same words, other bytes.
+inline std::string upper_case(std::string s) {
+  for (char& ch : s)
+    if (ch >= 'a' && ch <= 'z') ch = static_cast<char>(ch - 'a' + 'A');
+  return s;
+}
+
 /// A corpus of two works, the second held out for validation: DIR/corpus/{train,val}_000000.bin.
 inline std::filesystem::path make_corpus(const std::filesystem::path& dir) {
   std::ofstream(dir / "a_work.txt") << corpus_text(1, 40000);
