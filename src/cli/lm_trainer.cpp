@@ -519,16 +519,7 @@ void LmTrainer::report_eval(int64_t step, double val_loss, double seconds) {
 void LmTrainer::save_checkpoint(int64_t step) {
   Session& s = *session_;
   if (cfg_.checkpoint.empty()) return;
-  // Each rank's own state first (see Trainer::save_checkpoint).
-  dist::RankState state = s.opt().rank_state();
-  auto own = nlohmann::json::parse(state.meta_json);
-  own["step"] = step;
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, t] : state.tensors) tensors.emplace_back("dist/" + name, t);
-  if (const dist::LossScaler* scaler = s.loss_scaler())
-    for (auto& [name, t] : scaler->state()) tensors.emplace_back("loss_scale/" + name, t);
-  tandem::save_tensor_file(rank_state_path(cfg_.checkpoint, s.rank()), tensors, own.dump());
-  s.opt().gather_optimizer_state();  // sharded: the whole state, for rank 0 to write
+  save_rank_state_beside(s, cfg_.checkpoint, "step", step);
   if (!s.lead()) return;
   nlohmann::json rng = nlohmann::json::object();
   for (auto& [name, gen] : s.model().named_generators()) rng[name] = gen->offset();

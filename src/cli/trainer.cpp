@@ -195,6 +195,18 @@ void load_rank_state_beside(Session& s, const std::string& checkpoint, const std
   for (const std::string& n : notes) std::fprintf(stderr, "tandem: resuming: %s\n", n.c_str());
 }
 
+void save_rank_state_beside(Session& s, const std::string& checkpoint, const std::string& key, int64_t at) {
+  dist::RankState state = s.opt().rank_state();
+  auto meta = nlohmann::json::parse(state.meta_json);
+  meta[key] = at;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, t] : state.tensors) tensors.emplace_back("dist/" + name, t);
+  if (const dist::LossScaler* scaler = s.loss_scaler())
+    for (auto& [name, t] : scaler->state()) tensors.emplace_back("loss_scale/" + name, t);
+  tandem::save_tensor_file(rank_state_path(checkpoint, s.rank()), tensors, meta.dump());
+  s.opt().gather_optimizer_state();
+}
+
 Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {}
 Trainer::~Trainer() = default;
 
@@ -469,19 +481,7 @@ void Trainer::report(int epoch, const EpochStats& train, const EvalStats& eval, 
 void Trainer::save_checkpoint(int epoch, const EvalStats& eval) {
   Session& s = *session_;
   if (cfg_.checkpoint.empty()) return;
-  // Each rank's own state first: a run stopped between the two files resumes from the checkpoint with
-  // that state started afresh (its epoch tells), never with state newer than the model.
-  dist::RankState state = s.opt().rank_state();
-  auto meta = nlohmann::json::parse(state.meta_json);
-  meta["epoch"] = epoch;
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, t] : state.tensors) tensors.emplace_back("dist/" + name, t);
-  if (const dist::LossScaler* scaler = s.loss_scaler())
-    for (auto& [name, t] : scaler->state()) tensors.emplace_back("loss_scale/" + name, t);
-  tandem::save_tensor_file(rank_state_path(cfg_.checkpoint, s.rank()), tensors, meta.dump());
-  // Sharded, the optimizer's state is gathered whole for rank 0 to write: any number of ranks, with
-  // any --shard, resumes from the checkpoint.
-  s.opt().gather_optimizer_state();
+  save_rank_state_beside(s, cfg_.checkpoint, "epoch", epoch);
   if (!s.lead()) return;
   nlohmann::json main{{"epoch", epoch},
                       {"epochs", cfg_.epochs},

@@ -52,6 +52,12 @@ std::string rank_state_path(const std::string& checkpoint, int rank);
 /// files read and their state re-cut (DistOpt::load_rank_states). What starts afresh instead is said
 /// on stderr, with the reason.
 void load_rank_state_beside(Session& s, const std::string& checkpoint, const std::string& key, int64_t at);
+/// Saving a checkpoint, each rank's part first: writes this rank's own state to its file beside
+/// `checkpoint` with its meta `key` set to `at` (so that a run stopped before the main file is written
+/// resumes with that state started afresh, never with state newer than the model), then gathers a
+/// sharded optimizer's state whole for rank 0 to write with the model (any number of ranks, with any
+/// --shard, resumes from it). Every rank calls it.
+void save_rank_state_beside(Session& s, const std::string& checkpoint, const std::string& key, int64_t at);
 
 /// One epoch's training figures, summed over ranks.
 struct EpochStats {
