@@ -57,6 +57,11 @@ def _same_padding(size, kernel, stride, mode, what):
     return total // 2
 
 
+def _built(name):
+    """A read-only attribute that is the built C++ layer's ``name`` (None before the first call builds it)."""
+    return property(lambda self: getattr(self._cpp, name) if self._cpp is not None else None)
+
+
 def _wrap_forward(forward):
     """The layer's forward, run as the layer's call: the first one initialises the layer from its
     inputs, and a layer first called inside it that belongs to no other layer becomes its sublayer."""
@@ -328,13 +333,8 @@ class Conv2d(Layer):
     def forward(self, x):
         return self._cpp(x)
 
-    @property
-    def W(self):
-        return self._cpp.weight if self._cpp is not None else None
-
-    @property
-    def b(self):
-        return self._cpp.bias if self._cpp is not None else None
+    W = _built("weight")
+    b = _built("bias")
 
 
 class SeparableConv2d(Layer):
@@ -413,13 +413,8 @@ class Linear(Layer):
     def forward(self, x):
         return self._cpp(x)
 
-    @property
-    def W(self):
-        return self._cpp.weight if self._cpp is not None else None
-
-    @property
-    def b(self):
-        return self._cpp.bias if self._cpp is not None else None
+    W = _built("weight")
+    b = _built("bias")
 
 
 class Pooling2d(Layer):
@@ -550,17 +545,9 @@ class BatchNorm2d(Layer):
     def forward(self, x):
         return self._cpp(x)
 
-    @property
-    def scale(self):
-        return self._cpp.gamma if self._cpp is not None else None
-
-    @property
-    def running_mean(self):
-        return self._cpp.running_mean if self._cpp is not None else None
-
-    @property
-    def running_var(self):
-        return self._cpp.running_var if self._cpp is not None else None
+    scale = _built("gamma")
+    running_mean = _built("running_mean")
+    running_var = _built("running_var")
 
 
 class Dropout(Layer):
@@ -817,13 +804,8 @@ class LayerNorm(Layer):
     def forward(self, x):
         return self._cpp(x)
 
-    @property
-    def weight(self):
-        return self._cpp.weight if self._cpp is not None else None
-
-    @property
-    def bias(self):
-        return self._cpp.bias if self._cpp is not None else None
+    weight = _built("weight")
+    bias = _built("bias")
 
 
 class RMSNorm(Layer):
@@ -843,9 +825,7 @@ class RMSNorm(Layer):
     def forward(self, x):
         return self._cpp(x)
 
-    @property
-    def weight(self):
-        return self._cpp.weight if self._cpp is not None else None
+    weight = _built("weight")
 
 
 class MultiHeadAttention(Layer):
@@ -989,9 +969,7 @@ class Embedding(Layer):
             w.copy_from_numpy(W)
         w.requires_grad = not freeze
 
-    @property
-    def W(self):
-        return self._cpp.weight if self._cpp is not None else None
+    W = _built("weight")
 
 
 class RNN_Base(Layer):
