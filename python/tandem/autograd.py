@@ -110,36 +110,38 @@ class Operator:
         return tuple(_tandem.record_function(list(ys), list(xs), self.backward, name))
 
 
-class _Elementwise(Operator):
+class _Unary(Operator):
+    """An operator of one tensor computed by the C++ op ``_fn``."""
+
     def _apply(self, x):
         return type(self)._fn(x)
 
 
-class ReLU(_Elementwise):
+class ReLU(_Unary):
     """max(x, 0) elementwise."""
 
     _fn = _tandem.relu
 
 
-class Sigmoid(_Elementwise):
+class Sigmoid(_Unary):
     """1 / (1 + exp(-x)) elementwise."""
 
     _fn = _tandem.sigmoid
 
 
-class Tanh(_Elementwise):
+class Tanh(_Unary):
     """tanh(x) elementwise."""
 
     _fn = _tandem.tanh
 
 
-class Exp(_Elementwise):
+class Exp(_Unary):
     """exp(x) elementwise."""
 
     _fn = _tandem.exp
 
 
-class Log(_Elementwise):
+class Log(_Unary):
     """The natural logarithm elementwise."""
 
     _fn = _tandem.log
@@ -726,13 +728,6 @@ def _mask(c, like):
     if not isinstance(c, Tensor):
         c = _tandem.from_array(np.asarray(c, dtype=np.float32), like.device, like.dtype)
     return c.detach()
-
-
-class _Unary(Operator):
-    """An operator of one tensor computed by the C++ op ``_fn``."""
-
-    def _apply(self, x):
-        return type(self)._fn(x)
 
 
 class Abs(_Unary):
