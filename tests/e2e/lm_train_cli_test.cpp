@@ -19,13 +19,16 @@
 #include <sstream>
 #include <tuple>
 
+#include "e2e/checkpoint_files.h"
 #include "e2e/cli_util.h"
 #include "e2e/lm_corpus.h"
 #include "tandem/checkpoint.h"
 
 namespace fs = std::filesystem;
+using tandem::test::expect_same_checkpoints;
 using tandem::test::make_corpus;
 using tandem::test::run_tandem;
+using tandem::test::tensors_of;
 
 namespace {
 
@@ -63,12 +66,6 @@ std::vector<double> val_losses(const std::string& out) {
   return v;
 }
 
-std::map<std::string, tandem::Tensor> tensors_of(const std::string& path) {
-  std::map<std::string, tandem::Tensor> out;
-  for (auto& [name, t] : tandem::read_checkpoint_tensors(path)) out.emplace(name, t);
-  return out;
-}
-
 // The largest difference between the two checkpoints' parameter `name` (f32).
 double max_difference(const std::string& a, const std::string& b, const std::string& name) {
   auto ta = tensors_of(a), tb = tensors_of(b);
@@ -79,17 +76,6 @@ double max_difference(const std::string& a, const std::string& b, const std::str
   double m = 0;
   for (size_t i = 0; i < std::min(va.size(), vb.size()); ++i) m = std::max(m, std::fabs(double(va[i]) - vb[i]));
   return m;
-}
-
-void expect_same_tensors(const std::string& a, const std::string& b, const std::string& what) {
-  auto ta = tensors_of(a), tb = tensors_of(b);
-  ASSERT_EQ(ta.size(), tb.size()) << what;
-  for (auto& [name, t] : ta) {
-    auto it = tb.find(name);
-    ASSERT_NE(it, tb.end()) << what << ": " << name << " is missing";
-    ASSERT_EQ(t.nbytes(), it->second.nbytes()) << what << ": " << name;
-    EXPECT_EQ(0, std::memcmp(t.data_ptr(), it->second.data_ptr(), t.nbytes())) << what << ": " << name << " differs";
-  }
 }
 
 std::vector<nlohmann::json> json_lines(const fs::path& p) {
@@ -188,8 +174,7 @@ TEST(LmTrainCli, ResumedRunEndsBitForBitWhereTheUninterruptedOneEnds) {
   auto b2 = run_tandem(bigram(corpus, run + "--resume --checkpoint " + parted));
   ASSERT_EQ(b2.status, 0) << b2.output;
   EXPECT_TRUE(contains(b2.output, "resuming from '" + parted + "' at step 4")) << b2.output;
-  expect_same_tensors(whole, parted, "the checkpoint");
-  expect_same_tensors(whole + ".rank0", parted + ".rank0", "rank 0's state");
+  expect_same_checkpoints(whole, parted, 1);
   const auto la = step_losses(a.output), lb = step_losses(b2.output);
   ASSERT_EQ(lb.size(), 4u) << b2.output;
   for (int step = 5; step <= 8; ++step) EXPECT_EQ(la.at(step), lb.at(step)) << "step " << step;
@@ -233,10 +218,7 @@ TEST(LmTrainCli, TwoRanksResumeBitForBitWithPowerSgdState) {
   auto b2 = launch2(run + "--resume --checkpoint " + parted);
   ASSERT_EQ(b2.status, 0) << b2.output;
   EXPECT_FALSE(contains(b2.output, "start afresh")) << b2.output;
-  expect_same_tensors(whole, parted, "the checkpoint");
-  for (int r = 0; r < 2; ++r)
-    expect_same_tensors(whole + ".rank" + std::to_string(r), parted + ".rank" + std::to_string(r),
-                        "rank " + std::to_string(r) + "'s state");
+  expect_same_checkpoints(whole, parted, 2);
   fs::remove_all(dir);
 }
 

@@ -7,13 +7,17 @@
 #include <filesystem>
 #include <map>
 
+#include "e2e/checkpoint_files.h"
 #include "e2e/cli_util.h"
 #include "tandem/checkpoint.h"
 
 namespace fs = std::filesystem;
 using tandem::test::count_lines_with;
+using tandem::test::expect_same_checkpoints;
+using tandem::test::expect_same_tensors;
 using tandem::test::have_fashion_mnist;
 using tandem::test::run_tandem;
+using tandem::test::tensors_of;
 
 namespace {
 
@@ -29,25 +33,6 @@ const std::string kTrain = " train --model cnn --limit-train 512 --limit-test 64
                            "--progress off --timeout 60";
 
 std::string launch2(const std::string& args) { return "launch -n 2 -- " + kBin + kTrain + " " + args; }
-
-// Every tensor of a checkpoint file, by name.
-std::map<std::string, tandem::Tensor> tensors_of(const std::string& path) {
-  std::map<std::string, tandem::Tensor> out;
-  for (auto& [name, t] : tandem::read_checkpoint_tensors(path)) out.emplace(name, t);
-  return out;
-}
-
-// The two files hold the same tensors, bit for bit.
-void expect_same_tensors(const std::string& a, const std::string& b, const std::string& what) {
-  auto ta = tensors_of(a), tb = tensors_of(b);
-  ASSERT_EQ(ta.size(), tb.size()) << what;
-  for (auto& [name, t] : ta) {
-    auto it = tb.find(name);
-    ASSERT_NE(it, tb.end()) << what << ": " << name << " is missing";
-    ASSERT_EQ(t.nbytes(), it->second.nbytes()) << what << ": " << name;
-    EXPECT_EQ(0, std::memcmp(t.data_ptr(), it->second.data_ptr(), t.nbytes())) << what << ": " << name << " differs";
-  }
-}
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -75,10 +60,7 @@ TEST(ResumeCli, EveryDistOptionResumesWhereTheUninterruptedRunEnds) {
     ASSERT_EQ(b2.status, 0) << b2.output;
     EXPECT_EQ(count_lines_with(b2.output, "Starting Epoch"), 1) << b2.output;
     EXPECT_FALSE(contains(b2.output, "start afresh")) << b2.output;
-    expect_same_tensors(whole, parted, "the checkpoint");
-    for (int r = 0; r < 2; ++r)
-      expect_same_tensors(whole + ".rank" + std::to_string(r), parted + ".rank" + std::to_string(r),
-                          "rank " + std::to_string(r) + "'s state");
+    expect_same_checkpoints(whole, parted, 2);
   }
   fs::remove_all(dir);
 }
