@@ -14,6 +14,7 @@
 #include "tandem/checkpoint.h"
 #include "tandem/nn/gpt.h"
 #include "tandem/nn/models.h"
+#include "text_util.h"
 
 namespace fs = std::filesystem;
 using namespace tandem;
@@ -73,7 +74,7 @@ std::string saved_gpt(const std::string& name, const nn::GptConfig& c, uint64_t 
   return path;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 }  // namespace
 

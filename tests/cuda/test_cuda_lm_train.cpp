@@ -14,6 +14,7 @@
 #include "e2e/lm_corpus.h"
 #include "tandem/checkpoint.h"
 #include "tandem/device.h"
+#include "text_util.h"
 
 namespace fs = std::filesystem;
 using tandem::test::make_corpus;
@@ -31,15 +32,9 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
-std::map<int, double> step_losses(const std::string& out) {
-  std::map<int, double> m;
-  std::regex re(R"(step (\d+)/\d+ \| loss ([0-9.]+) \|)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
-    m[std::stoi((*it)[1])] = std::stod((*it)[2]);
-  return m;
-}
+using tandem::test::step_losses;
 
 std::vector<float> table_of(const std::string& checkpoint) {
   for (auto& [name, t] : tandem::read_checkpoint_tensors(checkpoint))

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "process_util.h"
+#include "text_util.h"
 
 using tandem::test::free_port;
 using tandem::test::Proc;
@@ -27,7 +28,7 @@ const std::string kSecret = "a secret shared by the job's ranks";
 #define SKIP_WITHOUT_OPENSSL() \
   if (!TANDEM_TEST_WITH_OPENSSL) GTEST_SKIP() << "tandem was built without OpenSSL"
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 int count(const std::string& s, const std::string& part) {
   int n = 0;

@@ -7,6 +7,7 @@
 
 #include "process_util.h"
 #include "tandem/distributed/store.h"
+#include "text_util.h"
 
 using tandem::test::free_port;
 using tandem::test::in_path;
@@ -19,7 +20,7 @@ namespace {
 const std::string kTandem = TANDEM_BIN;
 const std::string kWorker = TANDEM_DIST_WORKER;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 // A macro: GTEST_SKIP must return from the test itself, not from a helper.
 #define SKIP_WITHOUT_GLOO() \

@@ -8,6 +8,7 @@
 
 #include "process_util.h"
 #include "tandem/device.h"
+#include "text_util.h"
 
 using tandem::test::in_path;
 using tandem::test::ProcResult;
@@ -18,7 +19,7 @@ namespace {
 const std::string kTandem = TANDEM_BIN;
 const std::string kDataDir = "/usr/share/datasets/fashion-mnist";
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 int count(const std::string& s, const std::string& part) {
   int n = 0;

@@ -11,6 +11,7 @@
 
 #include "process_util.h"
 #include "tandem/device.h"
+#include "text_util.h"
 
 using tandem::test::ProcResult;
 using tandem::test::run_process;
@@ -20,7 +21,7 @@ namespace {
 const std::string kTandem = TANDEM_BIN;
 const std::string kWorker = TANDEM_DISTOPT_WORKER;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 #define REQUIRE_GLOO()                                                             \
   do {                                                                             \

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "process_util.h"
+#include "text_util.h"
 
 using tandem::test::in_path;
 using tandem::test::ProcResult;
@@ -17,7 +18,7 @@ const std::string kWorker = TANDEM_DIST_WORKER;
 #define SKIP_WITHOUT_GLOO() \
   if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo"
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 int count(const std::string& s, const std::string& part) {
   int n = 0;

@@ -13,6 +13,7 @@
 
 #include "process_util.h"
 #include "tandem/device.h"
+#include "text_util.h"
 
 using tandem::test::free_port;
 using tandem::test::Proc;
@@ -38,7 +39,7 @@ std::vector<std::string> lines_of(const std::string& s) {
   return out;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 TEST(Launch, RejectsBadArgumentsWithStatus2) {
   struct Case {

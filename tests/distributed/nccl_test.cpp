@@ -6,6 +6,7 @@
 #include "process_util.h"
 #include "tandem/device.h"
 #include "tandem/distributed/store.h"
+#include "text_util.h"
 
 using namespace tandem;
 using namespace tandem::dist;
@@ -17,7 +18,7 @@ namespace {
 const std::string kTandem = TANDEM_BIN;
 const std::string kWorker = TANDEM_DIST_WORKER;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 // Skips unless NCCL was built and the machine has `gpus` GPUs.
 #define REQUIRE_GPUS(gpus)                                                                        \

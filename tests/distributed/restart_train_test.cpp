@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "process_util.h"
+#include "text_util.h"
 
 using tandem::test::Proc;
 using tandem::test::ProcResult;
@@ -17,7 +18,7 @@ namespace {
 
 const std::string kTandem = TANDEM_BIN;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 // The value after the last "<label> = " in the output.
 std::string last_value(const std::string& out, const std::string& label) {

@@ -15,6 +15,7 @@
 #include "process_util.h"
 #include "store_wire.h"
 #include "tandem/distributed/store.h"
+#include "text_util.h"
 
 using tandem::test::Proc;
 using tandem::test::RawClient;
@@ -25,7 +26,7 @@ namespace {
 
 const std::string kWorker = TANDEM_DIST_WORKER;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 // A store server process; `limits` are shell commands run first (ulimit ...), `args` go to the worker.
 class ServerProc {

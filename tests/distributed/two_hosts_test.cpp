@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "process_util.h"
+#include "text_util.h"
 
 using tandem::test::in_path;
 using tandem::test::Proc;
@@ -21,7 +22,7 @@ namespace {
 const std::string kTandem = TANDEM_BIN;
 const char* kFashion = "/usr/share/datasets/fashion-mnist";
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 class TwoHosts {
  public:

@@ -1,10 +1,12 @@
 #pragma once
-// A small corpus for language-model runs, made by `tandem data text`.
+// A small corpus for language-model runs, made by `tandem data text`, and the losses they print.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
 #include <string>
 
 #include "e2e/cli_util.h"
@@ -44,6 +46,15 @@ inline std::filesystem::path make_corpus(const std::filesystem::path& dir) {
   EXPECT_TRUE(std::filesystem::exists(out / "train_000000.bin")) << r.output;
   EXPECT_TRUE(std::filesystem::exists(out / "val_000000.bin")) << r.output;
   return out;
+}
+
+/// The loss of every step line a language-model run printed ("step N/M | loss L |"), by step.
+inline std::map<int, double> step_losses(const std::string& out) {
+  std::map<int, double> m;
+  std::regex re(R"(step (\d+)/\d+ \| loss ([0-9.]+) \|)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+    m[std::stoi((*it)[1])] = std::stod((*it)[2]);
+  return m;
 }
 
 }  // namespace tandem::test

@@ -23,6 +23,7 @@
 #include "e2e/cli_util.h"
 #include "e2e/lm_corpus.h"
 #include "tandem/checkpoint.h"
+#include "text_util.h"
 
 namespace fs = std::filesystem;
 using tandem::test::expect_same_checkpoints;
@@ -39,7 +40,7 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 const std::string kBin = TANDEM_BIN;
 
@@ -48,14 +49,7 @@ std::string bigram(const fs::path& corpus, const std::string& extra) {
   return "train --model bigram --data " + corpus.string() + " --threads 1 --seed 5 --timeout 60 " + extra;
 }
 
-// The loss of every step line, by step.
-std::map<int, double> step_losses(const std::string& out) {
-  std::map<int, double> m;
-  std::regex re(R"(step (\d+)/\d+ \| loss ([0-9.]+) \|)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
-    m[std::stoi((*it)[1])] = std::stod((*it)[2]);
-  return m;
-}
+using tandem::test::step_losses;
 
 // The validation losses, in order.
 std::vector<double> val_losses(const std::string& out) {

@@ -10,6 +10,7 @@
 #include "e2e/checkpoint_files.h"
 #include "e2e/cli_util.h"
 #include "tandem/checkpoint.h"
+#include "text_util.h"
 
 namespace fs = std::filesystem;
 using tandem::test::count_lines_with;
@@ -34,7 +35,7 @@ const std::string kTrain = " train --model cnn --limit-train 512 --limit-test 64
 
 std::string launch2(const std::string& args) { return "launch -n 2 -- " + kBin + kTrain + " " + args; }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::contains;
 
 }  // namespace
 
