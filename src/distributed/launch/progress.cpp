@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "distributed/rank_list.h"
 #include "tandem/distributed/bootstrap.h"
 
 namespace tandem::dist {
@@ -69,15 +70,6 @@ void publish_forever(Progress& p, std::unique_ptr<Store> store) {
       std::this_thread::sleep_for(2s);
     }
   }
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i == 8) return s + ", ... (" + std::to_string(ranks.size()) + " in all)";
-    s += (i ? ", " : "") + std::to_string(ranks[i]);
-  }
-  return s;
 }
 
 }  // namespace

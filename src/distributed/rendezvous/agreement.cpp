@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "distributed/rank_list.h"
 #include "distributed/rendezvous/group.h"
 #include "distributed/rendezvous/net.h"
 #include "distributed/rendezvous/store_protocol.h"
@@ -38,14 +39,7 @@ std::vector<AgreementField> decode(const std::string& bytes, int rank) {
   return out;
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i == 8) return s + ", ... (" + std::to_string(ranks.size()) + " in all)";
-    s += (i ? ", " : "") + std::to_string(ranks[i]);
-  }
-  return s;
-}
+using detail::rank_list;
 
 // "64 on ranks 0, 2; 32 on rank 1": who holds which value, the most common first. With details, each
 // rank's follows it: "none on rank 1 (/data/m.ck on node-b)".

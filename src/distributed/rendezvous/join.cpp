@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "distributed/launch/progress.h"
+#include "distributed/rank_list.h"
 #include "distributed/rendezvous/bootstrap_state.h"
 #include "distributed/rendezvous/group.h"
 #include "distributed/rendezvous/net.h"
@@ -43,14 +44,7 @@ std::map<std::string, std::string> parse_fields(const std::string& s) {
   return out;
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i == 8) return s + ", ... (" + std::to_string(ranks.size()) + " in all)";
-    s += (i ? ", " : "") + std::to_string(ranks[i]);
-  }
-  return s;
-}
+using detail::rank_list;
 
 // Fails this rank and tells the others, which otherwise would wait for it until the timeout.
 [[noreturn]] void abort_join(Store& store, const std::string& prefix, const std::string& msg) {
