@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 
 #include "cli/lm_report.h"
 #include "cli/trainer.h"
@@ -76,6 +77,19 @@ LmDataSpecs lm_data_specs(const LmTrainConfig& cfg) {
                  "data text FILES -o DIR` writes train_000000.bin ...)");
     s.train = train;
     if (glob_matches(val)) s.val = val;
+    const fs::path meta = fs::path(cfg.data_dir) / "meta.json";
+    if (fs::is_regular_file(meta, ec)) {
+      std::ifstream in(meta);
+      const auto j = nlohmann::json::parse(in, nullptr, false);
+      TANDEM_CHECK(!j.is_discarded() && j.is_object(), "'", meta.string(), "' is not a JSON object (`tandem data text` ",
+                   "writes it beside the shards): mend or remove it");
+      if (j.contains("vocab_size")) {
+        TANDEM_CHECK(j["vocab_size"].is_number_integer() && j["vocab_size"].get<int64_t>() > 0, "'", meta.string(),
+                     "' gives vocab_size ", j["vocab_size"].dump(), ": it must be a positive integer");
+        s.vocab = j["vocab_size"].get<int64_t>();
+        s.vocab_from = meta.string();
+      }
+    }
     return s;
   }
   TANDEM_CHECK(!cfg.train_data.empty(), "a language model trains on token shards: give --data DIR (its *train*.bin ",
@@ -85,7 +99,7 @@ LmDataSpecs lm_data_specs(const LmTrainConfig& cfg) {
   return s;
 }
 
-nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest) {
+nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest, const LmDataSpecs& data) {
   nn::GptConfig g = nn::gpt_config(cfg.gpt_config);
   const bool bigram = cfg.model == "bigram";
   if (cfg.layers > 0) g.layers = cfg.layers;
@@ -96,16 +110,18 @@ nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest) {
   if (cfg.context > 0) g.context = cfg.context;
   TANDEM_CHECK(bigram || g.width % g.heads == 0, "--width ", g.width, " is not a multiple of --heads ", g.heads,
                ": each head takes width / heads features");
+  std::string from = "the vocabulary of --gpt-config " + cfg.gpt_config + ", " + std::to_string(g.vocab);
   if (cfg.vocab > 0) {
     g.vocab = cfg.vocab;
+    from = "--vocab " + std::to_string(cfg.vocab);
+  } else if (data.vocab > 0) {
+    g.vocab = data.vocab;
+    from = "the vocabulary " + std::to_string(data.vocab) + " that '" + data.vocab_from + "' gives";
   } else if (bigram) {
     // The bigram's table is vocab x vocab: as small as the data allows.
     g.vocab = largest < 256 ? 256 : largest + 1;
   }
   if (largest >= g.vocab) {
-    const std::string from = cfg.vocab > 0 ? "--vocab " + std::to_string(cfg.vocab)
-                                           : "the vocabulary of --gpt-config " + cfg.gpt_config + ", " +
-                                                 std::to_string(g.vocab);
     TANDEM_CHECK(false, "the data's largest token is ", largest, ", beyond ", from, ": give --vocab ", largest + 1,
                  " or more, or data made for this vocabulary");
   }
@@ -208,7 +224,7 @@ bool LmTrainer::setup() {
   train_stream_ = data::TokenStream(specs_.train);
   if (!specs_.val.empty()) val_stream_ = data::TokenStream(specs_.val);
   const int64_t largest = std::max(largest_token(train_stream_), specs_.val.empty() ? -1 : largest_token(val_stream_));
-  shape_ = lm_model_shape(cfg_, largest);
+  shape_ = lm_model_shape(cfg_, largest, specs_);
   context_ = shape_.context;
   accumulate_ = lm_accumulation(cfg_.total_batch_tokens, cfg_.batch_size, context_, s.world());
   nn::ModelConfig mc;
@@ -243,13 +259,14 @@ bool LmTrainer::setup() {
 
   if (s.lead()) {
     const int64_t step_tokens = cfg_.batch_size * context_ * accumulate_ * s.world();
+    const std::string vocab_note = cfg_.vocab == 0 && specs_.vocab > 0 ? " (" + specs_.vocab_from + "'s)" : "";
     std::fprintf(stderr,
-                 "tandem: %s (%s parameters) on %s: %s training / %s validation tokens, vocabulary %lld, context %lld; "
+                 "tandem: %s (%s parameters) on %s: %s training / %s validation tokens, vocabulary %lld%s, context %lld; "
                  "%lld x %lld tokens per rank per micro-batch, %lld micro-batch%s per step (%s tokens); %lld steps, "
                  "%s; %s\n",
                  cfg_.model.c_str(), with_commas(s.model().num_parameters()).c_str(), specs_.train.c_str(),
                  with_commas(train_stream_.size()).c_str(), specs_.val.empty() ? "no" : with_commas(val_stream_.size()).c_str(),
-                 static_cast<long long>(shape_.vocab), static_cast<long long>(context_),
+                 static_cast<long long>(shape_.vocab), vocab_note.c_str(), static_cast<long long>(context_),
                  static_cast<long long>(cfg_.batch_size), static_cast<long long>(context_),
                  static_cast<long long>(accumulate_), accumulate_ == 1 ? "" : "es", with_commas(step_tokens).c_str(),
                  static_cast<long long>(cfg_.steps), s.opt().optimizer().schedule()->describe().c_str(),

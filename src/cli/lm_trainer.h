@@ -38,7 +38,7 @@ struct LmTrainConfig : SessionConfig {
   int64_t layers = 0, heads = 0, width = 0;  // 0: the configuration's
   double dropout = -1.0;                     // < 0: the configuration's
   int64_t context = 0;                       // 0: the model's (gpt: its configuration's; bigram: 256)
-  int64_t vocab = 0;  // 0: the configuration's (gpt), the data's (bigram: 256 for bytes, else largest + 1)
+  int64_t vocab = 0;  // 0: the data's meta.json's, else the configuration's (gpt) or the data's largest + 1 (bigram, at least 256)
   // batches and steps
   int64_t batch_size = 8;          // sequences per rank per micro-batch
   int64_t total_batch_tokens = 0;  // tokens per optimizer step over all ranks; 0: one micro-batch
@@ -66,12 +66,19 @@ struct LmTrainConfig : SessionConfig {
 /// The data specs of a run: --data DIR's *train*.bin and *val*.bin, or --train-data and --val-data.
 struct LmDataSpecs {
   std::string train, val;  // val empty: no validation
+  // The vocabulary the data declare: "vocab_size" of DIR/meta.json (256 for `tandem data text`'s byte
+  // tokens) when --data DIR has one, else 0. A meta.json that is not JSON, or whose vocab_size is not a
+  // positive integer, is an error naming it.
+  int64_t vocab = 0;
+  std::string vocab_from;  // the meta.json it came from
 };
 LmDataSpecs lm_data_specs(const LmTrainConfig& cfg);
 
 /// The model's shape for the run: --gpt-config with its overrides, context and vocabulary resolved
-/// against the data's largest token (an error naming both when the vocabulary is too small).
-nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest_token);
+/// against the data: --vocab when given, else the vocabulary the data declare (`data.vocab`), else the
+/// configuration's (gpt) or the smallest that holds the data's largest token (bigram: 256 for bytes).
+/// A vocabulary too small for the largest token is an error naming both.
+nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest_token, const LmDataSpecs& data = {});
 
 /// The keys of a GPT's shape in a checkpoint's meta ("layers", "heads", "width", "context", "vocab",
 /// "dropout", "bias"), and back.

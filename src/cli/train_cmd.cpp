@@ -159,8 +159,9 @@ Runner add_train_command(CLI::App& app) {
                          "Tokens per sequence, T (default: the model's: --gpt-config's, 256 for bigram)")
              ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)));
   lm_opt(sub->add_option("--vocab", lm->vocab,
-                         "Vocabulary size (default: gpt, the configuration's; bigram, the data's: 256 for bytes, else "
-                         "the largest token + 1); every token of the data must be below it")
+                         "Vocabulary size (default: the vocab_size of --data DIR's meta.json, 256 for the byte "
+                         "tokens of `tandem data text`; else gpt, the configuration's; bigram, 256 or the largest "
+                         "token + 1); every token of the data must be below it")
              ->check(CLI::Range(int64_t{2}, int64_t{65536})));
   lm_opt(sub->add_option("--total-batch-tokens", lm->total_batch_tokens,
                          "Tokens per optimizer step over all ranks, reached by accumulating micro-batches: a multiple "

@@ -160,3 +160,45 @@ TEST(LmReport, DataSpecsOfADirectoryAndTheirErrors) {
   EXPECT_TRUE(has(e, "give --data DIR")) << e;
   fs::remove_all(dir);
 }
+
+// The vocabulary a directory's meta.json declares (as `tandem data text` writes it) is the model's
+// unless --vocab is given; a meta.json without one leaves the configuration's; a broken one is named.
+TEST(LmReport, TheDataDirectorysMetaGivesTheVocabulary) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tandem_lm_vocab_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "train_000000.bin") << "x";
+  LmTrainConfig c;
+  c.model = "gpt";
+  c.data_dir = dir.string();
+  EXPECT_EQ(lm_data_specs(c).vocab, 0);  // no meta.json
+  EXPECT_EQ(lm_model_shape(c, 200, lm_data_specs(c)).vocab, 50304);
+  const std::string meta = (dir / "meta.json").string();
+  std::ofstream(meta) << R"({"tokenizer": "byte", "vocab_size": 256})";
+  LmDataSpecs s = lm_data_specs(c);
+  EXPECT_EQ(s.vocab, 256);
+  EXPECT_EQ(s.vocab_from, meta);
+  EXPECT_EQ(lm_model_shape(c, 200, s).vocab, 256);  // not gpt2's 50304
+  EXPECT_EQ(lm_model_shape(c, 200, s).width, 768);  // the rest is the configuration's
+  std::string e = error_of([&] { lm_model_shape(c, 300, s); });
+  EXPECT_TRUE(has(e, "largest token is 300, beyond the vocabulary 256 that '" + meta + "' gives")) << e;
+  EXPECT_TRUE(has(e, "--vocab 301")) << e;
+  c.vocab = 512;  // --vocab wins
+  EXPECT_EQ(lm_model_shape(c, 300, s).vocab, 512);
+  c.vocab = 0;
+  c.model = "bigram";
+  EXPECT_EQ(lm_model_shape(c, 97, s).vocab, 256);
+  std::ofstream(meta) << R"({"tokenizer": "byte"})";
+  EXPECT_EQ(lm_data_specs(c).vocab, 0);
+  std::ofstream(meta) << R"({"vocab_size": "many"})";
+  e = error_of([&] { lm_data_specs(c); });
+  EXPECT_TRUE(has(e, "gives vocab_size \"many\": it must be a positive integer")) << e;
+  std::ofstream(meta) << R"({"vocab_size": 0})";
+  e = error_of([&] { lm_data_specs(c); });
+  EXPECT_TRUE(has(e, "it must be a positive integer")) << e;
+  std::ofstream(meta) << "{\"vocab_size\": 2";
+  e = error_of([&] { lm_data_specs(c); });
+  EXPECT_TRUE(has(e, "'" + meta + "' is not a JSON object")) << e;
+  fs::remove_all(dir);
+}

@@ -132,6 +132,26 @@ TEST(LmTrainCli, BigramLossGoesDownAndIsReported) {
 
 // Two micro-batches of 2 sequences make the step one batch of 4 makes (the same windows: window j of
 // the rank is drawn from the seed alone), within float rounding; one micro-batch of 2 does not.
+// A GPT of GPT-2's configuration trained on the byte-level shards of `tandem data text` takes their
+// vocabulary of 256 (their meta.json's), not GPT-2's 50304, so that tandem generate samples from it.
+TEST(LmTrainCli, AGptOnByteShardsTakesTheirVocabularyAndGenerates) {
+  const fs::path dir = temp_dir("bytes"), corpus = make_corpus(dir);
+  const std::string ck = (dir / "g.ck").string();
+  auto r = run_tandem("train --model gpt --layers 1 --heads 2 --width 32 --context 32 --data " + corpus.string() +
+                      " --steps 3 --batch-size 2 --eval-every 0 --eval-steps 1 --threads 1 --checkpoint " + ck);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "vocabulary 256 (" + (corpus / "meta.json").string() + "'s)")) << r.output;
+  auto g = run_tandem("generate --checkpoint " + ck + " --prompt 'the ' -n 8 --seed 1");
+  EXPECT_EQ(g.status, 0) << g.output;
+  EXPECT_EQ(g.output.rfind("the ", 0), 0u) << g.output;
+  // --vocab still chooses.
+  auto w = run_tandem("train --model gpt --layers 1 --heads 2 --width 32 --context 32 --data " + corpus.string() +
+                      " --steps 1 --batch-size 2 --eval-every 0 --eval-steps 1 --threads 1 --vocab 384");
+  ASSERT_EQ(w.status, 0) << w.output;
+  EXPECT_TRUE(contains(w.output, "vocabulary 384, context 32")) << w.output;
+  fs::remove_all(dir);
+}
+
 TEST(LmTrainCli, AccumulatedMicroBatchesMakeTheStepOfOneBatch) {
   const fs::path dir = temp_dir("accumulate"), corpus = make_corpus(dir);
   const std::string one = (dir / "one.ck").string(), two = (dir / "two.ck").string(), half = (dir / "half.ck").string();
