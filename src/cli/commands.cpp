@@ -87,8 +87,9 @@ void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& grou
       ->capture_default_str();
   app.add_option("--shard", cfg.shard,
                  "Sharded state (ZeRO): none; optimizer (each rank keeps the optimizer's state for its 1/N of the "
-                 "parameters; same traffic); gradients (and only its 1/N of the averaged gradients). With -d plain "
-                 "or half. (parameters, ZeRO's stage 3, needs a model of layer groups: the C++ API's ShardedLayer)")
+                 "parameters; same traffic); gradients (and only its 1/N of the averaged gradients); parameters (and only "
+                 "its 1/N of the parameters between uses: each layer group, a block of the model, is gathered whole "
+                 "for its forward and again for its backward; 1.5 times the traffic). With -d plain or half")
       ->group(group)
       ->check(CLI::IsMember({"none", "optimizer", "gradients", "parameters", "0", "1", "2", "3"}))
       ->capture_default_str();

@@ -430,7 +430,8 @@ StepResult LmTrainer::train_step() {
 
 double LmTrainer::evaluate() {
   Session& s = *session_;
-  if (s.partial()) s.opt().average_parameters();  // partialUpdate: the ranks evaluate one model
+  // partialUpdate: the ranks evaluate one model, the replicas' average; each goes on training its own.
+  dist::DistOpt::AveragedReplicas averaged(s.opt());
   s.model().eval();
   Tensor loss_sum = Tensor::zeros({1}, DType::f32, s.device());
   int64_t rows = 0;
@@ -533,11 +534,8 @@ void LmTrainer::report_eval(int64_t step, double val_loss, double seconds) {
                      {"world_size", s.world()}});
 }
 
-void LmTrainer::save_checkpoint(int64_t step) {
+void LmTrainer::save_main_checkpoint(int64_t step) {
   Session& s = *session_;
-  if (cfg_.checkpoint.empty()) return;
-  save_rank_state_beside(s, cfg_.checkpoint, "step", step);
-  if (!s.lead()) return;
   nlohmann::json rng = nlohmann::json::object();
   for (auto& [name, gen] : s.model().named_generators()) rng[name] = gen->offset();
   nlohmann::json meta{{"kind", "language model"},
@@ -565,6 +563,17 @@ void LmTrainer::save_checkpoint(int64_t step) {
   if (cfg_.model == "gpt") meta["gpt"] = gpt_shape_json(shape_);
   if (last_val_loss_ >= 0.0) meta["val_loss"] = last_val_loss_;
   tandem::save_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer(), meta.dump());
+}
+
+void LmTrainer::save_checkpoint(int64_t step) {
+  Session& s = *session_;
+  if (cfg_.checkpoint.empty()) return;
+  save_rank_state_beside(s, cfg_.checkpoint, "step", step);
+  GatheredOptimizerState gathered(s.opt());
+  // partialUpdate: the file holds the replicas' average (the model to evaluate or generate with); each rank's
+  // own replica is in its state beside it, and training goes on from that.
+  dist::DistOpt::AveragedReplicas averaged(s.opt());
+  if (s.lead()) save_main_checkpoint(step);
 }
 
 }  // namespace tandem::cli

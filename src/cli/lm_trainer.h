@@ -115,6 +115,7 @@ class LmTrainer {
   void report_eval(int64_t step, double val_loss, double seconds);
   /// Saves the model, the optimizer and each rank's state after `step` steps (when --checkpoint is set).
   void save_checkpoint(int64_t step);
+  void save_main_checkpoint(int64_t step);  // rank 0: the model, the optimizer and the run's meta data
 
  private:
   LmTrainConfig cfg_;

@@ -62,9 +62,6 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const SessionConfig& cfg, const
 Session::Session(const SessionConfig& cfg) : cfg_(cfg) {
   // Settings are checked before joining the job: a bad flag fails at once on every rank.
   const std::string method = dist::parse_sync_method(cfg.dist_option);
-  TANDEM_CHECK(dist::parse_shard(cfg.shard) != dist::Shard::parameters, "--shard parameters needs a model built of "
-               "layer groups (dist::ShardedLayer, in the C++ API); tandem's own models have none yet: use --shard "
-               "gradients, which shards everything but the parameters");
   if (method == "sparseTopK")
     TANDEM_CHECK(cfg.spars > 0.0 && cfg.spars <= 1.0, "--spars for sparseTopK is the fraction of gradients sent, in ",
                  "(0, 1]; got ", cfg.spars);
@@ -161,6 +158,7 @@ std::vector<dist::AgreementField> Session::agreement_fields() const {
       {"--rank", std::to_string(s.rank)},
       {"--half-dtype", dtype_name(s.half_dtype)},
       {"--shard", dist::shard_name(opt_->options().shard)},
+      {"--master-weights", dtype_name(opt_->options().master_weights)},
       {"--no-error-feedback", on_off(!s.error_feedback)},
       {"--sync-bn", on_off(cfg_.sync_bn)},
       {"--bucket-mb", num(cfg_.bucket_mb)},

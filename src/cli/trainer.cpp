@@ -204,7 +204,6 @@ void save_rank_state_beside(Session& s, const std::string& checkpoint, const std
   if (const dist::LossScaler* scaler = s.loss_scaler())
     for (auto& [name, t] : scaler->state()) tensors.emplace_back("loss_scale/" + name, t);
   tandem::save_tensor_file(rank_state_path(checkpoint, s.rank()), tensors, meta.dump());
-  s.opt().gather_optimizer_state();
 }
 
 Trainer::Trainer(const TrainConfig& cfg) : cfg_(cfg) {}
@@ -482,6 +481,7 @@ void Trainer::save_checkpoint(int epoch, const EvalStats& eval) {
   Session& s = *session_;
   if (cfg_.checkpoint.empty()) return;
   save_rank_state_beside(s, cfg_.checkpoint, "epoch", epoch);
+  GatheredOptimizerState gathered(s.opt());
   if (!s.lead()) return;
   nlohmann::json main{{"epoch", epoch},
                       {"epochs", cfg_.epochs},

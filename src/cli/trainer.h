@@ -54,10 +54,23 @@ std::string rank_state_path(const std::string& checkpoint, int rank);
 void load_rank_state_beside(Session& s, const std::string& checkpoint, const std::string& key, int64_t at);
 /// Saving a checkpoint, each rank's part first: writes this rank's own state to its file beside
 /// `checkpoint` with its meta `key` set to `at` (so that a run stopped before the main file is written
-/// resumes with that state started afresh, never with state newer than the model), then gathers a
-/// sharded optimizer's state whole for rank 0 to write with the model (any number of ranks, with any
-/// --shard, resumes from it). Every rank calls it.
+/// resumes with that state started afresh, never with state newer than the model). Every rank calls
+/// it, then gathers a sharded optimizer's state whole (GatheredOptimizerState) for rank 0 to write
+/// with the model (any number of ranks, with any --shard, resumes from it).
 void save_rank_state_beside(Session& s, const std::string& checkpoint, const std::string& key, int64_t at);
+
+/// While it lives, a sharded optimizer's whole state is gathered into the wrapped optimizer for a
+/// checkpoint of it (every rank makes one: the gather is collective); the copy is dropped after.
+class GatheredOptimizerState {
+ public:
+  explicit GatheredOptimizerState(dist::DistOpt& opt) : opt_(opt) { opt_.gather_optimizer_state(); }
+  ~GatheredOptimizerState() { opt_.release_optimizer_state(); }
+  GatheredOptimizerState(const GatheredOptimizerState&) = delete;
+  GatheredOptimizerState& operator=(const GatheredOptimizerState&) = delete;
+
+ private:
+  dist::DistOpt& opt_;
+};
 
 /// One epoch's training figures, summed over ranks.
 struct EpochStats {

@@ -145,6 +145,18 @@ GPT::GPT(const GptConfig& cfg, uint64_t seed) : cfg_(cfg) {
     h.push_back(blocks_->add(std::make_shared<TransformerBlock>(cfg.width, cfg.heads, gen, opt)));
   ln_f = register_module("ln_f", std::make_shared<LayerNorm>(Shape{cfg.width}, 1e-5, true, cfg.bias));
   gen_ = Generator(gen.next_below(uint64_t(1) << 62));
+  embed_group_ = LayerGroup("embeddings", {wte->weight, wpe->weight});
+  for (int64_t i = 0; i < cfg.layers; ++i) block_groups_.emplace_back("h." + std::to_string(i), h[static_cast<size_t>(i)]->parameters());
+  std::vector<Tensor> head = ln_f->parameters();
+  head.push_back(wte->weight);
+  head_group_ = LayerGroup("head", head);
+}
+
+std::vector<LayerGroup*> GPT::layer_groups() {
+  std::vector<LayerGroup*> out{&embed_group_};
+  for (LayerGroup& g : block_groups_) out.push_back(&g);
+  out.push_back(&head_group_);
+  return out;
 }
 
 void GPT::check_tokens(const Tensor& tokens, int64_t start, const char* what) const {
@@ -165,44 +177,53 @@ void GPT::check_tokens(const Tensor& tokens, int64_t start, const char* what) co
   }
 }
 
+// Each part runs as its layer group (whole parameters for it alone under --shard parameters).
 Tensor GPT::hidden(const Tensor& tokens, GptCache* cache) {
   const int64_t start = cache ? cache->length : 0, t = tokens.size(1);
-  Tensor x = add(embedding(wte->weight, tokens), slice(wpe->weight, 0, start, t));
-  // The residual stream in the activation type of the precision mode (bf16 or f16 on a GPU under those
-  // modes): the blocks' 16-bit products then add to it without conversions.
-  if (x.device().is_cuda()) {
-    const DType act = activation_dtype(current_precision());
-    if (x.dtype() != act) x = cast(x, act);
-  }
+  Tensor x = embed_group_.run(tokens, [&](const Tensor& in) {
+    Tensor e = add(embedding(wte->weight, in), slice(wpe->weight, 0, start, t));
+    // The residual stream in the activation type of the precision mode (bf16 or f16 on a GPU under those
+    // modes): the blocks' 16-bit products then add to it without conversions.
+    if (e.device().is_cuda()) {
+      const DType act = activation_dtype(current_precision());
+      if (e.dtype() != act) e = cast(e, act);
+    }
+    if (!cache && is_training() && cfg_.dropout > 0.0) e = dropout(e, cfg_.dropout, true, gen_);
+    return e;
+  });
   if (cache) {
     if (cache->layers.size() != h.size()) {
       TANDEM_CHECK(cache->length == 0, "GPT.forward_cached: the cache has ", cache->layers.size(),
                    " layers, the model ", h.size());
       cache->layers.assign(h.size(), KVCache());
     }
-    for (size_t i = 0; i < h.size(); ++i) x = h[i]->forward_cached(x, cache->layers[i], cfg_.context);
+    for (size_t i = 0; i < h.size(); ++i)
+      x = block_groups_[i].run(x, [&](const Tensor& in) { return h[i]->forward_cached(in, cache->layers[i], cfg_.context); });
     cache->length = start + t;
   } else {
-    if (is_training() && cfg_.dropout > 0.0) x = dropout(x, cfg_.dropout, true, gen_);
-    x = blocks_->forward(x);
+    for (size_t i = 0; i < h.size(); ++i) x = block_groups_[i].run(x, [&](const Tensor& in) { return h[i]->forward(in); });
   }
-  return ln_f->forward(x);
+  return x;
 }
 
 Tensor GPT::forward(const Tensor& tokens) {
   check_tokens(tokens, 0, "GPT");
-  return linear(hidden(tokens, nullptr), wte->weight, Tensor());
+  return head_group_.run(hidden(tokens, nullptr),
+                         [&](const Tensor& x) { return linear(ln_f->forward(x), wte->weight, Tensor()); });
 }
 
 Tensor GPT::loss(const Tensor& tokens, const Tensor& targets, int64_t ignore_index) {
   check_tokens(tokens, 0, "GPT");
-  return linear_cross_entropy(hidden(tokens, nullptr), wte->weight, targets, Reduction::Mean, ignore_index);
+  return head_group_.run(hidden(tokens, nullptr), [&](const Tensor& x) {
+    return linear_cross_entropy(ln_f->forward(x), wte->weight, targets, Reduction::Mean, ignore_index);
+  });
 }
 
 Tensor GPT::forward_cached(const Tensor& tokens, GptCache& cache) {
   check_tokens(tokens, cache.length, "GPT.forward_cached");
   NoGradGuard no_grad;
-  return linear(hidden(tokens, &cache), wte->weight, Tensor());
+  return head_group_.run(hidden(tokens, &cache),
+                         [&](const Tensor& x) { return linear(ln_f->forward(x), wte->weight, Tensor()); });
 }
 
 int64_t sample_logits(const std::vector<float>& logits, const SampleOptions& opt, Generator& gen) {

@@ -96,8 +96,26 @@ std::string Dropout::describe() const { return detail::cat("Dropout(", p_, ")");
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (auto& layer : layers_) h = layer->forward(h);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Module& layer = *layers_[i];
+    if (i < groups_.size() && !groups_[i].params().empty())
+      h = groups_[i].run(h, [&layer](const Tensor& in) { return layer.forward(in); });
+    else
+      h = layer.forward(h);
+  }
   return h;
+}
+
+void Sequential::group_layers() {
+  groups_.clear();
+  for (size_t i = 0; i < layers_.size(); ++i) groups_.emplace_back(std::to_string(i), layers_[i]->parameters());
+}
+
+std::vector<LayerGroup*> Sequential::layer_groups() {
+  std::vector<LayerGroup*> out;
+  for (LayerGroup& g : groups_)
+    if (!g.params().empty()) out.push_back(&g);
+  return out;
 }
 
 std::string Sequential::describe() const {

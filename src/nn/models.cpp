@@ -8,7 +8,7 @@ namespace tandem::nn {
 namespace {
 
 /// The guide's MNIST CNN: 431,080 parameters for 1x28x28 inputs and 10 classes.
-class Cnn : public Module {
+class Cnn : public Module, public LayerGroups {
  public:
   explicit Cnn(const ModelConfig& cfg) {
     Generator gen(cfg.seed);
@@ -20,19 +20,26 @@ class Cnn : public Module {
     int64_t h = ((cfg.height - 4) / 2 - 4) / 2, w = ((cfg.width - 4) / 2 - 4) / 2;
     linear1_ = register_module("linear1", std::make_shared<Linear>(50 * h * w, 500, gen, true, true));
     linear2_ = register_module("linear2", std::make_shared<Linear>(500, cfg.num_classes, gen));
+    groups_[0] = LayerGroup("conv1", conv1_->parameters());
+    groups_[1] = LayerGroup("conv2", conv2_->parameters());
+    groups_[2] = LayerGroup("linear1", linear1_->parameters());
+    groups_[3] = LayerGroup("linear2", linear2_->parameters());
   }
 
   Tensor forward(const Tensor& x) override {
     Pool2dOptions pool{{2, 2}, {2, 2}, {0, 0}};
-    Tensor h = max_pool2d(conv1_->forward(x), pool);
-    h = max_pool2d(conv2_->forward(h), pool);
-    h = linear1_->forward(flatten(h, 1));
-    return linear2_->forward(h);
+    Tensor h = groups_[0].run(x, [&](const Tensor& in) { return max_pool2d(conv1_->forward(in), pool); });
+    h = groups_[1].run(h, [&](const Tensor& in) { return max_pool2d(conv2_->forward(in), pool); });
+    h = groups_[2].run(h, [&](const Tensor& in) { return linear1_->forward(flatten(in, 1)); });
+    return groups_[3].run(h, [&](const Tensor& in) { return linear2_->forward(in); });
   }
+
+  std::vector<LayerGroup*> layer_groups() override { return {&groups_[0], &groups_[1], &groups_[2], &groups_[3]}; }
 
  private:
   std::shared_ptr<Conv2d> conv1_, conv2_;
   std::shared_ptr<Linear> linear1_, linear2_;
+  LayerGroup groups_[4];  // each layer
 };
 
 ModulePtr make_mlp(const ModelConfig& cfg) {
@@ -48,32 +55,37 @@ ModulePtr make_mlp(const ModelConfig& cfg) {
     in = h;
   }
   seq->add(std::make_shared<Linear>(in, cfg.num_classes, gen));
+  seq->group_layers();
   return seq;
 }
 
 /// The bigram language model: the logits of the token after token t are row t of one table. It
 /// learns the corpus's next-token frequencies (its best loss is their conditional entropy) and nothing
 /// of a longer context.
-class Bigram : public Module {
+class Bigram : public Module, public LayerGroups {
  public:
   explicit Bigram(const ModelConfig& cfg) : vocab_(cfg.gpt.vocab) {
     TANDEM_CHECK(vocab_ >= 2 && vocab_ <= 65536, "model bigram: the vocabulary must hold 2 to 65536 tokens, got ",
                  vocab_);
     Generator gen(cfg.seed);
     table_ = register_module("table", std::make_shared<Embedding>(vocab_, vocab_, gen));
+    group_ = LayerGroup("table", table_->parameters());
   }
 
   Tensor forward(const Tensor& x) override {
     TANDEM_CHECK(x.dim() == 2 && (x.dtype() == DType::i32 || x.dtype() == DType::i64), "model bigram: takes tokens ",
                  "i32 or i64 [B, T], got ", x.str());
-    return table_->forward(x);
+    return group_.run(x, [&](const Tensor& in) { return table_->forward(in); });
   }
+
+  std::vector<LayerGroup*> layer_groups() override { return {&group_}; }
 
   std::string describe() const override { return detail::cat("Bigram(vocab ", vocab_, ")"); }
 
  private:
   int64_t vocab_;
   std::shared_ptr<Embedding> table_;
+  LayerGroup group_;
 };
 
 }  // namespace

@@ -65,7 +65,7 @@ class Bottleneck : public Module {
   std::shared_ptr<BatchNorm2d> bn1_, bn2_, bn3_, down_bn_;
 };
 
-class ResNet : public Module {
+class ResNet : public Module, public LayerGroups {
  public:
   ResNet(const std::vector<int>& blocks, bool bottleneck, const ModelConfig& cfg) {
     Generator gen(cfg.seed);
@@ -92,15 +92,37 @@ class ResNet : public Module {
       stages_.push_back(register_module("layer" + std::to_string(stage + 1), seq));
     }
     fc_ = register_module("fc", std::make_shared<Linear>(in, cfg.num_classes, gen));
+    // Layer groups: the stem, each residual block, the classifier.
+    std::vector<Tensor> stem = stem_conv_->parameters();
+    for (const Tensor& t : stem_bn_->parameters()) stem.push_back(t);
+    groups_.emplace_back("stem", stem);
+    for (size_t s = 0; s < stages_.size(); ++s)
+      for (size_t b = 0; b < stages_[s]->size(); ++b)
+        groups_.emplace_back("layer" + std::to_string(s + 1) + "." + std::to_string(b),
+                             stages_[s]->layers()[b]->parameters());
+    groups_.emplace_back("fc", fc_->parameters());
   }
 
   Tensor forward(const Tensor& x) override {
-    Tensor h = bn_relu(*stem_bn_, stem_conv_->forward(x));
-    if (imagenet_stem_) h = max_pool2d(h, Pool2dOptions{{3, 3}, {2, 2}, {1, 1}});
-    for (auto& s : stages_) h = s->forward(h);
-    int kh = static_cast<int>(h.size(2)), kw = static_cast<int>(h.size(3));
-    h = avg_pool2d(h, Pool2dOptions{{kh, kw}, {kh, kw}, {0, 0}});  // global average
-    return fc_->forward(flatten(h, 1));
+    size_t g = 0;
+    Tensor h = groups_[g++].run(x, [&](const Tensor& in) {
+      Tensor out = bn_relu(*stem_bn_, stem_conv_->forward(in));
+      return imagenet_stem_ ? max_pool2d(out, Pool2dOptions{{3, 3}, {2, 2}, {1, 1}}) : out;
+    });
+    for (auto& s : stages_)
+      for (const ModulePtr& block : s->layers())
+        h = groups_[g++].run(h, [&](const Tensor& in) { return block->forward(in); });
+    return groups_[g].run(h, [&](const Tensor& in) {
+      int kh = static_cast<int>(in.size(2)), kw = static_cast<int>(in.size(3));
+      Tensor pooled = avg_pool2d(in, Pool2dOptions{{kh, kw}, {kh, kw}, {0, 0}});  // global average
+      return fc_->forward(flatten(pooled, 1));
+    });
+  }
+
+  std::vector<LayerGroup*> layer_groups() override {
+    std::vector<LayerGroup*> out;
+    for (LayerGroup& g : groups_) out.push_back(&g);
+    return out;
   }
 
  private:
@@ -109,6 +131,7 @@ class ResNet : public Module {
   std::shared_ptr<BatchNorm2d> stem_bn_;
   std::vector<std::shared_ptr<Sequential>> stages_;
   std::shared_ptr<Linear> fc_;
+  std::vector<LayerGroup> groups_;
 };
 
 }  // namespace

@@ -259,3 +259,47 @@ TEST(CudaLmTrain, DeviceNameIsTheDriversProductName) {
   EXPECT_NE(name, "cpu");
   EXPECT_EQ(tandem::device_name(tandem::Device::cpu()), "cpu");
 }
+
+// Checkpoints change nothing in a sharded run of recorded steps: the state gathered for a checkpoint is only
+// read, never taken back into the slices by a later step (which would set them back to the state of that
+// checkpoint, the replays since being host-free). A run saving every 10 steps ends in the bits of the same
+// run saving only at its end, for --shard optimizer and gradients; and so does the image trainer, whose
+// epochs end in a smaller batch taken eagerly after the replays.
+TEST(CudaLmTrain, CheckpointsDoNotChangeAShardedRecordedRun) {
+  REQUIRE_GPU();
+  const fs::path dir = temp_dir("shardck"), corpus = make_corpus(dir);
+  for (const std::string shard : {"optimizer", "gradients"}) {
+    const std::string run = "train --model gpt --gpt-config char --layers 2 --heads 2 --width 64 --context 64 "
+                            "--dropout 0 --data " + corpus.string() + " --steps 45 --batch-size 4 --device cuda "
+                            "--lr 3e-3 --warmup 3 --deterministic --eval-every 0 --eval-steps 2 --shard " + shard;
+    const std::string often = (dir / ("often_" + shard + ".ck")).string(), once = (dir / ("once_" + shard + ".ck")).string();
+    auto a = run_tandem(run + " --checkpoint-every 10 --checkpoint " + often);
+    ASSERT_EQ(a.status, 0) << a.output;
+    EXPECT_FALSE(contains(a.output, "steps run eagerly")) << a.output;
+    auto b = run_tandem(run + " --checkpoint " + once);
+    ASSERT_EQ(b.status, 0) << b.output;
+    EXPECT_EQ(step_losses(a.output), step_losses(b.output)) << "--shard " << shard;
+    auto ta = tandem::read_checkpoint_tensors(often), tb = tandem::read_checkpoint_tensors(once);
+    ASSERT_EQ(ta.size(), tb.size());
+    for (size_t i = 0; i < ta.size(); ++i) {
+      ASSERT_EQ(ta[i].first, tb[i].first);
+      EXPECT_EQ(ta[i].second.to_vector<float>(), tb[i].second.to_vector<float>()) << ta[i].first << " --shard " << shard;
+    }
+  }
+  if (tandem::test::have_fashion_mnist()) {
+    // 1000 samples in batches of 64: 15 recorded steps and a last batch of 40, taken eagerly, each epoch.
+    const std::string run = "train --model cnn --epochs 3 --limit-train 1000 --limit-test 200 --batch-size 64 "
+                            "--optimizer adamw --lr 1e-3 --device cuda --deterministic --progress off --shard optimizer";
+    auto a = run_tandem(run + " --checkpoint " + (dir / "cnn.ck").string());
+    auto b = run_tandem(run);
+    ASSERT_EQ(a.status, 0) << a.output;
+    ASSERT_EQ(b.status, 0) << b.output;
+    std::regex re(R"(Training loss = ([0-9.eE+-]+))");
+    std::vector<std::string> la, lb;
+    for (auto it = std::sregex_iterator(a.output.begin(), a.output.end(), re); it != std::sregex_iterator(); ++it) la.push_back((*it)[1]);
+    for (auto it = std::sregex_iterator(b.output.begin(), b.output.end(), re); it != std::sregex_iterator(); ++it) lb.push_back((*it)[1]);
+    EXPECT_EQ(la.size(), 3u) << a.output;
+    EXPECT_EQ(la, lb) << a.output << b.output;
+  }
+  fs::remove_all(dir);
+}

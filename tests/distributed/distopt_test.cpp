@@ -77,6 +77,15 @@ TEST(DistOptGloo, ErrorFeedbackAndPartialUpdateThreeRanks) {
   run_scenarios(3, "feedback,partial");
 }
 
+// A parameter no rank used in a step is left alone (no momentum, no weight decay), as the plain optimizer
+// and PyTorch DDP leave it; one that any rank used is stepped on every rank.
+TEST(DistOptGloo, ParametersNoRankUsedAreLeftAlone) {
+  run_scenarios(1, "unused");
+  REQUIRE_GLOO();
+  run_scenarios(2, "unused");
+  run_scenarios(3, "unused");
+}
+
 TEST(DistOptGloo, TwoRanksMatchOneRankWithTheWholeBatch) {
   REQUIRE_GLOO();
   run_scenarios(2, "equivalence");

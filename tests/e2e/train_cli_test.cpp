@@ -186,7 +186,8 @@ TEST(TrainCli, RanksStartedDifferentlyStopNamingTheSetting) {
       {"--lr 0.0$((1 + TANDEM_RANK))", "--lr"},
       {"--momentum 0.$((5 + TANDEM_RANK))", "--momentum"},
       {"--weight-decay 0.00$((1 + TANDEM_RANK))", "--weight-decay"},
-      {"--check-consistency $TANDEM_RANK", "--check-consistency"}};
+      {"--check-consistency $TANDEM_RANK", "--check-consistency"},
+      {"$([ $TANDEM_RANK = 0 ] && echo --master-weights bf16)", "--master-weights"}};
   for (const auto& [flag, name] : settings) {
     auto r = per_rank(flag);
     EXPECT_EQ(r.status, 2) << flag << "\n" << r.output;

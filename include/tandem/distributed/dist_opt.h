@@ -235,6 +235,21 @@ class DistOpt {
 
   /// Averages parameters and buffers across ranks (partialUpdate does this before evaluation).
   void average_parameters();
+  /// partialUpdate: while it lives, the parameters are their average across ranks (to evaluate or save
+  /// the one model the replicas stand for); each rank's own replica comes back when it goes, so training
+  /// goes on as if nothing had happened. Collective. Under any other method it does nothing (the ranks
+  /// hold the same parameters already).
+  class AveragedReplicas {
+   public:
+    explicit AveragedReplicas(DistOpt& opt);
+    ~AveragedReplicas();
+    AveragedReplicas(const AveragedReplicas&) = delete;
+    AveragedReplicas& operator=(const AveragedReplicas&) = delete;
+
+   private:
+    DistOpt& opt_;
+    std::vector<Tensor> replica_;
+  };
   /// Averages buffers only (batch-norm running statistics).
   void average_buffers();
   /// Throws, naming the first tensor that differs, unless all ranks hold bit-identical parameters
@@ -269,12 +284,16 @@ class DistOpt {
   /// line saying that it was re-cut. Every rank calls it.
   std::vector<std::string> load_rank_states(const std::vector<RankState>& saved);
   /// Collective, under sharding: the wrapped optimizer's state becomes the whole state, gathered
-  /// from every rank's slices, so that a checkpoint of optimizer() holds all of it (the next update
-  /// moves it back into the slices, freeing it); sharded parameters are gathered whole as well (until
-  /// their layers' next use). Every rank calls it before the checkpoint is written; without sharding
-  /// it does nothing. A checkpoint loaded into optimizer() is likewise cut into this rank's slices at
-  /// the next update: a run of any number of ranks and any Shard resumes from it.
+  /// from every rank's slices, so that a checkpoint of optimizer() holds all of it; sharded parameters
+  /// are gathered whole as well (until their layers' next use). Every rank calls it before the
+  /// checkpoint is written, and release_optimizer_state() after; without sharding both do nothing. The
+  /// copy is only read: the slices keep the state (a recorded step replays without host code), and the
+  /// next eager update drops a copy not released. A checkpoint loaded into optimizer() is cut into this
+  /// rank's slices at the next update (steps are recorded only after that): a run of any number of ranks
+  /// and any Shard resumes from it.
   void gather_optimizer_state();
+  /// Drops the copy gather_optimizer_state() made (its memory is the whole model's optimizer state).
+  void release_optimizer_state();
   /// partialUpdate: the chunk of the parameters the next update() averages (a wait for the device).
   int64_t partial_chunk() const;
 
@@ -324,6 +343,7 @@ class DistOpt {
   void backward_and_sync_with(const SyncOptions& sync, const Tensor& loss);
   void find_layer_groups(nn::Module& model);
   void overlap_layer_groups(nn::Module& model);
+  void take_loaded_replica();
   // The global norm (returned) and coef = min(1, max_norm / (norm + 1e-6)), both on the device.
   Tensor clip_coefficient(double max_norm, Tensor& coef);
   class Impl;

@@ -109,7 +109,7 @@ int64_t sample_logits(const std::vector<float>& logits, const SampleOptions& opt
 /// Tokens outside [0, vocab) are an error: on the CPU forward checks them at once (naming the position);
 /// on a GPU the embedding checks them on the device without making the host wait, and the error is raised
 /// at the next synchronisation (the loss's item(), a copy to the host).
-class GPT : public Module {
+class GPT : public Module, public LayerGroups {
  public:
   explicit GPT(const GptConfig& cfg, uint64_t seed = 0);
   Tensor forward(const Tensor& tokens) override;
@@ -135,6 +135,9 @@ class GPT : public Module {
   /// gpt_flops_per_token at this context (0: the configuration's).
   double flops_per_token(int64_t context) const override { return gpt_flops_per_token(cfg_, context); }
   NamedGenerators own_generators() override { return {{"rng", &gen_}}; }
+  /// The embeddings (wte, wpe), each block, and the head (ln_f and the token table again: the table is a
+  /// parameter of two groups).
+  std::vector<LayerGroup*> layer_groups() override;
 
   std::shared_ptr<Embedding> wte, wpe;
   std::vector<std::shared_ptr<TransformerBlock>> h;
@@ -142,8 +145,10 @@ class GPT : public Module {
 
  private:
   void check_tokens(const Tensor& tokens, int64_t start, const char* what) const;
-  Tensor hidden(const Tensor& tokens, GptCache* cache);  // the final layer norm's output [B, T, width]
+  Tensor hidden(const Tensor& tokens, GptCache* cache);  // the last block's output [B, T, width]
   GptConfig cfg_;
+  LayerGroup embed_group_, head_group_;
+  std::vector<LayerGroup> block_groups_;
   std::shared_ptr<Sequential> blocks_;
   Generator gen_;  // the embeddings' dropout
 };

@@ -4,6 +4,7 @@
 #include <functional>
 #include <initializer_list>
 
+#include "tandem/nn/layer_group.h"
 #include "tandem/nn/module.h"
 #include "tandem/ops.h"
 #include "tandem/random.h"
@@ -109,7 +110,7 @@ class Dropout : public Module {
 };
 
 /// Runs its children in order.
-class Sequential : public Module {
+class Sequential : public Module, public LayerGroups {
  public:
   Sequential() = default;
   /// Appends a layer; its parameters are named by position ("3.weight").
@@ -121,9 +122,16 @@ class Sequential : public Module {
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
   size_t size() const { return layers_.size(); }
+  const std::vector<ModulePtr>& layers() const { return layers_; }
+  /// From now on each layer with parameters (those added so far) is a layer group of its own, which
+  /// layer_groups() lists (DistOpt's --shard parameters gathers each just for its forward and backward);
+  /// without it, the Sequential declares none.
+  void group_layers();
+  std::vector<LayerGroup*> layer_groups() override;
 
  private:
   std::vector<ModulePtr> layers_;
+  std::vector<LayerGroup> groups_;  // group_layers: per layer, its group (no parameters: none)
 };
 
 // ---- elementwise layers (activations)

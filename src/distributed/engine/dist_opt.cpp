@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "backend/backend.h"
@@ -130,6 +132,8 @@ void DistOpt::sync_parameters(nn::Module& model) {
       m.averager_->broadcast(0);
   }
   if (m.sharded_) m.sharded_->shard_parameters();  // sharded parameters: from now on each rank keeps its blocks
+  m.synced_ = true;
+  take_loaded_replica();
   if (comm_->size() == 1) return;
   for (auto& [name, t] : m.buffers_) {
     WorkPtr w = comm_->broadcast(t, 0);
@@ -137,47 +141,89 @@ void DistOpt::sync_parameters(nn::Module& model) {
   }
 }
 
+// partialUpdate resumed: the replicas differed when they were saved, and differ again.
+void DistOpt::take_loaded_replica() {
+  Impl& m = *impl_;
+  if (m.loaded_replica_.empty() || !m.synced_) return;
+  NoGradGuard no_grad;
+  const auto& ps = opt_->params();
+  for (size_t i = 0; i < ps.size(); ++i) ps[i].detach().copy_(m.loaded_replica_[i]);
+  m.loaded_replica_.clear();
+}
+
 namespace {
-// The model's ShardedLayers, in the order the model registers them (the order forward runs them), and each
-// of `ps`'s group among them (-1: in none).
-std::pair<std::vector<ShardedLayer*>, std::vector<int>> layer_groups(nn::Module& model, const std::vector<Tensor>& ps) {
-  std::vector<ShardedLayer*> layers;
+// The model's layer groups, in the order forward runs them, and each of `ps`'s groups among them (empty: in
+// none; several: a parameter that several parts use, a tied token table). Groups come from the modules that
+// declare them (nn::LayerGroups: tandem's models, ShardedLayer), in the order the model registers those; a
+// module's groups inside another's that already cover its parameters are the outer module's business.
+std::pair<std::vector<nn::LayerGroup*>, std::vector<std::vector<int>>> layer_groups(nn::Module& model,
+                                                                                const std::vector<Tensor>& ps) {
+  std::vector<nn::LayerGroup*> groups;
+  std::vector<std::vector<int>> of(ps.size());
+  std::unordered_set<const void*> covered;
+  std::unordered_map<const void*, int> index;
+  for (size_t i = 0; i < ps.size(); ++i) index.emplace(ps[i].impl(), static_cast<int>(i));
   model.apply([&](nn::Module& mod) {
-    if (auto* layer = dynamic_cast<ShardedLayer*>(&mod)) layers.push_back(layer);
+    auto* provider = dynamic_cast<nn::LayerGroups*>(&mod);
+    if (!provider) return;
+    std::vector<nn::LayerGroup*> mine = provider->layer_groups();
+    bool inside = !groups.empty();
+    for (nn::LayerGroup* g : mine)
+      for (const Tensor& t : g->params()) inside = inside && covered.count(t.impl()) > 0;
+    if (inside) return;
+    for (nn::LayerGroup* g : mine) {
+      const int k = static_cast<int>(groups.size());
+      groups.push_back(g);
+      for (const Tensor& t : g->params()) {
+        covered.insert(t.impl());
+        auto it = index.find(t.impl());
+        if (it == index.end()) continue;  // not trained (frozen): kept whole
+        std::vector<int>& list = of[static_cast<size_t>(it->second)];
+        if (list.empty() || list.back() != k) list.push_back(k);
+      }
+    }
   });
-  std::vector<int> groups(ps.size(), -1);
-  for (size_t g = 0; g < layers.size(); ++g)
-    for (auto& [name, t] : layers[g]->named_parameters())
-      for (size_t i = 0; i < ps.size(); ++i)
-        if (ps[i].is_same(t)) groups[i] = static_cast<int>(g);
-  return {std::move(layers), std::move(groups)};
+  return {std::move(groups), std::move(of)};
 }
 }  // namespace
 
-// Sharded parameters: the model's ShardedLayers are the layer groups. The buckets are laid out again along
-// them (before any step), and the parameters' side of the sharding made anew on that layout.
+// Sharded parameters: the model's layer groups. The buckets are laid out again along them (before any step),
+// and the parameters' side of the sharding made anew on that layout.
 void DistOpt::find_layer_groups(nn::Module& model) {
   Impl& m = *impl_;
   const auto& ps = opt_->params();
-  auto [layers, groups] = layer_groups(model, ps);
-  TANDEM_CHECK(!layers.empty(), "--shard parameters: the model has no ShardedLayer; wrap each layer (or block of "
-               "layers) whose parameters are to be sharded in dist::ShardedLayer");
+  auto [groups, of] = layer_groups(model, ps);
+  TANDEM_CHECK(!groups.empty(), "--shard parameters: the model declares no layer groups (nn::LayerGroups, as "
+               "tandem's models do); wrap each layer (or block of layers) whose parameters are to be sharded in "
+               "dist::ShardedLayer");
   for (size_t i = 0; i < ps.size(); ++i)
-    TANDEM_CHECK(groups[i] >= 0, "--shard parameters: parameter ", m.names_[i], " is in no ShardedLayer; every "
-                 "parameter the optimizer holds must be (wrap the layer it belongs to)");
-  m.reducer_.set_groups(groups);
+    TANDEM_CHECK(!of[i].empty(), "--shard parameters: parameter ", m.names_[i], " is in no layer group; every "
+                 "parameter the optimizer holds must be (wrap the layer it belongs to in dist::ShardedLayer, or "
+                 "freeze it)");
+  // Buckets hold the parameters of one group each, in the order backward finishes them: the groups from the
+  // last to the first. A parameter of several groups has buckets of its own, after those of the first group
+  // using it (whose backward completes its gradient): each group gathers it, and it is freed when none holds it.
+  std::vector<int> keys(ps.size());
+  for (size_t i = 0; i < ps.size(); ++i)
+    keys[i] = of[i].size() == 1 ? 2 * of[i][0] : 2 * *std::min_element(of[i].begin(), of[i].end()) - 1;
+  m.reducer_.set_groups(keys);
   m.sharded_ = std::make_shared<detail::ShardedStep>(ps, m.reducer_, comm_, m.stats_, *opt_, /*shard_parameters=*/true);
-  for (size_t g = 0; g < layers.size(); ++g) layers[g]->attach(m.sharded_, static_cast<int>(g));
+  m.sharded_->set_layer_groups(of);
+  for (size_t g = 0; g < groups.size(); ++g) groups[g]->attach(m.sharded_, static_cast<int>(g));
   m.layers_found_ = true;
 }
 
-// Stages 1 and 2 with overlap_gather: the groups' gathers are waited for by their layers.
+// Stages 1 and 2 with overlap_gather: the groups' gathers are waited for by their layers (a parameter of
+// several groups, by the first).
 void DistOpt::overlap_layer_groups(nn::Module& model) {
   Impl& m = *impl_;
-  auto [layers, groups] = layer_groups(model, opt_->params());
+  auto [groups, of] = layer_groups(model, opt_->params());
+  std::vector<int> first(of.size(), -1);
+  for (size_t i = 0; i < of.size(); ++i)
+    if (!of[i].empty()) first[i] = *std::min_element(of[i].begin(), of[i].end());
   m.sharded_->wait_all();
-  m.sharded_->overlap_groups(groups);
-  for (size_t g = 0; g < layers.size(); ++g) layers[g]->attach(m.sharded_, static_cast<int>(g));
+  m.sharded_->overlap_groups(first);
+  for (size_t g = 0; g < groups.size(); ++g) groups[g]->attach(m.sharded_, static_cast<int>(g));
 }
 
 void DistOpt::wait_parameters() {
@@ -296,10 +342,27 @@ bool DistOpt::update() {
   // The clipping coefficient, if clip_grad_norm_in_update left one: applied by the stepping optimizer as it
   // reads the gradients (no pass over them).
   const Tensor factor = std::exchange(m.pending_factor_, Tensor());
-  if (m.sharded_)
-    m.sharded_->step(*opt_, factor);
-  else
+  // Parameters no rank used in this step are left alone, as an optimizer leaves a parameter without a gradient.
+  const std::vector<int>& unused = m.reducer_.unused();
+  if (m.sharded_) {
+    m.sharded_->step(*opt_, factor, unused);
+  } else {
+    const std::vector<Tensor>& ps = opt_->params();
+    std::vector<std::pair<size_t, Tensor>> hidden;
+    for (int i : unused) {
+      Tensor p = ps[static_cast<size_t>(i)];  // a handle: its gradient is the parameter's
+      hidden.emplace_back(static_cast<size_t>(i), p.grad());
+      p.set_grad(Tensor());
+    }
+    struct Restore {
+      const std::vector<Tensor>& ps;
+      std::vector<std::pair<size_t, Tensor>>& hidden;
+      ~Restore() {
+        for (auto& [i, g] : hidden) Tensor(ps[i]).set_grad(g);
+      }
+    } restore{ps, hidden};
     opt_->step_with_gradient_factor(factor);
+  }
   if (m.partial()) m.averager_->average_next_chunk(m.skipped_.defined() ? m.reducer_.verdict() : Tensor());
   if (!m.skipped_.defined() || backend::backend_for(comm_->device()).recording(comm_->device().index)) return true;
   return !m.reducer_.found_nonfinite();
@@ -408,6 +471,19 @@ void DistOpt::average_parameters() {
   average_buffers();
 }
 
+DistOpt::AveragedReplicas::AveragedReplicas(DistOpt& opt) : opt_(opt) {
+  if (!opt_.impl_->partial() || opt_.world_size() == 1) return;
+  NoGradGuard no_grad;
+  for (const Tensor& p : opt_.opt_->params()) replica_.push_back(p.detach().clone());
+  opt_.impl_->averager_->average_all();
+}
+
+DistOpt::AveragedReplicas::~AveragedReplicas() {
+  NoGradGuard no_grad;
+  const auto& ps = opt_.opt_->params();
+  for (size_t i = 0; i < replica_.size(); ++i) ps[i].detach().copy_(replica_[i]);
+}
+
 void DistOpt::average_buffers() {
   Impl& m = *impl_;
   if (comm_->size() == 1) return;
@@ -486,6 +562,10 @@ std::string DistOpt::replay_blocker() const {
   if (m.options_.overlap_gather)
     return "steps with overlapped gathers are not recorded (each layer group waits for the last step's gather)";
   if (!step_capturable()) return m.active_.method + " sends a number of values known only on the host";
+  // State loaded into the wrapped optimizer is taken into the slices by host code of the next step: a
+  // recording of it would copy the loaded state again at every replay.
+  if (m.sharded_ && m.sharded_->state_to_adopt(*opt_))
+    return "the optimizer state loaded into the wrapped optimizer is taken into this rank's slices by an eager step";
   // Under --shard the slices' optimizer steps: its state and counts decide (the wrapped one holds none).
   const optim::Optimizer& stepping = m.sharded_ ? m.sharded_->stepper() : *opt_;
   if (std::string why = stepping.master_weights_blocker(); !why.empty()) return why;

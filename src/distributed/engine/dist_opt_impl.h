@@ -45,6 +45,7 @@ class DistOpt::Impl {
     int64_t reached = 0;
     backward(loss, [&](const Tensor& leaf) {
       reached += param_impls_.count(leaf.impl());
+      reducer_.mark_used(leaf);
       if (then) then(leaf);
     });
     TANDEM_CHECK(reached > 0, "DistOpt: the loss does not depend on any of the optimizer's ",
@@ -101,6 +102,9 @@ class DistOpt::Impl {
   bool accumulating_ = false;  // a backward ran since the last update: the next one adds to its gradients
   nn::NamedTensors buffers_;
   std::vector<std::string> names_;  // per parameter, from sync_parameters
+  bool synced_ = false;             // sync_parameters ran
+  // partialUpdate: this rank's own replica from its saved state, taken after sync_parameters' broadcast.
+  std::vector<Tensor> loaded_replica_;
   Tensor skipped_;  // skip_nonfinite: i64 [1] on the device, the steps skipped since reset_stats
   std::unordered_set<const void*> param_impls_;  // the optimizer's parameters, as backward's leaves name them
 };

@@ -45,6 +45,7 @@ RankState DistOpt::rank_state() {
     meta["partial_chunks"] = m.averager_->chunks();
     // Replicas differ between averages, and so does each one's optimizer state.
     const auto& ps = opt_->params();
+    for (size_t i = 0; i < ps.size(); ++i) out.tensors.emplace_back("param/" + std::to_string(i), ps[i].detach());
     for (auto& list : opt_->state_lists())
       for (size_t i = 0; i < ps.size(); ++i)
         if ((*list.tensors)[i].defined())
@@ -131,7 +132,7 @@ std::vector<std::string> DistOpt::load_rank_state(const RankState& saved) {
   std::vector<std::string> parts;  // what this rank's state holds
   if (m.reducer_.residuals().defined()) parts.push_back("the error-feedback residuals");
   if (!m.partial() && !m.reducer_.codec().named_state().empty()) parts.push_back(m.active_.method + "'s factors");
-  if (m.partial()) parts.push_back("partialUpdate's position and this rank's own optimizer state");
+  if (m.partial()) parts.push_back("partialUpdate's position and this rank's own replica and optimizer state");
   std::vector<std::string> fresh;
   if (!mine.problem.empty()) {
     if (parts.empty()) return fresh;  // nothing would have been loaded anyway
@@ -167,6 +168,20 @@ std::vector<std::string> DistOpt::load_rank_state(const RankState& saved) {
         if (!slot.defined()) slot = Tensor::zeros(ps[i].shape(), ps[i].dtype(), ps[i].device());
         load_into(name, slot, "this rank's " + list.kind);
       }
+    // This rank's replica, taken once sync_parameters has broadcast rank 0's (the checkpoint's) parameters.
+    std::vector<Tensor> replica;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      auto it = by_name.find("param/" + std::to_string(i));
+      if (it == by_name.end() || it->second.numel() != ps[i].numel() || it->second.dtype() != ps[i].dtype()) {
+        replica.clear();
+        fresh.push_back("rank " + std::to_string(comm_->rank()) + ": this rank's replica starts from the "
+                        "checkpoint's parameters: the saved state holds none of parameter " + std::to_string(i));
+        break;
+      }
+      replica.push_back(it->second.view(ps[i].shape()).to(ps[i].device()));
+    }
+    m.loaded_replica_ = std::move(replica);
+    take_loaded_replica();
   }
   return fresh;
 }
@@ -184,7 +199,8 @@ std::vector<std::string> DistOpt::load_rank_states(const std::vector<RankState>&
   NoGradGuard no_grad;
   int averaged = 0;
   for (const auto& [name, first] : saved[0].tensors) {
-    const bool own = name == "residuals" || name.rfind("opt/", 0) == 0;  // what each rank kept for itself
+    // What each rank kept for itself.
+    const bool own = name == "residuals" || name.rfind("opt/", 0) == 0 || name.rfind("param/", 0) == 0;
     if (!own || !is_floating(first.dtype())) {
       merged.tensors.emplace_back(name, first);
       continue;
@@ -214,6 +230,10 @@ void DistOpt::gather_optimizer_state() {
   impl_->sharded_->wait_all();
   impl_->sharded_->gather_state(*opt_);
   impl_->sharded_->gather_all();  // sharded parameters: whole until their layers' next use frees them
+}
+
+void DistOpt::release_optimizer_state() {
+  if (impl_->sharded_) impl_->sharded_->release_gathered_state(*opt_);
 }
 
 }  // namespace tandem::dist

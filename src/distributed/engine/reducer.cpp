@@ -173,6 +173,7 @@ void Reducer::begin(bool accumulate) {
   accumulating_ = accumulate;
   for (Slot& s : slots_) {
     s.ready = false;
+    if (!accumulate) s.used = false;
     // Sharded gradients: backward makes each gradient afresh, and on_ready moves it into its bucket.
     s.param.set_grad(s.grad, /*zeroed=*/!accumulate);
     if (s.master.defined()) s.master.set_grad(s.master_grad);
@@ -188,12 +189,41 @@ void Reducer::begin(bool accumulate) {
   checked_ = false;
 }
 
+void Reducer::mark_used(const Tensor& leaf) {
+  auto it = index_.find(leaf.impl());
+  if (it != index_.end()) slots_[static_cast<size_t>(it->second)].used = true;
+}
+
+// Which parameters no rank used. A step that used every parameter on this rank still takes part in the
+// agreement: another rank may have left one out, and only together do the ranks know.
+void Reducer::find_unused(bool agree) {
+  const size_t n = slots_.size();
+  if (agree && world_ > 1) {
+    if (backend::backend_for(device_).recording(device_.index)) return;  // the graph's parameters are the last step's
+    std::vector<int32_t> used(n);
+    for (size_t i = 0; i < n; ++i) used[i] = slots_[i].used ? 1 : 0;
+    Tensor t = Tensor::from_vector(used, {static_cast<int64_t>(n)}).to(device_);
+    WorkPtr w = comm_->all_reduce(t, ReduceOp::Sum);
+    count_all_reduce(stats_, static_cast<int64_t>(t.nbytes()), world_);
+    timed_wait(w, stats_);
+    used = t.to_vector<int32_t>();
+    unused_.clear();
+    for (size_t i = 0; i < n; ++i)
+      if (used[i] == 0) unused_.push_back(static_cast<int>(i));
+    return;
+  }
+  unused_.clear();
+  for (size_t i = 0; i < n; ++i)
+    if (!slots_[i].used) unused_.push_back(static_cast<int>(i));
+}
+
 void Reducer::on_ready(const Tensor& leaf) {
   auto it = index_.find(leaf.impl());
   if (it == index_.end()) return;  // a tensor the optimizer does not manage
   Slot& s = slots_[static_cast<size_t>(it->second)];
   if (s.ready) return;
   s.ready = true;
+  s.used = true;
   ready_order_.push_back(it->second);
   if (!whole_arena()) stage_gradient(s);
   if (--buckets_[static_cast<size_t>(s.bucket)].pending == 0) launch_ready();
@@ -253,6 +283,7 @@ void Reducer::finish() {
     b.grad = Tensor();  // the staging: only the rank's block is kept
   }
   finalize();
+  find_unused(/*agree=*/true);
   contribution_ = 1.0;
   // A sharded layout stays: the optimizer's state and the parameters' blocks are cut along it.
   if (options_.rebuild_buckets && !rebuilt_ && world_ > 1 && !sharded()) rebuild_due_ = true;
@@ -265,11 +296,14 @@ void Reducer::finish_locally() {
     codec_->apply_locally(b);
   }
   finalize();
+  find_unused(/*agree=*/false);
 }
 
+// partialUpdate: each rank steps its own replica with its own gradients, and leaves alone what it did not use.
 void Reducer::finish_unsynced() {
   for (Bucket& b : buckets_) apply_gradient_scale(b);
   finalize();
+  find_unused(/*agree=*/false);
 }
 
 // A 16-bit arena is scaled in f32, after its conversion (finalize): its codecs keep no residual.

@@ -55,6 +55,14 @@ class Reducer {
   bool accumulating() const { return accumulating_; }
   /// After backward in a job of one rank: nothing travels; the codec's local effect only.
   void finish_locally();
+  /// Backward reached `leaf` (an optimizer's parameter) in this step's backward or an earlier
+  /// micro-batch's of it. Parameters that no rank's backward reached in a step are not stepped (unused()).
+  void mark_used(const Tensor& leaf);
+  /// After finish: the parameters (indices) that no rank used in this step, which the optimizer leaves
+  /// alone (no momentum, no weight decay), as it does a parameter without a gradient. Several ranks agree
+  /// on it with a small all-reduce of one flag per parameter, done on eager steps; a recorded step keeps
+  /// the answer of the steps before it (a recording replays one graph, which uses the same parameters).
+  const std::vector<int>& unused() const { return unused_; }
   /// After backward when gradients stay this rank's own (partialUpdate): only the gradient scale and,
   /// with check_finite, the verdict (agreed between ranks, so that every rank skips alike).
   void finish_unsynced();
@@ -87,14 +95,10 @@ class Reducer {
   bool layout_learnt() const { return rebuilt_; }
   /// Adopts a layout saved by layout_order (a permutation of the parameters), as the learnt one.
   void restore_layout(const std::vector<int>& order);
-  /// Lays the buckets out again so that none holds parameters of two layer groups (group_of_param[i]:
-  /// parameter i's), the groups from the last to the first and each group's parameters in reverse
-  /// order, as backward meets them. Before the first step only.
-  void set_groups(const std::vector<int>& group_of_param);
-  /// The layer group of a bucket's parameters (after set_groups; -1 otherwise).
-  int group_of_bucket(size_t k) const {
-    return groups_.empty() ? -1 : groups_[static_cast<size_t>(buckets_[k].params.front())];
-  }
+  /// Lays the buckets out again so that none holds parameters of two keys (key_of_param[i]: parameter
+  /// i's, its layer group's), the keys from the largest to the smallest and each key's parameters in
+  /// reverse order, as backward meets them. Before the first step only.
+  void set_groups(const std::vector<int>& key_of_param);
   /// The error-feedback residuals, every parameter's in arena order (undefined without them).
   const Tensor& residuals() const { return residual_arena_; }
   GradCodec& codec() { return *codec_; }
@@ -123,12 +127,14 @@ class Reducer {
     int64_t numel = 0, offset = 0;  // in the arena
     int bucket = -1;
     bool ready = false;
+    bool used = false;  // backward reached it in this step (any of its micro-batches)
     Tensor grad, master_grad, residual;  // views of the arenas
   };
   void layout(const std::vector<int>& order);
   void stage_gradient(Slot& s);
   void launch_ready();
   void finalize();
+  void find_unused(bool agree);
   void rebuild();
   void apply_gradient_scale(Bucket& b);
   void save_carried();
@@ -153,13 +159,14 @@ class Reducer {
   std::unique_ptr<GradCodec> codec_;
   size_t next_launch_ = 0;
   std::vector<int> ready_order_;  // parameters in the order backward finished them, this step
+  std::vector<int> unused_;       // parameters no rank used in the last finished step
   bool rebuild_due_ = false, rebuilt_ = false;
   bool checked_ = false;  // the last finish decided found_nonfinite
   Tensor bucket_sums_;       // check_finite, grad_norm: one value per bucket
   Tensor total_, norm_sq_;  // their sum, for check_finite and for grad_norm (allocated once)
   Tensor factor_;           // set_gradient_scale
   double contribution_ = 1.0;  // set_contribution_scale
-  std::vector<int> groups_;     // set_groups: per parameter, its layer group
+  std::vector<int> groups_;     // set_groups: per parameter, the key of its layer group
   std::vector<Tensor> carried_saved_;  // check_finite: the carried state as it was before this step
   std::vector<Tensor> bucket_sum_views_;
   bool trace_on_ = false;

@@ -27,12 +27,7 @@ ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reduc
     whole_.resize(buckets.size());
     gathering_.resize(buckets.size());
     held_.resize(buckets.size());
-    for (size_t k = 0; k < buckets.size(); ++k) {
-      const int g = reducer.group_of_bucket(k);
-      if (g < 0) continue;
-      if (group_buckets_.size() <= static_cast<size_t>(g)) group_buckets_.resize(static_cast<size_t>(g) + 1);
-      group_buckets_[static_cast<size_t>(g)].push_back(k);
-    }
+    holders_.resize(buckets.size());
     absent_ = Tensor::full({1}, std::nan(""), DType::f32, device);
   }
   std::vector<optim::ParamGroup> groups(opt.groups().size());
@@ -153,6 +148,18 @@ void ShardedStep::unbind(size_t k) {
   held_[k] = buffer;
 }
 
+void ShardedStep::set_layer_groups(const std::vector<std::vector<int>>& groups_of_param) {
+  const std::vector<Bucket>& buckets = reducer_.buckets();
+  group_buckets_.clear();
+  for (size_t k = 0; k < buckets.size(); ++k)
+    for (int i : buckets[k].params)
+      for (int g : groups_of_param[static_cast<size_t>(i)]) {
+        if (group_buckets_.size() <= static_cast<size_t>(g)) group_buckets_.resize(static_cast<size_t>(g) + 1);
+        std::vector<size_t>& list = group_buckets_[static_cast<size_t>(g)];
+        if (std::find(list.begin(), list.end(), k) == list.end()) list.push_back(k);
+      }
+}
+
 void ShardedStep::gather(int group, int next) {
   const auto in_range = [&](int g) { return g >= 0 && static_cast<size_t>(g) < group_buckets_.size(); };
   if (!stage3_) {  // whole parameters; with overlapped gathers, this group's may still be arriving
@@ -166,13 +173,21 @@ void ShardedStep::gather(int group, int next) {
   if (in_range(next))  // prefetched: on its way while this group computes
     for (size_t k : group_buckets_[static_cast<size_t>(next)]) launch(k);
   if (in_range(group))
-    for (size_t k : group_buckets_[static_cast<size_t>(group)]) bind(k);
+    for (size_t k : group_buckets_[static_cast<size_t>(group)]) {
+      bind(k);
+      std::vector<int>& h = holders_[k];
+      if (std::find(h.begin(), h.end(), group) == h.end()) h.push_back(group);
+    }
 }
 
 void ShardedStep::release(int group) {
   if (!stage3_) return;  // stages 1 and 2 keep the parameters whole
   if (group < 0 || static_cast<size_t>(group) >= group_buckets_.size()) return;
-  for (size_t k : group_buckets_[static_cast<size_t>(group)]) unbind(k);
+  for (size_t k : group_buckets_[static_cast<size_t>(group)]) {
+    std::vector<int>& h = holders_[k];
+    h.erase(std::remove(h.begin(), h.end(), group), h.end());
+    if (h.empty()) unbind(k);  // a bucket another group holds stays until that one lets it go
+  }
 }
 
 void ShardedStep::gather_all() {
@@ -184,6 +199,7 @@ void ShardedStep::gather_all() {
 
 void ShardedStep::release_all() {
   if (!params_sharded_) return;
+  for (std::vector<int>& h : holders_) h.clear();
   for (size_t k = 0; k < whole_.size(); ++k)
     if (whole_[k].defined()) unbind(k);
 }
@@ -233,7 +249,9 @@ void ShardedStep::average() {
 }
 
 void ShardedStep::gather_state(optim::Optimizer& opt) {
-  adopt_state(opt);  // state loaded into the wrapped optimizer and not stepped yet: the slices hold it then
+  // State loaded into the wrapped optimizer and not stepped yet: the slices take it first. A copy an
+  // earlier gather left there is dropped instead, stale by any step taken since.
+  adopt_state(opt);
   const int world = comm_->size(), rank = comm_->rank();
   const Device device = comm_->device();
   std::vector<optim::Optimizer::StateList> mine = stepper_->all_state_lists(), theirs = opt.all_state_lists();
@@ -284,14 +302,34 @@ void ShardedStep::gather_state(optim::Optimizer& opt) {
     std::vector<int64_t> v = t.to_vector<int64_t>();
     for (int64_t& c : *counts) c = v[1] > 0 ? v[0] / v[1] : 0;
   }
+  gathered_ = true;
 }
 
+namespace {
+bool holds_state(optim::Optimizer& opt) {
+  for (auto& list : opt.all_state_lists())
+    for (const Tensor& t : *list.tensors)
+      if (t.defined()) return true;
+  return false;
+}
+}  // namespace
+
+void ShardedStep::release_gathered_state(optim::Optimizer& opt) {
+  if (!gathered_) return;
+  for (auto& list : opt.all_state_lists())
+    for (Tensor& t : *list.tensors) t = Tensor();
+  gathered_ = false;
+}
+
+bool ShardedStep::state_to_adopt(optim::Optimizer& opt) { return !gathered_ && holds_state(opt); }
+
 bool ShardedStep::adopt_state(optim::Optimizer& opt) {
+  if (gathered_) {
+    release_gathered_state(opt);
+    return false;
+  }
+  if (!holds_state(opt)) return false;
   std::vector<optim::Optimizer::StateList> mine = stepper_->all_state_lists(), theirs = opt.all_state_lists();
-  bool any = false;
-  for (auto& list : theirs)
-    for (const Tensor& t : *list.tensors) any = any || t.defined();
-  if (!any) return false;
   for (size_t k = 0; k < theirs.size(); ++k)
     for (size_t q = 0; q < pieces_.size(); ++q) {
       const ShardPiece& piece = pieces_[q];
@@ -329,12 +367,33 @@ void ShardedStep::prepare_replay(const optim::Optimizer& opt) {
   stepper_->prepare_replay();
 }
 
-void ShardedStep::step(optim::Optimizer& opt, const Tensor& grad_factor) {
+void ShardedStep::step(optim::Optimizer& opt, const Tensor& grad_factor, const std::vector<int>& unused) {
   wait_all();        // the slices are written where the last step's gathers read
-  adopt_state(opt);  // a checkpoint loaded into the wrapped optimizer, or the state gathered for one
+  adopt_state(opt);  // a checkpoint loaded into the wrapped optimizer (a copy gathered for one is dropped)
   optim::Optimizer& s = *stepper_;
   take_settings(s, opt);
-  s.step_with_gradient_factor(grad_factor);
+  {
+    // The slices of unused parameters take no step: without a gradient for it, the optimizer leaves them.
+    std::vector<std::pair<size_t, Tensor>> hidden;
+    if (!unused.empty()) {
+      std::vector<bool> skip(params_.size(), false);
+      for (int i : unused) skip[static_cast<size_t>(i)] = true;
+      for (size_t q = 0; q < pieces_.size(); ++q)
+        if (skip[static_cast<size_t>(pieces_[q].param)]) {
+          Tensor piece = s.params()[q];  // a handle: its gradient is the slice's
+          hidden.emplace_back(q, piece.grad());
+          piece.set_grad(Tensor());
+        }
+    }
+    struct Restore {
+      const std::vector<Tensor>& pieces;
+      std::vector<std::pair<size_t, Tensor>>& hidden;
+      ~Restore() {
+        for (auto& [q, g] : hidden) Tensor(pieces[q]).set_grad(g);
+      }
+    } restore{s.params(), hidden};
+    s.step_with_gradient_factor(grad_factor);
+  }
   opt.count_replayed_step();  // the wrapped optimizer's count (and schedule) move on as if it had stepped
   if (!stage3_) gather();      // sharded parameters are gathered by their layers' next use instead
 }

@@ -44,6 +44,9 @@ class ShardedStep final : public LayerGatherer {
   /// Keeps this rank's blocks of the parameters and frees the whole buffer: from now on the
   /// parameters are whole only while gathered. Once; does nothing without sharded parameters.
   void shard_parameters();
+  /// Stage 3: groups_of_param[i] lists the layer groups that use parameter i (one, or several for a shared
+  /// parameter). A bucket is gathered for each group that uses it and freed when none holds it.
+  void set_layer_groups(const std::vector<std::vector<int>>& groups_of_param);
   void gather(int group, int next) override;
   void release(int group) override;
   /// Every group gathered (to read or write the whole parameters: checkpoints, checks), and released.
@@ -63,8 +66,9 @@ class ShardedStep final : public LayerGatherer {
   /// Steps this rank's slices with `opt`'s settings (learning rate, schedule, step count, group
   /// settings, step guard), counts the step in `opt`, then all-gathers the parameters (and writes their
   /// 16-bit copies, where kept). A defined grad_factor (one f32 value on the device, a clipping
-  /// coefficient) multiplies every gradient the slices' optimizer reads (it must take one).
-  void step(optim::Optimizer& opt, const Tensor& grad_factor = Tensor());
+  /// coefficient) multiplies every gradient the slices' optimizer reads (it must take one). The slices of
+  /// the parameters `unused` lists (wrapped optimizer's indices: no rank used them) are not stepped.
+  void step(optim::Optimizer& opt, const Tensor& grad_factor = Tensor(), const std::vector<int>& unused = {});
   /// Recorded steps (stages 1 and 2): the slices' optimizer takes `opt`'s settings for the step a replay is
   /// about to take and writes what its recorded step reads on the device (Optimizer::prepare_replay).
   void prepare_replay(const optim::Optimizer& opt);
@@ -77,11 +81,18 @@ class ShardedStep final : public LayerGatherer {
   /// Averages the parameters across ranks.
   void average();
   /// Collective: `opt`'s state lists (and step counts) receive the whole state, gathered from every
-  /// rank's slices, as if `opt` had taken the steps itself (for a checkpoint of it).
+  /// rank's slices, as if `opt` had taken the steps itself (for a checkpoint of it). That copy is never
+  /// taken back into the slices (they stay the state's one owner: a recorded step replayed since changes
+  /// them without telling anyone): release_gathered_state() drops it, and so does the next eager step.
   void gather_state(optim::Optimizer& opt);
-  /// Moves whatever state `opt` holds (a checkpoint loaded into it, or gather_state's) into this
-  /// rank's slices, cut from each parameter's, and drops it from `opt`. Returns whether it held any.
+  /// Drops what gather_state left in `opt` (nothing when it left nothing).
+  void release_gathered_state(optim::Optimizer& opt);
+  /// Moves the state `opt` holds (a checkpoint loaded into it) into this rank's slices, cut from each
+  /// parameter's, and drops it from `opt`; gather_state's copy is dropped, never taken. Returns whether
+  /// it took any.
   bool adopt_state(optim::Optimizer& opt);
+  /// Whether `opt` holds state adopt_state would take (a step recorded now would record the copies).
+  bool state_to_adopt(optim::Optimizer& opt);
 
   /// The optimizer of this rank's slices (its parameter i is pieces()[i]).
   optim::Optimizer& stepper() { return *stepper_; }
@@ -125,6 +136,7 @@ class ShardedStep final : public LayerGatherer {
   std::vector<Tensor> whole16_;                   // master weights: per bucket, its 16-bit gather in flight
   std::vector<WorkPtr> gathering_;                // per bucket: its all-gather in flight
   std::vector<std::vector<size_t>> group_buckets_;  // per layer group, the buckets holding its parameters
+  std::vector<std::vector<int>> holders_;         // stage 3: per bucket, the groups that hold it gathered now
   Tensor absent_;                                 // what a released parameter views
   std::vector<std::weak_ptr<Storage>> held_;      // per bucket: a released buffer ops still view, emptied
   Allocator* allocator_ = nullptr;                // what filled such a buffer, to fill it again
@@ -132,6 +144,7 @@ class ShardedStep final : public LayerGatherer {
   std::vector<std::vector<size_t>> bucket_pieces_;  // per bucket, its pieces' indices
   std::shared_ptr<optim::Optimizer> stepper_;
   int64_t stepped_ = 0;
+  bool gathered_ = false;  // what the wrapped optimizer holds is gather_state's copy, not state to take
 };
 
 }  // namespace tandem::dist::detail

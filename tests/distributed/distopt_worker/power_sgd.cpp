@@ -132,6 +132,9 @@ void scenario_power_sgd(const std::shared_ptr<dist::Communicator>& comm) {
           ++collectives;
         }
     }
+    // And the flags of the parameters used.
+    bytes += usage_wire(static_cast<int64_t>(f.params.size()), W);
+    collectives += W > 1 ? 1 : 0;
     const dist::CommStats& st = f.opt->stats();
     CHECK_OR_REPORT(st.bytes_sent == bytes && st.collectives == collectives,
                     "powerSGD traffic: %lld bytes in %lld collectives, expected %lld in %lld",

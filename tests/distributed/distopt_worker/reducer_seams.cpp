@@ -157,8 +157,9 @@ void scenario_arena16(const std::shared_ptr<dist::Communicator>& comm) {
   }
   Expect e = average(W, sizes, as_contrib(g), 1.5 * kF16Unit);
   expect_near("16-bit gradients, averaged, as f32", host_values(got), e.value, e.tol);
-  // Two bytes per value on the wire (per bucket, nccl-tests accounting), and the 4-byte verdict.
-  int64_t wire = W > 1 ? 4 * 2 * (W - 1) / W : 0;
+  // Two bytes per value on the wire (per bucket, nccl-tests accounting), the 4-byte verdict and the flags of
+  // the parameters used.
+  int64_t wire = (W > 1 ? 4 * 2 * (W - 1) / W : 0) + usage_wire(static_cast<int64_t>(leaves.size()), W);
   for (const auto& b : reducer.buckets()) wire += W > 1 ? b.numel * 2 * 2 * (W - 1) / W : 0;
   CHECK_OR_REPORT(stats.bytes_sent == wire, "bytes sent %lld, expected %lld", static_cast<long long>(stats.bytes_sent),
                   static_cast<long long>(wire));

@@ -214,14 +214,14 @@ void scenario_reshard_load(const std::shared_ptr<dist::Communicator>& comm) {
     }
   }
   if (from == W) return;
-  // What each saved rank kept for itself (sparseTopK's residuals, partialUpdate's own momentum) becomes
+  // What each saved rank kept for itself (sparseTopK's residuals, partialUpdate's replica and momentum) becomes
   // their average on every rank; PowerSGD's Q, the same on every saved rank, is rank 0's.
   for (const char* method : {"sparseTopK", "partialUpdate", "powerSGD"}) {
     const std::vector<dist::RankState> states = saved_states(method, from);
     Job j = load(comm, dist::Shard::none, method, method, from);
     int checked = 0;
     for (auto& [n, t] : j.opt->rank_state().tensors) {
-      const bool own = n == "residuals" || n.rfind("opt/", 0) == 0;
+      const bool own = n == "residuals" || n.rfind("opt/", 0) == 0 || n.rfind("param/", 0) == 0;
       std::vector<double> want;
       for (int r = 0; r < (own ? from : 1); ++r)
         for (auto& [sn, st] : states[static_cast<size_t>(r)].tensors)

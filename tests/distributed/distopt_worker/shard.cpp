@@ -336,6 +336,7 @@ void scenario_shard_traffic(const std::shared_ptr<dist::Communicator>& comm) {
   for (const dist::BucketInfo& b : plain.buckets) {
     plain_expected += 4 * b.numel * 2 * (W - 1) / W;
   }
+  plain_expected += usage_wire(static_cast<int64_t>(plain.params.size()), W);
   CHECK_OR_REPORT(plain.stats.bytes_sent == plain_expected, "plain sent %lld bytes per step, expected %lld",
                   static_cast<long long>(plain.stats.bytes_sent), static_cast<long long>(plain_expected));
   const int64_t sizes[] = {8 * 33, 33, 33 * 5, 5};  // mlp_params'
@@ -356,6 +357,7 @@ void scenario_shard_traffic(const std::shared_ptr<dist::Communicator>& comm) {
       expected += 2 * (4 * b.span * (W - 1) / W);
       padding += b.span - values;
     }
+    expected += usage_wire(static_cast<int64_t>(got.params.size()), W);
     std::printf("rank %d: --shard %s on %lld ranks: %lld bytes sent per step, plain %lld (%lld padding values)\n",
                 comm->rank(), dist::shard_name(shard), static_cast<long long>(W),
                 static_cast<long long>(got.stats.bytes_sent), static_cast<long long>(plain.stats.bytes_sent),
@@ -368,8 +370,9 @@ void scenario_shard_traffic(const std::shared_ptr<dist::Communicator>& comm) {
     CHECK_OR_REPORT(std::llabs(got.stats.bytes_sent - plain.stats.bytes_sent) <= slack,
                     "--shard %s sends %lld bytes per step, plain %lld", dist::shard_name(shard),
                     static_cast<long long>(got.stats.bytes_sent), static_cast<long long>(plain.stats.bytes_sent));
-    // A reduce-scatter and an all-gather a bucket; a job of one rank exchanges nothing.
-    CHECK_OR_REPORT(got.stats.collectives == (W > 1 ? 2 * static_cast<int64_t>(got.buckets.size()) : 0),
+    // A reduce-scatter and an all-gather a bucket, and the agreement on the parameters used; a job of one rank
+    // exchanges nothing.
+    CHECK_OR_REPORT(got.stats.collectives == (W > 1 ? 2 * static_cast<int64_t>(got.buckets.size()) + 1 : 0),
                     "--shard %s: %lld collectives per step for %zu buckets", dist::shard_name(shard),
                     static_cast<long long>(got.stats.collectives), got.buckets.size());
   }
@@ -557,6 +560,8 @@ void scenario_shard_parameters(const std::shared_ptr<dist::Communicator>& comm) 
     int64_t expected = 0, plain = 0;
     for (const dist::BucketInfo& b : got.buckets) expected += 3 * (4 * b.span * (W - 1) / W);
     for (const dist::BucketInfo& b : ref.buckets) plain += 4 * b.numel * 2 * (W - 1) / W;
+    expected += usage_wire(static_cast<int64_t>(got.params.size()), W);
+    plain += usage_wire(static_cast<int64_t>(ref.params.size()), W);
     std::printf("rank %d: --shard parameters on %lld ranks: %lld bytes sent per step, plain %lld (%.3f times)\n",
                 comm->rank(), static_cast<long long>(W), static_cast<long long>(got.stats.bytes_sent),
                 static_cast<long long>(ref.stats.bytes_sent),
@@ -730,6 +735,7 @@ void scenario_shard_masters(const std::shared_ptr<dist::Communicator>& comm) {
         int64_t expected = 0;
         for (const dist::BucketInfo& b : got.buckets)
           expected += 4 * b.span * (W - 1) / W + gathers * (2 * b.span * (W - 1) / W);
+        expected += usage_wire(static_cast<int64_t>(got.params.size()), W);
         CHECK_OR_REPORT(got.stats.bytes_sent == expected, "%s: %lld bytes sent per step, expected %lld (16-bit "
                         "gathers)", what.c_str(), static_cast<long long>(got.stats.bytes_sent),
                         static_cast<long long>(expected));

@@ -90,6 +90,10 @@ void expect_close_models(const std::string& what, const Values& got, const Value
 void expect_error(const std::string& what, int rank, const std::function<void()>& f,
                   const std::vector<std::string>& mentions);
 
+/// Bytes a rank sends per step (several ranks) for the agreement on which of `params` parameters some rank
+/// used: one i32 flag per parameter, all-reduced (an all-reduce's 2 (N - 1) / N of it).
+inline int64_t usage_wire(int64_t params, int64_t W) { return W > 1 ? 4 * params * 2 * (W - 1) / W : 0; }
+
 /// Rounding units the tolerances are built from.
 constexpr double kF32Eps = 1.0 / (1 << 23);  // f32 spacing at 1
 constexpr double kF16Unit = 1.0 / (1 << 11);  // f16 unit roundoff
@@ -131,5 +135,6 @@ void scenario_shard_parameters_memory(const std::shared_ptr<dist::Communicator>&
 void scenario_shard_fold(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_shard_overlap(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_shard_masters(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_unused(const std::shared_ptr<dist::Communicator>& comm);
 
 }  // namespace distopt_worker
