@@ -145,6 +145,9 @@ enum class PointLoss { SquaredError, BinaryCrossEntropy, BinaryCrossEntropyWithL
 /// probability dropout_p.
 struct AttentionGeom {
   int64_t batch, heads, tq, tk, d, dv;
+  /// The key's and value's heads (grouped-query attention: a divisor of heads, query head i reading key head
+  /// i / (heads / kv_heads)); 0: heads.
+  int64_t kv_heads = 0;
   bool causal = false;
   double scale = 1.0;
   double dropout_p = 0.0;

@@ -14,6 +14,7 @@
 #include "core/safe_file.h"
 #include "tandem/checkpoint.h"
 #include "tandem/error.h"
+#include "tandem/safetensors.h"
 
 namespace tandem::cli {
 
@@ -22,40 +23,6 @@ namespace {
 struct ExportConfig {
   std::string checkpoint, format = "safetensors", output;
 };
-
-const char* safetensors_dtype(DType t) {
-  switch (t) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::f16: return "F16";
-    case DType::bf16: return "BF16";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::u8: return "U8";
-  }
-  TANDEM_ASSERT(false, "unhandled dtype");
-  return "";
-}
-
-// Written as a new file beside path and renamed over it; a failure leaves no partial file.
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  nlohmann::json header = nlohmann::json::object();
-  uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", safetensors_dtype(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
-  }
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::string head = header.dump();
-  head.resize((head.size() + 7) / 8 * 8, ' ');  // the format pads the header with spaces to 8 bytes
-  const uint64_t len = head.size();  // little-endian u64, as on every machine tandem runs on
-  io::write_file_atomically(path, "safetensors file", [&](int fd) {
-    io::write_all(fd, &len, sizeof len, path, "safetensors file");
-    io::write_all(fd, head.data(), head.size(), path, "safetensors file");
-    for (const auto& [name, t] : tensors) io::write_all(fd, t.data_ptr(), t.nbytes(), path, "safetensors file");
-  });
-}
 
 // The output replaces whatever has its name: it must not be the checkpoint being read, under its own
 // name, through a link or as another hard link of it.
