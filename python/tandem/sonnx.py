@@ -545,7 +545,7 @@ def _same_pads(size, k, s, mode):
 
 
 def _window(ctx, at, x, kernel):
-    """(x padded where the pads differ at the two ends, strides, symmetric padding) for a 2-d window op."""
+    """(pads [top, left, bottom, right], strides) of a 2-d window op."""
     if x.dim() != 4:
         raise NotImplementedError(f"{ctx.op}: only 2-d windows (NCHW inputs) are supported, got {list(x.shape)}")
     strides = [int(s) for s in at.get("strides", [1, 1])]
@@ -560,11 +560,6 @@ def _window(ctx, at, x, kernel):
         pads = [0, 0, 0, 0]
     else:
         pads = [int(p) for p in at.get("pads", [0, 0, 0, 0])]
-    if at.get("ceil_mode", 0):  # pad the end so that the last partial window is taken
-        for i in range(2):
-            size = x.shape[2 + i] + pads[i] + pads[i + 2]
-            extra = (-(size - kernel[i])) % strides[i]
-            pads[i + 2] += extra
     return pads, strides
 
 
@@ -600,20 +595,16 @@ def _conv(ctx, at, xs):
 
 @_op("MaxPool", "AveragePool")
 def _pool(ctx, at, xs):
+    # The pooling ops take ONNX's geometry whole: pads before and after, ceil_mode (whose last window starts
+    # inside the input or its leading padding) and count_include_pad (the divisor counts the padded input's
+    # positions, never a ceil-mode window's overhang past it).
     x = ctx.t(xs[0])
     kernel = [int(k) for k in at["kernel_shape"]]
     pads, strides = _window(ctx, at, x, kernel)
+    ceil = bool(at.get("ceil_mode", 0))
     if ctx.op == "MaxPool":
-        x, sym = _pad_asymmetric(ctx, x, pads, -3.0e38)
-        return [_tandem.max_pool2d(x, kernel, strides, sym)]
-    count_pads = bool(at.get("count_include_pad", 0))
-    xp, sym = _pad_asymmetric(ctx, x, pads, 0.0)
-    y = _tandem.avg_pool2d(xp, kernel, strides, sym)
-    if not count_pads and any(pads):  # the mean over the window's real elements
-        ones = _tandem.full([1, 1, x.shape[2], x.shape[3]], 1.0, x.device, x.dtype)
-        ones, _ = _pad_asymmetric(ctx, ones, pads, 0.0)
-        y = y / _tandem.avg_pool2d(ones, kernel, strides, sym)
-    return [y]
+        return [_tandem.max_pool2d(x, kernel, strides, pads[:2], pads[2:], ceil)]
+    return [_tandem.avg_pool2d(x, kernel, strides, pads[:2], pads[2:], ceil, bool(at.get("count_include_pad", 0)))]
 
 
 @_op("GlobalAveragePool", "GlobalMaxPool")
