@@ -161,9 +161,17 @@ _OPS["Less"] = _binary(np.less, _tandem.less)
 _OPS["Greater"] = _binary(np.greater, _tandem.greater)
 _OPS["LessOrEqual"] = _binary(np.less_equal, _tandem.less_equal)
 _OPS["GreaterOrEqual"] = _binary(np.greater_equal, _tandem.greater_equal)
-_OPS["And"] = _binary(np.logical_and, _tandem.logical_and)
-_OPS["Or"] = _binary(np.logical_or, _tandem.logical_or)
-_OPS["Xor"] = _binary(np.logical_xor, _tandem.logical_xor)
+
+
+def _as_mask(t):
+    """An ONNX bool held as a tensor (uint8 from a Cast or an input, or a comparison's 1/0 in a floating type)
+    in a floating type, which tandem's logical operations take."""
+    return t if t.dtype in _FLOATS else _tandem.cast(t, _tandem.DType.float32)
+
+
+_OPS["And"] = _binary(np.logical_and, lambda a, b: _tandem.logical_and(_as_mask(a), _as_mask(b)))
+_OPS["Or"] = _binary(np.logical_or, lambda a, b: _tandem.logical_or(_as_mask(a), _as_mask(b)))
+_OPS["Xor"] = _binary(np.logical_xor, lambda a, b: _tandem.logical_xor(_as_mask(a), _as_mask(b)))
 
 
 def _unary(np_fn, t_fn):
@@ -185,7 +193,8 @@ for _name, _np_fn, _t_fn in (
         ("Floor", np.floor, _tandem.floor), ("Ceil", np.ceil, _tandem.ceil), ("Sign", np.sign, _tandem.sign),
         ("Sin", np.sin, _tandem.sin), ("Cos", np.cos, _tandem.cos), ("Softplus", lambda a: np.log1p(np.exp(a)),
                                                                          _tandem.softplus),
-        ("Softsign", lambda a: a / (1 + np.abs(a)), _tandem.softsign), ("Not", np.logical_not, _tandem.logical_not),
+        ("Softsign", lambda a: a / (1 + np.abs(a)), _tandem.softsign),
+        ("Not", np.logical_not, lambda t: _tandem.logical_not(_as_mask(t))),
         ("Identity", lambda a: a, lambda t: t)):
     _OPS[_name] = _unary(_np_fn, _t_fn)
 
@@ -309,7 +318,9 @@ def _cast(ctx, at, xs):
     x = xs[0]
     if not _is_t(x):
         return [np.asarray(x).astype(to)]
-    target = _DT.get(np.dtype(to if to is not np.bool_ else np.uint8))
+    if to is np.bool_:  # true where nonzero (a conversion to uint8 would truncate 0.25 to 0), held as uint8
+        return [_tandem.cast(_tandem.not_equal(_as_mask(x), 0.0), _tandem.DType.uint8)]
+    target = _DT.get(np.dtype(to))
     if target is None:
         raise NotImplementedError(f"Cast to {np.dtype(to)} of a tensor")
     return [x if x.dtype == target else _tandem.cast(x, target)]

@@ -264,6 +264,17 @@ def test_a_ceil_mode_window_never_starts_in_the_padding():
         np.testing.assert_allclose(sonnx.prepare(m).run([x])[0], np.ones((1, 1, 3, 3)), rtol=1e-6)
 
 
+def test_bools_made_by_casts_take_the_logical_operators():
+    """Cast to BOOL gives tandem a uint8 tensor, which And, Or, Xor and Not take (as 1/0 masks)."""
+    nodes = [N("Cast", ["x"], ["b"], to=TP.BOOL), N("Less", ["x", "half"], ["l"]), N("And", ["b", "l"], ["a"]),
+             N("Or", ["b", "l"], ["o"]), N("Xor", ["a", "o"], ["xo"]), N("Not", ["b"], ["n"]),
+             N("Where", ["xo", "x", "half"], ["w"]), N("Cast", ["n"], ["nf"], to=TP.FLOAT),
+             N("Add", ["w", "nf"], ["y"])]
+    m = model(nodes, [("x", [2, 3])], ["y"], {"half": np.array(0.5, np.float32)}, 17)
+    x = np.array([[0, 0.25, 1], [-2, 0, 0.75]], np.float32)
+    np.testing.assert_allclose(sonnx.prepare(m).run([x])[0], reference(m, {"x": x})[0])
+
+
 def test_softmax_before_opset_13_flattens_from_its_axis():
     """Softmax-1/11 coerce the input to 2-d at the axis (onnx's reference evaluator takes the axis alone)."""
     x = np.random.default_rng(4).standard_normal((2, 3, 4)).astype(np.float32)
