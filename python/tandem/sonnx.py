@@ -12,8 +12,8 @@ parameters;
 BatchNormalization's running mean and variance are buffers (updated in training mode); the other
 initializers are constants. The operators supported are listed in ``SUPPORTED``; a graph with another
 raises NotImplementedError at ``prepare`` naming it. Reading files needs the ``onnx`` package
-(``pip install onnx``). Exporting a tandem model to ONNX (SINGA's ``to_onnx``) is not supported: tandem's
-graph records gradients, not the operators' attributes an ONNX node needs.
+(``pip install onnx``). ``to_onnx(inputs, outputs)`` (SINGA's export) writes a model computed by tandem as
+ONNX: see ``sonnx_export``.
 """
 import math
 import re
@@ -1017,11 +1017,24 @@ class SONNXModel(model.Model):
         raise NotImplementedError(f"{type(self).__name__} must define train_one_batch() to be trained")
 
 
-def to_onnx(*args, **kwargs):
-    """SINGA's export of a model's graph to ONNX: not supported by tandem (its graph records gradients, not
-    the attributes an ONNX node needs)."""
-    raise NotImplementedError("sonnx.to_onnx: exporting a tandem model to ONNX is not supported; tandem runs and "
-                              "trains ONNX models (prepare, SONNXModel)")
+def to_onnx(inputs, outputs, model_name="sonnx"):
+    """SINGA's export: the ONNX ModelProto (opset 17) that computes ``outputs`` from ``inputs`` (lists of
+    tensors). The outputs are tensors computed inside ``with sonnx.record():`` on this thread, or a model (a
+    ``Model``, a ``Layer`` or a callable of the inputs), which is then run on the inputs while recording, in
+    evaluation mode. Operations with no ONNX form raise NotImplementedError naming them (see sonnx_export)."""
+    from . import sonnx_export
+
+    return sonnx_export.to_onnx(inputs, outputs, model_name)
+
+
+def record():
+    """``with sonnx.record(): y = net(x)`` records the forward for ``to_onnx([x], [y])`` (see sonnx_export)."""
+    from . import sonnx_export
+
+    return sonnx_export.record()
+
+
+singa_to_onnx_model = to_onnx  # SINGA's SingaFrontend.singa_to_onnx_model, the function behind to_onnx
 
 
 def save(model, path):
