@@ -301,11 +301,23 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
 struct Pool2dOptions {
   std::array<int, 2> kernel{2, 2};
   std::array<int, 2> stride{2, 2};
+  /// Padding before the input (top, left), and after it (bottom, right) unless padding_end says otherwise;
+  /// at most half the kernel.
   std::array<int, 2> padding{0, 0};
+  /// Padding after the input (bottom, right) where it differs from `padding` (ONNX's asymmetric pads);
+  /// negative: the same as `padding`. At most half the kernel.
+  std::array<int, 2> padding_end{-1, -1};
+  /// The output size rounded up instead of down (ONNX's and PyTorch's ceil_mode): a last, partial window is
+  /// taken, but only where it starts inside the input or its leading padding.
+  bool ceil_mode = false;
+  /// avg_pool2d's divisor: the window's positions inside the padded input (true), or only those inside the
+  /// input (false: the mean of the input elements the window covers). Positions past the padded input (a
+  /// ceil_mode window's overhang) never count.
+  bool count_include_pad = true;
 };
 /// Max over each window; padded positions never win.
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt = {});
-/// Mean over each window, padded positions counted as zeros.
+/// Mean over each window, padded positions counted as zeros (see count_include_pad).
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt = {});
 
 // ---- normalisation and regularisation
