@@ -102,19 +102,21 @@ AddedTokens::AddedTokens(const nlohmann::json& list, const Model& model, const W
       tokens_.push_back(a);
     }
   }
-  for (size_t i = 0; i < tokens_.size(); ++i) (tokens_[i].normalized ? normalized_ : raw_).add(tokens_[i].content, static_cast<int32_t>(i));
+  for (size_t i = 0; i < tokens_.size(); ++i) {
+    (tokens_[i].normalized ? normalized_ : raw_).add(tokens_[i].content, static_cast<int32_t>(i));
+    by_id_[tokens_[i].id] = i;
+    by_content_[tokens_[i].content] = i;
+  }
 }
 
 const AddedToken* AddedTokens::find(uint32_t id) const {
-  for (const AddedToken& t : tokens_)
-    if (t.id == id) return &t;
-  return nullptr;
+  const auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : &tokens_[it->second];
 }
 
 const AddedToken* AddedTokens::find(std::string_view content) const {
-  for (const AddedToken& t : tokens_)
-    if (t.content == content) return &t;
-  return nullptr;
+  const auto it = by_content_.find(content);
+  return it == by_content_.end() ? nullptr : &tokens_[it->second];
 }
 
 int64_t AddedTokens::id_bound() const {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -61,6 +62,8 @@ class AddedTokens {
   void split_with(const Trie& trie, std::string_view text, size_t begin, size_t end, std::vector<Segment>& out) const;
 
   std::vector<AddedToken> tokens_;
+  std::unordered_map<uint32_t, size_t> by_id_;
+  StringMap<size_t> by_content_;
   Trie raw_, normalized_;
 };
 
