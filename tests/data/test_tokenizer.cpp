@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/data_test_util.h"
+#include "data/tokenizer/unicode.h"
 #include "tandem/data/tokenizer.h"
 
 namespace tandem::data {
@@ -229,6 +230,28 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplement) {
   expect_input_error([&] { Tokenizer::from_file(dir.file("cut.json")); }, {dir.file("cut.json"), "not valid JSON", "parse error"});
   expect_input_error([&] { Tokenizer::from_file(dir.file("none.json")); }, {dir.file("none.json")});
   expect_input_error([&] { Tokenizer::from_file(dir.path()); }, {dir.path(), "directory"});
+}
+
+// The generated tables (src/data/tokenizer/make_unicode_tables.py, whose --check compares every code point
+// with the library): Unicode 16.0's classes at the edges that matter.
+TEST(Tokenizer, UnicodeTablesAreUnicode16s) {
+  using tok::CharClass;
+  using tok::char_class;
+  EXPECT_STREQ(tok::kUnicodeVersion, "16.0.0");
+  EXPECT_EQ(char_class(0x10D50), CharClass::letter);  // Garay, new in 16.0
+  EXPECT_EQ(char_class(0x10940), CharClass::other);   // Sidetic, new in 17.0: unassigned in 16.0
+  EXPECT_EQ(char_class(0x4E2D), CharClass::letter);   // 中
+  EXPECT_EQ(char_class(0x0301), CharClass::other);    // a combining mark
+  EXPECT_EQ(char_class(0xFF10), CharClass::number);   // fullwidth 0
+  EXPECT_EQ(char_class(0x2164), CharClass::number);   // Roman numeral V (Nl)
+  EXPECT_EQ(char_class(0x00BD), CharClass::number);   // ½ (No)
+  for (uint32_t s : {0x09u, 0x0Du, 0x20u, 0x85u, 0xA0u, 0x1680u, 0x2000u, 0x200Au, 0x2028u, 0x2029u, 0x202Fu, 0x205Fu, 0x3000u})
+    EXPECT_EQ(char_class(s), CharClass::space) << std::hex << s;
+  for (uint32_t o : {0x180Eu, 0x200Bu, 0x200Du, 0xFEFFu, 0x1F600u, 0xE000u, 0x10FFFFu})
+    EXPECT_EQ(char_class(o), CharClass::other) << std::hex << o;
+  // Ill-formed UTF-8: one U+FFFD per maximal subpart, as Python's errors="replace" gives.
+  EXPECT_EQ(tok::to_valid_utf8("a\xE2\x82" "b\xF0\x9F\x98\xC0\xAF\xED\xA0\x80"),
+            "a\uFFFDb\uFFFD\uFFFD\uFFFD\uFFFD\uFFFD\uFFFD");
 }
 
 TEST(Tokenizer, Sha256OfAFile) {
