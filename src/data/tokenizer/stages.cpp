@@ -33,12 +33,6 @@ std::string type_of(const nlohmann::json& obj, const Where& w) { return string_f
 
 namespace {
 
-// A Sequence of no normalizers: nothing to do (what tokenizers writes for an empty list).
-class NoNormalizer final : public Normalizer {
- public:
-  void normalize(std::string&) const override {}
-};
-
 // GPT-2's byte-level decoder: each character of a token back to its byte; a token with a character
 // that stands for no byte (an added token such as "<|end of text|>") is taken as its own UTF-8.
 class ByteLevelDecoder final : public Decoder {
@@ -79,8 +73,9 @@ std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& j, const Where
   if (type == "Sequence") {
     const nlohmann::json& list = field(j, "normalizers", w);
     TANDEM_CHECK(list.is_array(), w.at("normalizers").str(), "expected a list of normalizers, got ", list.type_name());
+    // Every member is refused: only an empty sequence, which changes nothing, gets through.
     for (size_t i = 0; i < list.size(); ++i) make_normalizer(list[i], w.at("normalizers").index(i));
-    return nullptr;  // every member refused or none: an empty sequence
+    return nullptr;
   }
   TANDEM_CHECK(false, w.str(), "the normalizer '", type,
                "' is not supported; tandem implements byte-level BPE files without a normalizer (\"normalizer\": "
