@@ -143,6 +143,16 @@ TEST(Tokenizer, CutsBetweenALetterAndWhatFollowsKeepTheIds) {
   }
 }
 
+// GPT-2's own tokenizer.json writes an empty continuing_subword_prefix and end_of_word_suffix: the same as
+// none, for tokenizers and for tandem.
+TEST(Tokenizer, EmptyPrefixAndSuffixAreNone) {
+  nlohmann::json j = nlohmann::json::parse(slurp(fixture("gpt2.json")));
+  j["model"]["continuing_subword_prefix"] = "";
+  j["model"]["end_of_word_suffix"] = "";
+  const Tokenizer with_empty = Tokenizer::from_json(j.dump(), "gpt2 with empty prefix and suffix");
+  for (const Case& c : cases()) EXPECT_EQ(with_empty.encode(c.text), c.ids.at("gpt2")) << c.name;
+}
+
 TEST(Tokenizer, VocabularyAndSpecialTokens) {
   const Tokenizer gpt2 = load("gpt2"), llama3 = load("llama3");
   EXPECT_EQ(gpt2.vocab_size(), 1202);

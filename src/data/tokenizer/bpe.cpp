@@ -22,8 +22,9 @@ class Bpe final : public Model {
     TANDEM_CHECK(!d || d->is_null() || (d->is_number() && d->get<double>() == 0.0), w.at("dropout").str(),
                  "BPE dropout ", d ? d->dump() : "", " draws merges at random; tandem encodes deterministically and "
                  "supports no dropout (null or 0)");
+    // An empty prefix or suffix, as GPT-2's tokenizer.json has them, changes nothing.
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
-      TANDEM_CHECK(!j.contains(key) || j[key].is_null(), w.at(key).str(), "BPE with a ", key, " (",
+      TANDEM_CHECK(!j.contains(key) || j[key].is_null() || j[key] == "", w.at(key).str(), "BPE with a ", key, " (",
                    j[key].dump(), ") is not supported");
     fuse_unk_ = bool_field(j, "fuse_unk", false, w);
     byte_fallback_ = bool_field(j, "byte_fallback", false, w);
