@@ -4,13 +4,13 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <optional>
-#include <chrono>
 #include <regex>
 #include <set>
 
@@ -84,21 +84,18 @@ std::string shard_name(const char* split, size_t i) {
   return buf;
 }
 
-// Writes tokens as one llm.c shard at path (atomically): uint16 tokens (width 2), or uint32 tokens
-// under the 32-bit header (width 4).
-void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, int width) {
+// Writes tokens as one llm.c shard at path (atomically): uint16 tokens under the 16-bit header, or
+// uint32 tokens under the 32-bit one.
+template <typename Token>
+void write_shard(const std::string& path, const std::vector<Token>& tokens) {
+  constexpr bool wide = sizeof(Token) == 4;
   int32_t header[kLlmcHeaderInts] = {};
-  header[0] = width == 4 ? kLlmc32Magic : kLlmcMagic;
-  header[1] = width == 4 ? kLlmc32Version : kLlmcVersion;
+  header[0] = wide ? kLlmc32Magic : kLlmcMagic;
+  header[1] = wide ? kLlmc32Version : kLlmcVersion;
   header[2] = static_cast<int32_t>(tokens.size());
   io::write_file_atomically(path, "token shard", [&](int fd) {
     io::write_all(fd, header, sizeof header, path, "token shard");
-    if (width == 4) {
-      io::write_all(fd, tokens.data(), tokens.size() * sizeof(uint32_t), path, "token shard");
-      return;
-    }
-    const std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
-    io::write_all(fd, narrow.data(), narrow.size() * sizeof(uint16_t), path, "token shard");
+    io::write_all(fd, tokens.data(), tokens.size() * sizeof(Token), path, "token shard");
   });
 }
 
@@ -279,21 +276,23 @@ TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
 
   // Pass 2: the split's files, in order, cut into shards of at most shard_tokens.
   std::set<std::string> written;
-  auto write_split = [&](bool is_val, std::vector<std::string>& out) {
+  // Token: uint16_t, or uint32_t for a vocabulary beyond 65,536 tokens.
+  auto write_split = [&](bool is_val, std::vector<std::string>& out, auto token_type) {
+    using Token = decltype(token_type);
     const char* split = is_val ? "val" : "train";
-    std::vector<uint32_t> buf;
+    std::vector<Token> buf;
     buf.reserve(static_cast<size_t>(std::min<int64_t>(opt.shard_tokens, is_val ? report.val_tokens : report.train_tokens)));
     auto flush = [&] {
       const std::string name = shard_name(split, out.size());
       const std::string path = (fs::path(opt.out_dir) / name).string();
-      write_shard(path, buf, report.token_bytes);
+      write_shard(path, buf);
       say("wrote " + path + " (" + with_commas(static_cast<int64_t>(buf.size())) + " tokens)");
       out.push_back(path);
       written.insert(name);
       buf.clear();
     };
     auto put = [&](uint32_t t) {
-      buf.push_back(t);
+      buf.push_back(static_cast<Token>(t));
       if (static_cast<int64_t>(buf.size()) == opt.shard_tokens) flush();
     };
     for (size_t i = 0; i < files.size(); ++i) {
@@ -312,8 +311,12 @@ TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
     }
     if (!buf.empty()) flush();
   };
-  write_split(false, report.train_shards);
-  if (report.val_tokens > 0) write_split(true, report.val_shards);
+  for (const bool is_val : {false, true}) {
+    if (is_val && report.val_tokens == 0) break;
+    std::vector<std::string>& out = is_val ? report.val_shards : report.train_shards;
+    if (report.token_bytes == 4) write_split(is_val, out, uint32_t{});
+    else write_split(is_val, out, uint16_t{});
+  }
 
   // Shards of an earlier run that this one did not rewrite would join a glob of train_*.bin.
   static const std::regex kShard(R"((train|val)_[0-9]{6}\.bin)");
