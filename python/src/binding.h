@@ -49,6 +49,7 @@ void bind_ops(nb::module_& m);
 void bind_nn(nb::module_& m);
 void bind_dist(nb::module_& m);
 void bind_data(nb::module_& m);
+void bind_tokenizer(nb::module_& m);
 void bind_graph(nb::module_& m);
 // op families in files of their own (ops_*.cpp)
 // elementwise ops

@@ -161,6 +161,7 @@ NB_MODULE(_tandem, m) {
   tandem::py::bind_nn(m);
   tandem::py::bind_dist(m);
   tandem::py::bind_data(m);
+  tandem::py::bind_tokenizer(m);
   tandem::py::bind_graph(m);
   // elementwise ops
   tandem::py::bind_elementwise(m);

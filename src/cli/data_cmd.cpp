@@ -1,5 +1,5 @@
-// `tandem data`: token shards for language models. `data text` makes byte-level shards from text
-// files; `data info` loads shards (tandem's, llm.c's or nanoGPT's) and describes them.
+// `tandem data`: token shards for language models. `data text` makes shards from text files, byte-level
+// or with a tokenizer.json; `data info` loads shards (tandem's, llm.c's or nanoGPT's) and describes them.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -19,6 +19,8 @@ struct DataTextConfig {
   double val = 0.1;
   bool strip_gutenberg = false;
   int64_t shard_tokens = 100'000'000;
+  std::string tokenizer, document_token;
+  int threads = 0;
 };
 
 struct DataInfoConfig {
@@ -33,14 +35,28 @@ int run_text(const DataTextConfig& cfg) {
   opt.val_fraction = cfg.val;
   opt.strip_gutenberg = cfg.strip_gutenberg;
   opt.shard_tokens = cfg.shard_tokens;
+  opt.tokenizer = cfg.tokenizer;
+  opt.document_token = cfg.document_token;
+  opt.threads = cfg.threads;
   opt.progress = [](const std::string& line) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   };
-  std::printf("tokenizing %zu file%s byte by byte (vocabulary 256) into %s\n", cfg.files.size(),
-              cfg.files.size() == 1 ? "" : "s", cfg.out_dir.c_str());
+  if (cfg.tokenizer.empty())
+    std::printf("tokenizing %zu file%s byte by byte (vocabulary 256) into %s\n", cfg.files.size(),
+                cfg.files.size() == 1 ? "" : "s", cfg.out_dir.c_str());
+  else
+    std::printf("tokenizing %zu file%s with %s into %s\n", cfg.files.size(), cfg.files.size() == 1 ? "" : "s",
+                cfg.tokenizer.c_str(), cfg.out_dir.c_str());
   std::fflush(stdout);
   const data::TextCorpusReport r = data::write_text_corpus(opt);
+  if (!cfg.tokenizer.empty()) {
+    const double mb = static_cast<double>(r.encoded_bytes) / 1e6;
+    std::printf("encoded %.1f MB in %.2f s (%.1f MB/s); vocabulary %lld, %d-bit tokens, %s (id %lld) before each file\n",
+                mb, r.encode_seconds, r.encode_seconds > 0 ? mb / r.encode_seconds : 0.0,
+                static_cast<long long>(r.vocab_size), 8 * r.token_bytes, r.document_token.c_str(),
+                static_cast<long long>(r.document_token_id));
+  }
   int val_files = 0;
   for (const auto& f : r.files) val_files += f.val;
   const int train_files = static_cast<int>(r.files.size()) - val_files;
@@ -70,7 +86,7 @@ Runner add_data_command(CLI::App& app) {
 
   auto text_cfg = std::make_shared<DataTextConfig>();
   CLI::App* text = sub->add_subcommand(
-      "text", "Tokenize text files byte by byte (vocabulary 256) into token shards in llm.c's format");
+      "text", "Tokenize text files (byte by byte, or with a tokenizer.json) into token shards in llm.c's format");
   text->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   text->add_option("files", text_cfg->files, "Text files (taken in order of their paths)")->required();
   text->add_option("-o,--output", text_cfg->out_dir, "Directory to write the shards and meta.json into (created when missing)")
@@ -86,18 +102,28 @@ Runner add_data_command(CLI::App& app) {
   text->add_option("--shard-tokens", text_cfg->shard_tokens, "Most tokens per shard file")
       ->check(CLI::Range(int64_t{1}, int64_t{2147483647}))
       ->capture_default_str();
+  auto* tokenizer = text->add_option("--tokenizer", text_cfg->tokenizer,
+                                     "A Hugging Face tokenizer.json (byte-level BPE: GPT-2's or Llama 3's kind) to encode "
+                                     "with, on every core, instead of bytes");
+  text->add_option("--document-token", text_cfg->document_token,
+                   "The token put before each file (default: <|endoftext|>, or <|begin_of_text|> for Llama 3)")
+      ->needs(tokenizer);
+  text->add_option("--threads", text_cfg->threads, "Threads that encode (0: every core)")->check(CLI::Range(0, 4096));
   text->footer(
       "Writes DIR/train_000000.bin ... and DIR/val_000000.bin ... (a header of 256 int32: magic 20240520,\n"
-      "version 1, token count; then one uint16 token per byte) and DIR/meta.json. Each file is written\n"
-      "under a temporary name and renamed, so a shard is never seen half written.\n"
-      "Example: tandem data text books/*.txt -o data/books --val 0.1 --strip-gutenberg");
+      "version 1, token count; then one uint16 token per byte) and DIR/meta.json. With --tokenizer, each\n"
+      "file's ids follow one document token, and a vocabulary above 65,536 tokens (Llama 3's) is written\n"
+      "as uint32 tokens under magic 20240801, version 7. Each file is written under a temporary name and\n"
+      "renamed, so a shard is never seen half written.\n"
+      "Example: tandem data text books/*.txt -o data/books --val 0.1 --strip-gutenberg\n"
+      "         tandem data text books/*.txt -o data/books-gpt2 --tokenizer gpt2/tokenizer.json");
 
   auto info_cfg = std::make_shared<DataInfoConfig>();
   CLI::App* info = sub->add_subcommand("info", "Load token shards and print their format and token counts");
   info->add_option("shards", info_cfg->specs, "Shard files, directories of *.bin files or glob patterns")->required();
   info->add_option("--vocab", info_cfg->vocab, "Check that every token is below this vocabulary size (0: no check)")
-      ->check(CLI::Range(int64_t{0}, int64_t{65536}));
-  info->footer("Reads llm.c's shards (magic 20240520) and nanoGPT's bare uint16 .bin files alike.");
+      ->check(CLI::Range(int64_t{0}, int64_t{2147483647}));
+  info->footer("Reads llm.c's shards (magic 20240520, uint16; 20240801, uint32) and nanoGPT's bare uint16 .bin files alike.");
 
   return [text, info, text_cfg, info_cfg] {
     if (text->parsed()) return run_text(*text_cfg);

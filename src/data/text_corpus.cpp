@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -16,6 +18,7 @@
 
 #include "core/safe_file.h"
 #include "data/regular_file.h"
+#include "tandem/data/tokenizer.h"
 #include "tandem/data/tokens.h"
 #include "tandem/error.h"
 
@@ -81,15 +84,18 @@ std::string shard_name(const char* split, size_t i) {
   return buf;
 }
 
-// Writes tokens as one llm.c shard at path (atomically).
-void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+// Writes tokens as one llm.c shard at path (atomically): uint16 tokens under the 16-bit header, or
+// uint32 tokens under the 32-bit one.
+template <typename Token>
+void write_shard(const std::string& path, const std::vector<Token>& tokens) {
+  constexpr bool wide = sizeof(Token) == 4;
   int32_t header[kLlmcHeaderInts] = {};
-  header[0] = kLlmcMagic;
-  header[1] = kLlmcVersion;
+  header[0] = wide ? kLlmc32Magic : kLlmcMagic;
+  header[1] = wide ? kLlmc32Version : kLlmcVersion;
   header[2] = static_cast<int32_t>(tokens.size());
   io::write_file_atomically(path, "token shard", [&](int fd) {
     io::write_all(fd, header, sizeof header, path, "token shard");
-    io::write_all(fd, tokens.data(), tokens.size() * sizeof(uint16_t), path, "token shard");
+    io::write_all(fd, tokens.data(), tokens.size() * sizeof(Token), path, "token shard");
   });
 }
 
@@ -170,12 +176,33 @@ TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
   for (size_t i = 1; i < files.size(); ++i)
     TANDEM_CHECK(files[i] != files[i - 1], "text file '", files[i], "' is given twice");
 
-  // Pass 1: every file is read and measured before anything is written.
+  // A tokenizer is read before any text, so that a file it cannot read stops the run at once.
+  std::optional<Tokenizer> tok;
+  if (!opt.tokenizer.empty()) {
+    tok.emplace(Tokenizer::from_file(opt.tokenizer));
+    report.vocab_size = tok->vocab_size();
+    report.token_bytes = report.vocab_size > 65536 ? 4 : 2;
+    if (opt.document_token.empty()) {
+      const std::optional<uint32_t> d = tok->document_token();
+      TANDEM_CHECK(d.has_value(), "tokenizer '", opt.tokenizer, "' has neither <|endoftext|> nor <|begin_of_text|> ",
+                   "among its added tokens: name the token to put between documents with --document-token");
+      report.document_token_id = *d;
+    } else {
+      const std::optional<uint32_t> d = tok->token_to_id(opt.document_token);
+      TANDEM_CHECK(d.has_value(), "--document-token '", opt.document_token, "' is no token of '", opt.tokenizer, "'");
+      report.document_token_id = *d;
+    }
+    report.document_token = *tok->id_to_token(static_cast<uint32_t>(report.document_token_id));
+  }
+
+  // Pass 1: every file is read and measured before anything is written (and, with a tokenizer, kept
+  // for encoding).
   std::vector<TextSpan> spans;
   std::vector<uint64_t> kept;
+  std::vector<std::string> texts;
   int64_t total = 0;
   for (const std::string& path : files) {
-    const std::string text = read_text_file(path);
+    std::string text = read_text_file(path);
     TextSpan span = opt.strip_gutenberg ? gutenberg_body(text) : TextSpan{0, text.size(), false, false};
     TextFileReport r;
     r.path = path;
@@ -187,10 +214,27 @@ TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
     spans.push_back(span);
     kept.push_back(static_cast<uint64_t>(r.tokens));
     total += r.tokens;
+    if (tok) texts.push_back(std::move(text));
   }
   TANDEM_CHECK(total > 0, "tandem data text: the ", files.size(), " input file", files.size() == 1 ? "" : "s",
                " hold no text", opt.strip_gutenberg ? " once Project Gutenberg's header and footer are left out" : "",
                "; there is nothing to write");
+  // With a tokenizer, every file is encoded now, on every core; a file's tokens are its ids after the
+  // document token.
+  std::vector<std::vector<uint32_t>> ids;
+  if (tok) {
+    std::vector<std::string_view> bodies;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      bodies.push_back(std::string_view(texts[i]).substr(spans[i].begin, spans[i].end - spans[i].begin));
+      report.encoded_bytes += bodies.back().size();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    ids = tok->encode_batch(bodies, opt.threads);
+    report.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    texts.clear();
+    for (size_t i = 0; i < files.size(); ++i)
+      report.files[i].tokens = report.files[i].tokens == 0 ? 0 : 1 + static_cast<int64_t>(ids[i].size());
+  }
   const std::vector<bool> val = choose_validation_files(kept, opt.val_fraction);
   for (size_t i = 0; i < files.size(); ++i) {
     report.files[i].val = val[i];
@@ -232,9 +276,11 @@ TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
 
   // Pass 2: the split's files, in order, cut into shards of at most shard_tokens.
   std::set<std::string> written;
-  auto write_split = [&](bool is_val, std::vector<std::string>& out) {
+  // Token: uint16_t, or uint32_t for a vocabulary beyond 65,536 tokens.
+  auto write_split = [&](bool is_val, std::vector<std::string>& out, auto token_type) {
+    using Token = decltype(token_type);
     const char* split = is_val ? "val" : "train";
-    std::vector<uint16_t> buf;
+    std::vector<Token> buf;
     buf.reserve(static_cast<size_t>(std::min<int64_t>(opt.shard_tokens, is_val ? report.val_tokens : report.train_tokens)));
     auto flush = [&] {
       const std::string name = shard_name(split, out.size());
@@ -245,21 +291,32 @@ TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
       written.insert(name);
       buf.clear();
     };
+    auto put = [&](uint32_t t) {
+      buf.push_back(static_cast<Token>(t));
+      if (static_cast<int64_t>(buf.size()) == opt.shard_tokens) flush();
+    };
     for (size_t i = 0; i < files.size(); ++i) {
       if (val[i] != is_val || report.files[i].tokens == 0) continue;
+      if (tok) {
+        put(static_cast<uint32_t>(report.document_token_id));
+        for (uint32_t t : ids[i]) put(t);
+        std::vector<uint32_t>().swap(ids[i]);
+        continue;
+      }
       const std::string text = read_text_file(files[i]);
       const TextSpan s = spans[i];
       TANDEM_CHECK(text.size() == report.files[i].bytes, "text file '", files[i], "' changed while being read (",
                    report.files[i].bytes, " bytes, now ", text.size(), ")");
-      for (size_t p = s.begin; p < s.end; ++p) {
-        buf.push_back(static_cast<unsigned char>(text[p]));
-        if (static_cast<int64_t>(buf.size()) == opt.shard_tokens) flush();
-      }
+      for (size_t p = s.begin; p < s.end; ++p) put(static_cast<unsigned char>(text[p]));
     }
     if (!buf.empty()) flush();
   };
-  write_split(false, report.train_shards);
-  if (report.val_tokens > 0) write_split(true, report.val_shards);
+  for (const bool is_val : {false, true}) {
+    if (is_val && report.val_tokens == 0) break;
+    std::vector<std::string>& out = is_val ? report.val_shards : report.train_shards;
+    if (report.token_bytes == 4) write_split(is_val, out, uint32_t{});
+    else write_split(is_val, out, uint16_t{});
+  }
 
   // Shards of an earlier run that this one did not rewrite would join a glob of train_*.bin.
   static const std::regex kShard(R"((train|val)_[0-9]{6}\.bin)");
@@ -275,9 +332,24 @@ TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
   }
 
   nlohmann::json meta;
-  meta["format"] = "llm.c token shards: a header of 256 int32 (magic 20240520, version 1, token count), then uint16 tokens";
-  meta["tokenizer"] = "byte";
-  meta["vocab_size"] = 256;
+  meta["format"] = report.token_bytes == 4
+                       ? "llm.c token shards: a header of 256 int32 (magic 20240801, version 7, token count), then uint32 tokens"
+                       : "llm.c token shards: a header of 256 int32 (magic 20240520, version 1, token count), then uint16 tokens";
+  meta["token_bytes"] = report.token_bytes;
+  meta["vocab_size"] = report.vocab_size;
+  if (tok) {
+    std::error_code abs_ec;
+    const fs::path abs = fs::absolute(opt.tokenizer, abs_ec);
+    meta["tokenizer"] = {{"file", abs_ec ? opt.tokenizer : abs.lexically_normal().string()},
+                         {"sha256", sha256_file(opt.tokenizer)},
+                         {"kind", tok->describe()},
+                         {"vocab_size", report.vocab_size},
+                         {"document_token", report.document_token},
+                         {"document_token_id", report.document_token_id},
+                         {"document_token_placement", "before each file"}};
+  } else {
+    meta["tokenizer"] = "byte";
+  }
   meta["strip_gutenberg"] = opt.strip_gutenberg;
   meta["val_fraction"] = opt.val_fraction;
   meta["shard_tokens"] = opt.shard_tokens;

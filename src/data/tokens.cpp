@@ -23,7 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int32_t kLlama3Magic = 20240801;  // llm.c's LLaMA-3 shards: uint32 tokens
 constexpr int64_t kHeaderBytes = kLlmcHeaderInts * 4;
 
 bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
@@ -32,7 +31,16 @@ bool starts_with(const std::string& s, const char* prefix) { return s.rfind(pref
 
 }  // namespace
 
-const char* token_format_name(TokenFormat f) { return f == TokenFormat::llmc ? "llm.c" : "nanoGPT (bare uint16)"; }
+int token_width(TokenFormat f) { return f == TokenFormat::llmc32 ? 4 : 2; }
+
+const char* token_format_name(TokenFormat f) {
+  switch (f) {
+    case TokenFormat::llmc: return "llm.c";
+    case TokenFormat::llmc32: return "llm.c 32-bit";
+    case TokenFormat::bare: break;
+  }
+  return "nanoGPT (bare uint16)";
+}
 
 TokenShard::TokenShard(const std::string& path, int64_t vocab) : path_(path) {
   uint64_t size = 0;
@@ -52,37 +60,38 @@ TokenShard::TokenShard(const std::string& path, int64_t vocab) : path_(path) {
     const auto* bytes = static_cast<const uint8_t*>(map_);
     int32_t magic = 0;
     if (size >= 4) std::memcpy(&magic, bytes, 4);
-    TANDEM_CHECK(magic != kLlama3Magic, "token shard '", path, "' is in llm.c's LLaMA-3 format (magic ", kLlama3Magic,
-                 ", uint32 tokens); only uint16 tokens (magic ", kLlmcMagic, ", or bare uint16) are supported");
-    if (magic == kLlmcMagic) {
-      format_ = TokenFormat::llmc;
+    if (magic == kLlmcMagic || magic == kLlmc32Magic) {
+      const bool wide = magic == kLlmc32Magic;
+      const int32_t version = wide ? kLlmc32Version : kLlmcVersion;
+      const uint64_t width = wide ? 4 : 2;
+      format_ = wide ? TokenFormat::llmc32 : TokenFormat::llmc;
       TANDEM_CHECK(size >= static_cast<uint64_t>(kHeaderBytes), "token shard '", path, "' is truncated: it has llm.c's magic ",
-                   kLlmcMagic, " but only ", size, " bytes, less than the ", kHeaderBytes, "-byte header");
+                   magic, " but only ", size, " bytes, less than the ", kHeaderBytes, "-byte header");
       int32_t header[3];
       std::memcpy(header, bytes, sizeof header);
-      TANDEM_CHECK(header[1] == kLlmcVersion, "token shard '", path, "': llm.c header version ", header[1],
-                   ", expected ", kLlmcVersion, " (uint16 tokens)");
+      TANDEM_CHECK(header[1] == version, "token shard '", path, "': llm.c header version ", header[1], ", expected ",
+                   version, " (magic ", magic, ", uint", 8 * width, " tokens)");
       const int64_t count = header[2];
       TANDEM_CHECK(count > 0, "token shard '", path, "': its llm.c header announces ", count,
                    " tokens; a shard holds at least one");
-      const uint64_t payload = size - kHeaderBytes, want = 2 * static_cast<uint64_t>(count);
+      const uint64_t payload = size - kHeaderBytes, want = width * static_cast<uint64_t>(count);
       TANDEM_CHECK(payload >= want, "token shard '", path, "' is truncated: its header announces ", count, " tokens (",
                    want, " bytes after the ", kHeaderBytes, "-byte header) but only ", payload, " bytes follow");
       TANDEM_CHECK(payload == want, "token shard '", path, "': token count mismatch: its header announces ", count,
                    " tokens (", want, " bytes) but ", payload, " bytes follow the header",
-                   payload % 2 == 0 ? " (" + std::to_string(payload / 2) + " tokens)" : std::string());
-      tokens_ = reinterpret_cast<const uint16_t*>(bytes + kHeaderBytes);
+                   payload % width == 0 ? " (" + std::to_string(payload / width) + " tokens)" : std::string());
+      bytes_ = bytes + kHeaderBytes;
       count_ = count;
     } else {
       format_ = TokenFormat::bare;
       TANDEM_CHECK(size % 2 == 0, "token shard '", path, "' has an odd number of bytes (", size,
                    "): neither llm.c's format (no magic ", kLlmcMagic, ") nor bare uint16 tokens");
-      tokens_ = reinterpret_cast<const uint16_t*>(bytes);
+      bytes_ = bytes;
       count_ = static_cast<int64_t>(size / 2);
     }
     if (vocab > 0) {
       for (int64_t i = 0; i < count_; ++i)
-        TANDEM_CHECK(tokens_[i] < vocab, "token shard '", path, "': token ", tokens_[i], " at position ", i,
+        TANDEM_CHECK(at(i) < vocab, "token shard '", path, "': token ", at(i), " at position ", i,
                      " is outside the vocabulary of ", vocab);
     }
   } catch (...) {
@@ -96,9 +105,20 @@ TokenShard::~TokenShard() {
   if (map_) ::munmap(map_, map_bytes_);
 }
 
-uint16_t TokenShard::max_token() const {
-  uint16_t m = 0;
-  for (int64_t i = 0; i < count_; ++i) m = std::max(m, tokens_[i]);
+uint32_t TokenShard::at(int64_t i) const {
+  if (format_ == TokenFormat::llmc32) {
+    uint32_t t;
+    std::memcpy(&t, bytes_ + 4 * i, 4);
+    return t;
+  }
+  uint16_t t;
+  std::memcpy(&t, bytes_ + 2 * i, 2);
+  return t;
+}
+
+uint32_t TokenShard::max_token() const {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < count_; ++i) m = std::max(m, at(i));
   return m;
 }
 
@@ -142,44 +162,61 @@ TokenStream::TokenStream(const std::vector<std::string>& specs, int64_t vocab) {
       auto shard = std::make_shared<const TokenShard>(path, vocab);
       starts_.push_back(size_);
       size_ += shard->size();
+      width_ = std::max(width_, shard->width());
       shards_.push_back(std::move(shard));
     }
   }
 }
 
-uint16_t TokenStream::at(int64_t i) const {
+uint32_t TokenStream::at(int64_t i) const {
   TANDEM_CHECK(i >= 0 && i < size_, "token stream: position ", i, " is outside [0, ", size_, ")");
   const size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin() - 1);
-  return shards_[s]->tokens()[i - starts_[s]];
+  return shards_[s]->at(i - starts_[s]);
 }
 
 namespace {
-// Calls f(shard tokens, count, offset in the range) for each piece of [begin, end) within one shard.
+// Calls f(shard, first token in the shard, count, offset in the range) for each piece of [begin, end)
+// within one shard.
 template <typename F>
 void for_each_piece(const std::vector<std::shared_ptr<const TokenShard>>& shards, const std::vector<int64_t>& starts,
                     int64_t begin, int64_t end, F&& f) {
   for (size_t s = 0; s < shards.size(); ++s) {
     const int64_t lo = std::max(begin, starts[s]), hi = std::min(end, starts[s] + shards[s]->size());
-    if (lo < hi) f(shards[s]->tokens() + (lo - starts[s]), hi - lo, lo - begin);
+    if (lo < hi) f(*shards[s], lo - starts[s], hi - lo, lo - begin);
   }
 }
 }  // namespace
 
-void TokenStream::copy(int64_t begin, int64_t end, uint16_t* dst) const {
+void TokenStream::copy(int64_t begin, int64_t end, uint32_t* dst) const {
   TANDEM_CHECK(0 <= begin && begin <= end && end <= size_, "token stream: range [", begin, ", ", end,
                ") is outside [0, ", size_, ")");
-  for_each_piece(shards_, starts_, begin, end,
-                 [&](const uint16_t* src, int64_t n, int64_t at) { std::memcpy(dst + at, src, 2 * static_cast<size_t>(n)); });
+  for_each_piece(shards_, starts_, begin, end, [&](const TokenShard& s, int64_t first, int64_t n, int64_t at) {
+    for (int64_t i = 0; i < n; ++i) dst[at + i] = s.at(first + i);
+  });
 }
 
 Tensor TokenStream::upload(int64_t begin, int64_t end, Device device) const {
   TANDEM_CHECK(0 <= begin && begin <= end && end <= size_, "token stream: range [", begin, ", ", end,
                ") is outside [0, ", size_, ")");
-  Tensor t = Tensor::empty({end - begin, 2}, DType::u8, device);
+  Tensor t = Tensor::empty({end - begin, width_}, DType::u8, device);
   backend::Backend& be = backend::backend_for(device);
   auto* dst = static_cast<uint8_t*>(t.data_ptr());
-  for_each_piece(shards_, starts_, begin, end, [&](const uint16_t* src, int64_t n, int64_t at) {
-    be.copy_from_host(src, dst + 2 * at, 2 * static_cast<size_t>(n), device.index);
+  const auto w = static_cast<size_t>(width_);
+  for_each_piece(shards_, starts_, begin, end, [&](const TokenShard& s, int64_t first, int64_t n, int64_t at) {
+    const auto count = static_cast<size_t>(n);
+    if (s.width() == width_) {
+      be.copy_from_host(s.bytes() + w * static_cast<size_t>(first), dst + w * static_cast<size_t>(at), w * count,
+                        device.index);
+      return;
+    }
+    // A 16-bit shard in a 32-bit stream: widened on the host, a bounded piece at a time.
+    constexpr size_t kPiece = size_t{1} << 20;
+    std::vector<uint32_t> wide(std::min(count, kPiece));
+    for (size_t done = 0; done < count; done += wide.size()) {
+      const size_t m = std::min(wide.size(), count - done);
+      for (size_t i = 0; i < m; ++i) wide[i] = s.at(first + static_cast<int64_t>(done + i));
+      be.copy_from_host(wide.data(), dst + 4 * (static_cast<size_t>(at) + done), 4 * m, device.index);
+    }
   });
   return t;
 }

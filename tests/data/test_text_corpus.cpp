@@ -1,5 +1,5 @@
-// Byte-level text corpora: Project Gutenberg's header and footer in their modern and older styles,
-// the choice of the validation files, and what write_text_corpus writes.
+// Text corpora: Project Gutenberg's header and footer in their modern and older styles, the choice of
+// the validation files, and what write_text_corpus writes, byte-level and with a tokenizer.json.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,6 +8,7 @@
 
 #include "data/data_test_util.h"
 #include "tandem/data/text_corpus.h"
+#include "tandem/data/tokenizer.h"
 #include "tandem/data/tokens.h"
 
 namespace tandem::data {
@@ -134,6 +135,133 @@ TEST(TextCorpus, WritesShardsAndMetadata) {
   EXPECT_EQ(r2.train_shards.size(), 1u);
   EXPECT_EQ(r2.removed.size(), 4u);
   EXPECT_EQ(TokenStream(o.out_dir + "/train_*.bin").size(), 36);
+}
+
+std::string tokenizer_fixture(const std::string& name) {
+  return std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tokenizer/" + name;
+}
+
+std::vector<uint32_t> stream_tokens(const TokenStream& s) {
+  std::vector<uint32_t> out(static_cast<size_t>(s.size()));
+  s.copy(0, s.size(), out.data());
+  return out;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+// With a tokenizer.json: each file's ids after one document token (the family's), uint16 shards,
+// the same shards whatever the number of threads, and meta.json naming the tokenizer and its hash.
+TEST(TextCorpus, TokenizerShardsHoldEachFilesIdsAfterTheDocumentToken) {
+  TempDir dir;
+  const std::vector<std::string> texts = {"First file: it's 2024, the year of 中文 and emoji 👍.\n",
+                                          std::string(3000, ' ') + "spaces, then\n\n\nnewlines",
+                                          "third<|endoftext|>file with a special token inside\n", "the last one\n"};
+  std::vector<std::string> files;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    files.push_back(dir.file(std::string(1, static_cast<char>('a' + i)) + ".txt"));
+    write_text(files.back(), texts[i]);
+  }
+  for (const char* name : {"gpt2.json", "llama3.json"}) {
+    const Tokenizer tok = Tokenizer::from_file(tokenizer_fixture(name));
+    const uint32_t doc = *tok.document_token();
+    TextCorpusOptions o;
+    o.files = files;
+    o.out_dir = dir.file(std::string("out-") + name);
+    o.val_fraction = 0.001;  // d.txt alone
+    o.tokenizer = tokenizer_fixture(name);
+    o.shard_tokens = 40;
+    std::vector<std::vector<uint32_t>> shards_by_threads;
+    for (int threads : {1, 2}) {
+      o.threads = threads;
+      const TextCorpusReport r = write_text_corpus(o);
+      EXPECT_EQ(r.vocab_size, tok.vocab_size());
+      EXPECT_EQ(r.token_bytes, 2);
+      EXPECT_EQ(r.document_token_id, static_cast<int64_t>(doc));
+      ASSERT_TRUE(r.files[3].val) << name;
+      std::vector<uint32_t> want;
+      for (size_t i = 0; i < 3; ++i) {
+        want.push_back(doc);
+        const auto ids = tok.encode(texts[i]);
+        want.insert(want.end(), ids.begin(), ids.end());
+        EXPECT_EQ(r.files[i].tokens, static_cast<int64_t>(ids.size()) + 1);
+      }
+      const TokenStream train(o.out_dir + "/train_*.bin", tok.vocab_size());
+      EXPECT_EQ(stream_tokens(train), want) << name;
+      EXPECT_GT(train.shards().size(), 1u);
+      for (const auto& s : train.shards()) EXPECT_EQ(s->format(), TokenFormat::llmc);
+      std::vector<uint32_t> want_val{doc};
+      const auto last = tok.encode(texts[3]);
+      want_val.insert(want_val.end(), last.begin(), last.end());
+      EXPECT_EQ(stream_tokens(TokenStream(o.out_dir + "/val_*.bin")), want_val) << name;
+      shards_by_threads.push_back(stream_tokens(train));
+      const nlohmann::json meta = read_json(r.meta_path);
+      EXPECT_EQ(meta["vocab_size"], tok.vocab_size());
+      EXPECT_EQ(meta["token_bytes"], 2);
+      EXPECT_EQ(meta["tokenizer"]["sha256"], sha256_file(o.tokenizer));
+      EXPECT_EQ(meta["tokenizer"]["file"], std::filesystem::absolute(o.tokenizer).lexically_normal().string());
+      EXPECT_EQ(meta["tokenizer"]["document_token"], *tok.id_to_token(doc));
+    }
+    EXPECT_EQ(shards_by_threads[0], shards_by_threads[1]) << name;
+  }
+}
+
+// A vocabulary beyond 65,536 tokens (as Llama 3's 128,256) is written as uint32 tokens under llm.c's
+// 32-bit header, and read back as such.
+TEST(TextCorpus, LargeVocabularyShardsHoldUint32Tokens) {
+  TempDir dir;
+  nlohmann::json j = read_json(tokenizer_fixture("gpt2.json"));
+  j["added_tokens"] = nlohmann::json::array({j["added_tokens"][0]});  // <|endoftext|>, id 0
+  for (int id = 1200; id < 70000; ++id) j["model"]["vocab"]["<unused_" + std::to_string(id) + ">"] = id;
+  {
+    std::ofstream f(dir.file("big.json"));
+    f << j.dump();
+  }
+  const Tokenizer tok = Tokenizer::from_file(dir.file("big.json"));
+  ASSERT_EQ(tok.vocab_size(), 70000);
+  write_text(dir.file("a.txt"), "a text <unused_69999> with a token beyond 65,535 in it");
+  TextCorpusOptions o;
+  o.files = {dir.file("a.txt")};
+  o.out_dir = dir.file("out");
+  o.val_fraction = 0;
+  o.tokenizer = dir.file("big.json");
+  o.document_token = "<unused_65536>";
+  const TextCorpusReport r = write_text_corpus(o);
+  EXPECT_EQ(r.token_bytes, 4);
+  const TokenStream train(o.out_dir + "/train_*.bin", 70000);
+  ASSERT_EQ(train.shards().size(), 1u);
+  EXPECT_EQ(train.shards()[0]->format(), TokenFormat::llmc32);
+  EXPECT_EQ(train.width(), 4);
+  std::vector<uint32_t> want{65536};
+  const auto ids = tok.encode("a text <unused_69999> with a token beyond 65,535 in it");
+  want.insert(want.end(), ids.begin(), ids.end());
+  EXPECT_EQ(stream_tokens(train), want);
+  EXPECT_EQ(read_json(r.meta_path)["token_bytes"], 4);
+}
+
+TEST(TextCorpus, TokenizerErrorsNameWhatIsWrong) {
+  TempDir dir;
+  write_text(dir.file("a.txt"), "some text");
+  nlohmann::json j = read_json(tokenizer_fixture("gpt2.json"));
+  j["added_tokens"] = nlohmann::json::array();
+  {
+    std::ofstream f(dir.file("plain.json"));
+    f << j.dump();
+  }
+  TextCorpusOptions o;
+  o.files = {dir.file("a.txt")};
+  o.out_dir = dir.file("out");
+  o.val_fraction = 0;
+  o.tokenizer = dir.file("plain.json");
+  expect_input_error([&] { write_text_corpus(o); }, {dir.file("plain.json"), "<|endoftext|>", "--document-token"});
+  o.tokenizer = tokenizer_fixture("gpt2.json");
+  o.document_token = "<|no such token|>";
+  expect_input_error([&] { write_text_corpus(o); }, {"--document-token", "<|no such token|>", "gpt2.json"});
+  o.tokenizer = dir.file("a.txt");
+  expect_input_error([&] { write_text_corpus(o); }, {dir.file("a.txt"), "not valid JSON"});
+  EXPECT_FALSE(std::filesystem::exists(o.out_dir)) << "nothing is written when the tokenizer cannot be read";
 }
 
 TEST(TextCorpus, ErrorsNameWhatIsWrong) {

@@ -34,6 +34,19 @@ Bytes llmc_shard(const std::vector<uint16_t>& tokens, int32_t version = 1, int64
   return b;
 }
 
+// A shard as llm.c's LLaMA-3 data scripts write it: the header with magic 20240801 and version 7, then
+// the tokens as uint32.
+Bytes llmc32_shard(const std::vector<uint32_t>& tokens, int32_t version = kLlmc32Version) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = kLlmc32Magic;
+  header[1] = version;
+  header[2] = static_cast<int32_t>(tokens.size());
+  Bytes b(header.size() * 4 + tokens.size() * 4);
+  std::memcpy(b.data(), header.data(), header.size() * 4);
+  std::memcpy(b.data() + header.size() * 4, tokens.data(), tokens.size() * 4);
+  return b;
+}
+
 // A shard as nanoGPT's prepare.py writes it: np.array(ids, dtype=np.uint16).tofile(path).
 Bytes bare_shard(const std::vector<uint16_t>& tokens) {
   Bytes b(tokens.size() * 2);
@@ -47,7 +60,13 @@ std::vector<uint16_t> iota_tokens(size_t n, uint16_t first, uint16_t modulo = 50
   return t;
 }
 
-std::vector<uint16_t> shard_tokens(const TokenShard& s) { return {s.tokens(), s.tokens() + s.size()}; }
+std::vector<uint32_t> shard_tokens(const TokenShard& s) {
+  std::vector<uint32_t> out;
+  for (int64_t i = 0; i < s.size(); ++i) out.push_back(s.at(i));
+  return out;
+}
+
+std::vector<uint32_t> widened(const std::vector<uint16_t>& t) { return {t.begin(), t.end()}; }
 
 TEST(TokenShards, LlmcFormatLoads) {
   TempDir dir;
@@ -56,8 +75,41 @@ TEST(TokenShards, LlmcFormatLoads) {
   TokenShard s(dir.file("fineweb_train_000001.bin"), 50257);
   EXPECT_EQ(s.format(), TokenFormat::llmc);
   EXPECT_EQ(s.size(), 1000);
-  EXPECT_EQ(shard_tokens(s), tokens);
+  EXPECT_EQ(s.width(), 2);
+  EXPECT_EQ(shard_tokens(s), widened(tokens));
   EXPECT_EQ(s.max_token(), *std::max_element(tokens.begin(), tokens.end()));
+}
+
+// llm.c's 32-bit shards (what tandem data text writes for Llama 3's 128,256 tokens) load, and a stream
+// that mixes them with 16-bit shards is read 4 bytes a token, the 16-bit tokens widened.
+TEST(TokenShards, Llmc32FormatLoadsAndWidensAStream) {
+  TempDir dir;
+  std::vector<uint32_t> big(700);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint32_t>(128255 - i * 97);
+  write_file(dir.file("train_000000.bin"), llmc32_shard(big));
+  const auto small = iota_tokens(40, 9);
+  write_file(dir.file("train_000001.bin"), llmc_shard(small));
+  const TokenShard s(dir.file("train_000000.bin"), 128256);
+  EXPECT_EQ(s.format(), TokenFormat::llmc32);
+  EXPECT_STREQ(token_format_name(s.format()), "llm.c 32-bit");
+  EXPECT_EQ(s.width(), 4);
+  EXPECT_EQ(shard_tokens(s), big);
+  EXPECT_EQ(s.max_token(), 128255u);
+  expect_input_error([&] { TokenShard t(dir.file("train_000000.bin"), 128255); },
+                     {"token 128255 at position 0", "vocabulary of 128255"});
+
+  const TokenStream stream(dir.path());
+  EXPECT_EQ(stream.width(), 4);
+  std::vector<uint32_t> all = big;
+  for (uint16_t t : small) all.push_back(t);
+  std::vector<uint32_t> got(all.size());
+  stream.copy(0, stream.size(), got.data());
+  EXPECT_EQ(got, all);
+  const Tensor t = stream.upload(690, 710, Device::cpu());
+  ASSERT_EQ(t.shape(), (Shape{20, 4}));
+  std::vector<uint32_t> up(20);
+  std::memcpy(up.data(), t.data_ptr(), 80);
+  EXPECT_EQ(up, std::vector<uint32_t>(all.begin() + 690, all.begin() + 710));
 }
 
 TEST(TokenShards, NanoGptBareFormatLoads) {
@@ -67,10 +119,10 @@ TEST(TokenShards, NanoGptBareFormatLoads) {
   TokenShard s(dir.file("train.bin"), 50304);
   EXPECT_EQ(s.format(), TokenFormat::bare);
   EXPECT_EQ(s.size(), 777);
-  EXPECT_EQ(shard_tokens(s), tokens);
+  EXPECT_EQ(shard_tokens(s), widened(tokens));
   // One token is a file too.
   write_file(dir.file("one.bin"), bare_shard({42}));
-  EXPECT_EQ(shard_tokens(TokenShard(dir.file("one.bin"))), std::vector<uint16_t>{42});
+  EXPECT_EQ(shard_tokens(TokenShard(dir.file("one.bin"))), std::vector<uint32_t>{42});
 }
 
 TEST(TokenShards, SeveralShardsFormOneStream) {
@@ -88,9 +140,10 @@ TEST(TokenShards, SeveralShardsFormOneStream) {
     TokenStream stream(spec);
     ASSERT_EQ(stream.shards().size(), 3u) << spec;
     ASSERT_EQ(stream.size(), static_cast<int64_t>(all.size())) << spec;
-    std::vector<uint16_t> got(all.size());
+    std::vector<uint32_t> got(all.size());
     stream.copy(0, stream.size(), got.data());
-    EXPECT_EQ(got, all) << spec;
+    EXPECT_EQ(got, widened(all)) << spec;
+    EXPECT_EQ(stream.width(), 2);
     for (int64_t i : {int64_t{0}, int64_t{299}, int64_t{300}, int64_t{304}, int64_t{305}, stream.size() - 1})
       EXPECT_EQ(stream.at(i), all[static_cast<size_t>(i)]) << "position " << i;
     // A range across all three shards, uploaded as u8 [n, 2].
@@ -144,7 +197,8 @@ TEST(TokenShards, CorruptFilesSayWhatIsWrong) {
       {"negative.bin", llmc_shard(tokens, 1, -5 + (int64_t{1} << 32)), {"announces -5 tokens"}},
       {"odd.bin", odd_bare, {"odd number of bytes (129)"}},
       {"empty.bin", Bytes{}, {"is empty"}},
-      {"llama3.bin", llmc_shard(tokens, 7, -1, 20240801), {"LLaMA-3", "uint32"}},
+      {"llama3.bin", llmc32_shard(widened(tokens), 1), {"header version 1", "expected 7", "uint32"}},
+      {"llama3_short.bin", llmc_shard(tokens, 7, -1, kLlmc32Magic), {"truncated", "announces 64 tokens (256 bytes"}},
   };
   for (const Case& c : cases) {
     write_file(dir.file(c.name), c.bytes);
@@ -380,6 +434,39 @@ TEST(TokenBatches, BadOptionsAreClearErrors) {
   expect_input_error([&] { b.fill(wrong, y); }, {"B <= 2"});
   Tensor f32 = Tensor::empty({2, 40}), y2 = Tensor::empty({2, 40}, DType::i32);
   expect_input_error([&] { b.fill(f32, y2); }, {"token_windows", "i32 [B, T]"});
+}
+
+// Windows of uint32 tokens: the CPU kernel reads 4 bytes a token, tokens above 65,535 included; each
+// window's x is the tokens from its start and y the same shifted by one.
+TEST(TokenBatches, WindowsOfUint32Tokens) {
+  TempDir dir;
+  const int64_t n = 3000;
+  std::vector<uint32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<uint32_t>(100000 + i);
+  write_file(dir.file("a.bin"), llmc32_shard(std::vector<uint32_t>(t.begin(), t.begin() + 1000)));
+  write_file(dir.file("b.bin"), llmc32_shard(std::vector<uint32_t>(t.begin() + 1000, t.end())));
+  const TokenStream stream(dir.file("*.bin"));
+  for (bool sequential : {false, true}) {
+    TokenBatchOptions o;
+    o.batch = 5;
+    o.context = 33;
+    o.seed = 3;
+    o.sequential = sequential;
+    TokenBatches b(stream, o);
+    ASSERT_EQ(b.tokens().shape(), (Shape{n, 4}));
+    Tensor x, y;
+    for (int step = 0; step < 3; ++step) {
+      b.next(x, y);
+      const auto xs = x.to_vector<int32_t>(), ys = y.to_vector<int32_t>();
+      for (int64_t r = 0; r < o.batch; ++r) {
+        const int64_t start = b.window_start(step * o.batch + r);
+        for (int64_t k = 0; k < o.context; ++k) {
+          ASSERT_EQ(xs[static_cast<size_t>(r * o.context + k)], 100000 + start + k) << r << " " << k;
+          ASSERT_EQ(ys[static_cast<size_t>(r * o.context + k)], 100000 + start + k + 1) << r << " " << k;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

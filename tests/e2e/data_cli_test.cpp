@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -113,6 +114,42 @@ TEST(DataCli, TextRoundTripKeepsEveryByteAndSplitsByWholeFiles) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("total: 11 shards, " + std::to_string(train_expect.size()) + " tokens"), std::string::npos)
       << r.output;
+  fs::remove_all(dir);
+}
+
+// With --tokenizer: the shards hold the tokenizer's ids, each file's after one document token (read here
+// from the bytes: uint16 under llm.c's header), meta.json names the tokenizer, its hash and vocabulary,
+// `data info` reads them, and a tokenizer it cannot read is a clear error.
+TEST(DataCli, TextWithATokenizerWritesItsIds) {
+  const fs::path dir = temp_dir("tokenizer"), out = dir / "out";
+  const std::string fixtures = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tokenizer/";
+  write(dir / "a.txt", "Hello world, it's tandem.\n");
+  write(dir / "b.txt", "Second <|endoftext|> file");
+  auto r = run_tandem("data text " + (dir / "a.txt").string() + " " + (dir / "b.txt").string() + " -o " + out.string() +
+                      " --val 0 --threads 2 --tokenizer " + fixtures + "gpt2.json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("<|endoftext|> (id 0) before each file"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MB/s"), std::string::npos) << r.output;
+  const std::vector<uint16_t> tokens = read_llmc(out / "train_000000.bin");
+  ASSERT_FALSE(tokens.empty());
+  EXPECT_EQ(tokens[0], 0);  // <|endoftext|> before the first file
+  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), 0), 3);  // and the second, and the one inside it
+  const auto meta = nlohmann::json::parse(contents(out / "meta.json"));
+  EXPECT_EQ(meta["vocab_size"], 1202);
+  EXPECT_EQ(meta["token_bytes"], 2);
+  EXPECT_EQ(meta["tokenizer"]["sha256"].get<std::string>().size(), 64u);
+  EXPECT_EQ(meta["tokenizer"]["document_token"], "<|endoftext|>");
+  r = run_tandem("data info " + (out / "train_*.bin").string() + " --vocab 1202");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("llm.c, " + std::to_string(tokens.size()) + " tokens"), std::string::npos) << r.output;
+  // A tokenizer.json it cannot read; --document-token without --tokenizer.
+  write(dir / "bad.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}");
+  r = run_tandem("data text " + (dir / "a.txt").string() + " -o " + out.string() + " --val 0 --tokenizer " +
+                 (dir / "bad.json").string());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("'Unigram' is not supported"), std::string::npos) << r.output;
+  r = run_tandem("data text " + (dir / "a.txt").string() + " -o " + out.string() + " --document-token x");
+  EXPECT_EQ(r.status, 2) << r.output;
   fs::remove_all(dir);
 }
 

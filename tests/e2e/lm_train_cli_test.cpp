@@ -152,6 +152,36 @@ TEST(LmTrainCli, AGptOnByteShardsTakesTheirVocabularyAndGenerates) {
   fs::remove_all(dir);
 }
 
+// The whole path with a tokenizer of more than 65,536 tokens: tandem data text --tokenizer writes uint32
+// shards, a GPT trains on them with the vocabulary their meta.json gives, and tandem generate reads the
+// prompt and writes the text with the tokenizer.json beside the checkpoint.
+TEST(LmTrainCli, AGptOnUint32TokenizerShardsTrainsAndGenerates) {
+  const fs::path dir = temp_dir("tokenizer"), run = dir / "run";
+  fs::create_directories(run);
+  std::ifstream fixture(std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tokenizer/gpt2.json");
+  nlohmann::json j = nlohmann::json::parse(fixture);
+  j["added_tokens"] = nlohmann::json::array({j["added_tokens"][0]});  // <|endoftext|>, id 0
+  for (int id = 1200; id < 70000; ++id) j["model"]["vocab"]["<unused_" + std::to_string(id) + ">"] = id;
+  std::ofstream(run / "tokenizer.json") << j.dump();
+  std::ofstream(dir / "a_work.txt") << tandem::test::corpus_text(1, 20000);
+  std::ofstream(dir / "b_work.txt") << tandem::test::corpus_text(2, 5000);
+  const fs::path corpus = dir / "corpus";
+  auto r = run_tandem("data text " + (dir / "a_work.txt").string() + " " + (dir / "b_work.txt").string() + " -o " +
+                      corpus.string() + " --val 0.2 --tokenizer " + (run / "tokenizer.json").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "vocabulary 70000, 32-bit tokens")) << r.output;
+  const std::string ck = (run / "g.ck").string();
+  r = run_tandem("train --model gpt --layers 1 --heads 2 --width 16 --context 16 --data " + corpus.string() +
+                 " --steps 2 --batch-size 2 --eval-every 0 --eval-steps 1 --threads 1 --checkpoint " + ck);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "vocabulary 70000 (" + (corpus / "meta.json").string() + "'s)")) << r.output;
+  auto g = run_tandem("generate --checkpoint " + ck + " --prompt 'the king' -n 4 --seed 1");
+  EXPECT_EQ(g.status, 0) << g.output;
+  EXPECT_TRUE(contains(g.output, "beside the checkpoint")) << g.output;
+  EXPECT_TRUE(contains(g.output, "the king")) << g.output;
+  fs::remove_all(dir);
+}
+
 TEST(LmTrainCli, AccumulatedMicroBatchesMakeTheStepOfOneBatch) {
   const fs::path dir = temp_dir("accumulate"), corpus = make_corpus(dir);
   const std::string one = (dir / "one.ck").string(), two = (dir / "two.ck").string(), half = (dir / "half.ck").string();

@@ -1,6 +1,7 @@
 #pragma once
-// Text files made into byte-level token shards (vocabulary 256: a token is a byte), split into a
-// training and a validation set by whole files: what `tandem data text` does.
+// Text files made into token shards, byte-level (vocabulary 256: a token is a byte) or with a
+// tokenizer.json, split into a training and a validation set by whole files: what `tandem data text`
+// does.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -32,6 +33,12 @@ struct TextCorpusOptions {
   double val_fraction = 0.1;       // in [0, 1)
   bool strip_gutenberg = false;    // leave out Project Gutenberg's licence header and footer
   int64_t shard_tokens = 100'000'000;  // most tokens per shard file (llm.c's shards hold 10^8)
+  /// A Hugging Face tokenizer.json; empty: byte-level tokens. With one, each file's tokens follow one
+  /// document token (document_token, or the family's: Tokenizer::document_token), and shards hold
+  /// uint16 tokens where the vocabulary fits, uint32 tokens (llm.c's 32-bit format) otherwise.
+  std::string tokenizer;
+  std::string document_token;  // the token put before each file (tokenizer only); empty: the family's
+  int threads = 0;             // threads that encode (0: every core)
   /// Called with one line of progress at a time (per file, per shard written), when set.
   std::function<void(const std::string&)> progress;
 };
@@ -40,7 +47,8 @@ struct TextCorpusOptions {
 struct TextFileReport {
   std::string path;
   uint64_t bytes = 0;   // size of the file
-  int64_t tokens = 0;   // tokens it gave (its bytes, less a stripped header and footer)
+  int64_t tokens = 0;   // tokens it gave (byte-level: its bytes, less a stripped header and footer;
+                        // with a tokenizer: its ids and the document token before them)
   bool val = false;     // held out for validation
   bool header_stripped = false, footer_stripped = false;
 };
@@ -52,15 +60,23 @@ struct TextCorpusReport {
   std::vector<std::string> train_shards, val_shards;  // paths written
   std::vector<std::string> removed;                   // older shards of this directory removed
   std::string meta_path;                              // DIR/meta.json
+  int64_t vocab_size = 256;                           // the vocabulary the tokens come from
+  int token_bytes = 2;                                // bytes per token in the shards: 2 or 4
+  std::string document_token;                         // the token before each file (tokenizer only)
+  int64_t document_token_id = -1;
+  double encode_seconds = 0;                          // time spent encoding (tokenizer only)
+  uint64_t encoded_bytes = 0;                         // bytes of text encoded (tokenizer only)
 };
 
-/// Reads the files, byte-level tokenizes them (token = byte), splits them by whole files and writes
+/// Reads the files, tokenizes them (byte-level, token = byte, or with opt.tokenizer on every core),
+/// splits them by whole files and writes
 /// DIR/train_000000.bin ... and DIR/val_000000.bin ... in llm.c's format (each file written whole
 /// under a temporary name, then renamed), then DIR/meta.json (vocabulary, token counts, which file
 /// went where), last: a run that fails midway leaves no meta.json. Shards named train_NNNNNN.bin /
 /// val_NNNNNN.bin left in DIR by an earlier, larger run are removed. Every input is read and checked before anything is written. Throws
 /// tandem::Error (Input) for a missing or unreadable file, a file given twice, no text at all, an
-/// empty split, an out-of-range option, or an output directory that cannot be created or written.
+/// empty split, an out-of-range option, a tokenizer.json tandem cannot read (or without a document
+/// token), or an output directory that cannot be created or written.
 TextCorpusReport write_text_corpus(const TextCorpusOptions& opt);
 
 }  // namespace tandem::data
