@@ -170,7 +170,9 @@ class Layer:
         layer.__dict__["name"] = f"{base}_{i}"
 
     def register_param(self, name, t):
-        """Makes a tensor this layer created itself a trainable parameter named ``name``."""
+        """Makes a tensor this layer created itself a trainable parameter named ``name``. Setting its
+        ``requires_grad`` to False afterwards freezes it: it stays a parameter of the layer (listed,
+        synchronised across ranks, checkpointed) that no optimizer steps."""
         self._params[name] = t
         t.requires_grad = True
         return t
@@ -201,9 +203,18 @@ class Layer:
         return m
 
     def _tensor_attributes(self):
-        """The tensors held as attributes that are parameters: leaves that store a gradient."""
-        return [(name, v) for name, v in self.__dict__.items()
-                if isinstance(v, _tandem.Tensor) and not name.startswith("_") and v.is_leaf and v.requires_grad]
+        """The tensors held as attributes that are parameters: leaves that store a gradient, and those
+        that did when the layer's parameters were listed before (compile lists them) and have been frozen
+        since (``requires_grad = False``): a frozen parameter is still one, left out of the optimizer."""
+        known = self.__dict__.setdefault("_attribute_params", {})
+        out = []
+        for name, v in list(self.__dict__.items()):
+            if not isinstance(v, _tandem.Tensor) or name.startswith("_") or not v.is_leaf:
+                continue
+            if v.requires_grad or known.get(name) is v:
+                known[name] = v
+                out.append((name, v))
+        return out
 
     def device_check(self, *inputs):
         """SINGA's: moves every tensor given onto the device of the first (each handle in place)."""

@@ -222,8 +222,9 @@ class Optimizer:
         ``groups`` is a list of dicts with "params" (parameter names, as ``model.get_params()`` lists
         them, or the tensors themselves) and any of "weight_decay", "lr" (the group's rate at the start;
         it follows the learning-rate schedule in proportion) or "lr_scale" (a factor of the optimizer's
-        rate). Parameters in no group keep the optimizer's settings. :func:`decay_groups` makes the
-        usual split. Takes effect now, or when the optimizer learns its parameters."""
+        rate). Parameters in no group keep the optimizer's settings; frozen parameters (``requires_grad``
+        False), which it does not step, are passed over. :func:`decay_groups` makes the usual split. Takes
+        effect now, or when the optimizer learns its parameters."""
         if self._python_steps():
             raise ValueError(f"set_param_groups: {type(self).__name__} steps in Python (its apply()); parameter groups "
                              "are settings of tandem's optimizers (SGD, Adam, RMSProp, AdaGrad)")
@@ -244,6 +245,8 @@ class Optimizer:
 
     def _apply_groups(self):
         by_name = dict(self._module.named_parameters())
+        held = {(t.data_ptr, tuple(t.shape)) for t in self._impl.params()}
+        frozen = {(t.data_ptr, tuple(t.shape)) for t in by_name.values()} - held
         base = self._schedule.value_at(0)
         tuples = []
         for i, g in enumerate(self._groups):
@@ -253,8 +256,8 @@ class Optimizer:
                     if p not in by_name:
                         raise KeyError(f"set_param_groups: group {i} names '{p}', which is not a parameter (there are: "
                                        f"{', '.join(by_name) or 'none'})")
-                    params.append(by_name[p])
-                else:
+                    p = by_name[p]
+                if (p.data_ptr, tuple(p.shape)) not in frozen:  # a frozen parameter has no settings to take
                     params.append(p)
             if "lr" in g:
                 if base <= 0:
@@ -542,6 +545,7 @@ class DistOpt(Optimizer):
                             "steps in Python (its apply()), which DistOpt's C++ step cannot call")
         super().__init__(opt.lr, opt.dtype)
         self.opt = opt
+        self._held = []  # the wrapped optimizer's parameters, once built
         local_rank = _either(local_rank, gpu_num, "local_rank", "gpu_num")
         world_size = _either(world_size, gpu_per_node, "world_size", "gpu_per_node")
         if nccl_id is not None:
@@ -687,7 +691,20 @@ class DistOpt(Optimizer):
         self._module = module
         comm = self.communicator(module.parameters()[0].device)
         self._impl = _tandem.DistOpt(self.opt._impl, comm, **self._options)
+        self._held = self.opt._impl.params()
         self._impl.sync_parameters(module)
+
+    def _ensure(self, loss):
+        super()._ensure(loss)
+        # The ranks' buckets hold the parameters DistOpt took: one frozen since would still be stepped with a
+        # zero gradient (its momentum, weight decay and Adam's moments moving it).
+        for i, p in enumerate(self._held):
+            if not p.requires_grad:
+                names = {(t.data_ptr, tuple(t.shape)): n for n, t in self._module.named_parameters()}
+                name = names.get((p.data_ptr, tuple(p.shape)), f"parameter {i}")
+                raise ValueError(f"DistOpt: {name} was frozen (requires_grad=False) after DistOpt took the model's "
+                                 "parameters, and its buckets would still step it: freeze parameters before "
+                                 "compile (or before set_optimizer on a compiled model)")
 
     def _cpp_optimizer(self):
         if self._impl is None and self._model is not None:

@@ -230,6 +230,16 @@ TEST(DistOptGloo, ShardedMemoryTrafficAndRefusalsThreeRanks) {
   run_scenarios(3, "shardmemory,shardtraffic,shardrefusals");
 }
 
+TEST(DistOptGloo, FrozenParametersAreSyncedAndComparedTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "frozensync");
+}
+
+TEST(DistOptGloo, FrozenParametersAreSyncedAndComparedThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "frozensync");
+}
+
 TEST(DistOptGloo, UnevenInputsAverageOverTheRanksThatHaveDataTwoRanks) {
   REQUIRE_GLOO();
   run_scenarios(2, "uneven");

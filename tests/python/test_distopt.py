@@ -23,3 +23,18 @@ def test_every_method_on_two_ranks():
         for name in CHECKS:
             assert f"rank {rank} ok {name}\n" in out, f"rank {rank} did not pass {name}:\n{out}"
         assert f"rank {rank} done" in out, out
+
+
+STATE_CHECKS = ["frozen parameters from rank 0", "frozen parameters stay frozen",
+                "check_consistency and sync_parameters of frozen parameters", "frozen after DistOpt took the parameters"]
+
+
+@needs_gloo
+def test_frozen_parameters_on_two_ranks(tmp_path):
+    rc, out = run([tandem_command(), "launch", "-n", "2", "--", sys.executable, str(HERE / "distopt_state_worker.py"),
+                   str(tmp_path)])
+    assert rc == 0, out
+    for rank in (0, 1):
+        for name in STATE_CHECKS:
+            assert f"rank {rank} ok {name}\n" in out, f"rank {rank} did not pass {name}:\n{out}"
+        assert f"rank {rank} done" in out, out

@@ -254,3 +254,75 @@ def test_a_frozen_table_is_left_out_of_the_optimizer(cpu):
         net(x, y)
     np.testing.assert_array_equal(net.table.W.to_numpy(), table)
     assert not np.allclose(net.fc.W.to_numpy(), fc_before)
+
+
+class Gain(layer.Layer):
+    """A layer that makes its own parameters: a gain registered in __init__, a shift as a tensor attribute
+    made in initialize (SINGA's way)."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = self.register_param("g", tensor.from_numpy(np.array([1.5, -0.5, 2.0], dtype=np.float32)))
+
+    def initialize(self, x):
+        self.b = tensor.Tensor(shape=(3,), device=x.device, requires_grad=True, stores_grad=True)
+        self.b.set_value(0.25)
+
+    def forward(self, x):
+        return autograd.add(autograd.mul(x, self.g), self.b)
+
+
+class GainNet(model.Model):
+    def __init__(self):
+        super().__init__()
+        self.gain = Gain()
+        self.fc = layer.Linear(2)
+        self.loss = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        return self.fc(self.gain(x))
+
+    def train_one_batch(self, x, y):
+        loss = self.loss(self.forward(x), y)
+        self.optimizer(loss)
+        return loss
+
+
+OPTIMIZERS = {"SGD": lambda: opt.SGD(lr=0.1, momentum=0.9, weight_decay=0.1), "Adam": lambda: opt.Adam(lr=0.1),
+              "DistOpt": lambda: opt.DistOpt(opt.Adam(lr=0.1, weight_decay=0.1))}
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_frozen_parameters_stay_frozen(cpu, kind):
+    x = tensor.from_numpy(np.random.RandomState(2).standard_normal((5, 3)).astype(np.float32), cpu)
+    y = tensor.from_numpy(np.array([0, 1, 1, 0, 1], dtype=np.int32), cpu)
+    net = GainNet()
+    net.gain.g.requires_grad = False  # registered, frozen before compile
+    net.compile([x], is_train=True)
+    net.gain.b.requires_grad = False  # a tensor attribute, frozen once it is a parameter
+    sgd = OPTIMIZERS[kind]()
+    net.set_optimizer(sgd)
+    sgd.set_param_groups(opt.decay_groups(net, 0.01))  # the frozen ones, named there, have no settings to take
+    assert sorted(n for g in sgd.param_groups for n in g["params"]) == ["fc.bias", "fc.weight"]
+    params = net.get_params()
+    assert sorted(params) == ["fc.bias", "fc.weight", "gain.b", "gain.g"], sorted(params)  # still parameters
+    assert not params["gain.g"].requires_grad and not params["gain.b"].requires_grad
+    before = {k: v.to_numpy().copy() for k, v in params.items()}
+    for _ in range(3):
+        net(x, y)
+        net.get_params()  # listing the parameters again does not unfreeze them
+    after = {k: v.to_numpy() for k, v in net.get_params().items()}
+    np.testing.assert_array_equal(after["gain.g"], before["gain.g"])
+    np.testing.assert_array_equal(after["gain.b"], before["gain.b"])
+    assert not np.allclose(after["fc.weight"], before["fc.weight"])
+    # Frozen after the optimizer took the parameters: a plain optimizer steps only parameters with a
+    # gradient; DistOpt's buckets would still step it (momentum, decay), so it refuses.
+    net.fc.W.requires_grad = False
+    net.get_params()
+    w = net.fc.W.to_numpy().copy()
+    if kind == "DistOpt":
+        with pytest.raises(ValueError, match="fc.weight was frozen .* after DistOpt took"):
+            net(x, y)
+    else:
+        net(x, y)
+        np.testing.assert_array_equal(net.fc.W.to_numpy(), w)

@@ -151,7 +151,9 @@ class DistOpt {
   optim::Optimizer& optimizer() { return *opt_; }
 
   /// Checks that every rank built the same model (names, shapes, dtypes; throws saying what
-  /// differs), then broadcasts parameters and buffers from rank 0 so all ranks start identical.
+  /// differs), then broadcasts parameters and buffers from rank 0 so all ranks start identical. The
+  /// model's parameters the optimizer does not hold (frozen) are checked, broadcast and later compared
+  /// (check_consistency) as well.
   /// Under Shard::parameters it first finds the model's layer groups (its ShardedLayers), and then
   /// shards the parameters: load a checkpoint into the model before calling it.
   void sync_parameters(nn::Module& model);
@@ -237,8 +239,9 @@ class DistOpt {
   void average_parameters();
   /// Averages buffers only (batch-norm running statistics).
   void average_buffers();
-  /// Throws, naming the first tensor that differs, unless all ranks hold bit-identical parameters
-  /// (and buffers, with include_buffers: batch-norm statistics agree only after average_buffers()).
+  /// Throws, naming the first tensor that differs, unless all ranks hold bit-identical parameters,
+  /// trained or frozen (and buffers, with include_buffers: batch-norm statistics agree only after
+  /// average_buffers()).
   void check_consistency(bool include_buffers = true);
   /// Waits for the parameters' all-gathers still in flight (overlap_gather); a no-op otherwise.
   void wait_parameters();

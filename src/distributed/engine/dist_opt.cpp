@@ -115,12 +115,21 @@ void DistOpt::sync_parameters(nn::Module& model) {
       if (ps[i].is_same(t)) names[i] = name;
   for (size_t i = 0; i < names.size(); ++i)
     if (names[i].empty()) names[i] = "parameter " + std::to_string(i);
+  // The model's parameters the optimizer does not hold are frozen (requires_grad off, a pretrained table
+  // kept as it is): nothing steps them, so ranks that started from different values would keep them.
+  // They are broadcast and compared as the buffers are.
+  m.frozen_.clear();
+  for (auto& [name, t] : model.named_parameters())
+    if (std::none_of(ps.begin(), ps.end(), [&t = t](const Tensor& p) { return p.is_same(t); }))
+      m.frozen_.emplace_back(name, t);
   m.buffers_ = model.named_buffers();
-  for (auto& [name, t] : m.buffers_)
-    TANDEM_CHECK(t.device() == comm_->device(), "sync_parameters: buffer ", name, " is on ", t.device().str(),
-                 " but the model's parameters are on ", comm_->device().str());
+  for (const nn::NamedTensors* list : {&m.frozen_, &m.buffers_})
+    for (auto& [name, t] : *list)
+      TANDEM_CHECK(t.device() == comm_->device(), "sync_parameters: ", list == &m.frozen_ ? "frozen parameter " :
+                   "buffer ", name, " is on ", t.device().str(), " but the model's parameters are on ",
+                   comm_->device().str());
   m.names_ = names;
-  check_same_model(*comm_, names, ps, m.buffers_);
+  check_same_model(*comm_, names, ps, m.frozen_, m.buffers_);
   if (m.options_.shard == Shard::parameters && !m.layers_found_) find_layer_groups(model);
   if (m.options_.overlap_gather) overlap_layer_groups(model);
   if (comm_->size() > 1) {
@@ -131,10 +140,11 @@ void DistOpt::sync_parameters(nn::Module& model) {
   }
   if (m.sharded_) m.sharded_->shard_parameters();  // sharded parameters: from now on each rank keeps its blocks
   if (comm_->size() == 1) return;
-  for (auto& [name, t] : m.buffers_) {
-    WorkPtr w = comm_->broadcast(t, 0);
-    detail::timed_wait(w, m.stats_);
-  }
+  for (nn::NamedTensors* list : {&m.frozen_, &m.buffers_})
+    for (auto& [name, t] : *list) {
+      WorkPtr w = comm_->broadcast(t, 0);
+      detail::timed_wait(w, m.stats_);
+    }
 }
 
 namespace {
@@ -426,6 +436,10 @@ void DistOpt::check_consistency(bool include_buffers) {
   std::vector<std::string> names = m.names_;
   std::vector<Tensor> tensors(ps.begin(), ps.end());
   for (size_t i = names.size(); i < ps.size(); ++i) names.push_back("parameter " + std::to_string(i));
+  for (auto& [name, t] : m.frozen_) {  // frozen parameters: never stepped, and never allowed to differ
+    tensors.push_back(t);
+    names.push_back(name + " (frozen)");
+  }
   if (include_buffers)
     for (auto& [name, t] : m.buffers_) {
       tensors.push_back(t);

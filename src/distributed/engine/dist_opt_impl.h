@@ -100,6 +100,7 @@ class DistOpt::Impl {
   int no_sync_depth_ = 0;
   bool accumulating_ = false;  // a backward ran since the last update: the next one adds to its gradients
   nn::NamedTensors buffers_;
+  nn::NamedTensors frozen_;  // the model's parameters the optimizer does not hold, from sync_parameters
   std::vector<std::string> names_;  // per parameter, from sync_parameters
   Tensor skipped_;  // skip_nonfinite: i64 [1] on the device, the steps skipped since reset_stats
   std::unordered_set<const void*> param_impls_;  // the optimizer's parameters, as backward's leaves name them
