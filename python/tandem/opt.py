@@ -225,6 +225,12 @@ class Optimizer:
         rate). Parameters in no group keep the optimizer's settings; frozen parameters (``requires_grad``
         False), which it does not step, are passed over. :func:`decay_groups` makes the usual split. Takes
         effect now, or when the optimizer learns its parameters."""
+        self._groups = self._checked_groups(groups)
+        if self._impl is not None:
+            self._apply_groups()
+            self._forget_recorded_step()
+
+    def _checked_groups(self, groups):
         if self._python_steps():
             raise ValueError(f"set_param_groups: {type(self).__name__} steps in Python (its apply()); parameter groups "
                              "are settings of tandem's optimizers (SGD, Adam, RMSProp, AdaGrad)")
@@ -239,11 +245,13 @@ class Optimizer:
             if "lr" in g and "lr_scale" in g:
                 raise ValueError(f"set_param_groups: group {i} gives both lr and lr_scale")
             checked.append(dict(g))
-        self._groups = checked
-        if self._impl is not None:
-            self._apply_groups()
+        return checked
 
     def _apply_groups(self):
+        _tandem.set_param_groups(self._impl, self._group_tuples())
+
+    def _group_tuples(self):
+        """The groups as the C++ optimizer takes them: (parameters, lr_scale, weight_decay or None)."""
         by_name = dict(self._module.named_parameters())
         held = {(t.data_ptr, tuple(t.shape)) for t in self._impl.params()}
         frozen = {(t.data_ptr, tuple(t.shape)) for t in by_name.values()} - held
@@ -268,7 +276,14 @@ class Optimizer:
                 scale = float(g.get("lr_scale", 1.0))
             decay = g.get("weight_decay")
             tuples.append((params, scale, None if decay is None else float(decay)))
-        _tandem.set_param_groups(self._impl, tuples)
+        return tuples
+
+    def _forget_recorded_step(self):
+        """A recorded step ran with the groups it was recorded with: the model records its step again."""
+        model = self._model
+        if model is not None and getattr(model, "_recorded", None) is not None:
+            model._recorded = None
+            model._steady_key, model._steady_calls = None, 0
 
     @property
     def param_groups(self):
@@ -607,8 +622,16 @@ class DistOpt(Optimizer):
         return self.opt.step_counter
 
     def set_param_groups(self, groups):
-        """The wrapped optimizer's parameter groups (see Optimizer.set_param_groups)."""
-        self.opt.set_param_groups(groups)
+        """The wrapped optimizer's parameter groups (see Optimizer.set_param_groups), at any time: under
+        ``shard`` the slices of the parameters each rank steps are cut again along the new groups, their
+        state kept, which is a collective (every rank calls it with the same groups)."""
+        inner = self.opt
+        inner._groups = inner._checked_groups(groups)
+        if self._impl is not None:
+            self._impl.set_param_groups(inner._group_tuples())
+            self._forget_recorded_step()
+        elif inner._impl is not None:
+            inner._apply_groups()
 
     @property
     def param_groups(self):

@@ -240,6 +240,16 @@ TEST(DistOptGloo, FrozenParametersAreSyncedAndComparedThreeRanks) {
   run_scenarios(3, "frozensync");
 }
 
+TEST(DistOptGloo, ShardedSlicesFollowNewParameterGroupsTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "shardregroup");
+}
+
+TEST(DistOptGloo, ShardedSlicesFollowNewParameterGroupsThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "shardregroup");
+}
+
 TEST(DistOptGloo, UnevenInputsAverageOverTheRanksThatHaveDataTwoRanks) {
   REQUIRE_GLOO();
   run_scenarios(2, "uneven");

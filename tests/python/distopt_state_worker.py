@@ -1,11 +1,12 @@
-"""DistOpt and the model's frozen parameters on the ranks of a job. Run by test_distopt.py under `tandem
-launch -n 2` with a scratch directory as its argument; prints "rank R ok NAME" per check. Expectations come
+"""DistOpt's state on the ranks of a job: parameter groups changed after compile, frozen parameters. Run by
+test_distopt.py under `tandem launch -n 2` with a scratch directory as its argument; prints "rank R ok NAME"
+per check. Expectations come from runs on these ranks without the feature under test (an unsharded run) or
 from rank 0's values."""
 import sys
 
 import numpy as np
 
-from tandem import autograd, layer, model, opt, tensor
+from tandem import autograd, device, layer, model, opt, tensor
 
 
 def check(rank, name, got, expected, atol=0.0):
@@ -71,11 +72,82 @@ def frozen(rank, world):
     print(f"rank {rank} ok frozen after DistOpt took the parameters", flush=True)
 
 
+# ---- parameter groups changed after compile
+STEPS, CUT = 6, 3
+
+
+class Net(model.Model):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = layer.Linear(4)
+        self.fc2 = layer.Linear(3)
+        self.loss = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        return self.fc2(autograd.relu(self.fc1(x)))
+
+    def train_one_batch(self, x, y):
+        loss = self.loss(self.forward(x), y)
+        self.optimizer(loss)
+        return loss
+
+
+def batch(rank, step):
+    r = np.random.RandomState(100 * step + rank)
+    return (tensor.from_numpy(r.standard_normal((6, 5)).astype(np.float32)),
+            tensor.from_numpy(r.randint(0, 3, 6).astype(np.int32)))
+
+
+def adam():
+    # A decaying rate: a resumed run must take the schedule up where it was.
+    return opt.Adam(lr=opt.ExponentialDecay(0.05, 1, 0.8), weight_decay=0.01)
+
+
+def build(rank, shard, seed=3):
+    device.get_default_device().SetRandSeed(seed + 10 * rank)  # rank 0's values reach every rank at compile
+    d = opt.DistOpt(adam(), shard=shard)
+    net = Net()
+    net.set_optimizer(d)
+    net.compile([batch(rank, 0)[0]], is_train=True)
+    return d, net
+
+
+def params(net):
+    return {k: v.to_numpy().copy() for k, v in net.get_params().items()}
+
+
+def regrouped(rank, shard, moves):
+    """A run whose groups change after compile: after step 1 a group of its own for fc2 (half the rate,
+    no decay); after step 3, fc1's weight moves into that group."""
+    d, net = build(rank, shard)
+    names = list(net.get_params())
+    fc2 = [n for n in names if n.startswith("fc2.")]
+    fc1_w = [n for n in names if n.startswith("fc1.") and len(net.get_params()[n].shape) == 2]
+    for s in range(STEPS):
+        if s == 1:
+            d.set_param_groups([{"params": fc2, "lr_scale": 0.5, "weight_decay": 0.0}])
+        if s == 3 and moves:
+            d.set_param_groups([{"params": fc2 + fc1_w, "lr_scale": 0.5, "weight_decay": 0.0}])
+        net(*batch(rank, s))
+    groups = [sorted(g["params"]) for g in d.param_groups]
+    assert groups[0] == sorted(fc2 + (fc1_w if moves else [])), groups
+    return params(net)
+
+
+def groups(rank):
+    for moves in (False, True):
+        want = regrouped(rank, "none", moves)
+        what = "a group moved into" if moves else "a group added"
+        for shard in ("optimizer", "gradients"):
+            check(rank, f"{what} after compile --shard {shard}", regrouped(rank, shard, moves), want, atol=1e-6)
+
+
 def main():
     probe = opt.DistOpt(opt.SGD())
     rank, world = probe.global_rank, probe.world_size
     assert world == 2, world
     frozen(rank, world)
+    groups(rank)
     print(f"rank {rank} done", flush=True)
 
 

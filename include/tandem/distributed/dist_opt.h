@@ -278,6 +278,15 @@ class DistOpt {
   /// it does nothing. A checkpoint loaded into optimizer() is likewise cut into this rank's slices at
   /// the next update: a run of any number of ranks and any Shard resumes from it.
   void gather_optimizer_state();
+  /// Regroups the wrapped optimizer's parameters (optim::Optimizer::set_param_groups: every parameter keeps
+  /// its state). Under --shard optimizer and gradients the optimizer of this rank's slices was cut along the
+  /// old groups: its state is gathered into the wrapped optimizer and the slices are cut again along the new
+  /// ones (a collective: every rank calls it with the same groups). The wrapped optimizer regrouped directly
+  /// (a checkpoint loaded into it restores its groups) is cut again the same way at the next update().
+  /// Throws under --shard parameters once sync_parameters has sharded them, with overlap_gather once the
+  /// layers wait for the step's gathers, and after keep_parameter_copies under --shard: give the groups
+  /// before those.
+  void set_param_groups(const std::vector<optim::ParamGroup>& groups);
   /// partialUpdate: the chunk of the parameters the next update() averages (a wait for the device).
   int64_t partial_chunk() const;
 
@@ -327,6 +336,8 @@ class DistOpt {
   void backward_and_sync_with(const SyncOptions& sync, const Tensor& loss);
   void find_layer_groups(nn::Module& model);
   void overlap_layer_groups(nn::Module& model);
+  // Under --shard: cuts the slices again along the wrapped optimizer's groups, where they changed.
+  void recut_slices();
   // The global norm (returned) and coef = min(1, max_norm / (norm + 1e-6)), both on the device.
   Tensor clip_coefficient(double max_norm, Tensor& coef);
   class Impl;

@@ -176,7 +176,7 @@ void DistOpt::find_layer_groups(nn::Module& model) {
     TANDEM_CHECK(groups[i] >= 0, "--shard parameters: parameter ", m.names_[i], " is in no ShardedLayer; every "
                  "parameter the optimizer holds must be (wrap the layer it belongs to)");
   m.reducer_.set_groups(groups);
-  m.sharded_ = std::make_shared<detail::ShardedStep>(ps, m.reducer_, comm_, m.stats_, *opt_, /*shard_parameters=*/true);
+  m.cut(comm_, ps, *opt_, /*shard_parameters=*/true);
   for (size_t g = 0; g < layers.size(); ++g) layers[g]->attach(m.sharded_, static_cast<int>(g));
   m.layers_found_ = true;
 }
@@ -188,6 +188,42 @@ void DistOpt::overlap_layer_groups(nn::Module& model) {
   m.sharded_->wait_all();
   m.sharded_->overlap_groups(groups);
   for (size_t g = 0; g < layers.size(); ++g) layers[g]->attach(m.sharded_, static_cast<int>(g));
+  m.layers_attached_ = true;
+}
+
+void DistOpt::set_param_groups(const std::vector<optim::ParamGroup>& groups) {
+  // The grouping in force, to go back to where the slices cannot be cut again.
+  std::vector<optim::ParamGroup> before(opt_->groups().size());
+  for (size_t g = 0; g < before.size(); ++g) {
+    before[g].lr_scale = opt_->groups()[g].lr_scale;
+    before[g].weight_decay = opt_->groups()[g].weight_decay;
+  }
+  for (size_t i = 0; i < opt_->params().size(); ++i)
+    before[static_cast<size_t>(opt_->group_of()[i])].params.push_back(opt_->params()[i]);
+  opt_->set_param_groups(groups);
+  try {
+    recut_slices();
+  } catch (...) {
+    opt_->set_param_groups(before);
+    throw;
+  }
+}
+
+// The slices' optimizer has as many groups as the wrapped one had when they were cut, and each slice the
+// group of its parameter then: a new grouping needs new slices. Their state goes back into the wrapped
+// optimizer whole first (regrouping kept each parameter's), and the next step moves it into the new slices.
+void DistOpt::recut_slices() {
+  Impl& m = *impl_;
+  if (!m.sharded_ || opt_->group_of() == m.cut_for_) return;
+  const char* when = m.layers_found_      ? "sync_parameters sharded the parameters (--shard parameters)"
+                     : m.layers_attached_ ? "sync_parameters gave the model's layers the step's gathers (overlap_gather)"
+                     : m.copies_kept_     ? "keep_parameter_copies handed out the 16-bit copies the sharded step writes"
+                                          : nullptr;
+  TANDEM_CHECK(when == nullptr, "the optimizer's parameter groups changed after ", when, ", which holds on to the "
+               "slices of the parameters cut along the old groups: set the groups (set_param_groups) before ",
+               m.copies_kept_ && !m.layers_found_ && !m.layers_attached_ ? "keep_parameter_copies" : "sync_parameters");
+  gather_optimizer_state();
+  m.cut(comm_, opt_->params(), *opt_);
 }
 
 void DistOpt::wait_parameters() {
@@ -266,7 +302,12 @@ std::vector<Tensor> DistOpt::keep_parameter_copies(DType dtype) {
                dtype_name(dtype));
   Impl& m = *impl_;
   if (m.partial()) return {};
-  if (m.sharded_) return m.sharded_->keep_copies(dtype);
+  if (m.sharded_) {
+    recut_slices();  // the copies are the slices' step's: cut along the groups in force first
+    std::vector<Tensor> copies = m.sharded_->keep_copies(dtype);
+    m.copies_kept_ = !copies.empty();
+    return copies;
+  }
   if (!opt_->keeps_parameter_copies()) return {};
   std::vector<Tensor> copies;
   for (const Tensor& p : opt_->params()) copies.push_back(p.detach().contiguous().to(dtype));
@@ -306,10 +347,12 @@ bool DistOpt::update() {
   // The clipping coefficient, if clip_grad_norm_in_update left one: applied by the stepping optimizer as it
   // reads the gradients (no pass over them).
   const Tensor factor = std::exchange(m.pending_factor_, Tensor());
-  if (m.sharded_)
+  if (m.sharded_) {
+    recut_slices();  // the wrapped optimizer regrouped behind DistOpt's back (a checkpoint loaded into it)
     m.sharded_->step(*opt_, factor);
-  else
+  } else {
     opt_->step_with_gradient_factor(factor);
+  }
   if (m.partial()) m.averager_->average_next_chunk(m.skipped_.defined() ? m.reducer_.verdict() : Tensor());
   if (!m.skipped_.defined() || backend::backend_for(comm_->device()).recording(comm_->device().index)) return true;
   return !m.reducer_.found_nonfinite();
@@ -500,6 +543,8 @@ std::string DistOpt::replay_blocker() const {
   if (m.options_.overlap_gather)
     return "steps with overlapped gathers are not recorded (each layer group waits for the last step's gather)";
   if (!step_capturable()) return m.active_.method + " sends a number of values known only on the host";
+  if (m.sharded_ && opt_->group_of() != m.cut_for_)
+    return "the optimizer's parameter groups changed: the next update cuts the slices again";
   // Under --shard the slices' optimizer steps: its state and counts decide (the wrapped one holds none).
   const optim::Optimizer& stepping = m.sharded_ ? m.sharded_->stepper() : *opt_;
   if (std::string why = stepping.master_weights_blocker(); !why.empty()) return why;
@@ -516,10 +561,13 @@ void DistOpt::after_recording() {
 
 void DistOpt::prepare_replay() {
   Impl& m = *impl_;
-  if (m.sharded_)
+  if (m.sharded_) {
+    TANDEM_CHECK(opt_->group_of() == m.cut_for_, "the optimizer's parameter groups changed after the step was "
+                 "recorded: record the step again");
     m.sharded_->prepare_replay(*opt_);
-  else
+  } else {
     opt_->prepare_replay();
+  }
 }
 
 void DistOpt::abandon_step() {
