@@ -206,11 +206,22 @@ class Model(Layer):
 
     def save_states(self, fpath, aux_states=None):
         """Writes parameters, buffers, the optimizer's state and ``aux_states`` (a JSON-able dict)
-        to one file, atomically."""
+        to one file, atomically. Under ``DistOpt(shard=...)`` each rank keeps a slice of the optimizer's
+        state, gathered here from all of them: every rank calls save_states (each writes the whole
+        checkpoint to the path it gives)."""
         opt = self.optimizer._cpp_optimizer() if self.optimizer is not None else None
+        if opt is not None:
+            self.optimizer._gather_state()
         _tandem.save_checkpoint(str(fpath), self._module(), opt, json.dumps(aux_states or {}))
 
     def load_states(self, fpath):
-        """Loads what save_states wrote (the model must be compiled); returns the aux_states dict."""
+        """Loads what save_states wrote (the model must be compiled); returns the aux_states dict. The
+        optimizer takes the file's state, step counts and parameter groups (give its step counter back
+        with ``set_states``, from what ``get_states`` gave to aux_states)."""
         opt = self.optimizer._cpp_optimizer() if self.optimizer is not None else None
-        return json.loads(_tandem.load_checkpoint(str(fpath), self._module(), opt))
+        aux = json.loads(_tandem.load_checkpoint(str(fpath), self._module(), opt))
+        if opt is not None:
+            self._recorded = None  # recorded with the optimizer's former groups and settings
+            self._steady_key, self._steady_calls = None, 0
+            self.optimizer._after_load()
+        return aux

@@ -332,12 +332,19 @@ class Optimizer:
         self._refresh_lr()
 
     def get_states(self):
-        """The step counter (the moments travel with the model's checkpoints: model.save_states)."""
+        """The step counter, as SINGA's (the moments travel with the model's checkpoints: model.save_states)."""
         return {"step_counter": self._steps}
 
     def set_states(self, states):
+        """Takes the step counter get_states gave: the learning rate follows it, as SINGA's."""
         self._steps = int(states["step_counter"])
         self._refresh_lr()
+
+    def _gather_state(self):
+        """Before a checkpoint is written: the whole state in the optimizer save_states writes (DistOpt's)."""
+
+    def _after_load(self):
+        """After a checkpoint was loaded into the C++ optimizer (DistOpt's)."""
 
     # ---- steps
     def __call__(self, loss):
@@ -560,6 +567,7 @@ class DistOpt(Optimizer):
                             "steps in Python (its apply()), which DistOpt's C++ step cannot call")
         super().__init__(opt.lr, opt.dtype)
         self.opt = opt
+        self.lr_value = opt.lr_value  # the wrapped optimizer's, which it keeps up to date in place
         self._held = []  # the wrapped optimizer's parameters, once built
         local_rank = _either(local_rank, gpu_num, "local_rank", "gpu_num")
         world_size = _either(world_size, gpu_per_node, "world_size", "gpu_per_node")
@@ -620,6 +628,15 @@ class DistOpt(Optimizer):
     @property
     def step_counter(self):
         return self.opt.step_counter
+
+    def get_states(self):
+        """The wrapped optimizer's step counter (SINGA's Optimizer.get_states), which the learning-rate
+        schedule follows; keep it in a checkpoint's aux states (model.save_states holds the rest)."""
+        return self.opt.get_states()
+
+    def set_states(self, states):
+        """Gives the wrapped optimizer the step counter get_states gave (its learning rate follows)."""
+        self.opt.set_states(states)
 
     def set_param_groups(self, groups):
         """The wrapped optimizer's parameter groups (see Optimizer.set_param_groups), at any time: under
@@ -728,6 +745,16 @@ class DistOpt(Optimizer):
                 raise ValueError(f"DistOpt: {name} was frozen (requires_grad=False) after DistOpt took the model's "
                                  "parameters, and its buckets would still step it: freeze parameters before "
                                  "compile (or before set_optimizer on a compiled model)")
+
+    def _gather_state(self):
+        if self._impl is not None:
+            self._impl.gather_optimizer_state()  # under shard: collective
+
+    def _after_load(self):
+        # A checkpoint restores the wrapped optimizer's groups: under shard the slices are cut along them now
+        # (if they changed), not in the middle of the next step.
+        if self._impl is not None:
+            self._impl.set_param_groups(_tandem.param_groups(self.opt._impl))
 
     def _cpp_optimizer(self):
         if self._impl is None and self._model is not None:

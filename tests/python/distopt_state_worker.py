@@ -1,7 +1,10 @@
-"""DistOpt's state on the ranks of a job: parameter groups changed after compile, frozen parameters. Run by
-test_distopt.py under `tandem launch -n 2` with a scratch directory as its argument; prints "rank R ok NAME"
-per check. Expectations come from runs on these ranks without the feature under test (an unsharded run) or
-from rank 0's values."""
+"""DistOpt's state on the ranks of a job: checkpoints of sharded runs, parameter groups changed after
+compile, frozen parameters. Run by test_distopt.py under `tandem launch -n 2` with a scratch directory as
+its argument; prints "rank R ok NAME" per check. Expectations come from runs on these ranks without the
+feature under test (an uninterrupted run, an unsharded one) or from rank 0's values."""
+import json
+import pathlib
+import struct
 import sys
 
 import numpy as np
@@ -142,12 +145,62 @@ def groups(rank):
             check(rank, f"{what} after compile --shard {shard}", regrouped(rank, shard, moves), want, atol=1e-6)
 
 
+# ---- checkpoints of sharded runs
+def header(path):
+    """The JSON header of a checkpoint file: magic, version (u32), header length (u64), CRC (u32), header."""
+    raw = pathlib.Path(path).read_bytes()
+    assert raw[:8] == b"TANDEMCK", raw[:8]
+    (length,) = struct.unpack("<Q", raw[12:20])
+    return json.loads(raw[24:24 + length])
+
+
+def checkpoints(rank, world, scratch):
+    for shard in ("optimizer", "gradients"):
+        d, net = build(rank, shard)
+        for s in range(STEPS):
+            net(*batch(rank, s))
+        whole = params(net)
+
+        d, net = build(rank, shard)
+        for s in range(CUT):
+            net(*batch(rank, s))
+        path = scratch / f"{shard}.ckpt"
+        net.save_states(path, {"opt": d.get_states()})  # every rank: the state is gathered from all
+        head = header(path)
+        names = list(net.get_params())
+        saved = {t["name"] for t in head["tensors"]}
+        for kind in ("exp_avg", "exp_avg_sq"):
+            missing = [n for n in names if f"opt/{kind}/{n}" not in saved]
+            assert not missing, f"--shard {shard}: no {kind} saved for {missing}"
+        assert head["optimizer_steps"] == CUT, head["optimizer_steps"]
+        assert head["parameter_steps"] == {n: CUT for n in names}, head["parameter_steps"]
+        assert head["meta"]["opt"] == {"step_counter": CUT}, head["meta"]
+        print(f"rank {rank} ok saved state --shard {shard}", flush=True)
+
+        # Saving took nothing from the run: it goes on as the uninterrupted one.
+        for s in range(CUT, STEPS):
+            net(*batch(rank, s))
+        check(rank, f"going on after saving --shard {shard}", params(net), whole)
+
+        d, net = build(rank, shard, seed=11)  # other initial values, which the checkpoint replaces
+        aux = net.load_states(path)
+        d.set_states(aux["opt"])
+        assert d.step_counter == CUT and d.lr == d.opt.lr and abs(d.lr - 0.05 * 0.8 ** CUT) < 1e-12, d.lr
+        assert abs(d.lr_value.item() - 0.05 * 0.8 ** CUT) < 1e-8, d.lr_value.item()
+        for s in range(CUT, STEPS):
+            net(*batch(rank, s))
+        check(rank, f"resumed --shard {shard}", params(net), whole)
+        d.check_consistency()
+
+
 def main():
+    scratch = pathlib.Path(sys.argv[1])
     probe = opt.DistOpt(opt.SGD())
     rank, world = probe.global_rank, probe.world_size
     assert world == 2, world
     frozen(rank, world)
     groups(rank)
+    checkpoints(rank, world, scratch)
     print(f"rank {rank} done", flush=True)
 
 
