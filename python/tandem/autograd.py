@@ -651,6 +651,18 @@ def sum(*l):
     return Sum()(*l)[0]
 
 
+def add_all(*xs):
+    """The sum of the tensors, added one after another (broadcast as ``add``). SINGA's asks for more
+    than two and returns nothing (it forgets the sum it computed); this one returns it, for one tensor
+    or more."""
+    if not xs:
+        raise ValueError("add_all: give at least one tensor")
+    y = xs[0]
+    for x in xs[1:]:
+        y = add(y, x)
+    return y
+
+
 def mean(*l):
     """The elementwise mean of the tensors."""
     return Mean()(*l)[0]
