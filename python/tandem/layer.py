@@ -582,8 +582,9 @@ class Dropout(Layer):
 class SoftMaxCrossEntropy(Layer):
     """Mean over the batch of -log softmax(x)[label], as a tensor of shape (1,) (SINGA's); labels are
     class indices, as SINGA reads labels of N elements ([N], or [N, 1] for more than one class; int32,
-    int64, or integers in a floating tensor), or targets [N, C]: one-hot rows, or a distribution per row
-    (the loss is then the mean of -sum(t * log softmax(x))). Other shapes are refused."""
+    int64, or whole numbers in a floating tensor: a fraction is a ValueError), or targets [N, C]: one-hot
+    rows, or a distribution per row (the loss is then the mean of -sum(t * log softmax(x))). Other shapes
+    are refused."""
 
     def forward(self, x, t):
         from .autograd import _class_labels
@@ -925,17 +926,17 @@ class TransformerBlock(Layer):
 
 # ---- embedding, recurrent networks
 def _indices(x):
-    """Indices as int32 / int64 (SINGA passes them as floating tensors holding integers)."""
-    if x.dtype in (_tandem.DType.int32, _tandem.DType.int64):
-        return x
-    return x.as_type(_tandem.DType.int32)
+    """Indices as int32 / int64 (SINGA passes them as floating tensors holding whole numbers)."""
+    from .tensor import _whole_numbers
+
+    return _whole_numbers(x, "Embedding", "indices")
 
 
 class Embedding(Layer):
     """A table of ``input_dim`` rows of ``output_dim`` values looked up by integer indices, SINGA's
     signature: ``Embedding(input_dim, output_dim, initializer="gaussian")`` (N(0, 1) values, or U(-1, 1)
-    with "uniform"). ``forward(x)`` takes indices of any shape (int32 / int64, or integers in a floating
-    tensor) and gives [..., output_dim]."""
+    with "uniform"). ``forward(x)`` takes indices of any shape (int32 / int64, or whole numbers in a
+    floating tensor) and gives [..., output_dim]."""
 
     def __init__(self, input_dim, output_dim, initializer="gaussian"):
         super().__init__()

@@ -21,6 +21,7 @@ import sys
 
 from . import _tandem, autograd
 from .layer import Layer
+from .tensor import _recording_step
 
 _SIXTEEN_BIT = {_tandem.DType.float16: "f16", _tandem.DType.bfloat16: "bf16"}
 
@@ -184,7 +185,11 @@ class Model(Layer):
         result = {}
 
         def body():
-            result["out"] = self.train_one_batch(*args, **kwargs)
+            _recording_step[0] = True  # nothing in the step may read the device's values on the host
+            try:
+                result["out"] = self.train_one_batch(*args, **kwargs)
+            finally:
+                _recording_step[0] = False
 
         dist = self.optimizer._impl if hasattr(self.optimizer, "backward_and_sync") else None
         try:

@@ -121,6 +121,35 @@ def test_softmax_cross_entropy_reads_labels_of_n_elements_as_classes(cpu):
         autograd.softmax_cross_entropy(logits, tensor.from_numpy(idx[:5].reshape(5, 1), cpu))
 
 
+def test_labels_and_indices_with_fractions_are_refused(cpu):
+    # Read as class numbers, 1.7 would become class 1 without a word.
+    rng = np.random.RandomState(1)
+    logits = tensor.from_numpy(rng.standard_normal((6, 4)).astype(np.float32), cpu)
+    frac = np.array([0, 3, 1.7, 1, 2, 0], dtype=np.float32)
+    for labels in (frac, frac.reshape(6, 1)):
+        t = tensor.from_numpy(labels, cpu)
+        with pytest.raises(ValueError, match=r"softmax_cross_entropy: labels must be whole numbers.*element 2 .* 1\.7"):
+            autograd.softmax_cross_entropy(logits, t)
+        with pytest.raises(ValueError, match="labels must be whole numbers"):
+            layer.SoftMaxCrossEntropy()(logits, t)
+    with pytest.raises(ValueError, match="cross_entropy: labels must be whole numbers"):
+        autograd.cross_entropy(autograd.softmax(logits), tensor.from_numpy(frac, cpu))
+    with pytest.raises(ValueError, match="element 0 .* nan"):
+        autograd.softmax_cross_entropy(logits, tensor.from_numpy(np.full(6, np.nan, np.float32), cpu))
+    # Whole numbers in a floating tensor are classes, as SINGA's scripts pass them.
+    idx = np.array([0, 3, 1, 1, 2, 0])
+    probs = autograd.softmax(logits)
+    want = autograd.cross_entropy(probs, tensor.from_numpy(idx.astype(np.int32), cpu)).item()
+    assert autograd.cross_entropy(probs, tensor.from_numpy(idx.astype(np.float32), cpu)).item() == pytest.approx(want)
+    emb = layer.Embedding(5, 3)
+    with pytest.raises(ValueError, match=r"Embedding: indices must be whole numbers.*element 1 .* 2\.5"):
+        emb(tensor.from_numpy(np.array([[0.0, 2.5]], dtype=np.float32), cpu))
+    with pytest.raises(ValueError, match="embedding: indices must be whole numbers"):
+        autograd.embedding(tensor.from_numpy(np.array([0.5], dtype=np.float32), cpu), emb.W)
+    whole = emb(tensor.from_numpy(np.array([[0.0, 2.0]], dtype=np.float32), cpu)).to_numpy()
+    np.testing.assert_array_equal(whole[0], emb.W.to_numpy()[[0, 2]])
+
+
 # ---- layers
 @pytest.mark.parametrize("kind", ["lstm", "rnn"])
 def test_recurrent_layers_broadcast_a_batch_of_one_against_their_states(cpu, kind):
