@@ -5,8 +5,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <tuple>
+#include <vector>
 
 #include "tandem/device.h"
+#include "tandem/optim/optimizer.h"
 #include "tandem/random.h"
 #include "tandem/tensor.h"
 
@@ -40,6 +44,10 @@ Tensor tensor_from_array(nb::ndarray<> array);
 
 /// The handle of the CUDA stream tandem queues work on for a GPU (0 in a build without CUDA).
 uintptr_t compute_stream_handle(int device);
+
+/// A parameter group as Python hands it over: (parameters, learning-rate factor, weight decay or None).
+using GroupTuple = std::tuple<std::vector<Tensor>, double, std::optional<double>>;
+std::vector<optim::ParamGroup> to_groups(const std::vector<GroupTuple>& groups);
 
 void bind_core(nb::module_& m);
 void bind_tensor(nb::module_& m);
