@@ -97,7 +97,9 @@ Runner add_data_command(CLI::App& app) {
   info->add_option("shards", info_cfg->specs, "Shard files, directories of *.bin files or glob patterns")->required();
   info->add_option("--vocab", info_cfg->vocab, "Check that every token is below this vocabulary size (0: no check)")
       ->check(CLI::Range(int64_t{0}, int64_t{65536}));
-  info->footer("Reads llm.c's shards (magic 20240520) and nanoGPT's bare uint16 .bin files alike.");
+  info->footer("Reads llm.c's shards (magic 20240520) and nanoGPT's bare uint16 .bin files alike. A file that is "
+               "no token shard\n(a text file among them) is refused, naming it: `tandem data text` makes text into "
+               "shards.");
 
   return [text, info, text_cfg, info_cfg] {
     if (text->parsed()) return run_text(*text_cfg);

@@ -94,6 +94,19 @@ LmDataSpecs lm_data_specs(const LmTrainConfig& cfg) {
   }
   TANDEM_CHECK(!cfg.train_data.empty(), "a language model trains on token shards: give --data DIR (its *train*.bin ",
                "and *val*.bin files, as `tandem data text` writes them) or --train-data SPEC");
+  if (data::holds_both_splits(cfg.train_data)) {
+    // nanoGPT's train.bin beside val.bin, llm.c's NAME_train*.bin beside NAME_val*.bin: the directory names
+    // its splits, and only the training shards train. Validation comes from it too unless --val-data says.
+    LmTrainConfig as_data = cfg;
+    as_data.data_dir = cfg.train_data;
+    as_data.train_data.clear();
+    as_data.val_data.clear();
+    s = lm_data_specs(as_data);
+    if (!cfg.val_data.empty()) s.val = cfg.val_data;
+    s.note = "--train-data '" + cfg.train_data + "' holds training and validation shards: training on " + s.train +
+             (cfg.val_data.empty() ? ", validating on " + s.val : " only (--val-data validates)");
+    return s;
+  }
   s.train = cfg.train_data;
   s.val = cfg.val_data;
   return s;
@@ -272,6 +285,7 @@ bool LmTrainer::setup() {
                  static_cast<long long>(cfg_.steps), s.opt().optimizer().schedule()->describe().c_str(),
                  s.where().c_str());
     std::fprintf(stderr, "tandem: %s\n", s.memory_line().c_str());
+    if (!specs_.note.empty()) std::fprintf(stderr, "tandem: %s\n", specs_.note.c_str());
     if (specs_.val.empty())
       std::fprintf(stderr, "tandem: no validation shards: no validation loss is reported\n");
     if (!eager_because_.empty()) std::fprintf(stderr, "tandem: steps run eagerly: %s\n", eager_because_.c_str());

@@ -139,8 +139,13 @@ Runner add_train_command(CLI::App& app) {
                          "Directory of token shards: its *train*.bin files train, its *val*.bin files validate "
                          "(what `tandem data text` writes; llm.c's and nanoGPT's shards too)"));
   lm_opt(sub->add_option("--train-data", lm->train_data,
-                         "Training shards: a file, a directory of *.bin files or a glob pattern (instead of --data)"));
-  lm_opt(sub->add_option("--val-data", lm->val_data, "Validation shards, as --train-data (none: no validation)"));
+                         "Training shards: a file, a directory of *.bin files or a glob pattern (instead of --data). "
+                         "A directory holding both splits (train.bin and val.bin, *_train*.bin and *_val*.bin) trains "
+                         "on its training shards only and validates on the others unless --val-data is given. A file "
+                         "that is not a token shard (a text file) is refused: `tandem data text` makes shards"));
+  lm_opt(sub->add_option("--val-data", lm->val_data,
+                         "Validation shards, as --train-data (none: no validation, unless --train-data's directory "
+                         "holds them)"));
   lm_opt(sub->add_option("--gpt-config", lm->gpt_config,
                          "gpt: the shape, gpt2 (124M), gpt2-medium (350M) or char (6 layers of 384, context 256, "
                          "bytes)")
