@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cli/interrupt.h"
 #include "cli/lm_report.h"
 #include "cli/trainer.h"
 #include "tandem/checkpoint.h"
@@ -178,6 +179,11 @@ int LmTrainer::run() {
   const int64_t last = cfg_.stop_at > 0 ? cfg_.stop_at : cfg_.steps;
   const bool validate = val_batches_ && cfg_.eval_steps > 0;
   s.model().train(true);
+  // Ctrl-C / SIGTERM from here on: the ranks agree on a step boundary to stop at and save there.
+  InterruptScope interrupts(s.lead(), cfg_.checkpoint.empty()
+                                          ? std::string("with nothing to save (no --checkpoint)")
+                                          : "saving the checkpoint '" + cfg_.checkpoint + "' there");
+  StopAgreement stop(s.comm(), s.device());
   Clock::time_point mark = Clock::now();
   int64_t since = 0;  // steps since the last line
   for (int64_t step = first_step_; step < last; ++step) {
@@ -203,7 +209,10 @@ int LmTrainer::run() {
       save_checkpoint(step + 1);
       mark += Clock::now() - t0;
     }
+    if (step + 1 < last)
+      if (const int sig = stop.at_boundary()) return stop_after(step + 1, sig);
   }
+  stop.finish();
   if (validate) {
     auto t0 = Clock::now();
     const double v = evaluate();
@@ -223,6 +232,21 @@ int LmTrainer::run() {
     std::fprintf(stderr, "tandem: %s\n", line.c_str());
   }
   return 0;
+}
+
+int LmTrainer::stop_after(int64_t step, int sig) {
+  Session& s = *session_;
+  synchronize(s.device());
+  save_checkpoint(step);  // every rank: each saves its own state beside it
+  if (s.lead()) {
+    const std::string saved = cfg_.checkpoint.empty()
+                                  ? std::string("nothing was saved (no --checkpoint)")
+                                  : "saved the checkpoint '" + cfg_.checkpoint + "' (the same command with --resume "
+                                    "goes on from there)";
+    std::fprintf(stderr, "tandem: interrupted by %s after step %lld of %lld: %s\n", stop_signal_name(sig).c_str(),
+                 static_cast<long long>(step), static_cast<long long>(cfg_.steps), saved.c_str());
+  }
+  return 128 + sig;
 }
 
 bool LmTrainer::setup() {

@@ -119,6 +119,9 @@ class LmTrainer {
   void report_eval(int64_t step, double val_loss, double seconds);
   /// Saves the model, the optimizer and each rank's state after `step` steps (when --checkpoint is set).
   void save_checkpoint(int64_t step);
+  /// The ranks agreed to stop after `step` for signal `sig` (Ctrl-C, SIGTERM): saves the checkpoint there,
+  /// says what was saved, and returns the exit status, 128 + sig.
+  int stop_after(int64_t step, int sig);
 
  private:
   LmTrainConfig cfg_;

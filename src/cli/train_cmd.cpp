@@ -116,7 +116,9 @@ Runner add_train_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   sub->add_option("--checkpoint", cfg->checkpoint,
                   "Save the model and optimizer to this file after every epoch (language models: at the end and "
-                  "every --checkpoint-every steps; written atomically by rank 0)");
+                  "every --checkpoint-every steps; written atomically by rank 0). Ctrl-C or SIGTERM saves it at the "
+                  "next step boundary (every rank at the same one) and exits 130 (143); a second Ctrl-C stops at "
+                  "once");
   sub->add_flag("--resume", cfg->resume,
                 "Continue from --checkpoint when the file exists (every rank must be able to read it)")
       ->needs("--checkpoint");

@@ -434,7 +434,12 @@ void Supervisor::on_signal(int sig) {
     return;
   }
   interrupted_by_ = sig;
-  // The ranks get the same signal the launcher got (SIGHUP arrives as SIGTERM).
+  // The ranks get the same signal the launcher got (SIGHUP arrives as SIGTERM), and time to use it: tandem
+  // train's ranks agree on a step boundary, stop there together and save their checkpoint.
+  if (running())
+    say(signal_name(sig) + ": passed to the ranks, which get " + net::format_duration(std::chrono::milliseconds(
+            static_cast<int64_t>(o_.interrupt_grace_s * 1000))) + " to stop (tandem train stops at its next step "
+        "boundary, saving its --checkpoint); interrupt again to kill them now");
   begin_stop(sig == SIGHUP ? SIGTERM : sig, o_.interrupt_grace_s);
   group_.claim_failure(round_, {128 + sig, true, "the launcher of node " + std::to_string(o_.node_rank) +
                                                      " was interrupted by " + signal_name(sig), o_.node_rank, -1});
@@ -450,7 +455,9 @@ void Supervisor::check_others(Clock::time_point now) {
   if (auto f = group_.round_failure(round_)) {
     reap();
     named_ = f;
-    if (running()) begin_stop(SIGTERM, o_.stop_grace_s);
+    // An interrupt elsewhere gives this machine's ranks the same time to stop at a step boundary as there.
+    const bool interrupt = f->final && f->rank < 0 && f->exit_code > 128;
+    if (running()) begin_stop(SIGTERM, interrupt ? o_.interrupt_grace_s : o_.stop_grace_s);
     return;
   }
   if (!failing_since_ && group_.round_failing(round_)) {
