@@ -220,6 +220,28 @@ std::vector<pid_t> wait_ready(Proc& p, int n) {
   return pids;
 }
 
+// Written to one file (as here: the launcher's stdout and stderr are one pipe), a rank's lines keep the
+// order it wrote them in across its two streams: a header on stderr comes before the stdout line after it.
+TEST(Launch, ARanksLinesKeepTheirOrderAcrossItsTwoStreams) {
+  Proc p({kTandem, "launch", "-n", "2", "--", "sh", "-c",
+          "i=0; while [ $i -lt 300 ]; do echo out$i; echo err$i >&2; i=$((i+1)); done"});
+  ProcResult r = p.wait(30);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string rank0, rank1;
+  for (int i = 0; i < 300; ++i) {
+    rank0 += "out" + std::to_string(i) + "\nerr" + std::to_string(i) + "\n";
+    rank1 += "[rank 1] out" + std::to_string(i) + "\n[rank 1] err" + std::to_string(i) + "\n";
+  }
+  std::string only0, only1;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("[rank 1] ", 0) == 0) only1 += line + "\n";
+    else if (line.rfind("out", 0) == 0 || line.rfind("err", 0) == 0) only0 += line + "\n";
+  }
+  EXPECT_EQ(only0, rank0);
+  EXPECT_EQ(only1, rank1);
+}
+
 TEST(Launch, CtrlCStopsEveryRank) {
   Proc p({kTandem, "launch", "-n", "3", "--", kWorker, "sleep"});
   std::vector<pid_t> pids = wait_ready(p, 3);

@@ -80,6 +80,23 @@ TEST(TrainCli, UnknownFlagExitsWithStatus2) {
   EXPECT_NE(r.output.find("--no-such-flag"), std::string::npos) << r.output;
 }
 
+// The training run's first line comes before its first epoch's, also through tandem launch, which passes a
+// rank's stdout and stderr on in the order they were written.
+TEST(TrainCli, TheHeaderComesBeforeTheFirstEpoch) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  const std::string train = " train --model mlp --hidden 16 --epochs 1 --limit-train 256 --limit-test 64 --threads 1 "
+                            "--progress off";
+  for (int attempt = 0; attempt < 3; ++attempt)
+    for (const std::string& args : {train, "launch -n 1 -- " + std::string(TANDEM_BIN) + train}) {
+      auto r = run_tandem(args);
+      ASSERT_EQ(r.status, 0) << r.output;
+      const size_t header = r.output.find("tandem: mlp ("), epoch = r.output.find("Starting Epoch 0:");
+      ASSERT_NE(header, std::string::npos) << r.output;
+      ASSERT_NE(epoch, std::string::npos) << r.output;
+      EXPECT_LT(header, epoch) << args << "\n" << r.output;
+    }
+}
+
 TEST(TrainCli, InvalidValuesExitWithStatus2) {
   for (const char* args : {"train --model resnet9000", "train --epochs 0", "train --batch-size -3",
                            "train --lr abc", "train --dataset imagenet", "train -d sparse-everything"}) {

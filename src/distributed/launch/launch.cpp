@@ -237,12 +237,21 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int per_node, 
   return env;
 }
 
-// Forks one rank with its output on two new pipes (read ends returned, non-blocking).
+// Whether the launcher's stdout and stderr are one file (a terminal, or one pipe as after 2>&1): then a
+// rank's two streams can share one pipe too, and its lines keep the order it wrote them in. (Read from two
+// pipes, a header on stderr and the line that follows it on stdout may be relayed the other way round.)
+bool one_output_file() {
+  struct stat out {}, err {};
+  return fstat(1, &out) == 0 && fstat(2, &err) == 0 && out.st_dev == err.st_dev && out.st_ino == err.st_ino;
+}
+
+// Forks one rank with its output on two new pipes, or on one for both streams when `merged` (read ends
+// returned, non-blocking; err_fd is -1 when merged).
 pid_t spawn(const std::string& path, const std::vector<std::string>& args, const std::vector<std::string>& env,
-            int& out_fd, int& err_fd) {
-  int out[2], err[2];
+            bool merged, int& out_fd, int& err_fd) {
+  int out[2], err[2] = {-1, -1};
   TANDEM_RUNTIME_CHECK(pipe2(out, O_CLOEXEC) == 0, "launch: pipe2 failed: ", net::errno_str(errno));
-  if (pipe2(err, O_CLOEXEC) != 0) {
+  if (!merged && pipe2(err, O_CLOEXEC) != 0) {
     int e = errno;
     close(out[0]);
     close(out[1]);
@@ -276,7 +285,7 @@ pid_t spawn(const std::string& path, const std::vector<std::string>& args, const
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
     dup2(out[1], 1);
-    dup2(err[1], 2);
+    dup2(merged ? out[1] : err[1], 2);
     execve(path.c_str(), argv.data(), envp.data());
     const char msg[] = "tandem launch: execve failed for the command\n";
     (void)!write(2, msg, sizeof msg - 1);
@@ -285,17 +294,17 @@ pid_t spawn(const std::string& path, const std::vector<std::string>& args, const
   int fork_err = errno;
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   close(out[1]);
-  close(err[1]);
+  if (!merged) close(err[1]);
   if (pid < 0) {
     close(out[0]);
-    close(err[0]);
+    if (!merged) close(err[0]);
     TANDEM_RUNTIME_CHECK(false, "launch: fork failed: ", net::errno_str(fork_err));
   }
   setpgid(pid, pid);  // also here, so that the group exists before the launcher may signal it
   net::set_fd_flags(out[0], true);
-  net::set_fd_flags(err[0], true);
+  if (!merged) net::set_fd_flags(err[0], true);
   out_fd = out[0];
-  err_fd = err[0];
+  err_fd = merged ? -1 : err[0];
   return pid;
 }
 
@@ -487,11 +496,12 @@ bool Supervisor::ended() const {
 }
 
 Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<std::string>>& envs, int first_rank) {
+  const bool merged = one_output_file();
   for (size_t i = 0; i < envs.size(); ++i) {
     int out_fd = -1, err_fd = -1;
     pid_t pid;
     try {
-      pid = spawn(path, o_.command, envs[i], out_fd, err_fd);
+      pid = spawn(path, o_.command, envs[i], merged, out_fd, err_fd);
     } catch (...) {
       begin_stop(SIGKILL, 0);
       while (running()) {
@@ -503,7 +513,7 @@ Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<s
     int rank = first_rank + static_cast<int>(i);
     children_.push_back({rank, pid, true, 0});
     relays_.emplace_back(rank, out_fd, 1);
-    relays_.emplace_back(rank, err_fd, 2);
+    if (err_fd >= 0) relays_.emplace_back(rank, err_fd, 2);
   }
 
   std::optional<Clock::time_point> drain_until;  // once every rank exited, lingering pipes get this long
