@@ -7,8 +7,10 @@
 #include <regex>
 
 #include "e2e/cli_util.h"
+#include "text_util.h"
 
 namespace fs = std::filesystem;
+using tandem::test::contains;
 using tandem::test::count_lines_with;
 using tandem::test::have_fashion_mnist;
 using tandem::test::kFashionDir;
@@ -78,6 +80,30 @@ TEST(TrainCli, UnknownFlagExitsWithStatus2) {
   auto r = run_tandem("train --no-such-flag");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find("--no-such-flag"), std::string::npos) << r.output;
+}
+
+// A misspelt option or command is named with the nearest one, not CLI11's "The following arguments were not
+// expected"; every message starts with "tandem: error:".
+TEST(TrainCli, MisspeltOptionsAndCommandsAreNamedWithTheNearest) {
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"train --epoch 1", "tandem: error: unknown option --epoch; did you mean --epochs?"},
+      {"trian --epochs 1", "tandem: error: unknown command 'trian'; did you mean 'train'?"},
+      {"data txt a.txt -o out", "tandem: error: unknown command 'txt'; did you mean 'text'?"},
+      {"bench allreduce --iter 3", "tandem: error: unknown option --iter; did you mean --iters?"},
+      {"", "tandem: error: give a command: tandem COMMAND, where COMMAND is one of train, launch"},
+      {"train --epochs 0", "tandem: error: --epochs"},
+      {"data text", "tandem: error: "},
+  };
+  for (const Case& c : cases) {
+    auto r = run_tandem(c.args);
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.output;
+    EXPECT_EQ(r.output.rfind(c.message, 0), 0u) << c.args << "\n" << r.output;
+    EXPECT_FALSE(contains(r.output, "were not expected")) << r.output;
+    EXPECT_FALSE(contains(r.output, "A subcommand is required")) << r.output;
+  }
 }
 
 // The training run's first line comes before its first epoch's, also through tandem launch, which passes a
