@@ -110,7 +110,8 @@ Runner add_train_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   sub->add_option("--limit-test", cfg->limit_test, "Use only the first N test samples (0: all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  sub->add_option("--hidden", cfg->hidden, "Hidden layer sizes of the mlp model (default 512 512)")
+  sub->add_option("--hidden", cfg->hidden, "Hidden layer sizes of the mlp model (default 512 512; refused with other "
+                  "models)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
@@ -241,6 +242,7 @@ Runner add_train_command(CLI::App& app) {
       for (CLI::Option* o : lm_only)
         TANDEM_CHECK(o->count() == 0, o->get_name(), " is for language models (--model ", language_models(),
                      "); --model ", cfg->model, " trains on --dataset by epochs");
+      check_flags_apply(*sub, cfg->model, cfg->optimizer, cfg->dist_option);
       return Trainer(*cfg).run();
     }
     for (const std::string& name : image_only) {
@@ -270,10 +272,7 @@ Runner add_train_command(CLI::App& app) {
     c.resume = cfg->resume;
     c.check_consistency = cfg->check_consistency;
     c.report_comm = cfg->report_comm;
-    TANDEM_CHECK(c.optimizer != "sgd" || (!given("--beta1") && !given("--beta2")), "--beta1 and --beta2 set adam and ",
-                 "adamw; --optimizer sgd has none");
-    TANDEM_CHECK(c.optimizer == "sgd" || (!given("--momentum") && !given("--nesterov")), "--momentum and --nesterov ",
-                 "set sgd; --optimizer ", c.optimizer, " has none");
+    check_flags_apply(*sub, c.model, c.optimizer, c.dist_option);
     if (c.model == "bigram")
       for (const char* name : {"--gpt-config", "--layers", "--heads", "--width", "--dropout"})
         TANDEM_CHECK(!given(name), name, " shapes --model gpt; bigram is one vocab x vocab table (it takes --vocab ",

@@ -106,6 +106,27 @@ TEST(TrainCli, MisspeltOptionsAndCommandsAreNamedWithTheNearest) {
   }
 }
 
+// Flags that would do nothing for the model or optimizer chosen are refused (or, for the synchronisation
+// options a -d method ignores, warned about).
+TEST(TrainCli, FlagsThatDoNothingForTheModelAreRefused) {
+  auto r = run_tandem("train --model cnn --hidden 64 --epochs 1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--hidden sets the hidden layers of --model mlp; --model cnn has none")) << r.output;
+  r = run_tandem("train --model mlp --beta2 0.9 --epochs 1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--beta2 sets adam and adamw; --optimizer sgd has none")) << r.output;
+  r = run_tandem("train --model mlp --optimizer adam --momentum 0.5 --epochs 1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--momentum sets sgd; --optimizer adam has none")) << r.output;
+  r = run_tandem("bench train --model cnn --hidden 8 -b 4 --steps 1 --warmup 0");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--hidden sets the hidden layers of --model mlp")) << r.output;
+  r = run_tandem("bench train --model mlp --hidden 8 -b 4 --steps 1 --warmup 0 --threads 1 -s 0.1 --half-dtype bf16");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "tandem: warning: -d plain ignores -s/--spars (sparseTopK, sparseThreshold), "
+                                 "--half-dtype (half)")) << r.output;
+}
+
 // The training run's first line comes before its first epoch's, also through tandem launch, which passes a
 // rank's stdout and stderr on in the order they were written.
 TEST(TrainCli, TheHeaderComesBeforeTheFirstEpoch) {
