@@ -195,6 +195,17 @@ TEST(TrainCli, MissingGpuIsAnInputError) {
   auto r = run_tandem("train --device cuda:7 --epochs 1");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find("cuda:7"), std::string::npos) << r.output;
+  // Where there is no GPU at all, every command that wants one says how to run on the CPU.
+  if (contains(run_tandem("info").output, "gpus: 0")) {
+    for (const std::string& args : {std::string("train --device cuda --epochs 1"),
+                                    std::string("bench train --device cuda --steps 1"),
+                                    std::string("bench allreduce --device cuda"),
+                                    "launch -n 1 -- " + std::string(TANDEM_BIN) + " train --device cuda"}) {
+      auto g = run_tandem(args);
+      EXPECT_EQ(g.status, 2) << args << "\n" << g.output;
+      EXPECT_TRUE(contains(g.output, "--device cpu")) << args << "\n" << g.output;
+    }
+  }
   auto bad = run_tandem("train --device tpu --epochs 1");
   EXPECT_EQ(bad.status, 2) << bad.output;
   EXPECT_NE(bad.output.find("tpu"), std::string::npos) << bad.output;
