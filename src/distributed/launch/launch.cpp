@@ -474,6 +474,19 @@ void Supervisor::check_others(Clock::time_point now) {
     if (!failing_since_) failing_since_ = now;
     if (running()) begin_stop(SIGTERM, o_.stop_grace_s);
   }
+  // A launcher that died took its ranks along, and the ranks of the other machines fail of it moments
+  // later ("connection reset by peer"): its silence is the cause, named before any of their exits.
+  group_.watch_launchers();
+  const auto quiet = failing_since_ ? detail::kSilentWhileFailing : detail::kSilentLauncher;
+  if (!name_by_)
+    if (auto gone = group_.silent_launcher(round_, quiet)) {
+      reap();
+      group_.claim_failure(round_, *gone);
+      if (!failing_since_) failing_since_ = now;
+      name_by_ = now + detail::kBlameGrace;  // the claim (or an earlier one) is read back meanwhile
+      if (running()) begin_stop(SIGTERM, o_.stop_grace_s);
+      return;
+    }
   if (failing_since_ && !name_by_ && now >= *failing_since_ + detail::kBlameGrace) {
     group_.settle_failure(round_, fallback_failure());
     name_by_ = now + detail::kBlameGrace;
