@@ -286,6 +286,7 @@ Runner add_bench_command(CLI::App& app) {
       if (!nn::is_language_model(tc->model)) {
         for (CLI::Option* o : lm_only)
           TANDEM_CHECK(o->count() == 0, o->get_name(), " is for language models (--model bigram, gpt)");
+        check_flags_apply(*train, tc->model, tc->optimizer, tc->dist_option);
         return run_train_bench(*tc);
       }
       for (const char* name : {"--image", "--channels", "--classes", "--hidden"})
@@ -309,6 +310,7 @@ Runner add_bench_command(CLI::App& app) {
       c.weight_decay = d.weight_decay;
       c.clip_norm = d.clip_norm;
       c.lm.model = c.model;
+      check_flags_apply(*train, c.model, c.optimizer, c.dist_option);
       return run_lm_train_bench(c);
     }
     return run_allreduce_bench(*ac);

@@ -18,6 +18,7 @@ struct DataTextConfig {
   std::string out_dir;
   double val = 0.1;
   bool strip_gutenberg = false;
+  bool binary_ok = false;
   int64_t shard_tokens = 100'000'000;
   std::string tokenizer, document_token;
   int threads = 0;
@@ -34,6 +35,7 @@ int run_text(const DataTextConfig& cfg) {
   opt.out_dir = cfg.out_dir;
   opt.val_fraction = cfg.val;
   opt.strip_gutenberg = cfg.strip_gutenberg;
+  opt.binary_ok = cfg.binary_ok;
   opt.shard_tokens = cfg.shard_tokens;
   opt.tokenizer = cfg.tokenizer;
   opt.document_token = cfg.document_token;
@@ -58,12 +60,36 @@ int run_text(const DataTextConfig& cfg) {
                 static_cast<long long>(r.document_token_id));
   }
   int val_files = 0;
-  for (const auto& f : r.files) val_files += f.val;
+  const data::TextFileReport* within = nullptr;  // the one file split within itself
+  for (const auto& f : r.files) {
+    val_files += f.val;
+    if (f.val_from >= 0) within = &f;
+  }
   const int train_files = static_cast<int>(r.files.size()) - val_files;
-  std::printf("train: %d file%s, %lld tokens in %zu shard%s\n", train_files, train_files == 1 ? "" : "s",
-              static_cast<long long>(r.train_tokens), r.train_shards.size(), r.train_shards.size() == 1 ? "" : "s");
-  std::printf("val: %d file%s, %lld tokens in %zu shard%s\n", val_files, val_files == 1 ? "" : "s",
-              static_cast<long long>(r.val_tokens), r.val_shards.size(), r.val_shards.size() == 1 ? "" : "s");
+  const double total = static_cast<double>(r.train_tokens + r.val_tokens);
+  const double got = total > 0 ? static_cast<double>(r.val_tokens) / total : 0.0;
+  auto shards = [](size_t n) { return std::to_string(n) + (n == 1 ? " shard" : " shards"); };
+  auto count = [](int64_t v) { return std::to_string(v); };
+  if (within) {
+    std::printf("train: the first %.1f%% of %s, %s tokens in %s\n", 100.0 * (1.0 - got), within->path.c_str(),
+                count(r.train_tokens).c_str(), shards(r.train_shards.size()).c_str());
+    std::printf("val: the last %.1f%% of %s (from byte %lld, cut at %s), %s tokens in %s\n", 100.0 * got,
+                within->path.c_str(), static_cast<long long>(within->val_from), within->cut_at.c_str(),
+                count(r.val_tokens).c_str(), shards(r.val_shards.size()).c_str());
+  } else {
+    std::printf("train: %d file%s, %lld tokens in %s\n", train_files, train_files == 1 ? "" : "s",
+                static_cast<long long>(r.train_tokens), shards(r.train_shards.size()).c_str());
+    std::printf("val: %d file%s, %lld tokens in %s", val_files, val_files == 1 ? "" : "s",
+                static_cast<long long>(r.val_tokens), shards(r.val_shards.size()).c_str());
+    if (val_files > 0) std::printf(" (%.1f%% of the tokens; --val asked %g%%)", 100.0 * got, 100.0 * cfg.val);
+    std::printf("\n");
+    // Whole files seldom hit the fraction; far from it, the user should know and know what helps.
+    std::fflush(stdout);
+    if (val_files > 0 && (got > 2.0 * cfg.val || got < 0.5 * cfg.val))
+      std::fprintf(stderr, "tandem: the validation split holds whole files, the last by path: %.1f%% of the tokens "
+                   "where --val %g asks for %g%%. For a closer split give more files of similar sizes (or one file, "
+                   "which is split within itself), or another --val\n", 100.0 * got, cfg.val, 100.0 * cfg.val);
+  }
   std::printf("wrote %s\n", r.meta_path.c_str());
   return 0;
 }
@@ -93,12 +119,17 @@ Runner add_data_command(CLI::App& app) {
       ->required();
   text->add_option("--val", text_cfg->val,
                    "Fraction of the bytes held out for validation, as whole files: the last files by path whose bytes "
-                   "come closest to it (at least one file each way; 0: no validation split)")
+                   "come closest to it (at least one file each way; the fraction they hold is printed). One file is "
+                   "split within itself: its last part, cut at a blank line (else a line end) near the fraction. 0: "
+                   "no validation split")
       ->check(finite_in(0.0, 0.999999))
       ->capture_default_str();
   text->add_flag("--strip-gutenberg", text_cfg->strip_gutenberg,
                  "Leave out Project Gutenberg's licence header (up to the '*** START OF' or '*END*THE SMALL PRINT' "
                  "line) and footer (from the '*** END OF' or 'End of the Project Gutenberg' line)");
+  text->add_flag("--binary-ok", text_cfg->binary_ok,
+                 "Tokenize files that are not text too (a NUL byte, or more than 10% control characters and "
+                 "bytes outside UTF-8): without it such a file, an executable or random bytes, is refused");
   text->add_option("--shard-tokens", text_cfg->shard_tokens, "Most tokens per shard file")
       ->check(CLI::Range(int64_t{1}, int64_t{2147483647}))
       ->capture_default_str();
@@ -123,7 +154,9 @@ Runner add_data_command(CLI::App& app) {
   info->add_option("shards", info_cfg->specs, "Shard files, directories of *.bin files or glob patterns")->required();
   info->add_option("--vocab", info_cfg->vocab, "Check that every token is below this vocabulary size (0: no check)")
       ->check(CLI::Range(int64_t{0}, int64_t{2147483647}));
-  info->footer("Reads llm.c's shards (magic 20240520, uint16; 20240801, uint32) and nanoGPT's bare uint16 .bin files alike.");
+  info->footer("Reads llm.c's shards (magic 20240520, uint16; 20240801, uint32) and nanoGPT's bare uint16 .bin files "
+               "alike. A file that is\nno token shard (a text file among them) is refused, naming it: `tandem data "
+               "text` makes text into shards.");
 
   return [text, info, text_cfg, info_cfg] {
     if (text->parsed()) return run_text(*text_cfg);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cli/interrupt.h"
 #include "cli/lm_report.h"
 #include "cli/trainer.h"
 #include "tandem/checkpoint.h"
@@ -94,6 +95,19 @@ LmDataSpecs lm_data_specs(const LmTrainConfig& cfg) {
   }
   TANDEM_CHECK(!cfg.train_data.empty(), "a language model trains on token shards: give --data DIR (its *train*.bin ",
                "and *val*.bin files, as `tandem data text` writes them) or --train-data SPEC");
+  if (data::holds_both_splits(cfg.train_data)) {
+    // nanoGPT's train.bin beside val.bin, llm.c's NAME_train*.bin beside NAME_val*.bin: the directory names
+    // its splits, and only the training shards train. Validation comes from it too unless --val-data says.
+    LmTrainConfig as_data = cfg;
+    as_data.data_dir = cfg.train_data;
+    as_data.train_data.clear();
+    as_data.val_data.clear();
+    s = lm_data_specs(as_data);
+    if (!cfg.val_data.empty()) s.val = cfg.val_data;
+    s.note = "--train-data '" + cfg.train_data + "' holds training and validation shards: training on " + s.train +
+             (cfg.val_data.empty() ? ", validating on " + s.val : " only (--val-data validates)");
+    return s;
+  }
   s.train = cfg.train_data;
   s.val = cfg.val_data;
   return s;
@@ -165,6 +179,11 @@ int LmTrainer::run() {
   const int64_t last = cfg_.stop_at > 0 ? cfg_.stop_at : cfg_.steps;
   const bool validate = val_batches_ && cfg_.eval_steps > 0;
   s.model().train(true);
+  // Ctrl-C / SIGTERM from here on: the ranks agree on a step boundary to stop at and save there.
+  InterruptScope interrupts(s.lead(), cfg_.checkpoint.empty()
+                                          ? std::string("with nothing to save (no --checkpoint)")
+                                          : "saving the checkpoint '" + cfg_.checkpoint + "' there");
+  StopAgreement stop(s.comm(), s.device());
   Clock::time_point mark = Clock::now();
   int64_t since = 0;  // steps since the last line
   for (int64_t step = first_step_; step < last; ++step) {
@@ -190,7 +209,10 @@ int LmTrainer::run() {
       save_checkpoint(step + 1);
       mark += Clock::now() - t0;
     }
+    if (step + 1 < last)
+      if (const int sig = stop.at_boundary()) return stop_after(step + 1, sig);
   }
+  stop.finish();
   if (validate) {
     auto t0 = Clock::now();
     const double v = evaluate();
@@ -210,6 +232,21 @@ int LmTrainer::run() {
     std::fprintf(stderr, "tandem: %s\n", line.c_str());
   }
   return 0;
+}
+
+int LmTrainer::stop_after(int64_t step, int sig) {
+  Session& s = *session_;
+  synchronize(s.device());
+  save_checkpoint(step);  // every rank: each saves its own state beside it
+  if (s.lead()) {
+    const std::string saved = cfg_.checkpoint.empty()
+                                  ? std::string("nothing was saved (no --checkpoint)")
+                                  : "saved the checkpoint '" + cfg_.checkpoint + "' (the same command with --resume "
+                                    "goes on from there)";
+    std::fprintf(stderr, "tandem: interrupted by %s after step %lld of %lld: %s\n", stop_signal_name(sig).c_str(),
+                 static_cast<long long>(step), static_cast<long long>(cfg_.steps), saved.c_str());
+  }
+  return 128 + sig;
 }
 
 bool LmTrainer::setup() {
@@ -272,6 +309,7 @@ bool LmTrainer::setup() {
                  static_cast<long long>(cfg_.steps), s.opt().optimizer().schedule()->describe().c_str(),
                  s.where().c_str());
     std::fprintf(stderr, "tandem: %s\n", s.memory_line().c_str());
+    if (!specs_.note.empty()) std::fprintf(stderr, "tandem: %s\n", specs_.note.c_str());
     if (specs_.val.empty())
       std::fprintf(stderr, "tandem: no validation shards: no validation loss is reported\n");
     if (!eager_because_.empty()) std::fprintf(stderr, "tandem: steps run eagerly: %s\n", eager_because_.c_str());

@@ -63,7 +63,10 @@ struct LmTrainConfig : SessionConfig {
   double min_lr_or_default() const { return min_lr >= 0.0 ? min_lr : lr / 10.0; }
 };
 
-/// The data specs of a run: --data DIR's *train*.bin and *val*.bin, or --train-data and --val-data.
+/// The data specs of a run: --data DIR's *train*.bin and *val*.bin, or --train-data and --val-data. A
+/// --train-data directory that holds both splits (nanoGPT's train.bin and val.bin, llm.c's *_train*.bin and
+/// *_val*.bin) is read as --data DIR: its training shards train, and its validation shards validate unless
+/// --val-data is given.
 struct LmDataSpecs {
   std::string train, val;  // val empty: no validation
   // The vocabulary the data declare: "vocab_size" of DIR/meta.json (256 for `tandem data text`'s byte
@@ -71,6 +74,7 @@ struct LmDataSpecs {
   // positive integer, is an error naming it.
   int64_t vocab = 0;
   std::string vocab_from;  // the meta.json it came from
+  std::string note;        // how the specs were read from the flags, when that needs saying
 };
 LmDataSpecs lm_data_specs(const LmTrainConfig& cfg);
 
@@ -116,6 +120,9 @@ class LmTrainer {
   /// Saves the model, the optimizer and each rank's state after `step` steps (when --checkpoint is set).
   void save_checkpoint(int64_t step);
   void save_main_checkpoint(int64_t step);  // rank 0: the model, the optimizer and the run's meta data
+  /// The ranks agreed to stop after `step` for signal `sig` (Ctrl-C, SIGTERM): saves the checkpoint there,
+  /// says what was saved, and returns the exit status, 128 + sig.
+  int stop_after(int64_t step, int sig);
 
  private:
   LmTrainConfig cfg_;

@@ -110,13 +110,16 @@ Runner add_train_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   sub->add_option("--limit-test", cfg->limit_test, "Use only the first N test samples (0: all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  sub->add_option("--hidden", cfg->hidden, "Hidden layer sizes of the mlp model (default 512 512)")
+  sub->add_option("--hidden", cfg->hidden, "Hidden layer sizes of the mlp model (default 512 512; refused with other "
+                  "models)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   sub->add_option("--checkpoint", cfg->checkpoint,
                   "Save the model and optimizer to this file after every epoch (language models: at the end and "
-                  "every --checkpoint-every steps; written atomically by rank 0)");
+                  "every --checkpoint-every steps; written atomically by rank 0). Ctrl-C or SIGTERM saves it at the "
+                  "next step boundary (every rank at the same one) and exits 130 (143); a second Ctrl-C stops at "
+                  "once");
   sub->add_flag("--resume", cfg->resume,
                 "Continue from --checkpoint when the file exists (every rank must be able to read it)")
       ->needs("--checkpoint");
@@ -139,8 +142,13 @@ Runner add_train_command(CLI::App& app) {
                          "Directory of token shards: its *train*.bin files train, its *val*.bin files validate "
                          "(what `tandem data text` writes; llm.c's and nanoGPT's shards too)"));
   lm_opt(sub->add_option("--train-data", lm->train_data,
-                         "Training shards: a file, a directory of *.bin files or a glob pattern (instead of --data)"));
-  lm_opt(sub->add_option("--val-data", lm->val_data, "Validation shards, as --train-data (none: no validation)"));
+                         "Training shards: a file, a directory of *.bin files or a glob pattern (instead of --data). "
+                         "A directory holding both splits (train.bin and val.bin, *_train*.bin and *_val*.bin) trains "
+                         "on its training shards only and validates on the others unless --val-data is given. A file "
+                         "that is not a token shard (a text file) is refused: `tandem data text` makes shards"));
+  lm_opt(sub->add_option("--val-data", lm->val_data,
+                         "Validation shards, as --train-data (none: no validation, unless --train-data's directory "
+                         "holds them)"));
   lm_opt(sub->add_option("--gpt-config", lm->gpt_config,
                          "gpt: the shape, gpt2 (124M), gpt2-medium (350M) or char (6 layers of 384, context 256, "
                          "bytes)")
@@ -234,6 +242,7 @@ Runner add_train_command(CLI::App& app) {
       for (CLI::Option* o : lm_only)
         TANDEM_CHECK(o->count() == 0, o->get_name(), " is for language models (--model ", language_models(),
                      "); --model ", cfg->model, " trains on --dataset by epochs");
+      check_flags_apply(*sub, cfg->model, cfg->optimizer, cfg->dist_option);
       return Trainer(*cfg).run();
     }
     for (const std::string& name : image_only) {
@@ -263,10 +272,7 @@ Runner add_train_command(CLI::App& app) {
     c.resume = cfg->resume;
     c.check_consistency = cfg->check_consistency;
     c.report_comm = cfg->report_comm;
-    TANDEM_CHECK(c.optimizer != "sgd" || (!given("--beta1") && !given("--beta2")), "--beta1 and --beta2 set adam and ",
-                 "adamw; --optimizer sgd has none");
-    TANDEM_CHECK(c.optimizer == "sgd" || (!given("--momentum") && !given("--nesterov")), "--momentum and --nesterov ",
-                 "set sgd; --optimizer ", c.optimizer, " has none");
+    check_flags_apply(*sub, c.model, c.optimizer, c.dist_option);
     if (c.model == "bigram")
       for (const char* name : {"--gpt-config", "--layers", "--heads", "--width", "--dropout"})
         TANDEM_CHECK(!given(name), name, " shapes --model gpt; bigram is one vocab x vocab table (it takes --vocab ",

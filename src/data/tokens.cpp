@@ -15,6 +15,7 @@
 #include "backend/token_window.h"
 #include "core/counter_rng.h"
 #include "data/regular_file.h"
+#include "data/text_check.h"
 #include "tandem/error.h"
 
 namespace tandem::data {
@@ -24,10 +25,19 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int64_t kHeaderBytes = kLlmcHeaderInts * 4;
+// How much of a bare shard is looked at to tell text from tokens.
+constexpr uint64_t kTextLookBytes = 1 << 16;
 
 bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
-bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+// What to do with a file that is not a token shard: text becomes shards through `tandem data text`.
+std::string shards_hint(const std::string& path) {
+  return "; a text file is made into token shards first: `tandem data text " + path +
+         " -o DIR`, then train on --data DIR";
+}
+
+// A shard's file name without its directory and .bin, as the split globs see it.
+std::string stem_of(const fs::path& p) { return p.stem().string(); }
 
 }  // namespace
 
@@ -70,7 +80,7 @@ TokenShard::TokenShard(const std::string& path, int64_t vocab) : path_(path) {
       int32_t header[3];
       std::memcpy(header, bytes, sizeof header);
       TANDEM_CHECK(header[1] == version, "token shard '", path, "': llm.c header version ", header[1], ", expected ",
-                   version, " (magic ", magic, ", uint", 8 * width, " tokens)");
+                   version, " (magic ", magic, ", uint", 8 * width, " tokens)", shards_hint(path));
       const int64_t count = header[2];
       TANDEM_CHECK(count > 0, "token shard '", path, "': its llm.c header announces ", count,
                    " tokens; a shard holds at least one");
@@ -84,8 +94,15 @@ TokenShard::TokenShard(const std::string& path, int64_t vocab) : path_(path) {
       count_ = count;
     } else {
       format_ = TokenFormat::bare;
+      // Bare tokens have no header to check: a text file given here would train on its bytes read in
+      // pairs. Tokens below 256 have a zero byte, GPT-2's common ones bytes below 0x20: text has neither.
+      const size_t looked = static_cast<size_t>(std::min<uint64_t>(size, kTextLookBytes));
+      const TextLook look = look_at_text({reinterpret_cast<const char*>(bytes), looked}, looked < size);
+      TANDEM_CHECK(!look.text, "'", path, "' holds text, not tokens: its ", looked < size ? "first " : "",
+                   looked, " bytes read as UTF-8 text (no zero byte, no stray control character), which neither "
+                   "llm.c's shards (magic ", kLlmcMagic, ") nor nanoGPT's bare uint16 tokens are", shards_hint(path));
       TANDEM_CHECK(size % 2 == 0, "token shard '", path, "' has an odd number of bytes (", size,
-                   "): neither llm.c's format (no magic ", kLlmcMagic, ") nor bare uint16 tokens");
+                   "): neither llm.c's format (no magic ", kLlmcMagic, ") nor bare uint16 tokens", shards_hint(path));
       bytes_ = bytes;
       count_ = static_cast<int64_t>(size / 2);
     }
@@ -122,22 +139,44 @@ uint32_t TokenShard::max_token() const {
   return m;
 }
 
+bool holds_both_splits(const std::string& dir) {
+  std::error_code ec;
+  bool train = false, val = false;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".bin") continue;
+    const std::string stem = stem_of(e.path());
+    train = train || stem.find("train") != std::string::npos;
+    val = val || stem.find("val") != std::string::npos;
+  }
+  return train && val;
+}
+
 std::vector<std::string> find_token_shards(const std::string& spec) {
   TANDEM_CHECK(!spec.empty(), "token shards: an empty path was given");
   std::error_code ec;
   std::vector<std::string> files;
   if (fs::is_directory(spec, ec)) {
-    bool train = false, val = false;
+    std::vector<std::string> train, val;
     for (const auto& e : fs::directory_iterator(spec, ec)) {
       if (e.path().extension() != ".bin") continue;
-      const std::string name = e.path().filename().string();
-      train = train || starts_with(name, "train_");
-      val = val || starts_with(name, "val_");
+      const std::string stem = stem_of(e.path()), name = e.path().filename().string();
+      if (stem.find("train") != std::string::npos) train.push_back(name);
+      if (stem.find("val") != std::string::npos) val.push_back(name);
       files.push_back(e.path().string());
     }
     TANDEM_CHECK(!ec, "cannot list token shard directory '", spec, "': ", ec.message());
-    TANDEM_CHECK(!(train && val), "directory '", spec, "' holds both train_*.bin and val_*.bin shards; name the split: '",
-                 (fs::path(spec) / "train_*.bin").string(), "' or '", (fs::path(spec) / "val_*.bin").string(), "'");
+    if (!train.empty() && !val.empty()) {
+      std::sort(train.begin(), train.end());
+      std::sort(val.begin(), val.end());
+      auto some = [](const std::vector<std::string>& names) {
+        return names.front() + (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "");
+      };
+      TANDEM_CHECK(false, "directory '", spec, "' holds both training shards (", some(train), ") and validation shards (",
+                   some(val), "); name the split: '", (fs::path(spec) / "*train*.bin").string(), "' or '",
+                   (fs::path(spec) / "*val*.bin").string(), "' (tandem train --data ", spec,
+                   " takes both: the first to train, the second to validate)");
+    }
     TANDEM_CHECK(!files.empty(), "directory '", spec, "' holds no token shards (*.bin files)");
   } else if (has_glob_chars(spec) && !fs::exists(spec, ec)) {
     glob_t g{};

@@ -82,7 +82,7 @@ TEST(TextCorpus, ValidationFilesAreTheLastOnesClosestToTheFraction) {
   EXPECT_EQ(choose_validation_files({10, 10, 10}, 0.99), (V{false, true, true})) << "at least one file to training";
   EXPECT_EQ(choose_validation_files({10, 900, 50, 40}, 0.1), (V{false, false, true, true})) << "90 bytes of 1000";
   EXPECT_EQ(choose_validation_files({10, 900, 50, 40}, 0.0), (V{false, false, false, false}));
-  expect_input_error([] { choose_validation_files({100}, 0.1); }, {"only 1 file", "--val 0"});
+  EXPECT_EQ(choose_validation_files({100}, 0.1), (V{false})) << "one file is split within itself, not chosen";
   expect_input_error([] { choose_validation_files({1, 2}, 1.0); }, {"--val must be in [0, 1)"});
 }
 
@@ -100,6 +100,7 @@ TEST(TextCorpus, WritesShardsAndMetadata) {
   o.out_dir = dir.file("out/shards");
   o.val_fraction = 0.15;
   o.shard_tokens = 8;
+  o.binary_ok = true;  // c.txt holds a zero byte
   std::vector<std::string> lines;
   o.progress = [&](const std::string& l) { lines.push_back(l); };
   const TextCorpusReport r = write_text_corpus(o);
@@ -281,6 +282,10 @@ TEST(TextCorpus, ErrorsNameWhatIsWrong) {
   expect_input_error([&] { write_text_corpus(o); }, {"validation files hold no text"});
   o.files = {dir.file("a.txt"), dir.file("a.txt")};
   expect_input_error([&] { write_text_corpus(o); }, {"given twice"});
+  write_text(dir.file("program"), std::string("\x7f" "ELF\x02\x01\x01\0\0\0\0\0\0\0\0\0\x03\0>\0", 20) + "text");
+  o.files = {dir.file("a.txt"), dir.file("program")};
+  expect_input_error([&] { write_text_corpus(o); }, {dir.file("program"), "is not text", "NUL byte at offset 7",
+                                                     "--binary-ok"});
   o.files = {dir.file("a.txt"), dir.file("b.txt")};
   o.out_dir = dir.file("a.txt");
   expect_input_error([&] { write_text_corpus(o); }, {"exists and is not a directory"});
@@ -291,6 +296,99 @@ TEST(TextCorpus, ErrorsNameWhatIsWrong) {
   o.out_dir = dir.file("out");
   o.shard_tokens = 0;
   expect_input_error([&] { write_text_corpus(o); }, {"--shard-tokens"});
+}
+
+// One text's validation part starts at a blank line near the fraction, else a line end, else a space,
+// else a character boundary; both parts keep text.
+TEST(TextCorpus, OneTextIsCutAtADocumentOrLineBoundary) {
+  // 100 lines of 10 bytes, a blank line after every 25th.
+  std::string text;
+  for (int i = 0; i < 100; ++i) {
+    text += "line " + std::to_string(1000 + i).substr(1) + ".\n";
+    if (i % 25 == 24) text += "\n";
+  }
+  // 10 % is 100 of 1004 bytes, from 904; the blank line before line 75 is at 753 (251 bytes back): too
+  // far, so the nearest line end, 903, where line 90 starts.
+  TextCut c = validation_cut(text, 0, text.size(), 0.1);
+  EXPECT_EQ(c.boundary, "a line end");
+  EXPECT_EQ(c.at, 903u);
+  EXPECT_EQ(text.substr(c.at, 8), "line 090");
+  // 25 %: 251 bytes back is the blank line itself.
+  c = validation_cut(text, 0, text.size(), 0.25);
+  EXPECT_EQ(c.boundary, "a blank line");
+  EXPECT_EQ(text.substr(c.at - 2, 2), "\n\n");
+  EXPECT_EQ(text.substr(c.at, 8), "line 075");
+  // Windows line ends make blank lines too.
+  std::string crlf = "one\r\n\r\ntwo\r\n";
+  c = validation_cut(crlf, 0, crlf.size(), 0.4);
+  EXPECT_EQ(c.boundary, "a blank line");
+  EXPECT_EQ(crlf.substr(c.at), "two\r\n");
+  // One line: a space; no space: a character boundary, never inside a UTF-8 sequence.
+  std::string words = "aaaa bbbb cccc dddd eeee ffff gggg hhhh iiii jjjj";
+  c = validation_cut(words, 0, words.size(), 0.1);
+  EXPECT_EQ(c.boundary, "a space");
+  EXPECT_EQ(words.substr(c.at), "jjjj");
+  std::string accents;
+  for (int i = 0; i < 20; ++i) accents += "\xc3\xa9";  // é, two bytes each
+  for (double f : {0.1, 0.25, 0.33, 0.5, 0.77}) {
+    c = validation_cut(accents, 0, accents.size(), f);
+    EXPECT_EQ(c.boundary, "a character");
+    EXPECT_EQ(c.at % 2, 0u) << f;
+    EXPECT_GT(c.at, 0u);
+    EXPECT_LT(c.at, accents.size());
+  }
+  // Within [begin, end) only (a stripped header and footer stay out), and never empty either side.
+  c = validation_cut("ab", 0, 2, 0.9);
+  EXPECT_EQ(c.at, 1u);
+  expect_input_error([] { validation_cut("a", 0, 1, 0.1); }, {"too short to split", "--val 0"});
+}
+
+// A single file makes both splits, its last part validating; a binary file needs --binary-ok.
+TEST(TextCorpus, OneFileIsSplitWithinItself) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "Paragraph " + std::to_string(i) + " of the one file.\n\n";
+  write_text(dir.file("input.txt"), text);
+  TextCorpusOptions o;
+  o.files = {dir.file("input.txt")};
+  o.out_dir = dir.file("out");
+  const TextCorpusReport r = write_text_corpus(o);
+  ASSERT_EQ(r.files.size(), 1u);
+  const TextFileReport& f = r.files[0];
+  EXPECT_FALSE(f.val);
+  EXPECT_EQ(f.cut_at, "a blank line");
+  ASSERT_GT(f.val_from, 0);
+  EXPECT_EQ(r.train_tokens, f.val_from);
+  EXPECT_EQ(r.val_tokens, static_cast<int64_t>(text.size()) - f.val_from);
+  EXPECT_NEAR(static_cast<double>(r.val_tokens) / static_cast<double>(text.size()), 0.1, 0.02);
+  TokenStream train(o.out_dir + "/train_*.bin", 256), val(o.out_dir + "/val_*.bin", 256);
+  std::string back;
+  for (int64_t i = 0; i < train.size(); ++i) back.push_back(static_cast<char>(train.at(i)));
+  for (int64_t i = 0; i < val.size(); ++i) back.push_back(static_cast<char>(val.at(i)));
+  EXPECT_EQ(back, text) << "the two splits are the file, in order";
+  EXPECT_EQ(static_cast<char>(val.at(0)), 'P');
+  std::ifstream mf(r.meta_path);
+  const auto meta = nlohmann::json::parse(mf);
+  EXPECT_EQ(meta["files"][0]["split"], "train, then val");
+  EXPECT_EQ(meta["files"][0]["val_from_byte"], f.val_from);
+  EXPECT_EQ(meta["val"]["tokens"], r.val_tokens);
+  // Random bytes are not text; with binary_ok they are tokens like any others.
+  std::string noise;
+  uint32_t x = 12345;
+  for (int i = 0; i < 4096; ++i) {
+    x = x * 1664525u + 1013904223u;
+    noise.push_back(static_cast<char>(x >> 24));
+  }
+  write_text(dir.file("noise.dat"), noise);
+  o.files = {dir.file("noise.dat")};
+  expect_input_error([&] { write_text_corpus(o); }, {"noise.dat' is not text", "--binary-ok"});
+  o.binary_ok = true;
+  const TextCorpusReport rb = write_text_corpus(o);
+  EXPECT_EQ(rb.train_tokens + rb.val_tokens, 4096);
+  // A file of one token cannot be split.
+  write_text(dir.file("one.txt"), "x");
+  o.files = {dir.file("one.txt")};
+  expect_input_error([&] { write_text_corpus(o); }, {"one.txt' holds 1 token", "--val 0"});
 }
 
 }  // namespace

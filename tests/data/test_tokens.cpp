@@ -165,8 +165,51 @@ TEST(TokenShards, DirectoryWithBothSplitsMustNameOne) {
   TempDir dir;
   write_file(dir.file("train_000000.bin"), llmc_shard({1, 2, 3}));
   write_file(dir.file("val_000000.bin"), llmc_shard({4, 5}));
-  expect_input_error([&] { TokenStream s(dir.path()); }, {dir.path(), "both train_", "train_*.bin"});
+  expect_input_error([&] { TokenStream s(dir.path()); },
+                     {dir.path(), "both training shards (train_000000.bin)", "*train*.bin", "--data"});
   EXPECT_EQ(TokenStream(dir.file("val_*.bin")).size(), 2);
+  EXPECT_TRUE(holds_both_splits(dir.path()));
+  // nanoGPT's names and llm.c's are splits too: neither directory is read as one stream.
+  TempDir nano, llmc, one;
+  write_file(nano.file("train.bin"), bare_shard({1, 2, 3}));
+  write_file(nano.file("val.bin"), bare_shard({4, 5}));
+  write_file(llmc.file("tinyshakespeare_train.bin"), llmc_shard({1, 2, 3}));
+  write_file(llmc.file("tinyshakespeare_val.bin"), llmc_shard({4, 5}));
+  write_file(one.file("train.bin"), bare_shard({1, 2, 3}));
+  for (const TempDir* d : {&nano, &llmc}) {
+    EXPECT_TRUE(holds_both_splits(d->path())) << d->path();
+    expect_input_error([&] { TokenStream s(d->path()); }, {d->path(), "both training shards", "validation shards"});
+  }
+  EXPECT_FALSE(holds_both_splits(one.path()));
+  EXPECT_FALSE(holds_both_splits(one.file("train.bin")));
+  EXPECT_EQ(TokenStream(one.path()).size(), 3);
+}
+
+// A text file given as a shard would be read as bare uint16 tokens, two bytes a token: it is refused,
+// saying how to make shards of it, whatever its size; shards whose bytes include text are not.
+TEST(TokenShards, ATextFileIsNotTakenForBareTokens) {
+  TempDir dir;
+  const std::string text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak!\n\n";
+  ASSERT_EQ(text.size() % 2, 0u);
+  write_file(dir.file("input.txt"), Bytes(text.begin(), text.end()));
+  write_file(dir.file("odd.txt"), Bytes(text.begin(), text.end() - 1));
+  std::string accented = "Fran\xc3\xa7" "ais, d\xc3\xa9j\xc3\xa0 vu \xe2\x80\x94 na\xc3\xafve.\n";
+  std::string big;
+  while (big.size() < (1 << 17)) big += accented;  // more than the part looked at, cut inside a character
+  big.resize((1 << 17) + 2);
+  write_file(dir.file("big.txt"), Bytes(big.begin(), big.end()));
+  for (const char* name : {"input.txt", "odd.txt", "big.txt"})
+    expect_input_error([&] { TokenShard s(dir.file(name)); },
+                       {dir.file(name), "text", "tandem data text " + dir.file(name) + " -o DIR"});
+  // Bare tokens: GPT-2's ids of the same words, and byte-level ids (each with a zero high byte).
+  write_file(dir.file("gpt2.bin"), bare_shard({5962, 22307, 25, 198, 8421, 356, 5120, 597, 2252, 11, 3285, 502}));
+  std::vector<uint16_t> bytes(text.begin(), text.end());
+  write_file(dir.file("bytes.bin"), bare_shard(bytes));
+  EXPECT_EQ(TokenShard(dir.file("gpt2.bin")).size(), 12);
+  EXPECT_EQ(TokenShard(dir.file("bytes.bin")).size(), static_cast<int64_t>(text.size()));
+  // The header's mistakes say so too.
+  write_file(dir.file("version.bin"), llmc_shard({1, 2}, 3));
+  expect_input_error([&] { TokenShard s(dir.file("version.bin")); }, {"header version 3", "tandem data text"});
 }
 
 TEST(TokenShards, CorruptFilesSayWhatIsWrong) {
@@ -195,7 +238,7 @@ TEST(TokenShards, CorruptFilesSayWhatIsWrong) {
       {"oddtail.bin", odd_tail, {"count mismatch", "129 bytes"}},
       {"count.bin", llmc_shard(tokens, 1, 0), {"announces 0 tokens"}},
       {"negative.bin", llmc_shard(tokens, 1, -5 + (int64_t{1} << 32)), {"announces -5 tokens"}},
-      {"odd.bin", odd_bare, {"odd number of bytes (129)"}},
+      {"odd.bin", odd_bare, {"odd number of bytes (129)", "tandem data text"}},
       {"empty.bin", Bytes{}, {"is empty"}},
       {"llama3.bin", llmc32_shard(widened(tokens), 1), {"header version 1", "expected 7", "uint32"}},
       {"llama3_short.bin", llmc_shard(tokens, 7, -1, kLlmc32Magic), {"truncated", "announces 64 tokens (256 bytes"}},

@@ -422,6 +422,61 @@ TEST(LmTrainCli, WrongFlagsAreClearErrors) {
   fs::remove_all(dir);
 }
 
+// --train-data DIR of nanoGPT's train.bin and val.bin (or llm.c's NAME_train.bin and NAME_val.bin) trains on
+// the training shard alone and validates on the other; a text file given as shards is refused, pointing to
+// `tandem data text`, for the gpt configuration and for char alike.
+TEST(LmTrainCli, TrainDataDirectoryOfBothSplitsTrainsOnTheTrainingShardOnly) {
+  const fs::path dir = temp_dir("splits");
+  auto bare = [](const std::string& text) {
+    std::string b;
+    for (char c : text) {
+      b.push_back(c);
+      b.push_back('\0');  // nanoGPT's uint16 tokens of bytes, little-endian
+    }
+    return b;
+  };
+  const std::string train = tandem::test::corpus_text(1, 3000), val = tandem::test::corpus_text(2, 1000);
+  auto commas = [](size_t n) {
+    const std::string d = std::to_string(n);
+    std::string out;
+    for (size_t i = 0; i < d.size(); ++i) out += (i > 0 && (d.size() - i) % 3 == 0 ? "," : "") + d.substr(i, 1);
+    return out;
+  };
+  const std::string both = commas(train.size()) + " training / " + commas(val.size()) + " validation tokens";
+  const std::string same = commas(train.size()) + " training / " + commas(train.size()) + " validation tokens";
+  for (const auto& [sub, train_name, val_name] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"nano", "train.bin", "val.bin"}, {"llmc", "shakespeare_char_train.bin", "shakespeare_char_val.bin"}}) {
+    SCOPED_TRACE(sub);
+    fs::create_directories(dir / sub);
+    std::ofstream(dir / sub / train_name, std::ios::binary) << bare(train);
+    std::ofstream(dir / sub / val_name, std::ios::binary) << bare(val);
+    auto r = run_tandem("train --model bigram --train-data " + (dir / sub).string() +
+                        " --steps 2 --context 16 --batch-size 2 --eval-every 0 --eval-steps 1 --threads 1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, both)) << both << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "holds training and validation shards: training on")) << r.output;
+    EXPECT_EQ(val_losses(r.output).size(), 1u) << r.output;
+    // --val-data names the validation shards itself.
+    r = run_tandem("train --model bigram --train-data " + (dir / sub).string() + " --val-data " +
+                   (dir / sub / train_name).string() + " --steps 1 --context 16 --batch-size 2 --threads 1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, same)) << same << "\n" << r.output;
+  }
+  // Text where shards were expected.
+  std::ofstream(dir / "input.txt") << tandem::test::corpus_text(3, 2000);
+  for (const std::string& model : {std::string("--model gpt --gpt-config gpt2"), std::string("--model gpt --gpt-config char")}) {
+    auto r = run_tandem("train " + model + " --train-data " + (dir / "input.txt").string() +
+                        " --layers 1 --heads 1 --width 8 --context 16 --steps 1 --threads 1");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, "input.txt' holds text, not tokens")) << r.output;
+    EXPECT_TRUE(contains(r.output, "tandem data text " + (dir / "input.txt").string() + " -o DIR")) << r.output;
+    EXPECT_FALSE(contains(r.output, "--vocab")) << r.output;
+    EXPECT_FALSE(contains(r.output, "step 1/")) << r.output;
+  }
+  fs::remove_all(dir);
+}
+
 // bench train times a language model's steps on random tokens and says so in its RESULT line.
 TEST(LmTrainCli, BenchTrainReportsTokensPerSecond) {
   auto r = run_tandem("bench train --model bigram --batch-size 4 --context 32 --steps 3 --warmup 1 --threads 1");

@@ -42,9 +42,9 @@ const char* token_format_name(TokenFormat f);
 class TokenShard {
  public:
   /// Maps path and checks it: the magic and version of an llm.c header, its token count against
-  /// the file's size, a whole number of tokens, at least one token, and, when vocab > 0, every token
-  /// below vocab (that scan reads the whole file). Throws tandem::Error (Input) naming the file and
-  /// what is wrong.
+  /// the file's size, a whole number of tokens, at least one token, a bare file whose first bytes read as
+  /// text (a text file, which `tandem data text` makes into shards), and, when vocab > 0, every token below
+  /// vocab (that scan reads the whole file). Throws tandem::Error (Input) naming the file and what is wrong.
   explicit TokenShard(const std::string& path, int64_t vocab = 0);
   ~TokenShard();
   TokenShard(const TokenShard&) = delete;
@@ -73,10 +73,15 @@ class TokenShard {
   int64_t count_ = 0;
 };
 
-/// The shard files a spec names: a file; a directory (its *.bin files, by name; one holding both
-/// train_* and val_* shards is refused, since a split must be named); or a glob pattern (its
-/// matches, by name). Throws tandem::Error (Input) when nothing matches.
+/// The shard files a spec names: a file; a directory (its *.bin files, by name; one holding shards of
+/// both splits, *train*.bin and *val*.bin, is refused, since a split must be named); or a glob pattern
+/// (its matches, by name). Throws tandem::Error (Input) when nothing matches.
 std::vector<std::string> find_token_shards(const std::string& spec);
+
+/// Whether `dir` is a directory holding shards of both splits, as the data scripts name them:
+/// nanoGPT's train.bin and val.bin, llm.c's NAME_train*.bin and NAME_val*.bin, tandem data text's
+/// train_NNNNNN.bin and val_NNNNNN.bin (the globs *train*.bin and *val*.bin).
+bool holds_both_splits(const std::string& dir);
 
 /// Several shards read as one stream of tokens, in the order given.
 class TokenStream {
