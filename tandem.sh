@@ -115,9 +115,12 @@ gpu_present() {
 #   all: the build directory as configured, the CUDA backend added where `job` left it out. Only the GPU
 #        files are compiled then (the library's other objects are the same with and without CUDA) and the
 #        library and programs linked again.
-# CMAKE_ARGS naming TANDEM_CUDA decide for themselves.
+# CMAKE_ARGS naming TANDEM_CUDA decide for themselves. NEED holds settings (-DNAME=VALUE) the command needs:
+# a build directory configured otherwise is configured again with them. An existing build directory is
+# configured again at most once, with every change at once (a configure that fails leaves nothing built).
+NEED=()
 build() {
-  local mode=$1 cache="$BUILD_DIR/CMakeCache.txt" later="$BUILD_DIR/tandem-cuda-later" py flags=()
+  local mode=$1 cache="$BUILD_DIR/CMakeCache.txt" later="$BUILD_DIR/tandem-cuda-later" py flags=() again=0 want
   shift
   install_missing
   if [ "$mode" = job ] && [ ! -f "$cache" ] && [[ "${CMAKE_ARGS:-}" != *TANDEM_CUDA=* ]] && \
@@ -131,20 +134,27 @@ build() {
     fetch_cudnn_frontend
     if [ "$mode" = all ] && [ -f "$later" ]; then
       log "adding the CUDA backend to $BUILD_DIR"
-      flags=(-DTANDEM_CUDA=AUTO)
+      flags+=(-DTANDEM_CUDA=AUTO)
       rm -f "$later"
     fi
     # A build directory configured before the headers arrived looks for them again.
-    if [ "$FRONTEND_FETCHED" = 1 ] && [ -f "$cache" ] && [ ${#flags[@]} -eq 0 ]; then cmake -S . -B "$BUILD_DIR" >&2; fi
+    [ "$FRONTEND_FETCHED" = 1 ] && again=1
   fi
-  if [ -f "$cache" ] && [ ${#flags[@]} -gt 0 ]; then cmake -S . -B "$BUILD_DIR" "${flags[@]}" >&2; fi
-  configure "$BUILD_DIR"
-  # pip may have built the Python module in this directory with an interpreter that is gone since
-  # (build/pyenv removed) or with nanobind from its own temporary environment: then the C++ parts are
-  # built alone, until pip builds the module again.
-  if grep -q '^TANDEM_PYTHON:BOOL=ON' "$cache" 2>/dev/null; then
-    py=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$cache")
-    "${py:-false}" -c "import nanobind" 2>/dev/null || cmake -S . -B "$BUILD_DIR" -DTANDEM_PYTHON=OFF >&2
+  if [ -f "$cache" ]; then
+    for want in "${NEED[@]}"; do
+      grep -q "^${want%%=*}:[A-Z]*=${want#*=}\$" "$cache" || flags+=("-D$want")
+    done
+    # pip may have built the Python module in this directory with an interpreter that is gone since
+    # (build/pyenv removed) or with nanobind from its own temporary environment: then the C++ parts are
+    # built alone, until pip builds the module again.
+    if grep -q '^TANDEM_PYTHON:BOOL=ON' "$cache"; then
+      py=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$cache")
+      "${py:-false}" -c "import nanobind" 2>/dev/null || flags+=(-DTANDEM_PYTHON=OFF)
+    fi
+    if [ ${#flags[@]} -gt 0 ] || [ $again = 1 ]; then cmake -S . -B "$BUILD_DIR" "${flags[@]}" >&2; fi
+  else
+    for want in "${NEED[@]}"; do flags+=("-D$want"); done
+    configure "$BUILD_DIR" "${flags[@]}"
   fi
   local targets=()
   for t in "$@"; do targets+=(--target "$t"); done
@@ -239,9 +249,7 @@ case "$cmd" in
     ;;
   test)
     # A build directory that pip configured first has no tests.
-    if grep -q '^TANDEM_TESTS:BOOL=OFF' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null; then
-      cmake -S . -B "$BUILD_DIR" -DTANDEM_TESTS=ON >&2
-    fi
+    NEED=(TANDEM_TESTS=ON)
     build all
     rc=0 python=0
     if ! python_env; then

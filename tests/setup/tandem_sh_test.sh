@@ -56,6 +56,18 @@ grep -q "^cmake --build $b -j [0-9]*$" "$log" || fail "build did not build every
 calls run
 grep -q "TANDEM_CUDA" "$log" && fail "run after build changed TANDEM_CUDA"
 
+# pip built the Python module here last, with nanobind from its temporary environment, now gone: build
+# configures once, with the CUDA backend added and the module left out (a configure that still looked for
+# the module would fail).
+rm -rf "$b" && mkdir -p "$b/cudnn-frontend/include" && touch "$b/cudnn-frontend/include/cudnn_frontend.h"
+calls run
+printf '#!/bin/sh\nexit 1\n' > "$work/stubs/python-without-nanobind" && chmod +x "$work/stubs/python-without-nanobind"
+printf 'TANDEM_PYTHON:BOOL=ON\nPython_EXECUTABLE:FILEPATH=%s\n' "$work/stubs/python-without-nanobind" >> "$b/CMakeCache.txt"
+calls build
+[ "$(grep -c '^cmake -S' "$log")" = 1 ] || fail "build configured more than once"
+grep -q "^cmake -S . -B $b -DTANDEM_CUDA=AUTO -DTANDEM_PYTHON=OFF$" "$log" ||
+  fail "build did not add CUDA and leave the module out in one configure"
+
 rm -rf "$b" && mkdir -p "$b/cudnn-frontend/include" && touch "$b/cudnn-frontend/include/cudnn_frontend.h"
 CMAKE_ARGS=-DTANDEM_CUDA=ON calls run
 [ -f "$b/tandem-cuda-later" ] && fail "run left the CUDA backend out though CMAKE_ARGS asked for it"
