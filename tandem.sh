@@ -36,7 +36,7 @@ PACKAGES=(cmake ninja-build g++ pkg-config zlib1g-dev libopenblas-dev libcli11-d
           libgtest-dev libgmock-dev libgloo-dev libopenmpi-dev openmpi-bin libssl-dev iproute2
           dataset-fashion-mnist gnuplot-nox python3-venv python3-dev ccache)
 # From PyPI into the virtual environment of the Python tests ($BUILD_DIR/pyenv).
-PY_PACKAGES=(nanobind scikit-build-core numpy pytest onnx)
+PY_PACKAGES=(nanobind scikit-build-core numpy pytest onnx safetensors)
 
 log() { printf 'tandem.sh: %s\n' "$*" >&2; }
 
@@ -170,7 +170,7 @@ python_env() {
     # System packages stay visible: Debian's python3-torch, where installed, joins the DLPack tests.
     "$py" -m venv --system-site-packages "$venv" >&2 || return 1
   fi
-  if ! "$venv/bin/python" -c "import nanobind, scikit_build_core, numpy, pytest, onnx" 2>/dev/null; then
+  if ! "$venv/bin/python" -c "import nanobind, scikit_build_core, numpy, pytest, onnx, safetensors" 2>/dev/null; then
     log "installing ${PY_PACKAGES[*]} from PyPI into $venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}" >&2 || return 1
   fi

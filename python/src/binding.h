@@ -69,6 +69,7 @@ void bind_shape(nb::module_& m);
 // softmax, normalisation, losses, attention
 /// log_softmax, layer_norm, rms_norm, the N-D losses, scaled_dot_product_attention and their layers.
 void bind_norm(nb::module_& m);
+void bind_pretrained(nb::module_& m);
 // embedding, recurrent networks, optimizers, schedules
 /// Embedding, recurrent networks, RMSProp and AdaGrad, parameter groups, learning-rate schedules (ops_rnn.cpp).
 void bind_rnn(nb::module_& m);

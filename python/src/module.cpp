@@ -169,6 +169,7 @@ NB_MODULE(_tandem, m) {
   tandem::py::bind_shape(m);
   // softmax, normalisation, losses, attention
   tandem::py::bind_norm(m);
+  tandem::py::bind_pretrained(m);
   // embedding, recurrent networks, optimizers, schedules
   tandem::py::bind_rnn(m);
 }

@@ -10,10 +10,14 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
 #include "tandem/checkpoint.h"
 #include "tandem/data/tokenizer.h"
 #include "tandem/nn/gpt.h"
+#include "tandem/nn/llama.h"
+#include "tandem/nn/pretrained.h"
 
 namespace tandem::cli {
 
@@ -24,6 +28,8 @@ struct GenerateConfig {
   int64_t tokens = 300;
   double temperature = 0.8;
   int64_t top_k = 200;
+  double top_p = 1.0;
+  int64_t stop_token = -2;  // -2: the model's end-of-text token (a Hugging Face directory's); -1: none
   uint64_t seed = 1;
   bool no_prompt = false;
   int threads = 0;
@@ -31,12 +37,61 @@ struct GenerateConfig {
 
 [[noreturn]] void input_error(const std::string& msg) { throw Error(Error::Kind::Input, msg); }
 
+// A language model to sample from: a GPT or Llama checkpoint of tandem train, or a Hugging Face directory.
+struct Decoder {
+  std::shared_ptr<nn::Module> model;
+  nn::GptConfig gpt;      // when a GPT
+  nn::LlamaConfig llama;  // when a Llama
+  bool is_llama = false;
+  int64_t context = 0, vocab = 0;
+  int64_t eos = -1;  // a Hugging Face model's end-of-text token (config.json's eos_token_id)
+};
+
+Decoder load_decoder(const std::string& path) {
+  Decoder d;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    nn::Pretrained p = nn::from_pretrained(path);
+    d.model = p.model;
+    const auto cfg = nlohmann::json::parse(p.config_json);
+    if (cfg.contains("eos_token_id")) {
+      const auto& e = cfg["eos_token_id"];
+      if (e.is_number_integer()) d.eos = e.get<int64_t>();
+      if (e.is_array() && !e.empty() && e[0].is_number_integer()) d.eos = e[0].get<int64_t>();
+    }
+  } else {
+    const std::string what = "checkpoint '" + path + "'";
+    const auto meta = nlohmann::json::parse(checkpoint_meta(path));
+    if (meta.value("model", std::string()) == "llama" && meta.contains("llama")) {
+      d.model = std::make_shared<nn::Llama>(nn::llama_config_from_json(meta["llama"].dump()));
+    } else {
+      d.model = std::make_shared<nn::GPT>(nn::gpt_config_from_meta(meta.dump(), what));
+    }
+    load_checkpoint(path, *d.model, nullptr);
+  }
+  if (auto* l = dynamic_cast<nn::Llama*>(d.model.get())) {
+    d.is_llama = true;
+    d.llama = l->config();
+    d.context = d.llama.context;
+    d.vocab = d.llama.vocab;
+  } else {
+    d.gpt = dynamic_cast<nn::GPT&>(*d.model).config();
+    d.context = d.gpt.context;
+    d.vocab = d.gpt.vocab;
+  }
+  return d;
+}
+
 // The tokenizer to read the prompt and write the text with: --tokenizer, or a tokenizer.json beside the
-// checkpoint; none (byte-level) when neither is there.
+// checkpoint (in a Hugging Face directory); none (byte-level) when neither is there.
 std::optional<data::Tokenizer> find_tokenizer(const GenerateConfig& cfg) {
   std::string path = cfg.tokenizer;
   if (path.empty()) {
-    const std::filesystem::path beside = std::filesystem::path(cfg.checkpoint).parent_path() / "tokenizer.json";
+    std::error_code dir_ec;
+    const std::filesystem::path where = std::filesystem::is_directory(cfg.checkpoint, dir_ec)
+                                            ? std::filesystem::path(cfg.checkpoint)
+                                            : std::filesystem::path(cfg.checkpoint).parent_path();
+    const std::filesystem::path beside = where / "tokenizer.json";
     std::error_code ec;
     if (!std::filesystem::is_regular_file(beside, ec)) return std::nullopt;
     path = beside.string();
@@ -48,10 +103,13 @@ std::optional<data::Tokenizer> find_tokenizer(const GenerateConfig& cfg) {
 
 int run_generate(const GenerateConfig& cfg) {
   const std::string what = "checkpoint '" + cfg.checkpoint + "'";
-  const nn::GptConfig gc = nn::gpt_config_from_meta(checkpoint_meta(cfg.checkpoint), what);
+  Decoder dec = load_decoder(cfg.checkpoint);
+  struct {
+    int64_t vocab, context;
+  } gc{dec.vocab, dec.context};
   const std::optional<data::Tokenizer> tok = find_tokenizer(cfg);
   if (!tok && gc.vocab != 256)
-    input_error(detail::cat(what, " is a GPT of ", gc.vocab, " tokens; without a tokenizer tandem generate reads the ",
+    input_error(detail::cat(what, " is a model of ", gc.vocab, " tokens; without a tokenizer tandem generate reads the ",
                             "prompt and writes the text byte by byte, which needs the byte vocabulary of 256: give the ",
                             "model's tokenizer.json with --tokenizer (or put it beside the checkpoint)"));
   if (tok && tok->vocab_size() > gc.vocab)
@@ -77,8 +135,7 @@ int run_generate(const GenerateConfig& cfg) {
   const Device device = Device::parse(cfg.device);
   check_device(device);
 
-  nn::GPT model(gc);
-  load_checkpoint(cfg.checkpoint, model, nullptr);
+  nn::Module& model = *dec.model;
   model.to(device);
   model.eval();
 
@@ -87,8 +144,10 @@ int run_generate(const GenerateConfig& cfg) {
   nn::SampleOptions opt;
   opt.temperature = cfg.temperature;
   opt.top_k = cfg.top_k;
+  opt.top_p = cfg.top_p;
   opt.seed = cfg.seed;
-  model.generate(tokens, cfg.tokens, opt, [&](int64_t t) {
+  opt.stop_token = cfg.stop_token >= -1 ? cfg.stop_token : dec.eos;
+  auto write = [&](int64_t t) {
     if (!tok) {
       std::fputc(static_cast<int>(t), stdout);
     } else if (tok->id_to_token(static_cast<uint32_t>(t))) {
@@ -98,7 +157,11 @@ int run_generate(const GenerateConfig& cfg) {
       std::fwrite(b.data(), 1, b.size(), stdout);
     }
     std::fflush(stdout);
-  });
+  };
+  if (dec.is_llama)
+    dynamic_cast<nn::Llama&>(model).generate(tokens, cfg.tokens, opt, write);
+  else
+    dynamic_cast<nn::GPT&>(model).generate(tokens, cfg.tokens, opt, write);
   return 0;
 }
 
@@ -106,9 +169,12 @@ int run_generate(const GenerateConfig& cfg) {
 
 Runner add_generate_command(CLI::App& app) {
   auto cfg = std::make_shared<GenerateConfig>();
-  CLI::App* sub = app.add_subcommand("generate", "Write text sampled from a GPT checkpoint");
+  CLI::App* sub = app.add_subcommand("generate", "Write text sampled from a GPT or Llama checkpoint, or a Hugging Face "
+                                     "model directory");
   sub->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  sub->add_option("--checkpoint", cfg->checkpoint, "A GPT checkpoint (its meta data says \"model\": \"gpt\")")
+  sub->add_option("--checkpoint", cfg->checkpoint,
+                  "A GPT or Llama checkpoint of tandem train, or a Hugging Face model directory (config.json and "
+                  "model.safetensors: GPT-2, Llama)")
       ->required();
   auto* prompt =
       sub->add_option("--prompt", cfg->prompt, "The text to continue; its bytes are the first tokens (default: a newline)");
@@ -127,6 +193,13 @@ Runner add_generate_command(CLI::App& app) {
   sub->add_option("--top-k", cfg->top_k, "Draw only from the k most likely bytes (0: from all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
+  sub->add_option("--top-p", cfg->top_p, "Draw only from the most likely tokens whose probabilities add up to p "
+                  "(nucleus sampling; 1: from all)")
+      ->check(finite_in(1e-9, 1.0))
+      ->capture_default_str();
+  sub->add_option("--stop-token", cfg->stop_token,
+                  "Stop after drawing this token id (default: a Hugging Face model's eos_token_id; -1: never)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
   sub->add_option("--seed", cfg->seed, "The draws' seed: the same seed, checkpoint and device give the same text")
       ->capture_default_str();
   sub->add_option("--device", cfg->device, "cpu, cuda or cuda:N")->capture_default_str();

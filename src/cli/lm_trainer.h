@@ -17,6 +17,7 @@
 #include "cli/tensorboard.h"
 #include "tandem/data/tokens.h"
 #include "tandem/nn/gpt.h"
+#include "tandem/nn/llama.h"
 
 namespace tandem::cli {
 
@@ -35,8 +36,13 @@ struct LmTrainConfig : SessionConfig {
   std::string val_data;    // --val-data; empty: no validation (unless from --data)
   // the model's shape
   std::string gpt_config = "gpt2";
+  std::string llama_config = "llama-1b";     // --model llama's named shape
   int64_t layers = 0, heads = 0, width = 0;  // 0: the configuration's
+  int64_t kv_heads = 0, mlp_hidden = 0;      // llama: 0, the configuration's
+  double rope_theta = 0.0;                   // llama: 0, the configuration's
+  bool untied = false;                       // llama: an output layer of its own
   double dropout = -1.0;                     // < 0: the configuration's
+  std::string init;  // --init: start from this Hugging Face directory or tandem checkpoint (its weights)
   int64_t context = 0;                       // 0: the model's (gpt: its configuration's; bigram: 256)
   int64_t vocab = 0;  // 0: the data's meta.json's, else the configuration's (gpt) or the data's largest + 1 (bigram, at least 256)
   // batches and steps
@@ -86,6 +92,8 @@ nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest_token, co
 
 /// The keys of a GPT's shape in a checkpoint's meta ("layers", "heads", "width", "context", "vocab",
 /// "dropout", "bias"), and back.
+/// --model llama's shape: --llama-config with its overrides, context and vocabulary resolved as for a GPT.
+nn::LlamaConfig lm_llama_shape(const LmTrainConfig& cfg, int64_t largest, const LmDataSpecs& data);
 nlohmann::json gpt_shape_json(const nn::GptConfig& g);
 nn::GptConfig gpt_shape_from_json(const nlohmann::json& j);
 
@@ -130,7 +138,11 @@ class LmTrainer {
   std::unique_ptr<Session> session_;
   data::TokenStream train_stream_, val_stream_;
   std::unique_ptr<data::TokenBatches> train_batches_, val_batches_;
-  nn::GptConfig shape_;
+  nn::GptConfig shape_;       // gpt, bigram
+  nn::LlamaConfig llama_;     // llama
+  int64_t vocab_ = 0;         // the model's vocabulary (any kind)
+  std::string hf_config_;     // --init of a Hugging Face directory: its config.json
+  nlohmann::json shape_json() const;  // the model's shape as the checkpoint records it ("gpt" / "llama")
   int64_t context_ = 0, accumulate_ = 1;
   double flops_per_token_ = 0, peak_ = 0;
   Tensor x_, y_;                   // the training batch, drawn in place

@@ -1,6 +1,7 @@
 // `tandem train`: flags and validation. Image models train by epochs (Trainer), language models by
 // optimizer steps over token shards (LmTrainer); the flags of one kind are refused for the other.
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "cli/lm_trainer.h"
 #include "cli/trainer.h"
 #include "tandem/nn/gpt.h"
+#include "tandem/nn/llama.h"
 #include "tandem/nn/models.h"
 
 namespace tandem::cli {
@@ -131,7 +133,7 @@ Runner add_train_command(CLI::App& app) {
                   "on the host and uploading it: auto (on a GPU, for data sets up to 2 GiB), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  const char* lmg = "Language models (--model bigram or gpt)";
+  const char* lmg = "Language models (--model bigram, gpt or llama)";
   std::vector<CLI::Option*> lm_only;
   auto lm_opt = [&](CLI::Option* o) {
     o->group(lmg);
@@ -154,15 +156,36 @@ Runner add_train_command(CLI::App& app) {
                          "bytes)")
              ->check(CLI::IsMember(nn::gpt_config_names()))
              ->capture_default_str());
-  lm_opt(sub->add_option("--layers", lm->layers, "gpt: transformer blocks (default: the configuration's)")
+  lm_opt(sub->add_option("--llama-config", lm->llama_config,
+                         "llama: the shape, llama-1b (Llama 3.2 1B), llama-3b (3.2 3B) or llama-8b (3.1 8B), at "
+                         "context 2048")
+             ->check(CLI::IsMember(nn::llama_config_names()))
+             ->capture_default_str());
+  lm_opt(sub->add_option("--layers", lm->layers, "gpt, llama: transformer blocks (default: the configuration's)")
              ->check(CLI::Range(int64_t{1}, int64_t{4096})));
-  lm_opt(sub->add_option("--heads", lm->heads, "gpt: attention heads (default: the configuration's)")
+  lm_opt(sub->add_option("--heads", lm->heads, "gpt, llama: attention heads (default: the configuration's)")
+             ->check(CLI::Range(int64_t{1}, int64_t{4096})));
+  lm_opt(sub->add_option("--kv-heads", lm->kv_heads,
+                         "llama: key-value heads, a divisor of --heads (grouped-query attention; default: the "
+                         "configuration's)")
              ->check(CLI::Range(int64_t{1}, int64_t{4096})));
   lm_opt(sub->add_option("--width", lm->width,
-                         "gpt: the embedding width, a multiple of --heads (default: the configuration's)")
+                         "gpt, llama: the embedding width, a multiple of --heads (default: the configuration's)")
              ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)));
-  lm_opt(sub->add_option("--dropout", lm->dropout, "gpt: dropout in training (default: the configuration's)")
+  lm_opt(sub->add_option("--mlp-hidden", lm->mlp_hidden, "llama: the SwiGLU MLP's hidden width (default: the "
+                         "configuration's)")
+             ->check(CLI::Range(int64_t{1}, int64_t{1} << 22)));
+  lm_opt(sub->add_option("--rope-theta", lm->rope_theta, "llama: the rotary embeddings' base (default: the "
+                         "configuration's)")
+             ->check(finite_in(1.0, 1e12)));
+  lm_opt(sub->add_flag("--untied", lm->untied, "llama: an output layer of its own instead of the token table"));
+  lm_opt(sub->add_option("--dropout", lm->dropout, "gpt, llama: dropout in training (default: the configuration's)")
              ->check(finite_in(0.0, 0.999)));
+  lm_opt(sub->add_option("--init", lm->init,
+                         "gpt, llama: start from the weights of a Hugging Face model directory (config.json and "
+                         "model.safetensors: its config gives the shape, so --llama-config / --gpt-config and the "
+                         "shape flags are refused) or of a tandem checkpoint (the shape flags must build its model; "
+                         "its optimizer state and step are not taken: --resume continues a run)"));
   lm_opt(sub->add_option("--context", lm->context,
                          "Tokens per sequence, T (default: the model's: --gpt-config's, 256 for bigram)")
              ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)));
@@ -170,7 +193,7 @@ Runner add_train_command(CLI::App& app) {
                          "Vocabulary size (default: the vocab_size of --data DIR's meta.json, 256 for the byte "
                          "tokens of `tandem data text`; else gpt, the configuration's; bigram, 256 or the largest "
                          "token + 1); every token of the data must be below it")
-             ->check(CLI::Range(int64_t{2}, int64_t{65536})));
+             ->check(CLI::Range(int64_t{2}, int64_t{1} << 24)));
   lm_opt(sub->add_option("--total-batch-tokens", lm->total_batch_tokens,
                          "Tokens per optimizer step over all ranks, reached by accumulating micro-batches: a multiple "
                          "of --batch-size x --context x ranks (0: one micro-batch per step)")
@@ -274,9 +297,23 @@ Runner add_train_command(CLI::App& app) {
     c.report_comm = cfg->report_comm;
     check_flags_apply(*sub, c.model, c.optimizer, c.dist_option);
     if (c.model == "bigram")
-      for (const char* name : {"--gpt-config", "--layers", "--heads", "--width", "--dropout"})
-        TANDEM_CHECK(!given(name), name, " shapes --model gpt; bigram is one vocab x vocab table (it takes --vocab ",
-                     "and --context)");
+      for (const char* name : {"--gpt-config", "--llama-config", "--layers", "--heads", "--kv-heads", "--width",
+                               "--mlp-hidden", "--rope-theta", "--untied", "--dropout", "--init"})
+        TANDEM_CHECK(!given(name), name, " shapes --model gpt or llama; bigram is one vocab x vocab table (it takes ",
+                     "--vocab and --context)");
+    if (c.model == "gpt")
+      for (const char* name : {"--llama-config", "--kv-heads", "--mlp-hidden", "--rope-theta", "--untied"})
+        TANDEM_CHECK(!given(name), name, " shapes --model llama; --model gpt takes --gpt-config, --layers, --heads, ",
+                     "--width");
+    if (c.model == "llama")
+      TANDEM_CHECK(!given("--gpt-config"), "--gpt-config shapes --model gpt; --model llama takes --llama-config");
+    if (!c.init.empty() && std::filesystem::is_directory(c.init))
+      for (const char* name : {"--gpt-config", "--llama-config", "--layers", "--heads", "--kv-heads", "--width",
+                               "--mlp-hidden", "--rope-theta", "--untied", "--vocab"})
+        TANDEM_CHECK(!given(name), name, " would change the shape of the model --init '", c.init, "' holds (its ",
+                     "config.json gives it): leave it out");
+    TANDEM_CHECK(c.init.empty() || !c.resume, "--init starts a new run from weights; --resume continues the run in ",
+                 "--checkpoint: give one or the other");
     TANDEM_CHECK(c.warmup < c.steps, "--warmup ", c.warmup, " must be below --steps ", c.steps,
                  " (the cosine decay follows the warm-up)");
     TANDEM_CHECK(c.min_lr_or_default() <= c.lr, "--min-lr ", c.min_lr_or_default(), " is above --lr ", c.lr,
