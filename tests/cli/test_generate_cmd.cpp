@@ -178,7 +178,7 @@ TEST(GenerateCmd, ClearErrors) {
   c.vocab = 64;
   r = generate("--checkpoint " + saved_gpt("v64.ckpt", c));
   EXPECT_EQ(r.status, 2);
-  EXPECT_TRUE(contains(r.err, "a GPT of 64 tokens") && contains(r.err, "byte vocabulary of 256") &&
+  EXPECT_TRUE(contains(r.err, "a model of 64 tokens") && contains(r.err, "byte vocabulary of 256") &&
               contains(r.err, "--tokenizer"))
       << r.err;
   // A prompt longer than the context, an empty prompt.
