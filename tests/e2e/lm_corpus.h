@@ -2,12 +2,14 @@
 // A small corpus for language-model runs, made by `tandem data text`, and the losses they print.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "e2e/cli_util.h"
 
@@ -55,6 +57,21 @@ inline std::map<int, double> step_losses(const std::string& out) {
   for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
     m[std::stoi((*it)[1])] = std::stod((*it)[2]);
   return m;
+}
+
+/// The validation losses a language-model run printed ("validation loss L |"), in order.
+inline std::vector<double> validation_losses(const std::string& out) {
+  std::vector<double> v;
+  std::regex re(R"(validation loss ([0-9.]+) \|)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+    v.push_back(std::stod((*it)[1]));
+  return v;
+}
+
+/// The last validation loss a run printed (infinity when it printed none).
+inline double final_validation_loss(const std::string& out) {
+  const auto v = validation_losses(out);
+  return v.empty() ? INFINITY : v.back();
 }
 
 }  // namespace tandem::test

@@ -51,14 +51,7 @@ std::string bigram(const fs::path& corpus, const std::string& extra) {
 
 using tandem::test::step_losses;
 
-// The validation losses, in order.
-std::vector<double> val_losses(const std::string& out) {
-  std::vector<double> v;
-  std::regex re(R"(validation loss ([0-9.]+) \|)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
-    v.push_back(std::stod((*it)[1]));
-  return v;
-}
+using tandem::test::validation_losses;
 
 // The largest difference between the two checkpoints' parameter `name` (f32).
 double max_difference(const std::string& a, const std::string& b, const std::string& name) {
@@ -93,7 +86,7 @@ TEST(LmTrainCli, BigramLossGoesDownAndIsReported) {
   ASSERT_EQ(losses.size(), 60u) << r.output;
   EXPECT_GT(losses.at(1), 5.0) << r.output;
   EXPECT_LT(losses.at(60), 3.0) << r.output;
-  const auto vals = val_losses(r.output);
+  const auto vals = validation_losses(r.output);
   ASSERT_EQ(vals.size(), 3u) << r.output;  // at steps 0 and 30, and at the end
   EXPECT_LT(vals.back(), vals.front() - 2.0) << r.output;
   EXPECT_TRUE(contains(r.output, "tok/s")) << r.output;
@@ -222,7 +215,7 @@ TEST(LmTrainCli, ResumedRunEndsBitForBitWhereTheUninterruptedOneEnds) {
   const auto la = step_losses(a.output), lb = step_losses(b2.output);
   ASSERT_EQ(lb.size(), 4u) << b2.output;
   for (int step = 5; step <= 8; ++step) EXPECT_EQ(la.at(step), lb.at(step)) << "step " << step;
-  EXPECT_EQ(val_losses(a.output).back(), val_losses(b2.output).back());
+  EXPECT_EQ(validation_losses(a.output).back(), validation_losses(b2.output).back());
   // The run the checkpoint holds is finished now.
   auto again = run_tandem(bigram(corpus, run + "--resume --checkpoint " + parted));
   EXPECT_EQ(again.status, 0) << again.output;
@@ -286,7 +279,7 @@ TEST(LmTrainCli, TwoRanksResumeBitForBitUnderPartialUpdate) {
   EXPECT_FALSE(contains(b2.output, "start afresh")) << b2.output;
   EXPECT_FALSE(contains(b2.output, "starts from the checkpoint's parameters")) << b2.output;
   expect_same_checkpoints(whole, parted, 2);
-  EXPECT_EQ(val_losses(a.output).back(), val_losses(b2.output).back());
+  EXPECT_EQ(validation_losses(a.output).back(), validation_losses(b2.output).back());
   // The replicas did differ at the stop (else the test would not tell a shared model from two).
   auto r0 = tensors_of(parted + ".rank0"), r1 = tensors_of(parted + ".rank1");
   fs::remove_all(dir);
@@ -311,13 +304,13 @@ TEST(LmTrainCli, TwoRanksTrainAsOneForPlainHalfAndPowerSgd) {
     SCOPED_TRACE(method);
     auto single = run_tandem(bigram(corpus, run + opt + "--batch-size 8"));
     ASSERT_EQ(single.status, 0) << single.output;
-    const auto v1 = val_losses(single.output);
+    const auto v1 = validation_losses(single.output);
     ASSERT_EQ(v1.size(), 1u) << single.output;
     EXPECT_LT(v1[0], 2.0) << single.output;
     auto two = run_tandem("launch -n 2 -- " + kBin + " " + bigram(corpus, run + opt + "--batch-size 4 -d " + method));
     ASSERT_EQ(two.status, 0) << two.output;
     EXPECT_TRUE(contains(two.output, std::string("2 ranks (gloo, ") + method + ")")) << two.output;
-    const auto v2 = val_losses(two.output);
+    const auto v2 = validation_losses(two.output);
     ASSERT_EQ(v2.size(), 1u) << two.output;
     EXPECT_NEAR(v2[0], v1[0], tolerance * v1[0]) << two.output;
   }
@@ -357,7 +350,7 @@ TEST(LmTrainCli, TwoRanksTrainATinyGptAsOne) {
            data.string() + " " + extra;
   };
   auto final_val = [](const tandem::test::RunResult& r) {
-    const auto v = val_losses(r.output);
+    const auto v = validation_losses(r.output);
     EXPECT_EQ(v.size(), 1u) << r.output;
     return v.empty() ? INFINITY : v.back();
   };
@@ -456,7 +449,7 @@ TEST(LmTrainCli, TrainDataDirectoryOfBothSplitsTrainsOnTheTrainingShardOnly) {
     ASSERT_EQ(r.status, 0) << r.output;
     EXPECT_TRUE(contains(r.output, both)) << both << "\n" << r.output;
     EXPECT_TRUE(contains(r.output, "holds training and validation shards: training on")) << r.output;
-    EXPECT_EQ(val_losses(r.output).size(), 1u) << r.output;
+    EXPECT_EQ(validation_losses(r.output).size(), 1u) << r.output;
     // --val-data names the validation shards itself.
     r = run_tandem("train --model bigram --train-data " + (dir / sub).string() + " --val-data " +
                    (dir / sub / train_name).string() + " --steps 1 --context 16 --batch-size 2 --threads 1");
