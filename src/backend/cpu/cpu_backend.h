@@ -41,6 +41,8 @@ class CpuBackend final : public Backend {
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
             const Tensor& b, double beta, Tensor& c) override;
+  void gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
+                  const Tensor& b, double beta, Tensor& c, const GemmFusion& f) override;
 
   void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y,
                       bool relu = false) override;
