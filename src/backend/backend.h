@@ -492,9 +492,10 @@ class Backend {
   /// Whether fused_attention_forward and _backward take this geometry in this type on the device (false: the op
   /// computes attention by matrix products). A backend may prepare its kernels for the geometry on the first call.
   virtual bool fused_attention_supported(const AttentionGeom& g, DType dtype, int device) { return false; }
-  /// o [b, h, tq, dv] = attention of q [b, h, tq, d], k [b, h, tk, d], v [b, h, tk, dv] (contiguous, one type);
-  /// stats [b, h, tq] (f32) = each row's log-sum-exp of the scaled scores, for the backward. Dropout of the
-  /// probabilities (g.dropout_p > 0) draws from (seed, offset).
+  /// o [b, h, tq, dv] = attention of q [b, h, tq, d], k [b, h, tk, d], v [b, h, tk, dv] (one type; CUDA: the
+  /// strides of g, the CPU: any strides); stats [b, h, tq] (f32; f64 for f64 inputs) = each row's log-sum-exp of
+  /// the scaled scores, for the backward. Dropout of the probabilities (g.dropout_p > 0) draws from (seed,
+  /// offset) what the composed path's dropout_mask of [b h, tq, tk] elements draws.
   virtual void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g,
                                        uint64_t seed, uint64_t offset, Tensor& o, Tensor& stats);
   /// dq, dk, dv from the forward's inputs, output o, its gradient dout and stats (the same seed and offset).
