@@ -82,7 +82,7 @@ struct AdamArgs {
   const float* step_scalars = nullptr;
   /// When set: one f32 value on the slots' device by which every gradient is multiplied as the step reads
   /// it (a clipping factor computed on the device), exactly as if the gradients had been scaled first. The
-  /// CUDA kernel leaves the gradients as they are; the CPU scales them in place first.
+  /// gradients are left as they are.
   const float* grad_factor = nullptr;
 };
 
