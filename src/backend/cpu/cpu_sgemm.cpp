@@ -76,6 +76,24 @@ thread_local Scratch t_pack_a, t_pack_b;
 
 // op(A)[i0 .. i0+rows) x [p0 .. p0+kc) into panels of 6 rows, [kc][6] each, rows past `rows` zero.
 void pack_a(bool ta, const float* a, int64_t lda, int64_t i0, int64_t rows, int64_t p0, int64_t kc, float* dst) {
+  if (ta && rows % kMr == 0) {
+    // Row by row of A (k): each row's 6 rows of op(A) per panel are adjacent, and a row of A is read once
+    // for all the panels (panel by panel, the block's rows would come from L2 again for each). Eight lanes
+    // are stored for six: the two extra ones are overwritten by the next k; the last k of a panel stores its
+    // six alone (the next panel's first k is written already). The masked load reads nothing past the six.
+    const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+    const int64_t panels = rows / kMr;
+    for (int64_t p = 0; p < kc; ++p) {
+      const float* s = a + (p0 + p) * lda + i0;
+      float* d = dst + p * kMr;
+      if (p + 1 < kc) {
+        for (int64_t q = 0; q < panels; ++q) _mm256_storeu_ps(d + q * kc * kMr, _mm256_maskload_ps(s + q * kMr, six));
+      } else {
+        for (int64_t q = 0; q < panels; ++q) _mm256_maskstore_ps(d + q * kc * kMr, six, _mm256_maskload_ps(s + q * kMr, six));
+      }
+    }
+    return;
+  }
   for (int64_t r = 0; r < rows; r += kMr) {
     const int mr = static_cast<int>(std::min<int64_t>(kMr, rows - r));
     float* d = dst + r * kc;
@@ -206,36 +224,30 @@ inline void kernel_6x16(int64_t kc, const float* __restrict a, int64_t rs, int64
   }
 }
 
-// tanh(u) = 1 - 2 / (e^(2u) + 1): exact at both ends (e^(2u) overflowing to its clamp gives 1, underflowing
-// to 0 gives -1), absolute error a few ulp of 1 in between, NaN stays NaN.
-inline __m256 tanh256(__m256 u) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 e = exp256(_mm256_add_ps(u, u));
-  return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
-}
-
 constexpr float kC0 = static_cast<float>(ewf::kSqrt2RsqrtPi), kC1 = static_cast<float>(ewf::kGeluKappa);
 
-// tanh(sqrt(2 / pi) (x + 0.044715 x^3)), the GELU's inner term.
-inline __m256 gelu_inner_tanh(__m256 x) {
+// s = (1 + tanh(u)) / 2 = 1 / (1 + e^(-2u)) for the GELU's u = sqrt(2 / pi) (x + 0.044715 x^3). The exponent
+// is kept in [-87, 80], where e^ stays a normal float (a subnormal 1 / (1 + e) would be slow), and s is taken
+// as 0 past 80 (x below about -9.6, where tanh(u) is -1 in float): the scalar formula's values there, -inf
+// giving NaN as it does. NaN stays NaN.
+inline __m256 gelu_sigmoid(__m256 x) {
   const __m256 x2 = _mm256_mul_ps(x, x);
   const __m256 u = _mm256_mul_ps(_mm256_set1_ps(kC0), _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(kC1), x2), x, x));
-  return tanh256(u);
+  const __m256 arg = _mm256_mul_ps(_mm256_set1_ps(-2.0f), u), top = _mm256_set1_ps(80.0f);
+  const __m256 e = exp256<true>(_mm256_min_ps(top, _mm256_max_ps(_mm256_set1_ps(-87.0f), arg)));
+  const __m256 s = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+  return _mm256_andnot_ps(_mm256_cmp_ps(arg, top, _CMP_GT_OQ), s);
 }
 
-inline __m256 gelu256(__m256 x) {
-  const __m256 t = gelu_inner_tanh(x), half = _mm256_set1_ps(0.5f);
-  return _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(_mm256_set1_ps(1.0f), t));
-}
+// gelu(x) = x s.
+inline __m256 gelu256(__m256 x) { return _mm256_mul_ps(x, gelu_sigmoid(x)); }
 
-// gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2 / pi) (1 + 3 0.044715 x^2).
+// gelu'(x) = s + x (1 - t^2) u' / 2 = s + 2 x s (1 - s) sqrt(2 / pi) (1 + 3 0.044715 x^2).
 inline __m256 gelu_grad256(__m256 x) {
-  const __m256 t = gelu_inner_tanh(x), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256 s = gelu_sigmoid(x), one = _mm256_set1_ps(1.0f);
   const __m256 x2 = _mm256_mul_ps(x, x);
-  const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(kC0), _mm256_fmadd_ps(_mm256_set1_ps(3.0f * kC1), x2, one));
-  const __m256 left = _mm256_mul_ps(half, _mm256_add_ps(one, t));
-  const __m256 right = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_fnmadd_ps(t, t, one)), inner);
-  return _mm256_add_ps(left, right);
+  const __m256 du = _mm256_mul_ps(_mm256_set1_ps(2.0f * kC0), _mm256_fmadd_ps(_mm256_set1_ps(3.0f * kC1), x2, one));
+  return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(x, s), _mm256_sub_ps(one, s)), du, s);
 }
 
 // Lane masks for the first n (0..8) lanes.
