@@ -10,7 +10,9 @@
 // mask is aligned at the top left (query i sees keys 0..i), as the composed path's; dropout draws the
 // same counter-based numbers as the composed path's mask ([b h, tq, tk] elements from (seed, offset)).
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -337,8 +339,13 @@ void check_geometry(const AttentionGeom& g, const Tensor& q, const Tensor& k, co
 }  // namespace
 
 bool CpuBackend::fused_attention_supported(const AttentionGeom& g, DType dtype, int) {
-  return (dtype == DType::f32 || dtype == DType::f64) && g.batch >= 0 && g.heads >= 0 && g.tq >= 0 && g.tk >= 0 &&
-         g.d > 0 && g.dv > 0;
+  // TANDEM_ATTENTION_MATH=1 keeps every attention on the math path, as on CUDA (comparisons, benchmarks).
+  static const bool math_only = [] {
+    const char* v = std::getenv("TANDEM_ATTENTION_MATH");
+    return v && std::string(v) == "1";
+  }();
+  return !math_only && (dtype == DType::f32 || dtype == DType::f64) && g.batch >= 0 && g.heads >= 0 && g.tq >= 0 &&
+         g.tk >= 0 && g.d > 0 && g.dv > 0;
 }
 
 void CpuBackend::fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g,
