@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # tandem.sh: set up, build and run tandem.
-#   ./tandem.sh run    install what is missing, build, run the main job
-#   ./tandem.sh test   install what is missing, build, run the whole test suite (C++, then Python)
-#   ./tandem.sh build  install what is missing, build
+#   ./tandem.sh run    install what is missing, build the library and the tandem program (on a machine
+#                      without a GPU: without the CUDA backend, which build, test and install add), run the
+#                      main job
+#   ./tandem.sh test   install what is missing, build everything, run the whole test suite (C++, then Python)
+#   ./tandem.sh build  install what is missing, build everything (library, programs, tests, benchmarks)
 #   ./tandem.sh install [PREFIX]   build, then install tandem, its headers, library and CMake/pkg-config
 #                      files into PREFIX (default /usr/local as root, else ~/.local)
 #   ./tandem.sh asan   the CPU test suite built with AddressSanitizer and UndefinedBehaviorSanitizer
@@ -20,16 +22,21 @@
 #                      a finished run there is not trained again (delete it to start over). FLAGS go to
 #                      `tandem train` (a flag given twice takes its last value: ./tandem.sh gpt --steps 500)
 # Environment: BUILD_DIR (default build), JOBS (default: all cores), CMAKE_ARGS (extra configure flags).
+# `python3 -m pip install .` after any of these builds in $BUILD_DIR too (pyproject.toml's build-dir), so
+# only the Python module is compiled then.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
+# ccache (CMakeLists.txt compiles through it where installed) with paths taken relative to this tree: another
+# clone or build directory of the same sources finds the objects compiled here.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 PACKAGES=(cmake ninja-build g++ pkg-config zlib1g-dev libopenblas-dev libcli11-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libgloo-dev libopenmpi-dev openmpi-bin libssl-dev iproute2
-          dataset-fashion-mnist gnuplot-nox python3-venv python3-dev)
+          dataset-fashion-mnist gnuplot-nox python3-venv python3-dev ccache)
 # From PyPI into the virtual environment of the Python tests ($BUILD_DIR/pyenv).
-PY_PACKAGES=(nanobind scikit-build-core numpy pytest onnx)
+PY_PACKAGES=(nanobind scikit-build-core numpy pytest onnx safetensors)
 
 log() { printf 'tandem.sh: %s\n' "$*" >&2; }
 
@@ -93,20 +100,65 @@ PYEOF
   rm -rf "$tmp"
 }
 
+# True when an NVIDIA driver here sees a GPU, the only case in which the CUDA backend can run.
+gpu_present() {
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then return 0; fi
+  compgen -G '/proc/driver/nvidia/gpus/*' >/dev/null
+}
+
+# build job|all [TARGET...]: installs what is missing, configures $BUILD_DIR and builds the targets (all
+# of them when none is named).
+#   job: `./tandem.sh run`'s. A new build directory on a machine with the CUDA toolkit but no GPU (a container
+#        image, CI) is configured without the CUDA backend, which nothing there could run: finding the toolkit
+#        and compiling the GPU files is a large part of a first build. The file $BUILD_DIR/tandem-cuda-later
+#        says so (CMakeLists.txt reads it).
+#   all: the build directory as configured, the CUDA backend added where `job` left it out. Only the GPU
+#        files are compiled then (the library's other objects are the same with and without CUDA) and the
+#        library and programs linked again.
+# CMAKE_ARGS naming TANDEM_CUDA decide for themselves. NEED holds settings (-DNAME=VALUE) the command needs:
+# a build directory configured otherwise is configured again with them. An existing build directory is
+# configured again at most once, with every change at once (a configure that fails leaves nothing built).
+NEED=()
 build() {
+  local mode=$1 cache="$BUILD_DIR/CMakeCache.txt" later="$BUILD_DIR/tandem-cuda-later" py flags=() again=0 want
+  shift
   install_missing
-  fetch_cudnn_frontend
-  # A build directory configured before the headers arrived looks for them again.
-  if [ "$FRONTEND_FETCHED" = 1 ] && [ -f "$BUILD_DIR/CMakeCache.txt" ]; then cmake -S . -B "$BUILD_DIR" >&2; fi
-  configure "$BUILD_DIR"
-  # pip may have built the Python module in this directory with an interpreter that is gone since
-  # (build/pyenv removed): then the C++ parts are built alone, until pip builds the module again.
-  local cache="$BUILD_DIR/CMakeCache.txt" py
-  if grep -q '^TANDEM_PYTHON:BOOL=ON' "$cache" 2>/dev/null; then
-    py=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$cache")
-    "${py:-false}" -c "import nanobind" 2>/dev/null || cmake -S . -B "$BUILD_DIR" -DTANDEM_PYTHON=OFF >&2
+  if [ "$mode" = job ] && [ ! -f "$cache" ] && [[ "${CMAKE_ARGS:-}" != *TANDEM_CUDA=* ]] && \
+     { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; } && ! gpu_present; then
+    log "no GPU on this machine: building without the CUDA backend (./tandem.sh build or test adds it)"
+    mkdir -p "$BUILD_DIR"
+    : > "$later"
+  elif [ "$mode" = job ] && [ -f "$later" ]; then
+    log "$BUILD_DIR has no CUDA backend yet (./tandem.sh build or test adds it)"
+  else
+    fetch_cudnn_frontend
+    if [ "$mode" = all ] && [ -f "$later" ]; then
+      log "adding the CUDA backend to $BUILD_DIR"
+      flags+=(-DTANDEM_CUDA=AUTO)
+      rm -f "$later"
+    fi
+    # A build directory configured before the headers arrived looks for them again.
+    [ "$FRONTEND_FETCHED" = 1 ] && again=1
   fi
-  cmake --build "$BUILD_DIR" -j "$JOBS" >&2
+  if [ -f "$cache" ]; then
+    for want in "${NEED[@]}"; do
+      grep -q "^${want%%=*}:[A-Z]*=${want#*=}\$" "$cache" || flags+=("-D$want")
+    done
+    # pip may have built the Python module in this directory with an interpreter that is gone since
+    # (build/pyenv removed) or with nanobind from its own temporary environment: then the C++ parts are
+    # built alone, until pip builds the module again.
+    if grep -q '^TANDEM_PYTHON:BOOL=ON' "$cache"; then
+      py=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$cache")
+      "${py:-false}" -c "import nanobind" 2>/dev/null || flags+=(-DTANDEM_PYTHON=OFF)
+    fi
+    if [ ${#flags[@]} -gt 0 ] || [ $again = 1 ]; then cmake -S . -B "$BUILD_DIR" "${flags[@]}" >&2; fi
+  else
+    for want in "${NEED[@]}"; do flags+=("-D$want"); done
+    configure "$BUILD_DIR" "${flags[@]}"
+  fi
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  cmake --build "$BUILD_DIR" -j "$JOBS" "${targets[@]}" >&2
 }
 
 # The virtual environment of the Python tests, $BUILD_DIR/pyenv (kept between runs), with the build
@@ -118,24 +170,27 @@ python_env() {
     # System packages stay visible: Debian's python3-torch, where installed, joins the DLPack tests.
     "$py" -m venv --system-site-packages "$venv" >&2 || return 1
   fi
-  if ! "$venv/bin/python" -c "import nanobind, scikit_build_core, numpy, pytest, onnx" 2>/dev/null; then
+  if ! "$venv/bin/python" -c "import nanobind, scikit_build_core, numpy, pytest, onnx, safetensors" 2>/dev/null; then
     log "installing ${PY_PACKAGES[*]} from PyPI into $venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}" >&2 || return 1
   fi
 }
 
 # Builds and installs the Python package with pip, in the C++ build directory: only the Python module
-# is compiled anew.
+# is compiled anew. scikit-build-core starts the configure over when another scikit-build-core (pip's own
+# temporary one) configured the directory last: the build directory's settings are passed again, so the
+# objects already there stay valid.
 python_install() {
-  local cache="$BUILD_DIR/CMakeCache.txt" gen tests bench
+  local cache="$BUILD_DIR/CMakeCache.txt" gen defines=() opt value
   gen=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$cache")
-  tests=$(sed -n 's/^TANDEM_TESTS:BOOL=//p' "$cache")
-  bench=$(sed -n 's/^TANDEM_BENCH:BOOL=//p' "$cache")
+  for opt in TANDEM_CUDA TANDEM_NCCL TANDEM_GLOO TANDEM_MPI TANDEM_OPENSSL TANDEM_TESTS TANDEM_BENCH; do
+    value=$(sed -n "s/^$opt:[A-Z]*=//p" "$cache")
+    [ -n "$value" ] && defines+=(--config-settings=cmake.define.$opt="$value")
+  done
   log "building and installing the Python package into $BUILD_DIR/pyenv"
   CMAKE_GENERATOR="$gen" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$BUILD_DIR/pyenv/bin/python" -m pip install -q \
     --disable-pip-version-check --no-build-isolation --no-deps --config-settings=build-dir="$BUILD_DIR" \
-    --config-settings=cmake.define.TANDEM_TESTS="${tests:-ON}" \
-    --config-settings=cmake.define.TANDEM_BENCH="${bench:-ON}" . >&2
+    "${defines[@]}" . >&2
 }
 
 # The demo corpus: Shakespeare's works as byte-level token shards in $BUILD_DIR/data/shakespeare,
@@ -170,10 +225,11 @@ cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   build)
-    build
+    build all
     ;;
   run)
-    build
+    # The job needs the library and the program: the tests are built by ./tandem.sh test.
+    build job tandem_cli
     # The guide's job: two workers through tandem launch, on two GPUs when the machine has them,
     # otherwise two CPU ranks over Gloo (or one process when tandem was built without Gloo).
     T="$BUILD_DIR/bin/tandem"
@@ -192,7 +248,9 @@ case "$cmd" in
     fi
     ;;
   test)
-    build
+    # A build directory that pip configured first has no tests.
+    NEED=(TANDEM_TESTS=ON)
+    build all
     rc=0 python=0
     if ! python_env; then
       log "SKIPPED the Python tests: their virtual environment could not be set up (is PyPI reachable? see above)"
@@ -209,12 +267,13 @@ case "$cmd" in
     exit $rc
     ;;
   install)
-    build
+    build all tandem_cli
     prefix=${1:-}
     if [ -z "$prefix" ]; then
       if [ "$(id -u)" -eq 0 ]; then prefix=/usr/local; else prefix=$HOME/.local; fi
     fi
-    cmake --install "$BUILD_DIR" --prefix "$prefix" >&2
+    # The C++ package only (the Python module, where pip built it here, is pip's to install).
+    cmake --install "$BUILD_DIR" --prefix "$prefix" --component Unspecified >&2
     log "installed into $prefix"
     case ":$PATH:" in
       *":$prefix/bin:"*) ;;
@@ -263,15 +322,11 @@ case "$cmd" in
     exit $failed
     ;;
   data-shakespeare)
-    install_missing
-    configure "$BUILD_DIR"
-    cmake --build "$BUILD_DIR" -j "$JOBS" --target tandem_cli >&2
+    build job tandem_cli
     corpus
     ;;
   gpt)
-    install_missing
-    configure "$BUILD_DIR"
-    cmake --build "$BUILD_DIR" -j "$JOBS" --target tandem_cli >&2
+    build job tandem_cli
     T="$BUILD_DIR/bin/tandem"
     data="$BUILD_DIR/data/shakespeare"
     [ -f "$data/meta.json" ] || corpus

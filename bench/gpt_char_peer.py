@@ -27,9 +27,11 @@ def load_tokens(pattern):
     parts = []
     for path in sorted(glob.glob(pattern)):
         header = np.fromfile(path, dtype=np.int32, count=256)
-        if header[0] != 20240520:
+        # uint16 tokens (magic 20240520), or uint32 ones (20240801: a vocabulary beyond 65,536 tokens)
+        dtypes = {20240520: np.uint16, 20240801: np.uint32}
+        if header[0] not in dtypes:
             raise SystemExit(f"{path}: not a token shard in llm.c's format (magic {header[0]})")
-        tokens = np.memmap(path, dtype=np.uint16, mode="r", offset=256 * 4, shape=(int(header[2]),))
+        tokens = np.memmap(path, dtype=dtypes[int(header[0])], mode="r", offset=256 * 4, shape=(int(header[2]),))
         parts.append(np.asarray(tokens))
     if not parts:
         raise SystemExit(f"no shards match {pattern}")

@@ -20,15 +20,14 @@ else()
                  "attention on GPUs takes the math path")
 endif()
 
-# tandem_use_cudnn_frontend(<target> <source>): compiles the source that builds cuDNN graphs with the headers
-# (as system headers: their warnings are not tandem's) and TANDEM_WITH_CUDNN_FRONTEND=1|0, and links the
-# target with NVRTC, which the frontend's own kernels (never used by tandem) reference.
-function(tandem_use_cudnn_frontend target src)
+# tandem_use_cudnn_frontend(<source>): compiles the source that builds cuDNN graphs with the headers (as system
+# headers: their warnings are not tandem's) and TANDEM_WITH_CUDNN_FRONTEND=1|0. The library links NVRTC where
+# the headers are used (src/CMakeLists.txt): the frontend's own kernels, never used by tandem, reference it.
+function(tandem_use_cudnn_frontend src)
   if(TANDEM_WITH_CUDNN_FRONTEND)
     set_property(SOURCE ${src} APPEND PROPERTY COMPILE_OPTIONS "-isystem" "${TANDEM_CUDNN_FRONTEND_INCLUDE}")
     set_property(SOURCE ${src} APPEND PROPERTY COMPILE_DEFINITIONS TANDEM_WITH_CUDNN_FRONTEND=1
                  CUDNN_FRONTEND_SKIP_JSON_LIB)
-    target_link_libraries(${target} PRIVATE CUDA::nvrtc)
   else()
     set_property(SOURCE ${src} APPEND PROPERTY COMPILE_DEFINITIONS TANDEM_WITH_CUDNN_FRONTEND=0)
   endif()

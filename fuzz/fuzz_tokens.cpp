@@ -1,4 +1,4 @@
-// libFuzzer harness: token shards (llm.c's header or bare uint16) must answer any bytes with tokens or a
+// libFuzzer harness: token shards (llm.c's uint16 or uint32 header, or bare uint16) must answer any bytes with tokens or a
 // tandem::Error; batches drawn from a shard that loads hold its tokens, shifted by one between x and y.
 #include "fuzz_input.h"
 #include "tandem/data/tokens.h"
@@ -12,8 +12,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     tandem::data::TokenShard shard(path, vocab);
     const int64_t n = shard.size();
-    if (n <= 0 || static_cast<uint64_t>(n) * 2 > size) __builtin_trap();  // more tokens than the file holds
-    const uint16_t m = shard.max_token();
+    if (n <= 0 || static_cast<uint64_t>(n) * static_cast<uint64_t>(shard.width()) > size)
+      __builtin_trap();  // more tokens than the file holds
+    const uint32_t m = shard.max_token();
     if (vocab > 0 && m >= vocab) __builtin_trap();  // a token the check let through
     tandem::data::TokenStream stream(path, vocab);
     if (stream.size() != n) __builtin_trap();
@@ -31,7 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const int64_t start = batches.window_start(b);
         if (start < 0 || start + opt.context >= n) __builtin_trap();  // a window past the shard
         for (int64_t t = 0; t < opt.context; ++t)
-          if (xs[b * opt.context + t] != stream.at(start + t) || ys[b * opt.context + t] != stream.at(start + t + 1))
+          if (xs[b * opt.context + t] != static_cast<int32_t>(stream.at(start + t)) ||
+              ys[b * opt.context + t] != static_cast<int32_t>(stream.at(start + t + 1)))
             __builtin_trap();
       }
     }

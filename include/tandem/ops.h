@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tandem/autograd.h"
@@ -300,11 +301,23 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dOpt
 struct Pool2dOptions {
   std::array<int, 2> kernel{2, 2};
   std::array<int, 2> stride{2, 2};
+  /// Padding before the input (top, left), and after it (bottom, right) unless padding_end says otherwise;
+  /// at most half the kernel.
   std::array<int, 2> padding{0, 0};
+  /// Padding after the input (bottom, right) where it differs from `padding` (ONNX's asymmetric pads);
+  /// negative: the same as `padding`. At most half the kernel.
+  std::array<int, 2> padding_end{-1, -1};
+  /// The output size rounded up instead of down (ONNX's and PyTorch's ceil_mode): a last, partial window is
+  /// taken, but only where it starts inside the input or its leading padding.
+  bool ceil_mode = false;
+  /// avg_pool2d's divisor: the window's positions inside the padded input (true), or only those inside the
+  /// input (false: the mean of the input elements the window covers). Positions past the padded input (a
+  /// ceil_mode window's overhang) never count.
+  bool count_include_pad = true;
 };
 /// Max over each window; padded positions never win.
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opt = {});
-/// Mean over each window, padded positions counted as zeros.
+/// Mean over each window, padded positions counted as zeros (see count_include_pad).
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opt = {});
 
 // ---- normalisation and regularisation
@@ -394,8 +407,9 @@ void add_loss_and_correct(const Tensor& loss, const Tensor& logits, const Tensor
 void add_into(Tensor& acc, const Tensor& x);
 
 // ---- attention
-/// Scaled dot-product attention: softmax(scale q k^T) v for q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv]
-/// (any strides), giving [B, H, Tq, dv] in q's type. causal masks key j out of query i's row where j > i (the
+/// Scaled dot-product attention: softmax(scale q k^T) v for q [B, H, Tq, d], k [B, Hkv, Tk, d], v [B, Hkv, Tk, dv]
+/// (any strides), giving [B, H, Tq, dv] in q's type. Hkv divides H (grouped-query attention: query head h reads
+/// key and value head h / (H / Hkv); Hkv = H is multi-head attention). causal masks key j out of query i's row where j > i (the
 /// top-left diagonal, as PyTorch's is_causal). scale <= 0 takes 1 / sqrt(d). With dropout_p > 0 (needs gen)
 /// the probabilities are dropped with that probability and the rest scaled by 1 / (1 - dropout_p). On CUDA,
 /// f16 and bf16 run cuDNN's fused flash attention where tandem was built with the cuDNN frontend and cuDNN
@@ -410,6 +424,23 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 /// of qkv as one tensor. Other cases compute exactly that composition.
 Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool causal = true, double dropout_p = 0.0,
                              double scale = 0.0, Generator* gen = nullptr);
+
+/// Rotary position embeddings' tables for heads of head_dim values (even) at positions 0 .. positions - 1: cos
+/// and sin [positions, head_dim], frequency i (of head_dim / 2) in columns i and i + head_dim / 2 (Hugging Face's
+/// rotate-half layout). inv_freq[i] = theta^(-2i / head_dim), computed in f32 as transformers does, then
+/// rescaled per Llama 3's rope_scaling when scaling.factor > 0 (low_freq_factor, high_freq_factor and
+/// original_context the model's config gives). Angles position x inv_freq in f32; their cos and sin rounded to
+/// dtype from double.
+struct RopeScaling {
+  double factor = 0.0;  // 0: none
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_context = 8192;
+};
+std::pair<Tensor, Tensor> rotary_tables(int64_t head_dim, int64_t positions, double theta, const RopeScaling& scaling,
+                                        DType dtype, Device device);
+/// x * cos + rotate_half(x) * sin for x [..., T, d] and cos, sin [T, d] (broadcast over the leading dimensions):
+/// each vector's halves (x1, x2) rotate to (x1 cos - x2 sin, x2 cos + x1 sin) per frequency. Differentiable in x.
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 // ---- embedding and recurrent networks
 /// The rows of weight [V, D] that indices (i32 or i64, any shape [...], values in [0, V)) pick:

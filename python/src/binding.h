@@ -5,8 +5,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <tuple>
+#include <vector>
 
 #include "tandem/device.h"
+#include "tandem/optim/optimizer.h"
 #include "tandem/random.h"
 #include "tandem/tensor.h"
 
@@ -41,6 +45,10 @@ Tensor tensor_from_array(nb::ndarray<> array);
 /// The handle of the CUDA stream tandem queues work on for a GPU (0 in a build without CUDA).
 uintptr_t compute_stream_handle(int device);
 
+/// A parameter group as Python hands it over: (parameters, learning-rate factor, weight decay or None).
+using GroupTuple = std::tuple<std::vector<Tensor>, double, std::optional<double>>;
+std::vector<optim::ParamGroup> to_groups(const std::vector<GroupTuple>& groups);
+
 void bind_core(nb::module_& m);
 void bind_tensor(nb::module_& m);
 /// NumPy and DLPack methods of Tensor, and the module functions around them.
@@ -49,6 +57,7 @@ void bind_ops(nb::module_& m);
 void bind_nn(nb::module_& m);
 void bind_dist(nb::module_& m);
 void bind_data(nb::module_& m);
+void bind_tokenizer(nb::module_& m);
 void bind_graph(nb::module_& m);
 // op families in files of their own (ops_*.cpp)
 // elementwise ops
@@ -60,6 +69,7 @@ void bind_shape(nb::module_& m);
 // softmax, normalisation, losses, attention
 /// log_softmax, layer_norm, rms_norm, the N-D losses, scaled_dot_product_attention and their layers.
 void bind_norm(nb::module_& m);
+void bind_pretrained(nb::module_& m);
 // embedding, recurrent networks, optimizers, schedules
 /// Embedding, recurrent networks, RMSProp and AdaGrad, parameter groups, learning-rate schedules (ops_rnn.cpp).
 void bind_rnn(nb::module_& m);

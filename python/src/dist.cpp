@@ -175,6 +175,18 @@ void bind_dist(nb::module_& m) {
            "join() one step at a time: True when update() must follow, False once every rank has joined.")
       .def("gather_optimizer_state", &dist::DistOpt::gather_optimizer_state, release_gil(),
            "Sharded: the wrapped optimizer's state becomes the whole state, gathered from every rank, for a checkpoint.")
+      .def("release_optimizer_state", &dist::DistOpt::release_optimizer_state,
+           "Drops the copy gather_optimizer_state made, once the checkpoint is written.")
+      .def(
+          "set_param_groups",
+          [](dist::DistOpt& d, const std::vector<GroupTuple>& groups) {
+            std::vector<optim::ParamGroup> g = to_groups(groups);
+            nb::gil_scoped_release unlocked;
+            d.set_param_groups(g);
+          },
+          nb::arg("groups"),
+          "Regroups the wrapped optimizer's parameters, (params, lr_scale, weight_decay or None) each; under "
+          "--shard the slices are cut again along the new groups (a collective: every rank calls it).")
       .def(
           "memory_report",
           [](const dist::DistOpt& d) {

@@ -161,6 +161,7 @@ NB_MODULE(_tandem, m) {
   tandem::py::bind_nn(m);
   tandem::py::bind_dist(m);
   tandem::py::bind_data(m);
+  tandem::py::bind_tokenizer(m);
   tandem::py::bind_graph(m);
   // elementwise ops
   tandem::py::bind_elementwise(m);
@@ -168,6 +169,7 @@ NB_MODULE(_tandem, m) {
   tandem::py::bind_shape(m);
   // softmax, normalisation, losses, attention
   tandem::py::bind_norm(m);
+  tandem::py::bind_pretrained(m);
   // embedding, recurrent networks, optimizers, schedules
   tandem::py::bind_rnn(m);
 }

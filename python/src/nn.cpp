@@ -29,7 +29,14 @@ class ParamModule : public nn::Module {
     TANDEM_CHECK(false, "this module only collects the parameters of a Python model: call the Python model instead");
   }
   std::string describe() const override { return "ParamModule"; }
-  Tensor add_parameter(const std::string& name, const Tensor& t) { return register_parameter(name, t); }
+  // A tensor keeps its requires_grad: a parameter frozen from Python stays frozen each time a layer's
+  // parameters are listed again (register_parameter makes a parameter trainable).
+  Tensor add_parameter(const std::string& name, const Tensor& t) {
+    const bool trained = t.requires_grad();
+    Tensor p = register_parameter(name, t);
+    if (!trained) p.requires_grad_(false);
+    return p;
+  }
   Tensor add_buffer(const std::string& name, const Tensor& t) { return register_buffer(name, t); }
   void add_module(const std::string& name, nn::ModulePtr m) {
     TANDEM_CHECK(m != nullptr, "add_module: module '", name, "' is None");
@@ -94,7 +101,7 @@ void bind_nn(nb::module_& m) {
   nb::class_<ParamModule, nn::Module>(m, "ParamModule", "Parameters, buffers and children registered by name from Python.")
       .def(nb::init<>())
       .def("add_parameter", &ParamModule::add_parameter, nb::arg("name"), nb::arg("tensor"),
-           "Registers a trainable tensor (now requiring a gradient).")
+           "Registers a parameter; it keeps its requires_grad (False: frozen, left out of the optimizer).")
       .def("add_buffer", &ParamModule::add_buffer, nb::arg("name"), nb::arg("tensor"))
       .def("add_module", &ParamModule::add_module, nb::arg("name"), nb::arg("module"));
 

@@ -210,15 +210,28 @@ void bind_ops(nb::module_& m) {
       "Batch normalisation of NCHW x per channel: batch statistics in training (the running ones updated in "
       "place: (1 - momentum) running + momentum batch), the running ones otherwise.");
   m.def(
-      "max_pool2d", [](const Tensor& x, Pair kernel, Pair stride, Pair padding) {
-        return max_pool2d(x, Pool2dOptions{kernel, stride, padding});
+      "max_pool2d",
+      [](const Tensor& x, Pair kernel, Pair stride, Pair padding, const std::optional<Pair>& padding_end,
+         bool ceil_mode) {
+        return max_pool2d(x, Pool2dOptions{kernel, stride, padding, padding_end.value_or(Pair{-1, -1}), ceil_mode});
       },
-      nb::arg("x"), nb::arg("kernel"), nb::arg("stride"), nb::arg("padding") = Pair{0, 0}, release_gil());
+      nb::arg("x"), nb::arg("kernel"), nb::arg("stride"), nb::arg("padding") = Pair{0, 0},
+      nb::arg("padding_end").none() = nb::none(), nb::arg("ceil_mode") = false, release_gil(),
+      "Max over each window of NCHW x; padding before the input (top, left) and, unless padding_end is given, "
+      "after it; ceil_mode rounds the output size up (a last window that starts inside the input or its "
+      "leading padding).");
   m.def(
-      "avg_pool2d", [](const Tensor& x, Pair kernel, Pair stride, Pair padding) {
-        return avg_pool2d(x, Pool2dOptions{kernel, stride, padding});
+      "avg_pool2d",
+      [](const Tensor& x, Pair kernel, Pair stride, Pair padding, const std::optional<Pair>& padding_end,
+         bool ceil_mode, bool count_include_pad) {
+        return avg_pool2d(x, Pool2dOptions{kernel, stride, padding, padding_end.value_or(Pair{-1, -1}), ceil_mode,
+                                           count_include_pad});
       },
-      nb::arg("x"), nb::arg("kernel"), nb::arg("stride"), nb::arg("padding") = Pair{0, 0}, release_gil());
+      nb::arg("x"), nb::arg("kernel"), nb::arg("stride"), nb::arg("padding") = Pair{0, 0},
+      nb::arg("padding_end").none() = nb::none(), nb::arg("ceil_mode") = false,
+      nb::arg("count_include_pad") = true, release_gil(),
+      "Mean over each window of NCHW x (padding and ceil_mode as max_pool2d's); count_include_pad: padded "
+      "positions count in the divisor, else only the input's do.");
   m.def("softmax_cross_entropy", static_cast<Tensor (*)(const Tensor&, const Tensor&)>(&softmax_cross_entropy),
         nb::arg("logits"), nb::arg("labels"), release_gil(),
         "Mean over the batch of -log softmax(logits)[label]; labels i32 or i64 [N], or targets [N, C] "

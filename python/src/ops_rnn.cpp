@@ -31,15 +31,6 @@ RnnMode parse_mode(const std::string& s) {
   throw nb::value_error(("unknown recurrent mode '" + s + "' (tanh, relu, lstm, gru)").c_str());
 }
 
-// A group as Python hands it over: (parameters, learning-rate factor, weight decay or None).
-using GroupTuple = std::tuple<std::vector<Tensor>, double, std::optional<double>>;
-
-std::vector<optim::ParamGroup> to_groups(const std::vector<GroupTuple>& groups) {
-  std::vector<optim::ParamGroup> out;
-  for (const auto& [params, scale, decay] : groups) out.push_back({params, scale, decay});
-  return out;
-}
-
 std::vector<GroupTuple> from_groups(const std::vector<optim::ParamGroup>& groups) {
   std::vector<GroupTuple> out;
   for (const auto& g : groups) out.emplace_back(g.params, g.lr_scale, g.weight_decay);
@@ -51,6 +42,12 @@ nb::tuple rnn_result(const RnnResult& r) {
 }
 
 }  // namespace
+
+std::vector<optim::ParamGroup> to_groups(const std::vector<GroupTuple>& groups) {
+  std::vector<optim::ParamGroup> out;
+  for (const auto& [params, scale, decay] : groups) out.push_back({params, scale, decay});
+  return out;
+}
 
 void bind_rnn(nb::module_& m) {
   m.def("embedding", &embedding, nb::arg("weight"), nb::arg("indices"), release_gil(),

@@ -138,6 +138,12 @@ void bind_tensor(nb::module_& m) {
           "The gradient backward accumulated (None before any); assign None to drop it, or a tensor of this "
           "tensor's shape, dtype and device.")
       .def_prop_ro("is_leaf", &Tensor::is_leaf)
+      // For tandem.sonnx's export trace: the identity of the tensor a handle points to, its place in the
+      // order tensors are made, and another handle to the same tensor (which a later in-place conversion
+      // of this handle, to_type or to_device, leaves as it is).
+      .def_prop_ro("_impl_id", [](const Tensor& x) { return reinterpret_cast<uintptr_t>(x.impl()); })
+      .def_prop_ro("_serial", [](const Tensor& x) { return x.impl() ? x.impl()->serial.value : uint64_t{0}; })
+      .def("_handle", [](const Tensor& x) { return x; })
       .def("backward", [](const Tensor& x, std::optional<Tensor> g) { backward(x, {}, g.value_or(Tensor())); },
            nb::arg("grad_output").none() = nb::none(), release_gil(),
            "Back-propagates into every leaf that requires a gradient (grad_output for non-scalars).")
@@ -276,6 +282,7 @@ void bind_tensor(nb::module_& m) {
         return assign(h, scale(nb::cast<const Tensor&>(h).detach(), 1.0 / s));
       });
 
+  m.def("_tensor_serial", &tensor_serial_now, "The creation number the next tensor will take (see Tensor._serial).");
   m.def(
       "full", [](const std::vector<int64_t>& shape, double v, nb::handle device, DType dtype) {
         Device d = to_device(device);

@@ -12,7 +12,7 @@ Run the same script under ``tandem launch -n 2 -- python3 train.py``, under
 ``multiprocessing`` and a :class:`NcclIdHolder` ticket.
 """
 from . import _tandem
-from . import autograd, data, device, layer, model, models, opt, singa_wrap, tensor
+from . import autograd, data, device, layer, model, models, opt, singa_wrap, tensor, tokenizer
 from .device import set_num_threads, num_threads
 from .distributed import NcclIdHolder, detect_env
 
@@ -23,5 +23,6 @@ try:
 except Exception:  # running from a build tree without the package's metadata
     __version__ = "unknown"
 
-__all__ = ["autograd", "data", "device", "layer", "model", "models", "opt", "singa_wrap", "tensor", "NcclIdHolder",
+__all__ = ["autograd", "data", "device", "layer", "model", "models", "opt", "singa_wrap", "tensor", "tokenizer",
+           "NcclIdHolder",
            "detect_env", "set_num_threads", "num_threads"]

@@ -10,7 +10,7 @@ import builtins as _builtins
 import numpy as np
 
 from . import _tandem
-from .tensor import _promote
+from .tensor import _promote, _whole_numbers
 
 Tensor = _tandem.Tensor
 
@@ -382,17 +382,15 @@ class SoftMaxCrossEntropy(Operator):
 
 def _class_labels(x, t):
     """SINGA's reading of the labels of softmax cross-entropy over x [N, C]: labels of N elements ([N], or
-    [N, 1] when C > 1) are class indices, in an integer tensor or as integers in a floating one; other
-    labels are targets [N, C]."""
+    [N, 1] when C > 1) are class indices, in an integer tensor or as whole numbers in a floating one (a
+    fraction is a ValueError); other labels are targets [N, C]."""
     if x.dim() != 2 or t.dim() not in (1, 2) or t.shape[0] != x.shape[0]:
         return t
     if t.dim() == 2 and not (t.shape[1] == 1 and x.shape[1] != 1):
         return t
     if t.dim() == 2:
         t = _tandem.reshape(t.detach(), [t.shape[0]])
-    if t.dtype not in (_tandem.DType.int32, _tandem.DType.int64):
-        t = t.as_type(_tandem.DType.int32)
-    return t
+    return _whole_numbers(t, "softmax_cross_entropy")
 
 
 class CrossEntropy(Operator):
@@ -535,6 +533,7 @@ def _targets(t, x):
     t = t.detach()
     if t.dim() == 1:
         classes = _tandem.from_array(np.arange(x.shape[1], dtype=np.float32).reshape(1, -1), x.device, x.dtype)
+        t = _whole_numbers(t, "cross_entropy")
         return _tandem.compare(_tandem.reshape(t.as_type(x.dtype), [t.shape[0], 1]), classes, "eq")
     return t if t.dtype == x.dtype else t.as_type(x.dtype)
 
@@ -649,6 +648,18 @@ def softmax(x, axis=1):
 def sum(*l):
     """The elementwise sum of the tensors."""
     return Sum()(*l)[0]
+
+
+def add_all(*xs):
+    """The sum of the tensors, added one after another (broadcast as ``add``). SINGA's asks for more
+    than two and returns nothing (it forgets the sum it computed); this one returns it, for one tensor
+    or more."""
+    if not xs:
+        raise ValueError("add_all: give at least one tensor")
+    y = xs[0]
+    for x in xs[1:]:
+        y = add(y, x)
+    return y
 
 
 def mean(*l):
@@ -1669,17 +1680,15 @@ def scaled_dot_product_attention(q, k, v, causal=False, dropout_p=0.0, scale=Non
 
 # ---- embedding, recurrent networks
 def _indices(x):
-    """Indices as int32 / int64 (SINGA passes them as floating tensors holding integers)."""
-    if x.dtype in (_tandem.DType.int32, _tandem.DType.int64):
-        return x
-    return x.as_type(_tandem.DType.int32)
+    """Indices as int32 / int64 (SINGA passes them as floating tensors holding whole numbers)."""
+    return _whole_numbers(x, "embedding", "indices")
 
 
 class Embedding(Operator):
     """SINGA's embedding: ``Embedding()(x, w)`` gives the rows of w [V, D] that the indices x name,
-    [..., D]; x holds int32 / int64 values, or integers in a floating tensor (SINGA's). Rows picked
-    more than once add their gradients. An index outside [0, V) raises (on a GPU at the next wait for
-    the device)."""
+    [..., D]; x holds int32 / int64 values, or whole numbers in a floating tensor (SINGA's; a fraction
+    is a ValueError). Rows picked more than once add their gradients. An index outside [0, V) raises (on
+    a GPU at the next wait for the device)."""
 
     def _apply(self, x, w):
         return _tandem.embedding(w, _indices(x))

@@ -170,7 +170,9 @@ class Layer:
         layer.__dict__["name"] = f"{base}_{i}"
 
     def register_param(self, name, t):
-        """Makes a tensor this layer created itself a trainable parameter named ``name``."""
+        """Makes a tensor this layer created itself a trainable parameter named ``name``. Setting its
+        ``requires_grad`` to False afterwards freezes it: it stays a parameter of the layer (listed,
+        synchronised across ranks, checkpointed) that no optimizer steps."""
         self._params[name] = t
         t.requires_grad = True
         return t
@@ -201,9 +203,18 @@ class Layer:
         return m
 
     def _tensor_attributes(self):
-        """The tensors held as attributes that are parameters: leaves that store a gradient."""
-        return [(name, v) for name, v in self.__dict__.items()
-                if isinstance(v, _tandem.Tensor) and not name.startswith("_") and v.is_leaf and v.requires_grad]
+        """The tensors held as attributes that are parameters: leaves that store a gradient, and those
+        that did when the layer's parameters were listed before (compile lists them) and have been frozen
+        since (``requires_grad = False``): a frozen parameter is still one, left out of the optimizer."""
+        known = self.__dict__.setdefault("_attribute_params", {})
+        out = []
+        for name, v in list(self.__dict__.items()):
+            if not isinstance(v, _tandem.Tensor) or name.startswith("_") or not v.is_leaf:
+                continue
+            if v.requires_grad or known.get(name) is v:
+                known[name] = v
+                out.append((name, v))
+        return out
 
     def device_check(self, *inputs):
         """SINGA's: moves every tensor given onto the device of the first (each handle in place)."""
@@ -571,8 +582,9 @@ class Dropout(Layer):
 class SoftMaxCrossEntropy(Layer):
     """Mean over the batch of -log softmax(x)[label], as a tensor of shape (1,) (SINGA's); labels are
     class indices, as SINGA reads labels of N elements ([N], or [N, 1] for more than one class; int32,
-    int64, or integers in a floating tensor), or targets [N, C]: one-hot rows, or a distribution per row
-    (the loss is then the mean of -sum(t * log softmax(x))). Other shapes are refused."""
+    int64, or whole numbers in a floating tensor: a fraction is a ValueError), or targets [N, C]: one-hot
+    rows, or a distribution per row (the loss is then the mean of -sum(t * log softmax(x))). Other shapes
+    are refused."""
 
     def forward(self, x, t):
         from .autograd import _class_labels
@@ -914,17 +926,17 @@ class TransformerBlock(Layer):
 
 # ---- embedding, recurrent networks
 def _indices(x):
-    """Indices as int32 / int64 (SINGA passes them as floating tensors holding integers)."""
-    if x.dtype in (_tandem.DType.int32, _tandem.DType.int64):
-        return x
-    return x.as_type(_tandem.DType.int32)
+    """Indices as int32 / int64 (SINGA passes them as floating tensors holding whole numbers)."""
+    from .tensor import _whole_numbers
+
+    return _whole_numbers(x, "Embedding", "indices")
 
 
 class Embedding(Layer):
     """A table of ``input_dim`` rows of ``output_dim`` values looked up by integer indices, SINGA's
     signature: ``Embedding(input_dim, output_dim, initializer="gaussian")`` (N(0, 1) values, or U(-1, 1)
-    with "uniform"). ``forward(x)`` takes indices of any shape (int32 / int64, or integers in a floating
-    tensor) and gives [..., output_dim]."""
+    with "uniform"). ``forward(x)`` takes indices of any shape (int32 / int64, or whole numbers in a
+    floating tensor) and gives [..., output_dim]."""
 
     def __init__(self, input_dim, output_dim, initializer="gaussian"):
         super().__init__()

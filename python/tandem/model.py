@@ -21,6 +21,7 @@ import sys
 
 from . import _tandem, autograd
 from .layer import Layer
+from .tensor import _recording_step
 
 _SIXTEEN_BIT = {_tandem.DType.float16: "f16", _tandem.DType.bfloat16: "bf16"}
 
@@ -184,7 +185,11 @@ class Model(Layer):
         result = {}
 
         def body():
-            result["out"] = self.train_one_batch(*args, **kwargs)
+            _recording_step[0] = True  # nothing in the step may read the device's values on the host
+            try:
+                result["out"] = self.train_one_batch(*args, **kwargs)
+            finally:
+                _recording_step[0] = False
 
         dist = self.optimizer._impl if hasattr(self.optimizer, "backward_and_sync") else None
         try:
@@ -206,11 +211,26 @@ class Model(Layer):
 
     def save_states(self, fpath, aux_states=None):
         """Writes parameters, buffers, the optimizer's state and ``aux_states`` (a JSON-able dict)
-        to one file, atomically."""
+        to one file, atomically. Under ``DistOpt(shard=...)`` each rank keeps a slice of the optimizer's
+        state, gathered here from all of them: every rank calls save_states (each writes the whole
+        checkpoint to the path it gives)."""
         opt = self.optimizer._cpp_optimizer() if self.optimizer is not None else None
-        _tandem.save_checkpoint(str(fpath), self._module(), opt, json.dumps(aux_states or {}))
+        if opt is not None:
+            self.optimizer._gather_state()
+        try:
+            _tandem.save_checkpoint(str(fpath), self._module(), opt, json.dumps(aux_states or {}))
+        finally:
+            if opt is not None:
+                self.optimizer._release_state()  # the gathered copy: the whole model's optimizer state
 
     def load_states(self, fpath):
-        """Loads what save_states wrote (the model must be compiled); returns the aux_states dict."""
+        """Loads what save_states wrote (the model must be compiled); returns the aux_states dict. The
+        optimizer takes the file's state, step counts and parameter groups (give its step counter back
+        with ``set_states``, from what ``get_states`` gave to aux_states)."""
         opt = self.optimizer._cpp_optimizer() if self.optimizer is not None else None
-        return json.loads(_tandem.load_checkpoint(str(fpath), self._module(), opt))
+        aux = json.loads(_tandem.load_checkpoint(str(fpath), self._module(), opt))
+        if opt is not None:
+            self._recorded = None  # recorded with the optimizer's former groups and settings
+            self._steady_key, self._steady_calls = None, 0
+            self.optimizer._after_load()
+        return aux

@@ -222,8 +222,15 @@ class Optimizer:
         ``groups`` is a list of dicts with "params" (parameter names, as ``model.get_params()`` lists
         them, or the tensors themselves) and any of "weight_decay", "lr" (the group's rate at the start;
         it follows the learning-rate schedule in proportion) or "lr_scale" (a factor of the optimizer's
-        rate). Parameters in no group keep the optimizer's settings. :func:`decay_groups` makes the
-        usual split. Takes effect now, or when the optimizer learns its parameters."""
+        rate). Parameters in no group keep the optimizer's settings; frozen parameters (``requires_grad``
+        False), which it does not step, are passed over. :func:`decay_groups` makes the usual split. Takes
+        effect now, or when the optimizer learns its parameters."""
+        self._groups = self._checked_groups(groups)
+        if self._impl is not None:
+            self._apply_groups()
+            self._forget_recorded_step()
+
+    def _checked_groups(self, groups):
         if self._python_steps():
             raise ValueError(f"set_param_groups: {type(self).__name__} steps in Python (its apply()); parameter groups "
                              "are settings of tandem's optimizers (SGD, Adam, RMSProp, AdaGrad)")
@@ -238,12 +245,16 @@ class Optimizer:
             if "lr" in g and "lr_scale" in g:
                 raise ValueError(f"set_param_groups: group {i} gives both lr and lr_scale")
             checked.append(dict(g))
-        self._groups = checked
-        if self._impl is not None:
-            self._apply_groups()
+        return checked
 
     def _apply_groups(self):
+        _tandem.set_param_groups(self._impl, self._group_tuples())
+
+    def _group_tuples(self):
+        """The groups as the C++ optimizer takes them: (parameters, lr_scale, weight_decay or None)."""
         by_name = dict(self._module.named_parameters())
+        held = {(t.data_ptr, tuple(t.shape)) for t in self._impl.params()}
+        frozen = {(t.data_ptr, tuple(t.shape)) for t in by_name.values()} - held
         base = self._schedule.value_at(0)
         tuples = []
         for i, g in enumerate(self._groups):
@@ -253,8 +264,8 @@ class Optimizer:
                     if p not in by_name:
                         raise KeyError(f"set_param_groups: group {i} names '{p}', which is not a parameter (there are: "
                                        f"{', '.join(by_name) or 'none'})")
-                    params.append(by_name[p])
-                else:
+                    p = by_name[p]
+                if (p.data_ptr, tuple(p.shape)) not in frozen:  # a frozen parameter has no settings to take
                     params.append(p)
             if "lr" in g:
                 if base <= 0:
@@ -265,7 +276,14 @@ class Optimizer:
                 scale = float(g.get("lr_scale", 1.0))
             decay = g.get("weight_decay")
             tuples.append((params, scale, None if decay is None else float(decay)))
-        _tandem.set_param_groups(self._impl, tuples)
+        return tuples
+
+    def _forget_recorded_step(self):
+        """A recorded step ran with the groups it was recorded with: the model records its step again."""
+        model = self._model
+        if model is not None and getattr(model, "_recorded", None) is not None:
+            model._recorded = None
+            model._steady_key, model._steady_calls = None, 0
 
     @property
     def param_groups(self):
@@ -314,12 +332,22 @@ class Optimizer:
         self._refresh_lr()
 
     def get_states(self):
-        """The step counter (the moments travel with the model's checkpoints: model.save_states)."""
+        """The step counter, as SINGA's (the moments travel with the model's checkpoints: model.save_states)."""
         return {"step_counter": self._steps}
 
     def set_states(self, states):
+        """Takes the step counter get_states gave: the learning rate follows it, as SINGA's."""
         self._steps = int(states["step_counter"])
         self._refresh_lr()
+
+    def _gather_state(self):
+        """Before a checkpoint is written: the whole state in the optimizer save_states writes (DistOpt's)."""
+
+    def _release_state(self):
+        """After the checkpoint is written: the copy _gather_state made is dropped (DistOpt's)."""
+
+    def _after_load(self):
+        """After a checkpoint was loaded into the C++ optimizer (DistOpt's)."""
 
     # ---- steps
     def __call__(self, loss):
@@ -542,6 +570,8 @@ class DistOpt(Optimizer):
                             "steps in Python (its apply()), which DistOpt's C++ step cannot call")
         super().__init__(opt.lr, opt.dtype)
         self.opt = opt
+        self.lr_value = opt.lr_value  # the wrapped optimizer's, which it keeps up to date in place
+        self._held = []  # the wrapped optimizer's parameters, once built
         local_rank = _either(local_rank, gpu_num, "local_rank", "gpu_num")
         world_size = _either(world_size, gpu_per_node, "world_size", "gpu_per_node")
         if nccl_id is not None:
@@ -602,9 +632,26 @@ class DistOpt(Optimizer):
     def step_counter(self):
         return self.opt.step_counter
 
+    def get_states(self):
+        """The wrapped optimizer's step counter (SINGA's Optimizer.get_states), which the learning-rate
+        schedule follows; keep it in a checkpoint's aux states (model.save_states holds the rest)."""
+        return self.opt.get_states()
+
+    def set_states(self, states):
+        """Gives the wrapped optimizer the step counter get_states gave (its learning rate follows)."""
+        self.opt.set_states(states)
+
     def set_param_groups(self, groups):
-        """The wrapped optimizer's parameter groups (see Optimizer.set_param_groups)."""
-        self.opt.set_param_groups(groups)
+        """The wrapped optimizer's parameter groups (see Optimizer.set_param_groups), at any time: under
+        ``shard`` the slices of the parameters each rank steps are cut again along the new groups, their
+        state kept, which is a collective (every rank calls it with the same groups)."""
+        inner = self.opt
+        inner._groups = inner._checked_groups(groups)
+        if self._impl is not None:
+            self._impl.set_param_groups(inner._group_tuples())
+            self._forget_recorded_step()
+        elif inner._impl is not None:
+            inner._apply_groups()
 
     @property
     def param_groups(self):
@@ -687,7 +734,34 @@ class DistOpt(Optimizer):
         self._module = module
         comm = self.communicator(module.parameters()[0].device)
         self._impl = _tandem.DistOpt(self.opt._impl, comm, **self._options)
+        self._held = self.opt._impl.params()
         self._impl.sync_parameters(module)
+
+    def _ensure(self, loss):
+        super()._ensure(loss)
+        # The ranks' buckets hold the parameters DistOpt took: one frozen since would still be stepped with a
+        # zero gradient (its momentum, weight decay and Adam's moments moving it).
+        for i, p in enumerate(self._held):
+            if not p.requires_grad:
+                names = {(t.data_ptr, tuple(t.shape)): n for n, t in self._module.named_parameters()}
+                name = names.get((p.data_ptr, tuple(p.shape)), f"parameter {i}")
+                raise ValueError(f"DistOpt: {name} was frozen (requires_grad=False) after DistOpt took the model's "
+                                 "parameters, and its buckets would still step it: freeze parameters before "
+                                 "compile (or before set_optimizer on a compiled model)")
+
+    def _gather_state(self):
+        if self._impl is not None:
+            self._impl.gather_optimizer_state()  # under shard: collective
+
+    def _release_state(self):
+        if self._impl is not None:
+            self._impl.release_optimizer_state()
+
+    def _after_load(self):
+        # A checkpoint restores the wrapped optimizer's groups: under shard the slices are cut along them now
+        # (if they changed), not in the middle of the next step.
+        if self._impl is not None:
+            self._impl.set_param_groups(_tandem.param_groups(self.opt._impl))
 
     def _cpp_optimizer(self):
         if self._impl is None and self._model is not None:

@@ -12,8 +12,8 @@ parameters;
 BatchNormalization's running mean and variance are buffers (updated in training mode); the other
 initializers are constants. The operators supported are listed in ``SUPPORTED``; a graph with another
 raises NotImplementedError at ``prepare`` naming it. Reading files needs the ``onnx`` package
-(``pip install onnx``). Exporting a tandem model to ONNX (SINGA's ``to_onnx``) is not supported: tandem's
-graph records gradients, not the operators' attributes an ONNX node needs.
+(``pip install onnx``). ``to_onnx(inputs, outputs)`` (SINGA's export) writes a model computed by tandem as
+ONNX: see ``sonnx_export``.
 """
 import math
 import re
@@ -161,9 +161,17 @@ _OPS["Less"] = _binary(np.less, _tandem.less)
 _OPS["Greater"] = _binary(np.greater, _tandem.greater)
 _OPS["LessOrEqual"] = _binary(np.less_equal, _tandem.less_equal)
 _OPS["GreaterOrEqual"] = _binary(np.greater_equal, _tandem.greater_equal)
-_OPS["And"] = _binary(np.logical_and, _tandem.logical_and)
-_OPS["Or"] = _binary(np.logical_or, _tandem.logical_or)
-_OPS["Xor"] = _binary(np.logical_xor, _tandem.logical_xor)
+
+
+def _as_mask(t):
+    """An ONNX bool held as a tensor (uint8 from a Cast or an input, or a comparison's 1/0 in a floating type)
+    in a floating type, which tandem's logical operations take."""
+    return t if t.dtype in _FLOATS else _tandem.cast(t, _tandem.DType.float32)
+
+
+_OPS["And"] = _binary(np.logical_and, lambda a, b: _tandem.logical_and(_as_mask(a), _as_mask(b)))
+_OPS["Or"] = _binary(np.logical_or, lambda a, b: _tandem.logical_or(_as_mask(a), _as_mask(b)))
+_OPS["Xor"] = _binary(np.logical_xor, lambda a, b: _tandem.logical_xor(_as_mask(a), _as_mask(b)))
 
 
 def _unary(np_fn, t_fn):
@@ -185,7 +193,8 @@ for _name, _np_fn, _t_fn in (
         ("Floor", np.floor, _tandem.floor), ("Ceil", np.ceil, _tandem.ceil), ("Sign", np.sign, _tandem.sign),
         ("Sin", np.sin, _tandem.sin), ("Cos", np.cos, _tandem.cos), ("Softplus", lambda a: np.log1p(np.exp(a)),
                                                                          _tandem.softplus),
-        ("Softsign", lambda a: a / (1 + np.abs(a)), _tandem.softsign), ("Not", np.logical_not, _tandem.logical_not),
+        ("Softsign", lambda a: a / (1 + np.abs(a)), _tandem.softsign),
+        ("Not", np.logical_not, lambda t: _tandem.logical_not(_as_mask(t))),
         ("Identity", lambda a: a, lambda t: t)):
     _OPS[_name] = _unary(_np_fn, _t_fn)
 
@@ -309,7 +318,9 @@ def _cast(ctx, at, xs):
     x = xs[0]
     if not _is_t(x):
         return [np.asarray(x).astype(to)]
-    target = _DT.get(np.dtype(to if to is not np.bool_ else np.uint8))
+    if to is np.bool_:  # true where nonzero (a conversion to uint8 would truncate 0.25 to 0), held as uint8
+        return [_tandem.cast(_tandem.not_equal(_as_mask(x), 0.0), _tandem.DType.uint8)]
+    target = _DT.get(np.dtype(to))
     if target is None:
         raise NotImplementedError(f"Cast to {np.dtype(to)} of a tensor")
     return [x if x.dtype == target else _tandem.cast(x, target)]
@@ -545,7 +556,7 @@ def _same_pads(size, k, s, mode):
 
 
 def _window(ctx, at, x, kernel):
-    """(x padded where the pads differ at the two ends, strides, symmetric padding) for a 2-d window op."""
+    """(pads [top, left, bottom, right], strides) of a 2-d window op."""
     if x.dim() != 4:
         raise NotImplementedError(f"{ctx.op}: only 2-d windows (NCHW inputs) are supported, got {list(x.shape)}")
     strides = [int(s) for s in at.get("strides", [1, 1])]
@@ -560,11 +571,6 @@ def _window(ctx, at, x, kernel):
         pads = [0, 0, 0, 0]
     else:
         pads = [int(p) for p in at.get("pads", [0, 0, 0, 0])]
-    if at.get("ceil_mode", 0):  # pad the end so that the last partial window is taken
-        for i in range(2):
-            size = x.shape[2 + i] + pads[i] + pads[i + 2]
-            extra = (-(size - kernel[i])) % strides[i]
-            pads[i + 2] += extra
     return pads, strides
 
 
@@ -600,20 +606,16 @@ def _conv(ctx, at, xs):
 
 @_op("MaxPool", "AveragePool")
 def _pool(ctx, at, xs):
+    # The pooling ops take ONNX's geometry whole: pads before and after, ceil_mode (whose last window starts
+    # inside the input or its leading padding) and count_include_pad (the divisor counts the padded input's
+    # positions, never a ceil-mode window's overhang past it).
     x = ctx.t(xs[0])
     kernel = [int(k) for k in at["kernel_shape"]]
     pads, strides = _window(ctx, at, x, kernel)
+    ceil = bool(at.get("ceil_mode", 0))
     if ctx.op == "MaxPool":
-        x, sym = _pad_asymmetric(ctx, x, pads, -3.0e38)
-        return [_tandem.max_pool2d(x, kernel, strides, sym)]
-    count_pads = bool(at.get("count_include_pad", 0))
-    xp, sym = _pad_asymmetric(ctx, x, pads, 0.0)
-    y = _tandem.avg_pool2d(xp, kernel, strides, sym)
-    if not count_pads and any(pads):  # the mean over the window's real elements
-        ones = _tandem.full([1, 1, x.shape[2], x.shape[3]], 1.0, x.device, x.dtype)
-        ones, _ = _pad_asymmetric(ctx, ones, pads, 0.0)
-        y = y / _tandem.avg_pool2d(ones, kernel, strides, sym)
-    return [y]
+        return [_tandem.max_pool2d(x, kernel, strides, pads[:2], pads[2:], ceil)]
+    return [_tandem.avg_pool2d(x, kernel, strides, pads[:2], pads[2:], ceil, bool(at.get("count_include_pad", 0)))]
 
 
 @_op("GlobalAveragePool", "GlobalMaxPool")
@@ -1015,11 +1017,24 @@ class SONNXModel(model.Model):
         raise NotImplementedError(f"{type(self).__name__} must define train_one_batch() to be trained")
 
 
-def to_onnx(*args, **kwargs):
-    """SINGA's export of a model's graph to ONNX: not supported by tandem (its graph records gradients, not
-    the attributes an ONNX node needs)."""
-    raise NotImplementedError("sonnx.to_onnx: exporting a tandem model to ONNX is not supported; tandem runs and "
-                              "trains ONNX models (prepare, SONNXModel)")
+def to_onnx(inputs, outputs, model_name="sonnx"):
+    """SINGA's export: the ONNX ModelProto (opset 17) that computes ``outputs`` from ``inputs`` (lists of
+    tensors). The outputs are tensors computed inside ``with sonnx.record():`` on this thread, or a model (a
+    ``Model``, a ``Layer`` or a callable of the inputs), which is then run on the inputs while recording, in
+    evaluation mode. Operations with no ONNX form raise NotImplementedError naming them (see sonnx_export)."""
+    from . import sonnx_export
+
+    return sonnx_export.to_onnx(inputs, outputs, model_name)
+
+
+def record():
+    """``with sonnx.record(): y = net(x)`` records the forward for ``to_onnx([x], [y])`` (see sonnx_export)."""
+    from . import sonnx_export
+
+    return sonnx_export.record()
+
+
+singa_to_onnx_model = to_onnx  # SINGA's SingaFrontend.singa_to_onnx_model, the function behind to_onnx
 
 
 def save(model, path):

@@ -566,6 +566,28 @@ def _promote(a, b):
     return (a if a.dtype == dt else _tandem.cast(a, dt)), (b if b.dtype == dt else _tandem.cast(b, dt))
 
 
+# While a model records its training step (compile(use_graph=True) on a GPU), nothing may wait for the device.
+_recording_step = [False]
+
+
+def _whole_numbers(t, what, kind="labels"):
+    """Class labels or indices as an integer tensor: an int32 / int64 tensor as it is, a floating one (SINGA's
+    scripts pass labels so) as int32 when every value is a whole number. A fraction (1.7) would be cut to
+    another class without a word: it is a ValueError naming the element. The values are read on the host,
+    except while a step is recorded (its eager steps before were checked)."""
+    if t.dtype in (int32, int64):
+        return t
+    if t.dtype in _FLOAT_RANKS and not _recording_step[0]:
+        a = t.to_numpy().ravel()
+        bad = ~np.isfinite(a) | (np.floor(a) != a)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{what}: {kind} must be whole numbers, but element {i} of the "
+                             f"{str(t.dtype).split('.')[-1]} {kind} {list(t.shape)} is {float(a[i]):.7g}; give an "
+                             "int32 / int64 tensor, or whole numbers")
+    return t.as_type(int32)
+
+
 def _promoting(name):
     cpp = getattr(Tensor, name)
 

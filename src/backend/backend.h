@@ -38,11 +38,19 @@ struct ConvGeom {
 };
 
 /// Geometry of a 2-D pooling: x [n, c, h, w] -> y [n, c, oh, ow]; with nhwc both are stored n, h, w, c.
+/// Output row o's window starts at o * stride_h - pad_h; oh may take a last window that overhangs the
+/// padded input (ceil mode): kernels clip every window to the input.
 struct PoolGeom {
   int64_t n, c, h, w;
-  int64_t kh, kw, stride_h, stride_w, pad_h, pad_w;
+  int64_t kh, kw, stride_h, stride_w, pad_h, pad_w;  // pad_h, pad_w: before the input (top, left)
   int64_t oh, ow;
   bool nhwc = false;
+  /// Padding after the input (bottom, right); negative: pad_h / pad_w.
+  int64_t pad_bottom = -1, pad_right = -1;
+  /// Average pooling's divisor: the window's positions inside the padded input (true) or inside the input.
+  bool count_pad = true;
+  int64_t pad_h_end() const { return pad_bottom < 0 ? pad_h : pad_bottom; }
+  int64_t pad_w_end() const { return pad_right < 0 ? pad_w : pad_right; }
 };
 
 /// A batch normalisation over N, H, W per channel, fused with an optional residual z and ReLU:
@@ -145,6 +153,9 @@ enum class PointLoss { SquaredError, BinaryCrossEntropy, BinaryCrossEntropyWithL
 /// probability dropout_p.
 struct AttentionGeom {
   int64_t batch, heads, tq, tk, d, dv;
+  /// The key's and value's heads (grouped-query attention: a divisor of heads, query head i reading key head
+  /// i / (heads / kv_heads)); 0: heads.
+  int64_t kv_heads = 0;
   bool causal = false;
   double scale = 1.0;
   double dropout_p = 0.0;

@@ -18,8 +18,10 @@ TANDEM_HD int64_t token_window_start(uint64_t seed, int64_t j, int64_t n, int64_
 
 /// The checks of Backend::token_windows' arguments that need no device data (both backends make them).
 inline void check_token_windows(const Tensor& tokens, const Tensor& cursor, const Tensor& x, const Tensor& y) {
-  TANDEM_CHECK(tokens.dtype() == DType::u8 && tokens.dim() == 2 && tokens.size(1) == 2 && tokens.is_contiguous(),
-               "token_windows: tokens must be u8 [n, 2] (uint16 tokens as bytes), got ", tokens.str());
+  TANDEM_CHECK(tokens.dtype() == DType::u8 && tokens.dim() == 2 && (tokens.size(1) == 2 || tokens.size(1) == 4) &&
+                   tokens.is_contiguous(),
+               "token_windows: tokens must be u8 [n, 2] or u8 [n, 4] (uint16 or uint32 tokens as bytes), got ",
+               tokens.str());
   TANDEM_CHECK(x.dtype() == DType::i32 && x.dim() == 2 && y.dtype() == DType::i32 && y.shape() == x.shape(),
                "token_windows: x and y must be i32 [B, T] of one shape, got ", x.str(), " and ", y.str());
   TANDEM_CHECK(x.size(1) >= 1, "token_windows: the context T must be at least 1, got ", x.str());

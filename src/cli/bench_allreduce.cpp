@@ -80,10 +80,18 @@ int run_allreduce_bench(const AllReduceBenchConfig& cfg) {
   if (have_raw) raw = dist::raw_nccl_allreduce_seconds(sizes, cfg.iters, cfg.warmup, device.index);
   have_raw = have_raw && raw.size() == sizes.size();
 
+  // One rank has no one to exchange with: its all-reduce moves no byte, and a time or a bandwidth of it would
+  // read as a measurement. The results are still checked.
+  const bool alone = world == 1;
+  if (alone)
+    std::fprintf(stderr, "tandem: bench allreduce runs as a single rank: an all-reduce of one rank moves no data, "
+                 "so there is nothing to time (only the results are checked). Start two or more ranks: `tandem "
+                 "launch -n 2 -- tandem bench allreduce ...` (--device cpu for Gloo), or mpiexec -n 2\n");
   if (lead) {
-    std::printf("# tandem all-reduce, %d ranks, %s, f32, in place\n", world, comm->backend_name().c_str());
-    std::printf("%12s %12s %10s %10s %10s %12s %8s %6s\n", "bytes", "count", "time_us", "algbw", "busbw",
-                have_raw ? "raw_busbw" : "", have_raw ? "ratio" : "", "check");
+    std::printf("# tandem all-reduce, %d rank%s, %s, f32, in place; algbw = bytes / time, busbw = algbw x 2(n-1)/n "
+                "(nccl-tests)\n", world, world == 1 ? "" : "s", comm->backend_name().c_str());
+    std::printf("%12s %12s %10s %12s %12s %15s %8s %6s\n", "bytes", "count", "time(us)", "algbw(GB/s)",
+                "busbw(GB/s)", have_raw ? "raw_busbw(GB/s)" : "", have_raw ? "ratio" : "", "check");
   }
   int failures = 0;
   for (size_t si = 0; si < sizes.size(); ++si) {
@@ -110,16 +118,23 @@ int run_allreduce_bench(const AllReduceBenchConfig& cfg) {
     double algbw = static_cast<double>(sizes[si]) / dt / 1e9, busbw = algbw * bus;
     double raw_busbw = have_raw ? static_cast<double>(sizes[si]) / raw[si] / 1e9 * bus : 0.0;
     if (lead) {
-      if (have_raw)
-        std::printf("%12lld %12lld %10.1f %10.2f %10.2f %12.2f %8.3f %6s\n", static_cast<long long>(sizes[si]),
+      if (alone)
+        std::printf("%12lld %12lld %10s %12s %12s %15s %8s %6s\n", static_cast<long long>(sizes[si]),
+                    static_cast<long long>(n), "-", "-", "-", "", "", ok ? "ok" : "FAIL");
+      else if (have_raw)
+        std::printf("%12lld %12lld %10.1f %12.2f %12.2f %15.2f %8.3f %6s\n", static_cast<long long>(sizes[si]),
                     static_cast<long long>(n), dt * 1e6, algbw, busbw, raw_busbw, busbw / raw_busbw, ok ? "ok" : "FAIL");
       else
-        std::printf("%12lld %12lld %10.1f %10.2f %10.2f %12s %8s %6s\n", static_cast<long long>(sizes[si]),
+        std::printf("%12lld %12lld %10.1f %12.2f %12.2f %15s %8s %6s\n", static_cast<long long>(sizes[si]),
                     static_cast<long long>(n), dt * 1e6, algbw, busbw, "", "", ok ? "ok" : "FAIL");
       std::fflush(stdout);
       if (json) {
-        nlohmann::json j{{"bytes", sizes[si]}, {"time_us", dt * 1e6}, {"algbw_GBps", algbw}, {"busbw_GBps", busbw},
-                         {"world", world},      {"backend", comm->backend_name()},         {"correct", ok}};
+        nlohmann::json j{{"bytes", sizes[si]}, {"world", world}, {"backend", comm->backend_name()}, {"correct", ok}};
+        if (!alone) {  // one rank measures nothing
+          j["time_us"] = dt * 1e6;
+          j["algbw_GBps"] = algbw;
+          j["busbw_GBps"] = busbw;
+        }
         if (have_raw) j["raw_busbw_GBps"] = raw_busbw;
         const std::string line = j.dump() + "\n";
         io::write_all(json.get(), line.data(), line.size(), cfg.json_path, "--json file");

@@ -133,17 +133,27 @@ int run_train_bench(const TrainBenchConfig& cfg) {
 // the peak memory.
 int run_lm_train_bench(const TrainBenchConfig& cfg) {
   Session s(cfg);
-  nn::GptConfig shape = lm_model_shape(cfg.lm, -1);
-  const int64_t T = shape.context, B = cfg.batch_size;
+  const bool llama = cfg.model == "llama";
+  nn::GptConfig shape;
+  nn::LlamaConfig lshape;
   nn::ModelConfig mc;
-  mc.gpt = shape;
+  if (llama) {
+    lshape = lm_llama_shape(cfg.lm, -1, LmDataSpecs{});
+    mc.llama = lshape;
+    shape.context = lshape.context;
+    shape.vocab = lshape.vocab;
+  } else {
+    shape = lm_model_shape(cfg.lm, -1);
+    mc.gpt = shape;
+  }
+  const int64_t T = shape.context, B = cfg.batch_size;
   s.build_model(mc);
   std::vector<dist::AgreementField> fields = s.agreement_fields();
   fields.push_back({"--batch-size", std::to_string(B)});
   fields.push_back({"--steps", std::to_string(cfg.steps)});
   fields.push_back({"--warmup", std::to_string(cfg.warmup)});
-  fields.push_back({"model shape (--gpt-config, --layers, --heads, --width, --context, --vocab)",
-                    gpt_shape_json(shape).dump()});
+  fields.push_back({"model shape (--gpt-config / --llama-config, --layers, --heads, --width, --context, --vocab)",
+                    llama ? nn::llama_config_to_json(lshape) : gpt_shape_json(shape).dump()});
   dist::check_agreement(fields);
   s.sync_model();
 
@@ -204,6 +214,7 @@ int run_lm_train_bench(const TrainBenchConfig& cfg) {
                    {"params_changed", true}};
   add_memory(j, s);
   if (cfg.model == "gpt") j["gpt"] = gpt_shape_json(shape);
+  if (llama) j["llama"] = nlohmann::json::parse(nn::llama_config_to_json(lshape));
   if (fpt > 0) j["tflops"] = tokens_per_s / s.world() * fpt / 1e12;  // achieved, per device
   if (const double m = mfu(tokens_per_s / s.world(), fpt, peak); m > 0) j["mfu"] = m;
   if (s.device().is_cpu()) j["threads"] = num_threads();
@@ -242,11 +253,19 @@ Runner add_bench_command(CLI::App& app) {
                     "Untimed steps first (language models: default " + std::to_string(kLmBenchWarmup) + ")")
       ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();
-  const char* lmg = "Language models (--model bigram or gpt)";
+  const char* lmg = "Language models (--model bigram, gpt or llama)";
   std::vector<CLI::Option*> lm_only = {
       train->add_option("--gpt-config", tc->lm.gpt_config, "gpt: gpt2 (124M), gpt2-medium (350M) or char")
           ->check(CLI::IsMember(nn::gpt_config_names()))
           ->capture_default_str(),
+      train->add_option("--llama-config", tc->lm.llama_config, "llama: llama-1b, llama-3b or llama-8b (context 2048)")
+          ->check(CLI::IsMember(nn::llama_config_names()))
+          ->capture_default_str(),
+      train->add_option("--kv-heads", tc->lm.kv_heads, "llama: key-value heads (default: the configuration's)")
+          ->check(CLI::Range(int64_t{1}, int64_t{4096})),
+      train->add_option("--mlp-hidden", tc->lm.mlp_hidden, "llama: the MLP's hidden width (default: the configuration's)")
+          ->check(CLI::Range(int64_t{1}, int64_t{1} << 22)),
+      train->add_flag("--untied", tc->lm.untied, "llama: an output layer of its own"),
       train->add_option("--layers", tc->lm.layers, "gpt: transformer blocks (default: the configuration's)")
           ->check(CLI::Range(int64_t{1}, int64_t{4096})),
       train->add_option("--heads", tc->lm.heads, "gpt: attention heads (default: the configuration's)")
@@ -257,8 +276,8 @@ Runner add_bench_command(CLI::App& app) {
           ->check(finite_in(0.0, 0.999)),
       train->add_option("--context", tc->lm.context, "Tokens per sequence (default: the model's; bigram 256)")
           ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)),
-      train->add_option("--vocab", tc->lm.vocab, "Vocabulary (default: gpt, the configuration's; bigram 256)")
-          ->check(CLI::Range(int64_t{2}, int64_t{65536})),
+      train->add_option("--vocab", tc->lm.vocab, "Vocabulary (default: gpt, llama, the configuration's; bigram 256)")
+          ->check(CLI::Range(int64_t{2}, int64_t{1} << 24)),
   };
   for (CLI::Option* o : lm_only) o->group(lmg);
   train->add_option("--device", tc->device, "cpu, cuda or cuda:N")->capture_default_str();
@@ -286,6 +305,7 @@ Runner add_bench_command(CLI::App& app) {
       if (!nn::is_language_model(tc->model)) {
         for (CLI::Option* o : lm_only)
           TANDEM_CHECK(o->count() == 0, o->get_name(), " is for language models (--model bigram, gpt)");
+        check_flags_apply(*train, tc->model, tc->optimizer, tc->dist_option);
         return run_train_bench(*tc);
       }
       for (const char* name : {"--image", "--channels", "--classes", "--hidden"})
@@ -309,6 +329,7 @@ Runner add_bench_command(CLI::App& app) {
       c.weight_decay = d.weight_decay;
       c.clip_norm = d.clip_norm;
       c.lm.model = c.model;
+      check_flags_apply(*train, c.model, c.optimizer, c.dist_option);
       return run_lm_train_bench(c);
     }
     return run_allreduce_bench(*ac);

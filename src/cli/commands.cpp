@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/session.h"
+#include "tandem/distributed/dist_opt.h"
 
 namespace tandem::cli {
 int default_threads_per_rank(int local_size) {
@@ -47,6 +48,35 @@ CLI::Validator finite_in(double lo, double hi) {
         return "";
       },
       "FLOAT in " + range);
+}
+
+void check_flags_apply(const CLI::App& app, const std::string& model, const std::string& optimizer,
+                       const std::string& dist_option) {
+  auto given = [&](const char* name) {
+    const CLI::Option* o = app.get_option_no_throw(name);
+    return o && o->count() > 0;
+  };
+  TANDEM_CHECK(!given("--hidden") || model == "mlp", "--hidden sets the hidden layers of --model mlp; --model ", model,
+               " has none, so it would do nothing: leave it out, or use --model mlp");
+  const bool sgd = optimizer == "sgd";
+  for (const char* name : {"--beta1", "--beta2"})
+    TANDEM_CHECK(!given(name) || !sgd, name, " sets adam and adamw; --optimizer sgd has none, so it would do nothing");
+  for (const char* name : {"--momentum", "--nesterov"})
+    TANDEM_CHECK(!given(name) || sgd, name, " sets sgd; --optimizer ", optimizer, " has none, so it would do "
+                 "nothing (adam and adamw take --beta1 and --beta2)");
+  // A sweep over -d with one set of flags is common (benchmarks): the flags a method ignores are warned about.
+  const std::string method = dist::parse_sync_method(dist_option);
+  const bool sparse = method == "sparseTopK" || method == "sparseThreshold";
+  std::vector<std::string> idle;
+  if (given("--spars") && !sparse) idle.push_back("-s/--spars (sparseTopK, sparseThreshold)");
+  if (given("--half-dtype") && method != "half") idle.push_back("--half-dtype (half)");
+  if (given("--no-error-feedback") && !sparse && method != "powerSGD")
+    idle.push_back("--no-error-feedback (sparseTopK, sparseThreshold, powerSGD)");
+  if (!idle.empty() && dist::detect_env().rank == 0) {
+    std::string list;
+    for (const std::string& f : idle) list += (list.empty() ? "" : ", ") + f;
+    std::fprintf(stderr, "tandem: warning: -d %s ignores %s\n", method.c_str(), list.c_str());
+  }
 }
 
 void add_cuda_graph_option(CLI::App& app, bool& on) {

@@ -34,6 +34,13 @@ CLI::Validator finite_in(double lo, double hi);
 /// --no-error-feedback, --clip, --sync-bn, --rank, --half-dtype, --bucket-mb, --first-bucket-mb.
 void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& group);
 
+/// Refuses flags that would do nothing for the model and optimizer chosen (--hidden without --model mlp,
+/// --beta1/--beta2 with sgd, --momentum/--nesterov with adam or adamw), and warns (on rank 0) about the
+/// synchronisation flags that the -d option ignores (-s/--spars, --half-dtype, --no-error-feedback).
+/// `app` is the subcommand whose options were parsed.
+void check_flags_apply(const CLI::App& app, const std::string& model, const std::string& optimizer,
+                       const std::string& dist_option);
+
 /// --cuda-graph on|off: whether steps on a GPU are recorded once and replayed (SessionConfig::cuda_graph).
 void add_cuda_graph_option(CLI::App& app, bool& on);
 

@@ -73,9 +73,13 @@ int run_eval(const EvalConfig& cfg) {
   data::Batch batch;
   while (loader.next(batch)) correct += count_correct(model->forward(batch.x), batch.y).to(Device::cpu()).item<int64_t>();
   const double acc = static_cast<double>(correct) / static_cast<double>(test.size());
+  // A run stopped inside an epoch (Ctrl-C) saved its point there.
+  std::string when = meta.contains("epoch") ? ", after epoch " + meta["epoch"].dump() : "";
+  if (meta.contains("partial_epoch") && meta["partial_epoch"].is_object())
+    when = ", inside epoch " + meta["partial_epoch"].value("epoch", nlohmann::json()).dump() + " after batch " +
+           meta["partial_epoch"].value("batches", nlohmann::json()).dump();
   std::printf("Evaluation accuracy = %f (%s, %lld test samples of %s%s)\n", acc, model_name.c_str(),
-              static_cast<long long>(test.size()), dataset.c_str(),
-              meta.contains("epoch") ? (", after epoch " + meta["epoch"].dump()).c_str() : "");
+              static_cast<long long>(test.size()), dataset.c_str(), when.c_str());
   return 0;
 }
 

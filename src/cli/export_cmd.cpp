@@ -14,48 +14,18 @@
 #include "core/safe_file.h"
 #include "tandem/checkpoint.h"
 #include "tandem/error.h"
+#include "tandem/nn/gpt.h"
+#include "tandem/nn/llama.h"
+#include "tandem/nn/pretrained.h"
+#include "tandem/safetensors.h"
 
 namespace tandem::cli {
 
 namespace {
 
 struct ExportConfig {
-  std::string checkpoint, format = "safetensors", output;
+  std::string checkpoint, format = "safetensors", output, dtype = "f32";
 };
-
-const char* safetensors_dtype(DType t) {
-  switch (t) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::f16: return "F16";
-    case DType::bf16: return "BF16";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
-    case DType::u8: return "U8";
-  }
-  TANDEM_ASSERT(false, "unhandled dtype");
-  return "";
-}
-
-// Written as a new file beside path and renamed over it; a failure leaves no partial file.
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  nlohmann::json header = nlohmann::json::object();
-  uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", safetensors_dtype(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
-  }
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::string head = header.dump();
-  head.resize((head.size() + 7) / 8 * 8, ' ');  // the format pads the header with spaces to 8 bytes
-  const uint64_t len = head.size();  // little-endian u64, as on every machine tandem runs on
-  io::write_file_atomically(path, "safetensors file", [&](int fd) {
-    io::write_all(fd, &len, sizeof len, path, "safetensors file");
-    io::write_all(fd, head.data(), head.size(), path, "safetensors file");
-    for (const auto& [name, t] : tensors) io::write_all(fd, t.data_ptr(), t.nbytes(), path, "safetensors file");
-  });
-}
 
 // The output replaces whatever has its name: it must not be the checkpoint being read, under its own
 // name, through a link or as another hard link of it.
@@ -71,17 +41,64 @@ void check_output_is_not_input(const std::string& input, const std::string& outp
                "'); writing it would destroy the checkpoint: give another file name");
 }
 
+// A GPT or Llama checkpoint as a Hugging Face directory, with the tokenizer files of the model it started from.
+int export_hf(const ExportConfig& cfg) {
+  namespace fs = std::filesystem;
+  const auto meta = nlohmann::json::parse(checkpoint_meta(cfg.checkpoint));
+  const std::string model = meta.value("model", std::string());
+  std::unique_ptr<nn::Module> m;
+  if (model == "llama" && meta.contains("llama")) {
+    m = std::make_unique<nn::Llama>(nn::llama_config_from_json(meta["llama"].dump()));
+  } else if (model == "gpt" && meta.contains("gpt")) {
+    m = std::make_unique<nn::GPT>(nn::gpt_config_from_json(meta["gpt"].dump()));
+  } else {
+    TANDEM_CHECK(false, "checkpoint '", cfg.checkpoint, "' holds ", model.empty() ? std::string("no language model") : "the model " + model,
+                 "; --format hf exports GPT and Llama checkpoints (--format safetensors writes any model's weights)");
+  }
+  load_checkpoint(cfg.checkpoint, *m, nullptr);
+  const std::string base = meta.contains("hf_config") ? meta["hf_config"].dump() : std::string();
+  nn::save_pretrained(*m, cfg.output, base, parse_dtype(cfg.dtype));
+  int copied = 0;
+  if (meta.contains("init") && meta["init"].is_string()) {
+    const fs::path from = meta["init"].get<std::string>();
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
+      std::error_code ec;
+      if (!fs::is_regular_file(from / f, ec)) continue;
+      fs::copy_file(from / f, fs::path(cfg.output) / f, fs::copy_options::overwrite_existing, ec);
+      TANDEM_CHECK(!ec, "cannot copy ", (from / f).string(), " into ", cfg.output, ": ", ec.message());
+      ++copied;
+    }
+  }
+  std::printf("wrote %s: config.json and model.safetensors (%s)%s\n", cfg.output.c_str(), cfg.dtype.c_str(),
+              copied ? (", and " + std::to_string(copied) + " tokenizer file" + (copied == 1 ? "" : "s") + " of " +
+                        meta["init"].get<std::string>()).c_str()
+                     : "");
+  return 0;
+}
+
 }  // namespace
 
 Runner add_export_command(CLI::App& app) {
   auto cfg = std::make_shared<ExportConfig>();
   CLI::App* sub = app.add_subcommand("export", "Write a checkpoint's model weights in another format");
   sub->add_option("--checkpoint", cfg->checkpoint, "Checkpoint written by tandem train --checkpoint")->required();
-  sub->add_option("--format", cfg->format, "Output format")->check(CLI::IsMember({"safetensors"}))->capture_default_str();
-  sub->add_option("-o,--output", cfg->output, "File to write (replaced whole; not the checkpoint itself)")->required();
+  sub->add_option("--format", cfg->format,
+                  "safetensors: one file of the weights under tandem's names; hf: a Hugging Face model directory "
+                  "(a GPT or Llama checkpoint) that transformers loads with from_pretrained")
+      ->check(CLI::IsMember({"safetensors", "hf"}))
+      ->capture_default_str();
+  sub->add_option("-o,--output", cfg->output,
+                  "File (safetensors: replaced whole; not the checkpoint itself) or directory (hf) to write")
+      ->required();
+  sub->add_option("--dtype", cfg->dtype, "hf: the weights' type in the files: f32, bf16 or f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
   sub->footer("Parameters and buffers keep their names (conv1.weight, ...); optimizer state is left out.\n"
-              "Python: safetensors.torch.load_file(OUT) gives a state dict.");
+              "Python: safetensors.torch.load_file(OUT) gives a state dict. --format hf writes config.json and\n"
+              "model.safetensors under transformers' names (GPT2LMHeadModel, LlamaForCausalLM), and the tokenizer\n"
+              "files of the directory the run started from (train --init DIR), when there are some.");
   return [cfg] {
+    if (cfg->format == "hf") return export_hf(*cfg);
     std::map<std::string, std::string> metadata{{"format", "pt"}};
     const auto meta = nlohmann::json::parse(checkpoint_meta(cfg->checkpoint));  // a missing file is named first
     check_output_is_not_input(cfg->checkpoint, cfg->output);

@@ -11,12 +11,15 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
+#include "cli/interrupt.h"
 #include "cli/lm_report.h"
 #include "cli/trainer.h"
 #include "tandem/checkpoint.h"
 #include "tandem/distributed/agreement.h"
 #include "tandem/distributed/bootstrap.h"
+#include "tandem/nn/pretrained.h"
 #include "tandem/ops.h"
 #include "tandem/optim/optimizer.h"
 
@@ -94,6 +97,19 @@ LmDataSpecs lm_data_specs(const LmTrainConfig& cfg) {
   }
   TANDEM_CHECK(!cfg.train_data.empty(), "a language model trains on token shards: give --data DIR (its *train*.bin ",
                "and *val*.bin files, as `tandem data text` writes them) or --train-data SPEC");
+  if (data::holds_both_splits(cfg.train_data)) {
+    // nanoGPT's train.bin beside val.bin, llm.c's NAME_train*.bin beside NAME_val*.bin: the directory names
+    // its splits, and only the training shards train. Validation comes from it too unless --val-data says.
+    LmTrainConfig as_data = cfg;
+    as_data.data_dir = cfg.train_data;
+    as_data.train_data.clear();
+    as_data.val_data.clear();
+    s = lm_data_specs(as_data);
+    if (!cfg.val_data.empty()) s.val = cfg.val_data;
+    s.note = "--train-data '" + cfg.train_data + "' holds training and validation shards: training on " + s.train +
+             (cfg.val_data.empty() ? ", validating on " + s.val : " only (--val-data validates)");
+    return s;
+  }
   s.train = cfg.train_data;
   s.val = cfg.val_data;
   return s;
@@ -128,10 +144,39 @@ nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest, const Lm
   return g;
 }
 
+nn::LlamaConfig lm_llama_shape(const LmTrainConfig& cfg, int64_t largest, const LmDataSpecs& data) {
+  nn::LlamaConfig c = nn::llama_config(cfg.llama_config);
+  if (cfg.layers > 0) c.layers = cfg.layers;
+  if (cfg.heads > 0) c.heads = cfg.heads;
+  if (cfg.kv_heads > 0) c.kv_heads = cfg.kv_heads;
+  if (cfg.width > 0) c.width = cfg.width;
+  if (cfg.mlp_hidden > 0) c.mlp_hidden = cfg.mlp_hidden;
+  if (cfg.rope_theta > 0.0) c.rope_theta = cfg.rope_theta;
+  if (cfg.untied) c.tied = false;
+  if (cfg.dropout >= 0.0) c.dropout = cfg.dropout;
+  if (cfg.context > 0) c.context = cfg.context;
+  std::string from = "the vocabulary of --llama-config " + cfg.llama_config + ", " + std::to_string(c.vocab);
+  if (cfg.vocab > 0) {
+    c.vocab = cfg.vocab;
+    from = "--vocab " + std::to_string(cfg.vocab);
+  } else if (data.vocab > 0) {
+    c.vocab = data.vocab;
+    from = "the vocabulary " + std::to_string(data.vocab) + " that '" + data.vocab_from + "' gives";
+  }
+  TANDEM_CHECK(largest < c.vocab, "the data's largest token is ", largest, ", beyond ", from, ": give --vocab ",
+               largest + 1, " or more, or data made for this vocabulary");
+  nn::check_llama_config(c);
+  return c;
+}
+
 // The model library's conversions (the same keys tandem generate reads), as JSON values.
 nlohmann::json gpt_shape_json(const nn::GptConfig& g) { return nlohmann::json::parse(nn::gpt_config_to_json(g)); }
 
 nn::GptConfig gpt_shape_from_json(const nlohmann::json& j) { return nn::gpt_config_from_json(j.dump()); }
+
+nlohmann::json LmTrainer::shape_json() const {
+  return cfg_.model == "llama" ? nlohmann::json::parse(nn::llama_config_to_json(llama_)) : gpt_shape_json(shape_);
+}
 
 int64_t lm_accumulation(int64_t total, int64_t batch, int64_t context, int world) {
   const int64_t per = batch * context * world;
@@ -165,6 +210,11 @@ int LmTrainer::run() {
   const int64_t last = cfg_.stop_at > 0 ? cfg_.stop_at : cfg_.steps;
   const bool validate = val_batches_ && cfg_.eval_steps > 0;
   s.model().train(true);
+  // Ctrl-C / SIGTERM from here on: the ranks agree on a step boundary to stop at and save there.
+  InterruptScope interrupts(s.lead(), cfg_.checkpoint.empty()
+                                          ? std::string("with nothing to save (no --checkpoint)")
+                                          : "saving the checkpoint '" + cfg_.checkpoint + "' there");
+  StopAgreement stop(s.comm(), s.device());
   Clock::time_point mark = Clock::now();
   int64_t since = 0;  // steps since the last line
   for (int64_t step = first_step_; step < last; ++step) {
@@ -190,7 +240,10 @@ int LmTrainer::run() {
       save_checkpoint(step + 1);
       mark += Clock::now() - t0;
     }
+    if (step + 1 < last)
+      if (const int sig = stop.at_boundary()) return stop_after(step + 1, sig);
   }
+  stop.finish();
   if (validate) {
     auto t0 = Clock::now();
     const double v = evaluate();
@@ -212,6 +265,21 @@ int LmTrainer::run() {
   return 0;
 }
 
+int LmTrainer::stop_after(int64_t step, int sig) {
+  Session& s = *session_;
+  synchronize(s.device());
+  save_checkpoint(step);  // every rank: each saves its own state beside it
+  if (s.lead()) {
+    const std::string saved = cfg_.checkpoint.empty()
+                                  ? std::string("nothing was saved (no --checkpoint)")
+                                  : "saved the checkpoint '" + cfg_.checkpoint + "' (the same command with --resume "
+                                    "goes on from there)";
+    std::fprintf(stderr, "tandem: interrupted by %s after step %lld of %lld: %s\n", stop_signal_name(sig).c_str(),
+                 static_cast<long long>(step), static_cast<long long>(cfg_.steps), saved.c_str());
+  }
+  return 128 + sig;
+}
+
 bool LmTrainer::setup() {
   if (!cfg_.checkpoint.empty()) {
     const int rank = dist::detect_env().rank;
@@ -224,12 +292,49 @@ bool LmTrainer::setup() {
   train_stream_ = data::TokenStream(specs_.train);
   if (!specs_.val.empty()) val_stream_ = data::TokenStream(specs_.val);
   const int64_t largest = std::max(largest_token(train_stream_), specs_.val.empty() ? -1 : largest_token(val_stream_));
-  shape_ = lm_model_shape(cfg_, largest, specs_);
-  context_ = shape_.context;
-  accumulate_ = lm_accumulation(cfg_.total_batch_tokens, cfg_.batch_size, context_, s.world());
+  // --init DIR: a Hugging Face model's shape is its config.json's (flags that would change it are refused).
+  std::optional<nn::Pretrained> init;
+  if (!cfg_.init.empty() && std::filesystem::is_directory(cfg_.init)) {
+    init = nn::from_pretrained(cfg_.init, Device::cpu(), cfg_.context);
+    const std::string kind = init->family == "gpt2" ? "gpt" : init->family;
+    TANDEM_CHECK(kind == cfg_.model, "--init '", cfg_.init, "' holds a ", init->family, " model; train it with --model ",
+                 kind, " (this run says --model ", cfg_.model, ")");
+  }
   nn::ModelConfig mc;
-  mc.gpt = shape_;
+  if (cfg_.model == "llama") {
+    llama_ = init ? dynamic_cast<nn::Llama&>(*init->model).config() : lm_llama_shape(cfg_, largest, specs_);
+    if (init && cfg_.dropout >= 0.0) llama_.dropout = cfg_.dropout;
+    // A Hugging Face model's max_position_embeddings (131,072 for Llama 3) is what it can take, not a window to
+    // train on: 2048 unless --context says.
+    if (init && cfg_.context == 0) llama_.context = std::min<int64_t>(llama_.context, 2048);
+    context_ = llama_.context;
+    vocab_ = llama_.vocab;
+    mc.llama = llama_;
+  } else {
+    shape_ = init ? dynamic_cast<nn::GPT&>(*init->model).config() : lm_model_shape(cfg_, largest, specs_);
+    if (init && cfg_.context > 0) {
+      TANDEM_CHECK(cfg_.context <= shape_.context, "--context ", cfg_.context, " is beyond the ", shape_.context,
+                   " positions of --init '", cfg_.init, "'");
+    }
+    if (init && cfg_.dropout >= 0.0) shape_.dropout = cfg_.dropout;
+    context_ = init && cfg_.context > 0 ? cfg_.context : shape_.context;
+    vocab_ = shape_.vocab;
+    mc.gpt = shape_;
+  }
+  TANDEM_CHECK(largest < vocab_, "the data's largest token is ", largest, ", beyond the vocabulary of ", vocab_,
+               init ? " of --init '" + cfg_.init + "'" : std::string(), ": give data made for this vocabulary");
+  accumulate_ = lm_accumulation(cfg_.total_batch_tokens, cfg_.batch_size, context_, s.world());
   s.build_model(mc);
+  if (init) {  // the weights, by name (the model built here is the one from_pretrained built)
+    std::map<std::string, Tensor> from;
+    for (auto& [name, t] : init->model->named_parameters()) from[name] = t;
+    NoGradGuard no_grad;
+    for (auto& [name, t] : s.model().named_parameters()) Tensor(t).detach().copy_(from.at(name).to(t.device()));
+    hf_config_ = init->config_json;  // kept in the checkpoints: tandem export --format hf starts from it
+    init.reset();
+  } else if (!cfg_.init.empty()) {  // a tandem checkpoint: its weights (not its optimizer state or step)
+    load_checkpoint(cfg_.init, s.model(), nullptr);
+  }
   // Every rank drops units of its own: its generators draw from a range of counters of their own.
   for (auto& [name, gen] : s.model().named_generators()) gen->set_offset(gen->offset() + rank_counters(s.rank()));
   s.opt().optimizer().set_schedule(
@@ -266,12 +371,13 @@ bool LmTrainer::setup() {
                  "%s; %s\n",
                  cfg_.model.c_str(), with_commas(s.model().num_parameters()).c_str(), specs_.train.c_str(),
                  with_commas(train_stream_.size()).c_str(), specs_.val.empty() ? "no" : with_commas(val_stream_.size()).c_str(),
-                 static_cast<long long>(shape_.vocab), vocab_note.c_str(), static_cast<long long>(context_),
+                 static_cast<long long>(vocab_), vocab_note.c_str(), static_cast<long long>(context_),
                  static_cast<long long>(cfg_.batch_size), static_cast<long long>(context_),
                  static_cast<long long>(accumulate_), accumulate_ == 1 ? "" : "es", with_commas(step_tokens).c_str(),
                  static_cast<long long>(cfg_.steps), s.opt().optimizer().schedule()->describe().c_str(),
                  s.where().c_str());
     std::fprintf(stderr, "tandem: %s\n", s.memory_line().c_str());
+    if (!specs_.note.empty()) std::fprintf(stderr, "tandem: %s\n", specs_.note.c_str());
     if (specs_.val.empty())
       std::fprintf(stderr, "tandem: no validation shards: no validation loss is reported\n");
     if (!eager_because_.empty()) std::fprintf(stderr, "tandem: steps run eagerly: %s\n", eager_because_.c_str());
@@ -288,7 +394,7 @@ void LmTrainer::check_ranks_agree() {
   auto i = [](int64_t v) { return std::to_string(v); };
   std::vector<dist::AgreementField> mine = {
       {"model shape (--gpt-config, --layers, --heads, --width, --context, --vocab, --dropout)",
-       gpt_shape_json(shape_).dump()},
+       shape_json().dump()},
       {"--batch-size", i(cfg_.batch_size)},
       {"--total-batch-tokens", i(cfg_.total_batch_tokens)},
       {"--steps", i(cfg_.steps)},
@@ -350,14 +456,19 @@ bool LmTrainer::resume() {
   same("optimizer", cfg_.optimizer, "--optimizer");
   same("dist_option", s.sync().method, "-d");
   const int64_t saved_context = meta_int(meta, "context", path), saved_vocab = meta_int(meta, "vocab", path);
-  TANDEM_CHECK(saved_context == context_ && saved_vocab == shape_.vocab, "checkpoint '", path, "' holds a model of ",
+  TANDEM_CHECK(saved_context == context_ && saved_vocab == vocab_, "checkpoint '", path, "' holds a model of ",
                "context ", saved_context, " and vocabulary ", saved_vocab, "; this run builds context ", context_,
-               " and vocabulary ", shape_.vocab, ": resume with the same --context and --vocab");
+               " and vocabulary ", vocab_, ": resume with the same --context and --vocab");
   if (meta.contains("gpt")) {
     const nn::GptConfig g = gpt_shape_from_json(meta["gpt"]);
     TANDEM_CHECK(gpt_shape_json(g) == gpt_shape_json(shape_), "checkpoint '", path, "' holds a GPT of shape ",
                  meta["gpt"].dump(), "; this run builds ", gpt_shape_json(shape_).dump(),
                  ": resume with the same --gpt-config and overrides");
+  }
+  if (meta.contains("llama")) {
+    const nlohmann::json now = nlohmann::json::parse(nn::llama_config_to_json(llama_));
+    TANDEM_CHECK(meta["llama"] == now, "checkpoint '", path, "' holds a Llama of shape ", meta["llama"].dump(),
+                 "; this run builds ", now.dump(), ": resume with the same --llama-config and overrides (or --init)");
   }
   const int64_t step = meta_int(meta, "step", path);
   TANDEM_CHECK(step >= 0, "checkpoint '", path, "' records step ", step);
@@ -551,7 +662,7 @@ void LmTrainer::save_main_checkpoint(int64_t step) {
                       {"data", specs_.train},
                       {"val_data", specs_.val},
                       {"context", context_},
-                      {"vocab", shape_.vocab},
+                      {"vocab", vocab_},
                       {"batch_size", cfg_.batch_size},
                       {"accumulate", accumulate_},
                       {"train_windows", step * accumulate_ * cfg_.batch_size},
@@ -561,6 +672,11 @@ void LmTrainer::save_main_checkpoint(int64_t step) {
                       {"warmup", cfg_.warmup},
                       {"rng", rng}};
   if (cfg_.model == "gpt") meta["gpt"] = gpt_shape_json(shape_);
+  if (cfg_.model == "llama") meta["llama"] = nlohmann::json::parse(nn::llama_config_to_json(llama_));
+  if (!hf_config_.empty()) {
+    meta["hf_config"] = nlohmann::json::parse(hf_config_);
+    meta["init"] = fs::absolute(cfg_.init).string();
+  }
   if (last_val_loss_ >= 0.0) meta["val_loss"] = last_val_loss_;
   tandem::save_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer(), meta.dump());
 }

@@ -17,6 +17,7 @@
 #include "cli/tensorboard.h"
 #include "tandem/data/tokens.h"
 #include "tandem/nn/gpt.h"
+#include "tandem/nn/llama.h"
 
 namespace tandem::cli {
 
@@ -35,8 +36,13 @@ struct LmTrainConfig : SessionConfig {
   std::string val_data;    // --val-data; empty: no validation (unless from --data)
   // the model's shape
   std::string gpt_config = "gpt2";
+  std::string llama_config = "llama-1b";     // --model llama's named shape
   int64_t layers = 0, heads = 0, width = 0;  // 0: the configuration's
+  int64_t kv_heads = 0, mlp_hidden = 0;      // llama: 0, the configuration's
+  double rope_theta = 0.0;                   // llama: 0, the configuration's
+  bool untied = false;                       // llama: an output layer of its own
   double dropout = -1.0;                     // < 0: the configuration's
+  std::string init;  // --init: start from this Hugging Face directory or tandem checkpoint (its weights)
   int64_t context = 0;                       // 0: the model's (gpt: its configuration's; bigram: 256)
   int64_t vocab = 0;  // 0: the data's meta.json's, else the configuration's (gpt) or the data's largest + 1 (bigram, at least 256)
   // batches and steps
@@ -63,7 +69,10 @@ struct LmTrainConfig : SessionConfig {
   double min_lr_or_default() const { return min_lr >= 0.0 ? min_lr : lr / 10.0; }
 };
 
-/// The data specs of a run: --data DIR's *train*.bin and *val*.bin, or --train-data and --val-data.
+/// The data specs of a run: --data DIR's *train*.bin and *val*.bin, or --train-data and --val-data. A
+/// --train-data directory that holds both splits (nanoGPT's train.bin and val.bin, llm.c's *_train*.bin and
+/// *_val*.bin) is read as --data DIR: its training shards train, and its validation shards validate unless
+/// --val-data is given.
 struct LmDataSpecs {
   std::string train, val;  // val empty: no validation
   // The vocabulary the data declare: "vocab_size" of DIR/meta.json (256 for `tandem data text`'s byte
@@ -71,6 +80,7 @@ struct LmDataSpecs {
   // positive integer, is an error naming it.
   int64_t vocab = 0;
   std::string vocab_from;  // the meta.json it came from
+  std::string note;        // how the specs were read from the flags, when that needs saying
 };
 LmDataSpecs lm_data_specs(const LmTrainConfig& cfg);
 
@@ -82,6 +92,8 @@ nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest_token, co
 
 /// The keys of a GPT's shape in a checkpoint's meta ("layers", "heads", "width", "context", "vocab",
 /// "dropout", "bias"), and back.
+/// --model llama's shape: --llama-config with its overrides, context and vocabulary resolved as for a GPT.
+nn::LlamaConfig lm_llama_shape(const LmTrainConfig& cfg, int64_t largest, const LmDataSpecs& data);
 nlohmann::json gpt_shape_json(const nn::GptConfig& g);
 nn::GptConfig gpt_shape_from_json(const nlohmann::json& j);
 
@@ -116,6 +128,9 @@ class LmTrainer {
   /// Saves the model, the optimizer and each rank's state after `step` steps (when --checkpoint is set).
   void save_checkpoint(int64_t step);
   void save_main_checkpoint(int64_t step);  // rank 0: the model, the optimizer and the run's meta data
+  /// The ranks agreed to stop after `step` for signal `sig` (Ctrl-C, SIGTERM): saves the checkpoint there,
+  /// says what was saved, and returns the exit status, 128 + sig.
+  int stop_after(int64_t step, int sig);
 
  private:
   LmTrainConfig cfg_;
@@ -123,7 +138,11 @@ class LmTrainer {
   std::unique_ptr<Session> session_;
   data::TokenStream train_stream_, val_stream_;
   std::unique_ptr<data::TokenBatches> train_batches_, val_batches_;
-  nn::GptConfig shape_;
+  nn::GptConfig shape_;       // gpt, bigram
+  nn::LlamaConfig llama_;     // llama
+  int64_t vocab_ = 0;         // the model's vocabulary (any kind)
+  std::string hf_config_;     // --init of a Hugging Face directory: its config.json
+  nlohmann::json shape_json() const;  // the model's shape as the checkpoint records it ("gpt" / "llama")
   int64_t context_ = 0, accumulate_ = 1;
   double flops_per_token_ = 0, peak_ = 0;
   Tensor x_, y_;                   // the training batch, drawn in place

@@ -2,7 +2,9 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "cli/cli_errors.h"
 #include "cli/commands.h"
 #include "tandem/device.h"
 #include "tandem/error.h"
@@ -38,8 +40,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fflush(stdout);
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    std::fprintf(stderr, "tandem: error: %s\n", tandem::cli::parse_error_message(app, args, e).c_str());
+    return 2;
   }
   try {
     for (auto& [sub, run] : runners)

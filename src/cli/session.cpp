@@ -187,9 +187,9 @@ StepResult Session::forward_backward(const Tensor& x, const Tensor& y, double we
   Tensor logits, loss;
   {
     PrecisionScope scope(precision_);
-    if (auto* gpt = dynamic_cast<nn::GPT*>(model_.get())) {
+    if (auto* lm = dynamic_cast<nn::CausalLm*>(model_.get())) {
       // The mean over every position's next token, the head taken with the loss (its logits not kept).
-      loss = gpt->loss(x, y);
+      loss = lm->loss(x, y);
     } else {
       logits = model_->forward(x);
       // A language model's logits [B, T, V]: the mean over every position's next token.

@@ -1,6 +1,7 @@
 // `tandem train`: flags and validation. Image models train by epochs (Trainer), language models by
 // optimizer steps over token shards (LmTrainer); the flags of one kind are refused for the other.
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "cli/lm_trainer.h"
 #include "cli/trainer.h"
 #include "tandem/nn/gpt.h"
+#include "tandem/nn/llama.h"
 #include "tandem/nn/models.h"
 
 namespace tandem::cli {
@@ -110,13 +112,16 @@ Runner add_train_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   sub->add_option("--limit-test", cfg->limit_test, "Use only the first N test samples (0: all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  sub->add_option("--hidden", cfg->hidden, "Hidden layer sizes of the mlp model (default 512 512)")
+  sub->add_option("--hidden", cfg->hidden, "Hidden layer sizes of the mlp model (default 512 512; refused with other "
+                  "models)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   sub->add_option("--checkpoint", cfg->checkpoint,
                   "Save the model and optimizer to this file after every epoch (language models: at the end and "
-                  "every --checkpoint-every steps; written atomically by rank 0)");
+                  "every --checkpoint-every steps; written atomically by rank 0). Ctrl-C or SIGTERM saves it at the "
+                  "next step boundary (every rank at the same one) and exits 130 (143); a second Ctrl-C stops at "
+                  "once");
   sub->add_flag("--resume", cfg->resume,
                 "Continue from --checkpoint when the file exists (every rank must be able to read it)")
       ->needs("--checkpoint");
@@ -128,7 +133,7 @@ Runner add_train_command(CLI::App& app) {
                   "on the host and uploading it: auto (on a GPU, for data sets up to 2 GiB), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  const char* lmg = "Language models (--model bigram or gpt)";
+  const char* lmg = "Language models (--model bigram, gpt or llama)";
   std::vector<CLI::Option*> lm_only;
   auto lm_opt = [&](CLI::Option* o) {
     o->group(lmg);
@@ -139,22 +144,48 @@ Runner add_train_command(CLI::App& app) {
                          "Directory of token shards: its *train*.bin files train, its *val*.bin files validate "
                          "(what `tandem data text` writes; llm.c's and nanoGPT's shards too)"));
   lm_opt(sub->add_option("--train-data", lm->train_data,
-                         "Training shards: a file, a directory of *.bin files or a glob pattern (instead of --data)"));
-  lm_opt(sub->add_option("--val-data", lm->val_data, "Validation shards, as --train-data (none: no validation)"));
+                         "Training shards: a file, a directory of *.bin files or a glob pattern (instead of --data). "
+                         "A directory holding both splits (train.bin and val.bin, *_train*.bin and *_val*.bin) trains "
+                         "on its training shards only and validates on the others unless --val-data is given. A file "
+                         "that is not a token shard (a text file) is refused: `tandem data text` makes shards"));
+  lm_opt(sub->add_option("--val-data", lm->val_data,
+                         "Validation shards, as --train-data (none: no validation, unless --train-data's directory "
+                         "holds them)"));
   lm_opt(sub->add_option("--gpt-config", lm->gpt_config,
                          "gpt: the shape, gpt2 (124M), gpt2-medium (350M) or char (6 layers of 384, context 256, "
                          "bytes)")
              ->check(CLI::IsMember(nn::gpt_config_names()))
              ->capture_default_str());
-  lm_opt(sub->add_option("--layers", lm->layers, "gpt: transformer blocks (default: the configuration's)")
+  lm_opt(sub->add_option("--llama-config", lm->llama_config,
+                         "llama: the shape, llama-1b (Llama 3.2 1B), llama-3b (3.2 3B) or llama-8b (3.1 8B), at "
+                         "context 2048")
+             ->check(CLI::IsMember(nn::llama_config_names()))
+             ->capture_default_str());
+  lm_opt(sub->add_option("--layers", lm->layers, "gpt, llama: transformer blocks (default: the configuration's)")
              ->check(CLI::Range(int64_t{1}, int64_t{4096})));
-  lm_opt(sub->add_option("--heads", lm->heads, "gpt: attention heads (default: the configuration's)")
+  lm_opt(sub->add_option("--heads", lm->heads, "gpt, llama: attention heads (default: the configuration's)")
+             ->check(CLI::Range(int64_t{1}, int64_t{4096})));
+  lm_opt(sub->add_option("--kv-heads", lm->kv_heads,
+                         "llama: key-value heads, a divisor of --heads (grouped-query attention; default: the "
+                         "configuration's)")
              ->check(CLI::Range(int64_t{1}, int64_t{4096})));
   lm_opt(sub->add_option("--width", lm->width,
-                         "gpt: the embedding width, a multiple of --heads (default: the configuration's)")
+                         "gpt, llama: the embedding width, a multiple of --heads (default: the configuration's)")
              ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)));
-  lm_opt(sub->add_option("--dropout", lm->dropout, "gpt: dropout in training (default: the configuration's)")
+  lm_opt(sub->add_option("--mlp-hidden", lm->mlp_hidden, "llama: the SwiGLU MLP's hidden width (default: the "
+                         "configuration's)")
+             ->check(CLI::Range(int64_t{1}, int64_t{1} << 22)));
+  lm_opt(sub->add_option("--rope-theta", lm->rope_theta, "llama: the rotary embeddings' base (default: the "
+                         "configuration's)")
+             ->check(finite_in(1.0, 1e12)));
+  lm_opt(sub->add_flag("--untied", lm->untied, "llama: an output layer of its own instead of the token table"));
+  lm_opt(sub->add_option("--dropout", lm->dropout, "gpt, llama: dropout in training (default: the configuration's)")
              ->check(finite_in(0.0, 0.999)));
+  lm_opt(sub->add_option("--init", lm->init,
+                         "gpt, llama: start from the weights of a Hugging Face model directory (config.json and "
+                         "model.safetensors: its config gives the shape, so --llama-config / --gpt-config and the "
+                         "shape flags are refused) or of a tandem checkpoint (the shape flags must build its model; "
+                         "its optimizer state and step are not taken: --resume continues a run)"));
   lm_opt(sub->add_option("--context", lm->context,
                          "Tokens per sequence, T (default: the model's: --gpt-config's, 256 for bigram)")
              ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)));
@@ -162,7 +193,7 @@ Runner add_train_command(CLI::App& app) {
                          "Vocabulary size (default: the vocab_size of --data DIR's meta.json, 256 for the byte "
                          "tokens of `tandem data text`; else gpt, the configuration's; bigram, 256 or the largest "
                          "token + 1); every token of the data must be below it")
-             ->check(CLI::Range(int64_t{2}, int64_t{65536})));
+             ->check(CLI::Range(int64_t{2}, int64_t{1} << 24)));
   lm_opt(sub->add_option("--total-batch-tokens", lm->total_batch_tokens,
                          "Tokens per optimizer step over all ranks, reached by accumulating micro-batches: a multiple "
                          "of --batch-size x --context x ranks (0: one micro-batch per step)")
@@ -234,6 +265,7 @@ Runner add_train_command(CLI::App& app) {
       for (CLI::Option* o : lm_only)
         TANDEM_CHECK(o->count() == 0, o->get_name(), " is for language models (--model ", language_models(),
                      "); --model ", cfg->model, " trains on --dataset by epochs");
+      check_flags_apply(*sub, cfg->model, cfg->optimizer, cfg->dist_option);
       return Trainer(*cfg).run();
     }
     for (const std::string& name : image_only) {
@@ -263,14 +295,25 @@ Runner add_train_command(CLI::App& app) {
     c.resume = cfg->resume;
     c.check_consistency = cfg->check_consistency;
     c.report_comm = cfg->report_comm;
-    TANDEM_CHECK(c.optimizer != "sgd" || (!given("--beta1") && !given("--beta2")), "--beta1 and --beta2 set adam and ",
-                 "adamw; --optimizer sgd has none");
-    TANDEM_CHECK(c.optimizer == "sgd" || (!given("--momentum") && !given("--nesterov")), "--momentum and --nesterov ",
-                 "set sgd; --optimizer ", c.optimizer, " has none");
+    check_flags_apply(*sub, c.model, c.optimizer, c.dist_option);
     if (c.model == "bigram")
-      for (const char* name : {"--gpt-config", "--layers", "--heads", "--width", "--dropout"})
-        TANDEM_CHECK(!given(name), name, " shapes --model gpt; bigram is one vocab x vocab table (it takes --vocab ",
-                     "and --context)");
+      for (const char* name : {"--gpt-config", "--llama-config", "--layers", "--heads", "--kv-heads", "--width",
+                               "--mlp-hidden", "--rope-theta", "--untied", "--dropout", "--init"})
+        TANDEM_CHECK(!given(name), name, " shapes --model gpt or llama; bigram is one vocab x vocab table (it takes ",
+                     "--vocab and --context)");
+    if (c.model == "gpt")
+      for (const char* name : {"--llama-config", "--kv-heads", "--mlp-hidden", "--rope-theta", "--untied"})
+        TANDEM_CHECK(!given(name), name, " shapes --model llama; --model gpt takes --gpt-config, --layers, --heads, ",
+                     "--width");
+    if (c.model == "llama")
+      TANDEM_CHECK(!given("--gpt-config"), "--gpt-config shapes --model gpt; --model llama takes --llama-config");
+    if (!c.init.empty() && std::filesystem::is_directory(c.init))
+      for (const char* name : {"--gpt-config", "--llama-config", "--layers", "--heads", "--kv-heads", "--width",
+                               "--mlp-hidden", "--rope-theta", "--untied", "--vocab"})
+        TANDEM_CHECK(!given(name), name, " would change the shape of the model --init '", c.init, "' holds (its ",
+                     "config.json gives it): leave it out");
+    TANDEM_CHECK(c.init.empty() || !c.resume, "--init starts a new run from weights; --resume continues the run in ",
+                 "--checkpoint: give one or the other");
     TANDEM_CHECK(c.warmup < c.steps, "--warmup ", c.warmup, " must be below --steps ", c.steps,
                  " (the cosine decay follows the warm-up)");
     TANDEM_CHECK(c.min_lr_or_default() <= c.lr, "--min-lr ", c.min_lr_or_default(), " is above --lr ", c.lr,

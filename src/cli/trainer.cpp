@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <utility>
 
 #include <unistd.h>
 
@@ -83,6 +84,10 @@ class Tally {
 struct ResumePoint {
   int next_epoch = 0;
   bool finished = false;
+  // Saved inside next_epoch (the run was interrupted there): the batches done and their figures.
+  int64_t first_batch = 0, of = 0;
+  EpochStats carried;
+  int64_t global_step = 0;
 };
 
 ResumePoint resume_point(const TrainConfig& cfg, const nlohmann::json& meta, const std::string& dist_option,
@@ -105,10 +110,43 @@ ResumePoint resume_point(const TrainConfig& cfg, const nlohmann::json& meta, con
                  dist_option, ": the ranks' ", saved, " state cannot carry over. Resume with -d ", saved,
                  ", or start a new run with another --checkpoint");
   }
-  TANDEM_CHECK(meta.contains("epoch") && meta["epoch"].is_number_integer() && meta["epoch"].get<int64_t>() >= 0,
+  // Saved inside an epoch, "epoch" is the last whole one (-1 inside the first).
+  const bool inside = meta.contains("partial_epoch") && meta["partial_epoch"].is_object();
+  TANDEM_CHECK(meta.contains("epoch") && meta["epoch"].is_number_integer() &&
+                   meta["epoch"].get<int64_t>() >= (inside ? -1 : 0),
                "checkpoint '", path, "' does not record the epoch it was saved after");
   ResumePoint at;
   at.next_epoch = static_cast<int>(meta["epoch"].get<int64_t>() + 1);
+  if (meta.contains("global_step") && meta["global_step"].is_number_integer())
+    at.global_step = meta["global_step"].get<int64_t>();
+  if (inside) {
+    const nlohmann::json& p = meta["partial_epoch"];
+    auto num = [&](const char* key) {
+      TANDEM_CHECK(p.contains(key) && p[key].is_number(), "checkpoint '", path, "' was saved inside an epoch but does "
+                   "not record its ", key, " (was it written by tandem train?)");
+      return p[key].get<double>();
+    };
+    TANDEM_CHECK(static_cast<int>(num("epoch")) == at.next_epoch && num("batches") >= 1, "checkpoint '", path,
+                 "' records a stop inside epoch ", p.value("epoch", -1), " after epoch ", at.next_epoch - 1,
+                 ": it is damaged");
+    at.first_batch = static_cast<int64_t>(num("batches"));
+    at.of = static_cast<int64_t>(num("of"));
+    at.carried.loss = num("loss");
+    at.carried.correct = num("correct");
+    at.carried.samples = num("samples");
+    at.carried.seconds = num("seconds");
+    // The batches of an epoch are cut by the number of ranks, the batch size and --accumulate: resuming
+    // at batch B means the same batches only with the same three.
+    auto same = [&](const char* key, int64_t now, const char* flag) {
+      const int64_t saved = static_cast<int64_t>(num(key));
+      TANDEM_CHECK(saved == now, "checkpoint '", path, "' was saved inside epoch ", at.next_epoch, " (after batch ",
+                   at.first_batch, ") with ", flag, " ", saved, "; this run has ", now, ". Resume it with ", flag, " ",
+                   saved, " to finish that epoch on the same batches");
+    };
+    same("world_size", world, "ranks (-n)");
+    same("batch_size", cfg.batch_size, "--batch-size");
+    same("accumulate", cfg.accumulate, "--accumulate");
+  }
   if (at.next_epoch >= cfg.epochs) {
     if (lead)
       std::fprintf(stderr, "tandem: checkpoint '%s' holds a finished run (%d of --epochs %d done): nothing to train\n",
@@ -212,18 +250,70 @@ Trainer::~Trainer() = default;
 int Trainer::run() {
   start_ = Clock::now();
   if (!setup()) return 0;
+  Session& s = *session_;
+  // Ctrl-C / SIGTERM from here on: the ranks agree on a step boundary to stop at and save there.
+  InterruptScope interrupts(s.lead(), cfg_.checkpoint.empty()
+                                          ? std::string("with nothing to save (no --checkpoint)")
+                                          : "saving the checkpoint '" + cfg_.checkpoint + "' there");
+  stop_ = std::make_unique<StopAgreement>(s.comm(), s.device());
   for (int epoch = first_epoch_; epoch < cfg_.epochs; ++epoch) {
     auto t0 = Clock::now();
     EpochStats train = train_epoch(epoch);
+    if (train.stopped_at > 0) return stop_inside_epoch(epoch, train);
     EvalStats eval = evaluate();
     double epoch_s = seconds_since(t0);
     TANDEM_RUNTIME_CHECK(std::isfinite(train.loss), "the training loss became ", train.loss, " in epoch ", epoch,
                          "; lower --lr (or check the data)");
     report(epoch, train, eval, epoch_s);
     save_checkpoint(epoch, eval);
+    // A signal that came in the epoch's last step or its evaluation stops the run here, the epoch saved.
+    if (epoch + 1 < cfg_.epochs)
+      if (const int sig = stop_->now()) return stop_after_epoch(epoch, sig);
   }
-  if (session_->lead()) std::fprintf(stderr, "tandem: %s\n", summary_.line(seconds_since(start_)).c_str());
+  stop_->finish();
+  stop_.reset();
+  if (s.lead()) std::fprintf(stderr, "tandem: %s\n", summary_.line(seconds_since(start_)).c_str());
   return 0;
+}
+
+int Trainer::stop_after_epoch(int epoch, int sig) {
+  Session& s = *session_;
+  if (s.lead())
+    std::fprintf(stderr, "tandem: interrupted by %s after epoch %d of %d: %s\n", stop_signal_name(sig).c_str(), epoch,
+                 cfg_.epochs,
+                 cfg_.checkpoint.empty() ? "nothing was saved (no --checkpoint)"
+                                         : ("its checkpoint '" + cfg_.checkpoint + "' is saved (the same command with "
+                                            "--resume goes on from there)").c_str());
+  return 128 + sig;
+}
+
+int Trainer::stop_inside_epoch(int epoch, const EpochStats& done) {
+  Session& s = *session_;
+  synchronize(s.device());
+  const int64_t batches = train_loader_->batches_per_epoch();
+  if (!cfg_.checkpoint.empty()) {
+    save_rank_state_beside(s, cfg_.checkpoint, "global_step", global_step_);
+    GatheredOptimizerState gathered(s.opt());
+    if (s.lead()) {
+      nlohmann::json meta = checkpoint_meta_json(epoch - 1);
+      meta["global_step"] = global_step_;
+      meta["partial_epoch"] = {{"epoch", epoch},           {"batches", done.stopped_at}, {"of", batches},
+                               {"loss", done.loss},        {"correct", done.correct},    {"samples", done.samples},
+                               {"seconds", done.seconds},  {"world_size", s.world()},    {"batch_size", cfg_.batch_size},
+                               {"accumulate", cfg_.accumulate}};
+      tandem::save_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer(), meta.dump());
+    }
+  }
+  if (s.lead()) {
+    const std::string saved = cfg_.checkpoint.empty()
+                                  ? std::string("nothing was saved (no --checkpoint)")
+                                  : "saved the checkpoint '" + cfg_.checkpoint + "' (the same command with --resume "
+                                    "goes on from the next batch)";
+    std::fprintf(stderr, "tandem: interrupted by %s in epoch %d after batch %lld of %lld (step %lld): %s\n",
+                 stop_signal_name(done.stop_signal).c_str(), epoch, static_cast<long long>(done.stopped_at),
+                 static_cast<long long>(batches), static_cast<long long>(global_step_), saved.c_str());
+  }
+  return 128 + done.stop_signal;
 }
 
 bool Trainer::setup() {
@@ -332,11 +422,23 @@ bool Trainer::resume() {
   if (at.finished) return false;
   load_checkpoint(path, s.model(), &s.opt().optimizer());
 
-  // This rank's own state, when its file is there and from the same epoch (a run stopped between
+  // This rank's own state, when its file is there and from the same point (a run stopped between
   // writing it and the checkpoint leaves an older or newer one: that state starts afresh, said below).
-  load_rank_state_beside(s, path, "epoch", at.next_epoch - 1);
+  if (at.first_batch > 0)
+    load_rank_state_beside(s, path, "global_step", at.global_step);
+  else
+    load_rank_state_beside(s, path, "epoch", at.next_epoch - 1);
   first_epoch_ = at.next_epoch;
-  if (s.lead()) std::fprintf(stderr, "tandem: resuming from '%s' at epoch %d\n", path.c_str(), first_epoch_);
+  first_batch_ = at.first_batch;
+  carried_ = at.carried;
+  global_step_ = at.global_step;
+  if (s.lead()) {
+    if (first_batch_ > 0)
+      std::fprintf(stderr, "tandem: resuming from '%s' inside epoch %d, at batch %lld of %lld\n", path.c_str(),
+                   first_epoch_, static_cast<long long>(first_batch_ + 1), static_cast<long long>(at.of));
+    else
+      std::fprintf(stderr, "tandem: resuming from '%s' at epoch %d\n", path.c_str(), first_epoch_);
+  }
   return true;
 }
 
@@ -349,8 +451,11 @@ EpochStats Trainer::train_epoch(int epoch) {
   auto t0 = Clock::now();
   s.opt().reset_stats();
   s.model().train(true);
-  train_loader_->start_epoch(epoch);
-  Tally tally(train_loader_->batches_per_epoch(), s.device());
+  // A run resumed inside this epoch goes on at its batch, with the figures of the batches before.
+  const int64_t first_batch = std::exchange(first_batch_, 0);
+  const EpochStats carried = std::exchange(carried_, EpochStats{});
+  train_loader_->start_epoch(epoch, first_batch);
+  Tally tally(train_loader_->batches_per_epoch() - first_batch, s.device());
   s.reset_sums();
   bool progress = progress_enabled(cfg_.progress, s.lead());
   ProgressBar bar(progress, train_loader_->batches_per_epoch(), "epoch " + std::to_string(epoch));
@@ -362,7 +467,8 @@ EpochStats Trainer::train_epoch(int epoch) {
   // mean gradient over its samples, as one batch of them would.
   const int64_t batches = train_loader_->batches_per_epoch(), n = cfg_.accumulate;
   data::Batch batch;
-  int64_t i = 0;
+  int64_t i = first_batch;
+  EpochStats st;
   s.aim_at_recorded_batch(batch.x, batch.y);
   while (train_loader_->next(batch)) {
     const int64_t first = i / n * n, in_step = std::min(n, batches - first);
@@ -384,17 +490,24 @@ EpochStats Trainer::train_epoch(int epoch) {
         board_->scalar("step/loss", r.loss.item<double>() * static_cast<double>(in_step), global_step_);
     }
     bar.update(++i, (tally.samples() + s.sums().samples) * s.world());
+    // Between steps, never inside one (a recorded step included): have the ranks agreed to stop? The
+    // epoch's last step is left to the end of the epoch (Trainer::run), which saves a whole epoch.
+    if (last && i < batches)
+      if (const int sig = stop_ ? stop_->at_boundary() : 0) {
+        st.stopped_at = i;
+        st.stop_signal = sig;
+        break;
+      }
   }
-  TANDEM_ASSERT(i == batches, "the loader gave ", i, " batches of the ", batches, " announced");
+  TANDEM_ASSERT(st.stopped_at > 0 || i == batches, "the loader gave ", i, " batches of the ", batches, " announced");
   bar.finish();
   synchronize(s.device());
-  EpochStats st;
-  st.seconds = seconds_since(t0);
+  st.seconds = carried.seconds + seconds_since(t0);
   st.comm = s.opt().stats();
   auto totals = tally.reduce(s.comm(), &s.sums());
-  st.loss = totals[0];
-  st.correct = totals[1];
-  st.samples = totals[2];
+  st.loss = carried.loss + totals[0];
+  st.correct = carried.correct + totals[1];
+  st.samples = carried.samples + totals[2];
   return st;
 }
 
@@ -483,7 +596,15 @@ void Trainer::save_checkpoint(int epoch, const EvalStats& eval) {
   save_rank_state_beside(s, cfg_.checkpoint, "epoch", epoch);
   GatheredOptimizerState gathered(s.opt());
   if (!s.lead()) return;
-  nlohmann::json main{{"epoch", epoch},
+  nlohmann::json main = checkpoint_meta_json(epoch);
+  main["global_step"] = global_step_;
+  main["eval_acc"] = eval.correct / std::max(eval.samples, 1.0);
+  tandem::save_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer(), main.dump());
+}
+
+nlohmann::json Trainer::checkpoint_meta_json(int epoch) {
+  Session& s = *session_;
+  return nlohmann::json{{"epoch", epoch},
                       {"epochs", cfg_.epochs},
                       {"model", cfg_.model},
                       {"hidden", cfg_.hidden},
@@ -493,9 +614,7 @@ void Trainer::save_checkpoint(int epoch, const EvalStats& eval) {
                       {"seed", cfg_.seed},
                       {"dist_option", s.sync().method},
                       {"shard", dist::shard_name(s.opt().options().shard)},
-                      {"rank_files", s.world()},
-                      {"eval_acc", eval.correct / std::max(eval.samples, 1.0)}};
-  tandem::save_checkpoint(cfg_.checkpoint, s.model(), &s.opt().optimizer(), main.dump());
+                      {"rank_files", s.world()}};
 }
 
 }  // namespace tandem::cli

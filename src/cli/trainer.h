@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "cli/interrupt.h"
 #include "cli/run_report.h"
 #include "cli/session.h"
 #include "cli/tensorboard.h"
@@ -78,6 +81,10 @@ struct EpochStats {
   double correct = 0, samples = 0;
   double seconds = 0;
   dist::CommStats comm;  // this rank's traffic in the epoch
+  // Stopped inside the epoch (Ctrl-C, SIGTERM): the batches done by then and the signal; the figures
+  // above are those of these batches.
+  int64_t stopped_at = 0;
+  int stop_signal = 0;
 };
 
 /// One evaluation pass, summed over ranks.
@@ -110,6 +117,14 @@ class Trainer {
   void report(int epoch, const EpochStats& train, const EvalStats& eval, double epoch_seconds);
   /// Rank 0 saves the model and optimizer after the epoch (when --checkpoint is set).
   void save_checkpoint(int epoch, const EvalStats& eval);
+  /// The ranks agreed to stop inside `epoch` (Ctrl-C, SIGTERM): saves a checkpoint of the batches done
+  /// (a resumed run goes on from the next one, with this epoch's figures so far), says what was saved,
+  /// and returns the exit status, 128 + the signal.
+  int stop_inside_epoch(int epoch, const EpochStats& done);
+  /// The ranks agreed to stop at the end of `epoch`, whose checkpoint is saved: says so; 128 + sig.
+  int stop_after_epoch(int epoch, int sig);
+  /// What every checkpoint of the run records (model, data set, ranks, ...), saved after `epoch`.
+  nlohmann::json checkpoint_meta_json(int epoch);
 
  private:
   TrainConfig cfg_;
@@ -122,6 +137,10 @@ class Trainer {
   std::chrono::steady_clock::time_point start_;
   int first_epoch_ = 0;
   int64_t global_step_ = 0;
+  // Resuming inside an epoch: its first batch and its figures before it (summed over ranks).
+  int64_t first_batch_ = 0;
+  EpochStats carried_;
+  std::unique_ptr<StopAgreement> stop_;  // while the epochs run
 };
 
 }  // namespace tandem::cli

@@ -36,9 +36,11 @@ int cuda_device_count() {
 void check_device(Device d) {
   if (d.is_cpu()) return;
   TANDEM_CHECK(backend::cuda_backend() != nullptr, "device ", d.str(),
-               " requested, but tandem was built without CUDA (rebuild on a machine with the CUDA toolkit and cuDNN)");
+               " requested, but tandem was built without CUDA: run on the CPU instead (--device cpu on the command "
+               "line), or rebuild on a machine with the CUDA toolkit and cuDNN");
   int n = cuda_device_count();
-  TANDEM_CHECK(n > 0, "device ", d.str(), " requested, but no CUDA GPU is visible to this process");
+  TANDEM_CHECK(n > 0, "device ", d.str(), " requested, but no CUDA GPU is visible to this process: run on the CPU "
+               "instead (--device cpu on the command line), or check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES");
   TANDEM_CHECK(d.index >= 0 && d.index < n, "device ", d.str(), " does not exist: this process sees ", n,
                " GPU", n == 1 ? "" : "s", " (cuda:0", n > 1 ? " .. cuda:" + std::to_string(n - 1) : std::string(),
                ")");

@@ -1,5 +1,6 @@
 #include "tandem/tensor.h"
 
+#include <atomic>
 #include <climits>
 #include <cstring>
 
@@ -27,6 +28,13 @@ int64_t shape_numel(const Shape& s) {
   TANDEM_CHECK(!overflow, "shape ", shape_str(s), " has more elements than a 64-bit count holds");
   return n;
 }
+
+namespace {
+std::atomic<uint64_t> g_tensor_serial{0};
+}  // namespace
+
+uint64_t next_tensor_serial() { return g_tensor_serial.fetch_add(1, std::memory_order_relaxed); }
+uint64_t tensor_serial_now() { return g_tensor_serial.load(std::memory_order_relaxed); }
 
 Shape contiguous_strides(const Shape& shape) {
   Shape st(shape.size());

@@ -44,6 +44,21 @@ struct Storage {
 /// Allocates storage for nbytes on the device (from its caching allocator).
 std::shared_ptr<Storage> allocate_storage(size_t nbytes, Device device, bool pinned = false);
 
+/// The next number of the creation order of TensorImpls (a relaxed counter; see CreationSerial).
+uint64_t next_tensor_serial();
+/// The number the next TensorImpl will take.
+uint64_t tensor_serial_now();
+
+/// A TensorImpl's place in the order tensors are made: every impl takes the next number, copies included
+/// (a copy is a new tensor), and keeps it when assigned to. An ONNX export trace (tandem.sonnx) tells the
+/// tensors made before it from those made while it ran by it.
+struct CreationSerial {
+  uint64_t value = next_tensor_serial();
+  CreationSerial() = default;
+  CreationSerial(const CreationSerial&) : value(next_tensor_serial()) {}
+  CreationSerial& operator=(const CreationSerial&) { return *this; }
+};
+
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   Shape shape;
@@ -57,6 +72,7 @@ struct TensorImpl {
   bool grad_zeroed = false;  // grad holds zeros: the first gradient of a backward pass may overwrite it
   std::weak_ptr<Node> grad_accumulator;  // for leaves: the node that accumulates into grad
   std::string name;  // set by the Python API (SINGA's Tensor.name); empty until then
+  CreationSerial serial;
 
   Device device() const { return storage->device; }
   int64_t numel() const { return shape_numel(shape); }

@@ -213,8 +213,10 @@ DataLoader::~DataLoader() {
   if (s_->worker.joinable()) s_->worker.join();
 }
 
-void DataLoader::start_epoch(int64_t epoch) {
+void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   State& s = *s_;
+  TANDEM_CHECK(first_batch >= 0 && first_batch <= s.num_batches, "data loader: cannot start an epoch at batch ",
+               first_batch, " of ", s.num_batches);
   const int64_t n = s.ds.size();
   // Every sample is permuted, so all ranks draw the same order and their slices are disjoint.
   std::vector<int64_t> all;
@@ -234,8 +236,8 @@ void DataLoader::start_epoch(int64_t epoch) {
     int32_t* o = order.data<int32_t>();
     for (int64_t i = 0; i < s.shard; ++i) o[i] = static_cast<int32_t>(all[static_cast<size_t>(begin + i)]);
     s.order_dev.copy_(order);
-    s.cursor_dev.zero_();
-    s.consumed = 0;
+    s.cursor_dev.copy_(Tensor::from_vector(std::vector<int64_t>{first_batch * s.opt.batch_size, 0}, {2}));
+    s.consumed = first_batch;
     s.started = true;
     return;
   }
@@ -245,8 +247,8 @@ void DataLoader::start_epoch(int64_t epoch) {
     ++s.generation;
     s.order = std::move(order);
     s.queue.clear();
-    s.to_prepare = 0;
-    s.consumed = 0;
+    s.to_prepare = first_batch;
+    s.consumed = first_batch;
     s.started = true;
   }
   s.work_cv.notify_all();

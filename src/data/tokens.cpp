@@ -15,6 +15,7 @@
 #include "backend/token_window.h"
 #include "core/counter_rng.h"
 #include "data/regular_file.h"
+#include "data/text_check.h"
 #include "tandem/error.h"
 
 namespace tandem::data {
@@ -23,16 +24,33 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int32_t kLlama3Magic = 20240801;  // llm.c's LLaMA-3 shards: uint32 tokens
 constexpr int64_t kHeaderBytes = kLlmcHeaderInts * 4;
+// How much of a bare shard is looked at to tell text from tokens.
+constexpr uint64_t kTextLookBytes = 1 << 16;
 
 bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
-bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+// What to do with a file that is not a token shard: text becomes shards through `tandem data text`.
+std::string shards_hint(const std::string& path) {
+  return "; a text file is made into token shards first: `tandem data text " + path +
+         " -o DIR`, then train on --data DIR";
+}
+
+// A shard's file name without its directory and .bin, as the split globs see it.
+std::string stem_of(const fs::path& p) { return p.stem().string(); }
 
 }  // namespace
 
-const char* token_format_name(TokenFormat f) { return f == TokenFormat::llmc ? "llm.c" : "nanoGPT (bare uint16)"; }
+int token_width(TokenFormat f) { return f == TokenFormat::llmc32 ? 4 : 2; }
+
+const char* token_format_name(TokenFormat f) {
+  switch (f) {
+    case TokenFormat::llmc: return "llm.c";
+    case TokenFormat::llmc32: return "llm.c 32-bit";
+    case TokenFormat::bare: break;
+  }
+  return "nanoGPT (bare uint16)";
+}
 
 TokenShard::TokenShard(const std::string& path, int64_t vocab) : path_(path) {
   uint64_t size = 0;
@@ -52,37 +70,45 @@ TokenShard::TokenShard(const std::string& path, int64_t vocab) : path_(path) {
     const auto* bytes = static_cast<const uint8_t*>(map_);
     int32_t magic = 0;
     if (size >= 4) std::memcpy(&magic, bytes, 4);
-    TANDEM_CHECK(magic != kLlama3Magic, "token shard '", path, "' is in llm.c's LLaMA-3 format (magic ", kLlama3Magic,
-                 ", uint32 tokens); only uint16 tokens (magic ", kLlmcMagic, ", or bare uint16) are supported");
-    if (magic == kLlmcMagic) {
-      format_ = TokenFormat::llmc;
+    if (magic == kLlmcMagic || magic == kLlmc32Magic) {
+      const bool wide = magic == kLlmc32Magic;
+      const int32_t version = wide ? kLlmc32Version : kLlmcVersion;
+      const uint64_t width = wide ? 4 : 2;
+      format_ = wide ? TokenFormat::llmc32 : TokenFormat::llmc;
       TANDEM_CHECK(size >= static_cast<uint64_t>(kHeaderBytes), "token shard '", path, "' is truncated: it has llm.c's magic ",
-                   kLlmcMagic, " but only ", size, " bytes, less than the ", kHeaderBytes, "-byte header");
+                   magic, " but only ", size, " bytes, less than the ", kHeaderBytes, "-byte header");
       int32_t header[3];
       std::memcpy(header, bytes, sizeof header);
-      TANDEM_CHECK(header[1] == kLlmcVersion, "token shard '", path, "': llm.c header version ", header[1],
-                   ", expected ", kLlmcVersion, " (uint16 tokens)");
+      TANDEM_CHECK(header[1] == version, "token shard '", path, "': llm.c header version ", header[1], ", expected ",
+                   version, " (magic ", magic, ", uint", 8 * width, " tokens)", shards_hint(path));
       const int64_t count = header[2];
       TANDEM_CHECK(count > 0, "token shard '", path, "': its llm.c header announces ", count,
                    " tokens; a shard holds at least one");
-      const uint64_t payload = size - kHeaderBytes, want = 2 * static_cast<uint64_t>(count);
+      const uint64_t payload = size - kHeaderBytes, want = width * static_cast<uint64_t>(count);
       TANDEM_CHECK(payload >= want, "token shard '", path, "' is truncated: its header announces ", count, " tokens (",
                    want, " bytes after the ", kHeaderBytes, "-byte header) but only ", payload, " bytes follow");
       TANDEM_CHECK(payload == want, "token shard '", path, "': token count mismatch: its header announces ", count,
                    " tokens (", want, " bytes) but ", payload, " bytes follow the header",
-                   payload % 2 == 0 ? " (" + std::to_string(payload / 2) + " tokens)" : std::string());
-      tokens_ = reinterpret_cast<const uint16_t*>(bytes + kHeaderBytes);
+                   payload % width == 0 ? " (" + std::to_string(payload / width) + " tokens)" : std::string());
+      bytes_ = bytes + kHeaderBytes;
       count_ = count;
     } else {
       format_ = TokenFormat::bare;
+      // Bare tokens have no header to check: a text file given here would train on its bytes read in
+      // pairs. Tokens below 256 have a zero byte, GPT-2's common ones bytes below 0x20: text has neither.
+      const size_t looked = static_cast<size_t>(std::min<uint64_t>(size, kTextLookBytes));
+      const TextLook look = look_at_text({reinterpret_cast<const char*>(bytes), looked}, looked < size);
+      TANDEM_CHECK(!look.text, "'", path, "' holds text, not tokens: its ", looked < size ? "first " : "",
+                   looked, " bytes read as UTF-8 text (no zero byte, no stray control character), which neither "
+                   "llm.c's shards (magic ", kLlmcMagic, ") nor nanoGPT's bare uint16 tokens are", shards_hint(path));
       TANDEM_CHECK(size % 2 == 0, "token shard '", path, "' has an odd number of bytes (", size,
-                   "): neither llm.c's format (no magic ", kLlmcMagic, ") nor bare uint16 tokens");
-      tokens_ = reinterpret_cast<const uint16_t*>(bytes);
+                   "): neither llm.c's format (no magic ", kLlmcMagic, ") nor bare uint16 tokens", shards_hint(path));
+      bytes_ = bytes;
       count_ = static_cast<int64_t>(size / 2);
     }
     if (vocab > 0) {
       for (int64_t i = 0; i < count_; ++i)
-        TANDEM_CHECK(tokens_[i] < vocab, "token shard '", path, "': token ", tokens_[i], " at position ", i,
+        TANDEM_CHECK(at(i) < vocab, "token shard '", path, "': token ", at(i), " at position ", i,
                      " is outside the vocabulary of ", vocab);
     }
   } catch (...) {
@@ -96,10 +122,34 @@ TokenShard::~TokenShard() {
   if (map_) ::munmap(map_, map_bytes_);
 }
 
-uint16_t TokenShard::max_token() const {
-  uint16_t m = 0;
-  for (int64_t i = 0; i < count_; ++i) m = std::max(m, tokens_[i]);
+uint32_t TokenShard::at(int64_t i) const {
+  if (format_ == TokenFormat::llmc32) {
+    uint32_t t;
+    std::memcpy(&t, bytes_ + 4 * i, 4);
+    return t;
+  }
+  uint16_t t;
+  std::memcpy(&t, bytes_ + 2 * i, 2);
+  return t;
+}
+
+uint32_t TokenShard::max_token() const {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < count_; ++i) m = std::max(m, at(i));
   return m;
+}
+
+bool holds_both_splits(const std::string& dir) {
+  std::error_code ec;
+  bool train = false, val = false;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".bin") continue;
+    const std::string stem = stem_of(e.path());
+    train = train || stem.find("train") != std::string::npos;
+    val = val || stem.find("val") != std::string::npos;
+  }
+  return train && val;
 }
 
 std::vector<std::string> find_token_shards(const std::string& spec) {
@@ -107,17 +157,26 @@ std::vector<std::string> find_token_shards(const std::string& spec) {
   std::error_code ec;
   std::vector<std::string> files;
   if (fs::is_directory(spec, ec)) {
-    bool train = false, val = false;
+    std::vector<std::string> train, val;
     for (const auto& e : fs::directory_iterator(spec, ec)) {
       if (e.path().extension() != ".bin") continue;
-      const std::string name = e.path().filename().string();
-      train = train || starts_with(name, "train_");
-      val = val || starts_with(name, "val_");
+      const std::string stem = stem_of(e.path()), name = e.path().filename().string();
+      if (stem.find("train") != std::string::npos) train.push_back(name);
+      if (stem.find("val") != std::string::npos) val.push_back(name);
       files.push_back(e.path().string());
     }
     TANDEM_CHECK(!ec, "cannot list token shard directory '", spec, "': ", ec.message());
-    TANDEM_CHECK(!(train && val), "directory '", spec, "' holds both train_*.bin and val_*.bin shards; name the split: '",
-                 (fs::path(spec) / "train_*.bin").string(), "' or '", (fs::path(spec) / "val_*.bin").string(), "'");
+    if (!train.empty() && !val.empty()) {
+      std::sort(train.begin(), train.end());
+      std::sort(val.begin(), val.end());
+      auto some = [](const std::vector<std::string>& names) {
+        return names.front() + (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "");
+      };
+      TANDEM_CHECK(false, "directory '", spec, "' holds both training shards (", some(train), ") and validation shards (",
+                   some(val), "); name the split: '", (fs::path(spec) / "*train*.bin").string(), "' or '",
+                   (fs::path(spec) / "*val*.bin").string(), "' (tandem train --data ", spec,
+                   " takes both: the first to train, the second to validate)");
+    }
     TANDEM_CHECK(!files.empty(), "directory '", spec, "' holds no token shards (*.bin files)");
   } else if (has_glob_chars(spec) && !fs::exists(spec, ec)) {
     glob_t g{};
@@ -142,44 +201,61 @@ TokenStream::TokenStream(const std::vector<std::string>& specs, int64_t vocab) {
       auto shard = std::make_shared<const TokenShard>(path, vocab);
       starts_.push_back(size_);
       size_ += shard->size();
+      width_ = std::max(width_, shard->width());
       shards_.push_back(std::move(shard));
     }
   }
 }
 
-uint16_t TokenStream::at(int64_t i) const {
+uint32_t TokenStream::at(int64_t i) const {
   TANDEM_CHECK(i >= 0 && i < size_, "token stream: position ", i, " is outside [0, ", size_, ")");
   const size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin() - 1);
-  return shards_[s]->tokens()[i - starts_[s]];
+  return shards_[s]->at(i - starts_[s]);
 }
 
 namespace {
-// Calls f(shard tokens, count, offset in the range) for each piece of [begin, end) within one shard.
+// Calls f(shard, first token in the shard, count, offset in the range) for each piece of [begin, end)
+// within one shard.
 template <typename F>
 void for_each_piece(const std::vector<std::shared_ptr<const TokenShard>>& shards, const std::vector<int64_t>& starts,
                     int64_t begin, int64_t end, F&& f) {
   for (size_t s = 0; s < shards.size(); ++s) {
     const int64_t lo = std::max(begin, starts[s]), hi = std::min(end, starts[s] + shards[s]->size());
-    if (lo < hi) f(shards[s]->tokens() + (lo - starts[s]), hi - lo, lo - begin);
+    if (lo < hi) f(*shards[s], lo - starts[s], hi - lo, lo - begin);
   }
 }
 }  // namespace
 
-void TokenStream::copy(int64_t begin, int64_t end, uint16_t* dst) const {
+void TokenStream::copy(int64_t begin, int64_t end, uint32_t* dst) const {
   TANDEM_CHECK(0 <= begin && begin <= end && end <= size_, "token stream: range [", begin, ", ", end,
                ") is outside [0, ", size_, ")");
-  for_each_piece(shards_, starts_, begin, end,
-                 [&](const uint16_t* src, int64_t n, int64_t at) { std::memcpy(dst + at, src, 2 * static_cast<size_t>(n)); });
+  for_each_piece(shards_, starts_, begin, end, [&](const TokenShard& s, int64_t first, int64_t n, int64_t at) {
+    for (int64_t i = 0; i < n; ++i) dst[at + i] = s.at(first + i);
+  });
 }
 
 Tensor TokenStream::upload(int64_t begin, int64_t end, Device device) const {
   TANDEM_CHECK(0 <= begin && begin <= end && end <= size_, "token stream: range [", begin, ", ", end,
                ") is outside [0, ", size_, ")");
-  Tensor t = Tensor::empty({end - begin, 2}, DType::u8, device);
+  Tensor t = Tensor::empty({end - begin, width_}, DType::u8, device);
   backend::Backend& be = backend::backend_for(device);
   auto* dst = static_cast<uint8_t*>(t.data_ptr());
-  for_each_piece(shards_, starts_, begin, end, [&](const uint16_t* src, int64_t n, int64_t at) {
-    be.copy_from_host(src, dst + 2 * at, 2 * static_cast<size_t>(n), device.index);
+  const auto w = static_cast<size_t>(width_);
+  for_each_piece(shards_, starts_, begin, end, [&](const TokenShard& s, int64_t first, int64_t n, int64_t at) {
+    const auto count = static_cast<size_t>(n);
+    if (s.width() == width_) {
+      be.copy_from_host(s.bytes() + w * static_cast<size_t>(first), dst + w * static_cast<size_t>(at), w * count,
+                        device.index);
+      return;
+    }
+    // A 16-bit shard in a 32-bit stream: widened on the host, a bounded piece at a time.
+    constexpr size_t kPiece = size_t{1} << 20;
+    std::vector<uint32_t> wide(std::min(count, kPiece));
+    for (size_t done = 0; done < count; done += wide.size()) {
+      const size_t m = std::min(wide.size(), count - done);
+      for (size_t i = 0; i < m; ++i) wide[i] = s.at(first + static_cast<int64_t>(done + i));
+      be.copy_from_host(wide.data(), dst + 4 * (static_cast<size_t>(at) + done), 4 * m, device.index);
+    }
   });
   return t;
 }

@@ -246,8 +246,22 @@ int64_t sample_logits(const std::vector<float>& logits, const SampleOptions& opt
   }
   const double top = *std::max_element(l.begin(), l.end());
   TANDEM_CHECK(std::isfinite(top), "sample_logits: the largest logit is ", top);
+  TANDEM_CHECK(opt.top_p > 0.0 && opt.top_p <= 1.0, "sample_logits: top_p ", opt.top_p, " must be in (0, 1]");
   double total = 0.0;
   for (double& x : l) total += (x = std::exp(x - top));
+  if (opt.top_p < 1.0) {
+    // The smallest set of the most likely tokens whose probabilities reach top_p (ties at its edge kept).
+    std::vector<double> sorted = l;
+    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+    double acc = 0.0, edge = sorted.front();
+    for (double p : sorted) {
+      edge = p;
+      acc += p;
+      if (acc >= opt.top_p * total) break;
+    }
+    total = 0.0;
+    for (double& x : l) total += (x = x >= edge ? x : 0.0);
+  }
   const double u = gen.next_double() * total;
   double acc = 0.0;
   int64_t last = 0;
@@ -273,23 +287,25 @@ class EvalScope {
 };
 }  // namespace
 
-std::vector<int64_t> GPT::generate(const std::vector<int64_t>& prompt, int64_t n, const SampleOptions& opt,
-                                   const std::function<void(int64_t)>& on_token) {
+std::vector<int64_t> generate_tokens(Module& model, const std::function<Tensor(const Tensor&, GptCache&)>& step,
+                                     int64_t context, int64_t vocab, Device device, const std::vector<int64_t>& prompt,
+                                     int64_t n, const SampleOptions& opt, const std::function<void(int64_t)>& on_token,
+                                     const char* who) {
   const int64_t t0 = static_cast<int64_t>(prompt.size());
-  TANDEM_CHECK(t0 >= 1, "GPT.generate: the prompt must hold at least one token");
-  TANDEM_CHECK(t0 <= cfg_.context, "GPT.generate: the prompt's ", t0, " tokens exceed the context of ", cfg_.context);
-  TANDEM_CHECK(n >= 0, "GPT.generate: n ", n, " must be non-negative");
-  TANDEM_CHECK(std::isfinite(opt.temperature) && opt.temperature >= 0.0, "GPT.generate: temperature ", opt.temperature,
-               " must be a finite non-negative number");
-  TANDEM_CHECK(opt.top_k >= 0, "GPT.generate: top_k ", opt.top_k, " must be non-negative");
+  TANDEM_CHECK(t0 >= 1, who, ".generate: the prompt must hold at least one token");
+  TANDEM_CHECK(t0 <= context, who, ".generate: the prompt's ", t0, " tokens exceed the context of ", context);
+  TANDEM_CHECK(n >= 0, who, ".generate: n ", n, " must be non-negative");
+  TANDEM_CHECK(std::isfinite(opt.temperature) && opt.temperature >= 0.0, who, ".generate: temperature ",
+               opt.temperature, " must be a finite non-negative number");
+  TANDEM_CHECK(opt.top_k >= 0, who, ".generate: top_k ", opt.top_k, " must be non-negative");
+  TANDEM_CHECK(opt.top_p > 0.0 && opt.top_p <= 1.0, who, ".generate: top_p ", opt.top_p, " must be in (0, 1]");
   for (int64_t i = 0; i < t0; ++i)
-    TANDEM_CHECK(prompt[i] >= 0 && prompt[i] < cfg_.vocab, "GPT.generate: prompt token ", prompt[i], " at ", i,
-                 " is outside the vocabulary [0, ", cfg_.vocab, ")");
+    TANDEM_CHECK(prompt[i] >= 0 && prompt[i] < vocab, who, ".generate: prompt token ", prompt[i], " at ", i,
+                 " is outside the vocabulary [0, ", vocab, ")");
   std::vector<int64_t> out;
   if (n == 0) return out;
-  EvalScope eval(*this);
+  EvalScope eval(model);
   NoGradGuard no_grad;
-  const Device device = wte->weight.device();
   auto tokens = [&](std::vector<int64_t>::const_iterator first, std::vector<int64_t>::const_iterator last) {
     std::vector<int32_t> v(first, last);
     return Tensor::from_vector(v, {1, static_cast<int64_t>(v.size())}, device);
@@ -299,21 +315,28 @@ std::vector<int64_t> GPT::generate(const std::vector<int64_t>& prompt, int64_t n
   std::vector<int64_t> seq = prompt;
   Generator gen(opt.seed);
   GptCache cache;
-  std::vector<float> logits = last_row(forward_cached(tokens(seq.begin(), seq.end()), cache));
+  std::vector<float> logits = last_row(step(tokens(seq.begin(), seq.end()), cache));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t next = sample_logits(logits, opt, gen);
     seq.push_back(next);
     out.push_back(next);
     if (on_token) on_token(next);
-    if (i + 1 == n) break;
-    if (cache.length < cfg_.context) {
-      logits = last_row(forward_cached(tokens(seq.end() - 1, seq.end()), cache));
+    if (i + 1 == n || (opt.stop_token >= 0 && next == opt.stop_token)) break;
+    if (cache.length < context) {
+      logits = last_row(step(tokens(seq.end() - 1, seq.end()), cache));
     } else {  // cropped to the last `context` tokens, which now sit at other positions
       cache.clear();
-      logits = last_row(forward_cached(tokens(seq.end() - cfg_.context, seq.end()), cache));
+      logits = last_row(step(tokens(seq.end() - context, seq.end()), cache));
     }
   }
   return out;
+}
+
+std::vector<int64_t> GPT::generate(const std::vector<int64_t>& prompt, int64_t n, const SampleOptions& opt,
+                                   const std::function<void(int64_t)>& on_token) {
+  return generate_tokens(
+      *this, [this](const Tensor& t, GptCache& c) { return forward_cached(t, c); }, cfg_.context, cfg_.vocab,
+      wte->weight.device(), prompt, n, opt, on_token, "GPT");
 }
 
 std::string GPT::describe() const {

@@ -91,7 +91,7 @@ class Bigram : public Module, public LayerGroups {
 }  // namespace
 
 std::vector<std::string> model_names() {
-  return {"cnn", "mlp", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "bigram", "gpt"};
+  return {"cnn", "mlp", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "bigram", "gpt", "llama"};
 }
 
 std::vector<std::string> language_model_names() {
@@ -101,10 +101,11 @@ std::vector<std::string> language_model_names() {
   return out;
 }
 
-bool is_language_model(const std::string& name) { return name == "bigram" || name == "gpt"; }
+bool is_language_model(const std::string& name) { return name == "bigram" || name == "gpt" || name == "llama"; }
 
 ModulePtr make_model(const std::string& name, const ModelConfig& cfg) {
   if (name == "gpt") return std::make_shared<GPT>(cfg.gpt, cfg.seed);
+  if (name == "llama") return std::make_shared<Llama>(cfg.llama, cfg.seed);
   TANDEM_CHECK(cfg.in_channels > 0 && cfg.height > 0 && cfg.width > 0 && cfg.num_classes > 1,
                "invalid model input geometry");
   if (name == "cnn") return std::make_shared<Cnn>(cfg);
@@ -113,7 +114,7 @@ ModulePtr make_model(const std::string& name, const ModelConfig& cfg) {
   for (int depth : {18, 34, 50, 101, 152})
     if (name == "resnet" + std::to_string(depth)) return make_resnet(depth, cfg);
   TANDEM_CHECK(false, "unknown model '", name, "' (choose cnn, mlp, resnet18, resnet34, resnet50, resnet101, ",
-               "resnet152, bigram or gpt)");
+               "resnet152, bigram, gpt or llama)");
 }
 
 }  // namespace tandem::nn

@@ -1,6 +1,7 @@
 // GPT-2's transformer layers: SelfAttention (one query-key-value projection), FeedForward and the pre-norm
 // TransformerBlock, with the key-value cache of incremental decoding.
 #include <cmath>
+#include <tuple>
 
 #include "tandem/autograd.h"
 #include "tandem/nn/layers.h"
@@ -27,17 +28,52 @@ void check_std(double v, const char* layer, const char* what) {
 
 SelfAttention::SelfAttention(int64_t width, int64_t heads, Generator& gen, bool causal, bool bias, double dropout,
                              double init_std, double proj_std)
-    : width_(width), heads_(heads), causal_(causal), dropout_(dropout) {
+    : SelfAttention(width, heads, heads, nullptr, gen, causal, bias, bias, dropout, init_std, proj_std) {}
+
+SelfAttention::SelfAttention(int64_t width, int64_t heads, int64_t kv_heads, std::shared_ptr<RotaryCache> rotary,
+                             Generator& gen, bool causal, bool bias, bool proj_bias, double dropout, double init_std,
+                             double proj_std)
+    : width_(width), heads_(heads), kv_heads_(kv_heads), causal_(causal), dropout_(dropout), rotary_(std::move(rotary)) {
   TANDEM_CHECK(width > 0 && heads > 0 && width % heads == 0, "SelfAttention: width ", width,
                " must be a positive multiple of heads ", heads);
+  TANDEM_CHECK(kv_heads > 0 && heads % kv_heads == 0, "SelfAttention: kv_heads ", kv_heads,
+               " must be a positive divisor of heads ", heads);
+  TANDEM_CHECK(!rotary_ || (width / heads) % 2 == 0, "SelfAttention: rotary position embeddings need an even head "
+               "size, got ", width / heads);
   TANDEM_CHECK(dropout >= 0.0 && dropout < 1.0, "SelfAttention: dropout ", dropout, " outside [0, 1)");
   check_std(init_std, "SelfAttention", "init_std");
   check_std(proj_std, "SelfAttention", "proj_std");
-  c_attn = register_module("c_attn", std::make_shared<Linear>(width, 3 * width, gen, bias));
-  c_proj = register_module("c_proj", std::make_shared<Linear>(width, width, gen, bias));
+  const int64_t d = width / heads;
+  c_attn = register_module("c_attn", std::make_shared<Linear>(width, width + 2 * kv_heads * d, gen, bias));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(width, width, gen, proj_bias));
   rescale_weight(*c_attn, init_std);
   rescale_weight(*c_proj, proj_std);
   gen_ = Generator(gen.next_below(uint64_t(1) << 62));
+}
+
+std::pair<Tensor, Tensor> RotaryCache::at(int64_t start, int64_t length, DType dtype, Device device) {
+  TANDEM_CHECK(start >= 0 && length >= 0 && start + length <= positions_, "rotary position embeddings: positions ",
+               start, " to ", start + length - 1, " are beyond the ", positions_, " the tables hold (the context)");
+  if (!cos_.defined() || cos_.dtype() != dtype || cos_.device() != device)
+    std::tie(cos_, sin_) = rotary_tables(head_dim_, positions_, theta_, scaling_, dtype, device);
+  return {cos_.narrow(0, start, length), sin_.narrow(0, start, length)};
+}
+
+Tensor SelfAttention::attend(const Tensor& qkv, int64_t start) {
+  const double p = is_training() ? dropout_ : 0.0;
+  if (!rotary_ && kv_heads_ == heads_)
+    return packed_self_attention(qkv, heads_, causal_, p, 0.0, p > 0.0 ? &gen_ : nullptr);
+  const int64_t b = qkv.size(0), t = qkv.size(1), d = width_ / heads_, kv = kv_heads_ * d;
+  std::vector<Tensor> parts = split(qkv, {width_, kv, kv}, 2);
+  auto by_head = [&](const Tensor& y, int64_t h) { return permute(reshape(y, {b, t, h, d}), {0, 2, 1, 3}); };
+  Tensor q = by_head(parts[0], heads_), k = by_head(parts[1], kv_heads_), v = by_head(parts[2], kv_heads_);
+  if (rotary_) {
+    auto [cos, sin] = rotary_->at(start, t, q.dtype(), q.device());
+    q = rotary_embedding(q, cos, sin);
+    k = rotary_embedding(k, cos, sin);
+  }
+  Tensor a = scaled_dot_product_attention(q, k, v, causal_, p, 0.0, p > 0.0 ? &gen_ : nullptr);
+  return reshape(permute(a, {0, 2, 1, 3}), {b, t, width_});
 }
 
 void SelfAttention::check_input(const Tensor& x, const char* what) const {
@@ -48,16 +84,12 @@ void SelfAttention::check_input(const Tensor& x, const char* what) const {
 Tensor SelfAttention::forward(const Tensor& x) {
   check_input(x, "");
   // [B, T, 3C]: the query, key and value side by side -> [B, T, C], the heads side by side.
-  const double p = is_training() ? dropout_ : 0.0;
-  Tensor a = packed_self_attention(c_attn->forward(x), heads_, causal_, p, 0.0, p > 0.0 ? &gen_ : nullptr);
-  return c_proj->forward(a);
+  return c_proj->forward(attend(c_attn->forward(x), 0));
 }
 
 Tensor SelfAttention::forward_residual(const Tensor& x, const Tensor& residual) {
   check_input(x, ".forward_residual");
-  const double p = is_training() ? dropout_ : 0.0;
-  Tensor a = packed_self_attention(c_attn->forward(x), heads_, causal_, p, 0.0, p > 0.0 ? &gen_ : nullptr);
-  return linear_residual(a, c_proj->weight, c_proj->bias, residual);
+  return linear_residual(attend(c_attn->forward(x), 0), c_proj->weight, c_proj->bias, residual);
 }
 
 Tensor SelfAttention::forward_cached(const Tensor& x, KVCache& cache, int64_t capacity) {
@@ -65,11 +97,20 @@ Tensor SelfAttention::forward_cached(const Tensor& x, KVCache& cache, int64_t ca
   NoGradGuard no_grad;
   const int64_t b = x.size(0), tn = x.size(1), hd = width_ / heads_;
   TANDEM_CHECK(tn > 0, "SelfAttention.forward_cached: no positions in ", x.str());
-  std::vector<Tensor> qkv = split(c_attn->forward(x), {width_, width_, width_}, 2);
-  // The new keys and values, position-major [Tn, B, H, hd], as the cache keeps them.
-  auto by_position = [&](const Tensor& y) { return permute(reshape(y, {b, tn, heads_, hd}), {1, 0, 2, 3}); };
+  std::vector<Tensor> qkv = split(c_attn->forward(x), {width_, kv_heads_ * hd, kv_heads_ * hd}, 2);
+  if (rotary_) {  // the new positions' rotations, at their places after the cached ones
+    auto [cos, sin] = rotary_->at(cache.length, tn, qkv[0].dtype(), x.device());
+    auto rotate = [&](const Tensor& y, int64_t h) {
+      Tensor r = rotary_embedding(permute(reshape(y, {b, tn, h, hd}), {0, 2, 1, 3}), cos, sin);
+      return reshape(permute(r, {0, 2, 1, 3}), {b, tn, h * hd});
+    };
+    qkv[0] = rotate(qkv[0], heads_);
+    qkv[1] = rotate(qkv[1], kv_heads_);
+  }
+  // The new keys and values, position-major [Tn, B, Hkv, hd], as the cache keeps them.
+  auto by_position = [&](const Tensor& y) { return permute(reshape(y, {b, tn, kv_heads_, hd}), {1, 0, 2, 3}); };
   Tensor k_new = by_position(qkv[1]), v_new = by_position(qkv[2]);
-  const Shape want{capacity, b, heads_, hd};
+  const Shape want{capacity, b, kv_heads_, hd};
   const bool fits = cache.keys.defined() && cache.keys.shape() == want && cache.keys.dtype() == k_new.dtype() &&
                     cache.keys.device() == k_new.device() && cache.values.defined() &&
                     cache.values.shape() == want;
@@ -110,27 +151,41 @@ Tensor SelfAttention::forward_cached(const Tensor& x, KVCache& cache, int64_t ca
 }
 
 std::string SelfAttention::describe() const {
-  return detail::cat("SelfAttention(", width_, ", ", heads_, " heads", causal_ ? ", causal" : "",
+  return detail::cat("SelfAttention(", width_, ", ", heads_, " heads",
+                     kv_heads_ != heads_ ? detail::cat(", ", kv_heads_, " key-value heads") : std::string(),
+                     rotary_ ? detail::cat(", rotary theta ", rotary_->theta()) : std::string(), causal_ ? ", causal" : "",
                      dropout_ > 0 ? detail::cat(", dropout ", dropout_) : std::string(), ")");
 }
 
 // ---- FeedForward
 
-FeedForward::FeedForward(int64_t width, int64_t hidden, Generator& gen, bool bias, double init_std, double proj_std) {
+FeedForward::FeedForward(int64_t width, int64_t hidden, Generator& gen, bool bias, double init_std, double proj_std)
+    : FeedForward(width, hidden, gen, bias, init_std, proj_std, false) {}
+
+FeedForward::FeedForward(int64_t width, int64_t hidden, Generator& gen, bool bias, double init_std, double proj_std,
+                         bool gated)
+    : gated_(gated) {
   TANDEM_CHECK(width > 0 && hidden > 0, "FeedForward: width (", width, ") and hidden (", hidden,
                ") must be positive");
   check_std(init_std, "FeedForward", "init_std");
   check_std(proj_std, "FeedForward", "proj_std");
-  c_fc = register_module("c_fc", std::make_shared<Linear>(width, hidden, gen, bias));
+  c_fc = register_module("c_fc", std::make_shared<Linear>(width, gated ? 2 * hidden : hidden, gen, bias));
   c_proj = register_module("c_proj", std::make_shared<Linear>(hidden, width, gen, bias));
   rescale_weight(*c_fc, init_std);
   rescale_weight(*c_proj, proj_std);
+}
+
+Tensor FeedForward::hidden_of(const Tensor& x) {
+  const int64_t hidden = c_proj->weight.size(1);
+  std::vector<Tensor> gate_up = split(linear(x, c_fc->weight, c_fc->bias), {hidden, hidden}, x.dim() - 1);
+  return mul(silu(gate_up[0]), gate_up[1]);
 }
 
 Tensor FeedForward::forward(const Tensor& x) {
   const int64_t width = c_fc->weight.size(1);
   TANDEM_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == width, "FeedForward: input must be [..., ", width,
                "], got ", x.defined() ? x.str() : std::string("an undefined tensor"));
+  if (gated_) return linear(hidden_of(x), c_proj->weight, c_proj->bias);
   return gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias);
 }
 
@@ -138,12 +193,13 @@ Tensor FeedForward::forward_residual(const Tensor& x, const Tensor& residual) {
   const int64_t width = c_fc->weight.size(1);
   TANDEM_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == width, "FeedForward.forward_residual: input must be [..., ",
                width, "], got ", x.defined() ? x.str() : std::string("an undefined tensor"));
+  if (gated_) return linear_residual(hidden_of(x), c_proj->weight, c_proj->bias, residual);
   return gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias, residual);
 }
 
 std::string FeedForward::describe() const {
-  return detail::cat("FeedForward(", c_fc->weight.size(1), " -> ", c_fc->weight.size(0), " -> ",
-                     c_proj->weight.size(0), ", GELU tanh)");
+  return detail::cat("FeedForward(", c_fc->weight.size(1), " -> ", c_proj->weight.size(1), " -> ",
+                     c_proj->weight.size(0), gated_ ? ", SwiGLU)" : ", GELU tanh)");
 }
 
 // ---- TransformerBlock
@@ -158,14 +214,37 @@ TransformerBlock::TransformerBlock(int64_t width, int64_t heads, Generator& gen,
                " must be positive");
   TANDEM_CHECK(std::isfinite(opt.eps) && opt.eps > 0.0, "TransformerBlock: eps ", opt.eps, " must be positive");
   check_std(opt.init_std, "TransformerBlock", "init_std");
-  const double proj_std = opt.init_std / std::sqrt(2.0 * static_cast<double>(opt.residual_layers));
-  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(Shape{width}, opt.eps, true, opt.bias));
-  attn = register_module("attn", std::make_shared<SelfAttention>(width, heads, gen, opt.causal, opt.bias, opt.dropout,
-                                                                 opt.init_std, proj_std));
-  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(Shape{width}, opt.eps, true, opt.bias));
-  mlp = register_module("mlp", std::make_shared<FeedForward>(width, opt.mlp_ratio * width, gen, opt.bias,
-                                                             opt.init_std, proj_std));
+  const double proj_std =
+      opt.scale_residual_init ? opt.init_std / std::sqrt(2.0 * static_cast<double>(opt.residual_layers)) : opt.init_std;
+  const int64_t kv_heads = opt.kv_heads > 0 ? opt.kv_heads : heads;
+  const bool attn_bias = opt.attention_bias.value_or(opt.bias), mlp_bias = opt.mlp_bias.value_or(opt.bias);
+  auto norm = [&](const char* name, std::shared_ptr<LayerNorm>& ln, std::shared_ptr<RMSNorm>& rms) {
+    if (opt.rms_norm)
+      rms = register_module(name, std::make_shared<RMSNorm>(Shape{width}, opt.eps, true));
+    else
+      ln = register_module(name, std::make_shared<LayerNorm>(Shape{width}, opt.eps, true, opt.bias));
+  };
+  norm("ln_1", ln_1, rms_1);
+  attn = register_module("attn", std::make_shared<SelfAttention>(width, heads, kv_heads, opt.rotary, gen, opt.causal,
+                                                                 attn_bias, attn_bias, opt.dropout, opt.init_std,
+                                                                 proj_std));
+  norm("ln_2", ln_2, rms_2);
+  const int64_t hidden = opt.mlp_hidden > 0 ? opt.mlp_hidden : opt.mlp_ratio * width;
+  mlp = register_module("mlp", std::make_shared<FeedForward>(width, hidden, gen, mlp_bias, opt.init_std, proj_std,
+                                                             opt.gated_mlp));
   gen_ = Generator(gen.next_below(uint64_t(1) << 62));
+}
+
+// Each norm feeds a product with a bias: under TANDEM_BIAS_FROM_PRODUCT=1 a LayerNorm's rows are padded for that
+// product's weight gradient to take the bias gradient (ops/padded_rows.h).
+Tensor TransformerBlock::norm_1(const Tensor& x, bool padded) {
+  if (rms_1) return rms_1->forward(x);
+  return padded && opt_.attention_bias.value_or(opt_.bias) ? ln_1->forward_padded(x) : ln_1->forward(x);
+}
+
+Tensor TransformerBlock::norm_2(const Tensor& x, bool padded) {
+  if (rms_2) return rms_2->forward(x);
+  return padded && opt_.mlp_bias.value_or(opt_.bias) && !opt_.gated_mlp ? ln_2->forward_padded(x) : ln_2->forward(x);
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
@@ -178,16 +257,13 @@ Tensor TransformerBlock::forward(const Tensor& x) {
     Tensor r = drop ? dropout(y, opt_.dropout, true, gen_) : y;
     return r.dtype() == x.dtype() ? r : cast(r, x.dtype());
   };
-  // Each norm feeds a product with a bias: under TANDEM_BIAS_FROM_PRODUCT=1 its rows are padded for that
-  // product's weight gradient to take the bias gradient (ops/padded_rows.h).
-  auto norm = [&](LayerNorm& ln, const Tensor& v) { return opt_.bias ? ln.forward_padded(v) : ln.forward(v); };
   if (drop) {
-    Tensor h = add(x, branch(attn->forward(norm(*ln_1, x))));
-    return add(h, branch(mlp->forward(norm(*ln_2, h))));
+    Tensor h = add(x, branch(attn->forward(norm_1(x, true))));
+    return add(h, branch(mlp->forward(norm_2(h, true))));
   }
   // Without dropout each branch's output projection adds the residual itself.
-  Tensor h = attn->forward_residual(norm(*ln_1, x), x);
-  return mlp->forward_residual(norm(*ln_2, h), h);
+  Tensor h = attn->forward_residual(norm_1(x, true), x);
+  return mlp->forward_residual(norm_2(h, true), h);
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t capacity) {
@@ -195,12 +271,15 @@ Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t
                width_, "], got ", x.defined() ? x.str() : std::string("an undefined tensor"));
   NoGradGuard no_grad;
   auto in_stream = [&](const Tensor& y) { return y.dtype() == x.dtype() ? y : cast(y, x.dtype()); };
-  Tensor h = add(x, in_stream(attn->forward_cached(ln_1->forward(x), cache, capacity)));
-  return add(h, in_stream(mlp->forward(ln_2->forward(h))));
+  Tensor h = add(x, in_stream(attn->forward_cached(norm_1(x, false), cache, capacity)));
+  return add(h, in_stream(mlp->forward(norm_2(h, false))));
 }
 
 std::string TransformerBlock::describe() const {
-  return detail::cat("TransformerBlock(", width_, ", ", attn->num_heads(), " heads", opt_.causal ? ", causal" : "",
+  return detail::cat("TransformerBlock(", width_, ", ", attn->num_heads(), " heads",
+                     attn->num_kv_heads() != attn->num_heads() ? detail::cat(", ", attn->num_kv_heads(), " key-value heads")
+                                                               : std::string(),
+                     opt_.rms_norm ? ", RMSNorm" : "", opt_.gated_mlp ? ", SwiGLU" : "", opt_.causal ? ", causal" : "",
                      opt_.dropout > 0 ? detail::cat(", dropout ", opt_.dropout) : std::string(),
                      opt_.bias ? "" : ", no bias", ")");
 }

@@ -79,8 +79,9 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
     // The CPU's kernel reads the gradient in any layout; the GPU's wants [b, t, h, d].
     Tensor dout = grad.device().is_cuda() ? as_bthd(grad, cdt) : grad.dtype() == cdt ? grad : grad.to(cdt);
     const Device dev = qc.device();
-    Tensor dq = empty_bthd(g.batch, g.heads, g.tq, g.d, cdt, dev), dk = empty_bthd(g.batch, g.heads, g.tk, g.d, cdt, dev),
-           dv = empty_bthd(g.batch, g.heads, g.tk, g.dv, cdt, dev);
+    const int64_t hk = g.kv_heads > 0 ? g.kv_heads : g.heads;
+    Tensor dq = empty_bthd(g.batch, g.heads, g.tq, g.d, cdt, dev), dk = empty_bthd(g.batch, hk, g.tk, g.d, cdt, dev),
+           dv = empty_bthd(g.batch, hk, g.tk, g.dv, cdt, dev);
     be(dout).fused_attention_backward(qc, kc, vc, so, dout, stats, g, seed, offset, dq, dk, dv);
     return std::vector<Tensor>{qt == cdt ? dq : dq.to(qt), kt == cdt ? dk : dk.to(kt), vt == cdt ? dv : dv.to(vt)};
   });
@@ -214,9 +215,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                " and value ", v.str(), " differ in dtype");
   check_same_device(q, k, op);
   check_same_device(q, v, op);
-  TANDEM_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1),
+  TANDEM_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && v.size(1) == k.size(1) && k.size(1) > 0 &&
+                   q.size(1) % k.size(1) == 0,
                op, ": query ", q.str(), ", key ", k.str(), " and value ", v.str(),
-               " must agree in batch and heads (dimensions 0 and 1 of [B, H, T, d])");
+               " must agree in batch, and the key's and value's heads must be the same number, dividing the "
+               "query's (dimensions 0 and 1 of [B, H, T, d])");
   TANDEM_CHECK(k.size(3) == q.size(3), op, ": key ", k.str(), " has head size ", k.size(3), ", the query ", q.str(),
                " ", q.size(3), " (dimension 3)");
   TANDEM_CHECK(v.size(2) == k.size(2), op, ": value ", v.str(), " has ", v.size(2), " positions, the key ", k.str(), " ",
@@ -230,6 +233,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   g.tk = k.size(2);
   g.d = q.size(3);
   g.dv = v.size(3);
+  g.kv_heads = k.size(1);
   g.causal = causal;
   g.scale = scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(g.d, 1)));
   g.dropout_p = dropout_p;
@@ -253,6 +257,17 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     g.v_strides = strides_of(vf);
     if (be(q).fused_attention_supported(g, cdt, q.device().index)) return fused_attention(q, k, v, qf, kf, vf, g, cdt, seed, offset);
     g.q_strides = g.k_strides = g.v_strides = {};
+  }
+  if (g.kv_heads != g.heads) {
+    // Grouped-query attention by products: each key and value head repeated for the query heads of its group (the
+    // gradient of a repeat adds the group's up).
+    const int64_t groups = g.heads / g.kv_heads;
+    auto repeat_heads = [&](const Tensor& x) {
+      Tensor e = expand(unsqueeze(x, {2}), {x.size(0), x.size(1), groups, x.size(2), x.size(3)});
+      return reshape(e, {x.size(0), x.size(1) * groups, x.size(2), x.size(3)});
+    };
+    g.kv_heads = g.heads;
+    return math_attention(q, repeat_heads(k), repeat_heads(v), g, is_half(cdt) ? cdt : q.dtype(), seed, offset);
   }
   return math_attention(q, k, v, g, is_half(cdt) ? cdt : q.dtype(), seed, offset);
 }

@@ -1,4 +1,6 @@
 // Convolution and pooling: NCHW semantics whatever the storage order (see ops/layout.h).
+#include <string>
+
 #include "ops/layout.h"
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
@@ -106,15 +108,31 @@ backend::PoolGeom pool_geom(const Tensor& x, const Pool2dOptions& opt, const cha
   check_floating(x, op, "input");
   TANDEM_CHECK(opt.kernel[0] >= 1 && opt.kernel[1] >= 1, op, ": kernel must be at least 1x1");
   TANDEM_CHECK(opt.stride[0] >= 1 && opt.stride[1] >= 1, op, ": stride must be at least 1");
-  TANDEM_CHECK(opt.padding[0] >= 0 && opt.padding[1] >= 0 && opt.padding[0] * 2 <= opt.kernel[0] &&
-                   opt.padding[1] * 2 <= opt.kernel[1],
-               op, ": padding must be between 0 and half the kernel");
+  const std::array<int, 2> end{opt.padding_end[0] < 0 ? opt.padding[0] : opt.padding_end[0],
+                               opt.padding_end[1] < 0 ? opt.padding[1] : opt.padding_end[1]};
+  // Windows then always hold an input element: max never returns a padded position, and the mean over
+  // the input elements has a divisor.
+  for (int i = 0; i < 2; ++i)
+    TANDEM_CHECK(opt.padding[i] >= 0 && opt.padding[i] * 2 <= opt.kernel[i] && end[i] * 2 <= opt.kernel[i], op,
+                 ": padding must be between 0 and half the kernel, got ", opt.padding[i],
+                 end[i] != opt.padding[i] ? " before and " + std::to_string(end[i]) + " after" : std::string(),
+                 " for a kernel of ", opt.kernel[i]);
   backend::PoolGeom g{x.size(0), x.size(1), x.size(2), x.size(3), opt.kernel[0], opt.kernel[1],
                       opt.stride[0], opt.stride[1], opt.padding[0], opt.padding[1], 0, 0};
-  int64_t eh = g.h + 2 * g.pad_h - g.kh, ew = g.w + 2 * g.pad_w - g.kw;
+  g.pad_bottom = end[0];
+  g.pad_right = end[1];
+  g.count_pad = opt.count_include_pad;
+  const int64_t eh = g.h + g.pad_h + end[0] - g.kh, ew = g.w + g.pad_w + end[1] - g.kw;
   TANDEM_CHECK(eh >= 0 && ew >= 0, op, ": window ", g.kh, "x", g.kw, " larger than the padded input ", x.str());
-  g.oh = eh / g.stride_h + 1;
-  g.ow = ew / g.stride_w + 1;
+  // ceil_mode: one more window where the division leaves a remainder, unless that window would start in
+  // the trailing padding (or past it), where it would cover no input element.
+  auto out = [&](int64_t extent, int64_t stride, int64_t in, int64_t pad) {
+    int64_t o = (opt.ceil_mode ? (extent + stride - 1) / stride : extent / stride) + 1;
+    if (opt.ceil_mode && (o - 1) * stride >= in + pad) --o;
+    return o;
+  };
+  g.oh = out(eh, g.stride_h, g.h, g.pad_h);
+  g.ow = out(ew, g.stride_w, g.w, g.pad_w);
   return g;
 }
 }  // namespace

@@ -1,4 +1,5 @@
 // Pooling kernels against direct double-precision loops.
+#include <cmath>
 #include <limits>
 
 #include <sstream>
@@ -12,12 +13,27 @@ using backend::PoolGeom;
 
 struct PoolCase {
   int64_t n, c, h, w, kh, kw, sh, sw, ph, pw;
+  int64_t bh = -1, bw = -1;  // padding after the input; -1: ph, pw
+  bool ceil = false;          // ceil mode: the output size rounded up
+  bool count_pad = true;      // the average's divisor counts padded positions
 };
+
+// Output size along one axis, written out as ONNX's reference and PyTorch give it: floor or ceil of
+// (in + pads - k) / s, plus one, less a ceil-mode window that would start past the input and its leading pad.
+int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t pb, int64_t pe, bool ceil) {
+  const double q = static_cast<double>(in + pb + pe - k) / static_cast<double>(s);
+  int64_t o = static_cast<int64_t>(ceil ? std::ceil(q) : std::floor(q)) + 1;
+  if (ceil && (o - 1) * s >= in + pb) --o;
+  return o;
+}
 
 PoolGeom geom(const PoolCase& t) {
   PoolGeom g{t.n, t.c, t.h, t.w, t.kh, t.kw, t.sh, t.sw, t.ph, t.pw, 0, 0};
-  g.oh = (t.h + 2 * t.ph - t.kh) / t.sh + 1;
-  g.ow = (t.w + 2 * t.pw - t.kw) / t.sw + 1;
+  g.pad_bottom = t.bh;
+  g.pad_right = t.bw;
+  g.count_pad = t.count_pad;
+  g.oh = out_size(t.h, t.kh, t.sh, t.ph, g.pad_h_end(), t.ceil);
+  g.ow = out_size(t.w, t.kw, t.sw, t.pw, g.pad_w_end(), t.ceil);
   return g;
 }
 
@@ -28,12 +44,38 @@ const PoolCase kCases[] = {
     {2, 2, 6, 7, 3, 2, 1, 2, 1, 0},     // stride 1, non-square
     {1, 2, 5, 5, 4, 4, 1, 1, 2, 2},     // padding 2
     {2, 1, 8, 8, 2, 2, 1, 1, 0, 0},
+    // ONNX's geometries: asymmetric pads, ceil mode (a last window past the padded input; on a 5x5 input
+    // with kernel 2, stride 2 and pads 1 a 4th window would start in the padding and is not taken), the
+    // mean over the input elements only.
+    {1, 2, 5, 5, 2, 2, 2, 2, 1, 1, -1, -1, true},
+    {2, 2, 5, 5, 2, 2, 2, 2, 1, 1, -1, -1, true, false},
+    {2, 2, 7, 6, 3, 3, 2, 2, 1, 0, 0, 1, true},
+    {1, 3, 6, 7, 3, 2, 2, 3, 0, 1, 1, 0, false, false},
+    {2, 1, 7, 9, 2, 2, 2, 2, 0, 0, -1, -1, true},  // odd sizes in ceil mode: the 2x2 windows past the input
+    {1, 2, 8, 5, 4, 3, 3, 2, 2, 1, 1, 0, true, false},
 };
 
 std::string name(const PoolCase& t) {
   std::ostringstream o;
   o << t.h << "x" << t.w << " k" << t.kh << "x" << t.kw << " s" << t.sh << "," << t.sw << " p" << t.ph << "," << t.pw;
+  if (t.bh >= 0 || t.bw >= 0) o << " end " << t.bh << "," << t.bw;
+  if (t.ceil) o << " ceil";
+  if (!t.count_pad) o << " pads not counted";
   return o.str();
+}
+
+// The average's divisor of a window: its positions inside the padded input, or inside the input.
+double divisor(const PoolGeom& g, int64_t oh, int64_t ow) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < g.kh; ++i)
+    for (int64_t j = 0; j < g.kw; ++j) {
+      const int64_t ih = oh * g.stride_h - g.pad_h + i, iw = ow * g.stride_w - g.pad_w + j;
+      const bool in = g.count_pad ? ih >= -g.pad_h && ih < g.h + g.pad_h_end() && iw >= -g.pad_w &&
+                                        iw < g.w + g.pad_w_end()
+                                  : ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
+      count += in;
+    }
+  return static_cast<double>(count);
 }
 
 // For each output element: its input plane offset and the in-bounds window positions in row-major order.
@@ -64,6 +106,7 @@ TEST(CpuPool, MaxForwardAndBackward) {
       auto vx = values(x), vdy = values(dy);
       std::vector<double> y(dy.numel()), idx(dy.numel()), dx(x.numel(), 0.0);
       for_each_window(g, [&](int64_t o, int64_t base, const std::vector<int64_t>& pos) {
+        ASSERT_FALSE(pos.empty()) << name(t) << ": a window with no input element";
         int64_t best = pos[0];
         for (int64_t p : pos)
           if (vx[base + p] > vx[base + best]) best = p;
@@ -117,8 +160,8 @@ TEST(CpuPool, AvgForwardAndBackward) {
       Tensor x = rand_tensor({g.n, g.c, g.h, g.w}, dt, gen), dy = rand_tensor({g.n, g.c, g.oh, g.ow}, dt, gen);
       auto vx = values(x), vdy = values(dy);
       std::vector<double> y(dy.numel()), dx(x.numel(), 0.0);
-      const double area = static_cast<double>(g.kh * g.kw);  // padding counts in the divisor
       for_each_window(g, [&](int64_t o, int64_t base, const std::vector<int64_t>& pos) {
+        const double area = divisor(g, o / g.ow % g.oh, o % g.ow);
         double s = 0;
         for (int64_t p : pos) s += vx[base + p];
         y[o] = s / area;

@@ -12,6 +12,7 @@
 #include <iterator>
 
 #include "tandem/checkpoint.h"
+#include "tandem/data/tokenizer.h"
 #include "tandem/nn/gpt.h"
 #include "tandem/nn/models.h"
 #include "text_util.h"
@@ -116,6 +117,51 @@ TEST(GenerateCmd, WritesThePromptThenTheSampledBytesReproducibly) {
   EXPECT_EQ(g1.out.size(), 11u);
 }
 
+std::string tokenizer_fixture(const std::string& name) {
+  return std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tokenizer/" + name;
+}
+
+// A GPT of a tokenizer's vocabulary: the prompt is encoded with --tokenizer (or the tokenizer.json beside the
+// checkpoint) and each drawn token is written as the bytes it stands for.
+TEST(GenerateCmd, ReadsAndWritesTextWithATokenizer) {
+  nn::GptConfig c = byte_config();
+  c.vocab = 1202;  // tests/fixtures/tokenizer/gpt2.json
+  const fs::path dir = work_dir() / "with-tokenizer";
+  fs::create_directories(dir);
+  const std::string ckpt = saved_gpt("with-tokenizer/gpt.ckpt", c);
+  const std::string prompt = "A test, 中文 and more";  // no quote: the command line puts it in single quotes
+  const std::string opts = " -n 12 --temperature 0.9 --top-k 50 --seed 4";
+  const CmdResult a = generate("--checkpoint " + ckpt + " --tokenizer " + tokenizer_fixture("gpt2.json") + " --prompt '" +
+                               prompt + "'" + opts);
+  ASSERT_EQ(a.status, 0) << a.err;
+  // What GPT::generate draws after the prompt's ids, decoded token by token.
+  const data::Tokenizer tok = data::Tokenizer::from_file(tokenizer_fixture("gpt2.json"));
+  nn::GPT m(c, 99);
+  load_checkpoint(ckpt, m, nullptr);
+  std::vector<int64_t> ids;
+  for (uint32_t id : tok.encode(prompt)) ids.push_back(id);
+  ASSERT_LT(ids.size(), 16u);
+  std::string want = prompt;
+  std::vector<uint32_t> drawn;
+  for (int64_t t : m.generate(ids, 12, nn::SampleOptions{0.9, 50, 4})) drawn.push_back(static_cast<uint32_t>(t));
+  want += tok.decode_bytes(drawn);
+  EXPECT_EQ(a.out, want);
+  // The tokenizer.json beside the checkpoint is taken, and named.
+  fs::copy_file(tokenizer_fixture("gpt2.json"), dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  const CmdResult beside = generate("--checkpoint " + ckpt + " --prompt '" + prompt + "'" + opts);
+  ASSERT_EQ(beside.status, 0) << beside.err;
+  EXPECT_EQ(beside.out, want);
+  EXPECT_TRUE(contains(beside.err, "tokenizer.json (beside the checkpoint)")) << beside.err;
+  // A tokenizer of more tokens than the model has; a prompt of more tokens than its context.
+  CmdResult r = generate("--checkpoint " + ckpt + " --tokenizer " + tokenizer_fixture("llama3.json"));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "has 1503 tokens, more than the 1202")) << r.err;
+  r = generate("--checkpoint " + ckpt + " --prompt 'one two three four five six seven eight nine ten eleven twelve "
+               "thirteen fourteen fifteen sixteen seventeen'");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.err, "tokens exceed the model's context of 16")) << r.err;
+}
+
 TEST(GenerateCmd, ClearErrors) {
   // Not a GPT: an image model's checkpoint.
   nn::ModelConfig mc;
@@ -132,7 +178,9 @@ TEST(GenerateCmd, ClearErrors) {
   c.vocab = 64;
   r = generate("--checkpoint " + saved_gpt("v64.ckpt", c));
   EXPECT_EQ(r.status, 2);
-  EXPECT_TRUE(contains(r.err, "a GPT of 64 tokens") && contains(r.err, "byte vocabulary of 256")) << r.err;
+  EXPECT_TRUE(contains(r.err, "a GPT of 64 tokens") && contains(r.err, "byte vocabulary of 256") &&
+              contains(r.err, "--tokenizer"))
+      << r.err;
   // A prompt longer than the context, an empty prompt.
   const std::string ckpt = saved_gpt("byte2.ckpt", byte_config());
   r = generate("--checkpoint " + ckpt + " --prompt 'seventeen bytes!!'");

@@ -117,6 +117,34 @@ TEST(FusedAttentionMore, KeysLongerThanQueries) {
   EXPECT_LE(rel_error(ref.dv, got.dv), 2e-2);
 }
 
+// Grouped-query attention (Llama's: 8 query heads per key-value head, and 2 of 4): the fused kernels read the
+// key and value heads as they are (no repeated copies) and agree with the f32 math path, which repeats them.
+TEST(FusedAttentionMore, GroupedQueryAttention) {
+  REQUIRE_GPU();
+  for (const auto& [h, hk] : {std::pair<int64_t, int64_t>{16, 2}, {4, 2}, {4, 1}}) {
+    const int64_t b = 2, t = 256, d = 64;
+    backend::AttentionGeom g;
+    g.batch = b, g.heads = h, g.kv_heads = hk, g.tq = g.tk = t, g.d = g.dv = d, g.causal = true;
+    g.scale = 1.0 / 8.0;
+    ASSERT_TRUE(backend::backend_for(gpu()).fused_attention_supported(g, DType::bf16, 0))
+        << "cuDNN's fused attention refuses " << h << " query heads over " << hk << " key-value heads";
+    auto input = [&](const Shape& s, uint64_t seed) { return rand_cpu(s, seed).to(DType::bf16).to(DType::f32).to(gpu()); };
+    Tensor q = input({b, h, t, d}, 11), k = input({b, hk, t, d}, 12), v = input({b, hk, t, d}, 13),
+           dout = input({b, h, t, d}, 14);
+    Result ref;
+    {
+      PrecisionScope exact(Precision::f32);
+      ref = attend(q, k, v, dout, DType::f32, true);
+    }
+    const Result got = attend(q, k, v, dout, DType::bf16, true);
+    EXPECT_EQ(got.dk.shape(), (Shape{b, hk, t, d}));
+    EXPECT_LE(rel_error(ref.o, got.o), 1e-2) << h << "/" << hk;
+    EXPECT_LE(rel_error(ref.dq, got.dq), 2e-2) << h << "/" << hk;
+    EXPECT_LE(rel_error(ref.dk, got.dk), 2e-2) << h << "/" << hk;
+    EXPECT_LE(rel_error(ref.dv, got.dv), 2e-2) << h << "/" << hk;
+  }
+}
+
 TEST(FusedAttentionMore, RecordedStepReplaysTheFusedKernels) {
   REQUIRE_GPU();
   const int64_t b = 2, h = 4, len = 128, d = 64;

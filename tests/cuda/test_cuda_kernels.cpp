@@ -333,10 +333,28 @@ backend::PoolGeom pool_geom(int64_t n, int64_t c, int64_t h, int64_t w, int64_t 
   return {n, c, h, w, kh, kw, sh, sw, ph, pw, (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1};
 }
 
+// ONNX's geometry: padding after the input of its own (bottom, right), ceil mode (the op layer's output size:
+// a last window that starts inside the input or its leading padding) and the average's divisor.
+backend::PoolGeom onnx_pool_geom(int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t s, int64_t pb,
+                                 int64_t pe, bool ceil, bool count_pad) {
+  auto out = [&](int64_t in) {
+    int64_t o = (ceil ? (in + pb + pe - k + s - 1) / s : (in + pb + pe - k) / s) + 1;
+    if (ceil && (o - 1) * s >= in + pb) --o;
+    return o;
+  };
+  backend::PoolGeom g{n, c, h, w, k, k, s, s, pb, pb, out(h), out(w)};
+  g.pad_bottom = g.pad_right = pe;
+  g.count_pad = count_pad;
+  return g;
+}
+
 const backend::PoolGeom kPools[] = {
     pool_geom(2, 3, 8, 8, 2, 2, 2, 2, 0, 0),  pool_geom(2, 3, 7, 9, 3, 3, 2, 2, 1, 1),
     pool_geom(1, 2, 10, 7, 3, 2, 1, 1, 1, 1), pool_geom(3, 4, 5, 5, 3, 3, 1, 1, 0, 0),
-    pool_geom(2, 1, 9, 11, 4, 3, 3, 2, 2, 1), pool_geom(64, 20, 24, 24, 2, 2, 2, 2, 0, 0)};
+    pool_geom(2, 1, 9, 11, 4, 3, 3, 2, 2, 1), pool_geom(64, 20, 24, 24, 2, 2, 2, 2, 0, 0),
+    onnx_pool_geom(2, 3, 5, 5, 2, 2, 1, 1, true, true),   onnx_pool_geom(2, 3, 5, 7, 3, 2, 1, 0, true, true),
+    onnx_pool_geom(2, 3, 5, 7, 3, 2, 1, 0, true, false),  onnx_pool_geom(1, 2, 9, 6, 4, 3, 2, 1, false, false),
+    onnx_pool_geom(2, 2, 7, 9, 2, 2, 0, 0, true, true)};
 
 void compare_pools(const backend::PoolGeom& g, const Tensor& x, const std::string& what) {
   Tensor dy = rand_cpu({g.n, g.c, g.oh, g.ow}, 19);
@@ -369,7 +387,10 @@ TEST(CudaKernels, Pooling) {
   for (const backend::PoolGeom& g : kPools) {
     const std::string what = "pool " + std::to_string(g.h) + "x" + std::to_string(g.w) + " k" + std::to_string(g.kh) +
                              "x" + std::to_string(g.kw) + " s" + std::to_string(g.stride_h) + " p" +
-                             std::to_string(g.pad_h) + "," + std::to_string(g.pad_w);
+                             std::to_string(g.pad_h) + "," + std::to_string(g.pad_w) + " end " +
+                             std::to_string(g.pad_h_end()) + "," + std::to_string(g.pad_w_end()) + " out " +
+                             std::to_string(g.oh) + "x" + std::to_string(g.ow) +
+                             (g.count_pad ? "" : " pads not counted");
     compare_pools(g, rand_cpu({g.n, g.c, g.h, g.w}, 18), what);
     // Few distinct values: ties everywhere, the first maximum must win on both devices.
     Tensor ties = rand_cpu({g.n, g.c, g.h, g.w}, 20, 0.0, 3.0);

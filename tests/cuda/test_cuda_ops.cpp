@@ -124,10 +124,19 @@ TEST(CudaOps, Cat) {
 
 TEST(CudaOps, Pools) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  // The last four: ONNX's geometry (asymmetric pads, ceil mode with windows past the padded input, the mean
+  // over the input elements only).
   for (const Pool2dOptions& opt : {Pool2dOptions{{2, 2}, {2, 2}, {0, 0}}, Pool2dOptions{{3, 3}, {2, 2}, {1, 1}},
-                                   Pool2dOptions{{3, 2}, {1, 1}, {1, 1}}}) {
+                                   Pool2dOptions{{3, 2}, {1, 1}, {1, 1}},
+                                   Pool2dOptions{{2, 2}, {2, 2}, {1, 1}, {-1, -1}, true, true},
+                                   Pool2dOptions{{3, 3}, {2, 2}, {1, 1}, {0, 0}, true, true},
+                                   Pool2dOptions{{3, 3}, {2, 2}, {1, 1}, {0, 0}, true, false},
+                                   Pool2dOptions{{3, 2}, {2, 3}, {0, 1}, {1, 0}, false, false}}) {
     std::vector<Tensor> in = {rand_cpu({2, 3, 9, 7}, 4)};
-    const std::string what = "pool k" + std::to_string(opt.kernel[0]) + "x" + std::to_string(opt.kernel[1]);
+    const std::string what = "pool k" + std::to_string(opt.kernel[0]) + "x" + std::to_string(opt.kernel[1]) +
+                             " p" + std::to_string(opt.padding[0]) + "," + std::to_string(opt.padding[1]) +
+                             " end " + std::to_string(opt.padding_end[0]) + "," + std::to_string(opt.padding_end[1]) +
+                             (opt.ceil_mode ? " ceil" : "") + (opt.count_include_pad ? "" : " pads not counted");
     compare_graph(in, [&](const std::vector<Tensor>& t) { return max_pool2d(t[0], opt); }, 1e-6, 1e-7,
                   "max_" + what);
     compare_graph(in, [&](const std::vector<Tensor>& t) { return avg_pool2d(t[0], opt); }, 1e-6, 1e-7,

@@ -320,6 +320,47 @@ TEST(CudaPrecision, ChannelsLastMaxPoolMatchesPlanesBitForBit) {
     }
 }
 
+// ONNX's pooling geometry (asymmetric pads, ceil mode, the mean over the input elements only) on
+// channels-last tensors, packed (64 channels) and not (3): the same bits as the planes kernels, forward and
+// backward, max and average.
+TEST(CudaPrecision, ChannelsLastPoolsInCeilModeMatchPlanesBitForBit) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (int64_t c : {int64_t{64}, int64_t{3}})
+    for (bool count_pad : {true, false}) {
+      // 9x8 input, kernel 3, stride 2, pads 1 before and 0 after, ceil mode: 5x4 windows, the last overhanging.
+      backend::PoolGeom g{2, c, 9, 8, 3, 3, 2, 2, 1, 1, 5, 4};
+      g.pad_bottom = g.pad_right = 0;
+      g.count_pad = count_pad;
+      const Shape xs{g.n, g.c, g.h, g.w}, ys{g.n, g.c, g.oh, g.ow};
+      const std::string what =
+          "ceil-mode pool " + std::to_string(c) + " channels" + (count_pad ? "" : " pads not counted");
+      Tensor x = rand_cpu(xs, 142).to(gpu()), dy = rand_cpu(ys, 143).to(gpu());
+      Tensor y = Tensor::empty(ys, DType::f32, gpu()), idx = Tensor::empty(ys, DType::i32, gpu());
+      Tensor dx = Tensor::empty(xs, DType::f32, gpu()), ya = Tensor::empty(ys, DType::f32, gpu()),
+             dxa = Tensor::empty(xs, DType::f32, gpu());
+      gpu_be().max_pool2d_forward(x, g, y, idx);
+      gpu_be().max_pool2d_backward(dy, x, y, idx, g, dx);
+      gpu_be().avg_pool2d_forward(x, g, ya);
+      gpu_be().avg_pool2d_backward(dy, g, dxa);
+      g.nhwc = true;
+      Tensor xc = ops::to_dense(x, DType::f32, true), dyc = ops::to_dense(dy, DType::f32, true);
+      Tensor yc = ops::empty_channels_last(ys, DType::f32, gpu());
+      Tensor idxc = ops::empty_channels_last(ys, DType::i32, gpu());
+      Tensor dxc = ops::empty_channels_last(xs, DType::f32, gpu());
+      Tensor yac = ops::empty_channels_last(ys, DType::f32, gpu());
+      Tensor dxac = ops::empty_channels_last(xs, DType::f32, gpu());
+      gpu_be().max_pool2d_forward(xc, g, yc, idxc);
+      gpu_be().max_pool2d_backward(dyc, xc, yc, idxc, g, dxc);
+      gpu_be().avg_pool2d_forward(xc, g, yac);
+      gpu_be().avg_pool2d_backward(dyc, g, dxac);
+      expect_same_bytes(y, yc.contiguous(), what + " max output");
+      expect_same_bytes(idx, idxc.contiguous(), what + " max indices");
+      expect_same_bytes(dx, dxc.contiguous(), what + " max input gradient");
+      expect_same_bytes(ya, yac.contiguous(), what + " average output");
+      expect_same_bytes(dxa, dxac.contiguous(), what + " average input gradient");
+    }
+}
+
 TEST(CudaPrecision, MixedPrecisionStepsOfAResidualNetwork) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   nn::ModelConfig mc;

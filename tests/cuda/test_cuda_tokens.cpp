@@ -16,10 +16,10 @@ using namespace cudatest;
 #define REQUIRE_GPU() \
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU"
 
-// n tokens of the whole uint16 range, as u8 [n, 2].
-Tensor token_bytes(int64_t n, uint32_t seed) {
-  std::vector<uint8_t> b = data::testutil::noise(static_cast<size_t>(2 * n), seed);
-  return Tensor::from_vector(b, {n, 2});
+// n tokens of the whole uint16 (width 2) or uint32 (width 4) range, as u8 [n, width].
+Tensor token_bytes(int64_t n, uint32_t seed, int64_t width = 2) {
+  std::vector<uint8_t> b = data::testutil::noise(static_cast<size_t>(width * n), seed);
+  return Tensor::from_vector(b, {n, width});
 }
 
 TEST(CudaTokens, WindowsMatchTheCpu) {
@@ -28,12 +28,14 @@ TEST(CudaTokens, WindowsMatchTheCpu) {
     int64_t n, B, T;
   };
   // One window exactly; a context of one token; several blocks per window; a batch of many windows.
-  for (const Case c : {Case{9, 3, 8}, Case{50, 7, 1}, Case{5000, 4, 1000}, Case{100000, 64, 256}}) {
-    const Tensor tokens = token_bytes(c.n, static_cast<uint32_t>(c.n));
+  for (const Case c : {Case{9, 3, 8}, Case{50, 7, 1}, Case{5000, 4, 1000}, Case{100000, 64, 256}})
+  for (int64_t width : {2, 4}) {
+    const Tensor tokens = token_bytes(c.n, static_cast<uint32_t>(c.n), width);
     const Tensor tokens_gpu = tokens.to(gpu());
     for (bool random : {true, false}) {
       const std::string what = "n " + std::to_string(c.n) + " B " + std::to_string(c.B) + " T " +
-                               std::to_string(c.T) + (random ? " random" : " sequential");
+                               std::to_string(c.T) + (random ? " random" : " sequential") + ", " +
+                               std::to_string(8 * width) + "-bit tokens";
       Tensor cur_cpu = Tensor::from_vector(std::vector<int64_t>{13, 0}, {2}), cur_gpu = cur_cpu.to(gpu());
       for (int step = 0; step < 3; ++step) {
         Tensor x = Tensor::empty({c.B, c.T}, DType::i32), y = Tensor::empty({c.B, c.T}, DType::i32);

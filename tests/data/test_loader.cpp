@@ -358,6 +358,35 @@ TEST(DataLoader, OnDeviceGivesTheSameBatches) {
   }
 }
 
+// An epoch started at batch k (a run resumed inside an epoch) hands out what the whole epoch hands out
+// from its batch k on, on the host and on the device, for every rank.
+TEST(DataLoader, AnEpochStartedAtABatchContinuesTheWholeEpoch) {
+  Dataset ds = numbered(103, 1, 2, 3);
+  for (bool on_device : {false, true}) {
+    for (int world : {1, 2}) {
+      for (int r = 0; r < world; ++r) {
+        LoaderOptions o = opts(8, r, world);
+        o.on_device = on_device;
+        DataLoader whole(ds, o), part(ds, o);
+        const Epoch all = run_epoch(whole, 5);
+        for (int64_t k : {int64_t{0}, int64_t{1}, int64_t{3}, part.batches_per_epoch()}) {
+          part.start_epoch(5, k);
+          Batch b;
+          std::vector<int32_t> ids;
+          while (part.next(b)) {
+            std::vector<int32_t> y = b.y.to_vector<int32_t>();
+            ids.insert(ids.end(), y.begin(), y.end());
+          }
+          const size_t skip = static_cast<size_t>(std::min<int64_t>(k * 8, static_cast<int64_t>(all.ids.size())));
+          EXPECT_EQ(ids, std::vector<int32_t>(all.ids.begin() + static_cast<std::ptrdiff_t>(skip), all.ids.end()))
+              << "batch " << k << " rank " << r << " of " << world << (on_device ? " on the device" : "");
+        }
+        expect_input_error([&] { part.start_epoch(5, part.batches_per_epoch() + 1); }, {"cannot start an epoch"});
+      }
+    }
+  }
+}
+
 TEST(DataLoader, OnDeviceReusesTheBatchTensors) {
   Dataset ds = numbered(40);
   LoaderOptions o = opts(8);

@@ -34,6 +34,19 @@ Bytes llmc_shard(const std::vector<uint16_t>& tokens, int32_t version = 1, int64
   return b;
 }
 
+// A shard as llm.c's LLaMA-3 data scripts write it: the header with magic 20240801 and version 7, then
+// the tokens as uint32.
+Bytes llmc32_shard(const std::vector<uint32_t>& tokens, int32_t version = kLlmc32Version) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = kLlmc32Magic;
+  header[1] = version;
+  header[2] = static_cast<int32_t>(tokens.size());
+  Bytes b(header.size() * 4 + tokens.size() * 4);
+  std::memcpy(b.data(), header.data(), header.size() * 4);
+  std::memcpy(b.data() + header.size() * 4, tokens.data(), tokens.size() * 4);
+  return b;
+}
+
 // A shard as nanoGPT's prepare.py writes it: np.array(ids, dtype=np.uint16).tofile(path).
 Bytes bare_shard(const std::vector<uint16_t>& tokens) {
   Bytes b(tokens.size() * 2);
@@ -47,7 +60,13 @@ std::vector<uint16_t> iota_tokens(size_t n, uint16_t first, uint16_t modulo = 50
   return t;
 }
 
-std::vector<uint16_t> shard_tokens(const TokenShard& s) { return {s.tokens(), s.tokens() + s.size()}; }
+std::vector<uint32_t> shard_tokens(const TokenShard& s) {
+  std::vector<uint32_t> out;
+  for (int64_t i = 0; i < s.size(); ++i) out.push_back(s.at(i));
+  return out;
+}
+
+std::vector<uint32_t> widened(const std::vector<uint16_t>& t) { return {t.begin(), t.end()}; }
 
 TEST(TokenShards, LlmcFormatLoads) {
   TempDir dir;
@@ -56,8 +75,41 @@ TEST(TokenShards, LlmcFormatLoads) {
   TokenShard s(dir.file("fineweb_train_000001.bin"), 50257);
   EXPECT_EQ(s.format(), TokenFormat::llmc);
   EXPECT_EQ(s.size(), 1000);
-  EXPECT_EQ(shard_tokens(s), tokens);
+  EXPECT_EQ(s.width(), 2);
+  EXPECT_EQ(shard_tokens(s), widened(tokens));
   EXPECT_EQ(s.max_token(), *std::max_element(tokens.begin(), tokens.end()));
+}
+
+// llm.c's 32-bit shards (what tandem data text writes for Llama 3's 128,256 tokens) load, and a stream
+// that mixes them with 16-bit shards is read 4 bytes a token, the 16-bit tokens widened.
+TEST(TokenShards, Llmc32FormatLoadsAndWidensAStream) {
+  TempDir dir;
+  std::vector<uint32_t> big(700);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint32_t>(128255 - i * 97);
+  write_file(dir.file("train_000000.bin"), llmc32_shard(big));
+  const auto small = iota_tokens(40, 9);
+  write_file(dir.file("train_000001.bin"), llmc_shard(small));
+  const TokenShard s(dir.file("train_000000.bin"), 128256);
+  EXPECT_EQ(s.format(), TokenFormat::llmc32);
+  EXPECT_STREQ(token_format_name(s.format()), "llm.c 32-bit");
+  EXPECT_EQ(s.width(), 4);
+  EXPECT_EQ(shard_tokens(s), big);
+  EXPECT_EQ(s.max_token(), 128255u);
+  expect_input_error([&] { TokenShard t(dir.file("train_000000.bin"), 128255); },
+                     {"token 128255 at position 0", "vocabulary of 128255"});
+
+  const TokenStream stream(dir.path());
+  EXPECT_EQ(stream.width(), 4);
+  std::vector<uint32_t> all = big;
+  for (uint16_t t : small) all.push_back(t);
+  std::vector<uint32_t> got(all.size());
+  stream.copy(0, stream.size(), got.data());
+  EXPECT_EQ(got, all);
+  const Tensor t = stream.upload(690, 710, Device::cpu());
+  ASSERT_EQ(t.shape(), (Shape{20, 4}));
+  std::vector<uint32_t> up(20);
+  std::memcpy(up.data(), t.data_ptr(), 80);
+  EXPECT_EQ(up, std::vector<uint32_t>(all.begin() + 690, all.begin() + 710));
 }
 
 TEST(TokenShards, NanoGptBareFormatLoads) {
@@ -67,10 +119,10 @@ TEST(TokenShards, NanoGptBareFormatLoads) {
   TokenShard s(dir.file("train.bin"), 50304);
   EXPECT_EQ(s.format(), TokenFormat::bare);
   EXPECT_EQ(s.size(), 777);
-  EXPECT_EQ(shard_tokens(s), tokens);
+  EXPECT_EQ(shard_tokens(s), widened(tokens));
   // One token is a file too.
   write_file(dir.file("one.bin"), bare_shard({42}));
-  EXPECT_EQ(shard_tokens(TokenShard(dir.file("one.bin"))), std::vector<uint16_t>{42});
+  EXPECT_EQ(shard_tokens(TokenShard(dir.file("one.bin"))), std::vector<uint32_t>{42});
 }
 
 TEST(TokenShards, SeveralShardsFormOneStream) {
@@ -88,9 +140,10 @@ TEST(TokenShards, SeveralShardsFormOneStream) {
     TokenStream stream(spec);
     ASSERT_EQ(stream.shards().size(), 3u) << spec;
     ASSERT_EQ(stream.size(), static_cast<int64_t>(all.size())) << spec;
-    std::vector<uint16_t> got(all.size());
+    std::vector<uint32_t> got(all.size());
     stream.copy(0, stream.size(), got.data());
-    EXPECT_EQ(got, all) << spec;
+    EXPECT_EQ(got, widened(all)) << spec;
+    EXPECT_EQ(stream.width(), 2);
     for (int64_t i : {int64_t{0}, int64_t{299}, int64_t{300}, int64_t{304}, int64_t{305}, stream.size() - 1})
       EXPECT_EQ(stream.at(i), all[static_cast<size_t>(i)]) << "position " << i;
     // A range across all three shards, uploaded as u8 [n, 2].
@@ -112,8 +165,51 @@ TEST(TokenShards, DirectoryWithBothSplitsMustNameOne) {
   TempDir dir;
   write_file(dir.file("train_000000.bin"), llmc_shard({1, 2, 3}));
   write_file(dir.file("val_000000.bin"), llmc_shard({4, 5}));
-  expect_input_error([&] { TokenStream s(dir.path()); }, {dir.path(), "both train_", "train_*.bin"});
+  expect_input_error([&] { TokenStream s(dir.path()); },
+                     {dir.path(), "both training shards (train_000000.bin)", "*train*.bin", "--data"});
   EXPECT_EQ(TokenStream(dir.file("val_*.bin")).size(), 2);
+  EXPECT_TRUE(holds_both_splits(dir.path()));
+  // nanoGPT's names and llm.c's are splits too: neither directory is read as one stream.
+  TempDir nano, llmc, one;
+  write_file(nano.file("train.bin"), bare_shard({1, 2, 3}));
+  write_file(nano.file("val.bin"), bare_shard({4, 5}));
+  write_file(llmc.file("tinyshakespeare_train.bin"), llmc_shard({1, 2, 3}));
+  write_file(llmc.file("tinyshakespeare_val.bin"), llmc_shard({4, 5}));
+  write_file(one.file("train.bin"), bare_shard({1, 2, 3}));
+  for (const TempDir* d : {&nano, &llmc}) {
+    EXPECT_TRUE(holds_both_splits(d->path())) << d->path();
+    expect_input_error([&] { TokenStream s(d->path()); }, {d->path(), "both training shards", "validation shards"});
+  }
+  EXPECT_FALSE(holds_both_splits(one.path()));
+  EXPECT_FALSE(holds_both_splits(one.file("train.bin")));
+  EXPECT_EQ(TokenStream(one.path()).size(), 3);
+}
+
+// A text file given as a shard would be read as bare uint16 tokens, two bytes a token: it is refused,
+// saying how to make shards of it, whatever its size; shards whose bytes include text are not.
+TEST(TokenShards, ATextFileIsNotTakenForBareTokens) {
+  TempDir dir;
+  const std::string text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak!\n\n";
+  ASSERT_EQ(text.size() % 2, 0u);
+  write_file(dir.file("input.txt"), Bytes(text.begin(), text.end()));
+  write_file(dir.file("odd.txt"), Bytes(text.begin(), text.end() - 1));
+  std::string accented = "Fran\xc3\xa7" "ais, d\xc3\xa9j\xc3\xa0 vu \xe2\x80\x94 na\xc3\xafve.\n";
+  std::string big;
+  while (big.size() < (1 << 17)) big += accented;  // more than the part looked at, cut inside a character
+  big.resize((1 << 17) + 2);
+  write_file(dir.file("big.txt"), Bytes(big.begin(), big.end()));
+  for (const char* name : {"input.txt", "odd.txt", "big.txt"})
+    expect_input_error([&] { TokenShard s(dir.file(name)); },
+                       {dir.file(name), "text", "tandem data text " + dir.file(name) + " -o DIR"});
+  // Bare tokens: GPT-2's ids of the same words, and byte-level ids (each with a zero high byte).
+  write_file(dir.file("gpt2.bin"), bare_shard({5962, 22307, 25, 198, 8421, 356, 5120, 597, 2252, 11, 3285, 502}));
+  std::vector<uint16_t> bytes(text.begin(), text.end());
+  write_file(dir.file("bytes.bin"), bare_shard(bytes));
+  EXPECT_EQ(TokenShard(dir.file("gpt2.bin")).size(), 12);
+  EXPECT_EQ(TokenShard(dir.file("bytes.bin")).size(), static_cast<int64_t>(text.size()));
+  // The header's mistakes say so too.
+  write_file(dir.file("version.bin"), llmc_shard({1, 2}, 3));
+  expect_input_error([&] { TokenShard s(dir.file("version.bin")); }, {"header version 3", "tandem data text"});
 }
 
 TEST(TokenShards, CorruptFilesSayWhatIsWrong) {
@@ -142,9 +238,10 @@ TEST(TokenShards, CorruptFilesSayWhatIsWrong) {
       {"oddtail.bin", odd_tail, {"count mismatch", "129 bytes"}},
       {"count.bin", llmc_shard(tokens, 1, 0), {"announces 0 tokens"}},
       {"negative.bin", llmc_shard(tokens, 1, -5 + (int64_t{1} << 32)), {"announces -5 tokens"}},
-      {"odd.bin", odd_bare, {"odd number of bytes (129)"}},
+      {"odd.bin", odd_bare, {"odd number of bytes (129)", "tandem data text"}},
       {"empty.bin", Bytes{}, {"is empty"}},
-      {"llama3.bin", llmc_shard(tokens, 7, -1, 20240801), {"LLaMA-3", "uint32"}},
+      {"llama3.bin", llmc32_shard(widened(tokens), 1), {"header version 1", "expected 7", "uint32"}},
+      {"llama3_short.bin", llmc_shard(tokens, 7, -1, kLlmc32Magic), {"truncated", "announces 64 tokens (256 bytes"}},
   };
   for (const Case& c : cases) {
     write_file(dir.file(c.name), c.bytes);
@@ -380,6 +477,39 @@ TEST(TokenBatches, BadOptionsAreClearErrors) {
   expect_input_error([&] { b.fill(wrong, y); }, {"B <= 2"});
   Tensor f32 = Tensor::empty({2, 40}), y2 = Tensor::empty({2, 40}, DType::i32);
   expect_input_error([&] { b.fill(f32, y2); }, {"token_windows", "i32 [B, T]"});
+}
+
+// Windows of uint32 tokens: the CPU kernel reads 4 bytes a token, tokens above 65,535 included; each
+// window's x is the tokens from its start and y the same shifted by one.
+TEST(TokenBatches, WindowsOfUint32Tokens) {
+  TempDir dir;
+  const int64_t n = 3000;
+  std::vector<uint32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<uint32_t>(100000 + i);
+  write_file(dir.file("a.bin"), llmc32_shard(std::vector<uint32_t>(t.begin(), t.begin() + 1000)));
+  write_file(dir.file("b.bin"), llmc32_shard(std::vector<uint32_t>(t.begin() + 1000, t.end())));
+  const TokenStream stream(dir.file("*.bin"));
+  for (bool sequential : {false, true}) {
+    TokenBatchOptions o;
+    o.batch = 5;
+    o.context = 33;
+    o.seed = 3;
+    o.sequential = sequential;
+    TokenBatches b(stream, o);
+    ASSERT_EQ(b.tokens().shape(), (Shape{n, 4}));
+    Tensor x, y;
+    for (int step = 0; step < 3; ++step) {
+      b.next(x, y);
+      const auto xs = x.to_vector<int32_t>(), ys = y.to_vector<int32_t>();
+      for (int64_t r = 0; r < o.batch; ++r) {
+        const int64_t start = b.window_start(step * o.batch + r);
+        for (int64_t k = 0; k < o.context; ++k) {
+          ASSERT_EQ(xs[static_cast<size_t>(r * o.context + k)], 100000 + start + k) << r << " " << k;
+          ASSERT_EQ(ys[static_cast<size_t>(r * o.context + k)], 100000 + start + k + 1) << r << " " << k;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -102,6 +102,34 @@ TEST(Bootstrap, TwoTorchrunJobsOnOnePortStayApart) {
   }
 }
 
+// Without a job id to tell them apart, a second job started on a running job's MASTER_PORT is told about
+// the port (its rank 0 cannot listen there; its other ranks reach the running job's store), not to check
+// its rank variables; and the running job goes on.
+TEST(Bootstrap, ASecondTorchrunJobOnABusyPortIsToldAboutThePort) {
+  SKIP_WITHOUT_GLOO();
+  int port = free_port();
+  auto a0 = start(torchrun(0, port), "reduce_loop");
+  auto a1 = start(torchrun(1, port), "reduce_loop");
+  ASSERT_TRUE(a0->read_until("ready pid=", 1, 30)) << a0->output();
+  ASSERT_TRUE(a1->read_until("ready pid=", 1, 30)) << a1->output();
+  auto b0 = start(torchrun(0, port));
+  auto b1 = start(torchrun(1, port));
+  ProcResult r0 = b0->wait(20), r1 = b1->wait(20);
+  EXPECT_EQ(r0.exit_code, 2) << r0.output;
+  EXPECT_TRUE(contains(r0.output, "MASTER_PORT=" + std::to_string(port))) << r0.output;
+  EXPECT_TRUE(contains(r0.output, "in use")) << r0.output;
+  EXPECT_TRUE(contains(r0.output, "give each job its own MASTER_PORT")) << r0.output;
+  EXPECT_EQ(r1.exit_code, 2) << r1.output;
+  EXPECT_TRUE(contains(r1.output, "already serves a job whose 2 ranks have all joined")) << r1.output;
+  EXPECT_TRUE(contains(r1.output, "give each job its own MASTER_PORT")) << r1.output;
+  EXPECT_FALSE(contains(r1.output, "check the rank variables")) << r1.output;
+  EXPECT_LT(r1.seconds, 15);
+  // Job A was not disturbed: both ranks still run their loop of all-reduces.
+  EXPECT_TRUE(tandem::test::process_exists(a0->pid()));
+  EXPECT_TRUE(tandem::test::process_exists(a1->pid()));
+  EXPECT_FALSE(contains(a0->output() + a1->output(), "error")) << a0->output() << a1->output();
+}
+
 TEST(Bootstrap, AStoreWithoutSecretIsSaidToBeUnauthenticatedOnce) {
   SKIP_WITHOUT_GLOO();
   int port = free_port();

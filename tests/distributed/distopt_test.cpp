@@ -239,6 +239,26 @@ TEST(DistOptGloo, ShardedMemoryTrafficAndRefusalsThreeRanks) {
   run_scenarios(3, "shardmemory,shardtraffic,shardrefusals");
 }
 
+TEST(DistOptGloo, FrozenParametersAreSyncedAndComparedTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "frozensync");
+}
+
+TEST(DistOptGloo, FrozenParametersAreSyncedAndComparedThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "frozensync");
+}
+
+TEST(DistOptGloo, ShardedSlicesFollowNewParameterGroupsTwoRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(2, "shardregroup");
+}
+
+TEST(DistOptGloo, ShardedSlicesFollowNewParameterGroupsThreeRanks) {
+  REQUIRE_GLOO();
+  run_scenarios(3, "shardregroup");
+}
+
 TEST(DistOptGloo, UnevenInputsAverageOverTheRanksThatHaveDataTwoRanks) {
   REQUIRE_GLOO();
   run_scenarios(2, "uneven");

@@ -220,6 +220,28 @@ std::vector<pid_t> wait_ready(Proc& p, int n) {
   return pids;
 }
 
+// Written to one file (as here: the launcher's stdout and stderr are one pipe), a rank's lines keep the
+// order it wrote them in across its two streams: a header on stderr comes before the stdout line after it.
+TEST(Launch, ARanksLinesKeepTheirOrderAcrossItsTwoStreams) {
+  Proc p({kTandem, "launch", "-n", "2", "--", "sh", "-c",
+          "i=0; while [ $i -lt 300 ]; do echo out$i; echo err$i >&2; i=$((i+1)); done"});
+  ProcResult r = p.wait(30);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string rank0, rank1;
+  for (int i = 0; i < 300; ++i) {
+    rank0 += "out" + std::to_string(i) + "\nerr" + std::to_string(i) + "\n";
+    rank1 += "[rank 1] out" + std::to_string(i) + "\n[rank 1] err" + std::to_string(i) + "\n";
+  }
+  std::string only0, only1;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("[rank 1] ", 0) == 0) only1 += line + "\n";
+    else if (line.rfind("out", 0) == 0 || line.rfind("err", 0) == 0) only0 += line + "\n";
+  }
+  EXPECT_EQ(only0, rank0);
+  EXPECT_EQ(only1, rank1);
+}
+
 TEST(Launch, CtrlCStopsEveryRank) {
   Proc p({kTandem, "launch", "-n", "3", "--", kWorker, "sleep"});
   std::vector<pid_t> pids = wait_ready(p, 3);
@@ -455,6 +477,38 @@ TEST(LaunchNodes, TheOthersStopAtOnceWhenNodeZerosLauncherDies) {
     }
     EXPECT_FALSE(contains(n1.output, "tandem launch: rank ")) << n1.output;
     for (pid_t pid : ranks) EXPECT_FALSE(process_exists(pid)) << "rank process " << pid << " survived";
+  }
+}
+
+TEST(LaunchNodes, TheOthersNameANodeWhoseLauncherDied) {
+  // Node 1's launcher is killed outright and takes its ranks along (they die with it). Node 0's ranks then
+  // fail on their own: at once with a connection error when they are in a loop of all-reduces, or not at
+  // all while they sleep between collectives. Either way node 0's launcher names node 1's launcher, not its
+  // own rank, and stops its ranks: the first within a few seconds, the second once node 1 has been silent
+  // for 10 s.
+  std::vector<std::pair<std::vector<std::string>, double>> jobs = {{{kWorker, "sleep"}, 25.0}};
+  if (TANDEM_TEST_WITH_GLOO) jobs.insert(jobs.begin(), {{kWorker, "reduce_loop"}, 8.0});
+  for (const auto& [job, within] : jobs) {
+    SCOPED_TRACE(job[1]);
+    auto nodes = two_nodes(free_port(), {job, job}, {}, 1, 120);
+    std::vector<pid_t> ranks = wait_ready(*nodes[0], 1);
+    ASSERT_EQ(ranks.size(), 1u) << nodes[0]->output();
+    std::vector<pid_t> theirs = wait_ready(*nodes[1], 1);
+    ASSERT_EQ(theirs.size(), 1u) << nodes[1]->output();
+    auto killed_at = std::chrono::steady_clock::now();
+    kill(nodes[1]->pid(), SIGKILL);
+    ProcResult n0 = nodes[0]->wait(60);
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    EXPECT_FALSE(n0.timed_out);
+    EXPECT_LT(took, within) << n0.output;
+    EXPECT_EQ(n0.exit_code, 1) << n0.output;
+    EXPECT_TRUE(std::regex_search(n0.output, std::regex(R"(tandem launch: the launcher of node 1 \(host [^)]+\) is )"
+                                                        R"(gone: it has given no sign of life for )")))
+        << n0.output;
+    EXPECT_FALSE(contains(n0.output, "tandem launch: rank 0 ")) << n0.output;
+    EXPECT_FALSE(contains(n0.output, "restarting")) << n0.output;
+    for (pid_t pid : ranks) EXPECT_FALSE(process_exists(pid)) << "rank process " << pid << " survived";
+    for (pid_t pid : theirs) EXPECT_FALSE(process_exists(pid)) << "node 1's rank " << pid << " survived its launcher";
   }
 }
 

@@ -1,7 +1,10 @@
-"""Runs the CPU-runnable commands of README.md and docs/*.md as written, in a scratch directory, with
-the built `tandem` first on PATH (what ./tandem.sh install gives). Commands that need a GPU, several
-machines, a scheduler or the Python package are left out; training commands get a short-run suffix (a repeated flag
-takes its last value): a few steps for language models, one short epoch for the others. Ends with an 'N passed, N failed' line.
+"""Runs the CPU-runnable commands of README.md and docs/*.md as written, in a scratch directory, in the
+order a reader meets them, as a reader would: `tandem` is on PATH only from the docs' own
+`export PATH=...` line on (applied here, with the scratch directory's `build` standing for the build
+directory), and Open MPI is not told that root may run it (the commands must say so themselves). Commands that
+need a GPU, several machines, a scheduler or the Python package are left out; training commands get a short-run
+suffix (a repeated flag takes its last value): a few steps for language models, one short epoch for the
+others. Ends with an 'N passed, N failed' line.
 
 usage: run_doc_commands.py SOURCE_DIR TANDEM_BIN WORK_DIR
 """
@@ -15,7 +18,7 @@ source, tandem, work = sys.argv[1:4]
 SHORT = " --epochs 1 --limit-train 256 --limit-test 128 --progress off"
 # Language models train by steps: a few, with one evaluation at the end.
 LM_SHORT = " --steps 3 --warmup 0 --eval-every 0 --eval-steps 1"
-RUNNABLE = ("tandem ", "build/bin/tandem ", "mpiexec ", "echo ", "seq ")
+RUNNABLE = ("tandem ", "build/bin/tandem ", "mpiexec ", "echo ", "seq ", "export PATH=")
 # Python scripts need the installed package: the pytest suite runs them under the same launchers.
 NEEDS_MORE = ("cuda", "srun", "--nnodes", "torchrun", "compute-sanitizer", "NCCL_", "python3 ")
 
@@ -30,18 +33,24 @@ def commands(path):
 
 
 shutil.rmtree(work, ignore_errors=True)
-bindir = os.path.join(work, "bin")
-os.makedirs(bindir)
-os.symlink(os.path.abspath(tandem), os.path.join(bindir, "tandem"))
+os.makedirs(work)
 # The docs spell the build directory "build": the one this tandem was built in.
 os.symlink(os.path.dirname(os.path.dirname(os.path.abspath(tandem))), os.path.join(work, "build"), target_is_directory=True)
-env = dict(os.environ, PATH=bindir + ":" + os.environ["PATH"],
-           OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+# A reader's PATH: no `tandem` on it (an installed one, a virtual environment's) until the docs put it there.
+path = [d for d in os.environ["PATH"].split(":") if d and not os.access(os.path.join(d, "tandem"), os.X_OK)]
+env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+env["PATH"] = ":".join(path)
 docs = [os.path.join(source, "README.md")] + sorted(
     os.path.join(source, "docs", f) for f in os.listdir(os.path.join(source, "docs")) if f.endswith(".md"))
 passed = failed = 0
 for doc in docs:
     for cmd in commands(doc):
+        if cmd.startswith("export PATH="):  # the reader's shell keeps it for the commands after it
+            env["PATH"] = subprocess.run(["bash", "-c", cmd + ' && printf %s "$PATH"'], cwd=work, env=env,
+                                         capture_output=True, text=True, check=True).stdout
+            print("ok:     " + os.path.relpath(doc, source) + ": " + cmd, flush=True)
+            passed += 1
+            continue
         run = cmd
         if re.search(r"\btandem train\b", cmd):
             run = cmd + (LM_SHORT if re.search(r"--model (bigram|gpt)\b", cmd) else SHORT)

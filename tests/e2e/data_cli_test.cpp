@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -89,6 +90,10 @@ TEST(DataCli, TextRoundTripKeepsEveryByteAndSplitsByWholeFiles) {
     args += (dir / n).string();
   }
   auto r = run_tandem(args + " -o " + out.string() + " --val 0.2 --shard-tokens 1500");
+  // Every byte value, zero included: not text, unless told.
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("is not text: a NUL byte"), std::string::npos) << r.output;
+  r = run_tandem(args + " -o " + out.string() + " --val 0.2 --shard-tokens 1500 --binary-ok");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("val: 1 file"), std::string::npos) << r.output;
 
@@ -113,6 +118,42 @@ TEST(DataCli, TextRoundTripKeepsEveryByteAndSplitsByWholeFiles) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("total: 11 shards, " + std::to_string(train_expect.size()) + " tokens"), std::string::npos)
       << r.output;
+  fs::remove_all(dir);
+}
+
+// With --tokenizer: the shards hold the tokenizer's ids, each file's after one document token (read here
+// from the bytes: uint16 under llm.c's header), meta.json names the tokenizer, its hash and vocabulary,
+// `data info` reads them, and a tokenizer it cannot read is a clear error.
+TEST(DataCli, TextWithATokenizerWritesItsIds) {
+  const fs::path dir = temp_dir("tokenizer"), out = dir / "out";
+  const std::string fixtures = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tokenizer/";
+  write(dir / "a.txt", "Hello world, it's tandem.\n");
+  write(dir / "b.txt", "Second <|endoftext|> file");
+  auto r = run_tandem("data text " + (dir / "a.txt").string() + " " + (dir / "b.txt").string() + " -o " + out.string() +
+                      " --val 0 --threads 2 --tokenizer " + fixtures + "gpt2.json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("<|endoftext|> (id 0) before each file"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MB/s"), std::string::npos) << r.output;
+  const std::vector<uint16_t> tokens = read_llmc(out / "train_000000.bin");
+  ASSERT_FALSE(tokens.empty());
+  EXPECT_EQ(tokens[0], 0);  // <|endoftext|> before the first file
+  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), 0), 3);  // and the second, and the one inside it
+  const auto meta = nlohmann::json::parse(contents(out / "meta.json"));
+  EXPECT_EQ(meta["vocab_size"], 1202);
+  EXPECT_EQ(meta["token_bytes"], 2);
+  EXPECT_EQ(meta["tokenizer"]["sha256"].get<std::string>().size(), 64u);
+  EXPECT_EQ(meta["tokenizer"]["document_token"], "<|endoftext|>");
+  r = run_tandem("data info " + (out / "train_*.bin").string() + " --vocab 1202");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("llm.c, " + std::to_string(tokens.size()) + " tokens"), std::string::npos) << r.output;
+  // A tokenizer.json it cannot read; --document-token without --tokenizer.
+  write(dir / "bad.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}");
+  r = run_tandem("data text " + (dir / "a.txt").string() + " -o " + out.string() + " --val 0 --tokenizer " +
+                 (dir / "bad.json").string());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("'Unigram' is not supported"), std::string::npos) << r.output;
+  r = run_tandem("data text " + (dir / "a.txt").string() + " -o " + out.string() + " --document-token x");
+  EXPECT_EQ(r.status, 2) << r.output;
   fs::remove_all(dir);
 }
 
@@ -155,7 +196,6 @@ TEST(DataCli, TextErrorsAreClear) {
       {a + " " + (dir / "nope.txt").string() + " -o " + (dir / "o").string(), "nope.txt' does not exist"},
       {(dir / "empty.txt").string() + " " + (dir / "empty2.txt").string() + " -o " + (dir / "o").string(),
        "hold no text"},
-      {a + " -o " + (dir / "o").string(), "only 1 file was given"},
       {a + " " + b + " -o /proc/self", "/proc/self"},
       {a + " " + b + " -o " + a, "exists and is not a directory"},
       {a + " " + b + " -o " + (dir / "o").string() + " --val 1.5", "--val"},
@@ -177,6 +217,70 @@ TEST(DataCli, TextErrorsAreClear) {
   EXPECT_EQ(r.status, 0);
   EXPECT_NE(r.output.find("--strip-gutenberg"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("llm.c"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+// The commonest input, one text file, gets a validation split: its last tenth, cut at a blank line; two
+// files of unequal sizes are told what fraction validation got; a binary file is refused unless
+// --binary-ok; --strip-gutenberg on texts without the licence says so once; a text file given to
+// `data info` is refused, saying how to make shards of it.
+TEST(DataCli, OneFileIsSplitAndTheSplitIsSaid) {
+  const fs::path dir = temp_dir("onefile"), out = dir / "out";
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "Paragraph " + std::to_string(i) + ": some words of the one text.\n\n";
+  write(dir / "input.txt", text);
+  auto r = run_tandem("data text " + (dir / "input.txt").string() + " -o " + out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("val: the last 10."), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cut at a blank line"), std::string::npos) << r.output;
+  const std::string train = split_bytes(out, "train"), val = split_bytes(out, "val");
+  EXPECT_EQ(train + val, text);
+  EXPECT_EQ(val.rfind("Paragraph ", 0), 0u) << val.substr(0, 40);
+  EXPECT_NEAR(static_cast<double>(val.size()) / static_cast<double>(text.size()), 0.1, 0.01);
+
+  // Two files, the last far smaller: whole files give validation 2 %, and the output says so.
+  write(dir / "a.txt", std::string(4900, 'a'));
+  write(dir / "b.txt", std::string(100, 'b'));
+  r = run_tandem("data text " + (dir / "a.txt").string() + " " + (dir / "b.txt").string() + " -o " + out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("val: 1 file, 100 tokens in 1 shard (2.0% of the tokens; --val asked 10%)"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("holds whole files"), std::string::npos) << r.output;
+
+  // Random bytes are refused, and taken with --binary-ok.
+  std::string noise;
+  uint32_t x = 7;
+  for (int i = 0; i < 8192; ++i) {
+    x = x * 1664525u + 1013904223u;
+    noise.push_back(static_cast<char>(x >> 24));
+  }
+  write(dir / "noise.bin", noise);
+  r = run_tandem("data text " + (dir / "noise.bin").string() + " -o " + out.string());
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("tandem: error: '" + (dir / "noise.bin").string() + "' is not text"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("--binary-ok"), std::string::npos) << r.output;
+  r = run_tandem("data text " + (dir / "noise.bin").string() + " -o " + out.string() + " --binary-ok");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(split_bytes(out, "train") + split_bytes(out, "val"), noise);
+
+  // --strip-gutenberg on three texts without Project Gutenberg's licence: one line says so.
+  std::string args = "data text";
+  for (const char* n : {"x.txt", "y.txt", "z.txt"}) {
+    write(dir / n, std::string("Some text of ") + n + "\n");
+    args += " " + (dir / n).string();
+  }
+  r = run_tandem(args + " -o " + out.string() + " --strip-gutenberg");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(tandem::test::count_lines_with(r.output, "Gutenberg"), 1) << r.output;
+  EXPECT_NE(r.output.find("no Gutenberg header or footer found in any of the 3 files"), std::string::npos) << r.output;
+
+  // A text file is no token shard.
+  r = run_tandem("data info " + (dir / "input.txt").string());
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("input.txt' holds text, not tokens"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tandem data text " + (dir / "input.txt").string() + " -o DIR"), std::string::npos)
+      << r.output;
   fs::remove_all(dir);
 }
 

@@ -152,6 +152,36 @@ TEST(LmTrainCli, AGptOnByteShardsTakesTheirVocabularyAndGenerates) {
   fs::remove_all(dir);
 }
 
+// The whole path with a tokenizer of more than 65,536 tokens: tandem data text --tokenizer writes uint32
+// shards, a GPT trains on them with the vocabulary their meta.json gives, and tandem generate reads the
+// prompt and writes the text with the tokenizer.json beside the checkpoint.
+TEST(LmTrainCli, AGptOnUint32TokenizerShardsTrainsAndGenerates) {
+  const fs::path dir = temp_dir("tokenizer"), run = dir / "run";
+  fs::create_directories(run);
+  std::ifstream fixture(std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tokenizer/gpt2.json");
+  nlohmann::json j = nlohmann::json::parse(fixture);
+  j["added_tokens"] = nlohmann::json::array({j["added_tokens"][0]});  // <|endoftext|>, id 0
+  for (int id = 1200; id < 70000; ++id) j["model"]["vocab"]["<unused_" + std::to_string(id) + ">"] = id;
+  std::ofstream(run / "tokenizer.json") << j.dump();
+  std::ofstream(dir / "a_work.txt") << tandem::test::corpus_text(1, 20000);
+  std::ofstream(dir / "b_work.txt") << tandem::test::corpus_text(2, 5000);
+  const fs::path corpus = dir / "corpus";
+  auto r = run_tandem("data text " + (dir / "a_work.txt").string() + " " + (dir / "b_work.txt").string() + " -o " +
+                      corpus.string() + " --val 0.2 --tokenizer " + (run / "tokenizer.json").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "vocabulary 70000, 32-bit tokens")) << r.output;
+  const std::string ck = (run / "g.ck").string();
+  r = run_tandem("train --model gpt --layers 1 --heads 2 --width 16 --context 16 --data " + corpus.string() +
+                 " --steps 2 --batch-size 2 --eval-every 0 --eval-steps 1 --threads 1 --checkpoint " + ck);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "vocabulary 70000 (" + (corpus / "meta.json").string() + "'s)")) << r.output;
+  auto g = run_tandem("generate --checkpoint " + ck + " --prompt 'the king' -n 4 --seed 1");
+  EXPECT_EQ(g.status, 0) << g.output;
+  EXPECT_TRUE(contains(g.output, "beside the checkpoint")) << g.output;
+  EXPECT_TRUE(contains(g.output, "the king")) << g.output;
+  fs::remove_all(dir);
+}
+
 TEST(LmTrainCli, AccumulatedMicroBatchesMakeTheStepOfOneBatch) {
   const fs::path dir = temp_dir("accumulate"), corpus = make_corpus(dir);
   const std::string one = (dir / "one.ck").string(), two = (dir / "two.ck").string(), half = (dir / "half.ck").string();
@@ -389,6 +419,61 @@ TEST(LmTrainCli, WrongFlagsAreClearErrors) {
   expect_error(base + "--stop-at 3 --checkpoint " + (dir / "c.ck").string(), "--stop-at 3 is beyond --steps 2");
   expect_error(base + "--stop-at 1", "--checkpoint");  // CLI11: --stop-at needs --checkpoint
   expect_error(base + "--context 100000", "fewer than one window");
+  fs::remove_all(dir);
+}
+
+// --train-data DIR of nanoGPT's train.bin and val.bin (or llm.c's NAME_train.bin and NAME_val.bin) trains on
+// the training shard alone and validates on the other; a text file given as shards is refused, pointing to
+// `tandem data text`, for the gpt configuration and for char alike.
+TEST(LmTrainCli, TrainDataDirectoryOfBothSplitsTrainsOnTheTrainingShardOnly) {
+  const fs::path dir = temp_dir("splits");
+  auto bare = [](const std::string& text) {
+    std::string b;
+    for (char c : text) {
+      b.push_back(c);
+      b.push_back('\0');  // nanoGPT's uint16 tokens of bytes, little-endian
+    }
+    return b;
+  };
+  const std::string train = tandem::test::corpus_text(1, 3000), val = tandem::test::corpus_text(2, 1000);
+  auto commas = [](size_t n) {
+    const std::string d = std::to_string(n);
+    std::string out;
+    for (size_t i = 0; i < d.size(); ++i) out += (i > 0 && (d.size() - i) % 3 == 0 ? "," : "") + d.substr(i, 1);
+    return out;
+  };
+  const std::string both = commas(train.size()) + " training / " + commas(val.size()) + " validation tokens";
+  const std::string same = commas(train.size()) + " training / " + commas(train.size()) + " validation tokens";
+  for (const auto& [sub, train_name, val_name] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"nano", "train.bin", "val.bin"}, {"llmc", "shakespeare_char_train.bin", "shakespeare_char_val.bin"}}) {
+    SCOPED_TRACE(sub);
+    fs::create_directories(dir / sub);
+    std::ofstream(dir / sub / train_name, std::ios::binary) << bare(train);
+    std::ofstream(dir / sub / val_name, std::ios::binary) << bare(val);
+    auto r = run_tandem("train --model bigram --train-data " + (dir / sub).string() +
+                        " --steps 2 --context 16 --batch-size 2 --eval-every 0 --eval-steps 1 --threads 1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, both)) << both << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "holds training and validation shards: training on")) << r.output;
+    EXPECT_EQ(val_losses(r.output).size(), 1u) << r.output;
+    // --val-data names the validation shards itself.
+    r = run_tandem("train --model bigram --train-data " + (dir / sub).string() + " --val-data " +
+                   (dir / sub / train_name).string() + " --steps 1 --context 16 --batch-size 2 --threads 1");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, same)) << same << "\n" << r.output;
+  }
+  // Text where shards were expected.
+  std::ofstream(dir / "input.txt") << tandem::test::corpus_text(3, 2000);
+  for (const std::string& model : {std::string("--model gpt --gpt-config gpt2"), std::string("--model gpt --gpt-config char")}) {
+    auto r = run_tandem("train " + model + " --train-data " + (dir / "input.txt").string() +
+                        " --layers 1 --heads 1 --width 8 --context 16 --steps 1 --threads 1");
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, "input.txt' holds text, not tokens")) << r.output;
+    EXPECT_TRUE(contains(r.output, "tandem data text " + (dir / "input.txt").string() + " -o DIR")) << r.output;
+    EXPECT_FALSE(contains(r.output, "--vocab")) << r.output;
+    EXPECT_FALSE(contains(r.output, "step 1/")) << r.output;
+  }
   fs::remove_all(dir);
 }
 

@@ -136,6 +136,19 @@ TEST(OutputsCli, BenchAllReduceRunsOnTheCpuWithNcclTestsFlags) {
   auto r = run_tandem("bench allreduce -b 1K -e 16K -f 4 -n 2 -w 1");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(tandem::test::count_lines_with(r.output, " ok"), 3) << r.output;  // 1K, 4K, 16K
+  // One rank exchanges nothing: no time or bandwidth is printed for it, and it says how to run two.
+  EXPECT_NE(r.output.find("single rank: an all-reduce of one rank moves no data"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tandem launch -n 2 -- tandem bench allreduce"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("algbw(GB/s)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(" 0.0 "), std::string::npos) << r.output;
+  if (!TANDEM_TEST_WITH_GLOO) return;
+  // Two ranks measure, in the units the header names.
+  r = run_tandem(std::string("launch -n 2 -- ") + TANDEM_BIN + " bench allreduce -b 1K -e 4K -f 4 -n 2 -w 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("time(us)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("busbw(GB/s)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("moves no data"), std::string::npos) << r.output;
+  EXPECT_EQ(tandem::test::count_lines_with(r.output, " ok"), 2) << r.output;
 }
 
 // bench train takes train's synchronisation options: two CPU ranks, plain against powerSGD of rank 1.

@@ -7,8 +7,10 @@
 #include <regex>
 
 #include "e2e/cli_util.h"
+#include "text_util.h"
 
 namespace fs = std::filesystem;
+using tandem::test::contains;
 using tandem::test::count_lines_with;
 using tandem::test::have_fashion_mnist;
 using tandem::test::kFashionDir;
@@ -80,6 +82,68 @@ TEST(TrainCli, UnknownFlagExitsWithStatus2) {
   EXPECT_NE(r.output.find("--no-such-flag"), std::string::npos) << r.output;
 }
 
+// A misspelt option or command is named with the nearest one, not CLI11's "The following arguments were not
+// expected"; every message starts with "tandem: error:".
+TEST(TrainCli, MisspeltOptionsAndCommandsAreNamedWithTheNearest) {
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"train --epoch 1", "tandem: error: unknown option --epoch; did you mean --epochs?"},
+      {"trian --epochs 1", "tandem: error: unknown command 'trian'; did you mean 'train'?"},
+      {"data txt a.txt -o out", "tandem: error: unknown command 'txt'; did you mean 'text'?"},
+      {"bench allreduce --iter 3", "tandem: error: unknown option --iter; did you mean --iters?"},
+      {"", "tandem: error: give a command: tandem COMMAND, where COMMAND is one of train, launch"},
+      {"train --epochs 0", "tandem: error: --epochs"},
+      {"data text", "tandem: error: "},
+  };
+  for (const Case& c : cases) {
+    auto r = run_tandem(c.args);
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.output;
+    EXPECT_EQ(r.output.rfind(c.message, 0), 0u) << c.args << "\n" << r.output;
+    EXPECT_FALSE(contains(r.output, "were not expected")) << r.output;
+    EXPECT_FALSE(contains(r.output, "A subcommand is required")) << r.output;
+  }
+}
+
+// Flags that would do nothing for the model or optimizer chosen are refused (or, for the synchronisation
+// options a -d method ignores, warned about).
+TEST(TrainCli, FlagsThatDoNothingForTheModelAreRefused) {
+  auto r = run_tandem("train --model cnn --hidden 64 --epochs 1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--hidden sets the hidden layers of --model mlp; --model cnn has none")) << r.output;
+  r = run_tandem("train --model mlp --beta2 0.9 --epochs 1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--beta2 sets adam and adamw; --optimizer sgd has none")) << r.output;
+  r = run_tandem("train --model mlp --optimizer adam --momentum 0.5 --epochs 1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--momentum sets sgd; --optimizer adam has none")) << r.output;
+  r = run_tandem("bench train --model cnn --hidden 8 -b 4 --steps 1 --warmup 0");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--hidden sets the hidden layers of --model mlp")) << r.output;
+  r = run_tandem("bench train --model mlp --hidden 8 -b 4 --steps 1 --warmup 0 --threads 1 -s 0.1 --half-dtype bf16");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "tandem: warning: -d plain ignores -s/--spars (sparseTopK, sparseThreshold), "
+                                 "--half-dtype (half)")) << r.output;
+}
+
+// The training run's first line comes before its first epoch's, also through tandem launch, which passes a
+// rank's stdout and stderr on in the order they were written.
+TEST(TrainCli, TheHeaderComesBeforeTheFirstEpoch) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  const std::string train = " train --model mlp --hidden 16 --epochs 1 --limit-train 256 --limit-test 64 --threads 1 "
+                            "--progress off";
+  for (int attempt = 0; attempt < 3; ++attempt)
+    for (const std::string& args : {train, "launch -n 1 -- " + std::string(TANDEM_BIN) + train}) {
+      auto r = run_tandem(args);
+      ASSERT_EQ(r.status, 0) << r.output;
+      const size_t header = r.output.find("tandem: mlp ("), epoch = r.output.find("Starting Epoch 0:");
+      ASSERT_NE(header, std::string::npos) << r.output;
+      ASSERT_NE(epoch, std::string::npos) << r.output;
+      EXPECT_LT(header, epoch) << args << "\n" << r.output;
+    }
+}
+
 TEST(TrainCli, InvalidValuesExitWithStatus2) {
   for (const char* args : {"train --model resnet9000", "train --epochs 0", "train --batch-size -3",
                            "train --lr abc", "train --dataset imagenet", "train -d sparse-everything"}) {
@@ -131,6 +195,17 @@ TEST(TrainCli, MissingGpuIsAnInputError) {
   auto r = run_tandem("train --device cuda:7 --epochs 1");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find("cuda:7"), std::string::npos) << r.output;
+  // Where there is no GPU at all, every command that wants one says how to run on the CPU.
+  if (contains(run_tandem("info").output, "gpus: 0")) {
+    for (const std::string& args : {std::string("train --device cuda --epochs 1"),
+                                    std::string("bench train --device cuda --steps 1"),
+                                    std::string("bench allreduce --device cuda"),
+                                    "launch -n 1 -- " + std::string(TANDEM_BIN) + " train --device cuda"}) {
+      auto g = run_tandem(args);
+      EXPECT_EQ(g.status, 2) << args << "\n" << g.output;
+      EXPECT_TRUE(contains(g.output, "--device cpu")) << args << "\n" << g.output;
+    }
+  }
   auto bad = run_tandem("train --device tpu --epochs 1");
   EXPECT_EQ(bad.status, 2) << bad.output;
   EXPECT_NE(bad.output.find("tpu"), std::string::npos) << bad.output;

@@ -192,6 +192,56 @@ TEST(GradCheck, AvgPool2dWithPadding) {
   }
 }
 
+// ONNX's pooling geometry: asymmetric pads, ceil mode (windows that overhang the padded input) and the mean
+// over the input elements only, for both pools.
+TEST(GradCheck, Pool2dCeilModeAndAsymmetricPads) {
+  Generator gen(17);
+  const Pool2dOptions opts[] = {{{2, 2}, {2, 2}, {1, 1}, {-1, -1}, true, true},
+                                {{2, 2}, {2, 2}, {1, 1}, {-1, -1}, true, false},
+                                {{3, 3}, {2, 2}, {1, 0}, {0, 1}, true, true},
+                                {{3, 2}, {2, 3}, {0, 1}, {1, 0}, false, false}};
+  for (const Pool2dOptions& o : opts) {
+    Tensor x = tie_free({2, 2, 7, 6}, gen);
+    EXPECT_TRUE(gradcheck1([o](const Tensor& t) { return max_pool2d(t, o); }, x));
+    Tensor y = leaf({2, 2, 7, 6}, gen);
+    EXPECT_TRUE(gradcheck1([o](const Tensor& t) { return avg_pool2d(t, o); }, y));
+  }
+}
+
+// The output sizes and means ONNX gives: a 5x5 input, kernel 2, stride 2, pads 1 in ceil mode is 3x3 (a 4th
+// window would start in the trailing padding), and ceil mode's overhang never counts in the divisor.
+TEST(Pool2d, CeilModeSizesAndDivisors) {
+  std::vector<double> v(25);
+  for (int i = 0; i < 25; ++i) v[i] = i + 1;
+  Tensor x = Tensor::from_vector(v, {1, 1, 5, 5}).to(DType::f64);
+  const Pool2dOptions ceil_pads{{2, 2}, {2, 2}, {1, 1}, {-1, -1}, true, true};
+  Tensor m = max_pool2d(x, ceil_pads);
+  ASSERT_EQ(m.shape(), Shape({1, 1, 3, 3}));
+  EXPECT_EQ(m.to_vector<double>(), (std::vector<double>{1, 3, 5, 11, 13, 15, 21, 23, 25}));
+  // count_include_pad: the corner window covers one input element and three padded positions (divisor 4);
+  // the last window in ceil mode covers rows 3..4 and columns 3..4 of the input, inside the padded input.
+  Tensor a = avg_pool2d(x, ceil_pads);
+  EXPECT_DOUBLE_EQ(a.to_vector<double>()[0], 1.0 / 4);
+  EXPECT_DOUBLE_EQ(a.to_vector<double>()[8], (19 + 20 + 24 + 25) / 4.0);
+  // No padding, ceil mode: the last row and column of windows overhang a 5x5 input by one; they average the
+  // elements they cover, with or without count_include_pad (nothing is padded).
+  for (bool count : {true, false}) {
+    Tensor b = avg_pool2d(x, {{2, 2}, {2, 2}, {0, 0}, {-1, -1}, true, count});
+    ASSERT_EQ(b.shape(), Shape({1, 1, 3, 3}));
+    EXPECT_DOUBLE_EQ(b.to_vector<double>()[2], (5 + 10) / 2.0) << count;
+    EXPECT_DOUBLE_EQ(b.to_vector<double>()[8], 25.0) << count;
+  }
+  // Pads 1 before and 0 after, ceil mode, kernel 3, stride 2 on a 5x5 input of ones: windows start at -1, 1
+  // and 3; the last one's third row and column lie past the input, where no padding is, and never count.
+  Tensor o = Tensor::ones({1, 1, 5, 5}, DType::f64);
+  for (bool count : {true, false}) {
+    Tensor c = avg_pool2d(o, {{3, 3}, {2, 2}, {1, 1}, {0, 0}, true, count});
+    ASSERT_EQ(c.shape(), Shape({1, 1, 3, 3}));
+    EXPECT_DOUBLE_EQ(c.to_vector<double>()[0], count ? 4.0 / 9 : 1.0);  // 2x2 input elements of 3x3 positions
+    EXPECT_DOUBLE_EQ(c.to_vector<double>()[8], 1.0) << count;              // 2x2 input elements, 2x2 positions
+  }
+}
+
 TEST(GradCheck, BatchNormTraining) {
   Generator gen(16);
   Tensor x = leaf({4, 3, 3, 2}, gen), gamma = leaf({3}, gen, 0.5, 1.5), beta = leaf({3}, gen);

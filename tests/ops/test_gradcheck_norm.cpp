@@ -208,6 +208,72 @@ TEST(GradcheckNorm, PackedSelfAttention) {
       qkv));
 }
 
+// Grouped-query attention: key and value heads serving groups of query heads give what repeating each of them
+// for its group gives, and its gradients (summed over each group) check by finite differences.
+TEST(GradcheckNorm, GroupedQueryAttention) {
+  Generator gen(41);
+  Tensor q = leaf({2, 4, 3, 2}, gen), k = leaf({2, 2, 3, 2}, gen), v = leaf({2, 2, 3, 2}, gen);
+  for (bool causal : {false, true}) {
+    EXPECT_TRUE(gradcheck(
+        [causal](const std::vector<Tensor>& t) { return scaled_dot_product_attention(t[0], t[1], t[2], causal); },
+        {q, k, v}))
+        << "causal " << causal;
+    auto repeat = [](const Tensor& x) {  // head h serves query heads 2h and 2h + 1
+      return concat({x.narrow(1, 0, 1), x.narrow(1, 0, 1), x.narrow(1, 1, 1), x.narrow(1, 1, 1)}, 1).contiguous();
+    };
+    const Tensor got = scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), causal);
+    const Tensor want = scaled_dot_product_attention(q.detach(), repeat(k.detach()), repeat(v.detach()), causal);
+    EXPECT_EQ(got.contiguous().to_vector<double>(), want.contiguous().to_vector<double>()) << "causal " << causal;
+  }
+  // One key-value head for every query head (multi-query attention).
+  Tensor k1 = leaf({2, 1, 3, 2}, gen), v1 = leaf({2, 1, 3, 2}, gen);
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& t) { return scaled_dot_product_attention(t[0], t[1], t[2], true); }, {q, k1, v1}));
+  // Heads that do not divide are refused.
+  Tensor k3 = leaf({2, 3, 3, 2}, gen);
+  EXPECT_THROW(scaled_dot_product_attention(q, k3, k3), Error);
+}
+
+// Rotary position embeddings: the rotation of each pair by its angle (checked against the formula), and the
+// gradient by finite differences; the tables' frequencies as transformers computes them, and Llama 3's rescaling.
+TEST(GradcheckNorm, RotaryEmbedding) {
+  Generator gen(42);
+  Tensor x = leaf({2, 3, 5, 4}, gen);
+  auto [cos, sin] = rotary_tables(4, 5, 10000.0, RopeScaling{}, DType::f64, Device::cpu());
+  EXPECT_TRUE(gradcheck1([&](const Tensor& t) { return rotary_embedding(t, cos, sin); }, x));
+  const std::vector<double> xs = x.contiguous().to_vector<double>(), ys = rotary_embedding(x, cos, sin).contiguous().to_vector<double>();
+  const std::vector<double> cs = cos.to_vector<double>(), ss = sin.to_vector<double>();
+  for (int64_t r = 0; r < 2 * 3; ++r)
+    for (int64_t t = 0; t < 5; ++t)
+      for (int64_t i = 0; i < 2; ++i) {
+        const int64_t base = (r * 5 + t) * 4;
+        const double x1 = xs[base + i], x2 = xs[base + i + 2], c = cs[t * 4 + i], sn = ss[t * 4 + i];
+        EXPECT_NEAR(ys[base + i], x1 * c - x2 * sn, 1e-12);
+        EXPECT_NEAR(ys[base + i + 2], x2 * c + x1 * sn, 1e-12);
+      }
+  // Frequency i of head size 8: theta^(-2i/8); position 3's angle is 3 x that (in f32, as transformers).
+  auto [c8, s8] = rotary_tables(8, 4, 500000.0, RopeScaling{}, DType::f64, Device::cpu());
+  const std::vector<double> c8v = c8.to_vector<double>();
+  for (int64_t i = 0; i < 4; ++i) {
+    const float inv = 1.0f / std::pow(500000.0f, static_cast<float>(2 * i) / 8.0f);
+    EXPECT_DOUBLE_EQ(c8v[3 * 8 + i], std::cos(static_cast<double>(3.0f * inv)));
+    EXPECT_DOUBLE_EQ(c8v[3 * 8 + i + 4], c8v[3 * 8 + i]);
+  }
+  // Llama 3 (factor 8, original context 16: wavelengths above 16 / 1 divided by 8, below 16 / 4 kept, between
+  // blended): frequency 0 (wavelength 2 pi) blends, frequency 3 (wavelength about 3e4) is divided.
+  RopeScaling s{8.0, 1.0, 4.0, 16};
+  auto [cs8, ss8] = rotary_tables(8, 2, 500000.0, s, DType::f64, Device::cpu());
+  const std::vector<double> scaled = ss8.to_vector<double>();
+  const float smooth = (16.0f / (2.0f * static_cast<float>(M_PI)) - 1.0f) / 3.0f;
+  const float inv0 = (1.0f - smooth) * 1.0f / 8.0f + smooth * 1.0f;
+  EXPECT_DOUBLE_EQ(scaled[8 + 0], std::sin(static_cast<double>(inv0)));
+  EXPECT_GT(inv0, 1.0f / 8.0f);
+  EXPECT_LT(inv0, 1.0f);
+  const float inv3 = 1.0f / std::pow(500000.0f, 6.0f / 8.0f) / 8.0f;
+  EXPECT_DOUBLE_EQ(scaled[8 + 3], std::sin(static_cast<double>(1.0f * inv3)));
+  EXPECT_THROW(rotary_embedding(x, c8, s8), Error);  // tables of another head size
+}
+
 TEST(GradcheckNorm, DropoutOnAnyShape) {
   Generator gen(7);
   for (const Shape& s : {Shape{7}, Shape{2, 3, 4}, Shape{2, 1, 3, 2, 2}}) {

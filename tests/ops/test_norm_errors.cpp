@@ -77,7 +77,7 @@ TEST(NormErrors, Attention) {
   expect_error([&] { scaled_dot_product_attention(q, k, Tensor::zeros({1, 2, 6, 8})); },
                {"scaled_dot_product_attention", "6 positions", "dimension 2"});
   expect_error([&] { scaled_dot_product_attention(q, Tensor::zeros({1, 3, 5, 8}), v); },
-               {"scaled_dot_product_attention", "batch and heads"});
+               {"scaled_dot_product_attention", "agree in batch", "heads must be the same number, dividing the query's"});
   expect_error([&] { scaled_dot_product_attention(q, k, v, false, 0.1); }, {"scaled_dot_product_attention", "generator"});
   expect_error([&] { packed_self_attention(Tensor::zeros({2, 4, 8}), 2); },
                {"packed_self_attention", "f32[2, 4, 8]", "2 heads", "multiple of 3 x 2"});

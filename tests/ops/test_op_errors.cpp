@@ -74,6 +74,8 @@ TEST(OpErrors, ConvolutionAndPooling) {
   expect_error([&] { max_pool2d(x, {{2, 2}, {2, 2}, {2, 2}}); }, {"max_pool2d", "padding"});
   expect_error([&] { avg_pool2d(x, {{7, 7}, {1, 1}, {0, 0}}); }, {"avg_pool2d", "larger than"});
   expect_error([&] { max_pool2d(x, {{2, 2}, {0, 2}, {0, 0}}); }, {"max_pool2d", "stride"});
+  expect_error([&] { avg_pool2d(x, {{3, 3}, {1, 1}, {1, 1}, {2, 1}}); },
+               {"avg_pool2d", "padding", "1 before and 2 after", "kernel of 3"});
 }
 
 TEST(OpErrors, NormalisationAndDropout) {

@@ -23,3 +23,23 @@ def test_every_method_on_two_ranks():
         for name in CHECKS:
             assert f"rank {rank} ok {name}\n" in out, f"rank {rank} did not pass {name}:\n{out}"
         assert f"rank {rank} done" in out, out
+
+
+STATE_CHECKS = ["saved state --shard optimizer", "going on after saving --shard optimizer", "resumed --shard optimizer",
+                "saved state --shard gradients", "going on after saving --shard gradients", "resumed --shard gradients",
+                "a group added after compile --shard optimizer", "a group added after compile --shard gradients",
+                "a group moved into after compile --shard optimizer",
+                "a group moved into after compile --shard gradients", "frozen parameters from rank 0",
+                "frozen parameters stay frozen", "check_consistency and sync_parameters of frozen parameters",
+                "frozen after DistOpt took the parameters"]
+
+
+@needs_gloo
+def test_state_groups_and_frozen_parameters_on_two_ranks(tmp_path):
+    rc, out = run([tandem_command(), "launch", "-n", "2", "--", sys.executable, str(HERE / "distopt_state_worker.py"),
+                   str(tmp_path)])
+    assert rc == 0, out
+    for rank in (0, 1):
+        for name in STATE_CHECKS:
+            assert f"rank {rank} ok {name}\n" in out, f"rank {rank} did not pass {name}:\n{out}"
+        assert f"rank {rank} done" in out, out

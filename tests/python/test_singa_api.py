@@ -43,6 +43,7 @@ AUTOGRAD = [
     ("softmax", [("x", REQUIRED), ("axis", 1)]),
     ("sum", [("*l", REQUIRED)]),
     ("mean", [("*l", REQUIRED)]),
+    ("add_all", [("*xs", REQUIRED)]),
     ("softmax_cross_entropy", [("x", REQUIRED), ("t", REQUIRED)]),
     ("cross_entropy", [("x", REQUIRED), ("t", REQUIRED)]),
     ("mse_loss", [("x", REQUIRED), ("t", REQUIRED)]),
@@ -510,6 +511,22 @@ def test_functional_operations_differentiate_through_broadcasts_and_joins():
     expected_a = dy[:3] * b
     expected_a[:, 0:2] += dy[3:5].T
     np.testing.assert_allclose(grads["a"], expected_a, rtol=1e-5)
+
+
+def test_add_all_returns_the_sum_and_its_gradients():
+    # SINGA's add_all adds its (more than two) tensors and returns nothing; tandem's returns the sum.
+    rng = np.random.RandomState(5)
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3), (3,), (2, 3)))
+    ts = [tensor.Tensor(data=v, stores_grad=True, name=n) for v, n in zip((a, b, c), "abc")]
+    y = autograd.add_all(*ts)
+    np.testing.assert_allclose(y.to_numpy(), a + b + c, rtol=1e-6)
+    grads = {p.name: g.to_numpy() for p, g in autograd.backward(autograd.reduce_sum(y, keepdims=0))}
+    np.testing.assert_allclose(grads["a"], np.ones((2, 3)))
+    np.testing.assert_allclose(grads["b"], np.full(3, 2.0))  # broadcast over 2 rows
+    np.testing.assert_allclose(grads["c"], np.ones((2, 3)))
+    np.testing.assert_allclose(autograd.add_all(ts[0], ts[2]).to_numpy(), a + c, rtol=1e-6)
+    with pytest.raises(ValueError, match="at least one"):
+        autograd.add_all()
 
 
 def test_dropout_follows_the_training_flag():

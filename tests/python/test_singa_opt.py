@@ -7,7 +7,7 @@ import inspect
 import numpy as np
 import pytest
 
-from tandem import _tandem, layer, model, opt, tensor
+from tandem import _tandem, autograd, layer, model, opt, tensor
 
 POS, KW = "POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY"
 EMPTY = inspect.Parameter.empty
@@ -116,6 +116,31 @@ def test_a_decaying_learning_rate(cpu):
     assert sgd.get_states() == {"step_counter": 3}
     sgd.set_states({"step_counter": 1})
     assert sgd.lr == pytest.approx(0.05)
+
+
+def test_distopt_states_are_the_wrapped_optimizers(cpu):
+    # SINGA's Optimizer.get_states / set_states: the step counter, which the rate follows. The guide's
+    # resume recipe keeps them in a checkpoint's aux states.
+    class Net(model.Model):
+        def __init__(self):
+            super().__init__()
+            self.fc = layer.Linear(2)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    x = tensor.from_numpy(np.ones((1, 3), np.float32), cpu)
+    d = opt.DistOpt(opt.SGD(lr=opt.ExponentialDecay(0.1, 1, 0.5)))
+    net = Net()
+    net.set_optimizer(d)
+    net.compile([x], is_train=True)
+    for _ in range(3):
+        d(autograd.reduce_sum(net.forward(x), keepdims=0))
+    assert d.get_states() == {"step_counter": 3} == d.opt.get_states()
+    d.set_states({"step_counter": 1})
+    assert d.step_counter == 1 and d.lr == pytest.approx(0.05) and d.lr_value.item() == pytest.approx(0.05)
+    d(autograd.reduce_sum(net.forward(x), keepdims=0))
+    assert d.get_states() == {"step_counter": 2} and d.lr_value.item() == pytest.approx(0.025)
 
 
 def test_apply_and_update_step_one_parameter(cpu):

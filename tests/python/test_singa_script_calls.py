@@ -121,6 +121,35 @@ def test_softmax_cross_entropy_reads_labels_of_n_elements_as_classes(cpu):
         autograd.softmax_cross_entropy(logits, tensor.from_numpy(idx[:5].reshape(5, 1), cpu))
 
 
+def test_labels_and_indices_with_fractions_are_refused(cpu):
+    # Read as class numbers, 1.7 would become class 1 without a word.
+    rng = np.random.RandomState(1)
+    logits = tensor.from_numpy(rng.standard_normal((6, 4)).astype(np.float32), cpu)
+    frac = np.array([0, 3, 1.7, 1, 2, 0], dtype=np.float32)
+    for labels in (frac, frac.reshape(6, 1)):
+        t = tensor.from_numpy(labels, cpu)
+        with pytest.raises(ValueError, match=r"softmax_cross_entropy: labels must be whole numbers.*element 2 .* 1\.7"):
+            autograd.softmax_cross_entropy(logits, t)
+        with pytest.raises(ValueError, match="labels must be whole numbers"):
+            layer.SoftMaxCrossEntropy()(logits, t)
+    with pytest.raises(ValueError, match="cross_entropy: labels must be whole numbers"):
+        autograd.cross_entropy(autograd.softmax(logits), tensor.from_numpy(frac, cpu))
+    with pytest.raises(ValueError, match="element 0 .* nan"):
+        autograd.softmax_cross_entropy(logits, tensor.from_numpy(np.full(6, np.nan, np.float32), cpu))
+    # Whole numbers in a floating tensor are classes, as SINGA's scripts pass them.
+    idx = np.array([0, 3, 1, 1, 2, 0])
+    probs = autograd.softmax(logits)
+    want = autograd.cross_entropy(probs, tensor.from_numpy(idx.astype(np.int32), cpu)).item()
+    assert autograd.cross_entropy(probs, tensor.from_numpy(idx.astype(np.float32), cpu)).item() == pytest.approx(want)
+    emb = layer.Embedding(5, 3)
+    with pytest.raises(ValueError, match=r"Embedding: indices must be whole numbers.*element 1 .* 2\.5"):
+        emb(tensor.from_numpy(np.array([[0.0, 2.5]], dtype=np.float32), cpu))
+    with pytest.raises(ValueError, match="embedding: indices must be whole numbers"):
+        autograd.embedding(tensor.from_numpy(np.array([0.5], dtype=np.float32), cpu), emb.W)
+    whole = emb(tensor.from_numpy(np.array([[0.0, 2.0]], dtype=np.float32), cpu)).to_numpy()
+    np.testing.assert_array_equal(whole[0], emb.W.to_numpy()[[0, 2]])
+
+
 # ---- layers
 @pytest.mark.parametrize("kind", ["lstm", "rnn"])
 def test_recurrent_layers_broadcast_a_batch_of_one_against_their_states(cpu, kind):
@@ -254,3 +283,75 @@ def test_a_frozen_table_is_left_out_of_the_optimizer(cpu):
         net(x, y)
     np.testing.assert_array_equal(net.table.W.to_numpy(), table)
     assert not np.allclose(net.fc.W.to_numpy(), fc_before)
+
+
+class Gain(layer.Layer):
+    """A layer that makes its own parameters: a gain registered in __init__, a shift as a tensor attribute
+    made in initialize (SINGA's way)."""
+
+    def __init__(self):
+        super().__init__()
+        self.g = self.register_param("g", tensor.from_numpy(np.array([1.5, -0.5, 2.0], dtype=np.float32)))
+
+    def initialize(self, x):
+        self.b = tensor.Tensor(shape=(3,), device=x.device, requires_grad=True, stores_grad=True)
+        self.b.set_value(0.25)
+
+    def forward(self, x):
+        return autograd.add(autograd.mul(x, self.g), self.b)
+
+
+class GainNet(model.Model):
+    def __init__(self):
+        super().__init__()
+        self.gain = Gain()
+        self.fc = layer.Linear(2)
+        self.loss = layer.SoftMaxCrossEntropy()
+
+    def forward(self, x):
+        return self.fc(self.gain(x))
+
+    def train_one_batch(self, x, y):
+        loss = self.loss(self.forward(x), y)
+        self.optimizer(loss)
+        return loss
+
+
+OPTIMIZERS = {"SGD": lambda: opt.SGD(lr=0.1, momentum=0.9, weight_decay=0.1), "Adam": lambda: opt.Adam(lr=0.1),
+              "DistOpt": lambda: opt.DistOpt(opt.Adam(lr=0.1, weight_decay=0.1))}
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_frozen_parameters_stay_frozen(cpu, kind):
+    x = tensor.from_numpy(np.random.RandomState(2).standard_normal((5, 3)).astype(np.float32), cpu)
+    y = tensor.from_numpy(np.array([0, 1, 1, 0, 1], dtype=np.int32), cpu)
+    net = GainNet()
+    net.gain.g.requires_grad = False  # registered, frozen before compile
+    net.compile([x], is_train=True)
+    net.gain.b.requires_grad = False  # a tensor attribute, frozen once it is a parameter
+    sgd = OPTIMIZERS[kind]()
+    net.set_optimizer(sgd)
+    sgd.set_param_groups(opt.decay_groups(net, 0.01))  # the frozen ones, named there, have no settings to take
+    assert sorted(n for g in sgd.param_groups for n in g["params"]) == ["fc.bias", "fc.weight"]
+    params = net.get_params()
+    assert sorted(params) == ["fc.bias", "fc.weight", "gain.b", "gain.g"], sorted(params)  # still parameters
+    assert not params["gain.g"].requires_grad and not params["gain.b"].requires_grad
+    before = {k: v.to_numpy().copy() for k, v in params.items()}
+    for _ in range(3):
+        net(x, y)
+        net.get_params()  # listing the parameters again does not unfreeze them
+    after = {k: v.to_numpy() for k, v in net.get_params().items()}
+    np.testing.assert_array_equal(after["gain.g"], before["gain.g"])
+    np.testing.assert_array_equal(after["gain.b"], before["gain.b"])
+    assert not np.allclose(after["fc.weight"], before["fc.weight"])
+    # Frozen after the optimizer took the parameters: a plain optimizer steps only parameters with a
+    # gradient; DistOpt's buckets would still step it (momentum, decay), so it refuses.
+    net.fc.W.requires_grad = False
+    net.get_params()
+    w = net.fc.W.to_numpy().copy()
+    if kind == "DistOpt":
+        with pytest.raises(ValueError, match="fc.weight was frozen .* after DistOpt took"):
+            net(x, y)
+    else:
+        net(x, y)
+        np.testing.assert_array_equal(net.fc.W.to_numpy(), w)

@@ -61,7 +61,9 @@ class DataLoader {
   /// same on every rank — then rank r takes the contiguous slice [r*S, (r+1)*S) of it, S = N / W
   /// (the remainder is dropped, as the guide's data_partition does, but a different one each
   /// epoch). Without shuffle, the slice of the data in order. Abandons any unfinished epoch.
-  void start_epoch(int64_t epoch);
+  /// `first_batch` > 0 starts the epoch at that batch, as if the ones before it had been handed out
+  /// (resuming a run that stopped inside an epoch).
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
   /// The next batch of the epoch; false when the epoch is over. Rethrows a failure of preparation.
   bool next(Batch& out);
   /// Batches in one epoch of this rank.

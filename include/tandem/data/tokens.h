@@ -1,12 +1,14 @@
 #pragma once
 // Token shards for language models, memory-mapped, and the batches of token windows drawn from them.
 //
-// Two file formats, told apart by the first four bytes:
+// Three file formats, told apart by the first four bytes:
 //  - llm.c's: a header of 256 little-endian int32 (magic 20240520, version 1, the token count, the
 //    rest zero), then the tokens as little-endian uint16 (what llm.c's GPT-2 data scripts and
-//    `tandem data text` write);
+//    `tandem data text` write for a vocabulary of at most 65,536 tokens);
+//  - llm.c's 32-bit one: the same header with magic 20240801 and version 7, then little-endian uint32
+//    tokens (llm.c's LLaMA-3 scripts, and `tandem data text` for a larger vocabulary such as Llama 3's);
 //  - nanoGPT's: the tokens alone as little-endian uint16 (train.bin / val.bin of its prepare.py
-//    scripts). A bare file whose first two tokens spell the magic (55000, 308) would be taken for
+//    scripts). A bare file whose first two tokens spell a magic (55000, 308) would be taken for
 //    llm.c's; GPT-2's vocabulary (50257) never does.
 #include <cstdint>
 #include <memory>
@@ -18,25 +20,31 @@
 
 namespace tandem::data {
 
-/// The magic number and version of llm.c's token shard header.
+/// The magic number and version of llm.c's token shard header (uint16 tokens).
 inline constexpr int32_t kLlmcMagic = 20240520;
 inline constexpr int32_t kLlmcVersion = 1;
+/// The magic number and version of llm.c's header for uint32 tokens (its LLaMA-3 shards).
+inline constexpr int32_t kLlmc32Magic = 20240801;
+inline constexpr int32_t kLlmc32Version = 7;
 /// int32 values in llm.c's header (1024 bytes).
 inline constexpr int64_t kLlmcHeaderInts = 256;
 
 /// How a shard stores its tokens.
-enum class TokenFormat { llmc, bare };
+enum class TokenFormat { llmc, llmc32, bare };
 
-/// "llm.c" or "nanoGPT (bare uint16)".
+/// Bytes per token of a format: 2, or 4 for llmc32.
+int token_width(TokenFormat f);
+
+/// "llm.c", "llm.c 32-bit" or "nanoGPT (bare uint16)".
 const char* token_format_name(TokenFormat f);
 
 /// One token shard file, mapped read-only into memory (pages are read from disk when first touched).
 class TokenShard {
  public:
   /// Maps path and checks it: the magic and version of an llm.c header, its token count against
-  /// the file's size, a whole number of uint16 tokens, at least one token, and, when vocab > 0,
-  /// every token below vocab (that scan reads the whole file). Throws tandem::Error (Input) naming
-  /// the file and what is wrong.
+  /// the file's size, a whole number of tokens, at least one token, a bare file whose first bytes read as
+  /// text (a text file, which `tandem data text` makes into shards), and, when vocab > 0, every token below
+  /// vocab (that scan reads the whole file). Throws tandem::Error (Input) naming the file and what is wrong.
   explicit TokenShard(const std::string& path, int64_t vocab = 0);
   ~TokenShard();
   TokenShard(const TokenShard&) = delete;
@@ -46,24 +54,34 @@ class TokenShard {
   TokenFormat format() const { return format_; }
   /// Tokens in the shard.
   int64_t size() const { return count_; }
-  /// The tokens (little-endian uint16, which is the host's order on every machine tandem runs on).
-  const uint16_t* tokens() const { return tokens_; }
+  /// Bytes per token: 2 (uint16) or 4 (uint32).
+  int width() const { return token_width(format_); }
+  /// The tokens' bytes: size() tokens of width() bytes, little-endian (the host's order on every
+  /// machine tandem runs on).
+  const uint8_t* bytes() const { return bytes_; }
+  /// Token i (i < size()).
+  uint32_t at(int64_t i) const;
   /// The largest token (scans the shard).
-  uint16_t max_token() const;
+  uint32_t max_token() const;
 
  private:
   std::string path_;
   TokenFormat format_ = TokenFormat::bare;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  const uint8_t* bytes_ = nullptr;
   int64_t count_ = 0;
 };
 
-/// The shard files a spec names: a file; a directory (its *.bin files, by name; one holding both
-/// train_* and val_* shards is refused, since a split must be named); or a glob pattern (its
-/// matches, by name). Throws tandem::Error (Input) when nothing matches.
+/// The shard files a spec names: a file; a directory (its *.bin files, by name; one holding shards of
+/// both splits, *train*.bin and *val*.bin, is refused, since a split must be named); or a glob pattern
+/// (its matches, by name). Throws tandem::Error (Input) when nothing matches.
 std::vector<std::string> find_token_shards(const std::string& spec);
+
+/// Whether `dir` is a directory holding shards of both splits, as the data scripts name them:
+/// nanoGPT's train.bin and val.bin, llm.c's NAME_train*.bin and NAME_val*.bin, tandem data text's
+/// train_NNNNNN.bin and val_NNNNNN.bin (the globs *train*.bin and *val*.bin).
+bool holds_both_splits(const std::string& dir);
 
 /// Several shards read as one stream of tokens, in the order given.
 class TokenStream {
@@ -77,20 +95,24 @@ class TokenStream {
 
   /// Tokens in all shards.
   int64_t size() const { return size_; }
+  /// Bytes per token of the stream: 4 when any shard holds uint32 tokens, else 2.
+  int width() const { return width_; }
   /// The shards, in stream order.
   const std::vector<std::shared_ptr<const TokenShard>>& shards() const { return shards_; }
   /// Token i of the stream.
-  uint16_t at(int64_t i) const;
+  uint32_t at(int64_t i) const;
   /// Copies tokens [begin, end) into dst, across shard boundaries.
-  void copy(int64_t begin, int64_t end, uint16_t* dst) const;
-  /// Tokens [begin, end) as u8 [end - begin, 2] (each token's two bytes, little-endian) on a device,
-  /// copied shard by shard straight from the mapped files.
+  void copy(int64_t begin, int64_t end, uint32_t* dst) const;
+  /// Tokens [begin, end) as u8 [end - begin, width()] (each token's bytes, little-endian) on a device,
+  /// copied shard by shard straight from the mapped files (a 16-bit shard of a 32-bit stream is
+  /// widened on the way).
   Tensor upload(int64_t begin, int64_t end, Device device) const;
 
  private:
   std::vector<std::shared_ptr<const TokenShard>> shards_;
   std::vector<int64_t> starts_;  // stream position of each shard's first token
   int64_t size_ = 0;
+  int width_ = 2;
 };
 
 /// The contiguous part of a stream of n tokens that rank r of world w reads: [r n / w, (r + 1) n / w).
@@ -120,7 +142,7 @@ struct TokenBatchOptions {
 };
 
 /// Batches of token windows of one rank: x = window[0:T], y = window[1:T+1], i32 [B, T]. The rank's
-/// part of the stream is put on the device once (2 bytes a token) and every batch is drawn there by
+/// part of the stream is put on the device once (2 or 4 bytes a token) and every batch is drawn there by
 /// one kernel, from a count of windows drawn that lives on the device: a recorded step that calls
 /// fill() draws the next batch at each replay. Window j of the rank (batch k holds j = kB .. kB+B-1)
 /// is decided by (seed, rank, j) alone, the same on every device and every run.
@@ -146,7 +168,7 @@ class TokenBatches {
   int64_t windows() const;
   /// Window j's start within the part (what the kernel computes; for checks and tests).
   int64_t window_start(int64_t j) const;
-  /// The part on the device, u8 [n, 2].
+  /// The part on the device, u8 [n, 2] or u8 [n, 4] (the stream's width).
   const Tensor& tokens() const { return tokens_; }
   /// The window count on the device, i64 [2] (Backend::token_windows' cursor).
   const Tensor& cursor() const { return cursor_; }

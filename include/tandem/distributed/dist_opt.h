@@ -151,7 +151,9 @@ class DistOpt {
   optim::Optimizer& optimizer() { return *opt_; }
 
   /// Checks that every rank built the same model (names, shapes, dtypes; throws saying what
-  /// differs), then broadcasts parameters and buffers from rank 0 so all ranks start identical.
+  /// differs), then broadcasts parameters and buffers from rank 0 so all ranks start identical. The
+  /// model's parameters the optimizer does not hold (frozen) are checked, broadcast and later compared
+  /// (check_consistency) as well.
   /// Under Shard::parameters it first finds the model's layer groups (its ShardedLayers), and then
   /// shards the parameters: load a checkpoint into the model before calling it.
   void sync_parameters(nn::Module& model);
@@ -252,8 +254,9 @@ class DistOpt {
   };
   /// Averages buffers only (batch-norm running statistics).
   void average_buffers();
-  /// Throws, naming the first tensor that differs, unless all ranks hold bit-identical parameters
-  /// (and buffers, with include_buffers: batch-norm statistics agree only after average_buffers()).
+  /// Throws, naming the first tensor that differs, unless all ranks hold bit-identical parameters,
+  /// trained or frozen (and buffers, with include_buffers: batch-norm statistics agree only after
+  /// average_buffers()).
   void check_consistency(bool include_buffers = true);
   /// Waits for the parameters' all-gathers still in flight (overlap_gather); a no-op otherwise.
   void wait_parameters();
@@ -294,6 +297,15 @@ class DistOpt {
   void gather_optimizer_state();
   /// Drops the copy gather_optimizer_state() made (its memory is the whole model's optimizer state).
   void release_optimizer_state();
+  /// Regroups the wrapped optimizer's parameters (optim::Optimizer::set_param_groups: every parameter keeps
+  /// its state). Under --shard optimizer and gradients the optimizer of this rank's slices was cut along the
+  /// old groups: its state is gathered into the wrapped optimizer and the slices are cut again along the new
+  /// ones (a collective: every rank calls it with the same groups). The wrapped optimizer regrouped directly
+  /// (a checkpoint loaded into it restores its groups) is cut again the same way at the next update().
+  /// Throws under --shard parameters once sync_parameters has sharded them, with overlap_gather once the
+  /// layers wait for the step's gathers, and after keep_parameter_copies under --shard: give the groups
+  /// before those.
+  void set_param_groups(const std::vector<optim::ParamGroup>& groups);
   /// partialUpdate: the chunk of the parameters the next update() averages (a wait for the device).
   int64_t partial_chunk() const;
 
@@ -344,6 +356,8 @@ class DistOpt {
   void find_layer_groups(nn::Module& model);
   void overlap_layer_groups(nn::Module& model);
   void take_loaded_replica();
+  // Under --shard: cuts the slices again along the wrapped optimizer's groups, where they changed.
+  void recut_slices();
   // The global norm (returned) and coef = min(1, max_norm / (norm + 1e-6)), both on the device.
   Tensor clip_coefficient(double max_norm, Tensor& coef);
   class Impl;

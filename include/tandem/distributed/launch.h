@@ -23,7 +23,8 @@ struct LaunchOptions {
                                      // own rendezvous (default 300 s)
   std::vector<std::string> command;  // program and its arguments
   double stop_grace_s = 3;           // after SIGTERM (a failed rank), the rest get this long before SIGKILL
-  double interrupt_grace_s = 5;      // after a forwarded SIGINT/SIGTERM, the ranks get this long before SIGKILL
+  double interrupt_grace_s = 30;     // after a forwarded SIGINT/SIGTERM, the ranks get this long before SIGKILL
+                                     // (tandem train stops at its next step boundary and saves its checkpoint)
   bool oversubscribe = false;        // a CPU job may start more ranks on a machine than 4 per core
 };
 

@@ -92,11 +92,35 @@ struct SampleOptions {
   int64_t top_k = 0;
   /// The draws' generator: the same seed, weights and device give the same tokens.
   uint64_t seed = 0;
+  /// Only the most likely tokens whose probabilities (after temperature and top_k) add up to top_p can be drawn
+  /// (nucleus sampling; the token that reaches it included); 1: every token.
+  double top_p = 1.0;
+  /// Generation ends after this token is drawn (the end-of-text token; it is returned); negative: none.
+  int64_t stop_token = -1;
 };
 
 /// Draws a token from one position's logits (a vocabulary's worth) as GPT::generate does: temperature,
-/// top_k, then a draw from the softmax with one gen.next_double(). Throws on NaN logits.
+/// top_k, top_p, then a draw from the softmax with one gen.next_double(). Throws on NaN logits.
 int64_t sample_logits(const std::vector<float>& logits, const SampleOptions& opt, Generator& gen);
+
+/// The sampling loop of a decoder's generate (GPT, Llama): `step` runs tokens [1, Tn] after the positions the
+/// cache holds and gives their logits [1, Tn, vocab]. The prompt runs once, then each drawn token alone against
+/// the cached keys and values; past `context` tokens the sequence is cropped to its last `context` (their cache
+/// rebuilt). Runs `model` in evaluation mode without gradients (its mode restored after); `who` names the model
+/// in errors.
+std::vector<int64_t> generate_tokens(Module& model, const std::function<Tensor(const Tensor&, GptCache&)>& step,
+                                     int64_t context, int64_t vocab, Device device, const std::vector<int64_t>& prompt,
+                                     int64_t n, const SampleOptions& opt, const std::function<void(int64_t)>& on_token,
+                                     const char* who);
+
+/// A language model that takes its loss together with its output layer (GPT, Llama): trainers call loss()
+/// instead of computing the cross-entropy of forward's logits, which are then never kept whole.
+class CausalLm {
+ public:
+  virtual ~CausalLm() = default;
+  /// The mean cross-entropy of targets [B, T] (the next tokens; ignore_index positions left out).
+  virtual Tensor loss(const Tensor& tokens, const Tensor& targets, int64_t ignore_index = -100) = 0;
+};
 
 /// GPT-2's language model. forward maps tokens [B, T] (i32 or i64, T <= context) to logits [B, T, vocab]:
 /// x = wte[tokens] + wpe[0..T) (then dropout), the blocks h.0 ... h.{layers-1} (TransformerBlock, causal),
@@ -109,14 +133,14 @@ int64_t sample_logits(const std::vector<float>& logits, const SampleOptions& opt
 /// Tokens outside [0, vocab) are an error: on the CPU forward checks them at once (naming the position);
 /// on a GPU the embedding checks them on the device without making the host wait, and the error is raised
 /// at the next synchronisation (the loss's item(), a copy to the host).
-class GPT : public Module, public LayerGroups {
+class GPT : public Module, public LayerGroups, public CausalLm {
  public:
   explicit GPT(const GptConfig& cfg, uint64_t seed = 0);
   Tensor forward(const Tensor& tokens) override;
   /// The mean cross-entropy of targets [B, T] (the next tokens; ignore_index positions left out) under the
   /// logits forward(tokens) gives, the head taken with the loss (linear_cross_entropy): in training the
   /// [B, T, vocab] logits are never kept beside their gradient.
-  Tensor loss(const Tensor& tokens, const Tensor& targets, int64_t ignore_index = -100);
+  Tensor loss(const Tensor& tokens, const Tensor& targets, int64_t ignore_index = -100) override;
   /// Logits [B, Tn, vocab] for the next Tn tokens [B, Tn] of sequences whose earlier tokens `cache` holds
   /// (empty: Tn is the start of the sequences), their keys and values appended to it: the rows forward gives
   /// for those positions of the whole sequences, without recomputing the earlier ones. No dropout, no

@@ -3,6 +3,7 @@
 #include <array>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 
 #include "tandem/nn/layer_group.h"
 #include "tandem/nn/module.h"
@@ -268,10 +269,35 @@ struct KVCache {
 /// scaled_dot_product_attention (causal: each position attends to itself and earlier ones), and the output
 /// projection c_proj. Weights drawn from N(0, init_std^2), c_proj's from N(0, proj_std^2), biases zero. In
 /// training the attention probabilities are dropped with probability dropout.
+/// Rotary position embeddings' tables (rotary_tables) shared by a model's attention layers, made on first use
+/// for the device and dtype asked (positions 0 .. positions - 1) and kept.
+class RotaryCache {
+ public:
+  RotaryCache(int64_t head_dim, int64_t positions, double theta, RopeScaling scaling = {})
+      : head_dim_(head_dim), positions_(positions), theta_(theta), scaling_(scaling) {}
+  /// cos and sin [length, head_dim] for positions start .. start + length - 1.
+  std::pair<Tensor, Tensor> at(int64_t start, int64_t length, DType dtype, Device device);
+  int64_t positions() const { return positions_; }
+  double theta() const { return theta_; }
+  const RopeScaling& scaling() const { return scaling_; }
+
+ private:
+  int64_t head_dim_, positions_;
+  double theta_;
+  RopeScaling scaling_;
+  Tensor cos_, sin_;
+};
+
 class SelfAttention : public Module {
  public:
   SelfAttention(int64_t width, int64_t heads, Generator& gen, bool causal = true, bool bias = true,
                 double dropout = 0.0, double init_std = 0.02, double proj_std = 0.02);
+  /// Grouped-query attention (Llama's): kv_heads heads of keys and values (a divisor of heads; each serves
+  /// heads / kv_heads query heads), c_attn giving the queries, keys and values side by side ([width + 2 kv_heads
+  /// x head size] outputs), and, with `rotary`, rotary position embeddings on the queries and keys from its
+  /// tables (Hugging Face's rotate-half layout). c_proj has `proj_bias` biases.
+  SelfAttention(int64_t width, int64_t heads, int64_t kv_heads, std::shared_ptr<RotaryCache> rotary, Generator& gen,
+                bool causal, bool bias, bool proj_bias, double dropout, double init_std, double proj_std);
   Tensor forward(const Tensor& x) override;
   /// residual + forward(x), the sum taken by the output projection (linear_residual).
   Tensor forward_residual(const Tensor& x, const Tensor& residual);
@@ -285,14 +311,18 @@ class SelfAttention : public Module {
   NamedGenerators own_generators() override { return {{"rng", &gen_}}; }
   int64_t width() const { return width_; }
   int64_t num_heads() const { return heads_; }
+  int64_t num_kv_heads() const { return kv_heads_; }
   bool causal() const { return causal_; }
   std::shared_ptr<Linear> c_attn, c_proj;
 
  private:
   void check_input(const Tensor& x, const char* what) const;
-  int64_t width_, heads_;
+  // The heads' outputs [B, T, width] of the projection qkv [B, T, (heads + 2 kv_heads) d] at positions start ...
+  Tensor attend(const Tensor& qkv, int64_t start);
+  int64_t width_, heads_, kv_heads_;
   bool causal_;
   double dropout_;
+  std::shared_ptr<RotaryCache> rotary_;
   Generator gen_;
 };
 
@@ -302,11 +332,19 @@ class FeedForward : public Module {
  public:
   FeedForward(int64_t width, int64_t hidden, Generator& gen, bool bias = true, double init_std = 0.02,
               double proj_std = 0.02);
+  /// Llama's SwiGLU MLP with `gated`: c_fc (width -> 2 hidden: the gate's rows, then the up projection's),
+  /// silu(gate) * up, c_proj (hidden -> width).
+  FeedForward(int64_t width, int64_t hidden, Generator& gen, bool bias, double init_std, double proj_std, bool gated);
+  bool gated() const { return gated_; }
   Tensor forward(const Tensor& x) override;
   /// residual + forward(x), the sum taken by c_proj's product (gelu_mlp's residual).
   Tensor forward_residual(const Tensor& x, const Tensor& residual);
   std::string describe() const override;
   std::shared_ptr<Linear> c_fc, c_proj;
+
+ private:
+  Tensor hidden_of(const Tensor& x);  // the activation c_proj takes
+  bool gated_ = false;
 };
 
 /// How a TransformerBlock is made.
@@ -320,7 +358,15 @@ struct TransformerBlockOptions {
   /// The output projections of the branches (attn.c_proj, mlp.c_proj) are drawn with init_std /
   /// sqrt(2 residual_layers): GPT-2's scaling for a stack of that many blocks.
   int64_t residual_layers = 1;
-  double eps = 1e-5;  // the LayerNorms'
+  double eps = 1e-5;  // the norms'
+  // ---- Llama's choices (the defaults are GPT-2's)
+  bool rms_norm = false;        // RMSNorm (weights only) instead of LayerNorm
+  bool gated_mlp = false;       // SwiGLU instead of GELU
+  int64_t mlp_hidden = 0;       // the MLP's hidden width (0: mlp_ratio * width)
+  int64_t kv_heads = 0;         // grouped-query attention's key and value heads (0: heads)
+  std::shared_ptr<RotaryCache> rotary;  // rotary position embeddings in the attention (null: none)
+  std::optional<bool> attention_bias, mlp_bias;  // the linear layers' biases where they differ from `bias`
+  bool scale_residual_init = true;  // false: the output projections drawn with init_std as well
 };
 
 /// A pre-norm transformer block over x [B, T, width] (GPT-2's): x + drop(attn(ln_1(x))), then
@@ -338,11 +384,14 @@ class TransformerBlock : public Module {
   NamedGenerators own_generators() override { return {{"rng", &gen_}}; }
   const TransformerBlockOptions& options() const { return opt_; }
   int64_t width() const { return width_; }
-  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<LayerNorm> ln_1, ln_2;     // LayerNorms (GPT); null under rms_norm
+  std::shared_ptr<RMSNorm> rms_1, rms_2;     // RMSNorms (Llama), also named ln_1 and ln_2; null otherwise
   std::shared_ptr<SelfAttention> attn;
   std::shared_ptr<FeedForward> mlp;
 
  private:
+  Tensor norm_1(const Tensor& x, bool padded);
+  Tensor norm_2(const Tensor& x, bool padded);
   int64_t width_;
   TransformerBlockOptions opt_;
   Generator gen_;  // the residual branches' dropout

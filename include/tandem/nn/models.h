@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "tandem/nn/gpt.h"
+#include "tandem/nn/llama.h"
 #include "tandem/nn/module.h"
 
 namespace tandem::nn {
@@ -17,13 +18,14 @@ struct ModelConfig {
   /// Language models: the GPT's shape (model "gpt"); the bigram model reads its vocab alone. The image
   /// fields above do not apply to them.
   GptConfig gpt;
+  LlamaConfig llama;  // model "llama"
 };
 
 /// Builds "cnn" (the guide's: conv 20 5x5, pool, conv 50 5x5, pool, linear 500, linear 10),
 /// "mlp" (flatten, hidden linear+relu layers, linear), or "resnet18" / "resnet34" / "resnet50" /
 /// "resnet101" / "resnet152" (ImageNet stem for inputs of 64 pixels and more, a 3x3 stem below), or a
 /// language model: "gpt" (a GPT of cfg.gpt, initialised from cfg.seed: forward takes tokens [B, T], see
-/// nn::GPT) or "bigram", the smallest there is, one Embedding(vocab, vocab) table (cfg.gpt.vocab) whose row
+/// nn::GPT), "llama" (a Llama of cfg.llama, nn::Llama) or "bigram", the smallest there is, one Embedding(vocab, vocab) table (cfg.gpt.vocab) whose row
 /// for a token holds the logits of the next one, so that tokens i32 [B, T] give logits [B, T, vocab] (for
 /// tests and smoke runs of language-model training).
 /// Throws tandem::Error naming the valid models otherwise.

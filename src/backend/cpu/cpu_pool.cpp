@@ -1,4 +1,5 @@
 // CPU backend: max and average pooling over NCHW planes, one plane per task.
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
@@ -16,6 +17,16 @@ inline void window(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_t in
   lo = o * stride - pad;
   hi = std::min(lo + k, in);
   lo = std::max<int64_t>(lo, 0);
+}
+
+// Positions of the window of output row o that the average divides by: those inside the padded input
+// [-pad, in + pad_end) with count_pad, else those inside the input. Without ceil mode's last window every
+// window lies inside the padded input, and with count_pad this is k.
+inline int64_t window_count(int64_t o, int64_t stride, int64_t pad, int64_t pad_end, int64_t k, int64_t in,
+                            bool count_pad) {
+  const int64_t lo = o * stride - pad, hi = lo + k;
+  const int64_t first = count_pad ? -pad : 0, last = count_pad ? in + pad_end : in;
+  return std::min(hi, last) - std::max(lo, first);
 }
 
 // A candidate replaces the running maximum when strictly larger (so the first maximum wins ties)
@@ -57,7 +68,8 @@ void max_pool_2x2(const T* x, const PoolGeom& g, T* y, int32_t* idx) {
 
 template <typename T>
 void max_pool_forward(const T* x, const PoolGeom& g, T* y, int32_t* idx) {
-  if (g.kh == 2 && g.kw == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0)
+  if (g.kh == 2 && g.kw == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0 &&
+      2 * g.oh <= g.h && 2 * g.ow <= g.w)  // no window past the input (ceil mode, trailing padding)
     return max_pool_2x2(x, g, y, idx);
   const int64_t planes = g.n * g.c;
   cpu::parallel_for(planes, cpu::grain_for(g.oh * g.ow * g.kh * g.kw), [&](int64_t begin, int64_t end) {
@@ -71,7 +83,8 @@ void max_pool_forward(const T* x, const PoolGeom& g, T* y, int32_t* idx) {
         for (int64_t ow = 0; ow < g.ow; ++ow) {
           int64_t w0, w1;
           window(ow, g.stride_w, g.pad_w, g.kw, g.w, w0, w1);
-          // The op layer keeps padding below half the window, so every window holds an input element.
+          // The op layer keeps padding below half the window and starts a ceil-mode window inside the input,
+          // so every window holds an input element.
           int64_t bi = h0 * g.w + w0;
           T best = xp[bi];
           for (int64_t ih = h0; ih < h1; ++ih)
@@ -101,10 +114,17 @@ void max_pool_backward(const T* dy, const int32_t* idx, const PoolGeom& g, T* dx
   });
 }
 
+// 1 / the divisor of the window at output position (oh, ow).
+template <typename T>
+inline T avg_scale(const PoolGeom& g, int64_t oh, int64_t ow) {
+  const int64_t rows = window_count(oh, g.stride_h, g.pad_h, g.pad_h_end(), g.kh, g.h, g.count_pad);
+  const int64_t cols = window_count(ow, g.stride_w, g.pad_w, g.pad_w_end(), g.kw, g.w, g.count_pad);
+  return T(1) / static_cast<T>(rows * cols);
+}
+
 template <typename T>
 void avg_pool_forward(const T* x, const PoolGeom& g, T* y) {
   const int64_t planes = g.n * g.c;
-  const T inv = T(1) / static_cast<T>(g.kh * g.kw);  // padded positions count: the divisor is the window size
   cpu::parallel_for(planes, cpu::grain_for(g.oh * g.ow * g.kh * g.kw), [&](int64_t begin, int64_t end) {
     for (int64_t pl = begin; pl < end; ++pl) {
       const T* xp = x + pl * g.h * g.w;
@@ -118,7 +138,7 @@ void avg_pool_forward(const T* x, const PoolGeom& g, T* y) {
           T s = T(0);
           for (int64_t ih = h0; ih < h1; ++ih)
             for (int64_t iw = w0; iw < w1; ++iw) s += xp[ih * g.w + iw];
-          yp[oh * g.ow + ow] = s * inv;
+          yp[oh * g.ow + ow] = s * avg_scale<T>(g, oh, ow);
         }
       }
     }
@@ -128,7 +148,6 @@ void avg_pool_forward(const T* x, const PoolGeom& g, T* y) {
 template <typename T>
 void avg_pool_backward(const T* dy, const PoolGeom& g, T* dx) {
   const int64_t planes = g.n * g.c;
-  const T inv = T(1) / static_cast<T>(g.kh * g.kw);
   cpu::parallel_for(planes, cpu::grain_for(g.oh * g.ow * g.kh * g.kw), [&](int64_t begin, int64_t end) {
     for (int64_t pl = begin; pl < end; ++pl) {
       T* dxp = dx + pl * g.h * g.w;
@@ -140,7 +159,7 @@ void avg_pool_backward(const T* dy, const PoolGeom& g, T* dx) {
         for (int64_t ow = 0; ow < g.ow; ++ow) {
           int64_t w0, w1;
           window(ow, g.stride_w, g.pad_w, g.kw, g.w, w0, w1);
-          const T v = dyp[oh * g.ow + ow] * inv;
+          const T v = dyp[oh * g.ow + ow] * avg_scale<T>(g, oh, ow);
           for (int64_t ih = h0; ih < h1; ++ih)
             for (int64_t iw = w0; iw < w1; ++iw) dxp[ih * g.w + iw] += v;
         }

@@ -15,16 +15,22 @@ void CpuBackend::token_windows(const Tensor& tokens, Tensor& cursor, uint64_t se
   TANDEM_CHECK(first >= 0, "token_windows: the cursor holds a negative window count ", first);
   drawn += B;
   const auto* bytes = tokens.data<uint8_t>();
+  const int64_t width = tokens.size(1);
   int32_t* xs = x.data<int32_t>();
   int32_t* ys = y.data<int32_t>();
+  // Token k of a window is its `width` bytes from k * width, least significant first: little-endian on
+  // any host. uint32 tokens of a vocabulary below 2^31 fit an i32.
+  auto token = [width](const uint8_t* p) -> int32_t {
+    if (width == 2) return p[0] | (p[1] << 8);
+    return static_cast<int32_t>(uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24));
+  };
   cpu::parallel_for(B, cpu::grain_for(2 * T), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t s = token_window_start(seed, first + b, n, T, random);
-      const uint8_t* w = bytes + 2 * s;
-      // Token k of the window is bytes 2k (low) and 2k + 1 (high): little-endian on any host.
-      int32_t prev = w[0] | (w[1] << 8);
+      const uint8_t* w = bytes + width * s;
+      int32_t prev = token(w);
       for (int64_t t = 0; t < T; ++t) {
-        const int32_t next = w[2 * t + 2] | (w[2 * t + 3] << 8);
+        const int32_t next = token(w + width * (t + 1));
         xs[b * T + t] = prev;
         ys[b * T + t] = next;
         prev = next;

@@ -44,11 +44,12 @@ struct AttentionKey {
   int device;
   DType dtype;
   int64_t b, h, tq, tk, d, dv;
+  int64_t hk;  // the key's and value's heads (grouped-query attention: a divisor of h)
   bool causal, deterministic, grads_like_inputs;
   float scale, dropout_p;
   std::array<int64_t, 4> qs, ks, vs;  // the inputs' strides as [b, h, t, d]
   bool operator==(const AttentionKey& o) const {
-    return device == o.device && dtype == o.dtype && b == o.b && h == o.h && tq == o.tq && tk == o.tk && d == o.d &&
+    return device == o.device && dtype == o.dtype && b == o.b && h == o.h && hk == o.hk && tq == o.tq && tk == o.tk && d == o.d &&
            dv == o.dv && causal == o.causal && deterministic == o.deterministic &&
            grads_like_inputs == o.grads_like_inputs &&
            std::memcmp(&scale, &o.scale, sizeof(float)) == 0 && std::memcmp(&dropout_p, &o.dropout_p, sizeof(float)) == 0 &&
@@ -60,7 +61,7 @@ struct AttentionKeyHash {
   size_t operator()(const AttentionKey& k) const {
     size_t h = std::hash<int64_t>()(k.b);
     auto mix = [&](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
-    for (int64_t v : {k.h, k.tq, k.tk, k.d, k.dv}) mix(static_cast<uint64_t>(v));
+    for (int64_t v : {k.h, k.hk, k.tq, k.tk, k.d, k.dv}) mix(static_cast<uint64_t>(v));
     for (const auto* st : {&k.qs, &k.ks, &k.vs})
       for (int64_t v : *st) mix(static_cast<uint64_t>(v));
     uint32_t sb, pb;
@@ -83,10 +84,13 @@ std::array<int64_t, 4> or_contiguous(const std::array<int64_t, 4>& s, int64_t h,
   return s == std::array<int64_t, 4>{} ? bhtd(h, t, d) : s;
 }
 
-// An input gradient's strides: its input's (grads_like_inputs) or [b, t, h, d].
-std::array<int64_t, 4> grad_strides(const AttentionKey& k, const std::array<int64_t, 4>& input, int64_t t, int64_t d) {
-  return k.grads_like_inputs ? input : bthd(k.h, t, d);
+// An input gradient's strides: its input's (grads_like_inputs) or [b, t, h, d] with the input's h heads.
+std::array<int64_t, 4> grad_strides(const AttentionKey& k, const std::array<int64_t, 4>& input, int64_t h, int64_t t,
+                                    int64_t d) {
+  return k.grads_like_inputs ? input : bthd(h, t, d);
 }
+
+int64_t kv_heads_of(const AttentionGeom& g) { return g.kv_heads > 0 ? g.kv_heads : g.heads; }
 
 AttentionKey key_of(const AttentionGeom& g, DType t, int device) {
   return {device,
@@ -97,14 +101,15 @@ AttentionKey key_of(const AttentionGeom& g, DType t, int device) {
           g.tk,
           g.d,
           g.dv,
+          kv_heads_of(g),
           g.causal,
           deterministic_algorithms(),
           g.grads_like_inputs,
           static_cast<float>(g.scale),
           static_cast<float>(g.dropout_p),
           or_contiguous(g.q_strides, g.heads, g.tq, g.d),
-          or_contiguous(g.k_strides, g.heads, g.tk, g.d),
-          or_contiguous(g.v_strides, g.heads, g.tk, g.dv)};
+          or_contiguous(g.k_strides, kv_heads_of(g), g.tk, g.d),
+          or_contiguous(g.v_strides, kv_heads_of(g), g.tk, g.dv)};
 }
 
 #if TANDEM_WITH_CUDNN_FRONTEND
@@ -140,8 +145,8 @@ std::shared_ptr<fe::graph::Graph> new_graph(DType t) {
 std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionKey& k) {
   auto graph = new_graph(k.dtype);
   auto q = input(*graph, "Q", kQ, k.b, k.h, k.tq, k.d, k.qs);
-  auto kk = input(*graph, "K", kK, k.b, k.h, k.tk, k.d, k.ks);
-  auto v = input(*graph, "V", kV, k.b, k.h, k.tk, k.dv, k.vs);
+  auto kk = input(*graph, "K", kK, k.b, k.hk, k.tk, k.d, k.ks);
+  auto v = input(*graph, "V", kV, k.b, k.hk, k.tk, k.dv, k.vs);
   auto opts = fe::graph::SDPA_attributes().set_name("tandem_sdpa").set_generate_stats(true).set_attn_scale(k.scale);
   if (k.causal) opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
   if (k.dropout_p > 0.0f)
@@ -159,8 +164,8 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionKey& k) {
 std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionKey& k) {
   auto graph = new_graph(k.dtype);
   auto q = input(*graph, "Q", kQ, k.b, k.h, k.tq, k.d, k.qs);
-  auto kk = input(*graph, "K", kK, k.b, k.h, k.tk, k.d, k.ks);
-  auto v = input(*graph, "V", kV, k.b, k.h, k.tk, k.dv, k.vs);
+  auto kk = input(*graph, "K", kK, k.b, k.hk, k.tk, k.d, k.ks);
+  auto v = input(*graph, "V", kV, k.b, k.hk, k.tk, k.dv, k.vs);
   auto o = input(*graph, "O", kO, k.b, k.h, k.tq, k.dv, bthd(k.h, k.tq, k.dv));
   auto dout = input(*graph, "dO", kDO, k.b, k.h, k.tq, k.dv, bthd(k.h, k.tq, k.dv));
   auto stats = graph->tensor(fe::graph::Tensor_attributes()
@@ -177,9 +182,11 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionKey& k) {
   if (k.dropout_p > 0.0f)
     opts.set_dropout(k.dropout_p, rng_tensor(*graph, "Seed", kSeed), rng_tensor(*graph, "Offset", kOffset));
   auto [dq, dk, dv] = graph->sdpa_backward(q, kk, v, o, dout, stats, opts);
-  dq->set_output(true).set_uid(kDQ).set_dim({k.b, k.h, k.tq, k.d}).set_stride(vec(grad_strides(k, k.qs, k.tq, k.d)));
-  dk->set_output(true).set_uid(kDK).set_dim({k.b, k.h, k.tk, k.d}).set_stride(vec(grad_strides(k, k.ks, k.tk, k.d)));
-  dv->set_output(true).set_uid(kDV).set_dim({k.b, k.h, k.tk, k.dv}).set_stride(vec(grad_strides(k, k.vs, k.tk, k.dv)));
+  dq->set_output(true).set_uid(kDQ).set_dim({k.b, k.h, k.tq, k.d}).set_stride(vec(grad_strides(k, k.qs, k.h, k.tq, k.d)));
+  dk->set_output(true).set_uid(kDK).set_dim({k.b, k.hk, k.tk, k.d}).set_stride(
+      vec(grad_strides(k, k.ks, k.hk, k.tk, k.d)));
+  dv->set_output(true).set_uid(kDV).set_dim({k.b, k.hk, k.tk, k.dv}).set_stride(
+      vec(grad_strides(k, k.vs, k.hk, k.tk, k.dv)));
   return graph;
 }
 
@@ -292,12 +299,12 @@ void tune(AttentionPlan& plan, const AttentionKey& k, cudnnHandle_t handle, Devi
     return s;
   };
   const std::array<int64_t, 4> out = bthd(k.h, k.tq, k.dv);
-  auto q = scratch(span(k.b, k.h, k.tq, k.d, k.qs), 2), kk = scratch(span(k.b, k.h, k.tk, k.d, k.ks), 2),
-       v = scratch(span(k.b, k.h, k.tk, k.dv, k.vs), 2), o = scratch(span(k.b, k.h, k.tq, k.dv, out), 2),
+  auto q = scratch(span(k.b, k.h, k.tq, k.d, k.qs), 2), kk = scratch(span(k.b, k.hk, k.tk, k.d, k.ks), 2),
+       v = scratch(span(k.b, k.hk, k.tk, k.dv, k.vs), 2), o = scratch(span(k.b, k.h, k.tq, k.dv, out), 2),
        dout = scratch(span(k.b, k.h, k.tq, k.dv, out), 2), stats = scratch(k.b * k.h * k.tq, 4),
-       dq = scratch(span(k.b, k.h, k.tq, k.d, grad_strides(k, k.qs, k.tq, k.d)), 2),
-       dk = scratch(span(k.b, k.h, k.tk, k.d, grad_strides(k, k.ks, k.tk, k.d)), 2),
-       dv = scratch(span(k.b, k.h, k.tk, k.dv, grad_strides(k, k.vs, k.tk, k.dv)), 2), rng = scratch(2, 8);
+       dq = scratch(span(k.b, k.h, k.tq, k.d, grad_strides(k, k.qs, k.h, k.tq, k.d)), 2),
+       dk = scratch(span(k.b, k.hk, k.tk, k.d, grad_strides(k, k.ks, k.hk, k.tk, k.d)), 2),
+       dv = scratch(span(k.b, k.hk, k.tk, k.dv, grad_strides(k, k.vs, k.hk, k.tk, k.dv)), 2), rng = scratch(2, 8);
   TANDEM_CUDA_CHECK(cudaMemsetAsync(rng->as<void>(), 0, 16, dev.stream));
   Scratch ws(alloc, static_cast<size_t>(std::max(plan.fwd_ws, plan.bwd_ws)));
   std::unordered_map<int64_t, void*> pack = {{kQ, q->as<void>()}, {kK, kk->as<void>()}, {kV, v->as<void>()},
@@ -341,6 +348,7 @@ AttentionState& attention_state(int device) {
 
 std::string describe(const AttentionKey& k) {
   return detail::cat(dtype_name(k.dtype), " [", k.b, ", ", k.h, ", ", k.tq, ", ", k.d, "] x [", k.tk, ", ", k.dv, "]",
+                     k.hk != k.h ? detail::cat(" (", k.hk, " key heads)") : std::string(),
                      k.causal ? " causal" : "", k.dropout_p > 0 ? detail::cat(" dropout ", k.dropout_p) : std::string());
 }
 
@@ -447,8 +455,8 @@ void CudaBackend::fused_attention_forward(const Tensor& q, const Tensor& k, cons
   const DType t = q.dtype();
   const AttentionKey key = key_of(g, t, dev.device);
   require_attention_tensor(q, t, {g.batch, g.heads, g.tq, g.d}, key.qs, "query");
-  require_attention_tensor(k, t, {g.batch, g.heads, g.tk, g.d}, key.ks, "key");
-  require_attention_tensor(v, t, {g.batch, g.heads, g.tk, g.dv}, key.vs, "value");
+  require_attention_tensor(k, t, {g.batch, key.hk, g.tk, g.d}, key.ks, "key");
+  require_attention_tensor(v, t, {g.batch, key.hk, g.tk, g.dv}, key.vs, "value");
   require_attention_tensor(o, t, {g.batch, g.heads, g.tq, g.dv}, bthd(g.heads, g.tq, g.dv), "output");
   TANDEM_ASSERT(stats.dtype() == DType::f32 && stats.is_contiguous() && stats.numel() == g.batch * g.heads * g.tq,
                 "fused attention statistics ", stats.str());
@@ -482,13 +490,15 @@ void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, con
   const DType t = q.dtype();
   const AttentionKey key = key_of(g, t, dev.device);
   require_attention_tensor(q, t, {g.batch, g.heads, g.tq, g.d}, key.qs, "query");
-  require_attention_tensor(k, t, {g.batch, g.heads, g.tk, g.d}, key.ks, "key");
-  require_attention_tensor(v, t, {g.batch, g.heads, g.tk, g.dv}, key.vs, "value");
+  require_attention_tensor(k, t, {g.batch, key.hk, g.tk, g.d}, key.ks, "key");
+  require_attention_tensor(v, t, {g.batch, key.hk, g.tk, g.dv}, key.vs, "value");
   require_attention_tensor(o, t, {g.batch, g.heads, g.tq, g.dv}, bthd(g.heads, g.tq, g.dv), "output");
   require_attention_tensor(dout, t, {g.batch, g.heads, g.tq, g.dv}, bthd(g.heads, g.tq, g.dv), "output gradient");
-  require_attention_tensor(dq, t, {g.batch, g.heads, g.tq, g.d}, grad_strides(key, key.qs, g.tq, g.d), "query gradient");
-  require_attention_tensor(dk, t, {g.batch, g.heads, g.tk, g.d}, grad_strides(key, key.ks, g.tk, g.d), "key gradient");
-  require_attention_tensor(dv, t, {g.batch, g.heads, g.tk, g.dv}, grad_strides(key, key.vs, g.tk, g.dv),
+  require_attention_tensor(dq, t, {g.batch, g.heads, g.tq, g.d}, grad_strides(key, key.qs, g.heads, g.tq, g.d),
+                           "query gradient");
+  require_attention_tensor(dk, t, {g.batch, key.hk, g.tk, g.d}, grad_strides(key, key.ks, key.hk, g.tk, g.d),
+                           "key gradient");
+  require_attention_tensor(dv, t, {g.batch, key.hk, g.tk, g.dv}, grad_strides(key, key.vs, key.hk, g.tk, g.dv),
                            "value gradient");
 #if TANDEM_WITH_CUDNN_FRONTEND
   AttentionState& st = attention_state(dev.device);

@@ -45,6 +45,8 @@ template <typename I>
 struct PoolArgs {
   I n, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow;
   DivOf<I> c_div, h_div, w_div, oh_div, ow_div;
+  I ph_end, pw_end;  // padding after the input (bottom, right)
+  bool count_pad;    // average: divide by the window's positions inside the padded input, or inside the input
 };
 
 template <typename I>
@@ -53,7 +55,24 @@ PoolArgs<I> pool_args(const PoolGeom& g) {
           static_cast<I>(g.kh),     static_cast<I>(g.kw),       static_cast<I>(g.stride_h), static_cast<I>(g.stride_w),
           static_cast<I>(g.pad_h),  static_cast<I>(g.pad_w),    static_cast<I>(g.oh),       static_cast<I>(g.ow),
           make_div<I>(g.c),         make_div<I>(g.h),           make_div<I>(g.w),           make_div<I>(g.oh),
-          make_div<I>(g.ow)};
+          make_div<I>(g.ow),        static_cast<I>(g.pad_h_end()), static_cast<I>(g.pad_w_end()), g.count_pad};
+}
+
+// Positions of the window of output row o that the average divides by: those inside the padded input
+// [-pad, in + pad_end) with count_pad, else those inside the input (as the CPU backend counts them).
+template <typename I>
+__device__ __forceinline__ I window_count(I o, I stride, I pad, I pad_end, I k, I in, bool count_pad) {
+  const I lo = o * stride - pad, hi = lo + k;
+  const I first = count_pad ? -pad : I(0), last = count_pad ? in + pad_end : in;
+  return (hi < last ? hi : last) - (lo > first ? lo : first);
+}
+
+// 1 / the divisor of the window at output position (oy, ox).
+template <typename I>
+__device__ __forceinline__ float avg_scale(const PoolArgs<I>& a, I oy, I ox) {
+  const I rows = window_count(oy, a.sh, a.ph, a.ph_end, a.kh, a.h, a.count_pad);
+  const I cols = window_count(ox, a.sw, a.pw, a.pw_end, a.kw, a.w, a.count_pad);
+  return 1.0f / static_cast<float>(rows * cols);
 }
 
 // Splits a flat index over an [n, c, rows, cols] tensor (stored NCHW or NHWC) into the spatial position,
@@ -100,7 +119,7 @@ __device__ __forceinline__ I grid_stride() {
 
 // Max over the window's in-bounds positions; the first maximum in row-major order wins ties, a NaN
 // propagates, and padding never takes part (a window always holds an input position: the op layer keeps
-// pad <= k/2). indices holds the winner's row * w + col.
+// pad <= k/2 and starts a ceil-mode window inside the input). indices holds the winner's row * w + col.
 template <typename T, bool NHWC, typename I>
 __global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int32_t* __restrict__ idx,
                                         PoolArgs<I> a) {
@@ -284,11 +303,11 @@ bool packs_channels(const PoolGeom& g, std::initializer_list<const void*> ptrs) 
   return g.nhwc && V >= 4 && g.c % V == 0 && chan::aligned16(ptrs);
 }
 
-// Mean over the window with padding counted as zeros: the divisor is always kh * kw.
+// Mean over the window: the sum of its input elements over avg_scale's divisor (kh * kw wherever the window
+// lies inside the padded input and padding counts).
 template <typename T, bool NHWC, typename I>
 __global__ void avg_pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, PoolArgs<I> a) {
   const I total = a.n * a.c * a.oh * a.ow;
-  const float inv = 1.0f / static_cast<float>(a.kh * a.kw);
   for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
     I oy, ox, obase, step, img, ch;
     split_index<NHWC>(i, a.c, a.c_div, a.oh, a.oh_div, a.ow, a.ow_div, oy, ox, obase, step, img, ch);
@@ -299,14 +318,13 @@ __global__ void avg_pool_forward_kernel(const T* __restrict__ x, T* __restrict__
     float acc = 0.0f;
     for (I r = hs; r < he; ++r)
       for (I col = ws; col < we; ++col) acc += to_float(x[xbase + (r * a.w + col) * step]);
-    y[i] = from_float<T>(acc * inv);
+    y[i] = from_float<T>(acc * avg_scale(a, oy, ox));
   }
 }
 
 template <typename T, bool NHWC, typename I>
 __global__ void avg_pool_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, PoolArgs<I> a) {
   const I total = a.n * a.c * a.h * a.w;
-  const float inv = 1.0f / static_cast<float>(a.kh * a.kw);
   for (I i = grid_index<I>(); i < total; i += grid_stride<I>()) {
     I row, col, base, step, img, ch;
     split_index<NHWC>(i, a.c, a.c_div, a.h, a.h_div, a.w, a.w_div, row, col, base, step, img, ch);
@@ -316,14 +334,14 @@ __global__ void avg_pool_backward_kernel(const T* __restrict__ dy, T* __restrict
     covering(col, a.pw, a.kw, a.sw, a.ow, x0, x1);
     float acc = 0.0f;
     for (I oy = y0; oy < y1; ++oy)
-      for (I ox = x0; ox < x1; ++ox) acc += to_float(dy[obase + (oy * a.ow + ox) * step]) * inv;
+      for (I ox = x0; ox < x1; ++ox) acc += to_float(dy[obase + (oy * a.ow + ox) * step]) * avg_scale(a, oy, ox);
     dx[i] = from_float<T>(acc);
   }
 }
 
 void check_pool(const PoolGeom& g, const char* op) {
   TANDEM_ASSERT(g.kh >= 1 && g.kw >= 1 && g.stride_h >= 1 && g.stride_w >= 1 && 2 * g.pad_h <= g.kh &&
-                    2 * g.pad_w <= g.kw,
+                    2 * g.pad_w <= g.kw && 2 * g.pad_h_end() <= g.kh && 2 * g.pad_w_end() <= g.kw,
                 op, ": pooling geometry");
   TANDEM_CHECK(g.h * g.w <= INT32_MAX, op, ": planes of more than 2^31 elements are not supported");
 }

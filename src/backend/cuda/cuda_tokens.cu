@@ -16,7 +16,9 @@ using kern::kBlock;
 // One block row per window (blockIdx.x), its tokens spread over blockIdx.y. The first window's index
 // is read from cursor[0]; the last block to finish (counted in cursor[1]) advances it by the batch
 // and zeroes the count: every block has read it by then (as in gather_samples_kernel).
-__global__ void token_windows_kernel(const uint16_t* __restrict__ tokens, int64_t n, int64_t T, uint64_t seed,
+// Token is uint16_t or uint32_t: the stream's width.
+template <typename Token>
+__global__ void token_windows_kernel(const Token* __restrict__ tokens, int64_t n, int64_t T, uint64_t seed,
                                      bool random, long long* cursor, int32_t* __restrict__ x,
                                      int32_t* __restrict__ y) {
   __shared__ long long first;
@@ -26,13 +28,13 @@ __global__ void token_windows_kernel(const uint16_t* __restrict__ tokens, int64_
     start = token_window_start(seed, first + blockIdx.x, n, T, random);
   }
   __syncthreads();
-  const uint16_t* w = tokens + start;
+  const Token* w = tokens + start;
   int32_t* xs = x + static_cast<int64_t>(blockIdx.x) * T;
   int32_t* ys = y + static_cast<int64_t>(blockIdx.x) * T;
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.x;
   for (int64_t t = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; t < T; t += step) {
-    xs[t] = w[t];
-    ys[t] = w[t + 1];
+    xs[t] = static_cast<int32_t>(w[t]);
+    ys[t] = static_cast<int32_t>(w[t + 1]);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -54,9 +56,15 @@ void CudaBackend::token_windows(const Tensor& tokens, Tensor& cursor, uint64_t s
   TANDEM_CHECK(B <= INT_MAX, "token_windows: ", B, " windows in one batch");
   DeviceState& st = state_for(x);
   const dim3 grid(static_cast<unsigned>(B), static_cast<unsigned>(std::clamp<int64_t>((T + kBlock - 1) / kBlock, 1, 64)));
-  token_windows_kernel<<<grid, kBlock, 0, st.stream>>>(
-      reinterpret_cast<const uint16_t*>(tokens.data<uint8_t>()), tokens.size(0), T, seed, random,
-      reinterpret_cast<long long*>(cursor.data<int64_t>()), x.data<int32_t>(), y.data<int32_t>());
+  auto* cur = reinterpret_cast<long long*>(cursor.data<int64_t>());
+  if (tokens.size(1) == 4)
+    token_windows_kernel<uint32_t><<<grid, kBlock, 0, st.stream>>>(
+        reinterpret_cast<const uint32_t*>(tokens.data<uint8_t>()), tokens.size(0), T, seed, random, cur,
+        x.data<int32_t>(), y.data<int32_t>());
+  else
+    token_windows_kernel<uint16_t><<<grid, kBlock, 0, st.stream>>>(
+        reinterpret_cast<const uint16_t*>(tokens.data<uint8_t>()), tokens.size(0), T, seed, random, cur,
+        x.data<int32_t>(), y.data<int32_t>());
   TANDEM_CUDA_LAUNCH_CHECK("token_windows_kernel");
 }
 

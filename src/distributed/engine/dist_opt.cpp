@@ -117,12 +117,21 @@ void DistOpt::sync_parameters(nn::Module& model) {
       if (ps[i].is_same(t)) names[i] = name;
   for (size_t i = 0; i < names.size(); ++i)
     if (names[i].empty()) names[i] = "parameter " + std::to_string(i);
+  // The model's parameters the optimizer does not hold are frozen (requires_grad off, a pretrained table
+  // kept as it is): nothing steps them, so ranks that started from different values would keep them.
+  // They are broadcast and compared as the buffers are.
+  m.frozen_.clear();
+  for (auto& [name, t] : model.named_parameters())
+    if (std::none_of(ps.begin(), ps.end(), [&t = t](const Tensor& p) { return p.is_same(t); }))
+      m.frozen_.emplace_back(name, t);
   m.buffers_ = model.named_buffers();
-  for (auto& [name, t] : m.buffers_)
-    TANDEM_CHECK(t.device() == comm_->device(), "sync_parameters: buffer ", name, " is on ", t.device().str(),
-                 " but the model's parameters are on ", comm_->device().str());
+  for (const nn::NamedTensors* list : {&m.frozen_, &m.buffers_})
+    for (auto& [name, t] : *list)
+      TANDEM_CHECK(t.device() == comm_->device(), "sync_parameters: ", list == &m.frozen_ ? "frozen parameter " :
+                   "buffer ", name, " is on ", t.device().str(), " but the model's parameters are on ",
+                   comm_->device().str());
   m.names_ = names;
-  check_same_model(*comm_, names, ps, m.buffers_);
+  check_same_model(*comm_, names, ps, m.frozen_, m.buffers_);
   if (m.options_.shard == Shard::parameters && !m.layers_found_) find_layer_groups(model);
   if (m.options_.overlap_gather) overlap_layer_groups(model);
   if (comm_->size() > 1) {
@@ -135,10 +144,11 @@ void DistOpt::sync_parameters(nn::Module& model) {
   m.synced_ = true;
   take_loaded_replica();
   if (comm_->size() == 1) return;
-  for (auto& [name, t] : m.buffers_) {
-    WorkPtr w = comm_->broadcast(t, 0);
-    detail::timed_wait(w, m.stats_);
-  }
+  for (nn::NamedTensors* list : {&m.frozen_, &m.buffers_})
+    for (auto& [name, t] : *list) {
+      WorkPtr w = comm_->broadcast(t, 0);
+      detail::timed_wait(w, m.stats_);
+    }
 }
 
 // partialUpdate resumed: the replicas differed when they were saved, and differ again.
@@ -207,7 +217,7 @@ void DistOpt::find_layer_groups(nn::Module& model) {
   for (size_t i = 0; i < ps.size(); ++i)
     keys[i] = of[i].size() == 1 ? 2 * of[i][0] : 2 * *std::min_element(of[i].begin(), of[i].end()) - 1;
   m.reducer_.set_groups(keys);
-  m.sharded_ = std::make_shared<detail::ShardedStep>(ps, m.reducer_, comm_, m.stats_, *opt_, /*shard_parameters=*/true);
+  m.cut(comm_, ps, *opt_, /*shard_parameters=*/true);
   m.sharded_->set_layer_groups(of);
   for (size_t g = 0; g < groups.size(); ++g) groups[g]->attach(m.sharded_, static_cast<int>(g));
   m.layers_found_ = true;
@@ -224,6 +234,42 @@ void DistOpt::overlap_layer_groups(nn::Module& model) {
   m.sharded_->wait_all();
   m.sharded_->overlap_groups(first);
   for (size_t g = 0; g < groups.size(); ++g) groups[g]->attach(m.sharded_, static_cast<int>(g));
+  m.layers_attached_ = true;
+}
+
+void DistOpt::set_param_groups(const std::vector<optim::ParamGroup>& groups) {
+  // The grouping in force, to go back to where the slices cannot be cut again.
+  std::vector<optim::ParamGroup> before(opt_->groups().size());
+  for (size_t g = 0; g < before.size(); ++g) {
+    before[g].lr_scale = opt_->groups()[g].lr_scale;
+    before[g].weight_decay = opt_->groups()[g].weight_decay;
+  }
+  for (size_t i = 0; i < opt_->params().size(); ++i)
+    before[static_cast<size_t>(opt_->group_of()[i])].params.push_back(opt_->params()[i]);
+  opt_->set_param_groups(groups);
+  try {
+    recut_slices();
+  } catch (...) {
+    opt_->set_param_groups(before);
+    throw;
+  }
+}
+
+// The slices' optimizer has as many groups as the wrapped one had when they were cut, and each slice the
+// group of its parameter then: a new grouping needs new slices. Their state goes back into the wrapped
+// optimizer whole first (regrouping kept each parameter's), and the next step moves it into the new slices.
+void DistOpt::recut_slices() {
+  Impl& m = *impl_;
+  if (!m.sharded_ || opt_->group_of() == m.cut_for_) return;
+  const char* when = m.layers_found_      ? "sync_parameters sharded the parameters (--shard parameters)"
+                     : m.layers_attached_ ? "sync_parameters gave the model's layers the step's gathers (overlap_gather)"
+                     : m.copies_kept_     ? "keep_parameter_copies handed out the 16-bit copies the sharded step writes"
+                                          : nullptr;
+  TANDEM_CHECK(when == nullptr, "the optimizer's parameter groups changed after ", when, ", which holds on to the "
+               "slices of the parameters cut along the old groups: set the groups (set_param_groups) before ",
+               m.copies_kept_ && !m.layers_found_ && !m.layers_attached_ ? "keep_parameter_copies" : "sync_parameters");
+  gather_optimizer_state();
+  m.cut(comm_, opt_->params(), *opt_);
 }
 
 void DistOpt::wait_parameters() {
@@ -302,7 +348,12 @@ std::vector<Tensor> DistOpt::keep_parameter_copies(DType dtype) {
                dtype_name(dtype));
   Impl& m = *impl_;
   if (m.partial()) return {};
-  if (m.sharded_) return m.sharded_->keep_copies(dtype);
+  if (m.sharded_) {
+    recut_slices();  // the copies are the slices' step's: cut along the groups in force first
+    std::vector<Tensor> copies = m.sharded_->keep_copies(dtype);
+    m.copies_kept_ = !copies.empty();
+    return copies;
+  }
   if (!opt_->keeps_parameter_copies()) return {};
   std::vector<Tensor> copies;
   for (const Tensor& p : opt_->params()) copies.push_back(p.detach().contiguous().to(dtype));
@@ -345,6 +396,7 @@ bool DistOpt::update() {
   // Parameters no rank used in this step are left alone, as an optimizer leaves a parameter without a gradient.
   const std::vector<int>& unused = m.reducer_.unused();
   if (m.sharded_) {
+    recut_slices();  // the wrapped optimizer regrouped behind DistOpt's back (a checkpoint loaded into it)
     m.sharded_->step(*opt_, factor, unused);
   } else {
     const std::vector<Tensor>& ps = opt_->params();
@@ -502,6 +554,10 @@ void DistOpt::check_consistency(bool include_buffers) {
   std::vector<std::string> names = m.names_;
   std::vector<Tensor> tensors(ps.begin(), ps.end());
   for (size_t i = names.size(); i < ps.size(); ++i) names.push_back("parameter " + std::to_string(i));
+  for (auto& [name, t] : m.frozen_) {  // frozen parameters: never stepped, and never allowed to differ
+    tensors.push_back(t);
+    names.push_back(name + " (frozen)");
+  }
   if (include_buffers)
     for (auto& [name, t] : m.buffers_) {
       tensors.push_back(t);
@@ -562,6 +618,8 @@ std::string DistOpt::replay_blocker() const {
   if (m.options_.overlap_gather)
     return "steps with overlapped gathers are not recorded (each layer group waits for the last step's gather)";
   if (!step_capturable()) return m.active_.method + " sends a number of values known only on the host";
+  if (m.sharded_ && opt_->group_of() != m.cut_for_)
+    return "the optimizer's parameter groups changed: the next update cuts the slices again";
   // State loaded into the wrapped optimizer is taken into the slices by host code of the next step: a
   // recording of it would copy the loaded state again at every replay.
   if (m.sharded_ && m.sharded_->state_to_adopt(*opt_))
@@ -582,10 +640,13 @@ void DistOpt::after_recording() {
 
 void DistOpt::prepare_replay() {
   Impl& m = *impl_;
-  if (m.sharded_)
+  if (m.sharded_) {
+    TANDEM_CHECK(opt_->group_of() == m.cut_for_, "the optimizer's parameter groups changed after the step was "
+                 "recorded: record the step again");
     m.sharded_->prepare_replay(*opt_);
-  else
+  } else {
     opt_->prepare_replay();
+  }
 }
 
 void DistOpt::abandon_step() {

@@ -31,12 +31,19 @@ class DistOpt::Impl {
     if (options.shard == Shard::none)
       averager_ = std::make_unique<detail::ParamAverager>(params, comm, options.bucket_bytes, stats_);
     else
-      sharded_ = std::make_shared<detail::ShardedStep>(params, reducer_, comm, stats_, opt);
+      cut(comm, params, opt);
     for (const Tensor& p : params) {
       env_.shapes.push_back(p.shape());
       param_impls_.insert(p.impl());
     }
     use(options.sync);
+  }
+
+  // Makes the sharded step, its slices cut along `opt`'s groups.
+  void cut(const std::shared_ptr<Communicator>& comm, const std::vector<Tensor>& params, const optim::Optimizer& opt,
+           bool shard_parameters = false) {
+    sharded_ = std::make_shared<detail::ShardedStep>(params, reducer_, comm, stats_, opt, shard_parameters);
+    cut_for_ = opt.group_of();
   }
 
   // Backward from loss, with `then` (the reducer's hook, or nothing) called for each leaf. Throws when
@@ -91,6 +98,9 @@ class DistOpt::Impl {
   std::unique_ptr<detail::ParamAverager> averager_;  // unsharded: the parameters' flat buffer
   std::shared_ptr<detail::ShardedStep> sharded_;     // sharded: the same, and the step of this rank's slices
   bool layers_found_ = false;  // sharded parameters: sync_parameters found the model's layer groups
+  std::vector<int> cut_for_;   // sharded: the wrapped optimizer's group of each parameter when the slices were cut
+  bool layers_attached_ = false;  // overlap_gather: the model's layers wait for the sharded step's gathers
+  bool copies_kept_ = false;      // sharded: keep_parameter_copies handed out the sharded step's copies
   detail::CodecEnv env_;
   Tensor one_;
   // clip_grad_norm_in_update's coefficient, for the next update's optimizer to apply as it reads the gradients.
@@ -101,6 +111,7 @@ class DistOpt::Impl {
   int no_sync_depth_ = 0;
   bool accumulating_ = false;  // a backward ran since the last update: the next one adds to its gradients
   nn::NamedTensors buffers_;
+  nn::NamedTensors frozen_;  // the model's parameters the optimizer does not hold, from sync_parameters
   std::vector<std::string> names_;  // per parameter, from sync_parameters
   bool synced_ = false;             // sync_parameters ran
   // partialUpdate: this rank's own replica from its saved state, taken after sync_parameters' broadcast.

@@ -54,19 +54,23 @@ std::string describe_record(const int64_t* rec) {
 }  // namespace
 
 void check_same_model(Communicator& comm, const std::vector<std::string>& names, const std::vector<Tensor>& params,
-                      const nn::NamedTensors& buffers) {
+                      const nn::NamedTensors& frozen, const nn::NamedTensors& buffers) {
   // Every verdict compares each rank with rank 0, from data all ranks gathered alike: all ranks
   // reach the same verdict and throw together.
   const int world = comm.size();
-  std::vector<int64_t> counts = {world, static_cast<int64_t>(params.size()), static_cast<int64_t>(buffers.size())};
+  std::vector<int64_t> counts = {world, static_cast<int64_t>(params.size()), static_cast<int64_t>(frozen.size()),
+                                 static_cast<int64_t>(buffers.size())};
   std::vector<int64_t> all = gather(comm, counts);
   for (int r = 1; r < world; ++r) {
-    const int64_t* c = &all[static_cast<size_t>(r) * 3];
+    const int64_t* c = &all[static_cast<size_t>(r) * 4];
     TANDEM_CHECK(c[0] == all[0], "ranks disagree on the world size: rank 0 says ", all[0], ", rank ", r, " says ",
                  c[0]);
-    TANDEM_CHECK(c[1] == all[1] && c[2] == all[2], "ranks built different models: rank 0 has ", all[1],
-                 " parameter tensors and ", all[2], " buffers, but rank ", r, " has ", c[1], " and ", c[2],
-                 " (same --model, --hidden and data set on every rank?)");
+    TANDEM_CHECK(c[1] + c[2] == all[1] + all[2] && c[3] == all[3], "ranks built different models: rank 0 has ",
+                 all[1] + all[2], " parameter tensors and ", all[3], " buffers, but rank ", r, " has ", c[1] + c[2],
+                 " and ", c[3], " (same --model, --hidden and data set on every rank?)");
+    TANDEM_CHECK(c[1] == all[1], "ranks freeze different parameters: rank 0 trains ", all[1], " parameter tensors and "
+                 "keeps ", all[2], " frozen, but rank ", r, " trains ", c[1], " and keeps ", c[2], " frozen (set "
+                 "requires_grad alike on every rank)");
   }
   // Same numbers of tensors everywhere: compare each one's name, dtype and shape.
   std::vector<int64_t> mine;
@@ -75,6 +79,11 @@ void check_same_model(Communicator& comm, const std::vector<std::string>& names,
     append_record(mine, names[i], params[i]);
     what.push_back("parameter " + std::to_string(i));
     local_name.push_back(names[i]);
+  }
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    append_record(mine, frozen[i].first, frozen[i].second);
+    what.push_back("frozen parameter " + std::to_string(i));
+    local_name.push_back(frozen[i].first);
   }
   for (size_t i = 0; i < buffers.size(); ++i) {
     append_record(mine, buffers[i].first, buffers[i].second);

@@ -10,9 +10,9 @@
 namespace tandem::dist {
 
 /// Throws, saying what differs, unless every rank has the same world size and the same parameters
-/// (names, shapes, dtypes) and buffers.
+/// (names, shapes, dtypes), trained (`params`, named by `names`) or frozen, and buffers.
 void check_same_model(Communicator& comm, const std::vector<std::string>& names, const std::vector<Tensor>& params,
-                      const nn::NamedTensors& buffers);
+                      const nn::NamedTensors& frozen, const nn::NamedTensors& buffers);
 
 /// Throws, naming the first tensor that differs and the ranks involved, unless all ranks hold
 /// bit-identical values in every tensor.

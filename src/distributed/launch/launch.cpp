@@ -237,12 +237,21 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int per_node, 
   return env;
 }
 
-// Forks one rank with its output on two new pipes (read ends returned, non-blocking).
+// Whether the launcher's stdout and stderr are one file (a terminal, or one pipe as after 2>&1): then a
+// rank's two streams can share one pipe too, and its lines keep the order it wrote them in. (Read from two
+// pipes, a header on stderr and the line that follows it on stdout may be relayed the other way round.)
+bool one_output_file() {
+  struct stat out {}, err {};
+  return fstat(1, &out) == 0 && fstat(2, &err) == 0 && out.st_dev == err.st_dev && out.st_ino == err.st_ino;
+}
+
+// Forks one rank with its output on two new pipes, or on one for both streams when `merged` (read ends
+// returned, non-blocking; err_fd is -1 when merged).
 pid_t spawn(const std::string& path, const std::vector<std::string>& args, const std::vector<std::string>& env,
-            int& out_fd, int& err_fd) {
-  int out[2], err[2];
+            bool merged, int& out_fd, int& err_fd) {
+  int out[2], err[2] = {-1, -1};
   TANDEM_RUNTIME_CHECK(pipe2(out, O_CLOEXEC) == 0, "launch: pipe2 failed: ", net::errno_str(errno));
-  if (pipe2(err, O_CLOEXEC) != 0) {
+  if (!merged && pipe2(err, O_CLOEXEC) != 0) {
     int e = errno;
     close(out[0]);
     close(out[1]);
@@ -276,7 +285,7 @@ pid_t spawn(const std::string& path, const std::vector<std::string>& args, const
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
     dup2(out[1], 1);
-    dup2(err[1], 2);
+    dup2(merged ? out[1] : err[1], 2);
     execve(path.c_str(), argv.data(), envp.data());
     const char msg[] = "tandem launch: execve failed for the command\n";
     (void)!write(2, msg, sizeof msg - 1);
@@ -285,17 +294,17 @@ pid_t spawn(const std::string& path, const std::vector<std::string>& args, const
   int fork_err = errno;
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   close(out[1]);
-  close(err[1]);
+  if (!merged) close(err[1]);
   if (pid < 0) {
     close(out[0]);
-    close(err[0]);
+    if (!merged) close(err[0]);
     TANDEM_RUNTIME_CHECK(false, "launch: fork failed: ", net::errno_str(fork_err));
   }
   setpgid(pid, pid);  // also here, so that the group exists before the launcher may signal it
   net::set_fd_flags(out[0], true);
-  net::set_fd_flags(err[0], true);
+  if (!merged) net::set_fd_flags(err[0], true);
   out_fd = out[0];
-  err_fd = err[0];
+  err_fd = merged ? -1 : err[0];
   return pid;
 }
 
@@ -434,7 +443,12 @@ void Supervisor::on_signal(int sig) {
     return;
   }
   interrupted_by_ = sig;
-  // The ranks get the same signal the launcher got (SIGHUP arrives as SIGTERM).
+  // The ranks get the same signal the launcher got (SIGHUP arrives as SIGTERM), and time to use it: tandem
+  // train's ranks agree on a step boundary, stop there together and save their checkpoint.
+  if (running())
+    say(signal_name(sig) + ": passed to the ranks, which get " + net::format_duration(std::chrono::milliseconds(
+            static_cast<int64_t>(o_.interrupt_grace_s * 1000))) + " to stop (tandem train stops at its next step "
+        "boundary, saving its --checkpoint); interrupt again to kill them now");
   begin_stop(sig == SIGHUP ? SIGTERM : sig, o_.interrupt_grace_s);
   group_.claim_failure(round_, {128 + sig, true, "the launcher of node " + std::to_string(o_.node_rank) +
                                                      " was interrupted by " + signal_name(sig), o_.node_rank, -1});
@@ -450,7 +464,9 @@ void Supervisor::check_others(Clock::time_point now) {
   if (auto f = group_.round_failure(round_)) {
     reap();
     named_ = f;
-    if (running()) begin_stop(SIGTERM, o_.stop_grace_s);
+    // An interrupt elsewhere gives this machine's ranks the same time to stop at a step boundary as there.
+    const bool interrupt = f->final && f->rank < 0 && f->exit_code > 128;
+    if (running()) begin_stop(SIGTERM, interrupt ? o_.interrupt_grace_s : o_.stop_grace_s);
     return;
   }
   if (!failing_since_ && group_.round_failing(round_)) {
@@ -458,6 +474,19 @@ void Supervisor::check_others(Clock::time_point now) {
     if (!failing_since_) failing_since_ = now;
     if (running()) begin_stop(SIGTERM, o_.stop_grace_s);
   }
+  // A launcher that died took its ranks along, and the ranks of the other machines fail of it moments
+  // later ("connection reset by peer"): its silence is the cause, named before any of their exits.
+  group_.watch_launchers();
+  const auto quiet = failing_since_ ? detail::kSilentWhileFailing : detail::kSilentLauncher;
+  if (!name_by_)
+    if (auto gone = group_.silent_launcher(round_, quiet)) {
+      reap();
+      group_.claim_failure(round_, *gone);
+      if (!failing_since_) failing_since_ = now;
+      name_by_ = now + detail::kBlameGrace;  // the claim (or an earlier one) is read back meanwhile
+      if (running()) begin_stop(SIGTERM, o_.stop_grace_s);
+      return;
+    }
   if (failing_since_ && !name_by_ && now >= *failing_since_ + detail::kBlameGrace) {
     group_.settle_failure(round_, fallback_failure());
     name_by_ = now + detail::kBlameGrace;
@@ -480,11 +509,12 @@ bool Supervisor::ended() const {
 }
 
 Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<std::string>>& envs, int first_rank) {
+  const bool merged = one_output_file();
   for (size_t i = 0; i < envs.size(); ++i) {
     int out_fd = -1, err_fd = -1;
     pid_t pid;
     try {
-      pid = spawn(path, o_.command, envs[i], out_fd, err_fd);
+      pid = spawn(path, o_.command, envs[i], merged, out_fd, err_fd);
     } catch (...) {
       begin_stop(SIGKILL, 0);
       while (running()) {
@@ -496,7 +526,7 @@ Outcome Supervisor::run(const std::string& path, const std::vector<std::vector<s
     int rank = first_rank + static_cast<int>(i);
     children_.push_back({rank, pid, true, 0});
     relays_.emplace_back(rank, out_fd, 1);
-    relays_.emplace_back(rank, err_fd, 2);
+    if (err_fd >= 0) relays_.emplace_back(rank, err_fd, 2);
   }
 
   std::optional<Clock::time_point> drain_until;  // once every rank exited, lingering pipes get this long

@@ -105,8 +105,10 @@ NodeGroup::NodeGroup(const LaunchOptions& o, int ranks_per_node, std::function<i
   store_->add("launch/nodes", 1);
   wait_count("launch/nodes", "not every node's launcher joined the job's store at " + store_addr_);
   std::string mismatch;
+  hosts_.assign(static_cast<size_t>(o.nnodes), std::string());
   for (int r = 0; r < o.nnodes && mismatch.empty(); ++r) {
     std::string theirs = store_->get("launch/node/" + std::to_string(r));
+    hosts_[static_cast<size_t>(r)] = theirs.substr(theirs.rfind(' ') + 1);
     if (r == 0) node0_host_ = theirs.substr(theirs.rfind(' ') + 1);
     std::string shape = theirs.substr(0, theirs.rfind(' '));
     if (shape != mine.substr(0, mine.rfind(' ')))
@@ -121,9 +123,68 @@ NodeGroup::NodeGroup(const LaunchOptions& o, int ranks_per_node, std::function<i
     while (store_->add("launch/compared", 0) < o.nnodes && Clock::now() < until) std::this_thread::sleep_for(20ms);
   }
   TANDEM_CHECK(mismatch.empty(), mismatch);
+
+  // The heartbeat, on a connection and a thread of its own: a launcher busy relaying output (or blocked
+  // writing to a paused terminal) is not taken for dead. The thread owns what it uses, so that the launcher
+  // never waits for it (a connection to a store that is gone takes seconds to give up); it ends with the
+  // process, or soon after the group.
+  stop_beating_ = std::make_shared<std::atomic<bool>>(false);
+  std::thread([stop = stop_beating_, addr = o.master_addr, port = o.master_port, auth = auth_,
+               key = "launch/beat/" + me] {
+    std::unique_ptr<Store> beat;
+    while (!stop->load()) {
+      try {
+        if (!beat) beat = std::make_unique<Store>(addr, port, std::chrono::milliseconds(2000), auth);
+        beat->add(key, 1);
+      } catch (const std::exception&) {
+        beat.reset();  // node 0's store is gone: the supervision says so
+      }
+      std::this_thread::sleep_for(kHeartbeatEvery);
+    }
+  }).detach();
 }
 
-NodeGroup::~NodeGroup() = default;
+NodeGroup::~NodeGroup() {
+  if (stop_beating_) stop_beating_->store(true);
+}
+
+void NodeGroup::watch_launchers() {
+  if (!store_ || !lost_.empty()) return;
+  const auto now = Clock::now();
+  if (now < next_watch_) return;
+  next_watch_ = now + kHeartbeatEvery;
+  try {
+    for (int r = 0; r < o_.nnodes; ++r) {
+      if (r == o_.node_rank) continue;
+      const int64_t v = store_->add("launch/beat/" + std::to_string(r), 0);
+      Beat& b = beats_[r];
+      if (v != b.value) b = {v, now};
+    }
+  } catch (const std::exception& e) {
+    lose(e);
+  }
+}
+
+std::optional<RoundFailure> NodeGroup::silent_launcher(int round, std::chrono::milliseconds quiet) {
+  const auto now = Clock::now();
+  for (const auto& [r, b] : beats_) {
+    if (r == 0 || now - b.moved < quiet) continue;  // node 0 gone is the store gone: lost_failure says so
+    // A launcher whose ranks all succeeded may leave before the others end (after --timeout of waiting).
+    try {
+      if (store_->try_get(round_key(round, "done/") + std::to_string(r))) continue;
+    } catch (const std::exception& e) {
+      lose(e);
+      return std::nullopt;
+    }
+    const auto secs = std::chrono::duration_cast<std::chrono::milliseconds>(now - b.moved);
+    const std::string host = hosts_[static_cast<size_t>(r)].empty() ? "" : " (host " + hosts_[static_cast<size_t>(r)] + ")";
+    return RoundFailure{1, true,
+                        "the launcher of node " + std::to_string(r) + host + " is gone: it has given no sign of life for " +
+                            net::format_duration(secs) + ", and its ranks went with it",
+                        r, -1};
+  }
+  return std::nullopt;
+}
 
 void NodeGroup::wait_count(const std::string& key, const std::string& what) {
   auto timeout = rendezvous_timeout(o_);
@@ -160,6 +221,7 @@ std::string NodeGroup::round_key(int round, const char* name) const {
 
 void NodeGroup::start_round(int round) {
   if (!store_) return;
+  beats_.clear();  // the launchers were waiting for each other: their silence so far says nothing
   std::string key = round_key(round, "start");
   try {
     store_->add(key, 1);
@@ -232,6 +294,7 @@ bool NodeGroup::round_failing(int round) {
 void NodeGroup::mark_done(int round) {
   if (!store_ || !lost_.empty()) return;
   try {
+    store_->set(round_key(round, "done/") + std::to_string(o_.node_rank), "1");
     store_->add(round_key(round, "done"), 1);
   } catch (const std::exception& e) {
     lose(e);

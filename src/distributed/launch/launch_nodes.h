@@ -2,12 +2,14 @@
 // Internal: what the launchers of one job share. On one machine that is only the job's store, which
 // the launcher hosts; across machines node 0's launcher hosts it, and every launcher uses it to meet
 // the others, to learn of a failure anywhere, and to start each attempt of the job together.
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tandem/distributed/launch.h"
 #include "tandem/distributed/store.h"
@@ -24,6 +26,14 @@ constexpr std::chrono::milliseconds kBlameGrace{2000};
 
 /// A launcher that gets no reply from node 0's store within this long counts node 0 as gone.
 constexpr std::chrono::milliseconds kStoreReplyTimeout{10000};
+
+/// Every launcher says it is alive this often (a counter in the job's store, moved by a thread of its own).
+constexpr std::chrono::milliseconds kHeartbeatEvery{250};
+/// When a rank's failure is being blamed: a launcher whose heartbeat has not moved for this long died (and
+/// its ranks with it, which is what the others failed of).
+constexpr std::chrono::milliseconds kSilentWhileFailing{1500};
+/// At any time: a launcher silent for this long is gone.
+constexpr std::chrono::milliseconds kSilentLauncher{10000};
 
 /// Thrown from a wait that Ctrl-C (or another signal) interrupted.
 struct LaunchInterrupted {
@@ -69,6 +79,12 @@ class NodeGroup {
   std::optional<RoundFailure> round_failure(int round);
   /// True once some rank of `round` failed anywhere, even if the failure is not named yet.
   bool round_failing(int round);
+  /// Reads the other launchers' heartbeats (throttled: call it a few times a second).
+  void watch_launchers();
+  /// The failure of a node whose launcher's heartbeat has not moved for `quiet` (as far as watch_launchers
+  /// saw) while its ranks of `round` had not all succeeded: that launcher died, or its machine did, and its
+  /// ranks went with it.
+  std::optional<RoundFailure> silent_launcher(int round, std::chrono::milliseconds quiet);
   /// Records that this machine's ranks of `round` all exited with 0.
   void mark_done(int round);
   /// True once every machine's ranks of `round` exited with 0.
@@ -92,8 +108,17 @@ class NodeGroup {
   std::string store_addr_;
   StoreAuth auth_;
   std::string node0_host_;  // as node 0's launcher named its machine
+  std::vector<std::string> hosts_;  // every node's machine, as its launcher named it
   std::string lost_;        // why the store cannot be reached; empty while it can
   std::map<int, RoundFailure> named_;  // the failure of a round, once read (it never changes)
+  // The heartbeat: this launcher's (a thread), and the others' as last seen.
+  struct Beat {
+    int64_t value = -1;
+    std::chrono::steady_clock::time_point moved;
+  };
+  std::map<int, Beat> beats_;
+  std::chrono::steady_clock::time_point next_watch_{};
+  std::shared_ptr<std::atomic<bool>> stop_beating_;  // shared with the heartbeat's thread, which owns the rest
 };
 
 }  // namespace tandem::dist::detail

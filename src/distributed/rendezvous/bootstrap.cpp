@@ -88,7 +88,15 @@ DistEnv detect_env() {
                      resolved, " on this machine, a loopback address that ranks on other machines cannot reach: "
                      "give its IP address (MASTER_ADDR), or name the network interface in TANDEM_SOCKET_IFNAME");
       }
-      s.server = std::make_unique<StoreServer>(StoreServerOptions{spec.bind_host, spec.store_port, spec.auth, {}, {}});
+      try {
+        s.server = std::make_unique<StoreServer>(StoreServerOptions{spec.bind_host, spec.store_port, spec.auth, {}, {}});
+      } catch (const Error& e) {
+        // The commonest cause: another job (or a job still shutting down) on the same port.
+        TANDEM_CHECK(false, "rank 0 hosts the job's rendezvous store on port ", spec.store_port, " (",
+                     spec.port_from.empty() ? "its store address" : spec.port_from, ") and cannot: ", e.what(),
+                     ". If another job runs on this machine with the same port, give each job its own",
+                     spec.env.launcher == "torchrun" ? " MASTER_PORT" : " port");
+      }
       if (spec.auth.secret.empty()) detail::warn_unauthenticated(net::HostPort{spec.bind_host, spec.store_port}.str());
     }
   }

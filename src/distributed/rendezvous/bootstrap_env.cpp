@@ -138,12 +138,16 @@ bool read_slurm(EnvSpec& s, const Getter& get) {
   s.store_host = set(master) ? std::string(master) : first_slurm_host(nodelist, "the Slurm node list");
   uint64_t job_id = 0;
   std::from_chars(job, job + std::strlen(job), job_id);
-  if (const char* p = get("TANDEM_STORE_PORT"); set(p))
+  if (const char* p = get("TANDEM_STORE_PORT"); set(p)) {
     s.store_port = net::parse_port(p, "TANDEM_STORE_PORT");
-  else if (const char* mp = get("MASTER_PORT"); set(mp))
+    s.port_from = std::string("TANDEM_STORE_PORT=") + p;
+  } else if (const char* mp = get("MASTER_PORT"); set(mp)) {
     s.store_port = net::parse_port(mp, "MASTER_PORT");
-  else  // every task of the step derives the same port, and other steps and jobs mostly others
+    s.port_from = std::string("MASTER_PORT=") + mp;
+  } else {  // every task of the step derives the same port, and other steps and jobs mostly others
     s.store_port = 20000 + static_cast<int>((job_id * 31 + step_id) % 20000);
+    s.port_from = "the port derived from the Slurm job and step ids; set MASTER_PORT to choose one";
+  }
   user_auth(s, get, std::string(job) + "." + step);
   s.host_store = e.rank == 0;
   choose_bind(s, get, e.local_size == e.world_size);
@@ -258,13 +262,16 @@ EnvSpec read_env(const Getter& get) {
     s.store_host = addr;
     if (const char* sp = get("TANDEM_STORE_PORT"); set(sp)) {
       s.store_port = net::parse_port(sp, "TANDEM_STORE_PORT");
+      s.port_from = std::string("TANDEM_STORE_PORT=") + sp;
     } else {
       s.store_port = net::parse_port(port, "MASTER_PORT");
+      s.port_from = std::string("MASTER_PORT=") + port;
       // torchrun's agent already serves its own store on MASTER_PORT.
       const char* agent = get("TORCHELASTIC_USE_AGENT_STORE");
       if (agent && std::string_view(agent) == "True") {
         TANDEM_CHECK(s.store_port < 65535, "MASTER_PORT=65535 leaves no port for the rendezvous store; set TANDEM_STORE_PORT");
         s.store_port += 1;
+        s.port_from += " + 1 (torchrun's agent holds MASTER_PORT itself; TANDEM_STORE_PORT picks another)";
       }
     }
     const char* run_id = get("TORCHELASTIC_RUN_ID");

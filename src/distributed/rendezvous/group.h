@@ -56,6 +56,7 @@ struct EnvSpec {
   bool mpi = false;            // an mpiexec launch: ranks come from MPI
   std::string store_host;      // where the rendezvous store is (not yet known under MPI)
   int store_port = 0;
+  std::string port_from;       // the variable that gave store_port ("MASTER_PORT=29500"), for messages
   bool host_store = false;     // this process must start the store (torchrun-style or Slurm rank 0)
   std::string bind_host;       // the address it listens on then
   StoreAuth auth;              // the job id, and the secret when one was given

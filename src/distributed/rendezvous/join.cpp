@@ -61,11 +61,29 @@ bool join(Store& store, const std::string& prefix, const DistEnv& env, const std
           milliseconds timeout) {
   const std::string me = network_identity();
   int claims = static_cast<int>(store.add(prefix + "claim/" + std::to_string(env.rank), 1));
-  if (claims > 1)
+  if (claims > 1) {
+    // Either the launch gave two processes one rank, or this process reached another job's store: two
+    // torchrun-style jobs on one MASTER_PORT (the second job's rank 0 could not listen there).
+    const std::string port = env.launcher == "torchrun" ? "MASTER_PORT"
+                             : env.launcher == "slurm"  ? "MASTER_PORT (or TANDEM_STORE_PORT)"
+                                                        : "store address";
+    std::string first;
+    if (auto v = store.try_get(prefix + "join/" + std::to_string(env.rank))) {
+      auto f = parse_fields(*v);
+      first = " (pid " + f["pid"] + " on " + f["host"] + ")";
+    }
+    const int64_t joined = store.add(prefix + "joined", 0);
+    // A store where a whole job has joined already serves a running job: not ours to stop.
+    TANDEM_CHECK(joined < env.world_size, "the rendezvous store at ", store.address(), " already serves a job whose ",
+                 joined, " ranks have all joined, its rank ", env.rank, first, " among them: this process is one too "
+                 "many. Most likely two jobs were started on one port (the address is in use): give each job its own ",
+                 port, "; else the launch gave rank ", env.rank, " to two processes");
     abort_join(store, prefix,
-               "two processes joined as rank " + std::to_string(env.rank) +
-                   ": each rank must be started once (check the rank variables of the launch, e.g. "
-                   "TANDEM_RANK or RANK)");
+               "two processes joined as rank " + std::to_string(env.rank) + first + " at the rendezvous store " +
+                   store.address() + ": either the rank variables of the launch (e.g. TANDEM_RANK or RANK) give one "
+                   "rank to two processes, or two jobs were started on one port (give each job its own " + port +
+                   ")");
+  }
   std::ostringstream info;
   info << "world_size=" << env.world_size << "\nbackend=" << backend << "\nhost=" << net::host_name()
        << "\nnetns=" << me << "\npid=" << getpid() << "\n";

@@ -121,11 +121,14 @@ void scenario_half(const std::shared_ptr<dist::Communicator>& comm) {
     half.opt->backward_and_update_half(known_loss(half.params, me, one));
     const dist::CommStats &p = plain.opt->stats(), &h = half.opt->stats();
     const int64_t slack = static_cast<int64_t>(plain.opt->bucket_sizes().size());  // a byte of rounding per bucket
+    // Both modes also agree on which parameters some rank used: one f32 flag per parameter, in either mode.
+    const int64_t usage = usage_wire(static_cast<int64_t>(sizes.size()), W);
     CHECK_OR_REPORT(p.collectives == h.collectives && p.collectives >= 3, "collectives: plain %lld, half %lld",
                     static_cast<long long>(p.collectives), static_cast<long long>(h.collectives));
-    CHECK_OR_REPORT(h.bytes_sent > 0 && std::llabs(2 * h.bytes_sent - p.bytes_sent) <= 2 * slack,
-                    "bytes sent: plain %lld, half %lld", static_cast<long long>(p.bytes_sent),
-                    static_cast<long long>(h.bytes_sent));
+    CHECK_OR_REPORT(h.bytes_sent > usage && std::llabs(2 * (h.bytes_sent - usage) - (p.bytes_sent - usage)) <= 2 * slack,
+                    "bytes sent: plain %lld, half %lld (each with %lld of usage flags)",
+                    static_cast<long long>(p.bytes_sent), static_cast<long long>(h.bytes_sent),
+                    static_cast<long long>(usage));
   }
   {  // bf16 on the wire: the same average within bf16 rounding.
     dist::DistOptOptions o = small_buckets();
@@ -179,10 +182,12 @@ void scenario_topk(const std::shared_ptr<dist::Communicator>& comm) {
   f.opt->backward_and_sparse_update(known_loss(f.params, me, ramp), spars, true, false);
   int64_t bytes = 0;
   for (int64_t n : f.opt->bucket_sizes()) bytes += 8 * ((num * n + den - 1) / den) * (W - 1);
+  // And one all-reduce of the parameters' usage flags.
+  bytes += usage_wire(static_cast<int64_t>(sizes.size()), W);
   const dist::CommStats& st = f.opt->stats();
   if (W > 1)
-    CHECK_OR_REPORT(st.steps == 1 && st.collectives == 3 && st.bytes_sent == bytes && st.bytes_received == bytes,
-                    "sparseTopK traffic: %lld steps, %lld collectives, %lld bytes sent, %lld received; expected 1, 3, "
+    CHECK_OR_REPORT(st.steps == 1 && st.collectives == 4 && st.bytes_sent == bytes && st.bytes_received == bytes,
+                    "sparseTopK traffic: %lld steps, %lld collectives, %lld bytes sent, %lld received; expected 1, 4, "
                     "%lld, %lld", static_cast<long long>(st.steps), static_cast<long long>(st.collectives),
                     static_cast<long long>(st.bytes_sent), static_cast<long long>(st.bytes_received),
                     static_cast<long long>(bytes), static_cast<long long>(bytes));

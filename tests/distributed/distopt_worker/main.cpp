@@ -227,7 +227,8 @@ int main(int argc, char** argv) {
       {"uneven", scenario_uneven}, {"shard3", scenario_shard_parameters},
       {"shard3memory", scenario_shard_parameters_memory}, {"shardfold", scenario_shard_fold},
       {"shardoverlap", scenario_shard_overlap}, {"shardmasters", scenario_shard_masters},
-      {"unused", scenario_unused}};
+      {"unused", scenario_unused}, {"frozensync", scenario_frozen_sync},
+      {"shardregroup", scenario_shard_regroup}};
   std::vector<std::string> names;
   std::stringstream list(argv[1]);
   for (std::string s; std::getline(list, s, ',');) {

@@ -136,5 +136,7 @@ void scenario_shard_fold(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_shard_overlap(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_shard_masters(const std::shared_ptr<dist::Communicator>& comm);
 void scenario_unused(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_frozen_sync(const std::shared_ptr<dist::Communicator>& comm);
+void scenario_shard_regroup(const std::shared_ptr<dist::Communicator>& comm);
 
 }  // namespace distopt_worker

@@ -1,0 +1,73 @@
+// Rotary position embeddings in Hugging Face's rotate-half layout (Llama, Qwen, Mistral): the tables, and
+// the rotation written with ops (its backward is theirs, on every backend).
+#include <cmath>
+
+#include "ops/op_utils.h"
+#include "tandem/ops.h"
+
+namespace tandem {
+
+std::pair<Tensor, Tensor> rotary_tables(int64_t head_dim, int64_t positions, double theta, const RopeScaling& scaling,
+                                        DType dtype, Device device) {
+  TANDEM_CHECK(head_dim > 0 && head_dim % 2 == 0, "rotary_tables: head_dim ", head_dim, " must be positive and even");
+  TANDEM_CHECK(positions >= 0, "rotary_tables: positions ", positions, " must not be negative");
+  TANDEM_CHECK(std::isfinite(theta) && theta > 0.0, "rotary_tables: theta ", theta, " must be positive");
+  const int64_t half = head_dim / 2;
+  // transformers' default: 1 / theta^(arange(0, d, 2) / d), in f32.
+  std::vector<float> inv(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv[static_cast<size_t>(i)] = 1.0f / std::pow(static_cast<float>(theta), e);
+  }
+  if (scaling.factor > 0.0) {
+    // Llama 3.1's rescaling: long wavelengths divided by factor, short ones kept, those between blended.
+    TANDEM_CHECK(scaling.high_freq_factor > scaling.low_freq_factor && scaling.low_freq_factor > 0.0 &&
+                     scaling.original_context > 0,
+                 "rotary_tables: llama3 rope_scaling needs high_freq_factor > low_freq_factor > 0 and a positive "
+                 "original_max_position_embeddings");
+    const float factor = static_cast<float>(scaling.factor), low = static_cast<float>(scaling.low_freq_factor),
+                high = static_cast<float>(scaling.high_freq_factor),
+                old = static_cast<float>(scaling.original_context);
+    const float low_wavelen = old / low, high_wavelen = old / high;
+    for (float& f : inv) {
+      const float wavelen = 2.0f * static_cast<float>(M_PI) / f;
+      float scaled = wavelen > low_wavelen ? f / factor : f;
+      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+        const float smooth = (old / wavelen - low) / (high - low);
+        scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      }
+      f = scaled;
+    }
+  }
+  std::vector<double> c(static_cast<size_t>(positions * head_dim)), s(c.size());
+  for (int64_t t = 0; t < positions; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(static_cast<float>(t) * inv[static_cast<size_t>(i)]);
+      const size_t a = static_cast<size_t>(t * head_dim + i), b = a + static_cast<size_t>(half);
+      c[a] = c[b] = std::cos(angle);
+      s[a] = s[b] = std::sin(angle);
+    }
+  Tensor ct = Tensor::from_vector(c, {positions, head_dim}), st = Tensor::from_vector(s, {positions, head_dim});
+  return {ct.to(dtype).to(device), st.to(dtype).to(device)};
+}
+
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const char* op = "rotary_embedding";
+  TANDEM_CHECK(x.defined() && x.dim() >= 2, op, ": x must be [..., T, d], got ",
+               x.defined() ? x.str() : std::string("an undefined tensor"));
+  const int64_t t = x.size(-2), d = x.size(-1);
+  TANDEM_CHECK(d % 2 == 0, op, ": the head size ", d, " of x ", x.str(), " must be even");
+  TANDEM_CHECK(cos.defined() && sin.defined() && cos.dim() == 2 && cos.shape() == sin.shape() && cos.size(0) == t &&
+                   cos.size(1) == d,
+               op, ": cos and sin must be [", t, ", ", d, "] for x ", x.str(), ", got ",
+               cos.defined() ? cos.str() : std::string("none"), " and ", sin.defined() ? sin.str() : std::string("none"));
+  TANDEM_CHECK(cos.dtype() == x.dtype() && sin.dtype() == x.dtype(), op, ": cos ", cos.str(), " and sin ", sin.str(),
+               " must be of x's dtype ", dtype_name(x.dtype()));
+  ops::check_same_device(x, cos, op);
+  ops::check_same_device(x, sin, op);
+  const int64_t half = d / 2, last = x.dim() - 1;
+  Tensor rotated = concat({neg(slice(x, last, half, half)), slice(x, last, 0, half)}, last);
+  return add(mul(x, cos), mul(rotated, sin));
+}
+
+}  // namespace tandem
