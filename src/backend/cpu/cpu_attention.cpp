@@ -344,8 +344,11 @@ bool CpuBackend::fused_attention_supported(const AttentionGeom& g, DType dtype, 
     const char* v = std::getenv("TANDEM_ATTENTION_MATH");
     return v && std::string(v) == "1";
   }();
-  return !math_only && (dtype == DType::f32 || dtype == DType::f64) && g.batch >= 0 && g.heads >= 0 && g.tq >= 0 &&
-         g.tk >= 0 && g.d > 0 && g.dv > 0;
+  // Grouped-query attention (fewer key-value heads) takes the math path: each task here owns one head's key
+  // and value gradients.
+  const bool one_kv_per_head = g.kv_heads == 0 || g.kv_heads == g.heads;
+  return !math_only && one_kv_per_head && (dtype == DType::f32 || dtype == DType::f64) && g.batch >= 0 &&
+         g.heads >= 0 && g.tq >= 0 && g.tk >= 0 && g.d > 0 && g.dv > 0;
 }
 
 void CpuBackend::fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g,
