@@ -90,7 +90,7 @@ struct AdamArgs {
   const float* step_scalars = nullptr;
   /// When set: one f32 value on the slots' device by which every gradient is multiplied as the step reads
   /// it (a clipping factor computed on the device), exactly as if the gradients had been scaled first. The
-  /// CUDA kernel leaves the gradients as they are; the CPU scales them in place first.
+  /// gradients are left as they are.
   const float* grad_factor = nullptr;
 };
 
@@ -503,9 +503,10 @@ class Backend {
   /// Whether fused_attention_forward and _backward take this geometry in this type on the device (false: the op
   /// computes attention by matrix products). A backend may prepare its kernels for the geometry on the first call.
   virtual bool fused_attention_supported(const AttentionGeom& g, DType dtype, int device) { return false; }
-  /// o [b, h, tq, dv] = attention of q [b, h, tq, d], k [b, h, tk, d], v [b, h, tk, dv] (contiguous, one type);
-  /// stats [b, h, tq] (f32) = each row's log-sum-exp of the scaled scores, for the backward. Dropout of the
-  /// probabilities (g.dropout_p > 0) draws from (seed, offset).
+  /// o [b, h, tq, dv] = attention of q [b, h, tq, d], k [b, h, tk, d], v [b, h, tk, dv] (one type; CUDA: the
+  /// strides of g, the CPU: any strides); stats [b, h, tq] (f32; f64 for f64 inputs) = each row's log-sum-exp of
+  /// the scaled scores, for the backward. Dropout of the probabilities (g.dropout_p > 0) draws from (seed,
+  /// offset) what the composed path's dropout_mask of [b h, tq, tk] elements draws.
   virtual void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g,
                                        uint64_t seed, uint64_t offset, Tensor& o, Tensor& stats);
   /// dq, dk, dv from the forward's inputs, output o, its gradient dout and stats (the same seed and offset).

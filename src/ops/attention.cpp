@@ -1,7 +1,9 @@
 // Scaled dot-product attention. 16-bit inputs on a GPU go through the backend's fused kernels (cuDNN's
-// flash attention) when it takes the geometry; every other case computes the math: batched products,
-// a scaled and masked softmax, dropout with the counter-based generator, and the products again, with a
-// backward written from the same kernels (so it runs on every backend and gradchecks in f64).
+// flash attention) when it takes the geometry, and so do f32 and f64 inputs on the CPU (the CPU backend's
+// kernel per batch and head, which reads and writes the operands in place); every other case computes the
+// math: batched products, a scaled and masked softmax, dropout with the counter-based generator, and the
+// products again, with a backward written from the same kernels (so it runs on every backend and
+// gradchecks in f64).
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +36,15 @@ bool fused_reads_in_place(const Tensor& x, DType cdt) {
 
 Tensor fused_operand(const Tensor& x, DType cdt) { return fused_reads_in_place(x, cdt) ? x : to_dense(x, cdt, false); }
 
+// Whether the fused kernels may take inputs of compute type cdt on x's device: 16-bit ones on a GPU; f32 and
+// f64 ones on the CPU, whose kernel reads any strides.
+bool fused_kind(const Tensor& x, DType cdt) {
+  return x.device().is_cuda() ? is_half(cdt) : (cdt == DType::f32 || cdt == DType::f64);
+}
+
+// The log-sum-exp statistics' type: f64 for f64 attention, f32 otherwise.
+DType stats_dtype(DType cdt) { return cdt == DType::f64 ? DType::f64 : DType::f32; }
+
 std::array<int64_t, 4> strides_of(const Tensor& x) {
   const Shape& st = x.strides();
   return {st[0], st[1], st[2], st[3]};
@@ -59,13 +70,14 @@ Tensor as_bthd(const Tensor& x, DType dtype) {
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qf, const Tensor& kf,
                        const Tensor& vf, const AttentionGeom& g, DType cdt, uint64_t seed, uint64_t offset) {
   Tensor o = empty_bthd(g.batch, g.heads, g.tq, g.dv, cdt, q.device());
-  Tensor stats = Tensor::empty({g.batch, g.heads, g.tq}, DType::f32, q.device());
+  Tensor stats = Tensor::empty({g.batch, g.heads, g.tq}, stats_dtype(cdt), q.device());
   be(q).fused_attention_forward(qf, kf, vf, g, seed, offset, o, stats);
   Tensor so = o.detach(), qc = qf.detach(), kc = kf.detach(), vc = vf.detach();
   const DType qt = q.dtype(), kt = k.dtype(), vt = v.dtype();
   return record_op(o, {q, k, v}, "scaled_dot_product_attention",
                    [qc, kc, vc, so, stats, g, seed, offset, cdt, qt, kt, vt](const Tensor& grad) {
-    Tensor dout = as_bthd(grad, cdt);
+    // The CPU's kernel reads the gradient in any layout; the GPU's wants [b, t, h, d].
+    Tensor dout = grad.device().is_cuda() ? as_bthd(grad, cdt) : grad.dtype() == cdt ? grad : grad.to(cdt);
     const Device dev = qc.device();
     const int64_t hk = g.kv_heads > 0 ? g.kv_heads : g.heads;
     Tensor dq = empty_bthd(g.batch, g.heads, g.tq, g.d, cdt, dev), dk = empty_bthd(g.batch, hk, g.tk, g.d, cdt, dev),
@@ -151,13 +163,13 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool causal, doub
     return reshape(permute(a, {0, 2, 1, 3}), {b, t, c});
   };
   const DType cdt = compute_dtype(qkv.device(), current_precision(), qkv.dtype());
-  if (!qkv.device().is_cuda() || !is_half(cdt) || qkv.dtype() != cdt || !qkv.is_contiguous() || b * t * d == 0)
-    return composed();
+  if (!fused_kind(qkv, cdt) || qkv.dtype() != cdt || !qkv.is_contiguous() || b * t * d == 0) return composed();
   TANDEM_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, op, ": dropout probability ", dropout_p, " outside [0, 1)");
   TANDEM_CHECK(dropout_p == 0.0 || gen != nullptr, op, ": dropout_p ", dropout_p, " needs a generator");
   Tensor base = qkv.detach();
   Tensor q = packed_part(base, heads, 0), k = packed_part(base, heads, 1), v = packed_part(base, heads, 2);
-  if (!fused_reads_in_place(q, cdt) || !fused_reads_in_place(k, cdt) || !fused_reads_in_place(v, cdt))
+  if (qkv.device().is_cuda() &&
+      (!fused_reads_in_place(q, cdt) || !fused_reads_in_place(k, cdt) || !fused_reads_in_place(v, cdt)))
     return composed();
   AttentionGeom g;
   g.batch = b;
@@ -179,7 +191,7 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool causal, doub
   }
   Tensor y = Tensor::empty({b, t, c}, cdt, qkv.device());
   Tensor o = as_strided(y, {b, heads, t, d}, {t * c, d, c, 1}, 0);  // [b, t, h, d] in memory
-  Tensor stats = Tensor::empty({b, heads, t}, DType::f32, qkv.device());
+  Tensor stats = Tensor::empty({b, heads, t}, stats_dtype(cdt), qkv.device());
   be(qkv).fused_attention_forward(q, k, v, g, seed, offset, o, stats);
   Tensor so = o.detach();
   return record_op(y, {qkv}, op, [base, q, k, v, so, stats, g, seed, offset, cdt, heads, b, t, c](const Tensor& grad) {
@@ -232,10 +244,14 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   }
   // Under a 16-bit precision on CUDA, f32 inputs are taken in 16-bit (as linear and conv2d take theirs).
   const DType cdt = compute_dtype(q.device(), current_precision(), q.dtype());
-  const bool fusable = q.device().is_cuda() && is_half(cdt) && g.batch * g.heads * g.tq * g.tk * g.d * g.dv > 0;
+  const bool fusable = fused_kind(q, cdt) && g.batch * g.heads * g.tq * g.tk * g.d * g.dv > 0;
   if (fusable) {
-    // The operands as the fused path reads them: in place where their layout allows (fused_operand).
-    Tensor qf = fused_operand(q, cdt), kf = fused_operand(k, cdt), vf = fused_operand(v, cdt);
+    // The operands as the fused path reads them: in place where their layout allows (fused_operand; the CPU's
+    // kernel reads any layout of the compute type).
+    auto operand = [&](const Tensor& x) {
+      return q.device().is_cuda() ? fused_operand(x, cdt) : x.dtype() == cdt ? x : to_dense(x, cdt, false);
+    };
+    Tensor qf = operand(q), kf = operand(k), vf = operand(v);
     g.q_strides = strides_of(qf);
     g.k_strides = strides_of(kf);
     g.v_strides = strides_of(vf);

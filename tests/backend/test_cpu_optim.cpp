@@ -144,5 +144,35 @@ TEST(CpuAdam, GradientFactorAndCopiesGiveTheBitsOfScalingFirstAndConverting) {
   EXPECT_THROW(cpu().adam_step(&bad, 1, AdamArgs{0.01, 0.9, 0.95, 1e-8, 0.0, 1, true}), Error);
 }
 
+// The step runs over chunks of all the slots at once, eight lanes at a time with a scalar tail: every element
+// of equal inputs gets the same bits wherever it falls (lanes, tails, chunk edges, small and large slots), and
+// the values follow Adam's definition; the gradients are left as they were, factor or not.
+TEST(CpuAdam, ChunksLanesAndTailsAgree) {
+  for (DType dt : float_types())
+    for (int threads : {1, 2}) {
+      ThreadScope scope(threads);
+      const std::vector<int64_t> sizes = {3, 8, 16384 + 5, 40000, 1};
+      std::vector<ParamSlot> slots;
+      for (int64_t n : sizes)
+        slots.push_back({Tensor::full({n}, 0.75, dt), Tensor::full({n}, -0.3, dt), Tensor::zeros({n}, dt),
+                         Tensor::zeros({n}, dt), Tensor()});
+      AdamRef ref{0.75};
+      Tensor factor = Tensor::full({1}, 0.5);
+      for (int64_t t = 1; t <= 3; ++t) {
+        AdamArgs a{0.01, 0.9, 0.95, 1e-8, 0.1, t, true};
+        if (dt == DType::f32) a.grad_factor = factor.data<float>();
+        cpu().adam_step(slots.data(), static_cast<int64_t>(slots.size()), a);
+        ref.step(dt == DType::f32 ? -0.15 : -0.3, t, 0.01, 0.9, 0.95, 1e-8, 0.1, true);
+      }
+      const double first = slots[0].param.to_vector<double>()[0];
+      EXPECT_NEAR(first, ref.p, dt == DType::f64 ? 1e-12 : 1e-6) << dtype_name(dt);
+      for (const ParamSlot& s : slots) {
+        for (double v : values(s.param)) ASSERT_EQ(v, first) << dtype_name(dt) << " slot of " << s.param.numel();
+        for (double g : values(s.grad))
+          ASSERT_EQ(g, Tensor::full({1}, -0.3, dt).item<double>()) << "the gradients are left as they were";
+      }
+    }
+}
+
 }  // namespace
 }  // namespace tandem::testing

@@ -41,6 +41,8 @@ class CpuBackend final : public Backend {
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
             const Tensor& b, double beta, Tensor& c) override;
+  void gemm_fused(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
+                  const Tensor& b, double beta, Tensor& c, const GemmFusion& f) override;
 
   void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g, Tensor& y,
                       bool relu = false) override;
@@ -133,6 +135,12 @@ class CpuBackend final : public Backend {
   void pointwise_loss_backward(PointLoss op, const Tensor& x, const Tensor& t, const Tensor& g, Tensor& dx) override;
   void attention_softmax(const Tensor& s, int64_t batch, int64_t tq, int64_t tk, double scale, bool causal,
                          Tensor& y) override;
+  bool fused_attention_supported(const AttentionGeom& g, DType dtype, int device) override;
+  void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g, uint64_t seed,
+                               uint64_t offset, Tensor& o, Tensor& stats) override;
+  void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& dout,
+                                const Tensor& stats, const AttentionGeom& g, uint64_t seed, uint64_t offset, Tensor& dq,
+                                Tensor& dk, Tensor& dv) override;
 
   // ---- embedding and recurrent networks
   void embedding_forward(const Tensor& weight, const Tensor& indices, Tensor& out) override;

@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/cpu_parallel.h"
+#include "backend/cpu/cpu_sgemm.h"
 #include "backend/elementwise_functors.h"
 
 namespace tandem::backend {
@@ -193,8 +194,21 @@ void CpuBackend::binary(Binary op, const Tensor& a, const Tensor& b, Tensor& out
   });
 }
 
+namespace {
+// Whether t is dense f32 of out's numel: the vectorised row kernels' operands.
+bool dense_f32(const Tensor& t, const Tensor& out) {
+  return t.dtype() == DType::f32 && t.is_contiguous() && t.numel() == out.numel();
+}
+}  // namespace
+
 void CpuBackend::unary(Unary op, const Tensor& a, Tensor& out, const EwArgs& args) {
   check_types(op_name(op), out, {&a});
+  if (op == Unary::GeluTanh && dense_f32(a, out) && dense_f32(out, out)) {  // the transformers' MLP activation
+    const float* x = a.data<float>();
+    float* y = out.data<float>();
+    cpu::parallel_for(out.numel(), cpu::grain_for(8), [&](int64_t lo, int64_t hi) { cpu::gelu_tanh_f32(x + lo, y + lo, hi - lo); });
+    return;
+  }
   dispatch_float(out.dtype(), op_name(op), [&](auto tag) {
     using T = decltype(tag);
     ewf::with_unary<T>(op, args, [&](auto f) { elementwise<T>(out, {&a}, f); });
@@ -223,6 +237,15 @@ void CpuBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
 
 void CpuBackend::unary_backward(Unary op, const Tensor& grad, const Tensor& saved, Tensor& out, const EwArgs& args) {
   check_types(backward_name(op), out, {&grad, &saved});
+  if (op == Unary::GeluTanh && dense_f32(grad, out) && dense_f32(saved, out) && dense_f32(out, out)) {
+    const float* g = grad.data<float>();
+    const float* x = saved.data<float>();
+    float* dx = out.data<float>();
+    cpu::parallel_for(out.numel(), cpu::grain_for(8), [&](int64_t lo, int64_t hi) {
+      cpu::gelu_tanh_backward_f32(g + lo, x + lo, dx + lo, hi - lo);
+    });
+    return;
+  }
   dispatch_float(out.dtype(), backward_name(op), [&](auto tag) {
     using T = decltype(tag);
     ewf::with_unary_grad<T>(op, args, [&](auto f) { elementwise<T>(out, {&grad, &saved}, f); });

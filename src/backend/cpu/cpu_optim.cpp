@@ -1,5 +1,10 @@
 // CPU backend: fused optimizer updates over many parameter tensors in one call.
 #include <cmath>
+#include <type_traits>
+#include <vector>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_dispatch.h"
@@ -53,32 +58,59 @@ void sgd_one(const ParamSlot& s, const SgdArgs& a) {
   });
 }
 
+// Adam's scalars for one step (AdamArgs in the parameters' type).
 template <typename T>
-void adam_one(const ParamSlot& s, const AdamArgs& a) {
-  const int64_t n = s.param.numel();
-  T* p = ptr<T>(s.param);
-  const T* g = ptr<T>(s.grad);
-  T* m = ptr<T>(s.buf0);
-  T* v = ptr<T>(s.buf1);
-  const double t = static_cast<double>(a.step);
-  const T b1 = static_cast<T>(a.beta1), b2 = static_cast<T>(a.beta2);
-  const T c1 = static_cast<T>(1.0 - a.beta1), c2 = static_cast<T>(1.0 - a.beta2);
-  // lr * (m / bc1) / (sqrt(v / bc2) + eps) == step * m / (sqrt(v) * inv_sqrt_bc2 + eps)
-  const T step = static_cast<T>(a.lr / (1.0 - std::pow(a.beta1, t)));
-  const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, t)));
-  const T eps = static_cast<T>(a.eps);
-  const T l2 = a.decoupled ? T(0) : static_cast<T>(a.weight_decay);
-  const T shrink = a.decoupled ? static_cast<T>(1.0 - a.lr * a.weight_decay) : T(1);
-  cpu::parallel_for(n, cpu::grain_for(1), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const T gi = g[i] + l2 * p[i];
-      const T mi = b1 * m[i] + c1 * gi;
-      const T vi = b2 * v[i] + c2 * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = p[i] * shrink - step * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+struct AdamScalars {
+  T b1, b2, c1, c2, step, inv_sqrt_bc2, eps, l2, shrink;
+  explicit AdamScalars(const AdamArgs& a) {
+    const double t = static_cast<double>(a.step);
+    b1 = static_cast<T>(a.beta1), b2 = static_cast<T>(a.beta2);
+    c1 = static_cast<T>(1.0 - a.beta1), c2 = static_cast<T>(1.0 - a.beta2);
+    // lr * (m / bc1) / (sqrt(v / bc2) + eps) == step * m / (sqrt(v) * inv_sqrt_bc2 + eps)
+    step = static_cast<T>(a.lr / (1.0 - std::pow(a.beta1, t)));
+    inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(1.0 - std::pow(a.beta2, t)));
+    eps = static_cast<T>(a.eps);
+    l2 = a.decoupled ? T(0) : static_cast<T>(a.weight_decay);
+    shrink = a.decoupled ? static_cast<T>(1.0 - a.lr * a.weight_decay) : T(1);
+  }
+};
+
+// Elements [lo, hi) of one parameter: g (times factor, when one is given, as if the gradient had been scaled
+// first) updates m, v and p. Every product and sum is written as the fused multiply-add or the rounding it
+// is, so that the vector lanes and the scalar tail agree bit for bit.
+template <typename T>
+void adam_range(T* p, const T* g, T* m, T* v, int64_t lo, int64_t hi, const AdamScalars<T>& s, const float* factor) {
+  int64_t i = lo;
+  if constexpr (std::is_same_v<T, float>) {
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 f = _mm256_set1_ps(factor ? *factor : 1.0f), b1 = _mm256_set1_ps(s.b1), b2 = _mm256_set1_ps(s.b2),
+                 c1 = _mm256_set1_ps(s.c1), c2 = _mm256_set1_ps(s.c2), st = _mm256_set1_ps(s.step),
+                 isb = _mm256_set1_ps(s.inv_sqrt_bc2), eps = _mm256_set1_ps(s.eps), l2 = _mm256_set1_ps(s.l2),
+                 shrink = _mm256_set1_ps(s.shrink);
+    for (; i + 8 <= hi; i += 8) {
+      __m256 gi = _mm256_loadu_ps(g + i);
+      if (factor) gi = _mm256_mul_ps(gi, f);
+      const __m256 pi = _mm256_loadu_ps(p + i);
+      gi = _mm256_fmadd_ps(l2, pi, gi);
+      const __m256 mi = _mm256_fmadd_ps(b1, _mm256_loadu_ps(m + i), _mm256_mul_ps(c1, gi));
+      const __m256 vi = _mm256_fmadd_ps(b2, _mm256_loadu_ps(v + i), _mm256_mul_ps(_mm256_mul_ps(c2, gi), gi));
+      const __m256 den = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), isb, eps);
+      _mm256_storeu_ps(m + i, mi);
+      _mm256_storeu_ps(v + i, vi);
+      _mm256_storeu_ps(p + i, _mm256_fmsub_ps(pi, shrink, _mm256_div_ps(_mm256_mul_ps(st, mi), den)));
     }
-  });
+#endif
+  }
+  for (; i < hi; ++i) {
+    T gi = factor ? static_cast<T>(g[i] * static_cast<T>(*factor)) : g[i];
+    gi = std::fma(s.l2, p[i], gi);
+    const T mi = std::fma(s.b1, m[i], static_cast<T>(s.c1 * gi));
+    const T vi = std::fma(s.b2, v[i], static_cast<T>(static_cast<T>(s.c2 * gi) * gi));
+    const T den = std::fma(std::sqrt(vi), s.inv_sqrt_bc2, s.eps);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = std::fma(p[i], s.shrink, -static_cast<T>(static_cast<T>(s.step * mi) / den));
+  }
 }
 
 // The 16-bit copy of an updated parameter (ParamSlot::copy), rounded to nearest as Tensor::to rounds.
@@ -159,6 +191,9 @@ void CpuBackend::sgd_step(ParamSlot* slots, int64_t count, const SgdArgs& a) {
   }
 }
 
+// All the slots' elements in one parallel loop over chunks (small parameters share a thread's chunk list
+// instead of each paying for a loop of its own); the gradient factor is applied as the step reads the
+// gradients, which are left as they are (as the CUDA kernel leaves them).
 void CpuBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) {
   TANDEM_ASSERT(a.step >= 1, "adam_step: step ", a.step, " (steps count from 1)");
   for (int64_t i = 0; i < count; ++i) {
@@ -168,18 +203,27 @@ void CpuBackend::adam_step(ParamSlot* slots, int64_t count, const AdamArgs& a) {
                  s.param.str());
     check_copy(s, "adam_step");
   }
-  for (int64_t i = 0; i < count; ++i) {
-    const ParamSlot& s = slots[i];
-    if (a.grad_factor) {  // scaled in place first: the values the unfolded scaling gives
-      const float f = *a.grad_factor;
-      float* g = ptr<float>(s.grad);
-      cpu::parallel_for(s.grad.numel(), cpu::grain_for(1), [&](int64_t begin, int64_t end) {
-        for (int64_t j = begin; j < end; ++j) g[j] = g[j] * f;
-      });
-    }
-    dispatch_float(s.param.dtype(), "adam_step", [&](auto tag) { adam_one<decltype(tag)>(s, a); });
-    write_copy(s);
-  }
+  // Chunks of whole cache lines: (slot, first element, end).
+  constexpr int64_t kChunk = 16384;
+  struct Chunk {
+    int64_t slot, lo, hi;
+  };
+  std::vector<Chunk> chunks;
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t lo = 0, n = slots[i].param.numel(); lo < n; lo += kChunk) chunks.push_back({i, lo, std::min(n, lo + kChunk)});
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) total += slots[i].param.numel();
+  const int threads = total >= 2 * kParallelElems ? cpu::max_threads() : 1;
+  cpu::parallel_tasks(static_cast<int64_t>(chunks.size()), threads, [&](int64_t c, int) {
+    const Chunk& ch = chunks[static_cast<size_t>(c)];
+    const ParamSlot& s = slots[ch.slot];
+    dispatch_float(s.param.dtype(), "adam_step", [&](auto tag) {
+      using T = decltype(tag);
+      adam_range<T>(ptr<T>(s.param), ptr<T>(s.grad), ptr<T>(s.buf0), ptr<T>(s.buf1), ch.lo, ch.hi, AdamScalars<T>(a),
+                    a.grad_factor);
+    });
+  });
+  for (int64_t i = 0; i < count; ++i) write_copy(slots[i]);
 }
 
 void CpuBackend::rmsprop_step(ParamSlot* slots, int64_t count, const RmsPropArgs& a) {

@@ -89,6 +89,14 @@ template <typename T>
 void gemm_parallel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
                    int64_t ldb, T beta, T* c, int64_t ldc);
 
+/// The sum of x[i] y[i] over n elements (f32 summed in float lanes by blocks, the blocks in double), split over
+/// the threads for long vectors; the same value whatever the thread count.
+template <typename T>
+double dot(const T* x, const T* y, int64_t n);
+
+/// Threads worth using for an m x n x k product (kParallelFlops each), at most max_threads().
+int gemm_threads(int64_t m, int64_t n, int64_t k);
+
 /// An uninitialised CPU scratch buffer of n elements of T, recycled by the caching allocator.
 template <typename T>
 Tensor scratch(int64_t n) {
