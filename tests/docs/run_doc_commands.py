@@ -53,7 +53,7 @@ for doc in docs:
             continue
         run = cmd
         if re.search(r"\btandem train\b", cmd):
-            run = cmd + (LM_SHORT if re.search(r"--model (bigram|gpt)\b", cmd) else SHORT)
+            run = cmd + (LM_SHORT if re.search(r"--model (bigram|gpt|llama)\b", cmd) else SHORT)
         try:  # output is read leniently: tandem generate writes raw bytes
             r = subprocess.run(["bash", "-c", run], cwd=work, env=env, capture_output=True, text=True, errors="replace", timeout=300)
             ok, out = r.returncode == 0, r.stdout + r.stderr
