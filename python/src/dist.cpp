@@ -177,6 +177,12 @@ void bind_dist(nb::module_& m) {
            "Sharded: the wrapped optimizer's state becomes the whole state, gathered from every rank, for a checkpoint.")
       .def("release_optimizer_state", &dist::DistOpt::release_optimizer_state,
            "Drops the copy gather_optimizer_state made, once the checkpoint is written.")
+      .def("gather_parameters", &dist::DistOpt::gather_parameters, release_gil(),
+           "--shard parameters: every parameter whole (collective), to be read or written until release_parameters "
+           "or the next use of its layer group; nothing otherwise.")
+      .def("release_parameters", &dist::DistOpt::release_parameters, nb::arg("keep") = false, release_gil(),
+           "--shard parameters: frees what gather_parameters made whole; with keep, this rank first keeps its "
+           "blocks of the values written into them (the same on every rank).")
       .def(
           "set_param_groups",
           [](dist::DistOpt& d, const std::vector<GroupTuple>& groups) {

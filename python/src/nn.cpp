@@ -12,6 +12,7 @@
 
 #include "binding.h"
 #include "tandem/checkpoint.h"
+#include "tandem/nn/layer_group.h"
 #include "tandem/nn/layers.h"
 #include "tandem/nn/models.h"
 #include "tandem/nn/module.h"
@@ -22,9 +23,21 @@ namespace tandem::py {
 namespace {
 
 // A module whose parameters, buffers and children are registered from Python: it gives a model
-// written in Python the named, ordered parameter list that DistOpt and checkpoints work with.
-class ParamModule : public nn::Module {
+// written in Python the named, ordered parameter list that DistOpt and checkpoints work with, and the
+// layer groups (its layers, in the order its forward calls them) that DistOpt's --shard parameters finds.
+class ParamModule : public nn::Module, public nn::LayerGroups {
  public:
+  std::vector<nn::LayerGroup*> layer_groups() override {
+    std::vector<nn::LayerGroup*> out;
+    for (const auto& g : groups_) out.push_back(g.get());
+    return out;
+  }
+  void set_layer_groups(std::vector<std::shared_ptr<nn::LayerGroup>> groups) {
+    for (const auto& g : groups) TANDEM_CHECK(g != nullptr, "set_layer_groups: a group is None");
+    groups_ = std::move(groups);
+  }
+  const std::vector<std::shared_ptr<nn::LayerGroup>>& groups() const { return groups_; }
+
   Tensor forward(const Tensor&) override {
     TANDEM_CHECK(false, "this module only collects the parameters of a Python model: call the Python model instead");
   }
@@ -42,7 +55,22 @@ class ParamModule : public nn::Module {
     TANDEM_CHECK(m != nullptr, "add_module: module '", name, "' is None");
     register_module(name, std::move(m));
   }
+
+ private:
+  std::vector<std::shared_ptr<nn::LayerGroup>> groups_;
 };
+
+// The tensors a Python body returned (a list of tensors) as the C++ side takes them.
+std::vector<Tensor> body_outputs(const nb::handle& result) {
+  if (!nb::isinstance<nb::list>(result) && !nb::isinstance<nb::tuple>(result))
+    throw nb::type_error("LayerGroup.run: the body must return a list of tensors");
+  std::vector<Tensor> out;
+  for (nb::handle h : result) {
+    if (!nb::isinstance<Tensor>(h)) throw nb::type_error("LayerGroup.run: the body must return a list of tensors");
+    out.push_back(nb::cast<Tensor>(h));
+  }
+  return out;
+}
 
 // SINGA's Optimizer.apply(name, param, grad): one parameter's step with a gradient given for it. The
 // other parameters' gradients are set aside meanwhile, so that the step touches that parameter alone.
@@ -103,7 +131,38 @@ void bind_nn(nb::module_& m) {
       .def("add_parameter", &ParamModule::add_parameter, nb::arg("name"), nb::arg("tensor"),
            "Registers a parameter; it keeps its requires_grad (False: frozen, left out of the optimizer).")
       .def("add_buffer", &ParamModule::add_buffer, nb::arg("name"), nb::arg("tensor"))
-      .def("add_module", &ParamModule::add_module, nb::arg("name"), nb::arg("module"));
+      .def("add_module", &ParamModule::add_module, nb::arg("name"), nb::arg("module"))
+      .def("set_layer_groups", &ParamModule::set_layer_groups, nb::arg("groups"),
+           "The layer groups DistOpt's --shard parameters finds in this module, in the order forward runs them.")
+      .def("layer_groups", &ParamModule::groups);
+
+  nb::class_<nn::LayerGroup>(m, "LayerGroup",
+                             "A part of a model's forward and the parameters it uses: under DistOpt's --shard "
+                             "parameters they are gathered whole just for its forward and backward.")
+      .def(nb::init<std::string, std::vector<Tensor>>(), nb::arg("name"), nb::arg("params"))
+      .def_prop_ro("name", &nn::LayerGroup::name)
+      .def_prop_ro("params", &nn::LayerGroup::params)
+      .def_prop_ro("attached", &nn::LayerGroup::attached,
+                   "True once a DistOpt of sharded parameters took the group (its sync_parameters).")
+      .def_prop_ro("index", &nn::LayerGroup::index, "The group's number in forward order (-1 until attached).")
+      .def(
+          "run",
+          [](nn::LayerGroup& g, const std::vector<Tensor>& inputs, nb::callable body) {
+            // The body calls back into Python: it takes the GIL for that, which is let go meanwhile (the gathers
+            // wait for the other ranks).
+            PyObject* fn = body.ptr();
+            auto call = [fn](const std::vector<Tensor>& in) {
+              nb::gil_scoped_acquire locked;
+              nb::object result = nb::borrow<nb::callable>(fn)(nb::cast(in));
+              return body_outputs(result);
+            };
+            nb::gil_scoped_release unlocked;
+            return g.run(inputs, call);
+          },
+          nb::arg("inputs"), nb::arg("body"),
+          "body(inputs) (a list of tensors to a list of tensors) as the group's forward: with a DistOpt of sharded "
+          "parameters attached, the group is gathered for it and released after, and again in backward (the op "
+          "that releases it recorded on the inputs that need gradients, the one that gathers it on the outputs).");
 
   nb::class_<nn::Conv2d, nn::Module>(m, "Conv2d")
       .def(nb::init<int64_t, int64_t, int, Generator&, int, int, bool, bool, int>(), nb::arg("in_channels"),

@@ -7,7 +7,10 @@ joined it, the layers assigned as its attributes, those given to ``register_laye
 first called during the layer's own first call that belongs to no other layer (SINGA's ResNet keeps
 its downsampling convolution only in a closure; such a layer is named ``ClassName_index``).
 Parameters are named by path ("conv1.weight", "Bottleneck_0.conv1.weight"); the order is the same on
-every rank.
+every rank. A tensor held by several layers (tied weights) is one parameter, named by its first path.
+
+Under ``opt.DistOpt(shard="parameters")`` a model's sublayers holding parameters are layer groups: each
+call of such a layer runs as its group's forward (its parameters gathered for it; see DistOpt).
 """
 import threading
 from collections import OrderedDict
@@ -20,6 +23,121 @@ _PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER")
 _CONV_TUNING = ("cudnn_prefer", "workspace_MB_limit")
 
 _calls = threading.local()  # the layers whose forward is running on this thread, innermost last
+
+
+def _stack():
+    return _calls.__dict__.setdefault("stack", [])
+
+
+def _recorders():
+    """The call lists of the layers in their first call on this thread: each records every layer called in it."""
+    return _calls.__dict__.setdefault("recorders", [])
+
+
+def _running_groups():
+    """The layer groups whose forward is running on this thread (DistOpt shard="parameters")."""
+    return _calls.__dict__.setdefault("groups", [])
+
+
+class _Slot:
+    """Where the i-th tensor of a flattened structure goes back."""
+    __slots__ = ("i",)
+
+    def __init__(self, i):
+        self.i = i
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _split(obj, tensors, strict, what):
+    """obj with every tensor (inside lists, tuples and dicts too) replaced by a _Slot of its place in
+    ``tensors``, to which it is appended. ``strict``: any other object than those and plain values
+    (numbers, strings, None, NumPy arrays) is refused, naming ``what``."""
+    if isinstance(obj, _tandem.Tensor):
+        tensors.append(obj)
+        return _Slot(len(tensors) - 1)
+    if isinstance(obj, (list, tuple)):
+        return (type(obj), [_split(o, tensors, strict, what) for o in obj])
+    if isinstance(obj, dict):
+        return (dict, type(obj), [(k, _split(v, tensors, strict, what)) for k, v in obj.items()])
+    if strict and not isinstance(obj, _PLAIN) and type(obj).__module__ != "numpy":
+        raise TypeError(f"{what} returned a {type(obj).__name__}: under DistOpt(shard='parameters') a layer's "
+                        "forward returns tensors, or lists, tuples or dicts of them (and plain values), so that "
+                        "its parameters are gathered again when backward reaches them")
+    return obj
+
+
+def _join(tmpl, tensors):
+    """What _split took apart, with ``tensors`` in the slots."""
+    if isinstance(tmpl, _Slot):
+        return tensors[tmpl.i]
+    if isinstance(tmpl, tuple) and len(tmpl) == 2 and isinstance(tmpl[0], type) and issubclass(tmpl[0], (list, tuple)):
+        kind, items = tmpl
+        items = [_join(t, tensors) for t in items]
+        if kind is list or kind is tuple:
+            return kind(items)
+        return kind(*items) if hasattr(kind, "_fields") else kind(items)  # a namedtuple, or a subclass
+    if isinstance(tmpl, tuple) and len(tmpl) == 3 and tmpl[0] is dict:
+        _, kind, items = tmpl
+        return kind((k, _join(t, tensors)) for k, t in items)
+    return tmpl
+
+
+def _grouped_call(layer, forward, args, kwargs):
+    """A call of a layer that is a layer group: its forward as the group's run, with every tensor among
+    the arguments and results passed through it (the inputs carry the op that releases the group in
+    backward, the outputs the one that gathers it)."""
+    group = layer.__dict__["_layer_group"]
+    inputs = []
+    tmpl = _split((args, kwargs), inputs, False, None)
+    shape = {}
+
+    def body(ins):
+        a, kw = _join(tmpl, _same_objects(ins, inputs))
+        running = _running_groups()
+        running.append(group)
+        try:
+            out = forward(layer, *a, **kw)
+        finally:
+            running.pop()
+        outs = shape["tensors"] = []
+        shape["out"] = _split(out, outs, True, f"layer '{_path(layer)}' ({type(layer).__name__})")
+        return outs
+
+    layer.__dict__["_group_calls"] = layer.__dict__.get("_group_calls", 0) + 1
+    outs = group.run(inputs, body)
+    return _join(shape["out"], _same_objects(outs, shape["tensors"]))
+
+
+def _same_objects(got, given):
+    """The tensors back from the C++ side, as the Python objects given where they are the same tensor (the
+    ones that needed no op recorded): their class (a subclass of Tensor) and attributes stay."""
+    return [g if g._impl_id != t._impl_id else t for g, t in zip(got, given)]
+
+
+def _path(layer):
+    """The layer's dotted name within its model."""
+    names = []
+    while layer is not None and layer.__dict__.get("_parent") is not None:
+        names.append(layer.__dict__.get("name") or type(layer).__name__)
+        layer = layer.__dict__["_parent"]
+    return ".".join(reversed(names)) or type(layer).__name__
+
+
+def _check_group_member(layer):
+    """A layer inside a layer group, called outside that group's run, would read parameters that are not
+    there (their values live on the ranks in pieces between uses): refused."""
+    groups = layer.__dict__.get("_in_groups")
+    if not groups or not any(g.attached for g in groups):
+        return
+    running = _running_groups()
+    if any(r is g for g in groups for r in running):
+        return
+    names = " or ".join(f"'{g.name}'" for g in groups)
+    raise ValueError(f"layer '{_path(layer)}' ({type(layer).__name__}) is part of layer {names}, whose parameters "
+                     "DistOpt(shard='parameters') gathers only while that layer is called; it was called outside it: "
+                     "call it from its enclosing layer's forward, or make it a sublayer of the model itself")
 
 
 def _pair(v, what):
@@ -66,22 +184,32 @@ def _wrap_forward(forward):
     """The layer's forward, run as the layer's call: the first one initialises the layer from its
     inputs, and a layer first called inside it that belongs to no other layer becomes its sublayer."""
     def call(self, *args, **kwargs):
-        stack = _calls.__dict__.setdefault("stack", [])
+        stack = _stack()
         if stack and stack[-1][0] is self:  # a forward calling its base class's
             return forward(self, *args, **kwargs)
         if stack:
             parent, parent_first = stack[-1]
             if parent_first and self.__dict__.get("_parent") is None:
                 parent._adopt(self)
+        recorders = _recorders()
+        for calls in recorders:  # the first calls of the layers around: the order their sublayers run in
+            calls.append(self)
         first = not self._initialized
         if first:
             self.initialize(*args, **kwargs)
             self._initialized = True
+            recorders.append([])
         stack.append((self, first))
         try:
+            if self.__dict__.get("_layer_group") is not None:
+                return _grouped_call(self, forward, args, kwargs)
+            if self.__dict__.get("_in_groups"):
+                _check_group_member(self)
             return forward(self, *args, **kwargs)
         finally:
             stack.pop()
+            if first:
+                self.__dict__["_first_calls"] = recorders.pop()
 
     call.__name__, call.__qualname__, call.__doc__ = forward.__name__, forward.__qualname__, forward.__doc__
     call.__wrapped__ = forward
@@ -189,17 +317,22 @@ class Layer:
         sublayers'."""
         if self._cpp is not None:
             return self._cpp
-        m = _tandem.ParamModule()
-        seen = set()
-        for name, t in self._params.items():
-            m.add_parameter(name, t)
-            seen.add((t.data_ptr, tuple(t.shape)))
-        for name, t in self._tensor_attributes():
-            if (t.data_ptr, tuple(t.shape)) not in seen:
-                m.add_parameter(name, t)
-                seen.add((t.data_ptr, tuple(t.shape)))
-        for name, sub in self._layers.items():
-            m.add_module(name, sub._module())
+        # A tensor is registered once in the whole tree (tied weights: under the first path that holds it).
+        outer = getattr(_calls, "seen", None)
+        seen = _calls.seen = outer if outer is not None else set()
+        try:
+            m = _tandem.ParamModule()
+            for name, t in list(self._params.items()) + self._tensor_attributes():
+                if t._impl_id not in seen:
+                    m.add_parameter(name, t)
+                    seen.add(t._impl_id)
+            for name, sub in self._layers.items():
+                child = sub._module()
+                seen.update(p._impl_id for p in child.parameters())
+                m.add_module(name, child)
+        finally:
+            if outer is None:
+                _calls.seen = None
         return m
 
     def _tensor_attributes(self):
@@ -235,21 +368,56 @@ class Layer:
                 t.to_type(dtype)
 
     def get_params(self):
-        """Trainable tensors by dotted name, in a fixed order (the same on every rank)."""
+        """Trainable tensors by dotted name, in a fixed order (the same on every rank). Under
+        ``DistOpt(shard="parameters")`` they are gathered whole first, a collective (every rank calls it),
+        and stay whole until the model's next forward: read them before that."""
+        self._gather_parameters()
         return dict(self._module().named_parameters())
 
     def get_states(self):
-        """Parameters and buffers (batch-norm running statistics) by dotted name."""
+        """Parameters and buffers (batch-norm running statistics) by dotted name (gathered whole first
+        under ``DistOpt(shard="parameters")``, as get_params)."""
+        self._gather_parameters()
         m = self._module()
         return dict(m.named_parameters() + m.named_buffers())
 
     def set_params(self, params):
-        """Copies values (tensors or arrays) into the named parameters."""
-        self._assign(self.get_params(), params)
+        """Copies values (tensors or arrays) into the named parameters (under ``DistOpt(shard=
+        "parameters")`` a collective: every rank sets the same values)."""
+        self._write_parameters(lambda: self._assign(self.get_params(), params))
 
     def set_states(self, states):
-        """Copies values (tensors or arrays) into the named parameters and buffers."""
-        self._assign(self.get_states(), states)
+        """Copies values (tensors or arrays) into the named parameters and buffers (a collective under
+        ``DistOpt(shard="parameters")``, as set_params)."""
+        self._write_parameters(lambda: self._assign(self.get_states(), states))
+
+    def _sharding(self):
+        """The C++ DistOpt that keeps this layer's model's parameters sharded (shard="parameters"), or None."""
+        root = self
+        while root.__dict__.get("_parent") is not None:
+            root = root.__dict__["_parent"]
+        ref = root.__dict__.get("_sharded_by")
+        dist = ref() if ref is not None else None
+        return getattr(dist, "_impl", None) if dist is not None else None
+
+    def _gather_parameters(self):
+        impl = self._sharding()
+        if impl is not None:
+            impl.gather_parameters()
+
+    def _write_parameters(self, write):
+        """write() with the parameters whole; under sharded parameters each rank then keeps its pieces of
+        what was written (nothing, when write() raised)."""
+        impl = self._sharding()
+        if impl is None:
+            return write()
+        impl.gather_parameters()
+        try:
+            write()
+        except BaseException:
+            impl.release_parameters(False)
+            raise
+        impl.release_parameters(True)
 
     @staticmethod
     def _assign(mine, values):

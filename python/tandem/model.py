@@ -212,8 +212,9 @@ class Model(Layer):
     def save_states(self, fpath, aux_states=None):
         """Writes parameters, buffers, the optimizer's state and ``aux_states`` (a JSON-able dict)
         to one file, atomically. Under ``DistOpt(shard=...)`` each rank keeps a slice of the optimizer's
-        state, gathered here from all of them: every rank calls save_states (each writes the whole
-        checkpoint to the path it gives)."""
+        state (and, with shard="parameters", of the parameters), gathered here from all of them: every rank
+        calls save_states (each writes the whole checkpoint to the path it gives), which any model of the same
+        layers loads, sharded or not."""
         opt = self.optimizer._cpp_optimizer() if self.optimizer is not None else None
         if opt is not None:
             self.optimizer._gather_state()
@@ -226,9 +227,12 @@ class Model(Layer):
     def load_states(self, fpath):
         """Loads what save_states wrote (the model must be compiled); returns the aux_states dict. The
         optimizer takes the file's state, step counts and parameter groups (give its step counter back
-        with ``set_states``, from what ``get_states`` gave to aux_states)."""
+        with ``set_states``, from what ``get_states`` gave to aux_states). Under ``DistOpt(shard=
+        "parameters")`` every rank calls it: the parameters are whole while the file's values go in, then each
+        rank keeps its pieces of them."""
         opt = self.optimizer._cpp_optimizer() if self.optimizer is not None else None
-        aux = json.loads(_tandem.load_checkpoint(str(fpath), self._module(), opt))
+        with self.optimizer._loading() if opt is not None else contextlib.nullcontext():
+            aux = json.loads(_tandem.load_checkpoint(str(fpath), self._module(), opt))
         if opt is not None:
             self._recorded = None  # recorded with the optimizer's former groups and settings
             self._steady_key, self._steady_calls = None, 0

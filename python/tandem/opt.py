@@ -7,7 +7,9 @@ on. ``dtype=tensor.float16`` (SINGA's 16-bit training) keeps the parameters and 
 in float32 and makes the model compute in tandem's f16 precision: 16-bit convolutions and matrix
 products on GPUs, exact float32 on CPUs (see ``Optimizer``).
 """
+import contextlib
 import math
+import weakref
 
 from . import _tandem
 from .device import _share_cores
@@ -197,9 +199,9 @@ class Optimizer:
         untrained: refused (a loss reaching none of them is the C++ optimizer's to refuse)."""
         if self._model is None:
             return
-        mine = {(p.data_ptr, tuple(p.shape)) for p in self._module.parameters()}
+        mine = {p._impl_id for p in self._module.parameters()}
         leaves = _tandem.graph_leaves(loss)
-        stray = [t for t in leaves if (t.data_ptr, tuple(t.shape)) not in mine]
+        stray = [t for t in leaves if t._impl_id not in mine]
         if stray and len(stray) < len(leaves):
             shapes = ", ".join(str(list(t.shape)) for t in stray[:5])
             raise ValueError(f"the loss depends on {len(stray)} tensor(s) that require a gradient but are not "
@@ -253,8 +255,8 @@ class Optimizer:
     def _group_tuples(self):
         """The groups as the C++ optimizer takes them: (parameters, lr_scale, weight_decay or None)."""
         by_name = dict(self._module.named_parameters())
-        held = {(t.data_ptr, tuple(t.shape)) for t in self._impl.params()}
-        frozen = {(t.data_ptr, tuple(t.shape)) for t in by_name.values()} - held
+        held = {t._impl_id for t in self._impl.params()}
+        frozen = {t._impl_id for t in by_name.values()} - held
         base = self._schedule.value_at(0)
         tuples = []
         for i, g in enumerate(self._groups):
@@ -265,7 +267,7 @@ class Optimizer:
                         raise KeyError(f"set_param_groups: group {i} names '{p}', which is not a parameter (there are: "
                                        f"{', '.join(by_name) or 'none'})")
                     p = by_name[p]
-                if (p.data_ptr, tuple(p.shape)) not in frozen:  # a frozen parameter has no settings to take
+                if p._impl_id not in frozen:  # a frozen parameter has no settings to take
                     params.append(p)
             if "lr" in g:
                 if base <= 0:
@@ -291,8 +293,8 @@ class Optimizer:
         the optimizer's own); empty until the optimizer knows its parameters."""
         if self._impl is None:
             return []
-        names = {(t.data_ptr, tuple(t.shape)): n for n, t in self._module.named_parameters()}
-        return [{"params": [names.get((t.data_ptr, tuple(t.shape)), "?") for t in params], "lr_scale": scale,
+        names = {t._impl_id: n for n, t in self._module.named_parameters()}
+        return [{"params": [names.get(t._impl_id, "?") for t in params], "lr_scale": scale,
                  "weight_decay": decay} for params, scale, decay in _tandem.param_groups(self._impl)]
 
     def _create(self, params):
@@ -348,6 +350,10 @@ class Optimizer:
 
     def _after_load(self):
         """After a checkpoint was loaded into the C++ optimizer (DistOpt's)."""
+
+    def _loading(self):
+        """Around loading a checkpoint into the model (DistOpt's, under sharded parameters: whole meanwhile)."""
+        return contextlib.nullcontext()
 
     # ---- steps
     def __call__(self, loss):
@@ -514,8 +520,8 @@ def decay_groups(model, weight_decay):
     if weight_decay < 0:
         raise ValueError(f"decay_groups: weight_decay must not be negative, got {weight_decay}")
     module = model._module()
-    names = {(t.data_ptr, tuple(t.shape)): n for n, t in module.named_parameters()}
-    key = lambda t: (t.data_ptr, tuple(t.shape))  # noqa: E731
+    names = {t._impl_id: n for n, t in module.named_parameters()}
+    key = lambda t: t._impl_id  # noqa: E731
     decayed, kept = _tandem.decay_groups(module, float(weight_decay))
     decay = [key(t) for t in decayed[0]]
     keep = [key(t) for t in kept[0]]
@@ -551,8 +557,25 @@ class DistOpt(Optimizer):
     ``buffSize`` is the number of float32 gradients per all-reduce bucket; ``skip_nonfinite`` makes
     ``update`` skip, on every rank, a step whose averaged gradients hold inf or NaN; ``timeout``
     (seconds) bounds joining the job and each collective. ``opt=None`` is SINGA's default, ``SGD()``.
-    ``shard`` ("none", "optimizer", "gradients") keeps the optimizer's state (and the gradients) only
-    once across the ranks (ZeRO). With ``uneven_inputs`` ranks may have different numbers of batches:
+    ``shard`` ("none", "optimizer", "gradients", "parameters") keeps the optimizer's state (and the
+    gradients, and the parameters) only once across the ranks (ZeRO stages 1 to 3).
+
+    ``shard="parameters"`` (stage 3) needs a Model (``set_optimizer``, then ``compile``): each rank keeps
+    only its slices of the parameters between uses, and the model's layers are the units they are gathered
+    by (layer groups). Every sublayer of the model holding trained parameters is one group; a call of it
+    (``self.fc1(x)``, with any tensors in and out) gathers its parameters whole for its forward and frees them
+    after, and backward gathers them again when it reaches the layer and frees them once past it, the next
+    group's gather started meanwhile. The groups run in the order the model's first forward (compile's)
+    first called the layers, those it did not call after them in registration order. A tensor two layers
+    hold (tied weights) is one parameter of both groups. Refused with a message naming them: trained
+    parameters of the model itself (outside every layer), a layer of a group called outside its enclosing
+    layer's call, a parameter the loss reached without its layer being called (checked at the first step),
+    a layer returning objects other than tensors (and lists, tuples, dicts of them), a loss without a
+    model. Between steps a parameter views a NaN: ``get_params``/``get_states`` gather them first (a
+    collective: every rank calls them; whole until the next forward), ``set_params``/``set_states`` and
+    ``load_states`` write them whole and each rank keeps its slices, ``save_states`` writes them whole (the
+    checkpoint of an unsharded run). Set parameter groups before ``compile``.
+    With ``uneven_inputs`` ranks may have different numbers of batches:
     a rank whose data ran out calls ``join()`` and takes part in the others' steps until all are done.
     ``master_weights`` (``bfloat16`` or ``float16``) makes the parameters hold values of that type while
     the optimizer steps float32 masters of them, kept as its state (sharded with it under ``shard``).
@@ -598,6 +621,10 @@ class DistOpt(Optimizer):
                              uneven_inputs=bool(uneven_inputs),
                              master_weights=float32 if master_weights is None else master_weights)
         self._timeout = float(timeout)
+        # Sharded parameters (ZeRO stage 3): the model's layers become layer groups (see _declare_layer_groups).
+        self._stage3 = str(shard).lower().replace("-", "").replace("_", "") in ("parameters", "3")
+        self._grouped = []  # (layer, its _tandem.LayerGroup), in forward order
+        self._groups_checked = False
         self._comms = {}
         self._staged = {"plain": [], "half": []}  # fused_all_reduce(..., send=False) copies, by kind
         _share_cores(env.local_size)
@@ -644,9 +671,15 @@ class DistOpt(Optimizer):
     def set_param_groups(self, groups):
         """The wrapped optimizer's parameter groups (see Optimizer.set_param_groups), at any time: under
         ``shard`` the slices of the parameters each rank steps are cut again along the new groups, their
-        state kept, which is a collective (every rank calls it with the same groups)."""
+        state kept, which is a collective (every rank calls it with the same groups). Under
+        ``shard="parameters"`` only before the DistOpt takes the model's parameters (compile)."""
         inner = self.opt
-        inner._groups = inner._checked_groups(groups)
+        checked = inner._checked_groups(groups)
+        if self._impl is not None and self._stage3:
+            raise ValueError("DistOpt(shard='parameters'): set the parameter groups before compile (or before "
+                             "set_optimizer on a compiled model); once the parameters are sharded, their slices "
+                             "stay cut along the groups they were cut with")
+        inner._groups = checked
         if self._impl is not None:
             self._impl.set_param_groups(inner._group_tuples())
             self._forget_recorded_step()
@@ -732,30 +765,129 @@ class DistOpt(Optimizer):
     def _build(self, module):
         self.opt._build(module)
         self._module = module
+        if self._stage3:
+            self._declare_layer_groups(module)
         comm = self.communicator(module.parameters()[0].device)
         self._impl = _tandem.DistOpt(self.opt._impl, comm, **self._options)
         self._held = self.opt._impl.params()
         self._impl.sync_parameters(module)
 
+    # ---- sharded parameters (ZeRO stage 3): the model's layers as layer groups
+    def _declare_layer_groups(self, module):
+        """Makes every sublayer of the model that holds trained parameters a layer group (C++
+        nn::LayerGroup), in the order the model's first forward (compile's) first called them, those it did
+        not call after them in the order the model registered them; the model's module lists them for the C++
+        DistOpt, which shards the parameters along them. A call of such a layer then runs as its group's
+        forward (layer.py). Refused: a model's own trained parameters (used by its forward outside any
+        layer), a model sharded by another DistOpt."""
+        model = self._model
+        if model is None:
+            raise ValueError("DistOpt(shard='parameters') shards a Model's parameters by its layers: give it the model "
+                             "(model.set_optimizer(opt), then compile, or compile after it); the graph of a loss does "
+                             "not say which layer uses which parameter")
+        other = model.__dict__.get("_sharded_by")
+        if other is not None and other() is not None and other() is not self:
+            raise ValueError("DistOpt(shard='parameters'): the model's parameters are sharded by another DistOpt "
+                             "already (a model is trained by one DistOpt of sharded parameters; build the model "
+                             "anew)")
+        trained = {p._impl_id: p for p in self.opt._impl.params()}
+        names = {t._impl_id: n for n, t in module.named_parameters()}
+        candidates = []
+        for name, layer in model._layers.items():
+            params, ids = [], set()
+            for p in layer._module().parameters():
+                if p._impl_id in trained and p._impl_id not in ids:
+                    ids.add(p._impl_id)
+                    params.append(trained[p._impl_id])
+            if params:
+                candidates.append((name, layer, params))
+        first_calls = model.__dict__.get("_first_calls") or []
+        position = {}
+        for i, layer in enumerate(first_calls):
+            position.setdefault(id(layer), i)
+        candidates.sort(key=lambda c: position.get(id(c[1]), len(first_calls)))  # stable: the others keep their order
+        covered = {p._impl_id for _, _, params in candidates for p in params}
+        loose = [names.get(i, "?") for i in trained if i not in covered]
+        if loose:  # the model's own (registered on it, or tensors it holds as attributes): read by its forward itself
+            raise ValueError(f"DistOpt(shard='parameters'): parameter(s) {', '.join(loose)} belong to the model "
+                             "itself, not to one of its layers; parameters are gathered by layer (each sublayer of "
+                             "the model holding parameters is a layer group, whole only while it is called), so move "
+                             "them into a Layer the model calls, or freeze them (requires_grad=False)")
+        for layer in _all_layers(model):
+            layer.__dict__.pop("_layer_group", None)
+            layer.__dict__.pop("_in_groups", None)
+        groups = []
+        self._grouped = []
+        for name, layer, params in candidates:
+            group = _tandem.LayerGroup(name, params)
+            layer.__dict__["_layer_group"] = group
+            layer.__dict__["_group_calls"] = 0
+            for inner in _all_layers(layer)[1:]:
+                inner.__dict__["_in_groups"] = inner.__dict__.get("_in_groups", ()) + (group,)
+            groups.append(group)
+            self._grouped.append((layer, group))
+        module.set_layer_groups(groups)
+        model.__dict__["_sharded_by"] = weakref.ref(self)
+
+    def _check_groups_ran(self, loss):
+        """At the first step: every parameter the loss reached belongs to a layer that was called (as its
+        group's forward); one that was read without calling its layer held no values."""
+        reached = {t._impl_id for t in _tandem.graph_leaves(loss)}
+        called = [layer.__dict__.get("_group_calls", 0) > 0 for layer, _ in self._grouped]
+        names = {t._impl_id: n for n, t in self._module.named_parameters()}
+        for k, (layer, group) in enumerate(self._grouped):
+            if called[k]:
+                continue
+            for p in group.params:
+                i = p._impl_id
+                if i in reached and not any(called[j] for j, (_, g) in enumerate(self._grouped)
+                                            if any(q._impl_id == i for q in g.params)):
+                    raise ValueError(f"DistOpt(shard='parameters'): the loss depends on parameter "
+                                     f"{names.get(i, '?')} of layer '{group.name}', which was not called: its "
+                                     "parameters are gathered only while it is called (layer(x)), and were read "
+                                     "without that (the model's forward must call each layer whose parameters it "
+                                     "uses, and a layer must hold, as attributes or sublayers, the parameters its "
+                                     "forward reads)")
+
     def _ensure(self, loss):
+        fresh = self._impl is None  # built now: this step's forward ran before the layers were groups
         super()._ensure(loss)
+        if self._stage3 and not fresh and not self._groups_checked:
+            self._groups_checked = True
+            self._check_groups_ran(loss)
         # The ranks' buckets hold the parameters DistOpt took: one frozen since would still be stepped with a
         # zero gradient (its momentum, weight decay and Adam's moments moving it).
         for i, p in enumerate(self._held):
             if not p.requires_grad:
-                names = {(t.data_ptr, tuple(t.shape)): n for n, t in self._module.named_parameters()}
-                name = names.get((p.data_ptr, tuple(p.shape)), f"parameter {i}")
+                names = {t._impl_id: n for n, t in self._module.named_parameters()}
+                name = names.get(p._impl_id, f"parameter {i}")
                 raise ValueError(f"DistOpt: {name} was frozen (requires_grad=False) after DistOpt took the model's "
                                  "parameters, and its buckets would still step it: freeze parameters before "
                                  "compile (or before set_optimizer on a compiled model)")
 
     def _gather_state(self):
         if self._impl is not None:
-            self._impl.gather_optimizer_state()  # under shard: collective
+            self._impl.gather_optimizer_state()  # under shard: collective (sharded parameters: whole too)
 
     def _release_state(self):
         if self._impl is not None:
             self._impl.release_optimizer_state()
+            self._impl.release_parameters(False)  # sharded parameters: the whole copies gathered for the checkpoint
+
+    @contextlib.contextmanager
+    def _loading(self):
+        # Sharded parameters are whole while the checkpoint is written into them; then each rank keeps its pieces.
+        impl = self._impl
+        if impl is None:
+            yield
+            return
+        impl.gather_parameters()
+        try:
+            yield
+        except BaseException:
+            impl.release_parameters(False)
+            raise
+        impl.release_parameters(True)
 
     def _after_load(self):
         # A checkpoint restores the wrapped optimizer's groups: under shard the slices are cut along them now
@@ -902,6 +1034,19 @@ class DistOpt(Optimizer):
         if self._impl is None:
             raise RuntimeError("DistOpt has no parameters yet: compile the model after set_optimizer, or step once")
         return self._impl
+
+
+def _all_layers(layer):
+    """The layer and every layer inside it, each once, the layer first."""
+    out, seen, todo = [], set(), [layer]
+    while todo:
+        l = todo.pop(0)
+        if id(l) in seen:
+            continue
+        seen.add(id(l))
+        out.append(l)
+        todo.extend(l._layers.values())
+    return out
 
 
 def _either(value, alias, name, alias_name):

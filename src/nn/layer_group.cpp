@@ -22,24 +22,39 @@ void LayerGroup::attach(const std::shared_ptr<LayerGatherer>& gatherer, int inde
 }
 
 Tensor LayerGroup::run(const Tensor& x, const std::function<Tensor(const Tensor&)>& body) {
+  if (gatherer_.expired()) return body(x);
+  auto one = [&body](const std::vector<Tensor>& in) { return std::vector<Tensor>{body(in[0])}; };
+  return run(std::vector<Tensor>{x}, one).front();
+}
+
+std::vector<Tensor> LayerGroup::run(const std::vector<Tensor>& xs,
+                                    const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& body) {
   std::shared_ptr<LayerGatherer> g = gatherer_.lock();
-  if (!g) return body(x);
+  if (!g) return body(xs);
   std::weak_ptr<LayerGatherer> weak = gatherer_;
   const int group = index_;
   g->gather(group, group + 1);
-  Tensor in = x;
-  if (grad_enabled() && x.defined() && x.requires_grad())
-    in = record_op(alias(x), {x}, "layer_group_release", [weak, group](const Tensor& dy) {
-      if (auto gatherer = weak.lock()) gatherer->release(group);
-      return std::vector<Tensor>{dy};
-    });
-  Tensor out = body(in);
+  std::vector<Tensor> in = xs;
+  for (Tensor& x : in)
+    if (grad_enabled() && x.defined() && x.requires_grad())
+      x = record_op(alias(x), {x}, "layer_group_release", [weak, group](const Tensor& dy) {
+        if (auto gatherer = weak.lock()) gatherer->release(group);
+        return std::vector<Tensor>{dy};
+      });
+  std::vector<Tensor> out;
+  try {
+    out = body(in);
+  } catch (...) {
+    g->release(group);
+    throw;
+  }
   g->release(group);
-  if (grad_enabled() && out.requires_grad())
-    out = record_op(alias(out), {out}, "layer_group_gather", [weak, group](const Tensor& dy) {
-      if (auto gatherer = weak.lock()) gatherer->gather(group, group - 1);
-      return std::vector<Tensor>{dy};
-    });
+  for (Tensor& y : out)
+    if (grad_enabled() && y.defined() && y.requires_grad())
+      y = record_op(alias(y), {y}, "layer_group_gather", [weak, group](const Tensor& dy) {
+        if (auto gatherer = weak.lock()) gatherer->gather(group, group - 1);
+        return std::vector<Tensor>{dy};
+      });
   return out;
 }
 

@@ -297,6 +297,15 @@ class DistOpt {
   void gather_optimizer_state();
   /// Drops the copy gather_optimizer_state() made (its memory is the whole model's optimizer state).
   void release_optimizer_state();
+  /// --shard parameters, once sync_parameters has sharded them: every parameter whole (a collective: every
+  /// rank calls it), to be read, or written, as a whole (values set from outside, a checkpoint loaded into
+  /// the model after sync_parameters) until release_parameters() or their layer groups' next use frees them.
+  /// Does nothing otherwise.
+  void gather_parameters();
+  /// --shard parameters: frees the parameters gather_parameters() made whole; with `keep`, this rank first
+  /// keeps its blocks of the values they hold now (what was written into them since: every rank must have
+  /// written the same values). Nothing otherwise. Call it between steps.
+  void release_parameters(bool keep);
   /// Regroups the wrapped optimizer's parameters (optim::Optimizer::set_param_groups: every parameter keeps
   /// its state). Under --shard optimizer and gradients the optimizer of this rank's slices was cut along the
   /// old groups: its state is gathered into the wrapped optimizer and the slices are cut again along the new

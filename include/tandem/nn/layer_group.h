@@ -36,9 +36,20 @@ class LayerGroup {
   /// gathers it again (and starts the previous group's), the op recorded on the input releases it once
   /// backward has passed every op of body. Without one: body(x).
   Tensor run(const Tensor& x, const std::function<Tensor(const Tensor&)>& body);
+  /// run() for a part of several inputs and outputs (a layer written in Python, say): body(xs) as the group's
+  /// forward, the op that releases the group in backward recorded on every input that needs a gradient and
+  /// the op that gathers it on every output that has one. Backward runs an op recorded later first among
+  /// those it can run, so the first of the releasing ops runs only once backward has passed every op of body
+  /// (the others find the group released). A body that throws leaves the group released.
+  std::vector<Tensor> run(const std::vector<Tensor>& xs,
+                          const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& body);
   /// Called by DistOpt::sync_parameters: the gatherer, and this group's number (groups count in the order
   /// forward runs them).
   void attach(const std::shared_ptr<LayerGatherer>& gatherer, int index);
+  /// Whether a gatherer is attached (and still there): run() then gathers the group.
+  bool attached() const { return !gatherer_.expired(); }
+  /// The group's number among the model's groups (-1 until attached).
+  int index() const { return index_; }
   const std::string& name() const { return name_; }
   const std::vector<Tensor>& params() const { return params_; }
   void set_params(std::vector<Tensor> params) { params_ = std::move(params); }

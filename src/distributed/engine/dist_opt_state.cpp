@@ -236,4 +236,17 @@ void DistOpt::release_optimizer_state() {
   if (impl_->sharded_) impl_->sharded_->release_gathered_state(*opt_);
 }
 
+void DistOpt::gather_parameters() {
+  // Before sync_parameters the parameters are whole (in one buffer) already.
+  if (impl_->synced_ && impl_->sharded_ && impl_->sharded_->shards_parameters()) impl_->sharded_->gather_all();
+}
+
+void DistOpt::release_parameters(bool keep) {
+  if (!impl_->synced_ || !impl_->sharded_ || !impl_->sharded_->shards_parameters()) return;
+  if (keep)
+    impl_->sharded_->keep_whole();
+  else
+    impl_->sharded_->release_all();
+}
+
 }  // namespace tandem::dist

@@ -204,6 +204,21 @@ void ShardedStep::release_all() {
     if (whole_[k].defined()) unbind(k);
 }
 
+void ShardedStep::keep_whole() {
+  if (!params_sharded_) return;
+  const int world = comm_->size(), rank = comm_->rank();
+  const std::vector<Bucket>& buckets = reducer_.buckets();
+  const DType kept = stepper_->master_weights();
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    if (!whole_[k].defined()) continue;  // not gathered: its blocks hold its values already
+    bind(k);
+    const int64_t block = buckets[k].span / world;
+    Tensor mine = whole_[k].narrow(0, rank * block, block);
+    blocks_.narrow(0, block_at_[k], block).copy_(kept == DType::f32 ? mine : mine.to(kept).to(DType::f32));
+  }
+  release_all();
+}
+
 template <typename F>
 void ShardedStep::on_whole(F f) {
   gather_all();

@@ -52,6 +52,10 @@ class ShardedStep final : public LayerGatherer {
   /// Every group gathered (to read or write the whole parameters: checkpoints, checks), and released.
   void gather_all();
   void release_all();
+  /// Stage 3: this rank's blocks take the values of the parameters gathered whole now (written since
+  /// gather_all: a checkpoint loaded, values set), rounded to the parameters' 16-bit type under master
+  /// weights; then every group is released.
+  void keep_whole();
   bool shards_parameters() const { return stage3_; }
 
   /// Stages 1 and 2, overlapped gathers: group_of[i] is parameter i's layer group (-1: none). From the next

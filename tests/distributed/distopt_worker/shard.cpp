@@ -581,6 +581,35 @@ void scenario_shard_parameters(const std::shared_ptr<dist::Communicator>& comm) 
                     static_cast<long long>(got.stats.bytes_sent), static_cast<long long>(plain),
                     static_cast<long long>(padding));
   }
+  // gather_parameters / release_parameters: values written into the whole parameters stay with keep (each rank
+  // keeps its blocks of them), and are dropped without it.
+  {
+    auto model = layered(5, true);
+    dist::DistOptOptions o = small_buckets();
+    o.shard = dist::Shard::parameters;
+    dist::DistOpt opt(make_opt(Kind::sgd, model->parameters()), comm, o);
+    opt.sync_parameters(*model);
+    const std::vector<Tensor> ps = model->parameters();
+    auto all_equal = [&](double v) {
+      for (const std::vector<double>& p : host_values(ps))
+        for (double x : p)
+          if (x != v) return false;
+      return true;
+    };
+    CHECK_OR_REPORT(std::isnan(host_values(ps)[0][0]), "--shard parameters: a parameter is whole between steps");
+    opt.gather_parameters();
+    for (const Tensor& p : ps) p.detach().fill_(0.25);
+    opt.release_parameters(/*keep=*/true);
+    CHECK_OR_REPORT(std::isnan(host_values(ps)[0][0]), "release_parameters left a parameter whole");
+    opt.gather_parameters();
+    CHECK_OR_REPORT(all_equal(0.25), "release_parameters(keep) lost the values written into the whole parameters");
+    for (const Tensor& p : ps) p.detach().fill_(0.5);
+    opt.release_parameters(/*keep=*/false);
+    opt.gather_parameters();
+    CHECK_OR_REPORT(all_equal(0.25), "release_parameters without keep kept the values written");
+    opt.release_parameters(false);
+    opt.check_consistency();
+  }
   // Every parameter must be in a layer group.
   auto loose = layered(3, false);
   dist::DistOptOptions o = small_buckets();
