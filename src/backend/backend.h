@@ -234,8 +234,13 @@ class Backend {
   /// shares with the next one's first input). cursor: i64 [2] on the device, [0] the windows drawn
   /// so far, which the call advances by B (so that a recorded step draws new windows at every
   /// replay), [1] scratch, zero between calls. The same windows on every backend.
-  virtual void token_windows(const Tensor& tokens, Tensor& cursor, uint64_t seed, bool random, Tensor& x,
-                             Tensor& y) = 0;
+  /// frame > 0: the stream is cut into frames of `frame` >= T + 1 tokens (one padded example, or whole
+  /// examples packed, each), and windows start at frames only: s_j = k * frame, k = rng::mix(seed, j)
+  /// % F with random, j % F without, F = n / frame. mask, when defined: u8 [n], a byte per token, 1 where
+  /// the token is a target the loss is taken on; y[b, t] is -100 (the losses' ignore_index) where
+  /// mask[s_j + t + 1] is 0.
+  virtual void token_windows(const Tensor& tokens, const Tensor& mask, Tensor& cursor, uint64_t seed, bool random,
+                             int64_t frame, Tensor& x, Tensor& y) = 0;
   /// Counter-based uniform [lo, hi) and Gaussian fills; element i uses counter offset + i.
   virtual void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
   virtual void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) = 0;

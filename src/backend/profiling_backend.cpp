@@ -128,10 +128,10 @@ class ProfilingBackend final : public Backend {
     Timed timed(inner_, recordings_, device_, "gather_samples", profiler::detail::thread_phase());
     inner_.gather_samples(images, labels, order, cursor, divisor, x, y);
   }
-  void token_windows(const Tensor& tokens, Tensor& cursor, uint64_t seed, bool random, Tensor& x,
-                     Tensor& y) override {
+  void token_windows(const Tensor& tokens, const Tensor& mask, Tensor& cursor, uint64_t seed, bool random,
+                     int64_t frame, Tensor& x, Tensor& y) override {
     Timed timed(inner_, recordings_, device_, "token_windows", profiler::detail::thread_phase());
-    inner_.token_windows(tokens, cursor, seed, random, x, y);
+    inner_.token_windows(tokens, mask, cursor, seed, random, frame, x, y);
   }
   void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) override {
     Timed timed(inner_, recordings_, device_, "random_uniform", profiler::detail::thread_phase());

@@ -11,13 +11,30 @@ namespace tandem::backend {
 
 /// Start of window j (T + 1 tokens) in a stream of n >= T + 1 tokens: random, rng::mix(seed, j)
 /// modulo the n - T possible starts; sequential, window j modulo the (n - 1) / T consecutive ones, times T.
-TANDEM_HD int64_t token_window_start(uint64_t seed, int64_t j, int64_t n, int64_t T, bool random) {
+/// With frame > 0 (frame >= T + 1: a stream cut into frames of that many tokens, each one padded example
+/// or one window of packed examples) windows start at frames only: frame k of the n / frame, k being
+/// rng::mix(seed, j) modulo n / frame (random) or j modulo n / frame (sequential).
+TANDEM_HD int64_t token_window_start(uint64_t seed, int64_t j, int64_t n, int64_t T, bool random, int64_t frame = 0) {
+  if (frame > 0) {
+    const int64_t frames = n / frame;
+    const int64_t k =
+        random ? static_cast<int64_t>(rng::mix(seed, static_cast<uint64_t>(j)) % static_cast<uint64_t>(frames))
+               : j % frames;
+    return k * frame;
+  }
   if (random) return static_cast<int64_t>(rng::mix(seed, static_cast<uint64_t>(j)) % static_cast<uint64_t>(n - T));
   return (j % ((n - 1) / T)) * T;
 }
 
+/// The target of a window's token at stream position p: the token, or ignore (-100, what the losses
+/// leave out) where a loss mask (one byte per token, null: none) holds 0.
+TANDEM_HD int32_t token_window_target(int32_t token, const uint8_t* mask, int64_t p) {
+  return mask && mask[p] == 0 ? int32_t{-100} : token;
+}
+
 /// The checks of Backend::token_windows' arguments that need no device data (both backends make them).
-inline void check_token_windows(const Tensor& tokens, const Tensor& cursor, const Tensor& x, const Tensor& y) {
+inline void check_token_windows(const Tensor& tokens, const Tensor& mask, const Tensor& cursor, int64_t frame,
+                                const Tensor& x, const Tensor& y) {
   TANDEM_CHECK(tokens.dtype() == DType::u8 && tokens.dim() == 2 && (tokens.size(1) == 2 || tokens.size(1) == 4) &&
                    tokens.is_contiguous(),
                "token_windows: tokens must be u8 [n, 2] or u8 [n, 4] (uint16 or uint32 tokens as bytes), got ",
@@ -31,6 +48,13 @@ inline void check_token_windows(const Tensor& tokens, const Tensor& cursor, cons
                    tokens.device() == x.device() && y.device() == x.device(),
                "token_windows: the cursor must be i64 [2] and every tensor on ", x.device().str(), ", got cursor ",
                cursor.str(), ", tokens ", tokens.str());
+  TANDEM_CHECK(!mask.defined() || (mask.dtype() == DType::u8 && mask.dim() == 1 && mask.size(0) == tokens.size(0) &&
+                                   mask.is_contiguous() && mask.device() == x.device()),
+               "token_windows: the loss mask must be u8 [", tokens.size(0), "] (a byte per token) on ",
+               x.device().str(), ", got ", mask.str());
+  TANDEM_CHECK(frame == 0 || (frame >= x.size(1) + 1 && tokens.size(0) >= frame),
+               "token_windows: frames of ", frame, " tokens cannot hold a window of T + 1 = ", x.size(1) + 1,
+               " or do not fit in ", tokens.size(0), " tokens");
 }
 
 }  // namespace tandem::backend

@@ -92,6 +92,16 @@ LmDataSpecs lm_data_specs(const LmTrainConfig& cfg) {
         s.vocab = j["vocab_size"].get<int64_t>();
         s.vocab_from = meta.string();
       }
+      if (j.value("loss_mask", false) == true) {
+        TANDEM_CHECK(j.contains("window") && j["window"].is_number_integer() && j["window"].get<int64_t>() >= 2, "'",
+                     meta.string(), "' says \"loss_mask\": true but gives window ",
+                     j.contains("window") ? j["window"].dump() : std::string("(none)"),
+                     ": it must be the tokens of each window, context + 1 (`tandem data jsonl` writes it)");
+        s.loss_mask = true;
+        s.frame = j["window"].get<int64_t>();
+        s.packing = j.value("packing", std::string("pad"));
+        s.meta = meta.string();
+      }
     }
     return s;
   }
@@ -113,6 +123,46 @@ LmDataSpecs lm_data_specs(const LmTrainConfig& cfg) {
   s.train = cfg.train_data;
   s.val = cfg.val_data;
   return s;
+}
+
+int64_t lm_data_context(const LmTrainConfig& cfg, const LmDataSpecs& data) {
+  if (data.frame <= 0) return cfg.context;
+  const int64_t theirs = data.frame - 1;
+  TANDEM_CHECK(cfg.context == 0 || cfg.context == theirs, "--context ", cfg.context, " differs from the context ",
+               theirs, " that '", data.meta, "' was made with (its windows hold ", data.frame, " tokens, one ",
+               data.packing == "pack" ? "window of packed examples" : "padded example", " each): leave --context out, ",
+               "or make the data again with `tandem data jsonl ... --context ", cfg.context, "`");
+  return theirs;
+}
+
+data::TokenStream lm_token_stream(const std::string& spec, const LmDataSpecs& data) {
+  data::TokenStream stream(spec, 0, data.loss_mask);
+  if (!data.loss_mask) {
+    // Instruction data read without its meta.json would train on every token of prompts and padding.
+    std::error_code ec;
+    for (const auto& shard : stream.shards()) {
+      const std::string m = data::mask_path(shard->path());
+      TANDEM_CHECK(!fs::exists(m, ec), "token shard '", shard->path(), "' has a loss mask beside it ('", m, "', from ",
+                   "`tandem data jsonl`), which only --data DIR reads (through DIR/meta.json's \"loss_mask\"): train ",
+                   "with --data ", fs::path(shard->path()).parent_path().string(), ", so that the loss is taken on the ",
+                   "responses only");
+    }
+  }
+  return stream;
+}
+
+data::TokenBatchOptions lm_batch_options(const LmTrainConfig& cfg, const LmDataSpecs& data, int64_t context, int rank,
+                                         int world, Device device, bool validation) {
+  data::TokenBatchOptions o;
+  o.batch = cfg.batch_size;
+  o.context = context;
+  o.seed = cfg.seed;
+  o.rank = rank;
+  o.world_size = world;
+  o.device = device;
+  o.sequential = validation;
+  o.frame = data.frame;
+  return o;
 }
 
 nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest, const LmDataSpecs& data) {
@@ -287,10 +337,12 @@ bool LmTrainer::setup() {
     check_checkpoint_path(rank_state_path(cfg_.checkpoint, rank));
   }
   specs_ = lm_data_specs(cfg_);
+  // Instruction data fixes the context: its windows hold context + 1 tokens.
+  cfg_.context = lm_data_context(cfg_, specs_);
   session_ = std::make_unique<Session>(cfg_);
   Session& s = *session_;
-  train_stream_ = data::TokenStream(specs_.train);
-  if (!specs_.val.empty()) val_stream_ = data::TokenStream(specs_.val);
+  train_stream_ = lm_token_stream(specs_.train, specs_);
+  if (!specs_.val.empty()) val_stream_ = lm_token_stream(specs_.val, specs_);
   const int64_t largest = std::max(largest_token(train_stream_), specs_.val.empty() ? -1 : largest_token(val_stream_));
   // --init DIR: a Hugging Face model's shape is its config.json's (flags that would change it are refused).
   std::optional<nn::Pretrained> init;
@@ -343,18 +395,11 @@ bool LmTrainer::setup() {
   peak_ = peak_flops(device_name(s.device()), s.precision());
   check_ranks_agree();
 
-  data::TokenBatchOptions o;
-  o.batch = cfg_.batch_size;
-  o.context = context_;
-  o.seed = cfg_.seed;
-  o.rank = s.rank();
-  o.world_size = s.world();
-  o.device = s.device();
-  train_batches_ = std::make_unique<data::TokenBatches>(train_stream_, o);
-  if (!specs_.val.empty()) {
-    o.sequential = true;
-    val_batches_ = std::make_unique<data::TokenBatches>(val_stream_, o);
-  }
+  train_batches_ = std::make_unique<data::TokenBatches>(
+      train_stream_, lm_batch_options(cfg_, specs_, context_, s.rank(), s.world(), s.device(), false));
+  if (!specs_.val.empty())
+    val_batches_ = std::make_unique<data::TokenBatches>(
+        val_stream_, lm_batch_options(cfg_, specs_, context_, s.rank(), s.world(), s.device(), true));
   x_ = Tensor::empty({cfg_.batch_size, context_}, DType::i32, s.device());
   y_ = Tensor::empty({cfg_.batch_size, context_}, DType::i32, s.device());
   step_loss_ = Tensor::zeros({1}, DType::f32, s.device());
@@ -378,6 +423,17 @@ bool LmTrainer::setup() {
                  s.where().c_str());
     std::fprintf(stderr, "tandem: %s\n", s.memory_line().c_str());
     if (!specs_.note.empty()) std::fprintf(stderr, "tandem: %s\n", specs_.note.c_str());
+    if (specs_.loss_mask) {
+      const int64_t n = train_stream_.size(), trained = train_stream_.trained();
+      std::fprintf(stderr, "tandem: loss mask (%s): the loss is taken on %s of the %s training tokens (%.1f%%); each "
+                   "window is one of the data's %s windows of %lld tokens (%s)\n", specs_.meta.c_str(),
+                   with_commas(trained).c_str(), with_commas(n).c_str(),
+                   n > 0 ? 100.0 * static_cast<double>(trained) / static_cast<double>(n) : 0.0,
+                   with_commas(n / specs_.frame).c_str(), static_cast<long long>(specs_.frame),
+                   specs_.packing == "pack"
+                       ? "whole examples packed; an example attends to the earlier ones of its window"
+                       : "one example each, padded");
+    }
     if (specs_.val.empty())
       std::fprintf(stderr, "tandem: no validation shards: no validation loss is reported\n");
     if (!eager_because_.empty()) std::fprintf(stderr, "tandem: steps run eagerly: %s\n", eager_because_.c_str());
@@ -545,6 +601,7 @@ double LmTrainer::evaluate() {
   dist::DistOpt::AveragedReplicas averaged(s.opt());
   s.model().eval();
   Tensor loss_sum = Tensor::zeros({1}, DType::f32, s.device());
+  Tensor kept_targets = Tensor::zeros({1}, DType::f32, s.device());  // with a loss mask: the targets not -100
   int64_t rows = 0;
   {
     NoGradGuard no_grad;
@@ -560,14 +617,26 @@ double LmTrainer::evaluate() {
         y = Tensor::empty({n, context_}, DType::i32, s.device());
       }
       vb.fill(x, y);
-      Tensor loss = softmax_cross_entropy(s.model().forward(x), y, Reduction::Mean);
-      add_into(loss_sum, scale(loss.view({1}), static_cast<double>(n)));
+      if (specs_.loss_mask) {
+        // The losses of the targets kept (those not -100) added up, and counted: the loss of every
+        // trained-on token counts once, however they fall into batches.
+        add_into(loss_sum, softmax_cross_entropy(s.model().forward(x), y, Reduction::Sum).view({1}));
+        add_into(kept_targets, sum(cast(not_equal(y, -100.0), DType::f32)).view({1}));
+      } else {
+        Tensor loss = softmax_cross_entropy(s.model().forward(x), y, Reduction::Mean);
+        add_into(loss_sum, scale(loss.view({1}), static_cast<double>(n)));
+      }
       rows += n;
     }
   }
   s.model().train(true);
-  Tensor count = Tensor::full({1}, static_cast<double>(rows), DType::i64, s.device());
   s.comm().all_reduce(loss_sum)->wait();
+  if (specs_.loss_mask) {
+    s.comm().all_reduce(kept_targets)->wait();
+    const double targets = kept_targets.item<double>();
+    return targets > 0 ? loss_sum.item<double>() / targets : 0.0;
+  }
+  Tensor count = Tensor::full({1}, static_cast<double>(rows), DType::i64, s.device());
   s.comm().all_reduce(count)->wait();
   const double total_rows = static_cast<double>(count.item<int64_t>());
   return total_rows > 0 ? loss_sum.item<double>() / total_rows : 0.0;
@@ -666,6 +735,7 @@ void LmTrainer::save_main_checkpoint(int64_t step) {
                       {"batch_size", cfg_.batch_size},
                       {"accumulate", accumulate_},
                       {"train_windows", step * accumulate_ * cfg_.batch_size},
+                      {"loss_mask", specs_.loss_mask},
                       {"tokens", step * accumulate_ * cfg_.batch_size * context_ * s.world()},
                       {"lr", cfg_.lr},
                       {"min_lr", cfg_.min_lr_or_default()},

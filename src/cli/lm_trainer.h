@@ -81,8 +81,32 @@ struct LmDataSpecs {
   int64_t vocab = 0;
   std::string vocab_from;  // the meta.json it came from
   std::string note;        // how the specs were read from the flags, when that needs saying
+  // Instruction data (`tandem data jsonl`, "loss_mask": true in DIR/meta.json): a loss mask beside each
+  // shard, and the stream cut into frames of `frame` tokens (context + 1: one padded example, or whole
+  // examples packed, each) that windows are drawn at. A meta.json whose "window" is not a positive
+  // integer is an error naming it.
+  bool loss_mask = false;
+  int64_t frame = 0;
+  std::string packing;  // "pad" or "pack"
+  std::string meta;     // the meta.json that said so
 };
 LmDataSpecs lm_data_specs(const LmTrainConfig& cfg);
+
+/// The context a run trains with: --context, or the data's when it is framed (data.frame - 1) and
+/// --context is not given; 0 when neither says (the model's then). Framed data with another --context
+/// is an error: its windows hold frame tokens.
+int64_t lm_data_context(const LmTrainConfig& cfg, const LmDataSpecs& data);
+
+/// A split's token stream as the trainer reads it: spec's shards, with their loss masks beside them when
+/// the data has them (data.loss_mask). Shards with a loss mask beside them that data does not know of
+/// (no meta.json said "loss_mask") are an error: they train through --data DIR.
+data::TokenStream lm_token_stream(const std::string& spec, const LmDataSpecs& data);
+
+/// The options of one rank's batches as the trainer draws them: --batch-size windows of `context`
+/// tokens, decided by --seed and the rank; consecutive for validation, random for training; at the
+/// data's frames when it has them.
+data::TokenBatchOptions lm_batch_options(const LmTrainConfig& cfg, const LmDataSpecs& data, int64_t context, int rank,
+                                         int world, Device device, bool validation);
 
 /// The model's shape for the run: --gpt-config with its overrides, context and vocabulary resolved
 /// against the data: --vocab when given, else the vocabulary the data declare (`data.vocab`), else the

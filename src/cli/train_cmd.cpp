@@ -142,7 +142,9 @@ Runner add_train_command(CLI::App& app) {
   };
   lm_opt(sub->add_option("--data", lm->data_dir,
                          "Directory of token shards: its *train*.bin files train, its *val*.bin files validate "
-                         "(what `tandem data text` writes; llm.c's and nanoGPT's shards too)"));
+                         "(what `tandem data text` writes; llm.c's and nanoGPT's shards too). One from `tandem data "
+                         "jsonl` (\"loss_mask\" in its meta.json) trains at its context on its whole windows, the "
+                         "loss taken on the tokens its masks mark (the responses) only"));
   lm_opt(sub->add_option("--train-data", lm->train_data,
                          "Training shards: a file, a directory of *.bin files or a glob pattern (instead of --data). "
                          "A directory holding both splits (train.bin and val.bin, *_train*.bin and *_val*.bin) trains "
@@ -187,7 +189,8 @@ Runner add_train_command(CLI::App& app) {
                          "shape flags are refused) or of a tandem checkpoint (the shape flags must build its model; "
                          "its optimizer state and step are not taken: --resume continues a run)"));
   lm_opt(sub->add_option("--context", lm->context,
-                         "Tokens per sequence, T (default: the model's: --gpt-config's, 256 for bigram)")
+                         "Tokens per sequence, T (default: the model's: --gpt-config's, 256 for bigram; for --data "
+                         "from `tandem data jsonl`, the data's, which another value may not differ from)")
              ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)));
   lm_opt(sub->add_option("--vocab", lm->vocab,
                          "Vocabulary size (default: the vocab_size of --data DIR's meta.json, 256 for the byte "

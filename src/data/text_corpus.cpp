@@ -19,6 +19,7 @@
 
 #include "core/safe_file.h"
 #include "data/regular_file.h"
+#include "data/shard_files.h"
 #include "tandem/data/tokenizer.h"
 #include "data/text_check.h"
 #include "tandem/data/tokens.h"
@@ -78,38 +79,6 @@ std::string read_text_file(const std::string& path) {
   TANDEM_CHECK(!failed, "cannot read text file '", path, "': ", std::strerror(err));
   text.resize(got);  // a file that shrank while being read gives what it still had
   return text;
-}
-
-std::string shard_name(const char* split, size_t i) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%s_%06zu.bin", split, i);
-  return buf;
-}
-
-// Writes tokens as one llm.c shard at path (atomically): uint16 tokens under the 16-bit header, or
-// uint32 tokens under the 32-bit one.
-template <typename Token>
-void write_shard(const std::string& path, const std::vector<Token>& tokens) {
-  constexpr bool wide = sizeof(Token) == 4;
-  int32_t header[kLlmcHeaderInts] = {};
-  header[0] = wide ? kLlmc32Magic : kLlmcMagic;
-  header[1] = wide ? kLlmc32Version : kLlmcVersion;
-  header[2] = static_cast<int32_t>(tokens.size());
-  io::write_file_atomically(path, "token shard", [&](int fd) {
-    io::write_all(fd, header, sizeof header, path, "token shard");
-    io::write_all(fd, tokens.data(), tokens.size() * sizeof(Token), path, "token shard");
-  });
-}
-
-// 1234567 as "1,234,567" (counts are never negative).
-std::string with_commas(int64_t v) {
-  const std::string digits = std::to_string(v);
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
 }
 
 }  // namespace
@@ -376,7 +345,7 @@ TextCorpusReport write_text_corpus(const TextCorpusOptions& opt) {
     auto flush = [&] {
       const std::string name = shard_name(split, out.size());
       const std::string path = (fs::path(opt.out_dir) / name).string();
-      write_shard(path, buf);
+      write_token_shard(path, buf);
       say("wrote " + path + " (" + with_commas(static_cast<int64_t>(buf.size())) + " tokens)");
       out.push_back(path);
       written.insert(name);

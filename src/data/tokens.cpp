@@ -139,6 +139,45 @@ uint32_t TokenShard::max_token() const {
   return m;
 }
 
+MaskShard::MaskShard(const std::string& path, int64_t tokens) : path_(path) {
+  uint64_t size = 0;
+  std::FILE* f = io::open_regular_file(path, "loss mask", size);
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{f};
+  TANDEM_CHECK(size == static_cast<uint64_t>(tokens), "loss mask '", path, "' holds ", size, " bytes but its shard ",
+               "holds ", tokens, " tokens: a mask has one byte per token (was the shard or the mask replaced?)");
+  map_ = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fileno(f), 0);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    TANDEM_RUNTIME_CHECK(false, "cannot map loss mask '", path, "' into memory: ", std::strerror(errno));
+  }
+  map_bytes_ = size;
+  bytes_ = static_cast<const uint8_t*>(map_);
+  count_ = tokens;
+  for (int64_t i = 0; i < count_; ++i) {
+    if (bytes_[i] > 1) {
+      const unsigned byte = bytes_[i];
+      ::munmap(map_, map_bytes_);
+      map_ = nullptr;
+      TANDEM_CHECK(false, "loss mask '", path, "': byte ", i, " is ", byte, "; a mask holds 0 (not trained on) or 1 ",
+                   "(trained on) per token");
+    }
+    trained_ += bytes_[i];
+  }
+}
+
+MaskShard::~MaskShard() {
+  if (map_) ::munmap(map_, map_bytes_);
+}
+
+std::string mask_path(const std::string& shard_path) {
+  fs::path p(shard_path);
+  if (p.extension() == ".bin") return p.replace_extension(".mask").string();
+  return shard_path + ".mask";
+}
+
 bool holds_both_splits(const std::string& dir) {
   std::error_code ec;
   bool train = false, val = false;
@@ -194,17 +233,37 @@ std::vector<std::string> find_token_shards(const std::string& spec) {
   return files;
 }
 
-TokenStream::TokenStream(const std::vector<std::string>& specs, int64_t vocab) {
+TokenStream::TokenStream(const std::vector<std::string>& specs, int64_t vocab, bool masks) {
   TANDEM_CHECK(!specs.empty(), "token stream: no shard files were given");
   for (const std::string& spec : specs) {
     for (const std::string& path : find_token_shards(spec)) {
       auto shard = std::make_shared<const TokenShard>(path, vocab);
+      if (masks) {
+        const std::string m = mask_path(path);
+        std::error_code ec;
+        TANDEM_CHECK(fs::exists(m, ec), "token shard '", path, "' has no loss mask beside it ('", m,
+                     "' is missing); `tandem data jsonl` writes one per shard");
+        masks_.push_back(std::make_shared<const MaskShard>(m, shard->size()));
+      }
       starts_.push_back(size_);
       size_ += shard->size();
       width_ = std::max(width_, shard->width());
       shards_.push_back(std::move(shard));
     }
   }
+}
+
+uint8_t TokenStream::mask_at(int64_t i) const {
+  TANDEM_CHECK(masked(), "token stream: it has no loss masks");
+  TANDEM_CHECK(i >= 0 && i < size_, "token stream: position ", i, " is outside [0, ", size_, ")");
+  const size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), i) - starts_.begin() - 1);
+  return masks_[s]->bytes()[i - starts_[s]];
+}
+
+int64_t TokenStream::trained() const {
+  int64_t n = 0;
+  for (const auto& m : masks_) n += m->trained();
+  return n;
 }
 
 uint32_t TokenStream::at(int64_t i) const {
@@ -260,6 +319,22 @@ Tensor TokenStream::upload(int64_t begin, int64_t end, Device device) const {
   return t;
 }
 
+Tensor TokenStream::upload_mask(int64_t begin, int64_t end, Device device) const {
+  TANDEM_CHECK(masked(), "token stream: it has no loss masks");
+  TANDEM_CHECK(0 <= begin && begin <= end && end <= size_, "token stream: range [", begin, ", ", end,
+               ") is outside [0, ", size_, ")");
+  Tensor t = Tensor::empty({end - begin}, DType::u8, device);
+  backend::Backend& be = backend::backend_for(device);
+  auto* dst = static_cast<uint8_t*>(t.data_ptr());
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    const int64_t lo = std::max(begin, starts_[s]), hi = std::min(end, starts_[s] + shards_[s]->size());
+    if (lo < hi)
+      be.copy_from_host(masks_[s]->bytes() + (lo - starts_[s]), dst + (lo - begin), static_cast<size_t>(hi - lo),
+                        device.index);
+  }
+  return t;
+}
+
 TokenRange rank_part(int64_t n, int rank, int world_size) {
   TANDEM_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "token stream: rank ", rank, " is outside [0, ",
                world_size, ")");
@@ -273,11 +348,13 @@ uint64_t window_seed(uint64_t seed, int rank) {
   return rng::mix(seed ^ 0x7F4A7C159E3779B9ull, static_cast<uint64_t>(rank) + 1);
 }
 
-int64_t window_start(uint64_t seed, int64_t j, int64_t n, int64_t context, bool random) {
+int64_t window_start(uint64_t seed, int64_t j, int64_t n, int64_t context, bool random, int64_t frame) {
   TANDEM_CHECK(context >= 1 && n >= context + 1, "token windows: ", n, " tokens cannot hold a window of ",
                context + 1);
+  TANDEM_CHECK(frame == 0 || (frame >= context + 1 && n >= frame), "token windows: frames of ", frame,
+               " tokens cannot hold a window of ", context + 1, " or do not fit in ", n, " tokens");
   TANDEM_CHECK(j >= 0, "token windows: negative window index ", j);
-  return backend::token_window_start(seed, j, n, context, random);
+  return backend::token_window_start(seed, j, n, context, random, frame);
 }
 
 TokenBatches::TokenBatches(const TokenStream& stream, TokenBatchOptions opt) : opt_(opt) {
@@ -289,13 +366,27 @@ TokenBatches::TokenBatches(const TokenStream& stream, TokenBatchOptions opt) : o
   TANDEM_CHECK(opt.rank >= 0 && opt.rank < opt.world_size, "token batches: rank ", opt.rank, " is outside [0, ",
                opt.world_size, ")");
   check_device(opt.device);
-  part_ = rank_part(stream.size(), opt.rank, opt.world_size);
+  if (opt.frame > 0) {
+    // Framed data: a window is a frame's first context + 1 tokens, and each rank takes whole frames.
+    TANDEM_CHECK(opt.frame >= opt.context + 1, "token batches: frames of ", opt.frame, " tokens (the data's ",
+                 "windows) cannot hold a window of context + 1 = ", opt.context + 1);
+    TANDEM_CHECK(stream.size() % opt.frame == 0, "token batches: the stream's ", stream.size(), " tokens are not a ",
+                 "whole number of frames of ", opt.frame, " (each a padded or packed window of the data)");
+    const TokenRange frames = rank_part(stream.size() / opt.frame, opt.rank, opt.world_size);
+    part_ = {frames.begin * opt.frame, frames.end * opt.frame};
+    TANDEM_CHECK(frames.size() >= 1, "token batches: rank ", opt.rank, " of ", opt.world_size, " gets none of the ",
+                 "stream's ", stream.size() / opt.frame, " windows of ", opt.frame, " tokens",
+                 "; use fewer ranks or more examples");
+  } else {
+    part_ = rank_part(stream.size(), opt.rank, opt.world_size);
+  }
   TANDEM_CHECK(part_.size() >= opt.context + 1, "token batches: rank ", opt.rank, " of ", opt.world_size, " gets ",
                part_.size(), " of the stream's ", stream.size(), " tokens, fewer than one window of context + 1 = ",
                opt.context + 1, opt.world_size > 1 ? "; use fewer ranks, a shorter context or more data" :
                                                      "; use a shorter context or more data");
   seed_ = window_seed(opt.seed, opt.rank);
   tokens_ = stream.upload(part_.begin, part_.end, opt.device);
+  if (stream.masked()) mask_ = stream.upload_mask(part_.begin, part_.end, opt.device);
   cursor_ = Tensor::zeros({2}, DType::i64, opt.device);
 }
 
@@ -316,7 +407,7 @@ void TokenBatches::fill(Tensor& x, Tensor& y) {
                    x.device() == opt_.device && x.is_contiguous() && y.defined() && y.is_contiguous(),
                "token batches: x and y must be contiguous i32 [B, ", opt_.context, "] with B <= ", opt_.batch, " on ",
                opt_.device.str(), ", got ", x.defined() ? x.str() : "undefined");
-  backend::backend_for(opt_.device).token_windows(tokens_, cursor_, seed_, !opt_.sequential, x, y);
+  backend::backend_for(opt_.device).token_windows(tokens_, mask_, cursor_, seed_, !opt_.sequential, opt_.frame, x, y);
 }
 
 void TokenBatches::seek(int64_t k) {
@@ -325,11 +416,12 @@ void TokenBatches::seek(int64_t k) {
 }
 
 int64_t TokenBatches::windows() const {
+  if (opt_.frame > 0) return part_.size() / opt_.frame;
   return opt_.sequential ? (part_.size() - 1) / opt_.context : part_.size() - opt_.context;
 }
 
 int64_t TokenBatches::window_start(int64_t j) const {
-  return data::window_start(seed_, j, part_.size(), opt_.context, !opt_.sequential);
+  return data::window_start(seed_, j, part_.size(), opt_.context, !opt_.sequential, opt_.frame);
 }
 
 }  // namespace tandem::data

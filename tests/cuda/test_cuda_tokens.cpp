@@ -1,6 +1,8 @@
 // Token windows drawn on the GPU (Backend::token_windows) are the CPU's, bit for bit: random and
 // sequential windows, contexts spread over several blocks, tokens above 255, the window count kept
-// on the device, and a recorded draw that takes new windows at every replay.
+// on the device, a recorded draw that takes new windows at every replay, and windows drawn at frames
+// with a loss mask (targets -100 where it holds 0).
+#include <algorithm>
 #include <filesystem>
 
 #include "cuda/cuda_test_util.h"
@@ -40,8 +42,8 @@ TEST(CudaTokens, WindowsMatchTheCpu) {
       for (int step = 0; step < 3; ++step) {
         Tensor x = Tensor::empty({c.B, c.T}, DType::i32), y = Tensor::empty({c.B, c.T}, DType::i32);
         Tensor xg = Tensor::empty({c.B, c.T}, DType::i32, gpu()), yg = Tensor::empty({c.B, c.T}, DType::i32, gpu());
-        cpu_be().token_windows(tokens, cur_cpu, 4242, random, x, y);
-        gpu_be().token_windows(tokens_gpu, cur_gpu, 4242, random, xg, yg);
+        cpu_be().token_windows(tokens, Tensor(), cur_cpu, 4242, random, 0, x, y);
+        gpu_be().token_windows(tokens_gpu, Tensor(), cur_gpu, 4242, random, 0, xg, yg);
         expect_same_bytes(x, xg, what + " x, step " + std::to_string(step));
         expect_same_bytes(y, yg, what + " y, step " + std::to_string(step));
       }
@@ -86,15 +88,55 @@ TEST(CudaTokens, RecordedDrawTakesNewWindowsEachReplay) {
   const Tensor tokens_gpu = tokens.to(gpu());
   Tensor cur_gpu = Tensor::zeros({2}, DType::i64, gpu()), cur_cpu = Tensor::zeros({2}, DType::i64);
   Tensor xg = Tensor::empty({8, 128}, DType::i32, gpu()), yg = Tensor::empty({8, 128}, DType::i32, gpu());
-  DeviceGraph graph(gpu(), [&] { gpu_be().token_windows(tokens_gpu, cur_gpu, 11, true, xg, yg); });
+  DeviceGraph graph(gpu(), [&] { gpu_be().token_windows(tokens_gpu, Tensor(), cur_gpu, 11, true, 0, xg, yg); });
   for (int k = 0; k < 4; ++k) {
     graph.replay();
     Tensor x = Tensor::empty({8, 128}, DType::i32), y = Tensor::empty({8, 128}, DType::i32);
-    cpu_be().token_windows(tokens, cur_cpu, 11, true, x, y);
+    cpu_be().token_windows(tokens, Tensor(), cur_cpu, 11, true, 0, x, y);
     expect_same_bytes(x, xg, "replay " + std::to_string(k) + " x");
     expect_same_bytes(y, yg, "replay " + std::to_string(k) + " y");
   }
   EXPECT_EQ(cur_gpu.to_vector<int64_t>(), (std::vector<int64_t>{32, 0}));
+}
+
+// Framed windows with a loss mask: the GPU's x and y are the CPU's (-100 targets included), eagerly and
+// replayed from a recording.
+TEST(CudaTokens, MaskedFramedWindowsMatchTheCpu) {
+  REQUIRE_GPU();
+  for (int64_t width : {2, 4}) {
+    const int64_t F = 300, n = F * 40;
+    const Tensor tokens = token_bytes(n, 21, width), tokens_gpu = tokens.to(gpu());
+    std::vector<uint8_t> m = data::testutil::noise(static_cast<size_t>(n), 5);
+    for (auto& b : m) b = static_cast<uint8_t>(b > 160);
+    const Tensor mask = Tensor::from_vector(m, {n}), mask_gpu = mask.to(gpu());
+    for (const int64_t T : {F - 1, int64_t{200}})
+    for (bool random : {true, false}) {
+      const std::string what = std::to_string(8 * width) + "-bit tokens, T " + std::to_string(T) +
+                               (random ? " random" : " sequential");
+      Tensor cur_cpu = Tensor::zeros({2}, DType::i64), cur_gpu = cur_cpu.to(gpu());
+      for (int step = 0; step < 3; ++step) {
+        Tensor x = Tensor::empty({6, T}, DType::i32), y = Tensor::empty({6, T}, DType::i32);
+        Tensor xg = Tensor::empty({6, T}, DType::i32, gpu()), yg = Tensor::empty({6, T}, DType::i32, gpu());
+        cpu_be().token_windows(tokens, mask, cur_cpu, 77, random, F, x, y);
+        gpu_be().token_windows(tokens_gpu, mask_gpu, cur_gpu, 77, random, F, xg, yg);
+        expect_same_bytes(x, xg, what + " x, step " + std::to_string(step));
+        expect_same_bytes(y, yg, what + " y, step " + std::to_string(step));
+        const auto ys = y.to_vector<int32_t>();
+        EXPECT_NE(std::count(ys.begin(), ys.end(), -100), 0) << what;
+      }
+    }
+    // Recorded: each replay draws the next batch, masked as the CPU's.
+    Tensor cur_gpu = Tensor::zeros({2}, DType::i64, gpu()), cur_cpu = Tensor::zeros({2}, DType::i64);
+    Tensor xg = Tensor::empty({4, F - 1}, DType::i32, gpu()), yg = Tensor::empty({4, F - 1}, DType::i32, gpu());
+    DeviceGraph graph(gpu(), [&] { gpu_be().token_windows(tokens_gpu, mask_gpu, cur_gpu, 9, true, F, xg, yg); });
+    for (int k = 0; k < 3; ++k) {
+      graph.replay();
+      Tensor x = Tensor::empty({4, F - 1}, DType::i32), y = Tensor::empty({4, F - 1}, DType::i32);
+      cpu_be().token_windows(tokens, mask, cur_cpu, 9, true, F, x, y);
+      expect_same_bytes(x, xg, "replay " + std::to_string(k) + " x");
+      expect_same_bytes(y, yg, "replay " + std::to_string(k) + " y");
+    }
+  }
 }
 
 }  // namespace

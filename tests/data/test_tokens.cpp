@@ -389,7 +389,7 @@ TEST(TokenBatches, WindowsStayInsideThePart) {
   Tensor cursor = Tensor::zeros({2}, DType::i64);
   Tensor x = Tensor::empty({4, T}, DType::i32), y = Tensor::empty({4, T}, DType::i32);
   for (bool random : {true, false}) {
-    backend::cpu_backend().token_windows(tokens, cursor, 99, random, x, y);
+    backend::cpu_backend().token_windows(tokens, Tensor(), cursor, 99, random, 0, x, y);
     const auto xs = x.to_vector<int32_t>(), ys = y.to_vector<int32_t>();
     for (int64_t r = 0; r < 4; ++r)
       for (int64_t t = 0; t < T; ++t) {
@@ -403,7 +403,7 @@ TEST(TokenBatches, WindowsStayInsideThePart) {
   Tensor h = Tensor::from_vector(high, {3, 2});
   Tensor hx = Tensor::empty({1, 2}, DType::i32), hy = Tensor::empty({1, 2}, DType::i32);
   Tensor c2 = Tensor::zeros({2}, DType::i64);
-  backend::cpu_backend().token_windows(h, c2, 0, false, hx, hy);
+  backend::cpu_backend().token_windows(h, Tensor(), c2, 0, false, 0, hx, hy);
   EXPECT_EQ(hx.to_vector<int32_t>(), (std::vector<int32_t>{65535, 0x8001}));
   EXPECT_EQ(hy.to_vector<int32_t>(), (std::vector<int32_t>{0x8001, 0}));
   // Every start of many random windows is a valid one.
@@ -510,6 +510,96 @@ TEST(TokenBatches, WindowsOfUint32Tokens) {
       }
     }
   }
+}
+
+// Framed, masked streams (`tandem data jsonl`'s): windows start at frames only, each rank takes whole
+// frames, and a target is -100 exactly where the mask holds 0 for the token it names.
+TEST(TokenBatches, FramedWindowsWithALossMask) {
+  TempDir dir;
+  const int64_t F = 9, frames = 14, n = F * frames;  // two shards of 7 frames
+  std::vector<uint16_t> t(static_cast<size_t>(n));
+  Bytes mask(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    t[static_cast<size_t>(i)] = static_cast<uint16_t>(1000 + i);
+    mask[static_cast<size_t>(i)] = static_cast<uint8_t>((i % F) >= 4 && (i % 3) != 0);  // a "response" part
+  }
+  const size_t half = static_cast<size_t>(n / 2);
+  write_file(dir.file("train_000000.bin"), llmc_shard(std::vector<uint16_t>(t.begin(), t.begin() + half)));
+  write_file(dir.file("train_000001.bin"), llmc_shard(std::vector<uint16_t>(t.begin() + half, t.end())));
+  write_file(dir.file("train_000000.mask"), Bytes(mask.begin(), mask.begin() + half));
+  write_file(dir.file("train_000001.mask"), Bytes(mask.begin() + half, mask.end()));
+  EXPECT_EQ(mask_path(dir.file("train_000001.bin")), dir.file("train_000001.mask"));
+  const TokenStream stream(dir.path(), 0, /*masks=*/true);
+  ASSERT_TRUE(stream.masked());
+  int64_t ones = 0;
+  for (uint8_t m : mask) ones += m;
+  EXPECT_EQ(stream.trained(), ones);
+  EXPECT_FALSE(TokenStream(dir.path()).masked());
+
+  for (const int64_t T : {F - 1, F - 3})  // windows of the whole frame, and of its first T + 1 tokens
+  for (const int world : {1, 2})
+  for (const bool sequential : {false, true})
+  for (int rank = 0; rank < world; ++rank) {
+    TokenBatchOptions o;
+    o.batch = 5;
+    o.context = T;
+    o.seed = 17;
+    o.rank = rank;
+    o.world_size = world;
+    o.sequential = sequential;
+    o.frame = F;
+    TokenBatches b(stream, o);
+    const TokenRange part = b.part();
+    EXPECT_EQ(part.begin % F, 0);
+    EXPECT_EQ(part.size(), F * frames / world);
+    EXPECT_EQ(b.windows(), frames / world);
+    ASSERT_EQ(b.mask().shape(), (Shape{part.size()}));
+    Tensor x, y;
+    std::set<int64_t> seen;
+    int64_t masked = 0;
+    for (int step = 0; step < 6; ++step) {
+      b.next(x, y);
+      const auto xs = x.to_vector<int32_t>(), ys = y.to_vector<int32_t>();
+      for (int64_t r = 0; r < o.batch; ++r) {
+        const int64_t j = step * o.batch + r, start = b.window_start(j);
+        ASSERT_EQ(start % F, 0) << "window " << j;
+        if (sequential) {
+          EXPECT_EQ(start, (j % b.windows()) * F);
+        }
+        seen.insert(start);
+        for (int64_t k = 0; k < T; ++k) {
+          const int64_t at = part.begin + start + k;  // the stream position of x's token
+          ASSERT_EQ(xs[static_cast<size_t>(r * T + k)], 1000 + at);
+          const int32_t want = mask[static_cast<size_t>(at + 1)] ? static_cast<int32_t>(1000 + at + 1) : -100;
+          ASSERT_EQ(ys[static_cast<size_t>(r * T + k)], want) << "window " << j << " position " << k;
+          masked += want == -100;
+        }
+      }
+    }
+    EXPECT_GT(masked, 0);
+    if (sequential) {
+      EXPECT_EQ(static_cast<int64_t>(seen.size()), b.windows());
+    }
+  }
+
+  // A stream that is not whole frames, frames that cannot hold a window, a missing or damaged mask.
+  TokenBatchOptions o;
+  o.context = 8;
+  o.frame = 10;
+  expect_input_error([&] { TokenBatches b(stream, o); }, {"not a whole number of frames of 10"});
+  o.frame = 7;
+  expect_input_error([&] { TokenBatches b(stream, o); }, {"frames of 7", "context + 1 = 9"});
+  o.frame = F;
+  o.world_size = 15;
+  expect_input_error([&] { TokenBatches b(stream, o); }, {"gets none of", "14 windows"});
+  write_file(dir.file("train_000001.mask"), Bytes(mask.begin(), mask.begin() + 3));
+  expect_input_error([&] { TokenStream s(dir.path(), 0, true); }, {"train_000001.mask", "3 bytes", "63 tokens"});
+  Bytes bad(mask.begin() + static_cast<long>(half), mask.end());
+  bad[5] = 7;
+  write_file(dir.file("train_000001.mask"), bad);
+  expect_input_error([&] { TokenStream s(dir.path(), 0, true); }, {"train_000001.mask", "byte 5 is 7"});
+  std::filesystem::remove(dir.file("train_000001.mask"));
+  expect_input_error([&] { TokenStream s(dir.path(), 0, true); }, {"train_000001.bin", "no loss mask"});
 }
 
 }  // namespace

@@ -36,6 +36,8 @@ shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 # The docs spell the build directory "build": the one this tandem was built in.
 os.symlink(os.path.dirname(os.path.dirname(os.path.abspath(tandem))), os.path.join(work, "build"), target_is_directory=True)
+# The docs spell paths from the repository root: its test fixtures (a small tokenizer.json) are there too.
+os.symlink(os.path.join(os.path.abspath(source), "tests"), os.path.join(work, "tests"), target_is_directory=True)
 # A reader's PATH: no `tandem` on it (an installed one, a virtual environment's) until the docs put it there.
 path = [d for d in os.environ["PATH"].split(":") if d and not os.access(os.path.join(d, "tandem"), os.X_OK)]
 env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}

@@ -73,6 +73,36 @@ class TokenShard {
   int64_t count_ = 0;
 };
 
+/// The loss mask of a token shard, mapped read-only: FILE.mask beside FILE.bin (mask_path), as
+/// `tandem data jsonl` writes it: one byte per token, 1 where the token is a target the loss is taken on
+/// (a response's tokens and the end token after them), 0 elsewhere (prompts, template text, padding).
+class MaskShard {
+ public:
+  /// Maps path and checks it: `tokens` bytes (its shard's token count), each 0 or 1. Throws
+  /// tandem::Error (Input) naming the file and what is wrong.
+  MaskShard(const std::string& path, int64_t tokens);
+  ~MaskShard();
+  MaskShard(const MaskShard&) = delete;
+  MaskShard& operator=(const MaskShard&) = delete;
+
+  const std::string& path() const { return path_; }
+  /// Bytes in the mask: its shard's tokens.
+  int64_t size() const { return count_; }
+  const uint8_t* bytes() const { return bytes_; }
+  /// Tokens marked 1 (counted when mapped).
+  int64_t trained() const { return trained_; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const uint8_t* bytes_ = nullptr;
+  int64_t count_ = 0, trained_ = 0;
+};
+
+/// Where a shard's loss mask lies: its path with the extension .mask instead of .bin (or .mask added).
+std::string mask_path(const std::string& shard_path);
+
 /// The shard files a spec names: a file; a directory (its *.bin files, by name; one holding shards of
 /// both splits, *train*.bin and *val*.bin, is refused, since a split must be named); or a glob pattern
 /// (its matches, by name). Throws tandem::Error (Input) when nothing matches.
@@ -88,10 +118,12 @@ class TokenStream {
  public:
   /// An empty stream.
   TokenStream() = default;
-  /// The shards of each spec (find_token_shards), in order; vocab as for TokenShard.
-  explicit TokenStream(const std::vector<std::string>& specs, int64_t vocab = 0);
+  /// The shards of each spec (find_token_shards), in order; vocab as for TokenShard. With masks, each
+  /// shard's loss mask (MaskShard at mask_path) is mapped beside it; a missing one is an error naming it.
+  explicit TokenStream(const std::vector<std::string>& specs, int64_t vocab = 0, bool masks = false);
   /// The shards of one spec.
-  explicit TokenStream(const std::string& spec, int64_t vocab = 0) : TokenStream(std::vector<std::string>{spec}, vocab) {}
+  explicit TokenStream(const std::string& spec, int64_t vocab = 0, bool masks = false)
+      : TokenStream(std::vector<std::string>{spec}, vocab, masks) {}
 
   /// Tokens in all shards.
   int64_t size() const { return size_; }
@@ -108,8 +140,20 @@ class TokenStream {
   /// widened on the way).
   Tensor upload(int64_t begin, int64_t end, Device device) const;
 
+  /// Whether the stream has loss masks (constructed with masks).
+  bool masked() const { return !masks_.empty(); }
+  /// The masks, one per shard, in stream order (empty without masks).
+  const std::vector<std::shared_ptr<const MaskShard>>& masks() const { return masks_; }
+  /// The mask byte of token i of the stream (masked streams only).
+  uint8_t mask_at(int64_t i) const;
+  /// Tokens marked 1 in the masks.
+  int64_t trained() const;
+  /// The mask bytes of tokens [begin, end) as u8 [end - begin] on a device (masked streams only).
+  Tensor upload_mask(int64_t begin, int64_t end, Device device) const;
+
  private:
   std::vector<std::shared_ptr<const TokenShard>> shards_;
+  std::vector<std::shared_ptr<const MaskShard>> masks_;  // empty, or one per shard
   std::vector<int64_t> starts_;  // stream position of each shard's first token
   int64_t size_ = 0;
   int width_ = 2;
@@ -127,8 +171,9 @@ TokenRange rank_part(int64_t n, int rank, int world_size);
 uint64_t window_seed(uint64_t seed, int rank);
 
 /// Where window j of a part of n tokens starts (the formula of Backend::token_windows): random,
-/// rng::mix(seed, j) % (n - T); sequential, (j % ((n - 1) / T)) * T.
-int64_t window_start(uint64_t seed, int64_t j, int64_t n, int64_t context, bool random);
+/// rng::mix(seed, j) % (n - T); sequential, (j % ((n - 1) / T)) * T. With frame > 0, at frames only:
+/// (rng::mix(seed, j) % (n / frame)) * frame, or (j % (n / frame)) * frame.
+int64_t window_start(uint64_t seed, int64_t j, int64_t n, int64_t context, bool random, int64_t frame = 0);
 
 struct TokenBatchOptions {
   int64_t batch = 8;      // B: windows per batch
@@ -139,13 +184,20 @@ struct TokenBatchOptions {
   /// false: random windows (training); true: the part cut into consecutive windows (validation),
   /// batch after batch, starting over after the last.
   bool sequential = false;
+  /// > 0: the stream is cut into frames of this many tokens (at least context + 1), each one padded
+  /// example or whole examples packed (`tandem data jsonl`), and windows start at frames only: a
+  /// window is a frame's first context + 1 tokens, never two examples cut apart. The ranks' parts are
+  /// whole frames. 0: windows start anywhere.
+  int64_t frame = 0;
 };
 
-/// Batches of token windows of one rank: x = window[0:T], y = window[1:T+1], i32 [B, T]. The rank's
-/// part of the stream is put on the device once (2 or 4 bytes a token) and every batch is drawn there by
-/// one kernel, from a count of windows drawn that lives on the device: a recorded step that calls
-/// fill() draws the next batch at each replay. Window j of the rank (batch k holds j = kB .. kB+B-1)
-/// is decided by (seed, rank, j) alone, the same on every device and every run.
+/// Batches of token windows of one rank: x = window[0:T], y = window[1:T+1], i32 [B, T]; a masked
+/// stream's targets are -100 (the losses' ignore_index) where its mask holds 0, so that the loss is
+/// taken on the tokens marked 1 only. The rank's part of the stream is put on the device once (2 or 4
+/// bytes a token, and a byte more for a mask) and every batch is drawn there by one kernel, from a count
+/// of windows drawn that lives on the device: a recorded step that calls fill() draws the next batch at
+/// each replay. Window j of the rank (batch k holds j = kB .. kB+B-1) is decided by (seed, rank, j)
+/// alone, the same on every device and every run.
 class TokenBatches {
  public:
   /// Uploads the rank's part of stream. Throws tandem::Error (Input) when the options are invalid or
@@ -164,12 +216,15 @@ class TokenBatches {
   const TokenBatchOptions& options() const { return opt_; }
   /// This rank's tokens in the stream.
   TokenRange part() const { return part_; }
-  /// Sequential: consecutive windows in the part, (n - 1) / T; random: possible starts, n - T.
+  /// Sequential: consecutive windows in the part, (n - 1) / T; random: possible starts, n - T; with
+  /// frames, the part's frames, n / frame.
   int64_t windows() const;
   /// Window j's start within the part (what the kernel computes; for checks and tests).
   int64_t window_start(int64_t j) const;
   /// The part on the device, u8 [n, 2] or u8 [n, 4] (the stream's width).
   const Tensor& tokens() const { return tokens_; }
+  /// The part's loss mask on the device, u8 [n]; undefined for a stream without masks.
+  const Tensor& mask() const { return mask_; }
   /// The window count on the device, i64 [2] (Backend::token_windows' cursor).
   const Tensor& cursor() const { return cursor_; }
 
@@ -177,7 +232,7 @@ class TokenBatches {
   TokenBatchOptions opt_;
   TokenRange part_;
   uint64_t seed_ = 0;
-  Tensor tokens_, cursor_;
+  Tensor tokens_, mask_, cursor_;
 };
 
 }  // namespace tandem::data

@@ -6,15 +6,16 @@
 
 namespace tandem::backend {
 
-void CpuBackend::token_windows(const Tensor& tokens, Tensor& cursor, uint64_t seed, bool random, Tensor& x,
-                               Tensor& y) {
-  check_token_windows(tokens, cursor, x, y);
+void CpuBackend::token_windows(const Tensor& tokens, const Tensor& mask, Tensor& cursor, uint64_t seed, bool random,
+                               int64_t frame, Tensor& x, Tensor& y) {
+  check_token_windows(tokens, mask, cursor, frame, x, y);
   const int64_t B = x.size(0), T = x.size(1), n = tokens.size(0);
   int64_t& drawn = cursor.data<int64_t>()[0];
   const int64_t first = drawn;
   TANDEM_CHECK(first >= 0, "token_windows: the cursor holds a negative window count ", first);
   drawn += B;
   const auto* bytes = tokens.data<uint8_t>();
+  const uint8_t* keep = mask.defined() ? mask.data<uint8_t>() : nullptr;
   const int64_t width = tokens.size(1);
   int32_t* xs = x.data<int32_t>();
   int32_t* ys = y.data<int32_t>();
@@ -26,13 +27,13 @@ void CpuBackend::token_windows(const Tensor& tokens, Tensor& cursor, uint64_t se
   };
   cpu::parallel_for(B, cpu::grain_for(2 * T), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t s = token_window_start(seed, first + b, n, T, random);
+      const int64_t s = token_window_start(seed, first + b, n, T, random, frame);
       const uint8_t* w = bytes + width * s;
       int32_t prev = token(w);
       for (int64_t t = 0; t < T; ++t) {
         const int32_t next = token(w + width * (t + 1));
         xs[b * T + t] = prev;
-        ys[b * T + t] = next;
+        ys[b * T + t] = token_window_target(next, keep, s + t + 1);
         prev = next;
       }
     }

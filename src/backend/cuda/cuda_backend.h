@@ -115,8 +115,8 @@ class CudaBackend final : public Backend {
   void fill(Tensor& t, double value) override;
   void gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, Tensor& cursor, float divisor,
                       Tensor& x, Tensor& y) override;
-  void token_windows(const Tensor& tokens, Tensor& cursor, uint64_t seed, bool random, Tensor& x,
-                     Tensor& y) override;
+  void token_windows(const Tensor& tokens, const Tensor& mask, Tensor& cursor, uint64_t seed, bool random,
+                     int64_t frame, Tensor& x, Tensor& y) override;
   void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) override;
   void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) override;
 
