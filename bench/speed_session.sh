@@ -3,7 +3,7 @@
 # PyTorch peer in the same call (guide's CNN and ResNet-50 in every precision) and, with `profile`,
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
 #   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [cnnconv] [convlog]
-#                          [r18] [f16] [profile] [singa] [singaex] [ops] [gpt] [gpttune] [gptenv] [gptbest] [shard] [gptchar]
+#                          [r18] [f16] [profile] [singa] [singaex] [ops] [gpt] [gpttune] [gptenv] [gptbest] [shard] [gptchar] [llama]
 #   (default: build tests cnn resnet)
 # CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests; GPU_TESTS a regular expression of the GPU tests to run (all);
 # PROFILE lists "model batch precision" triples separated by ';';
@@ -376,6 +376,17 @@ fi
 if has memory; then
   python3 bench/peer_profile.py --peer "$PEER/pytorch_ddp.py" --model resnet50 --batch 256 --bf16 --memory 2>&1 \
     | grep PEAK | sed 's/^/peer rn50 b256 bf16: /' | tee -a "$OUT/summary.txt"
+fi
+
+if has llama; then  # Llama 3.2 1B's shape, context 2048, bf16, beside llama_peer.py --compile (LLAMA_BATCHES, default "4 8")
+  for b in ${LLAMA_BATCHES:-4 8}; do
+    r=$(timeout 300 "$T" bench train --model llama --llama-config llama-1b -b "$b" --context 2048 --device cuda \
+        --precision bf16 --steps 10 --warmup 4 2>&1 | tee "$OUT/llama_tandem_b$b.log" | grep RESULT)
+    say "tandem llama-1b b$b: ${r:-$(tail -2 "$OUT/llama_tandem_b$b.log")}"
+    r=$(timeout 300 python3 "$PEER/llama_peer.py" --config llama-1b --batch "$b" --seq 2048 --compile --steps 10 \
+        --warmup 4 2>&1 | tee "$OUT/llama_peer_b$b.log" | grep RESULT)
+    say "peer llama-1b b$b compile: ${r:-$(tail -2 "$OUT/llama_peer_b$b.log")}"
+  done
 fi
 
 if has profile; then
