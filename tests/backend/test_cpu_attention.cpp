@@ -15,7 +15,17 @@ namespace {
 struct Case {
   int64_t b, h, tq, tk, d, dv;
   bool causal;
+  int64_t kvh = 0;  // key-value heads (grouped-query attention); 0: h
 };
+
+// The key or value heads repeated for the query heads that read them (head i of h reads head i / (h / kvh)).
+Tensor repeat_heads(const Tensor& x, int64_t h) {
+  const int64_t kvh = x.size(1);
+  if (kvh == h) return x;
+  std::vector<Tensor> heads;
+  for (int64_t i = 0; i < h; ++i) heads.push_back(slice(x, 1, i / (h / kvh), 1));
+  return cat(heads, 1);
+}
 
 // softmax(scale q k^T (+ -inf above the diagonal)) (times the dropout mask) v, by ops in the inputs' type.
 Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, const Tensor& drop_mask) {
@@ -45,8 +55,9 @@ std::vector<Tensor> run(F f, const Tensor& q, const Tensor& k, const Tensor& v, 
 void expect_matches_reference(const Case& c, DType dt, int seed, const std::string& layout) {
   Generator gen(static_cast<uint64_t>(seed));
   Tensor q64 = Tensor::uniform({c.b, c.h, c.tq, c.d}, -2, 2, gen, DType::f64);
-  Tensor k64 = Tensor::uniform({c.b, c.h, c.tk, c.d}, -2, 2, gen, DType::f64);
-  Tensor v64 = Tensor::uniform({c.b, c.h, c.tk, c.dv}, -1, 1, gen, DType::f64);
+  const int64_t kvh = c.kvh > 0 ? c.kvh : c.h;
+  Tensor k64 = Tensor::uniform({c.b, kvh, c.tk, c.d}, -2, 2, gen, DType::f64);
+  Tensor v64 = Tensor::uniform({c.b, kvh, c.tk, c.dv}, -1, 1, gen, DType::f64);
   Tensor w64 = Tensor::uniform({c.b, c.h, c.tq, c.dv}, -1, 1, gen, DType::f64);
   // The inputs in dt, laid out as asked: contiguous, or views whose last dimension is strided.
   auto lay = [&](const Tensor& x) {
@@ -59,14 +70,18 @@ void expect_matches_reference(const Case& c, DType dt, int seed, const std::stri
   auto fused = [causal](const Tensor& q, const Tensor& k, const Tensor& v) {
     return scaled_dot_product_attention(q, k, v, causal);
   };
-  auto ref = [causal](const Tensor& q, const Tensor& k, const Tensor& v) { return reference(q, k, v, causal, Tensor()); };
+  // Grouped heads: the reference repeats them by ops, so its key and value gradients are summed over the group.
+  auto ref = [causal](const Tensor& q, const Tensor& k, const Tensor& v) {
+    return reference(q, repeat_heads(k, q.size(1)), repeat_heads(v, q.size(1)), causal, Tensor());
+  };
   const std::vector<Tensor> got = run(fused, lay(q64), lay(k64), lay(v64), w64.to(dt));
   const std::vector<Tensor> want = run(ref, q64, k64, v64, w64);
   const char* names[] = {"output", "query gradient", "key gradient", "value gradient"};
   for (size_t i = 0; i < got.size(); ++i)
     expect_close(got[i], values(want[i]), tol_for(dt, 10),
                  std::string(names[i]) + " " + dtype_name(dt) + " " + layout + (c.causal ? " causal " : " full ") +
-                     std::to_string(c.tq) + "x" + std::to_string(c.tk) + " d " + std::to_string(c.d));
+                     std::to_string(c.tq) + "x" + std::to_string(c.tk) + " d " + std::to_string(c.d) + " heads " +
+                     std::to_string(c.h) + "/" + std::to_string(kvh));
 }
 
 TEST(CpuAttention, MatchesOpsInDoubleAcrossShapesAndLayouts) {
@@ -77,6 +92,9 @@ TEST(CpuAttention, MatchesOpsInDoubleAcrossShapesAndLayouts) {
       {1, 2, 9, 5, 7, 5, true},       // more queries than keys: the last ones see every key
       {1, 1, 130, 67, 16, 16, false}, // three blocks of queries over fewer keys
       {1, 1, 1, 1, 1, 1, true},
+      {2, 4, 70, 70, 16, 8, true, 2},  // grouped-query attention: two query heads per key-value head
+      {1, 6, 9, 12, 8, 8, false, 1},   // one key-value head for all six (multi-query)
+      {1, 6, 65, 65, 8, 8, true, 3},
   };
   int seed = 40;
   for (const Case& c : cases)

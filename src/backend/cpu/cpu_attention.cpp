@@ -195,6 +195,11 @@ Out<T> output(const Rows<T>& r, int64_t b, int64_t h, int64_t i0, int64_t n, int
   return {buffer(buf, n * d), d, true};
 }
 
+// The key and value heads (grouped-query attention: a divisor of the query heads; 0 in the geometry: as many).
+int64_t kv_heads_of(const AttentionGeom& g) { return g.kv_heads > 0 ? g.kv_heads : g.heads; }
+// Query heads per key-value head (0 when there are no heads).
+int64_t group_of(const AttentionGeom& g) { return kv_heads_of(g) > 0 ? g.heads / kv_heads_of(g) : 0; }
+
 template <typename T>
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionGeom& g, const Dropout& drop, Tensor& o,
              Tensor& stats) {
@@ -204,10 +209,11 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionG
   const int64_t tq = g.tq, tk = g.tk, d = g.d, dv = g.dv;
   const T scale = static_cast<T>(g.scale);
   const int64_t kv_all = g.causal ? std::min(tk, tq) : tk;  // keys any query sees
+  const int64_t group = group_of(g);  // query heads per key-value head
   cpu::parallel_tasks(g.batch * g.heads, cpu::max_threads(), [&](int64_t bh, int) {
-    const int64_t b = bh / g.heads, h = bh % g.heads;
+    const int64_t b = bh / g.heads, h = bh % g.heads, kh = h / group;
     Scratch<T>& sc = scratch<T>();
-    const Mat<T> km = operand(rk, b, h, 0, kv_all, d, sc.k), vm = operand(rv, b, h, 0, kv_all, dv, sc.v);
+    const Mat<T> km = operand(rk, b, kh, 0, kv_all, d, sc.k), vm = operand(rv, b, kh, 0, kv_all, dv, sc.v);
     for (int64_t q0 = 0; q0 < tq; q0 += kQueryBlock) {
       const int64_t br = std::min(kQueryBlock, tq - q0);
       const int64_t kv = g.causal ? std::min(tk, q0 + br) : tk;
@@ -245,17 +251,22 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& d
   const int64_t tq = g.tq, tk = g.tk, d = g.d, dv = g.dv;
   const T scale = static_cast<T>(g.scale);
   const int64_t kv_all = g.causal ? std::min(tk, tq) : tk;
-  cpu::parallel_tasks(g.batch * g.heads, cpu::max_threads(), [&](int64_t bh, int) {
-    const int64_t b = bh / g.heads, h = bh % g.heads;
+  // One task per key-value head: it owns that head's key and value gradients, summed over the query heads
+  // that read it (grouped-query attention: heads / kv_heads of them, one after the other).
+  const int64_t kvh = kv_heads_of(g), group = group_of(g);
+  cpu::parallel_tasks(g.batch * kvh, cpu::max_threads(), [&](int64_t bkh, int) {
+    const int64_t b = bkh / kvh, kh = bkh % kvh;
     Scratch<T>& sc = scratch<T>();
-    const Mat<T> km = operand(rk, b, h, 0, kv_all, d, sc.k), vm = operand(rv, b, h, 0, kv_all, dv, sc.v);
+    const Mat<T> km = operand(rk, b, kh, 0, kv_all, d, sc.k), vm = operand(rv, b, kh, 0, kv_all, dv, sc.v);
     // The key and value gradients are accumulated over the blocks of queries, from zero: keys no query sees
     // keep a zero gradient.
-    const Out<T> dkm = output(rdk, b, h, 0, tk, d, sc.dk), dvm = output(rdv, b, h, 0, tk, dv, sc.dv);
+    const Out<T> dkm = output(rdk, b, kh, 0, tk, d, sc.dk), dvm = output(rdv, b, kh, 0, tk, dv, sc.dv);
     for (int64_t r = 0; r < tk; ++r) {
       for (int64_t j = 0; j < d; ++j) dkm.p[r * dkm.ld + j] = T(0);
       for (int64_t j = 0; j < dv; ++j) dvm.p[r * dvm.ld + j] = T(0);
     }
+    for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+    const int64_t bh = b * g.heads + h;
     for (int64_t q0 = 0; q0 < tq; q0 += kQueryBlock) {
       const int64_t br = std::min(kQueryBlock, tq - q0);
       const int64_t kv = g.causal ? std::min(tk, q0 + br) : tk;
@@ -319,8 +330,9 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& d
       if (dqm.scatter) scatter(dqm.p, br, d, rdq, b, h, q0);
       product<T>(true, false, kv, d, br, scale, ds, kv, qm.p, qm.ld, T(1), dkm.p, dkm.ld, upper_a, -q0);
     }
-    if (dkm.scatter) scatter(dkm.p, tk, d, rdk, b, h, 0);
-    if (dvm.scatter) scatter(dvm.p, tk, dv, rdv, b, h, 0);
+    }
+    if (dkm.scatter) scatter(dkm.p, tk, d, rdk, b, kh, 0);
+    if (dvm.scatter) scatter(dvm.p, tk, dv, rdv, b, kh, 0);
   });
 }
 
@@ -332,6 +344,7 @@ Dropout dropout_of(const AttentionGeom& g, uint64_t seed, uint64_t offset) {
 void check_geometry(const AttentionGeom& g, const Tensor& q, const Tensor& k, const Tensor& v, const char* what) {
   TANDEM_ASSERT(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.dtype() == k.dtype() && q.dtype() == v.dtype() &&
                     q.size(0) == g.batch && q.size(1) == g.heads && q.size(2) == g.tq && q.size(3) == g.d &&
+                    k.size(0) == g.batch && k.size(1) == kv_heads_of(g) && v.size(1) == kv_heads_of(g) &&
                     k.size(2) == g.tk && k.size(3) == g.d && v.size(2) == g.tk && v.size(3) == g.dv,
                 what, ": ", q.str(), ", ", k.str(), ", ", v.str(), " for the geometry");
 }
@@ -344,10 +357,8 @@ bool CpuBackend::fused_attention_supported(const AttentionGeom& g, DType dtype, 
     const char* v = std::getenv("TANDEM_ATTENTION_MATH");
     return v && std::string(v) == "1";
   }();
-  // Grouped-query attention (fewer key-value heads) takes the math path: each task here owns one head's key
-  // and value gradients.
-  const bool one_kv_per_head = g.kv_heads == 0 || g.kv_heads == g.heads;
-  return !math_only && one_kv_per_head && (dtype == DType::f32 || dtype == DType::f64) && g.batch >= 0 &&
+  const bool grouping = g.kv_heads == 0 || (g.kv_heads > 0 && g.heads % g.kv_heads == 0);
+  return !math_only && grouping && (dtype == DType::f32 || dtype == DType::f64) && g.batch >= 0 &&
          g.heads >= 0 && g.tq >= 0 && g.tk >= 0 && g.d > 0 && g.dv > 0;
 }
 
