@@ -621,23 +621,11 @@ JsonlCorpusReport write_jsonl_corpus(const JsonlCorpusOptions& opt) {
     else write_split(is_val, first, count, r, uint16_t{});
   }
 
-  // Shards of an earlier run that this one did not rewrite would join a glob of train_*.bin.
   static const std::regex kShard(R"((train|val)_[0-9]{6}\.(bin|mask|examples))");
-  for (const auto& e : fs::directory_iterator(opt.out_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (std::regex_match(name, kShard) && !written.count(name) && !e.is_directory()) {
-      std::error_code rm;
-      if (fs::remove(e.path(), rm)) {
-        report.removed.push_back(e.path().string());
-        say("removed " + e.path().string() + " (a file of an earlier run)");
-      }
-    }
-  }
+  remove_stale_shards(opt.out_dir, written, kShard, say, report.removed);
 
   nlohmann::json meta;
-  meta["format"] = report.token_bytes == 4
-                       ? "llm.c token shards: a header of 256 int32 (magic 20240801, version 7, token count), then uint32 tokens"
-                       : "llm.c token shards: a header of 256 int32 (magic 20240520, version 1, token count), then uint16 tokens";
+  meta["format"] = shard_format_description(report.token_bytes);
   meta["token_bytes"] = report.token_bytes;
   meta["vocab_size"] = report.vocab_size;
   std::error_code abs_ec;

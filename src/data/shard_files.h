@@ -2,6 +2,10 @@
 // Internal: writing token shards in llm.c's format (`tandem data text`, `tandem data jsonl`).
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,6 +34,30 @@ void write_token_shard(const std::string& path, const std::vector<Token>& tokens
     io::write_all(fd, header, sizeof header, path, "token shard");
     io::write_all(fd, tokens.data(), tokens.size() * sizeof(Token), path, "token shard");
   });
+}
+
+/// What meta.json says of the shards' format: llm.c's header and 16- or 32-bit tokens.
+inline const char* shard_format_description(int token_bytes) {
+  return token_bytes == 4
+             ? "llm.c token shards: a header of 256 int32 (magic 20240801, version 7, token count), then uint32 tokens"
+             : "llm.c token shards: a header of 256 int32 (magic 20240520, version 1, token count), then uint16 tokens";
+}
+
+/// Removes the files of dir whose names match `pattern` but that this run did not write (`written`): shards of
+/// an earlier run would join a glob of train_*.bin. Each removal is told to `say` and listed in `removed`.
+inline void remove_stale_shards(const std::filesystem::path& dir, const std::set<std::string>& written,
+                                const std::regex& pattern, const std::function<void(const std::string&)>& say,
+                                std::vector<std::string>& removed) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!std::regex_match(name, pattern) || written.count(name) || e.is_directory()) continue;
+    std::error_code rm;
+    if (std::filesystem::remove(e.path(), rm)) {
+      removed.push_back(e.path().string());
+      say("removed " + e.path().string() + " (a file of an earlier run)");
+    }
+  }
 }
 
 /// 1234567 as "1,234,567" (counts are never negative).
