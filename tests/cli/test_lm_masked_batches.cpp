@@ -12,6 +12,7 @@
 #include "tandem/data/jsonl_corpus.h"
 #include "tandem/data/tokenizer.h"
 #include "tandem/error.h"
+#include "text_util.h"
 
 using namespace tandem;
 using namespace tandem::cli;
@@ -19,17 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::error_of;
+bool has(const std::string& s, const std::string& part) { return tandem::test::contains(s, part); }
 
 struct ScratchDir {
   fs::path path = fs::temp_directory_path() / ("tandem_masked_batches_" + std::to_string(getpid()));

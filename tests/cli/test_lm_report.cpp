@@ -10,24 +10,15 @@
 #include "cli/lm_report.h"
 #include "cli/lm_trainer.h"
 #include "tandem/error.h"
+#include "text_util.h"
 
 using namespace tandem;
 using namespace tandem::cli;
 
 namespace {
 
-// The error's message, or "" when f throws nothing.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using tandem::test::error_of;
+bool has(const std::string& s, const std::string& part) { return tandem::test::contains(s, part); }
 
 }  // namespace
 
