@@ -165,6 +165,28 @@ data::TokenBatchOptions lm_batch_options(const LmTrainConfig& cfg, const LmDataS
   return o;
 }
 
+namespace {
+
+// A language model's vocabulary: --vocab, else the one the data directory gives, else `fallback` (the
+// configuration's, named by `config`). The data's largest token must be below it.
+int64_t lm_vocab(const LmTrainConfig& cfg, const LmDataSpecs& data, int64_t largest, int64_t fallback,
+                 const std::string& config) {
+  int64_t vocab = fallback;
+  std::string from = "the vocabulary of " + config + ", " + std::to_string(fallback);
+  if (cfg.vocab > 0) {
+    vocab = cfg.vocab;
+    from = "--vocab " + std::to_string(cfg.vocab);
+  } else if (data.vocab > 0) {
+    vocab = data.vocab;
+    from = "the vocabulary " + std::to_string(data.vocab) + " that '" + data.vocab_from + "' gives";
+  }
+  TANDEM_CHECK(largest < vocab, "the data's largest token is ", largest, ", beyond ", from, ": give --vocab ",
+               largest + 1, " or more, or data made for this vocabulary");
+  return vocab;
+}
+
+}  // namespace
+
 nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest, const LmDataSpecs& data) {
   nn::GptConfig g = nn::gpt_config(cfg.gpt_config);
   const bool bigram = cfg.model == "bigram";
@@ -176,21 +198,9 @@ nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest, const Lm
   if (cfg.context > 0) g.context = cfg.context;
   TANDEM_CHECK(bigram || g.width % g.heads == 0, "--width ", g.width, " is not a multiple of --heads ", g.heads,
                ": each head takes width / heads features");
-  std::string from = "the vocabulary of --gpt-config " + cfg.gpt_config + ", " + std::to_string(g.vocab);
-  if (cfg.vocab > 0) {
-    g.vocab = cfg.vocab;
-    from = "--vocab " + std::to_string(cfg.vocab);
-  } else if (data.vocab > 0) {
-    g.vocab = data.vocab;
-    from = "the vocabulary " + std::to_string(data.vocab) + " that '" + data.vocab_from + "' gives";
-  } else if (bigram) {
-    // The bigram's table is vocab x vocab: as small as the data allows.
-    g.vocab = largest < 256 ? 256 : largest + 1;
-  }
-  if (largest >= g.vocab) {
-    TANDEM_CHECK(false, "the data's largest token is ", largest, ", beyond ", from, ": give --vocab ", largest + 1,
-                 " or more, or data made for this vocabulary");
-  }
+  // The bigram's table is vocab x vocab: as small as the data allows.
+  const int64_t fallback = bigram ? (largest < 256 ? 256 : largest + 1) : g.vocab;
+  g.vocab = lm_vocab(cfg, data, largest, fallback, "--gpt-config " + cfg.gpt_config);
   return g;
 }
 
@@ -205,16 +215,7 @@ nn::LlamaConfig lm_llama_shape(const LmTrainConfig& cfg, int64_t largest, const 
   if (cfg.untied) c.tied = false;
   if (cfg.dropout >= 0.0) c.dropout = cfg.dropout;
   if (cfg.context > 0) c.context = cfg.context;
-  std::string from = "the vocabulary of --llama-config " + cfg.llama_config + ", " + std::to_string(c.vocab);
-  if (cfg.vocab > 0) {
-    c.vocab = cfg.vocab;
-    from = "--vocab " + std::to_string(cfg.vocab);
-  } else if (data.vocab > 0) {
-    c.vocab = data.vocab;
-    from = "the vocabulary " + std::to_string(data.vocab) + " that '" + data.vocab_from + "' gives";
-  }
-  TANDEM_CHECK(largest < c.vocab, "the data's largest token is ", largest, ", beyond ", from, ": give --vocab ",
-               largest + 1, " or more, or data made for this vocabulary");
+  c.vocab = lm_vocab(cfg, data, largest, c.vocab, "--llama-config " + cfg.llama_config);
   nn::check_llama_config(c);
   return c;
 }
