@@ -4,6 +4,7 @@
 # prints per-kernel breakdowns. Logs go to $OUT (default /tmp/tandem-speed); a summary to stdout.
 #   bench/speed_session.sh [build] [tests] [python] [cnn] [graph] [resnet] [memory] [accuracy] [cnnconv] [convlog]
 #                          [r18] [f16] [profile] [singa] [singaex] [ops] [gpt] [gpttune] [gptenv] [gptbest] [shard] [gptchar] [llama]
+#                          [gptsize] [shardbits]
 #   (default: build tests cnn resnet)
 # CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests; GPU_TESTS a regular expression of the GPU tests to run (all);
 # PROFILE lists "model batch precision" triples separated by ';';
@@ -387,6 +388,31 @@ if has llama; then  # Llama 3.2 1B's shape, context 2048, bf16, beside llama_pee
         --warmup 4 2>&1 | tee "$OUT/llama_peer_b$b.log" | grep RESULT)
     say "peer llama-1b b$b compile: ${r:-$(tail -2 "$OUT/llama_peer_b$b.log")}"
   done
+fi
+
+# `gptsize`: a larger GPT-2 shape (GPT_SHAPE "layers width heads", default XL: 48 1600 25; context 1024, bf16) at each of
+# GPT_SIZE_BATCHES (8 4): tandem, tandem without the persistent 16-bit weight copies (TANDEM_PARAM_COPIES=0), and the
+# peer model at that shape compiled (bench/gpt2_shape_peer.py), each with its peak memory.
+if has gptsize; then
+  read -r gl gw gh <<<"${GPT_SHAPE:-48 1600 25}"
+  for b in ${GPT_SIZE_BATCHES:-8 4}; do
+    for setting in "" "TANDEM_PARAM_COPIES=0"; do
+      log="$OUT/gptsize_b${b}_${setting:-default}.log"
+      env $setting timeout 300 "$T" bench train --model gpt --layers "$gl" --width "$gw" --heads "$gh" -b "$b" \
+        --device cuda --steps 20 --warmup 8 >"$log" 2>&1
+      say "tandem gpt ${gl}x${gw}x${gh} b$b${setting:+ $setting} (rc $?): $(grep RESULT "$log" | tail -1 | grep -oE '"(ms_per_step|tokens_per_s|peak_memory_mib|state_bytes_per_rank)":[^,}]*' | tr '\n' ' ')"
+      grep -E "eagerly|error" "$log" | head -3 | tee -a "$OUT/summary.txt"
+    done
+    log="$OUT/gptsize_peer_b$b.log"
+    timeout 300 python3 bench/gpt2_shape_peer.py "$PEER" --layers "$gl" --width "$gw" --heads "$gh" --batch "$b" \
+      --compile >"$log" 2>&1
+    say "pytorch compile gpt ${gl}x${gw}x${gh} b$b (rc $?): $(grep RESULT "$log" | tail -1)"
+  done
+fi
+
+# `shardbits`: bench/shard_bits.sh (one GPU, --shard none against optimizer and gradients, one suspect out per setting)
+if has shardbits; then
+  OUT=$OUT/shard_bits timeout "${SHARD_BITS_LIMIT:-400}" bash bench/shard_bits.sh "$T" 2>&1 | tee -a "$OUT/summary.txt"
 fi
 
 if has profile; then
