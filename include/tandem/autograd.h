@@ -30,6 +30,24 @@ using GradReadyHook = std::function<void(const Tensor& leaf)>;
 /// soon as its gradient will not change again in this pass. The graph is freed afterwards.
 void backward(const Tensor& loss, const GradReadyHook& on_grad_ready = {}, const Tensor& grad_output = {});
 
+/// Called during backward for a leaf that has no gradient buffer yet, just before its first gradient is
+/// written: it may give the leaf one (leaf.set_grad(buffer, /*zeroed=*/true)), which backward then writes or
+/// adds into, or leave it without (the gradient is then adopted as usual). An optimizer that keeps gradients
+/// only while a step needs them uses it to allocate them as backward reaches them.
+using GradBufferProvider = std::function<void(const Tensor& leaf)>;
+
+/// Makes `provider` the one backward consults on this thread while alive (the previous one after).
+class GradBufferScope {
+ public:
+  explicit GradBufferScope(const GradBufferProvider* provider);
+  ~GradBufferScope();
+  GradBufferScope(const GradBufferScope&) = delete;
+  GradBufferScope& operator=(const GradBufferScope&) = delete;
+
+ private:
+  const GradBufferProvider* prev_;
+};
+
 /// True unless a NoGradGuard is alive on this thread.
 bool grad_enabled();
 

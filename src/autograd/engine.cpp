@@ -41,11 +41,18 @@ std::shared_ptr<Node> accumulator_for(const Tensor& leaf) {
 // gradients it may add into (see grad_add_target).
 thread_local const std::vector<Tensor>* t_destinations = nullptr;
 thread_local const std::vector<Tensor>* t_add_targets = nullptr;
+thread_local const GradBufferProvider* t_grad_buffers = nullptr;  // GradBufferScope
+
+// Lets the provider in force give `leaf` a gradient buffer, where it has none.
+void provide_buffer(const std::shared_ptr<TensorImpl>& leaf_impl) {
+  if (t_grad_buffers && *t_grad_buffers && !leaf_impl->grad) (*t_grad_buffers)(Tensor(leaf_impl));
+}
 
 void accumulate(const std::shared_ptr<TensorImpl>& leaf_impl, Tensor g) {
   Tensor leaf(leaf_impl);
   drop_column_sums(g);  // a leaf may adopt the buffer and write it later
   TANDEM_ASSERT(g.numel() == leaf.numel(), "gradient ", g.str(), " for leaf ", leaf.str());
+  provide_buffer(leaf_impl);
   if (leaf_impl->grad && leaf_impl->grad_zeroed) {
     // The buffer holds zeros: the gradient is written over it (one conversion at most), or already is.
     leaf_impl->grad_zeroed = false;
@@ -81,6 +88,9 @@ struct Ready {
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
+
+GradBufferScope::GradBufferScope(const GradBufferProvider* provider) : prev_(t_grad_buffers) { t_grad_buffers = provider; }
+GradBufferScope::~GradBufferScope() { t_grad_buffers = prev_; }
 
 Tensor grad_destination(size_t i) {
   return t_destinations && i < t_destinations->size() ? (*t_destinations)[i] : Tensor();
@@ -230,6 +240,7 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
         if (!c) continue;
         auto it = pending.find(c);
         if (it == pending.end()) {
+          if (c->leaf && deps[c] == 1) provide_buffer(c->leaf);
           if (c->leaf && c->leaf->grad && c->leaf->grad_zeroed && deps[c] == 1) {
             dest[i] = Tensor(c->leaf->grad);
             any_dest = true;

@@ -30,6 +30,7 @@ dist::DistOptOptions dist_options(const SessionConfig& cfg) {
   if (cfg.low_rank > 0) o.sync.rank = cfg.low_rank;
   o.shard = dist::parse_shard(cfg.shard);
   if (cfg.master_weights != "none") o.master_weights = parse_dtype(cfg.master_weights);
+  o.release_gradients = true;  // nothing reads a gradient after its step: the peak holds none beside activations
   return o;
 }
 

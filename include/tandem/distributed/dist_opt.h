@@ -97,6 +97,13 @@ struct DistOptOptions {
   /// f32 (the default): those of the wrapped optimizer (none unless it keeps them already). Not with
   /// partialUpdate.
   DType master_weights = DType::f32;
+  /// Gradients held only from backward to the update (--shard none without master weights; elsewhere the
+  /// gradients are kept as before): each bucket's storage is allocated as backward reaches its parameters, in
+  /// memory the activations free, and released by update(), which leaves every parameter without a gradient,
+  /// as PyTorch's zero_grad(set_to_none=True) after the step does. The peak of a step then holds no gradient
+  /// beside the forward pass's activations. Off: the gradients stay (readable after update(), zeroed by the
+  /// next step). The tandem program turns it on.
+  bool release_gradients = false;
 };
 
 /// A rank's own state beside the model and the optimizer, for checkpoints: the bucket layout, the

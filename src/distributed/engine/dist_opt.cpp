@@ -416,6 +416,7 @@ bool DistOpt::update() {
     opt_->step_with_gradient_factor(factor);
   }
   if (m.partial()) m.averager_->average_next_chunk(m.skipped_.defined() ? m.reducer_.verdict() : Tensor());
+  m.reducer_.release();  // release_gradients: the step has read them
   if (!m.skipped_.defined() || backend::backend_for(comm_->device()).recording(comm_->device().index)) return true;
   return !m.reducer_.found_nonfinite();
 }

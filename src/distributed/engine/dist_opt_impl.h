@@ -24,7 +24,7 @@ class DistOpt::Impl {
       : options_(options),
         reducer_(params, comm,
                  {options.bucket_bytes, options.first_bucket_bytes, options.rebuild_buckets, options.skip_nonfinite,
-                  options.shard},
+                  options.shard, options.release_gradients},
                  stats_),
         env_{*comm, stats_, comm->device(), comm->rank(), comm->size(), DType::f32, {}, options.shard},
         one_(Tensor::ones({1}, DType::f32, comm->device())) {
@@ -50,6 +50,9 @@ class DistOpt::Impl {
   // backward reaches none of the optimizer's parameters: the step would change nothing.
   void backward_counted(const Tensor& loss, const GradReadyHook& then = {}) {
     int64_t reached = 0;
+    // Released gradients: each bucket allocated as backward first reaches one of its parameters.
+    const GradBufferProvider buffers = [this](const Tensor& leaf) { reducer_.grad_buffer(leaf); };
+    GradBufferScope scope(reducer_.releases_gradients() ? &buffers : nullptr);
     backward(loss, [&](const Tensor& leaf) {
       reached += param_impls_.count(leaf.impl());
       reducer_.mark_used(leaf);

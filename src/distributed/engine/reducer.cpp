@@ -49,6 +49,7 @@ Reducer::Reducer(const std::vector<Tensor>& params, std::shared_ptr<Communicator
   rank_ = comm_->rank();
   arena_dtype_ = dtype;
   has_masters_ = !masters.empty();
+  lazy_ = options_.release_gradients && !sharded() && !has_masters_;
   total_ = Tensor::zeros({1}, DType::f32, device_);
   norm_sq_ = Tensor::zeros({1}, DType::f32, device_);
   // Until the first step shows the real order, expect gradients in reverse registration order.
@@ -103,7 +104,11 @@ void Reducer::layout(const std::vector<int>& order) {
     offset += (b.span + align - 1) / align * align;  // the next bucket at a 16-byte boundary too
     blocks += sharded() ? b.span / world_ : b.span;  // this rank's block of each
   }
-  if (whole_arena() && (!arena_.defined() || arena_.numel() != offset)) {
+  arena_numel_ = offset;
+  if (lazy_) {
+    // Gradients do not survive a new layout: it is adopted before they are made (begin) or before the first step.
+    release();
+  } else if (whole_arena() && (!arena_.defined() || arena_.numel() != offset)) {
     arena_ = Tensor::zeros({offset}, arena_dtype_, device_);
     if (has_masters_) master_arena_ = Tensor::zeros({offset}, DType::f32, device_);
   }
@@ -113,8 +118,8 @@ void Reducer::layout(const std::vector<int>& order) {
   if (old_residual.defined()) residual_arena_ = Tensor::zeros({offset}, DType::f32, device_);
   for (Slot& s : slots_) {
     const Shape& shape = s.param.shape();
-    if (!whole_arena()) {
-      s.grad = Tensor();  // gradients pass through their bucket's staging only
+    if (!whole_arena() || lazy_) {
+      s.grad = Tensor();  // gradients pass through their bucket's staging only, or are made by each step
       continue;
     }
     s.grad = arena_.narrow(0, s.offset, s.numel).view(shape);
@@ -132,7 +137,7 @@ void Reducer::layout(const std::vector<int>& order) {
   owned_.clear();
   int64_t block_offset = 0;
   for (Bucket& b : buckets_) {
-    b.grad = whole_arena() ? arena_.narrow(0, b.offset, b.span) : Tensor();
+    b.grad = whole_arena() && !lazy_ ? arena_.narrow(0, b.offset, b.span) : Tensor();
     if (residual_arena_.defined()) b.residual = residual_arena_.narrow(0, b.offset, b.numel);
     if (!sharded()) continue;
     const int64_t block = b.span / world_;
@@ -152,7 +157,7 @@ void Reducer::set_codec(std::unique_ptr<GradCodec> codec, bool keep_residuals) {
   codec_ = std::move(codec);
   bool keep = keep_residuals && codec_->keeps_residual() && residual_arena_.defined();
   if (!keep) {
-    residual_arena_ = codec_->keeps_residual() ? Tensor::zeros({arena_.numel()}, DType::f32, device_) : Tensor();
+    residual_arena_ = codec_->keeps_residual() ? Tensor::zeros({arena_numel_}, DType::f32, device_) : Tensor();
     for (Slot& s : slots_)
       s.residual = residual_arena_.defined() ? residual_arena_.narrow(0, s.offset, s.numel).view(s.param.shape())
                                              : Tensor();
@@ -168,6 +173,7 @@ void Reducer::begin(bool accumulate) {
   if (!accumulate) {
     if (rebuild_due_) rebuild();
     if (arena_.defined()) arena_.zero_();
+    if (lazy_) release();  // a step abandoned before its update leaves its buckets behind
     if (options_.check_finite) save_carried();
   }
   accumulating_ = accumulate;
@@ -187,6 +193,47 @@ void Reducer::begin(bool accumulate) {
   next_launch_ = 0;
   ready_order_.clear();
   checked_ = false;
+}
+
+// release_gradients: a bucket's storage, allocated when backward first reaches it (or at its launch, if it never
+// does), every parameter's gradient a view of it. A gradient a parameter already holds (adopted before the bucket
+// existed) is copied into its slot.
+void Reducer::ensure_bucket(Bucket& b) {
+  if (!lazy_ || b.grad.defined()) return;
+  b.grad = Tensor::zeros({b.span}, arena_dtype_, device_);
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    Slot& s = slots_[static_cast<size_t>(b.params[j])];
+    s.grad = b.grad.narrow(0, b.starts[j], s.numel).view(s.param.shape());
+    const Tensor held = s.param.grad();
+    if (held.defined() && held.numel() == s.numel) s.grad.copy_(held.view(s.param.shape()));
+    s.param.set_grad(s.grad, /*zeroed=*/!held.defined());
+  }
+}
+
+void Reducer::ensure_buckets() {
+  for (Bucket& b : buckets_) ensure_bucket(b);
+}
+
+void Reducer::grad_buffer(const Tensor& leaf) {
+  if (!lazy_) return;
+  auto it = index_.find(leaf.impl());
+  if (it == index_.end()) return;
+  Slot& s = slots_[static_cast<size_t>(it->second)];
+  Bucket& b = buckets_[static_cast<size_t>(s.bucket)];
+  if (!b.grad.defined()) {
+    ensure_bucket(b);
+  } else if (!s.param.grad().defined()) {
+    s.param.set_grad(s.grad, /*zeroed=*/true);  // its slot was never written: zeros
+  }
+}
+
+void Reducer::release() {
+  if (!lazy_) return;
+  for (Bucket& b : buckets_) b.grad = Tensor();
+  for (Slot& s : slots_) {
+    s.grad = Tensor();
+    s.param.set_grad(Tensor());
+  }
 }
 
 void Reducer::mark_used(const Tensor& leaf) {
@@ -245,6 +292,7 @@ void Reducer::launch_ready() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     if (trace_on_) trace_.push_back("launch " + std::to_string(next_launch_));
     Bucket& b = buckets_[next_launch_++];
+    ensure_bucket(b);
     if (!b.grad.defined()) b.grad = Tensor::zeros({b.span}, arena_dtype_, device_);  // no gradient reached it
     apply_gradient_scale(b);
     if (world_ > 1 || !sharded()) {
@@ -291,6 +339,7 @@ void Reducer::finish() {
 
 void Reducer::finish_locally() {
   TANDEM_ASSERT(codec_, "gradients synchronised before a codec was set");
+  ensure_buckets();  // parameters backward never reached: zeros
   for (Bucket& b : buckets_) {
     apply_gradient_scale(b);
     codec_->apply_locally(b);
@@ -301,6 +350,7 @@ void Reducer::finish_locally() {
 
 // partialUpdate: each rank steps its own replica with its own gradients, and leaves alone what it did not use.
 void Reducer::finish_unsynced() {
+  ensure_buckets();
   for (Bucket& b : buckets_) apply_gradient_scale(b);
   finalize();
   find_unused(/*agree=*/false);
@@ -315,6 +365,9 @@ void Reducer::apply_gradient_scale(Bucket& b) {
 
 void Reducer::zero_contribution() {
   if (arena_.defined()) arena_.zero_();
+  if (lazy_)
+    for (Bucket& b : buckets_)
+      if (b.grad.defined()) b.grad.zero_();
   for (Bucket& b : buckets_)
     if (!whole_arena()) b.grad = Tensor();  // staged afresh, as zeros, when the bucket is launched
 }
@@ -458,6 +511,7 @@ void Reducer::scale_grads(const Tensor& coef) {
 }
 
 int64_t Reducer::gradient_bytes() const {
+  if (lazy_) return arena_numel_ * static_cast<int64_t>(dtype_size(arena_dtype_));  // held from backward to the update
   return static_cast<int64_t>((arena_.defined() ? arena_.nbytes() : 0) +
                               (master_arena_.defined() ? master_arena_.nbytes() : 0) +
                               (shard_arena_.defined() ? shard_arena_.nbytes() : 0));

@@ -21,6 +21,11 @@ struct ReducerOptions {
   /// block of the arena. gradients, parameters: no whole arena; each bucket is staged from the
   /// parameters' gradients as backward produces them, and only the rank's blocks are kept.
   Shard shard = Shard::none;
+  /// Unsharded f32 (or 16-bit) gradients without master copies: no arena kept between steps. Each bucket's
+  /// storage is allocated when backward first reaches one of its parameters (grad_buffer, through the
+  /// autograd engine's GradBufferProvider) and dropped by release() after the update, so that gradients take
+  /// the memory the activations free during backward instead of adding to the forward pass's peak.
+  bool release_gradients = false;
 };
 
 class Reducer {
@@ -45,6 +50,13 @@ class Reducer {
   /// layout learnt from the first step (when due) and zeroes the arena; points every parameter's
   /// grad() at its slot (zero_grad(set_to_none) may have dropped it).
   void begin(bool accumulate);
+  /// With release_gradients, during backward: gives leaf (an optimizer's parameter without a gradient) its slot
+  /// of its bucket, allocating the bucket (zeros) when none of its parameters has one yet. Others: nothing.
+  void grad_buffer(const Tensor& leaf);
+  /// Whether gradients are allocated per step (release_gradients, where it applies).
+  bool releases_gradients() const { return lazy_; }
+  /// With release_gradients, after the update: drops every bucket and every parameter's gradient.
+  void release();
   /// The backward hook: leaf's gradient is final; launches every bucket completed, in order.
   void on_ready(const Tensor& leaf);
   /// After backward: launches the buckets still waiting (parameters that took no part), finishes
@@ -131,6 +143,8 @@ class Reducer {
     Tensor grad, master_grad, residual;  // views of the arenas
   };
   void layout(const std::vector<int>& order);
+  void ensure_bucket(Bucket& b);
+  void ensure_buckets();
   void stage_gradient(Slot& s);
   void launch_ready();
   void finalize();
@@ -150,6 +164,8 @@ class Reducer {
   std::unordered_map<TensorImpl*, int> index_;
   int rank_ = 0;
   DType arena_dtype_ = DType::f32;
+  bool lazy_ = false;        // release_gradients in force: buckets allocated per step
+  int64_t arena_numel_ = 0;  // the arena's extent (allocated whole or, lazily, bucket by bucket)
   bool has_masters_ = false;
   Tensor arena_, master_arena_, residual_arena_;
   Tensor shard_arena_;          // sharded gradients: this rank's block of every bucket, in bucket order
