@@ -115,7 +115,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--from-logs", nargs=2, metavar=("TANDEM_CSV", "PEER_CSV"),
                    help="summarise two earlier ncu logs instead of profiling")
-    p.add_argument("--model", default="resnet50", choices=["cnn", "resnet18", "resnet50", "gpt", "bigram"])
+    p.add_argument("--model", default="resnet50", choices=["cnn", "resnet18", "resnet50", "gpt", "bigram", "llama"])
     p.add_argument("--geometry", default="", help="tandem only: input as 'IMAGE CHANNELS CLASSES' (default: the "
                    "model's; resnet50 224 3 1000)")
     p.add_argument("--batch", type=int, default=128)
