@@ -128,6 +128,11 @@ Tensor hard_sigmoid(const Tensor& x, double alpha = 0.2, double beta = 0.5);
 Tensor gelu(const Tensor& x, bool tanh_approximation = false);
 /// x * sigmoid(x)
 Tensor silu(const Tensor& x);
+/// SwiGLU's gating, the middle of a gated MLP: silu(gate) * up for x [..., 2H] holding the gate [..., :H] then the
+/// up projection [..., H:] (one product's output): [..., H]. Where the backend takes x's type (CPU f32, f64; CUDA
+/// f32, f16, bf16: arithmetic in f32, rounded once) one kernel computes it and one its [..., 2H] gradient, and
+/// only x is kept for the backward; otherwise it is mul(silu(gate), up).
+Tensor swiglu(const Tensor& x);
 /// x for x > 0, slope * x below; slope broadcasts with x (one value, one per channel, ...)
 Tensor prelu(const Tensor& x, const Tensor& slope);
 /// x converted to dtype (a new handle sharing x's data when already of it); the gradient is converted
@@ -424,6 +429,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 /// of qkv as one tensor. Other cases compute exactly that composition.
 Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool causal = true, double dropout_p = 0.0,
                              double scale = 0.0, Generator* gen = nullptr);
+/// Grouped-query packed self-attention: qkv [B, T, (heads + 2 kv_heads) d] holds heads query heads, then kv_heads
+/// key heads, then kv_heads value heads (kv_heads dividing heads; query head h reads key-value head
+/// h / (heads / kv_heads)); the result is [B, T, heads d]. The same as splitting qkv in three, viewing the parts
+/// by head and calling scaled_dot_product_attention, with the fused paths reading the heads in place as above.
+/// kv_heads = heads is the overload above.
+Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal, double dropout_p = 0.0,
+                             double scale = 0.0, Generator* gen = nullptr);
 
 /// Rotary position embeddings' tables for heads of head_dim values (even) at positions 0 .. positions - 1: cos
 /// and sin [positions, head_dim], frequency i (of head_dim / 2) in columns i and i + head_dim / 2 (Hugging Face's
@@ -441,6 +453,15 @@ std::pair<Tensor, Tensor> rotary_tables(int64_t head_dim, int64_t positions, dou
 /// x * cos + rotate_half(x) * sin for x [..., T, d] and cos, sin [T, d] (broadcast over the leading dimensions):
 /// each vector's halves (x1, x2) rotate to (x1 cos - x2 sin, x2 cos + x1 sin) per frequency. Differentiable in x.
 Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
+/// rotary_embedding on the query and key heads of a packed projection: qkv [B, T, (heads + 2 kv_heads) d] holds
+/// heads query heads, then kv_heads key heads, then kv_heads value heads, d values each (as SelfAttention's c_attn
+/// gives them); the result has qkv's shape, the query and key heads rotated with rows start .. start + T - 1 of
+/// cos and sin [P, d] (P >= start + T, qkv's type) and the value heads as they are. Where the backend takes the
+/// type (CPU f32, f64; CUDA f32, f16, bf16: arithmetic in f32, rounded once) one pass over qkv computes it and
+/// one its gradient, which keeps nothing but the tables; otherwise (and when the tables take a gradient) it is the
+/// composition: split, view by head, rotary_embedding, merge, concat.
+Tensor rotary_packed(const Tensor& qkv, const Tensor& cos, const Tensor& sin, int64_t heads, int64_t kv_heads,
+                     int64_t start = 0);
 
 // ---- embedding and recurrent networks
 /// The rows of weight [V, D] that indices (i32 or i64, any shape [...], values in [0, V)) pick:

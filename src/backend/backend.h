@@ -168,6 +168,16 @@ struct AttentionGeom {
   bool grads_like_inputs = false;
 };
 
+/// Rotary position embeddings on the heads of a packed projection: each of the batch x t rows holds
+/// `rotated` heads to rotate (a layer's query heads, then its key heads), then `copied` heads to copy (its value
+/// heads), d values each (d even); row r's position is start + r % t (its row of the tables).
+struct RotaryGeom {
+  int64_t batch = 0, t = 0, rotated = 0, copied = 0, d = 0, start = 0;
+  /// The rotation's transpose instead (the backward: the gradient of the rows from theirs).
+  bool transpose = false;
+  int64_t width() const { return (rotated + copied) * d; }
+};
+
 /// Device work recorded once (a CUDA graph) and replayed as a whole.
 class CapturedWork {
  public:
@@ -518,6 +528,26 @@ class Backend {
   virtual void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                         const Tensor& dout, const Tensor& stats, const AttentionGeom& g, uint64_t seed,
                                         uint64_t offset, Tensor& dq, Tensor& dk, Tensor& dv);
+
+  // ---- fused pointwise ops of Llama-family blocks. Each returns whether it computed (false: the backend does not
+  // take the dtype, and nothing was written; the op then composes other ops): the CPU takes f32 and f64, CUDA f32,
+  // f16 and bf16 (arithmetic in f32).
+  /// y [batch, t, width] = x with each of the first g.rotated heads of every row rotated in Hugging Face's
+  /// rotate-half layout: with h = d / 2 and p the row's position, the pair (x1, x2) = (x[i], x[i + h]), i < h,
+  /// goes to (x1 cos[p, i] - x2 sin[p, i], x2 cos[p, i + h] + x1 sin[p, i + h]); with g.transpose to
+  /// (x1 cos[p, i] + x2 sin[p, i + h], x2 cos[p, i + h] - x1 sin[p, i]). The last g.copied heads are copied.
+  /// cos and sin: [P, d] of x's type, P >= g.start + g.t.
+  virtual bool rotary_packed(const Tensor& x, const Tensor& cos, const Tensor& sin, const RotaryGeom& g, Tensor& y) {
+    return false;
+  }
+  /// y [rows, hidden] = silu(gate) * up for x [rows, 2 hidden], each row the gate then the up projection
+  /// (silu(a) = a sigmoid(a)).
+  virtual bool swiglu_forward(const Tensor& x, int64_t rows, int64_t hidden, Tensor& y) { return false; }
+  /// dx [rows, 2 hidden] from dy [rows, hidden] and the forward's x: the gate's part dy up silu'(gate), the up
+  /// projection's dy silu(gate).
+  virtual bool swiglu_backward(const Tensor& dy, const Tensor& x, int64_t rows, int64_t hidden, Tensor& dx) {
+    return false;
+  }
 
   // ---- embedding and recurrent networks
   /// out [n, d] = rows indices[i] of weight [v, d]; indices i32 or i64 [n]. An index outside [0, v) is an

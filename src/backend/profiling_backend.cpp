@@ -281,6 +281,19 @@ class ProfilingBackend final : public Backend {
     Timed timed(inner_, recordings_, device_, "fused_attention_backward", profiler::detail::thread_phase());
     inner_.fused_attention_backward(q, k, v, o, dout, stats, g, seed, offset, dq, dk, dv);
   }
+  bool rotary_packed(const Tensor& x, const Tensor& cos, const Tensor& sin, const RotaryGeom& g, Tensor& y) override {
+    Timed timed(inner_, recordings_, device_, g.transpose ? "rotary_packed_backward" : "rotary_packed",
+                profiler::detail::thread_phase());
+    return inner_.rotary_packed(x, cos, sin, g, y);
+  }
+  bool swiglu_forward(const Tensor& x, int64_t rows, int64_t hidden, Tensor& y) override {
+    Timed timed(inner_, recordings_, device_, "swiglu", profiler::detail::thread_phase());
+    return inner_.swiglu_forward(x, rows, hidden, y);
+  }
+  bool swiglu_backward(const Tensor& dy, const Tensor& x, int64_t rows, int64_t hidden, Tensor& dx) override {
+    Timed timed(inner_, recordings_, device_, "swiglu_backward", profiler::detail::thread_phase());
+    return inner_.swiglu_backward(dy, x, rows, hidden, dx);
+  }
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a, const Tensor& b,
             double beta, Tensor& c) override {
     Timed timed(inner_, recordings_, device_, "gemm", profiler::detail::thread_phase());

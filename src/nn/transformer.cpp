@@ -61,19 +61,12 @@ std::pair<Tensor, Tensor> RotaryCache::at(int64_t start, int64_t length, DType d
 
 Tensor SelfAttention::attend(const Tensor& qkv, int64_t start) {
   const double p = is_training() ? dropout_ : 0.0;
-  if (!rotary_ && kv_heads_ == heads_)
-    return packed_self_attention(qkv, heads_, causal_, p, 0.0, p > 0.0 ? &gen_ : nullptr);
-  const int64_t b = qkv.size(0), t = qkv.size(1), d = width_ / heads_, kv = kv_heads_ * d;
-  std::vector<Tensor> parts = split(qkv, {width_, kv, kv}, 2);
-  auto by_head = [&](const Tensor& y, int64_t h) { return permute(reshape(y, {b, t, h, d}), {0, 2, 1, 3}); };
-  Tensor q = by_head(parts[0], heads_), k = by_head(parts[1], kv_heads_), v = by_head(parts[2], kv_heads_);
-  if (rotary_) {
-    auto [cos, sin] = rotary_->at(start, t, q.dtype(), q.device());
-    q = rotary_embedding(q, cos, sin);
-    k = rotary_embedding(k, cos, sin);
-  }
-  Tensor a = scaled_dot_product_attention(q, k, v, causal_, p, 0.0, p > 0.0 ? &gen_ : nullptr);
-  return reshape(permute(a, {0, 2, 1, 3}), {b, t, width_});
+  Generator* gen = p > 0.0 ? &gen_ : nullptr;
+  if (!rotary_) return packed_self_attention(qkv, heads_, kv_heads_, causal_, p, 0.0, gen);
+  // The query and key heads rotated in one pass over the packed product, which attention then reads in place.
+  auto [cos, sin] = rotary_->at(start, qkv.size(1), qkv.dtype(), qkv.device());
+  return packed_self_attention(rotary_packed(qkv, cos, sin, heads_, kv_heads_), heads_, kv_heads_, causal_, p, 0.0,
+                               gen);
 }
 
 void SelfAttention::check_input(const Tensor& x, const char* what) const {
@@ -176,9 +169,7 @@ FeedForward::FeedForward(int64_t width, int64_t hidden, Generator& gen, bool bia
 }
 
 Tensor FeedForward::hidden_of(const Tensor& x) {
-  const int64_t hidden = c_proj->weight.size(1);
-  std::vector<Tensor> gate_up = split(linear(x, c_fc->weight, c_fc->bias), {hidden, hidden}, x.dim() - 1);
-  return mul(silu(gate_up[0]), gate_up[1]);
+  return swiglu(linear(x, c_fc->weight, c_fc->bias));  // the gate and the up projection from one product
 }
 
 Tensor FeedForward::forward(const Tensor& x) {

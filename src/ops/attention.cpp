@@ -139,10 +139,10 @@ Tensor math_attention(const Tensor& q, const Tensor& k, const Tensor& v, const A
   });
 }
 
-// The [b, heads, t, d] view of part `part` (0 query, 1 key, 2 value) of a packed [b, t, 3c] tensor.
-Tensor packed_part(const Tensor& qkv, int64_t heads, int part) {
-  const int64_t b = qkv.size(0), t = qkv.size(1), c3 = qkv.size(2), c = c3 / 3, d = c / heads;
-  return as_strided(qkv, {b, heads, t, d}, {t * c3, d, c3, 1}, qkv.storage_offset() + part * c);
+// The [b, h, t, d] view of the h heads that start `first` heads into each row of a packed [b, t, w] tensor.
+Tensor packed_part(const Tensor& qkv, int64_t h, int64_t first, int64_t d) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), w = qkv.size(2);
+  return as_strided(qkv, {b, h, t, d}, {t * w, d, w, 1}, qkv.storage_offset() + first * d);
 }
 
 }  // namespace
@@ -154,12 +154,26 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool causal, doub
   check_floating(qkv, op, "qkv");
   TANDEM_CHECK(heads > 0 && qkv.size(2) % (3 * heads) == 0, op, ": qkv ", qkv.str(), " must hold the query, key and ",
                "value of ", heads, " heads side by side along dimension 2 (its extent a multiple of 3 x ", heads, ")");
-  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
+  return packed_self_attention(qkv, heads, heads, causal, dropout_p, scale, gen);
+}
+
+Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal, double dropout_p,
+                             double scale, Generator* gen) {
+  const char* op = "packed_self_attention";
+  check_dim(qkv, 3, op, "qkv");
+  check_floating(qkv, op, "qkv");
+  TANDEM_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, op, ": kv_heads ", kv_heads,
+               " must be a positive divisor of heads ", heads);
+  const int64_t parts = heads + 2 * kv_heads;
+  TANDEM_CHECK(qkv.size(2) % parts == 0, op, ": qkv ", qkv.str(), " must hold ", heads, " query, ", kv_heads,
+               " key and ", kv_heads, " value heads side by side along dimension 2 (its extent a multiple of ", parts,
+               ")");
+  const int64_t b = qkv.size(0), t = qkv.size(1), d = qkv.size(2) / parts, c = heads * d;
   auto composed = [&] {
-    std::vector<Tensor> parts = split(qkv, {c, c, c}, 2);
-    auto by_head = [&](const Tensor& y) { return permute(reshape(y, {b, t, heads, d}), {0, 2, 1, 3}); };
-    Tensor a = scaled_dot_product_attention(by_head(parts[0]), by_head(parts[1]), by_head(parts[2]), causal,
-                                            dropout_p, scale, gen);
+    std::vector<Tensor> qkv_parts = split(qkv, {c, kv_heads * d, kv_heads * d}, 2);
+    auto by_head = [&](const Tensor& y, int64_t h) { return permute(reshape(y, {b, t, h, d}), {0, 2, 1, 3}); };
+    Tensor a = scaled_dot_product_attention(by_head(qkv_parts[0], heads), by_head(qkv_parts[1], kv_heads),
+                                            by_head(qkv_parts[2], kv_heads), causal, dropout_p, scale, gen);
     return reshape(permute(a, {0, 2, 1, 3}), {b, t, c});
   };
   const DType cdt = compute_dtype(qkv.device(), current_precision(), qkv.dtype());
@@ -167,13 +181,15 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool causal, doub
   TANDEM_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, op, ": dropout probability ", dropout_p, " outside [0, 1)");
   TANDEM_CHECK(dropout_p == 0.0 || gen != nullptr, op, ": dropout_p ", dropout_p, " needs a generator");
   Tensor base = qkv.detach();
-  Tensor q = packed_part(base, heads, 0), k = packed_part(base, heads, 1), v = packed_part(base, heads, 2);
+  Tensor q = packed_part(base, heads, 0, d), k = packed_part(base, kv_heads, heads, d),
+         v = packed_part(base, kv_heads, heads + kv_heads, d);
   if (qkv.device().is_cuda() &&
       (!fused_reads_in_place(q, cdt) || !fused_reads_in_place(k, cdt) || !fused_reads_in_place(v, cdt)))
     return composed();
   AttentionGeom g;
   g.batch = b;
   g.heads = heads;
+  g.kv_heads = kv_heads;
   g.tq = g.tk = t;
   g.d = g.dv = d;
   g.causal = causal;
@@ -194,11 +210,14 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool causal, doub
   Tensor stats = Tensor::empty({b, heads, t}, stats_dtype(cdt), qkv.device());
   be(qkv).fused_attention_forward(q, k, v, g, seed, offset, o, stats);
   Tensor so = o.detach();
-  return record_op(y, {qkv}, op, [base, q, k, v, so, stats, g, seed, offset, cdt, heads, b, t, c](const Tensor& grad) {
+  return record_op(y, {qkv}, op,
+                   [base, q, k, v, so, stats, g, seed, offset, cdt, heads, kv_heads, b, t, d](const Tensor& grad) {
+    const int64_t c = heads * d;
     Tensor gd = to_dense(grad, cdt, false);
-    Tensor dout = as_strided(gd, {b, heads, t, c / heads}, {t * c, c / heads, c, 1}, gd.storage_offset());
+    Tensor dout = as_strided(gd, {b, heads, t, d}, {t * c, d, c, 1}, gd.storage_offset());
     Tensor dqkv = Tensor::empty(base.shape(), cdt, base.device());
-    Tensor dq = packed_part(dqkv, heads, 0), dk = packed_part(dqkv, heads, 1), dv = packed_part(dqkv, heads, 2);
+    Tensor dq = packed_part(dqkv, heads, 0, d), dk = packed_part(dqkv, kv_heads, heads, d),
+           dv = packed_part(dqkv, kv_heads, heads + kv_heads, d);
     be(dout).fused_attention_backward(q, k, v, so, dout, stats, g, seed, offset, dq, dk, dv);
     return std::vector<Tensor>{dqkv};
   });

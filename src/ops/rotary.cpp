@@ -1,11 +1,16 @@
-// Rotary position embeddings in Hugging Face's rotate-half layout (Llama, Qwen, Mistral): the tables, and
-// the rotation written with ops (its backward is theirs, on every backend).
+// Rotary position embeddings in Hugging Face's rotate-half layout (Llama, Qwen, Mistral): the tables, the
+// rotation written with ops (its backward is theirs, on every backend), and the rotation of the query and key
+// heads of a packed projection in one kernel (the backend's rotary_packed, forward and backward), which keeps
+// nothing but the tables for its backward.
 #include <cmath>
 
+#include "ops/layout.h"
 #include "ops/op_utils.h"
 #include "tandem/ops.h"
 
 namespace tandem {
+
+using namespace ops;
 
 std::pair<Tensor, Tensor> rotary_tables(int64_t head_dim, int64_t positions, double theta, const RopeScaling& scaling,
                                         DType dtype, Device device) {
@@ -63,11 +68,68 @@ Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
                cos.defined() ? cos.str() : std::string("none"), " and ", sin.defined() ? sin.str() : std::string("none"));
   TANDEM_CHECK(cos.dtype() == x.dtype() && sin.dtype() == x.dtype(), op, ": cos ", cos.str(), " and sin ", sin.str(),
                " must be of x's dtype ", dtype_name(x.dtype()));
-  ops::check_same_device(x, cos, op);
-  ops::check_same_device(x, sin, op);
+  check_same_device(x, cos, op);
+  check_same_device(x, sin, op);
   const int64_t half = d / 2, last = x.dim() - 1;
   Tensor rotated = concat({neg(slice(x, last, half, half)), slice(x, last, 0, half)}, last);
   return add(mul(x, cos), mul(rotated, sin));
+}
+
+Tensor rotary_packed(const Tensor& qkv, const Tensor& cos, const Tensor& sin, int64_t heads, int64_t kv_heads,
+                     int64_t start) {
+  const char* op = "rotary_packed";
+  check_dim(qkv, 3, op, "qkv");
+  check_floating(qkv, op, "qkv");
+  TANDEM_CHECK(heads > 0 && kv_heads > 0, op, ": heads (", heads, ") and kv_heads (", kv_heads, ") must be positive");
+  const int64_t b = qkv.size(0), t = qkv.size(1), parts = heads + 2 * kv_heads;
+  TANDEM_CHECK(qkv.size(2) % parts == 0 && (qkv.size(2) / parts) % 2 == 0 && qkv.size(2) > 0, op, ": qkv ", qkv.str(),
+               " must hold ", heads, " query, ", kv_heads, " key and ", kv_heads,
+               " value heads of one even head size side by side along dimension 2 (its extent a positive multiple of ",
+               "2 x ", parts, ")");
+  const int64_t d = qkv.size(2) / parts;
+  TANDEM_CHECK(start >= 0, op, ": start ", start, " must not be negative");
+  TANDEM_CHECK(cos.defined() && sin.defined() && cos.dim() == 2 && cos.shape() == sin.shape() && cos.size(1) == d &&
+                   cos.size(0) >= start + t,
+               op, ": cos and sin must be [P, ", d, "] with P >= start + T = ", start + t, " for qkv ", qkv.str(),
+               ", got ", cos.defined() ? cos.str() : std::string("none"), " and ",
+               sin.defined() ? sin.str() : std::string("none"));
+  TANDEM_CHECK(cos.dtype() == qkv.dtype() && sin.dtype() == qkv.dtype(), op, ": cos ", cos.str(), " and sin ",
+               sin.str(), " must be of qkv's dtype ", dtype_name(qkv.dtype()));
+  check_same_device(qkv, cos, op);
+  check_same_device(qkv, sin, op);
+  // The composition it stands for: the query and key heads viewed as [B, heads, T, d], rotated, and put back.
+  auto composed = [&] {
+    const Tensor c = slice(cos, 0, start, t), s = slice(sin, 0, start, t);  // recorded: the tables may take a gradient
+    std::vector<Tensor> qkv_parts = split(qkv, {heads * d, kv_heads * d, kv_heads * d}, 2);
+    auto rotate = [&](const Tensor& y, int64_t h) {
+      Tensor r = rotary_embedding(permute(reshape(y, {b, t, h, d}), {0, 2, 1, 3}), c, s);
+      return reshape(permute(r, {0, 2, 1, 3}), {b, t, h * d});
+    };
+    return concat({rotate(qkv_parts[0], heads), rotate(qkv_parts[1], kv_heads), qkv_parts[2]}, 2);
+  };
+  // Tables that take a gradient get it from the composition.
+  if (cos.requires_grad() || sin.requires_grad()) return composed();
+  backend::RotaryGeom g;
+  g.batch = b;
+  g.t = t;
+  g.rotated = heads + kv_heads;
+  g.copied = kv_heads;
+  g.d = d;
+  g.start = start;
+  const Tensor x = to_dense(qkv, qkv.dtype(), false).detach(), c = cos.contiguous().detach(),
+               s = sin.contiguous().detach();
+  Tensor y = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
+  if (!be(qkv).rotary_packed(x, c, s, g, y)) return composed();
+  return record_op(y, {qkv}, op, [c, s, g](const Tensor& grad) {
+    // The gradient of a rotation is its transpose; the value heads' passes through.
+    backend::RotaryGeom gt = g;
+    gt.transpose = true;
+    const Tensor gd = to_dense(grad, c.dtype(), false);
+    Tensor dx = grad_buffer(0, gd.shape(), gd.dtype(), gd.device());
+    TANDEM_CHECK(be(gd).rotary_packed(gd, c, s, gt, dx), "rotary_packed backward: the backend refused ", gd.str(),
+                 ", whose forward it took");
+    return std::vector<Tensor>{dx};
+  });
 }
 
 }  // namespace tandem

@@ -245,6 +245,11 @@ class CudaBackend final : public Backend {
                                 const Tensor& stats, const AttentionGeom& g, uint64_t seed, uint64_t offset, Tensor& dq,
                                 Tensor& dk, Tensor& dv) override;
 
+  // ---- fused pointwise ops of Llama-family blocks
+  bool rotary_packed(const Tensor& x, const Tensor& cos, const Tensor& sin, const RotaryGeom& g, Tensor& y) override;
+  bool swiglu_forward(const Tensor& x, int64_t rows, int64_t hidden, Tensor& y) override;
+  bool swiglu_backward(const Tensor& dy, const Tensor& x, int64_t rows, int64_t hidden, Tensor& dx) override;
+
   // ---- embedding and recurrent networks
   void embedding_forward(const Tensor& weight, const Tensor& indices, Tensor& out) override;
   void embedding_backward(const Tensor& dy, const Tensor& indices, bool deterministic, Tensor& dweight) override;
