@@ -391,12 +391,15 @@ if has llama; then  # Llama 3.2 1B's shape, context 2048, bf16, beside llama_pee
 fi
 
 # `gptsize`: a larger GPT-2 shape (GPT_SHAPE "layers width heads", default XL: 48 1600 25; context 1024, bf16) at each of
-# GPT_SIZE_BATCHES (8 4): tandem, tandem without the persistent 16-bit weight copies (TANDEM_PARAM_COPIES=0), and the
-# peer model at that shape compiled (bench/gpt2_shape_peer.py), each with its peak memory.
+# GPT_SIZE_BATCHES (8 4): tandem under each ';'-separated setting of GPT_SIZE_SETTINGS (default: none; e.g.
+# ";TANDEM_PARAM_COPIES=0" adds a run without the 16-bit weight copies), and the peer model at that shape compiled
+# (bench/gpt2_shape_peer.py), each with its peak memory.
 if has gptsize; then
   read -r gl gw gh <<<"${GPT_SHAPE:-48 1600 25}"
   for b in ${GPT_SIZE_BATCHES:-8 4}; do
-    for setting in "" "TANDEM_PARAM_COPIES=0"; do
+    IFS=';' read -ra size_settings <<<"${GPT_SIZE_SETTINGS:-}"
+    [ ${#size_settings[@]} -eq 0 ] && size_settings=("")
+    for setting in "${size_settings[@]}"; do
       log="$OUT/gptsize_b${b}_${setting:-default}.log"
       env $setting timeout 300 "$T" bench train --model gpt --layers "$gl" --width "$gw" --heads "$gh" -b "$b" \
         --device cuda --steps 20 --warmup 8 >"$log" 2>&1
