@@ -147,8 +147,9 @@ void bind_dist(nb::module_& m) {
           [](dist::DistOpt* self, std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<dist::Communicator> comm,
              size_t bucket_bytes, size_t first_bucket_bytes, const std::string& method, DType half_dtype,
              double clip, double spars, bool error_feedback, int rank, bool skip_nonfinite, const std::string& shard,
-             bool uneven_inputs, DType master_weights) {
+             bool uneven_inputs, DType master_weights, bool release_gradients) {
             dist::DistOptOptions o;
+            o.release_gradients = release_gradients;
             o.shard = dist::parse_shard(shard);
             o.master_weights = master_weights;
             o.uneven_inputs = uneven_inputs;
@@ -164,10 +165,12 @@ void bind_dist(nb::module_& m) {
           nb::arg("half_dtype") = DType::f16, nb::arg("clip") = 0.0, nb::arg("spars") = 0.05,
           nb::arg("error_feedback") = true, nb::arg("rank") = 2, nb::arg("skip_nonfinite") = false,
           nb::arg("shard") = "none", nb::arg("uneven_inputs") = false, nb::arg("master_weights") = DType::f32,
+          nb::arg("release_gradients") = false,
           "Wraps optimizer; every rank must pass the same parameters and options. method and the settings "
           "after it are what step() and backward_and_sync() do; shard (none, optimizer, gradients) what each "
           "rank keeps only its own share of (ZeRO); master_weights (bf16, f16) makes the parameters hold values of "
-          "that type while the optimizer steps f32 masters (f32: none).")
+          "that type while the optimizer steps f32 masters (f32: none); release_gradients holds gradients only from "
+          "backward to update() (shard none without master weights), so that a step's peak memory holds none.")
       .def("join", &dist::DistOpt::join, nb::arg("clip_norm") = 0.0, release_gil(),
            "With uneven_inputs: this rank has no data left; takes part in the others' steps until every rank has "
            "joined. Returns how many steps it took part in.")

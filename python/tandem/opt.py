@@ -579,12 +579,16 @@ class DistOpt(Optimizer):
     a rank whose data ran out calls ``join()`` and takes part in the others' steps until all are done.
     ``master_weights`` (``bfloat16`` or ``float16``) makes the parameters hold values of that type while
     the optimizer steps float32 masters of them, kept as its state (sharded with it under ``shard``).
+    ``release_gradients=True`` holds the gradients only from backward to ``update()`` (with ``shard="none"``
+    and no master weights; the tandem program always does): each bucket is allocated as backward reaches its
+    parameters and released by the update, which leaves every parameter's ``grad`` None, so that a step's peak
+    memory holds no gradient beside the activations. The steps are those of kept gradients, bit for bit.
     """
 
     def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None, buffSize=4194304, *,
                  gpu_num=None, gpu_per_node=None, dist_option="plain", spars=0.05, clip=0.0, error_feedback=True,
                  powersgd_rank=2, half_dtype=float16, first_bucket_size=262144, skip_nonfinite=False,
-                 timeout=300.0, shard="none", uneven_inputs=False, master_weights=None):
+                 timeout=300.0, shard="none", uneven_inputs=False, master_weights=None, release_gradients=False):
         opt = opt if opt is not None else SGD()
         if not isinstance(opt, Optimizer) or isinstance(opt, DistOpt):
             raise TypeError("DistOpt wraps an optimizer (SGD, Adam, RMSProp, AdaGrad)")
@@ -619,7 +623,8 @@ class DistOpt(Optimizer):
                              error_feedback=bool(error_feedback), rank=int(powersgd_rank),
                              skip_nonfinite=bool(skip_nonfinite), shard=str(shard),
                              uneven_inputs=bool(uneven_inputs),
-                             master_weights=float32 if master_weights is None else master_weights)
+                             master_weights=float32 if master_weights is None else master_weights,
+                             release_gradients=bool(release_gradients))
         self._timeout = float(timeout)
         # Sharded parameters (ZeRO stage 3): the model's layers become layer groups (see _declare_layer_groups).
         self._stage3 = str(shard).lower().replace("-", "").replace("_", "") in ("parameters", "3")

@@ -105,3 +105,38 @@ def test_one_rank_distopt(cpu):
     assert sgd.update() is True
     with pytest.raises(RuntimeError, match="no parameters yet"):
         opt.DistOpt(opt.SGD()).no_sync()
+
+
+def test_distopt_release_gradients(cpu):
+    # Gradients held only from backward to update(): the same steps, bit for bit, and no gradient after them.
+    start = {}
+
+    def train(release):
+        net = Small()
+        d = opt.DistOpt(opt.Adam(lr=0.01), release_gradients=release)
+        x, y = batch(cpu)
+        net.set_optimizer(d)
+        net.compile([x])
+        if start:
+            net.set_params({k: tensor.from_numpy(v, cpu) for k, v in start.items()})
+        else:
+            start.update({k: tensor.to_numpy(v) for k, v in net.get_params().items()})
+        losses = []
+        for s in range(4):
+            x, y = batch(cpu, seed=s)
+            loss = net.loss(net.forward(x), y)
+            d.backward_and_sync(loss)
+            assert all(p.grad is not None for p in net.get_params().values())
+            d.clip_grad_norm(0.5)
+            d.update()
+            losses.append(loss.item())
+        grads = [p.grad for p in net.get_params().values()]
+        return losses, {k: tensor.to_numpy(v) for k, v in net.get_params().items()}, grads
+
+    kept_losses, kept, kept_grads = train(False)
+    losses, released, grads = train(True)
+    assert losses == kept_losses
+    for name in kept:
+        np.testing.assert_array_equal(released[name], kept[name], err_msg=name)
+    assert all(g is not None for g in kept_grads)
+    assert all(g is None for g in grads), "update() left gradients behind"
