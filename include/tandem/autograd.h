@@ -63,6 +63,29 @@ class NoGradGuard {
   bool prev_;
 };
 
+/// Enables graph recording on this thread while alive, inside a NoGradGuard (a backward function that runs
+/// ops again to differentiate them: recompute).
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+/// Activation recompute (gradient checkpointing): y = fn(x), keeping none of fn's intermediate tensors for
+/// backward. Backward runs fn on x again (under the precision mode in force at the forward), back-propagates
+/// through that second run with the gradient y received, and hands the gradients of x and of `params` (the
+/// tensors fn reads that take gradients: a block's parameters) on to the rest of the pass, whose leaves,
+/// optimizer hooks and gradient buffers see them as from any op. The gradients are those of fn recorded
+/// plainly (up to the order f32 sums are taken in) when fn computes the same values both times: fn must draw no
+/// random numbers (dropout). Outside
+/// grad mode, or when neither x nor a parameter takes a gradient, it is fn(x).
+Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x, const std::vector<Tensor>& params);
+
 /// Inside a backward function: a tensor the gradient of input `i` may be written into instead of a
 /// new one (a leaf's gradient buffer that holds zeros and receives no other gradient in this pass;
 /// contiguous, of the leaf's shape and dtype), or an undefined tensor. An op that fills it returns it

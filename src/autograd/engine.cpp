@@ -13,6 +13,7 @@
 #include "core/tensor_impl.h"
 #include "ops/op_utils.h"
 #include "tandem/autograd.h"
+#include "tandem/precision.h"
 #include "tandem/profiler.h"
 
 namespace tandem {
@@ -42,6 +43,8 @@ std::shared_ptr<Node> accumulator_for(const Tensor& leaf) {
 thread_local const std::vector<Tensor>* t_destinations = nullptr;
 thread_local const std::vector<Tensor>* t_add_targets = nullptr;
 thread_local const GradBufferProvider* t_grad_buffers = nullptr;  // GradBufferScope
+// recompute's backward: the leaves' gradients of its inner pass, kept here instead of in the leaves.
+thread_local std::unordered_map<TensorImpl*, Tensor>* t_captured = nullptr;
 
 // Lets the provider in force give `leaf` a gradient buffer, where it has none.
 void provide_buffer(const std::shared_ptr<TensorImpl>& leaf_impl) {
@@ -52,6 +55,18 @@ void accumulate(const std::shared_ptr<TensorImpl>& leaf_impl, Tensor g) {
   Tensor leaf(leaf_impl);
   drop_column_sums(g);  // a leaf may adopt the buffer and write it later
   TANDEM_ASSERT(g.numel() == leaf.numel(), "gradient ", g.str(), " for leaf ", leaf.str());
+  if (t_captured) {
+    if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
+    g = g.contiguous();
+    if (g.shape() != leaf.shape()) g = g.view(leaf.shape());
+    Tensor& held = (*t_captured)[leaf_impl.get()];
+    if (!held.defined()) {
+      held = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 ? g : g.clone();
+    } else {
+      backend::backend_for(held.device()).binary(backend::Binary::Add, held, g, held);
+    }
+    return;
+  }
   provide_buffer(leaf_impl);
   if (leaf_impl->grad && leaf_impl->grad_zeroed) {
     // The buffer holds zeros: the gradient is written over it (one conversion at most), or already is.
@@ -88,6 +103,56 @@ struct Ready {
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
+
+EnableGradGuard::EnableGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { t_grad_enabled = prev_; }
+
+Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x, const std::vector<Tensor>& params) {
+  TANDEM_CHECK(x.defined(), "recompute: the input is an undefined tensor");
+  bool any = x.requires_grad();
+  for (const Tensor& p : params) any = any || (p.defined() && p.requires_grad());
+  if (!t_grad_enabled || !any) return fn(x);
+  const Precision precision = current_precision();
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = fn(x);
+  }
+  TANDEM_CHECK(y.defined() && is_floating(y.dtype()), "recompute: fn must return a floating-point tensor, got ",
+               y.defined() ? y.str() : std::string("an undefined tensor"));
+  std::vector<Tensor> inputs{x};
+  inputs.insert(inputs.end(), params.begin(), params.end());
+  const Tensor saved = x.detach();
+  const bool x_grad = x.requires_grad();
+  return record_op(y, inputs, "recompute", [fn, saved, params, precision, x_grad](const Tensor& g) {
+    PrecisionScope in_precision(precision);
+    Tensor xr = saved.detach();
+    if (x_grad) xr.requires_grad_();
+    std::unordered_map<TensorImpl*, Tensor> captured;
+    Tensor yr;
+    {
+      EnableGradGuard grad_on;
+      yr = fn(xr);
+    }
+    std::vector<Tensor> grads(params.size() + 1);
+    if (yr.requires_grad()) {
+      struct Capture {
+        std::unordered_map<TensorImpl*, Tensor>* prev = t_captured;
+        ~Capture() { t_captured = prev; }
+      } capture;
+      t_captured = &captured;
+      backward(yr, {}, g.dtype() == yr.dtype() ? g : g.to(yr.dtype()));
+    }
+    auto take = [&](const Tensor& t) {
+      auto it = captured.find(t.impl());
+      return it == captured.end() ? Tensor() : it->second;
+    };
+    if (x_grad) grads[0] = take(xr);
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].defined() && params[i].requires_grad()) grads[i + 1] = take(params[i]);
+    return grads;
+  });
+}
 
 GradBufferScope::GradBufferScope(const GradBufferProvider* provider) : prev_(t_grad_buffers) { t_grad_buffers = provider; }
 GradBufferScope::~GradBufferScope() { t_grad_buffers = prev_; }
@@ -240,8 +305,8 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
         if (!c) continue;
         auto it = pending.find(c);
         if (it == pending.end()) {
-          if (c->leaf && deps[c] == 1) provide_buffer(c->leaf);
-          if (c->leaf && c->leaf->grad && c->leaf->grad_zeroed && deps[c] == 1) {
+          if (c->leaf && deps[c] == 1 && !t_captured) provide_buffer(c->leaf);
+          if (c->leaf && c->leaf->grad && c->leaf->grad_zeroed && deps[c] == 1 && !t_captured) {
             dest[i] = Tensor(c->leaf->grad);
             any_dest = true;
           }

@@ -266,6 +266,7 @@ Runner add_bench_command(CLI::App& app) {
       train->add_option("--mlp-hidden", tc->lm.mlp_hidden, "llama: the MLP's hidden width (default: the configuration's)")
           ->check(CLI::Range(int64_t{1}, int64_t{1} << 22)),
       train->add_flag("--untied", tc->lm.untied, "llama: an output layer of its own"),
+      train->add_flag("--recompute", tc->lm.recompute, "gpt, llama: activation recompute of every transformer block"),
       train->add_option("--layers", tc->lm.layers, "gpt: transformer blocks (default: the configuration's)")
           ->check(CLI::Range(int64_t{1}, int64_t{4096})),
       train->add_option("--heads", tc->lm.heads, "gpt: attention heads (default: the configuration's)")

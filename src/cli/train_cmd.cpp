@@ -181,6 +181,10 @@ Runner add_train_command(CLI::App& app) {
                          "configuration's)")
              ->check(finite_in(1.0, 1e12)));
   lm_opt(sub->add_flag("--untied", lm->untied, "llama: an output layer of its own instead of the token table"));
+  lm_opt(sub->add_flag("--recompute", lm->recompute,
+                       "gpt, llama: activation recompute: each transformer block keeps only its input for backward "
+                       "and runs again there (the same gradients, about a third more compute, one block's "
+                       "activations at a time; needs --dropout 0)"));
   lm_opt(sub->add_option("--dropout", lm->dropout, "gpt, llama: dropout in training (default: the configuration's)")
              ->check(finite_in(0.0, 0.999)));
   lm_opt(sub->add_option("--init", lm->init,
@@ -301,7 +305,7 @@ Runner add_train_command(CLI::App& app) {
     check_flags_apply(*sub, c.model, c.optimizer, c.dist_option);
     if (c.model == "bigram")
       for (const char* name : {"--gpt-config", "--llama-config", "--layers", "--heads", "--kv-heads", "--width",
-                               "--mlp-hidden", "--rope-theta", "--untied", "--dropout", "--init"})
+                               "--mlp-hidden", "--rope-theta", "--untied", "--dropout", "--init", "--recompute"})
         TANDEM_CHECK(!given(name), name, " shapes --model gpt or llama; bigram is one vocab x vocab table (it takes ",
                      "--vocab and --context)");
     if (c.model == "gpt")

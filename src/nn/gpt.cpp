@@ -201,7 +201,12 @@ Tensor GPT::hidden(const Tensor& tokens, GptCache* cache) {
       x = block_groups_[i].run(x, [&](const Tensor& in) { return h[i]->forward_cached(in, cache->layers[i], cfg_.context); });
     cache->length = start + t;
   } else {
-    for (size_t i = 0; i < h.size(); ++i) x = block_groups_[i].run(x, [&](const Tensor& in) { return h[i]->forward(in); });
+    for (size_t i = 0; i < h.size(); ++i)
+      x = block_groups_[i].run(x, [&](const Tensor& in) {
+        if (!recompute_ || !is_training()) return h[i]->forward(in);
+        TransformerBlock* block = h[i].get();
+        return tandem::recompute([block](const Tensor& t) { return block->forward(t); }, in, block->parameters());
+      });
   }
   return x;
 }
