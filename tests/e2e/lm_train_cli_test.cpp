@@ -509,6 +509,15 @@ TEST(LmTrainCli, RecomputeTrainsTheRunWithoutIt) {
     EXPECT_NEAR(tandem::test::final_validation_loss(again.output), tandem::test::final_validation_loss(plain.output), 1e-3)
         << model;
   }
+  // Two ranks under --shard parameters: each group's parameters are gathered again for its second run.
+  const std::string two = "launch -n 2 -- " + kBin + " train --model llama --kv-heads 2 --layers 2 --heads 4 --width 32 "
+                          "--context 32 --data " + corpus.string() + " --steps 10 --batch-size 2 --device cpu "
+                          "--eval-every 0 --eval-steps 2 --shard parameters";
+  auto sharded = run_tandem(two), sharded_again = run_tandem(two + " --recompute");
+  ASSERT_EQ(sharded.status, 0) << sharded.output;
+  ASSERT_EQ(sharded_again.status, 0) << sharded_again.output;
+  EXPECT_NEAR(tandem::test::final_validation_loss(sharded_again.output),
+              tandem::test::final_validation_loss(sharded.output), 1e-3);
   auto drop = run_tandem("train --model gpt --layers 1 --heads 2 --width 16 --context 16 --data " + corpus.string() +
                          " --steps 2 --device cpu --dropout 0.1 --recompute");
   EXPECT_NE(drop.status, 0);
