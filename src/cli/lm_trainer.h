@@ -41,7 +41,7 @@ struct LmTrainConfig : SessionConfig {
   int64_t kv_heads = 0, mlp_hidden = 0;      // llama: 0, the configuration's
   double rope_theta = 0.0;                   // llama: 0, the configuration's
   bool untied = false;                       // llama: an output layer of its own
-  bool recompute = false;                    // gpt, llama: each block recomputed in backward (--recompute)
+  std::string recompute = "none";            // gpt, llama: none, or full (each block recomputed in backward)
   double dropout = -1.0;                     // < 0: the configuration's
   std::string init;  // --init: start from this Hugging Face directory or tandem checkpoint (its weights)
   int64_t context = 0;                       // 0: the model's (gpt: its configuration's; bigram: 256)

@@ -181,10 +181,12 @@ Runner add_train_command(CLI::App& app) {
                          "configuration's)")
              ->check(finite_in(1.0, 1e12)));
   lm_opt(sub->add_flag("--untied", lm->untied, "llama: an output layer of its own instead of the token table"));
-  lm_opt(sub->add_flag("--recompute", lm->recompute,
-                       "gpt, llama: activation recompute: each transformer block keeps only its input for backward "
-                       "and runs again there (the same gradients, about a third more compute, one block's "
-                       "activations at a time; needs --dropout 0)"));
+  lm_opt(sub->add_option("--recompute", lm->recompute,
+                         "gpt, llama: activation recompute. none (the default) keeps every activation for backward; "
+                         "full keeps only each transformer block's input and runs the block again there (the same "
+                         "gradients up to the order of f32 sums, about a third more compute, one block's activations "
+                         "at a time; needs --dropout 0)")
+             ->check(CLI::IsMember({"none", "full"})));
   lm_opt(sub->add_option("--dropout", lm->dropout, "gpt, llama: dropout in training (default: the configuration's)")
              ->check(finite_in(0.0, 0.999)));
   lm_opt(sub->add_option("--init", lm->init,

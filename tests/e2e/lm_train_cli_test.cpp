@@ -490,7 +490,7 @@ TEST(LmTrainCli, BenchTrainReportsTokensPerSecond) {
   EXPECT_TRUE(contains(bad.output, "--image is for image models")) << bad.output;
 }
 
-// --recompute: the blocks of a Llama and a GPT run again in backward; the run is the one without it up to f32
+// --recompute full: the blocks of a Llama and a GPT run again in backward; the run is the one without it up to f32
 // summation order (the same losses within 2e-4, the final validation loss within 1e-3), its gradients landing in
 // the released gradients' buckets as without it; dropout and a bigram are refused, naming what to change.
 TEST(LmTrainCli, RecomputeTrainsTheRunWithoutIt) {
@@ -499,7 +499,7 @@ TEST(LmTrainCli, RecomputeTrainsTheRunWithoutIt) {
     const std::string run = "train --model " + model + " --layers 2 --heads 4 --width 32 --context 32 --data " +
                             corpus.string() + " --steps 20 --batch-size 4 --device cpu --dropout 0 --eval-every 0 "
                             "--eval-steps 2 --log-every 5";
-    auto plain = run_tandem(run), again = run_tandem(run + " --recompute");
+    auto plain = run_tandem(run), again = run_tandem(run + " --recompute full");
     ASSERT_EQ(plain.status, 0) << plain.output;
     ASSERT_EQ(again.status, 0) << again.output;
     const auto a = step_losses(plain.output), b = step_losses(again.output);
@@ -513,16 +513,16 @@ TEST(LmTrainCli, RecomputeTrainsTheRunWithoutIt) {
   const std::string two = "launch -n 2 -- " + kBin + " train --model llama --kv-heads 2 --layers 2 --heads 4 --width 32 "
                           "--context 32 --data " + corpus.string() + " --steps 10 --batch-size 2 --device cpu "
                           "--eval-every 0 --eval-steps 2 --shard parameters";
-  auto sharded = run_tandem(two), sharded_again = run_tandem(two + " --recompute");
+  auto sharded = run_tandem(two), sharded_again = run_tandem(two + " --recompute full");
   ASSERT_EQ(sharded.status, 0) << sharded.output;
   ASSERT_EQ(sharded_again.status, 0) << sharded_again.output;
   EXPECT_NEAR(tandem::test::final_validation_loss(sharded_again.output),
               tandem::test::final_validation_loss(sharded.output), 1e-3);
   auto drop = run_tandem("train --model gpt --layers 1 --heads 2 --width 16 --context 16 --data " + corpus.string() +
-                         " --steps 2 --device cpu --dropout 0.1 --recompute");
+                         " --steps 2 --device cpu --dropout 0.1 --recompute full");
   EXPECT_NE(drop.status, 0);
   EXPECT_TRUE(contains(drop.output, "--dropout 0")) << drop.output;
-  auto bigram_run = run_tandem("train --model bigram --data " + corpus.string() + " --steps 2 --device cpu --recompute");
+  auto bigram_run = run_tandem("train --model bigram --data " + corpus.string() + " --steps 2 --device cpu --recompute full");
   EXPECT_NE(bigram_run.status, 0);
   EXPECT_TRUE(contains(bigram_run.output, "--recompute")) << bigram_run.output;
   fs::remove_all(dir);
