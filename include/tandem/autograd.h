@@ -81,8 +81,8 @@ class EnableGradGuard {
 /// through that second run with the gradient y received, and hands the gradients of x and of `params` (the
 /// tensors fn reads that take gradients: a block's parameters) on to the rest of the pass, whose leaves,
 /// optimizer hooks and gradient buffers see them as from any op. The gradients are those of fn recorded
-/// plainly (up to the order f32 sums are taken in) when fn computes the same values both times: fn must draw no
-/// random numbers (dropout). Outside
+/// plainly, bit for bit on the CPU, when fn computes the same values both times: fn must draw no random numbers
+/// (dropout). Outside
 /// grad mode, or when neither x nor a parameter takes a gradient, it is fn(x).
 Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x, const std::vector<Tensor>& params);
 

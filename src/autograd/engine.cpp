@@ -19,6 +19,7 @@
 namespace tandem {
 
 namespace {
+void run_backward(const Tensor& loss, const GradReadyHook& on_grad_ready, Tensor seed, bool inner = false);
 thread_local bool t_grad_enabled = true;
 thread_local bool t_retain_graph = false;
 std::atomic<uint64_t> g_seq{0};
@@ -53,9 +54,9 @@ void provide_buffer(const std::shared_ptr<TensorImpl>& leaf_impl) {
 
 void accumulate(const std::shared_ptr<TensorImpl>& leaf_impl, Tensor g) {
   Tensor leaf(leaf_impl);
-  drop_column_sums(g);  // a leaf may adopt the buffer and write it later
   TANDEM_ASSERT(g.numel() == leaf.numel(), "gradient ", g.str(), " for leaf ", leaf.str());
   if (t_captured) {
+    // Handed on unchanged (with the column sums it carries) when it is the only contribution.
     if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
     g = g.contiguous();
     if (g.shape() != leaf.shape()) g = g.view(leaf.shape());
@@ -63,10 +64,12 @@ void accumulate(const std::shared_ptr<TensorImpl>& leaf_impl, Tensor g) {
     if (!held.defined()) {
       held = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 ? g : g.clone();
     } else {
+      drop_column_sums(held);
       backend::backend_for(held.device()).binary(backend::Binary::Add, held, g, held);
     }
     return;
   }
+  drop_column_sums(g);  // a leaf may adopt the buffer and write it later
   provide_buffer(leaf_impl);
   if (leaf_impl->grad && leaf_impl->grad_zeroed) {
     // The buffer holds zeros: the gradient is written over it (one conversion at most), or already is.
@@ -141,7 +144,14 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x
         ~Capture() { t_captured = prev; }
       } capture;
       t_captured = &captured;
-      backward(yr, {}, g.dtype() == yr.dtype() ? g : g.to(yr.dtype()));
+      // A seed of its own (a clone), so that the inner pass adds into it where the plain pass would, carrying the
+      // column sums the gradient came with; the inner pass is a part of this one (the sums stay valid in it).
+      Tensor seed = g.dtype() == yr.dtype() ? g.clone() : g.to(yr.dtype());
+      const ColumnSums* sums = g.is_contiguous() ? g.impl()->storage->column_sums.get() : nullptr;
+      if (sums && sums->pass == t_pass && sums->offset == g.impl()->offset && sums->numel == g.numel() &&
+          sums->dtype == seed.dtype())
+        set_column_sums(seed, sums->cols, sums->sums);
+      run_backward(yr, {}, std::move(seed), /*inner=*/true);
     }
     auto take = [&](const Tensor& t) {
       auto it = captured.find(t.impl());
@@ -238,11 +248,17 @@ Tensor record_op(Tensor out, const std::vector<Tensor>& inputs, const char* name
 }
 
 void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tensor& grad_output) {
+  run_backward(loss, on_grad_ready, grad_output);
+}
+
+namespace {
+// The pass, from a seed it owns: where nothing else holds the seed, the root's gradient is the pass's alone, as
+// a gradient handed on between ops is (recompute's inner pass gives it so, to add as the plain pass adds).
+void run_backward(const Tensor& loss, const GradReadyHook& on_grad_ready, Tensor seed, bool inner) {
   TANDEM_CHECK(loss.defined(), "backward: the loss is an undefined tensor");
   TANDEM_CHECK(loss.requires_grad(),
                "backward: the loss does not depend on any tensor that requires a gradient (was it computed "
                "under NoGradGuard, or are the parameters frozen?)");
-  Tensor seed = grad_output;
   if (!seed.defined()) {
     TANDEM_CHECK(loss.numel() == 1, "backward: the loss must have one element, got ", loss.str(),
                  "; pass grad_output for other shapes");
@@ -254,9 +270,11 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
   profiler::BackwardScope profiled_as_backward;
   struct PassScope {
     uint64_t prev = t_pass;
-    PassScope() { t_pass = ++g_passes; }
+    explicit PassScope(bool inner) {
+      if (!inner || t_pass == 0) t_pass = ++g_passes;
+    }
     ~PassScope() { t_pass = prev; }
-  } pass_scope;
+  } pass_scope(inner);
 
   std::shared_ptr<Node> root = loss.grad_fn() ? loss.grad_fn() : accumulator_for(loss);
 
@@ -275,7 +293,7 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
   }
 
   std::unordered_map<Node*, Tensor> pending;
-  pending[root.get()] = seed;
+  pending[root.get()] = std::move(seed);
   std::priority_queue<Ready> ready;
   ready.push({root.get()});
   while (!ready.empty()) {
@@ -351,5 +369,6 @@ void backward(const Tensor& loss, const GradReadyHook& on_grad_ready, const Tens
   if (profiler::detail::any_enabled() && !backend::backend_for(loss.device()).recording(loss.device().index))
     profiler::end_iteration(loss.device());
 }
+}  // namespace
 
 }  // namespace tandem

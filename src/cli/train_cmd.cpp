@@ -184,7 +184,7 @@ Runner add_train_command(CLI::App& app) {
   lm_opt(sub->add_option("--recompute", lm->recompute,
                          "gpt, llama: activation recompute. none (the default) keeps every activation for backward; "
                          "full keeps only each transformer block's input and runs the block again there (the same "
-                         "gradients up to the order of f32 sums, about a third more compute, one block's activations "
+                         "gradients, about a third more compute, one block's activations "
                          "at a time; needs --dropout 0)")
              ->check(CLI::IsMember({"none", "full"})));
   lm_opt(sub->add_option("--dropout", lm->dropout, "gpt, llama: dropout in training (default: the configuration's)")

@@ -122,7 +122,7 @@ class CausalLm {
   virtual Tensor loss(const Tensor& tokens, const Tensor& targets, int64_t ignore_index = -100) = 0;
   /// Activation recompute: each transformer block keeps only its input for backward and runs again there
   /// (autograd's recompute), so that a step holds one block's activations at a time instead of every block's.
-  /// The same gradients up to the order of f32 sums; about a third more compute. Refused while the model has dropout (its draws would
+  /// The same gradients (bit for bit on the CPU); about a third more compute. Refused while the model has dropout (its draws would
   /// differ between the two runs).
   void set_recompute(bool on) {
     TANDEM_CHECK(!on || recompute_allowed(), "activation recompute: the model has dropout ", model_dropout(),
