@@ -3,6 +3,7 @@
 // is compared with what the CPU backend computes from the same inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -76,6 +77,17 @@ inline void expect_same_bytes(const Tensor& expected, const Tensor& actual, cons
     }
   }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << e.numel() << " elements differ";
+}
+
+/// The L2 norm of (got - ref) over the L2 norm of ref.
+inline double rel_error(const Tensor& ref, const Tensor& got) {
+  const std::vector<double> e = host_values(ref), a = host_values(got);
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < e.size(); ++i) {
+    diff += (e[i] - a[i]) * (e[i] - a[i]);
+    norm += e[i] * e[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
 }
 
 }  // namespace tandem::cudatest

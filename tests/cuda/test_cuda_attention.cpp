@@ -51,16 +51,6 @@ Result attend(const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor
   return {o.detach().to(DType::f32), q.grad().to(DType::f32), k.grad().to(DType::f32), v.grad().to(DType::f32)};
 }
 
-double rel_error(const Tensor& ref, const Tensor& got) {
-  const std::vector<double> e = host_values(ref), a = host_values(got);
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    diff += (e[i] - a[i]) * (e[i] - a[i]);
-    norm += e[i] * e[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
-}
-
 class FusedAttention : public ::testing::TestWithParam<std::tuple<DType, int64_t, int64_t, bool>> {};
 
 TEST_P(FusedAttention, AgreesWithTheF32MathPath) {

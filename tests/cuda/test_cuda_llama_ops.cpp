@@ -187,16 +187,6 @@ TEST(CudaLlamaOps, SwiGLUForwardAndBackwardIn16BitsAndF32) {
   }
 }
 
-double rel_error(const Tensor& ref, const Tensor& got) {
-  const std::vector<double> e = host_values(ref), a = host_values(got);
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    diff += (e[i] - a[i]) * (e[i] - a[i]);
-    norm += e[i] * e[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
-}
-
 // Grouped-query attention over a packed [B, T, (heads + 2 kv_heads) d] projection: against the f32 math path (the
 // fused attention tests' tolerances) and against scaled_dot_product_attention on the split heads.
 TEST(CudaLlamaOps, PackedGroupedQueryAttentionAgreesWithTheSplitHeads) {
