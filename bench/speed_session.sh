@@ -8,7 +8,7 @@
 #   (default: build tests cnn resnet)
 # CMAKE_EXTRA adds configure flags (-DTANDEM_CUDNN_FRONTEND_INCLUDE=...); COMMIT labels the figures; SEEDS the accuracy runs' seeds (default 0); PYTEST_K selects Python tests; GPU_TESTS a regular expression of the GPU tests to run (all);
 # PROFILE lists "model batch precision" triples separated by ';';
-# PEER_PROFILE=0 profiles tandem alone; PROFILE_TOP kernels are listed (22). GPT_BATCHES lists the GPT-2 124M batches of `gpt` (default 32; the
+# PEER_PROFILE=0 profiles tandem alone; PROFILE_ARGS adds flags to tandem's profiled run (e.g. '--context 2048'); PROFILE_TOP kernels are listed (22). GPT_BATCHES lists the GPT-2 124M batches of `gpt` (default 32; the
 # eager peer runs at the first), GPT_ROUNDS how many alternating tandem / torch.compile pairs each gets (1); (Per-kernel times of tandem's GPT-2 step:
 # PROFILE="gpt 32 bf16" PEER_PROFILE=0 with the profile stage.)
 # `gptchar` trains the char GPT on Shakespeare (nanoGPT's recipe; CHAR_STEPS, default 5000) beside
@@ -379,14 +379,28 @@ if has memory; then
     | grep PEAK | sed 's/^/peer rn50 b256 bf16: /' | tee -a "$OUT/summary.txt"
 fi
 
-if has llama; then  # Llama 3.2 1B's shape, context 2048, bf16, beside llama_peer.py --compile (LLAMA_BATCHES, default "4 8")
+if has llama; then  # Llama 3.2 1B's shape (LLAMA_CONFIG), context 2048, bf16, beside llama_peer.py --compile (LLAMA_BATCHES, default "4 8")
+  # LLAMA_SETTINGS: ';'-separated extra flags, one tandem run each (e.g. ";--recompute full"); LLAMA_PEER_SETTINGS
+  # likewise for the peer (e.g. ";--ckpt"); LLAMA_PEER=0 leaves the peer out.
+  cfg=${LLAMA_CONFIG:-llama-1b}
   for b in ${LLAMA_BATCHES:-4 8}; do
-    r=$(timeout 300 "$T" bench train --model llama --llama-config llama-1b -b "$b" --context 2048 --device cuda \
-        --precision bf16 --steps 10 --warmup 4 2>&1 | tee "$OUT/llama_tandem_b$b.log" | grep RESULT)
-    say "tandem llama-1b b$b: ${r:-$(tail -2 "$OUT/llama_tandem_b$b.log")}"
-    r=$(timeout 300 python3 "$PEER/llama_peer.py" --config llama-1b --batch "$b" --seq 2048 --compile --steps 10 \
-        --warmup 4 2>&1 | tee "$OUT/llama_peer_b$b.log" | grep RESULT)
-    say "peer llama-1b b$b compile: ${r:-$(tail -2 "$OUT/llama_peer_b$b.log")}"
+    IFS=';' read -ra lsets <<<"${LLAMA_SETTINGS:-}"
+    [ ${#lsets[@]} -eq 0 ] && lsets=("")
+    for setting in "${lsets[@]}"; do
+      log="$OUT/llama_tandem_${cfg}_b$b$(echo "$setting" | tr -c 'a-z0-9\n' '_').log"
+      r=$(timeout 300 "$T" bench train --model llama --llama-config "$cfg" -b "$b" --context 2048 --device cuda \
+          --precision bf16 --steps 10 --warmup 4 $setting 2>&1 | tee "$log" | grep RESULT)
+      say "tandem $cfg b$b${setting:+ $setting}: ${r:-$(tail -2 "$log")}"
+    done
+    [ "${LLAMA_PEER:-1}" = 0 ] && continue
+    IFS=';' read -ra psets <<<"${LLAMA_PEER_SETTINGS:-}"
+    [ ${#psets[@]} -eq 0 ] && psets=("")
+    for setting in "${psets[@]}"; do
+      log="$OUT/llama_peer_${cfg}_b$b$(echo "$setting" | tr -c 'a-z0-9\n' '_').log"
+      r=$(timeout 300 python3 "$PEER/llama_peer.py" --config "$cfg" --batch "$b" --seq 2048 --compile --steps 10 \
+          --warmup 4 $setting 2>&1 | tee "$log" | grep RESULT)
+      say "peer $cfg b$b compile${setting:+ $setting}: ${r:-$(tail -2 "$log")}"
+    done
   done
 fi
 
@@ -425,7 +439,7 @@ if has profile; then
     peer_arg=(--peer "$PEER/pytorch_ddp.py")
     [ "${PEER_PROFILE:-1}" = 0 ] && peer_arg=()
     python3 bench/kernel_profile.py --model "$1" --batch "$2" --precision "$3" --tandem "$T" \
-      "${peer_arg[@]}" --out "$OUT" --top "${PROFILE_TOP:-22}" >"$OUT/profile_$1_$3.txt" 2>&1
+      "${peer_arg[@]}" --out "$OUT" --top "${PROFILE_TOP:-22}" --tandem-args "${PROFILE_ARGS:-}" >"$OUT/profile_$1_$3.txt" 2>&1
     cat "$OUT/profile_$1_$3.txt"
   done
 fi

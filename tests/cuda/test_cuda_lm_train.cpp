@@ -348,3 +348,38 @@ TEST(CudaLmTrain, ShardStagesTakeTheUnshardedStepOnOneGpu) {
   EXPECT_NEAR(val["default-none"], val["det-none"], 0.02);
   fs::remove_all(dir);
 }
+
+// --recompute full on the GPU, recorded steps (the recompute is inside the graph) and eager: under --deterministic
+// the GPT and the Llama take the steps of --recompute none bit for bit, and the peak memory does not grow.
+TEST(CudaLmTrain, RecomputeFullTakesTheStepsOfNone) {
+  REQUIRE_GPU();
+  const fs::path dir = temp_dir("recompute"), corpus = make_corpus(dir);
+  for (const std::string model : {"gpt --gpt-config char --dropout 0", "llama --kv-heads 2"}) {
+    for (const std::string graph : {"", " --cuda-graph off"}) {
+      const std::string run = "train --model " + model + " --layers 2 --heads 4 --width 128 --context 128 --data " +
+                              corpus.string() + " --vocab 256 --steps 60 --batch-size 8 --device cuda --seed 1 "
+                              "--eval-every 0 --eval-steps 4 --deterministic" + graph + " --checkpoint ";
+      const std::string a_ck = (dir / "none.ck").string(), b_ck = (dir / "full.ck").string();
+      auto a = run_tandem(run + a_ck), b = run_tandem(run + b_ck + " --recompute full");
+      ASSERT_EQ(a.status, 0) << a.output;
+      ASSERT_EQ(b.status, 0) << b.output;
+      if (graph.empty()) {
+        EXPECT_FALSE(contains(b.output, "steps run eagerly")) << b.output;
+      }
+      const auto la = step_losses(a.output), lb = step_losses(b.output);
+      ASSERT_FALSE(la.empty()) << a.output;
+      EXPECT_EQ(lb, la) << model << graph;
+      EXPECT_EQ(tandem::test::final_validation_loss(b.output), tandem::test::final_validation_loss(a.output))
+          << model << graph;
+      std::map<std::string, std::vector<float>> pa, pb;
+      for (auto& [name, t] : tandem::read_checkpoint_tensors(a_ck)) pa[name] = t.to_vector<float>();
+      for (auto& [name, t] : tandem::read_checkpoint_tensors(b_ck)) pb[name] = t.to_vector<float>();
+      ASSERT_EQ(pa.size(), pb.size());
+      for (auto& [name, v] : pa)
+        if (name.rfind("param/", 0) == 0) {
+          EXPECT_EQ(pb[name], v) << name << " " << model << graph;
+        }
+    }
+  }
+  fs::remove_all(dir);
+}
