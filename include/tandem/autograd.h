@@ -11,6 +11,8 @@
 
 namespace tandem {
 
+class Generator;
+
 /// One recorded operation. backward maps the gradient of its output to gradients of its inputs
 /// (an undefined Tensor where an input needs none).
 struct Node {
@@ -81,10 +83,13 @@ class EnableGradGuard {
 /// through that second run with the gradient y received, and hands the gradients of x and of `params` (the
 /// tensors fn reads that take gradients: a block's parameters) on to the rest of the pass, whose leaves,
 /// optimizer hooks and gradient buffers see them as from any op. The gradients are those of fn recorded
-/// plainly, bit for bit on the CPU, when fn computes the same values both times: fn must draw no random numbers
-/// (dropout). Outside
-/// grad mode, or when neither x nor a parameter takes a gradient, it is fn(x).
-Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x, const std::vector<Tensor>& params);
+/// plainly, bit for bit on the CPU, when fn computes the same values both times. fn may draw random numbers
+/// (dropout) from `generators` only: the second run starts each of them where the first began, so it draws
+/// the same masks (the counter-based generator replays), and leaves them where they were before it. A second
+/// run that draws a different count is an error. Outside grad mode, or when neither x nor a parameter takes a
+/// gradient, it is fn(x).
+Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x, const std::vector<Tensor>& params,
+                 const std::vector<Generator*>& generators = {});
 
 /// Inside a backward function: a tensor the gradient of input `i` may be written into instead of a
 /// new one (a leaf's gradient buffer that holds zeros and receives no other gradient in this pass;

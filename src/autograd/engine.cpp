@@ -12,7 +12,9 @@
 #include "backend/backend.h"
 #include "core/tensor_impl.h"
 #include "ops/op_utils.h"
+#include "tandem/random.h"
 #include "tandem/autograd.h"
+#include "tandem/random.h"
 #include "tandem/precision.h"
 #include "tandem/profiler.h"
 
@@ -110,32 +112,58 @@ bool grad_enabled() { return t_grad_enabled; }
 EnableGradGuard::EnableGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = true; }
 EnableGradGuard::~EnableGradGuard() { t_grad_enabled = prev_; }
 
-Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x, const std::vector<Tensor>& params) {
+Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x, const std::vector<Tensor>& params,
+                 const std::vector<Generator*>& generators) {
   TANDEM_CHECK(x.defined(), "recompute: the input is an undefined tensor");
   bool any = x.requires_grad();
   for (const Tensor& p : params) any = any || (p.defined() && p.requires_grad());
   if (!t_grad_enabled || !any) return fn(x);
   const Precision precision = current_precision();
+  // Where each generator stood before the first run and after it: the second run starts from the first's
+  // counters (the same dropout masks) and must end where the first ended.
+  std::vector<uint64_t> begin(generators.size()), end(generators.size());
+  for (size_t i = 0; i < generators.size(); ++i) {
+    TANDEM_CHECK(generators[i] != nullptr, "recompute: generator ", i, " is null");
+    begin[i] = generators[i]->offset();
+  }
   Tensor y;
   {
     NoGradGuard no_grad;
     y = fn(x);
   }
+  for (size_t i = 0; i < generators.size(); ++i) end[i] = generators[i]->offset();
   TANDEM_CHECK(y.defined() && is_floating(y.dtype()), "recompute: fn must return a floating-point tensor, got ",
                y.defined() ? y.str() : std::string("an undefined tensor"));
   std::vector<Tensor> inputs{x};
   inputs.insert(inputs.end(), params.begin(), params.end());
   const Tensor saved = x.detach();
   const bool x_grad = x.requires_grad();
-  return record_op(y, inputs, "recompute", [fn, saved, params, precision, x_grad](const Tensor& g) {
+  return record_op(y, inputs, "recompute", [fn, saved, params, precision, x_grad, generators, begin,
+                                            end](const Tensor& g) {
     PrecisionScope in_precision(precision);
     Tensor xr = saved.detach();
     if (x_grad) xr.requires_grad_();
     std::unordered_map<TensorImpl*, Tensor> captured;
     Tensor yr;
     {
+      // The generators replay the first run's draws, then return to where the rest of the step left them.
+      struct Replay {
+        const std::vector<Generator*>& gens;
+        std::vector<uint64_t> now;
+        ~Replay() {
+          for (size_t i = 0; i < gens.size(); ++i) gens[i]->set_offset(now[i]);
+        }
+      } replay{generators, {}};
+      for (size_t i = 0; i < generators.size(); ++i) {
+        replay.now.push_back(generators[i]->offset());
+        generators[i]->set_offset(begin[i]);
+      }
       EnableGradGuard grad_on;
       yr = fn(xr);
+      for (size_t i = 0; i < generators.size(); ++i)
+        TANDEM_CHECK(generators[i]->offset() == end[i], "recompute: the second run of the region drew ",
+                     generators[i]->offset() - begin[i], " random numbers from generator ", i, ", the first ",
+                     end[i] - begin[i], ": the region must draw the same numbers each time it runs");
     }
     std::vector<Tensor> grads(params.size() + 1);
     if (yr.requires_grad()) {

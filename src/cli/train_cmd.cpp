@@ -184,8 +184,8 @@ Runner add_train_command(CLI::App& app) {
   lm_opt(sub->add_option("--recompute", lm->recompute,
                          "gpt, llama: activation recompute. none (the default) keeps every activation for backward; "
                          "full keeps only each transformer block's input and runs the block again there (the same "
-                         "gradients, about a third more compute, one block's activations "
-                         "at a time; needs --dropout 0)")
+                         "gradients, dropout's masks replayed, about a third more "
+                         "compute, one block's activations at a time)")
              ->check(CLI::IsMember({"none", "full"})));
   lm_opt(sub->add_option("--dropout", lm->dropout, "gpt, llama: dropout in training (default: the configuration's)")
              ->check(finite_in(0.0, 0.999)));

@@ -261,7 +261,10 @@ Tensor Llama::hidden(const Tensor& tokens, GptCache* cache) {
       x = block_groups_[i].run(x, [&](const Tensor& in) {
         if (!recompute_ || !is_training()) return h[i]->forward(in);
         TransformerBlock* block = h[i].get();
-        return tandem::recompute([block](const Tensor& t) { return block->forward(t); }, in, block->parameters());
+        std::vector<Generator*> gens;
+        for (auto& [name, g] : block->named_generators()) gens.push_back(g);
+        return tandem::recompute([block](const Tensor& t) { return block->forward(t); }, in, block->parameters(),
+                                 gens);
       });
   }
   return x;

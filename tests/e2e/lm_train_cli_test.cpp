@@ -518,10 +518,17 @@ TEST(LmTrainCli, RecomputeTrainsTheRunWithoutIt) {
   ASSERT_EQ(sharded_again.status, 0) << sharded_again.output;
   EXPECT_EQ(tandem::test::final_validation_loss(sharded_again.output),
             tandem::test::final_validation_loss(sharded.output));
-  auto drop = run_tandem("train --model gpt --layers 1 --heads 2 --width 16 --context 16 --data " + corpus.string() +
-                         " --steps 2 --device cpu --dropout 0.1 --recompute full");
-  EXPECT_NE(drop.status, 0);
-  EXPECT_TRUE(contains(drop.output, "--dropout 0")) << drop.output;
+  // Dropout: the second run of each block draws the first's masks again.
+  const std::string drop = "train --model gpt --layers 2 --heads 4 --width 32 --context 32 --data " + corpus.string() +
+                           " --steps 10 --batch-size 4 --device cpu --dropout 0.2 --eval-every 0 --eval-steps 2 "
+                           "--log-every 5";
+  auto dropped = run_tandem(drop), dropped_again = run_tandem(drop + " --recompute full");
+  ASSERT_EQ(dropped.status, 0) << dropped.output;
+  ASSERT_EQ(dropped_again.status, 0) << dropped_again.output;
+  EXPECT_EQ(step_losses(dropped_again.output), step_losses(dropped.output));
+  EXPECT_FALSE(step_losses(dropped.output).empty()) << dropped.output;
+  EXPECT_EQ(tandem::test::final_validation_loss(dropped_again.output),
+            tandem::test::final_validation_loss(dropped.output));
   auto bigram_run = run_tandem("train --model bigram --data " + corpus.string() + " --steps 2 --device cpu --recompute full");
   EXPECT_NE(bigram_run.status, 0);
   EXPECT_TRUE(contains(bigram_run.output, "--recompute")) << bigram_run.output;

@@ -122,18 +122,12 @@ class CausalLm {
   virtual Tensor loss(const Tensor& tokens, const Tensor& targets, int64_t ignore_index = -100) = 0;
   /// Activation recompute: each transformer block keeps only its input for backward and runs again there
   /// (autograd's recompute), so that a step holds one block's activations at a time instead of every block's.
-  /// The same gradients (bit for bit on the CPU); about a third more compute. Refused while the model has dropout (its draws would
-  /// differ between the two runs).
-  void set_recompute(bool on) {
-    TANDEM_CHECK(!on || recompute_allowed(), "activation recompute: the model has dropout ", model_dropout(),
-                 ", whose draws the second run of a block would not repeat; train with dropout 0 (--dropout 0) or without recompute");
-    recompute_ = on;
-  }
+  /// The same gradients (bit for bit on the CPU), dropout included (the second run replays the first's masks);
+  /// about a third more compute.
+  void set_recompute(bool on) { recompute_ = on; }
   bool recomputes() const { return recompute_; }
 
  protected:
-  virtual double model_dropout() const = 0;
-  bool recompute_allowed() const { return model_dropout() == 0.0; }
   bool recompute_ = false;
 };
 
@@ -183,7 +177,6 @@ class GPT : public Module, public LayerGroups, public CausalLm {
   std::shared_ptr<LayerNorm> ln_f;
 
  private:
-  double model_dropout() const override { return cfg_.dropout; }
   void check_tokens(const Tensor& tokens, int64_t start, const char* what) const;
   Tensor hidden(const Tensor& tokens, GptCache* cache);  // the last block's output [B, T, width]
   GptConfig cfg_;

@@ -81,7 +81,6 @@ class Llama : public Module, public LayerGroups, public CausalLm {
   std::shared_ptr<Linear> lm_head;  // null when tied
 
  private:
-  double model_dropout() const override { return cfg_.dropout; }
   void check_tokens(const Tensor& tokens, int64_t start, const char* what) const;
   Tensor hidden(const Tensor& tokens, GptCache* cache);  // the last block's output
   LlamaConfig cfg_;
