@@ -17,6 +17,8 @@
 #include "binding.h"
 #include "core/tensor_impl.h"
 #include "tandem/autograd.h"
+#include "tandem/nn/module.h"
+#include "tandem/random.h"
 #include "tandem/ops.h"
 #include "tandem/precision.h"
 
@@ -269,6 +271,16 @@ void bind_ops(nb::module_& m) {
   m.def("graph_leaves", &graph_leaves, nb::arg("tensor"),
         "The leaves needing a gradient that tensor was computed from, in a deterministic order.");
   m.def("grad_enabled", &grad_enabled, "False inside a no_grad block.");
+  m.def(
+      "recompute_module",
+      [](std::shared_ptr<nn::Module> mod, const Tensor& x) {
+        std::vector<Generator*> gens;
+        for (auto& [name, g] : mod->named_generators()) gens.push_back(g);
+        return recompute([mod](const Tensor& in) { return mod->forward(in); }, x, mod->parameters(), gens);
+      },
+      nb::arg("module"), nb::arg("x"), release_gil(),
+      "module(x) keeping only x for backward: backward runs the module again (its dropout masks replayed) and "
+      "back-propagates through that run (activation recompute).");
   nb::class_<NoGradScope>(m, "no_grad", "with no_grad(): operations inside record no graph (evaluation).")
       .def(nb::init<>())
       .def("__enter__", [](NoGradScope& s) { s.guard = std::make_unique<NoGradGuard>(); })

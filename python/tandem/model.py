@@ -59,13 +59,14 @@ class Model(Layer):
         self.optimizer = optimizer
         optimizer._use_model(self)
 
-    def compile(self, inputs, is_train=True, use_graph=False, sequential=False):
+    def compile(self, inputs, is_train=True, use_graph=False, sequential=False, recompute=None):
         """Creates every parameter by running forward once on ``inputs`` (placeholder tensors of the
         batch's shape, on the training device), then sets training or evaluation mode. The optimizer
         set before takes the parameters now (DistOpt: all ranks start from rank 0's values).
 
         ``use_graph`` records the training step once and replays it on a GPU (see the module's
         notes); on the CPU steps run eagerly. ``sequential`` is accepted for SINGA scripts.
+        ``recompute`` ("none" or "full") is :meth:`set_recompute`'s policy.
         """
         self.graph_mode = bool(use_graph)
         self._recorded = None
@@ -80,8 +81,41 @@ class Model(Layer):
         for name, t in self.get_states().items():  # SINGA's tensors carry their names (p.name)
             t.name = name
         self.train(is_train)
+        if recompute is not None:
+            self.set_recompute(recompute)
         if self.optimizer is not None:
             self.optimizer._use_model(self)
+
+    def set_recompute(self, policy):
+        """Activation recompute for the model's transformer blocks (``tandem.layer.TransformerBlock`` layers,
+        the blocks of ``tandem.models.GPT`` and ``Llama``): "full" keeps only each block's input for backward
+        and runs the block again there (dropout's masks replayed), so that a training step holds one block's
+        activations at a time; the gradients are those of "none" (the default), for about a third more compute.
+        Returns the number of blocks (or whole C++ models) it applies to. Call it after ``compile``."""
+        if policy not in ("none", "full"):
+            raise ValueError(f"recompute: the policy is 'none' or 'full', got {policy!r}")
+        from .layer import TransformerBlock
+        on, found = policy == "full", 0
+
+        def walk(layer):
+            nonlocal found
+            cpp = layer.__dict__.get("_cpp")
+            if isinstance(layer, TransformerBlock):
+                layer.recompute = on
+                found += 1
+            elif cpp is not None and hasattr(cpp, "set_recompute"):
+                cpp.set_recompute(on)
+                found += 1
+            for sub in layer._layers.values():
+                walk(sub)
+
+        walk(self)
+        if on and not found:
+            if not self._initialized:
+                raise ValueError(f"recompute: call {type(self).__name__}.compile(...) first (it builds the blocks)")
+            raise ValueError(f"recompute='full': {type(self).__name__} has no transformer blocks to recompute "
+                             "(tandem.layer.TransformerBlock layers and tandem.models.GPT / Llama have)")
+        return found
 
     def graph(self, mode=True, sequential=False):
         """SINGA's switch for recorded steps after compile: mode False runs every training step eagerly,
