@@ -123,6 +123,14 @@ void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& grou
       ->group(group)
       ->check(CLI::IsMember({"none", "optimizer", "gradients", "parameters", "0", "1", "2", "3"}))
       ->capture_default_str();
+  app.add_option("--offload", cfg.offload,
+                 "optimizer: the optimizer's state and the f32 values it steps (the masters under --master-weights) live "
+                 "in host memory and its step runs on the CPU; each step copies this rank's averaged gradients to the "
+                 "host and the stepped values back (the state is cut across ranks as --shard optimizer cuts it; steps "
+                 "run eagerly). none: on the device")
+      ->group(group)
+      ->check(CLI::IsMember({"none", "optimizer"}))
+      ->capture_default_str();
   app.add_option("--master-weights", cfg.master_weights,
                  "Mixed-precision master weights: the parameters hold bf16 or f16 values and the optimizer steps f32 "
                  "masters of them, kept (and checkpointed) as its state, sharded with it under --shard; none: the "

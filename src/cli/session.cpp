@@ -31,6 +31,7 @@ dist::DistOptOptions dist_options(const SessionConfig& cfg) {
   o.shard = dist::parse_shard(cfg.shard);
   if (cfg.master_weights != "none") o.master_weights = parse_dtype(cfg.master_weights);
   o.release_gradients = true;  // nothing reads a gradient after its step: the peak holds none beside activations
+  o.offload_optimizer = cfg.offload == "optimizer";
   return o;
 }
 
@@ -160,6 +161,7 @@ std::vector<dist::AgreementField> Session::agreement_fields() const {
       {"--half-dtype", dtype_name(s.half_dtype)},
       {"--shard", dist::shard_name(opt_->options().shard)},
       {"--master-weights", dtype_name(opt_->options().master_weights)},
+      {"--offload", opt_->options().offload_optimizer ? "optimizer" : "none"},
       {"--no-error-feedback", on_off(!s.error_feedback)},
       {"--sync-bn", on_off(cfg_.sync_bn)},
       {"--bucket-mb", num(cfg_.bucket_mb)},

@@ -48,6 +48,7 @@ struct SessionConfig {
   bool sync_bn = false;    // batch-norm statistics over the global batch
   std::string half_dtype = "f16";
   std::string shard = "none";  // none, optimizer, gradients, parameters (dist::parse_shard)
+  std::string offload = "none";  // none, optimizer (DistOptOptions::offload_optimizer)
   std::string master_weights = "none";  // none, bf16, f16 (DistOptOptions::master_weights)
   double bucket_mb = 16.0;
   double first_bucket_mb = 1.0;

@@ -384,3 +384,26 @@ TEST(CudaLmTrain, RecomputeFullTakesTheStepsOfNone) {
   }
   fs::remove_all(dir);
 }
+
+// --offload optimizer on the GPU: the host's AdamW steps the run the device's steps, within the rounding of the two
+// implementations (the CPU's loop against the GPU's fused kernel), with f32 parameters and bf16 master weights.
+TEST(CudaLmTrain, OffloadedOptimizerFollowsTheDevicesSteps) {
+  REQUIRE_GPU();
+  const fs::path dir = temp_dir("offload"), corpus = make_corpus(dir);
+  for (const std::string extra : {"", " --master-weights bf16"}) {
+    const std::string run = "train --model llama --kv-heads 2 --layers 2 --heads 4 --width 128 --context 128 --data " +
+                            corpus.string() + " --vocab 256 --steps 60 --batch-size 8 --device cuda --seed 1 "
+                            "--eval-every 0 --eval-steps 4 --clip-norm 1" + extra;
+    auto a = run_tandem(run), b = run_tandem(run + " --offload optimizer");
+    ASSERT_EQ(a.status, 0) << a.output;
+    ASSERT_EQ(b.status, 0) << b.output;
+    const auto la = step_losses(a.output), lb = step_losses(b.output);
+    ASSERT_FALSE(la.empty()) << a.output;
+    ASSERT_EQ(la.size(), lb.size()) << b.output;
+    for (const auto& [step, loss] : la) EXPECT_NEAR(lb.at(step), loss, 0.01 * loss) << "step " << step << extra;
+    const double va = tandem::test::final_validation_loss(a.output), vb = tandem::test::final_validation_loss(b.output);
+    ASSERT_TRUE(std::isfinite(vb)) << b.output;
+    EXPECT_NEAR(vb, va, 0.01 * va) << extra;
+  }
+  fs::remove_all(dir);
+}

@@ -534,3 +534,50 @@ TEST(LmTrainCli, RecomputeTrainsTheRunWithoutIt) {
   EXPECT_TRUE(contains(bigram_run.output, "--recompute")) << bigram_run.output;
   fs::remove_all(dir);
 }
+
+// --offload optimizer: the host's AdamW gives the run on the device's, on one rank and on two Gloo ranks under each
+// --shard stage (bf16 master weights too); a run stopped with offload resumes without it (and the other way) in the
+// uninterrupted run's bits; the help names the flag.
+TEST(LmTrainCli, OffloadedOptimizerTrainsAndResumesAsTheDevicesDoes) {
+  const fs::path dir = temp_dir("offload"), corpus = make_corpus(dir);
+  const std::string run = "train --model llama --kv-heads 2 --layers 2 --heads 4 --width 32 --context 32 --data " +
+                          corpus.string() + " --steps 8 --batch-size 4 --device cpu --eval-every 0 --eval-steps 2 "
+                          "--log-every 2 --clip-norm 0.5 ";
+  for (const std::string extra : {"", "--master-weights bf16 "}) {
+    auto plain = run_tandem(run + extra), off = run_tandem(run + extra + "--offload optimizer");
+    ASSERT_EQ(plain.status, 0) << plain.output;
+    ASSERT_EQ(off.status, 0) << off.output;
+    ASSERT_EQ(step_losses(plain.output).size(), 4u) << plain.output;
+    EXPECT_EQ(step_losses(off.output), step_losses(plain.output)) << extra;
+    EXPECT_EQ(tandem::test::final_validation_loss(off.output), tandem::test::final_validation_loss(plain.output));
+  }
+  if (TANDEM_TEST_WITH_GLOO) {
+    auto launch2 = [&](const std::string& args) { return run_tandem("launch -n 2 -- " + kBin + " " + args); };
+    for (const std::string shard : {"optimizer", "gradients", "parameters"}) {
+      auto plain = launch2(run + "--shard " + shard), off = launch2(run + "--shard " + shard + " --offload optimizer");
+      ASSERT_EQ(plain.status, 0) << plain.output;
+      ASSERT_EQ(off.status, 0) << off.output;
+      EXPECT_FALSE(step_losses(plain.output).empty()) << plain.output;
+      EXPECT_EQ(step_losses(off.output), step_losses(plain.output)) << "--shard " << shard;
+      EXPECT_EQ(tandem::test::final_validation_loss(off.output), tandem::test::final_validation_loss(plain.output))
+          << "--shard " << shard;
+    }
+    // Stopped with offload, resumed without it, and the other way: the uninterrupted run's checkpoint.
+    const std::string whole = (dir / "whole.ck").string();
+    auto a = launch2(run + "--shard optimizer --checkpoint " + whole);
+    ASSERT_EQ(a.status, 0) << a.output;
+    for (const bool first_offloaded : {true, false}) {
+      const std::string parted = (dir / (first_offloaded ? "on_off.ck" : "off_on.ck")).string();
+      const std::string on = " --offload optimizer", off = "";
+      auto b1 = launch2(run + "--shard optimizer --stop-at 4 --checkpoint " + parted + (first_offloaded ? on : off));
+      ASSERT_EQ(b1.status, 0) << b1.output;
+      auto b2 = launch2(run + "--shard optimizer --resume --checkpoint " + parted + (first_offloaded ? off : on));
+      ASSERT_EQ(b2.status, 0) << b2.output;
+      EXPECT_FALSE(contains(b2.output, "start afresh")) << b2.output;
+      tandem::test::expect_same_tensors(whole, parted, "the checkpoint");
+    }
+  }
+  auto help = run_tandem("train --help");
+  EXPECT_TRUE(contains(help.output, "--offload")) << help.output;
+  fs::remove_all(dir);
+}

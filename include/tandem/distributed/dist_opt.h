@@ -63,6 +63,10 @@ struct MemoryReport {
   /// this rank's blocks under --shard. The parameters themselves are counted in f32: tandem keeps their
   /// 16-bit values in f32 storage.
   int64_t master_weights = 0;
+  /// Under offload_optimizer: the bytes of this rank's host memory (the slices' values and gradients and the
+  /// optimizer's state; the device's optimizer_state and master_weights are then 0).
+  int64_t host = 0;
+  /// The device's bytes (host memory not counted).
   int64_t total() const { return parameters + gradients + optimizer_state + master_weights; }
 };
 
@@ -104,6 +108,14 @@ struct DistOptOptions {
   /// beside the forward pass's activations. Off: the gradients stay (readable after update(), zeroed by the
   /// next step). The tandem program turns it on.
   bool release_gradients = false;
+  /// The optimizer's step and state on the host (ZeRO-Offload's placement): the f32 values of this rank's
+  /// slices (the masters under master_weights) and the optimizer's state live in host memory, and each update
+  /// copies this rank's averaged gradients there, steps them on the CPU and writes the slices back into the
+  /// parameters (rounded to their 16-bit precision under master weights) before the all-gather. The device
+  /// keeps the parameters and the gradients alone. The state is sharded as under Shard::optimizer (which
+  /// Shard::none becomes); checkpoints are those of the same run without offload, and resume either way.
+  /// Updates run eagerly (the host's step is not recorded).
+  bool offload_optimizer = false;
 };
 
 /// A rank's own state beside the model and the optimizer, for checkpoints: the bucket layout, the

@@ -88,6 +88,8 @@ DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communic
   TANDEM_CHECK(options.master_weights == DType::f32 || options.master_weights == DType::bf16 ||
                    options.master_weights == DType::f16,
                "master weights: bf16 or f16 parameters (f32: none), not ", dtype_name(options.master_weights));
+  // Offload steps this rank's slices on the host: the state is cut as under --shard optimizer.
+  if (options.offload_optimizer && options.shard == Shard::none) options.shard = Shard::optimizer;
   // An optimizer that keeps master weights already (Optimizer::keep_master_weights) keeps them under DistOpt.
   if (options.master_weights == DType::f32) options.master_weights = opt_->master_weights();
   TANDEM_CHECK(options.master_weights == DType::f32 || options.sync.method != kPartial,
@@ -602,6 +604,10 @@ MemoryReport DistOpt::memory_report() const {
   }
   r.optimizer_state = static_cast<int64_t>(opt_->state_copies()) * stepped * static_cast<int64_t>(sizeof(float));
   if (m.options_.master_weights != DType::f32) r.master_weights = stepped * static_cast<int64_t>(sizeof(float));
+  if (m.sharded_ && m.sharded_->offloads()) {
+    r.host = m.sharded_->host_bytes();
+    r.optimizer_state = r.master_weights = 0;
+  }
   return r;
 }
 
@@ -614,6 +620,8 @@ std::string DistOpt::replay_blocker() const {
   if (comm_->size() > 1 && !comm_->records_collectives())
     return "steps of more than one rank over " + comm_->backend_name() + " are not recorded: its collectives run as issued";
   if (m.no_sync_depth_ > 0 || m.accumulating_) return "gradients are being accumulated over micro-batches";
+  if (m.options_.offload_optimizer)
+    return "steps with the optimizer offloaded are not recorded (its step runs on the host between the device's work)";
   if (m.options_.shard == Shard::parameters)
     return "steps with --shard parameters are not recorded (their layers' gathers fill and free buffers as they run)";
   if (m.options_.overlap_gather)

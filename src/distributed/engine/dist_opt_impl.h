@@ -42,7 +42,8 @@ class DistOpt::Impl {
   // Makes the sharded step, its slices cut along `opt`'s groups.
   void cut(const std::shared_ptr<Communicator>& comm, const std::vector<Tensor>& params, const optim::Optimizer& opt,
            bool shard_parameters = false) {
-    sharded_ = std::make_shared<detail::ShardedStep>(params, reducer_, comm, stats_, opt, shard_parameters);
+    sharded_ = std::make_shared<detail::ShardedStep>(params, reducer_, comm, stats_, opt, shard_parameters,
+                                                     options_.offload_optimizer);
     cut_for_ = opt.group_of();
   }
 

@@ -10,8 +10,14 @@
 namespace tandem::dist::detail {
 
 ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reducer, std::shared_ptr<Communicator> comm,
-                         CommStats& stats, const optim::Optimizer& opt, bool shard_parameters)
-    : comm_(std::move(comm)), stats_(stats), reducer_(reducer), params_(params), stage3_(shard_parameters) {
+                         CommStats& stats, const optim::Optimizer& opt, bool shard_parameters, bool offload)
+    : comm_(std::move(comm)),
+      stats_(stats),
+      reducer_(reducer),
+      params_(params),
+      stage3_(shard_parameters),
+      param_dtype_(opt.master_weights()),
+      offload_(offload) {
   const std::vector<Bucket>& buckets = reducer.buckets();
   const Device device = comm_->device();
   const int world = comm_->size(), rank = comm_->rank();
@@ -30,8 +36,15 @@ ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reduc
     holders_.resize(buckets.size());
     absent_ = Tensor::full({1}, std::nan(""), DType::f32, device);
   }
+  if (offload_) {
+    // Pinned where the device can read it directly (the copies each step makes), plain on the CPU backend.
+    const bool pin = device.is_cuda();
+    host_values_ = pin ? Tensor::empty_pinned({blocks}) : Tensor::zeros({blocks});
+    host_grads_ = pin ? Tensor::empty_pinned({blocks}) : Tensor::zeros({blocks});
+  }
   std::vector<optim::ParamGroup> groups(opt.groups().size());
   std::vector<std::vector<ShardPiece>> group_pieces(groups.size());
+  std::vector<std::vector<Tensor>> group_host(groups.size());
   for (const Bucket& b : buckets) {
     const int64_t block = b.span / world, lo = b.offset + rank * block, hi = lo + block;
     for (size_t j = 0; j < b.params.size(); ++j) {
@@ -46,9 +59,16 @@ ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reduc
       if (a >= z) continue;
       Tensor piece = stage3_ ? blocks_.narrow(0, block_at_[static_cast<size_t>(b.index)] + a - lo, z - a)
                              : arena_.narrow(0, a, z - a);
-      piece.requires_grad_();
-      piece.set_grad(reducer.owned(static_cast<size_t>(b.index)).narrow(0, a - lo, z - a));
       const size_t g = static_cast<size_t>(opt.group_of()[static_cast<size_t>(i)]);
+      if (offload_) {  // the host's copy of the slice steps, reading the host's copy of its gradient
+        const int64_t at = block_at_[static_cast<size_t>(b.index)] + a - lo;
+        piece = host_values_.narrow(0, at, z - a);
+        piece.set_grad(host_grads_.narrow(0, at, z - a));
+        group_host[g].push_back(piece);
+      } else {
+        piece.set_grad(reducer.owned(static_cast<size_t>(b.index)).narrow(0, a - lo, z - a));
+      }
+      piece.requires_grad_();
       groups[g].params.push_back(piece);
       group_pieces[g].push_back({i, a - start, z - a, b.index, a});
       stepped_ += z - a;
@@ -56,11 +76,56 @@ ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reduc
   }
   // The optimizer lists its parameters group after group: pieces_ follows its order.
   for (const auto& list : group_pieces) pieces_.insert(pieces_.end(), list.begin(), list.end());
+  for (const auto& list : group_host) host_pieces_.insert(host_pieces_.end(), list.begin(), list.end());
+  host_masters_.assign(offload_ && param_dtype_ != DType::f32 ? pieces_.size() : 0, Tensor());
   bucket_pieces_.resize(buckets.size());
   for (size_t q = 0; q < pieces_.size(); ++q) bucket_pieces_[static_cast<size_t>(pieces_[q].bucket)].push_back(q);
   stepper_ = opt.with_params(std::move(groups));
-  // Master weights: the slices' optimizer keeps (and steps) f32 masters of this rank's slices alone.
-  stepper_->keep_master_weights(opt.master_weights());
+  // Master weights: the slices' optimizer keeps (and steps) f32 masters of this rank's slices alone; offloaded,
+  // the host's f32 values are those masters.
+  if (!offload_) stepper_->keep_master_weights(opt.master_weights());
+}
+
+// ---- offload
+
+Tensor ShardedStep::device_block(size_t k) {
+  const Bucket& b = reducer_.buckets()[k];
+  const int64_t block = b.span / comm_->size();
+  return stage3_ && params_sharded_ ? blocks_.narrow(0, block_at_[k], block)
+                                    : arena_.narrow(0, b.offset + comm_->rank() * block, block);
+}
+
+void ShardedStep::refresh_host() {
+  const std::vector<Bucket>& buckets = reducer_.buckets();
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    if (bucket_pieces_[k].empty()) continue;
+    Tensor from = device_block(k);
+    host_values_.narrow(0, block_at_[k], from.numel()).copy_(from);
+  }
+  host_stale_ = false;
+}
+
+void ShardedStep::write_back() {
+  const std::vector<Bucket>& buckets = reducer_.buckets();
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    if (bucket_pieces_[k].empty()) continue;
+    Tensor into = device_block(k);
+    Tensor from = host_values_.narrow(0, block_at_[k], into.numel());
+    // Under master weights the parameters hold the masters' rounding (as the optimizer writes it).
+    into.copy_(param_dtype_ == DType::f32 ? from : from.to(param_dtype_));
+  }
+}
+
+int64_t ShardedStep::host_bytes() const {
+  if (!offload_) return 0;
+  return static_cast<int64_t>(host_values_.nbytes() + host_grads_.nbytes()) +
+         static_cast<int64_t>(stepper_->state_copies()) * stepped_ * static_cast<int64_t>(sizeof(float));
+}
+
+std::vector<optim::Optimizer::StateList> ShardedStep::slice_state_lists() {
+  std::vector<optim::Optimizer::StateList> lists = stepper_->all_state_lists();
+  if (!host_masters_.empty()) lists.push_back({"master", &host_masters_});
+  return lists;
 }
 
 // ---- sharded parameters
@@ -98,7 +163,7 @@ void ShardedStep::launch(size_t k) {
   }
   // Under master weights the blocks hold 16-bit values: they travel in 16 bits (exactly), and bind() writes
   // them into the whole buffer.
-  const DType sent = stepper_->master_weights();
+  const DType sent = param_dtype_;
   Tensor from = blocks_.narrow(0, block_at_[k], block), into = whole_[k];
   if (sent != DType::f32) {
     if (whole16_.size() != whole_.size()) whole16_.resize(whole_.size());
@@ -208,7 +273,7 @@ void ShardedStep::keep_whole() {
   if (!params_sharded_) return;
   const int world = comm_->size(), rank = comm_->rank();
   const std::vector<Bucket>& buckets = reducer_.buckets();
-  const DType kept = stepper_->master_weights();
+  const DType kept = param_dtype_;
   for (size_t k = 0; k < buckets.size(); ++k) {
     if (!whole_[k].defined()) continue;  // not gathered: its blocks hold its values already
     bind(k);
@@ -216,6 +281,7 @@ void ShardedStep::keep_whole() {
     Tensor mine = whole_[k].narrow(0, rank * block, block);
     blocks_.narrow(0, block_at_[k], block).copy_(kept == DType::f32 ? mine : mine.to(kept).to(DType::f32));
   }
+  host_stale_ = true;
   release_all();
 }
 
@@ -245,6 +311,7 @@ void ShardedStep::broadcast(int root) {
     send(arena_);
     refresh_copies();
   }
+  host_stale_ = true;
 }
 
 void ShardedStep::average() {
@@ -261,6 +328,7 @@ void ShardedStep::average() {
     mean(arena_);
     refresh_copies();
   }
+  host_stale_ = true;
 }
 
 void ShardedStep::gather_state(optim::Optimizer& opt) {
@@ -269,7 +337,7 @@ void ShardedStep::gather_state(optim::Optimizer& opt) {
   adopt_state(opt);
   const int world = comm_->size(), rank = comm_->rank();
   const Device device = comm_->device();
-  std::vector<optim::Optimizer::StateList> mine = stepper_->all_state_lists(), theirs = opt.all_state_lists();
+  std::vector<optim::Optimizer::StateList> mine = slice_state_lists(), theirs = opt.all_state_lists();
   TANDEM_ASSERT(mine.size() == theirs.size(), "the optimizer of the slices keeps other state than the wrapped one");
   const std::vector<Tensor>& params = opt.params();
   const std::vector<Bucket>& buckets = reducer_.buckets();
@@ -304,18 +372,25 @@ void ShardedStep::gather_state(optim::Optimizer& opt) {
       }
     }
   }
-  // Every slice has taken the same steps (they step together): the count of any rank that has one.
+  // Each parameter's count is its slices' (they step together; a parameter no rank used in a step was not
+  // stepped, so counts differ between parameters): summed over the ranks holding a slice of it, with how
+  // many do.
   std::vector<int64_t>* counts = opt.step_counts();
   std::vector<int64_t>* slice_counts = stepper_->step_counts();
   if (counts && slice_counts) {
-    const bool have = !slice_counts->empty();
-    Tensor t = Tensor::from_vector<int64_t>({have ? slice_counts->front() : 0, have ? 1 : 0}, {2}).to(device);
+    std::vector<int64_t> v(2 * counts->size(), 0);
+    for (size_t q = 0; q < pieces_.size() && q < slice_counts->size(); ++q) {
+      const size_t i = static_cast<size_t>(pieces_[q].param);
+      v[2 * i] += (*slice_counts)[q];
+      v[2 * i + 1] += 1;
+    }
+    Tensor t = Tensor::from_vector<int64_t>(v, {static_cast<int64_t>(v.size())}).to(device);
     if (world > 1) {
       WorkPtr w = comm_->all_reduce(t, ReduceOp::Sum);
       timed_wait(w, stats_);
     }
-    std::vector<int64_t> v = t.to_vector<int64_t>();
-    for (int64_t& c : *counts) c = v[1] > 0 ? v[0] / v[1] : 0;
+    v = t.to_vector<int64_t>();
+    for (size_t i = 0; i < counts->size(); ++i) (*counts)[i] = v[2 * i + 1] > 0 ? v[2 * i] / v[2 * i + 1] : 0;
   }
   gathered_ = true;
 }
@@ -344,7 +419,7 @@ bool ShardedStep::adopt_state(optim::Optimizer& opt) {
     return false;
   }
   if (!holds_state(opt)) return false;
-  std::vector<optim::Optimizer::StateList> mine = stepper_->all_state_lists(), theirs = opt.all_state_lists();
+  std::vector<optim::Optimizer::StateList> mine = slice_state_lists(), theirs = opt.all_state_lists();
   for (size_t k = 0; k < theirs.size(); ++k)
     for (size_t q = 0; q < pieces_.size(); ++q) {
       const ShardPiece& piece = pieces_[q];
@@ -354,9 +429,21 @@ bool ShardedStep::adopt_state(optim::Optimizer& opt) {
         slice = Tensor();
         continue;
       }
-      if (!slice.defined()) slice = Tensor::empty({piece.numel}, DType::f32, comm_->device());
+      if (!slice.defined()) slice = Tensor::empty({piece.numel}, DType::f32, state_device());
       slice.copy_(whole.contiguous().view({whole.numel()}).narrow(0, piece.start, piece.numel));
     }
+  if (offload_) {
+    // Loaded masters are the host's values (the rest is read from the parameters, loaded with them).
+    host_stale_ = true;
+    bool masters = false;
+    for (size_t q = 0; q < host_masters_.size(); ++q)
+      if (host_masters_[q].defined()) {
+        if (!masters) refresh_host();  // the padding and any slice without a master
+        masters = true;
+        if (!host_masters_[q].is_same(host_pieces_[q])) Tensor(host_pieces_[q]).copy_(host_masters_[q]);
+        host_masters_[q] = host_pieces_[q];
+      }
+  }
   std::vector<int64_t>* counts = opt.step_counts();
   std::vector<int64_t>* slice_counts = stepper_->step_counts();
   if (counts && slice_counts)
@@ -387,6 +474,20 @@ void ShardedStep::step(optim::Optimizer& opt, const Tensor& grad_factor, const s
   adopt_state(opt);  // a checkpoint loaded into the wrapped optimizer (a copy gathered for one is dropped)
   optim::Optimizer& s = *stepper_;
   take_settings(s, opt);
+  Tensor factor = grad_factor;
+  if (offload_) {
+    // The parameters are the values without master weights (read again: anything may have set them); under
+    // master weights the host's masters are, read from the parameters only where nothing stepped them yet.
+    if (param_dtype_ == DType::f32 || host_stale_) refresh_host();
+    const std::vector<Bucket>& buckets = reducer_.buckets();
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      if (bucket_pieces_[k].empty()) continue;
+      const int64_t block = buckets[k].span / comm_->size();
+      host_grads_.narrow(0, block_at_[k], block).copy_(reducer_.owned(k).narrow(0, 0, block));
+    }
+    if (factor.defined()) factor = factor.to(Device::cpu());
+    if (opt.step_guard().defined()) s.set_step_guard(opt.step_guard().to(Device::cpu()));
+  }
   {
     // The slices of unused parameters take no step: without a gradient for it, the optimizer leaves them.
     std::vector<std::pair<size_t, Tensor>> hidden;
@@ -407,7 +508,11 @@ void ShardedStep::step(optim::Optimizer& opt, const Tensor& grad_factor, const s
         for (auto& [q, g] : hidden) Tensor(pieces[q]).set_grad(g);
       }
     } restore{s.params(), hidden};
-    s.step_with_gradient_factor(grad_factor);
+    s.step_with_gradient_factor(factor);
+  }
+  if (offload_) {
+    write_back();
+    for (size_t q = 0; q < host_masters_.size(); ++q) host_masters_[q] = host_pieces_[q];
   }
   opt.count_replayed_step();  // the wrapped optimizer's count (and schedule) move on as if it had stepped
   if (!stage3_) gather();      // sharded parameters are gathered by their layers' next use instead
@@ -428,7 +533,7 @@ std::vector<Tensor> ShardedStep::keep_copies(DType dtype) {
     }
   // An optimizer that writes copies as it steps writes those of this rank's slices: on one rank, every
   // parameter's, and the step needs no conversion of its own.
-  stepper_copies_ = stepper_->keeps_parameter_copies();
+  stepper_copies_ = !offload_ && stepper_->keeps_parameter_copies();
   if (stepper_copies_) {
     std::vector<Tensor> mine;
     for (const ShardPiece& piece : pieces_) mine.push_back(copy_arena_.narrow(0, piece.offset, piece.numel));
@@ -455,7 +560,7 @@ void ShardedStep::gather() {
   in_flight_.reset(buckets.size());
   // Under master weights the parameters hold 16-bit values: the blocks travel in 16 bits (half the bytes),
   // through the 16-bit copies where they are of that type, else through a staging of the bucket's.
-  const DType sent = stepper_->master_weights();
+  const DType sent = param_dtype_;
   staging_.assign(sent == DType::f32 ? 0 : buckets.size(), Tensor());
   auto launch_bucket = [&](size_t k) {
     const Bucket& b = buckets[k];

@@ -37,8 +37,16 @@ class ShardedStep final : public LayerGatherer {
   /// Moves `params` into the parameter buffer (each keeps its identity and now views the buffer) and
   /// makes the optimizer of this rank's slices after `opt`. With shard_parameters, the slices are of
   /// this rank's blocks, kept apart (see shard_parameters()).
+  ///
+  /// offload: the slices' optimizer steps host copies of this rank's blocks (f32: the masters under master
+  /// weights) with its state on the host: each step copies this rank's averaged gradient blocks to the host,
+  /// steps there, and writes the blocks back into the parameters (rounded to their 16-bit precision under
+  /// master weights) before the all-gather.
   ShardedStep(const std::vector<Tensor>& params, const Reducer& reducer, std::shared_ptr<Communicator> comm,
-              CommStats& stats, const optim::Optimizer& opt, bool shard_parameters = false);
+              CommStats& stats, const optim::Optimizer& opt, bool shard_parameters = false, bool offload = false);
+  bool offloads() const { return offload_; }
+  /// Offload: bytes this rank keeps on the host (its blocks' values and gradients, and the optimizer's state).
+  int64_t host_bytes() const;
 
   // ---- sharded parameters (stage 3)
   /// Keeps this rank's blocks of the parameters and frees the whole buffer: from now on the
@@ -111,6 +119,15 @@ class ShardedStep final : public LayerGatherer {
  private:
   void gather();
   void refresh_copies();
+  // Offload: this rank's block of bucket k in the parameters (of the buffer or of the kept blocks); the host
+  // values read from them again; the stepped values written into them.
+  Tensor device_block(size_t k);
+  void refresh_host();
+  void write_back();
+  // The slices' state lists as the wrapped optimizer lists its own (offload under master weights: the host
+  // values are the masters).
+  std::vector<optim::Optimizer::StateList> slice_state_lists();
+  Device state_device() const { return offload_ ? Device::cpu() : comm_->device(); }
   void wait_bucket(size_t k);
   void launch(size_t k);
   void bind(size_t k);
@@ -149,6 +166,12 @@ class ShardedStep final : public LayerGatherer {
   std::shared_ptr<optim::Optimizer> stepper_;
   int64_t stepped_ = 0;
   bool gathered_ = false;  // what the wrapped optimizer holds is gather_state's copy, not state to take
+  DType param_dtype_ = DType::f32;  // the parameters' precision (bf16 or f16 under master weights)
+  bool offload_ = false;
+  Tensor host_values_, host_grads_;  // offload: this rank's blocks on the host, laid out as block_at_ says
+  std::vector<Tensor> host_pieces_;  // offload: the stepped slices of host_values_, in pieces_ order
+  std::vector<Tensor> host_masters_;  // offload under master weights: host_pieces_ once stepped (the "master" list)
+  bool host_stale_ = true;            // offload: host_values_ to be read from the parameters before the next step
 };
 
 }  // namespace tandem::dist::detail
