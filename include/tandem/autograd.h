@@ -91,6 +91,32 @@ class EnableGradGuard {
 Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x, const std::vector<Tensor>& params,
                  const std::vector<Generator*>& generators = {});
 
+/// Selective recompute: while a region is open on this thread, mark_for_recompute(t, make) names a tensor of the
+/// region that is cheap to make again (a norm's or an activation's output: `make` runs the same op on inputs
+/// the graph keeps anyway). close_recompute_region(out) frees the marked tensors' memory (ops that saved them
+/// for backward keep handles to empty storage) and returns out as the region's output: backward, on reaching
+/// it, makes the marked tensors again into that same storage (under the precision mode of the forward, without
+/// recording) before any op of the region reads them, so the gradients are those of the region recorded
+/// plainly, bit for bit. A tensor that shares its storage with another (a view of a larger buffer), or is the
+/// region's output, is left alone. Regions do not nest; outside grad mode marks are ignored.
+class RecomputeRegion {
+ public:
+  RecomputeRegion();
+  ~RecomputeRegion();
+  RecomputeRegion(const RecomputeRegion&) = delete;
+  RecomputeRegion& operator=(const RecomputeRegion&) = delete;
+  /// Frees the marked tensors and returns out with the node that makes them again (out itself without marks).
+  Tensor close(const Tensor& out);
+  struct Mark;
+
+ private:
+  std::vector<std::shared_ptr<Mark>> marks_;
+  std::vector<std::shared_ptr<Mark>>* prev_;
+};
+/// Marks t (an output of the open region, see RecomputeRegion) to be freed and made again by `make`; returns t.
+/// Does nothing without an open region or outside grad mode.
+const Tensor& mark_for_recompute(const Tensor& t, std::function<Tensor()> make);
+
 /// Inside a backward function: a tensor the gradient of input `i` may be written into instead of a
 /// new one (a leaf's gradient buffer that holds zeros and receives no other gradient in this pass;
 /// contiguous, of the leaf's shape and dtype), or an undefined tensor. An op that fills it returns it

@@ -273,14 +273,20 @@ void bind_ops(nb::module_& m) {
   m.def("grad_enabled", &grad_enabled, "False inside a no_grad block.");
   m.def(
       "recompute_module",
-      [](std::shared_ptr<nn::Module> mod, const Tensor& x) {
+      [](std::shared_ptr<nn::Module> mod, const Tensor& x, const std::string& policy) {
+        if (policy == "selective") {
+          RecomputeRegion region;
+          return region.close(mod->forward(x));
+        }
+        TANDEM_CHECK(policy == "full", "recompute_module: the policy is full or selective, not '", policy, "'");
         std::vector<Generator*> gens;
         for (auto& [name, g] : mod->named_generators()) gens.push_back(g);
         return recompute([mod](const Tensor& in) { return mod->forward(in); }, x, mod->parameters(), gens);
       },
-      nb::arg("module"), nb::arg("x"), release_gil(),
-      "module(x) keeping only x for backward: backward runs the module again (its dropout masks replayed) and "
-      "back-propagates through that run (activation recompute).");
+      nb::arg("module"), nb::arg("x"), nb::arg("policy") = "full", release_gil(),
+      "module(x) under activation recompute: full keeps only x for backward and runs the module again there (its "
+      "dropout masks replayed); selective frees what the module marks as cheap to make again (a transformer "
+      "block's norms' and activation's outputs) and makes it again in backward.");
   nb::class_<NoGradScope>(m, "no_grad", "with no_grad(): operations inside record no graph (evaluation).")
       .def(nb::init<>())
       .def("__enter__", [](NoGradScope& s) { s.guard = std::make_unique<NoGradGuard>(); })

@@ -202,9 +202,10 @@ void bind_norm(nb::module_& m) {
            "GPT-2's language model: tokens [B, T] -> logits [B, T, vocab], initialised from seed.")
       .def("forward_cached", &nn::GPT::forward_cached, nb::arg("tokens"), nb::arg("cache"), release_gil(),
            "Logits for the next tokens [B, Tn] of sequences whose earlier tokens cache holds.")
-      .def("set_recompute", &nn::GPT::set_recompute, nb::arg("on"),
-           "Activation recompute: each block keeps only its input and runs again in backward.")
-      .def_prop_ro("recomputes", &nn::GPT::recomputes)
+      .def(
+          "set_recompute", [](nn::GPT& g, const std::string& policy) { g.set_recompute(nn::parse_recompute(policy)); },
+          nb::arg("policy"), "Activation recompute of the blocks: none, selective or full.")
+      .def_prop_ro("recompute", [](const nn::GPT& g) { return std::string(nn::recompute_name(g.recompute_policy())); })
       .def(
           "generate",
           [](nn::GPT& g, const std::vector<int64_t>& prompt, int64_t n, double temperature, int64_t top_k,

@@ -45,9 +45,10 @@ void bind_pretrained(nb::module_& m) {
            "A Llama language model: tokens [B, T] -> logits [B, T, vocab], initialised from seed.")
       .def("loss", &nn::Llama::loss, nb::arg("tokens"), nb::arg("targets"), nb::arg("ignore_index") = -100,
            release_gil(), "The mean cross-entropy of targets (the head taken with the loss).")
-      .def("set_recompute", &nn::Llama::set_recompute, nb::arg("on"),
-           "Activation recompute: each block keeps only its input and runs again in backward.")
-      .def_prop_ro("recomputes", &nn::Llama::recomputes)
+      .def(
+          "set_recompute", [](nn::Llama& l, const std::string& policy) { l.set_recompute(nn::parse_recompute(policy)); },
+          nb::arg("policy"), "Activation recompute of the blocks: none, selective or full.")
+      .def_prop_ro("recompute", [](const nn::Llama& l) { return std::string(nn::recompute_name(l.recompute_policy())); })
       .def("forward_cached", &nn::Llama::forward_cached, nb::arg("tokens"), nb::arg("cache"), release_gil(),
            "Logits for the next tokens [B, Tn] of sequences whose earlier tokens cache holds.")
       .def(

@@ -1081,11 +1081,11 @@ class TransformerBlock(Layer):
                                                self.dropout, self.use_bias, self.mlp_ratio, self.init_std,
                                                self.residual_layers, self.eps), x.device)
 
-    recompute = False  # Model.set_recompute: keep only the input for backward and run the block again there
+    recompute = False  # Model.set_recompute's policy ("full" or "selective"), or False
 
     def forward(self, x):
         if self.recompute and self.training and _tandem.grad_enabled():
-            return _tandem.recompute_module(self._cpp, x)
+            return _tandem.recompute_module(self._cpp, x, self.recompute)
         return self._cpp(x)
 
     def forward_cached(self, x, cache, capacity):

@@ -66,7 +66,7 @@ class Model(Layer):
 
         ``use_graph`` records the training step once and replays it on a GPU (see the module's
         notes); on the CPU steps run eagerly. ``sequential`` is accepted for SINGA scripts.
-        ``recompute`` ("none" or "full") is :meth:`set_recompute`'s policy.
+        ``recompute`` ("none", "selective" or "full") is :meth:`set_recompute`'s policy.
         """
         self.graph_mode = bool(use_graph)
         self._recorded = None
@@ -90,21 +90,23 @@ class Model(Layer):
         """Activation recompute for the model's transformer blocks (``tandem.layer.TransformerBlock`` layers,
         the blocks of ``tandem.models.GPT`` and ``Llama``): "full" keeps only each block's input for backward
         and runs the block again there (dropout's masks replayed), so that a training step holds one block's
-        activations at a time; the gradients are those of "none" (the default), for about a third more compute.
-        Returns the number of blocks (or whole C++ models) it applies to. Call it after ``compile``."""
-        if policy not in ("none", "full"):
-            raise ValueError(f"recompute: the policy is 'none' or 'full', got {policy!r}")
+        activations at a time, for about a third more compute; "selective" frees each block's norms' (and
+        SwiGLU's) outputs and makes them again in backward, for a few elementwise passes. The gradients are those
+        of "none" (the default). Returns the number of blocks (or whole C++ models) it applies to. Call it after
+        ``compile``."""
+        if policy not in ("none", "selective", "full"):
+            raise ValueError(f"recompute: the policy is 'none', 'selective' or 'full', got {policy!r}")
         from .layer import TransformerBlock
-        on, found = policy == "full", 0
+        on, found = policy != "none", 0
 
         def walk(layer):
             nonlocal found
             cpp = layer.__dict__.get("_cpp")
             if isinstance(layer, TransformerBlock):
-                layer.recompute = on
+                layer.recompute = policy if on else False
                 found += 1
             elif cpp is not None and hasattr(cpp, "set_recompute"):
-                cpp.set_recompute(on)
+                cpp.set_recompute(policy)
                 found += 1
             for sub in layer._layers.values():
                 walk(sub)
@@ -113,7 +115,7 @@ class Model(Layer):
         if on and not found:
             if not self._initialized:
                 raise ValueError(f"recompute: call {type(self).__name__}.compile(...) first (it builds the blocks)")
-            raise ValueError(f"recompute='full': {type(self).__name__} has no transformer blocks to recompute "
+            raise ValueError(f"recompute={policy!r}: {type(self).__name__} has no transformer blocks to recompute "
                              "(tandem.layer.TransformerBlock layers and tandem.models.GPT / Llama have)")
         return found
 

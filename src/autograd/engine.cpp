@@ -12,7 +12,7 @@
 #include "backend/backend.h"
 #include "core/tensor_impl.h"
 #include "ops/op_utils.h"
-#include "tandem/random.h"
+#include "core/allocator.h"
 #include "tandem/autograd.h"
 #include "tandem/random.h"
 #include "tandem/precision.h"
@@ -189,6 +189,74 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x
     for (size_t i = 0; i < params.size(); ++i)
       if (params[i].defined() && params[i].requires_grad()) grads[i + 1] = take(params[i]);
     return grads;
+  });
+}
+
+// ---- selective recompute
+
+struct RecomputeRegion::Mark {
+  std::weak_ptr<Storage> storage;  // emptied by close(), filled again by the region's node in backward
+  std::function<Tensor()> make;
+  Allocator* allocator = nullptr;
+  size_t nbytes = 0;
+};
+
+namespace {
+thread_local std::vector<std::shared_ptr<RecomputeRegion::Mark>>* t_region = nullptr;
+}  // namespace
+
+RecomputeRegion::RecomputeRegion() : prev_(t_region) {
+  TANDEM_CHECK(t_region == nullptr, "RecomputeRegion: regions do not nest");
+  t_region = &marks_;
+}
+
+RecomputeRegion::~RecomputeRegion() { t_region = prev_; }
+
+const Tensor& mark_for_recompute(const Tensor& t, std::function<Tensor()> make) {
+  if (!t_region || !t_grad_enabled || !t.defined() || !t.impl()->storage) return t;
+  auto m = std::make_shared<RecomputeRegion::Mark>();
+  m->storage = t.impl()->storage;
+  m->make = std::move(make);
+  t_region->push_back(std::move(m));
+  return t;
+}
+
+Tensor RecomputeRegion::close(const Tensor& out) {
+  t_region = prev_;
+  std::vector<std::shared_ptr<Mark>> freed;
+  for (auto& m : marks_) {
+    std::shared_ptr<Storage> st = m->storage.lock();
+    // Left alone: gone already, not owned, or the output's own memory.
+    if (!st || !st->allocator || !st->ptr || (out.defined() && out.impl()->storage == st)) continue;
+    m->allocator = st->allocator;
+    m->nbytes = st->nbytes;
+    m->allocator->deallocate(st->ptr, st->nbytes);
+    st->ptr = nullptr;
+    st->allocator = nullptr;
+    freed.push_back(m);
+  }
+  marks_.clear();
+  if (freed.empty() || !out.defined() || !out.requires_grad()) return out;
+  const Precision precision = current_precision();
+  Tensor alias = out.detach();
+  return record_op(alias, {out}, "recompute_region", [freed, precision](const Tensor& g) {
+    PrecisionScope in_precision(precision);
+    for (const auto& m : freed) {
+      std::shared_ptr<Storage> st = m->storage.lock();
+      if (!st) continue;  // nothing kept it for backward
+      Tensor v = m->make();
+      const std::shared_ptr<Storage>& made = v.impl()->storage;
+      TANDEM_CHECK(made && made->nbytes == m->nbytes && made->allocator && made.use_count() == 1 &&
+                       v.impl()->offset == 0,
+                   "selective recompute: a marked tensor was made again in another layout (", v.str(), ")");
+      st->ptr = made->ptr;
+      st->allocator = made->allocator;
+      st->padded_ld = made->padded_ld;
+      st->padded_cols = made->padded_cols;
+      made->ptr = nullptr;
+      made->allocator = nullptr;
+    }
+    return std::vector<Tensor>{g};
   });
 }
 

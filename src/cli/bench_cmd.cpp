@@ -266,9 +266,9 @@ Runner add_bench_command(CLI::App& app) {
       train->add_option("--mlp-hidden", tc->lm.mlp_hidden, "llama: the MLP's hidden width (default: the configuration's)")
           ->check(CLI::Range(int64_t{1}, int64_t{1} << 22)),
       train->add_flag("--untied", tc->lm.untied, "llama: an output layer of its own"),
-      train->add_option("--recompute", tc->lm.recompute, "gpt, llama: activation recompute, none or full (every "
-                        "transformer block run again in backward)")
-          ->check(CLI::IsMember({"none", "full"})),
+      train->add_option("--recompute", tc->lm.recompute, "gpt, llama: activation recompute, none, selective (norm "
+                        "and activation outputs made again in backward) or full (every transformer block run again)")
+          ->check(CLI::IsMember({"none", "selective", "full"})),
       train->add_option("--layers", tc->lm.layers, "gpt: transformer blocks (default: the configuration's)")
           ->check(CLI::Range(int64_t{1}, int64_t{4096})),
       train->add_option("--heads", tc->lm.heads, "gpt: attention heads (default: the configuration's)")

@@ -378,10 +378,11 @@ bool LmTrainer::setup() {
                init ? " of --init '" + cfg_.init + "'" : std::string(), ": give data made for this vocabulary");
   accumulate_ = lm_accumulation(cfg_.total_batch_tokens, cfg_.batch_size, context_, s.world());
   s.build_model(mc);
-  if (cfg_.recompute == "full") {
+  if (cfg_.recompute != "none") {
     auto* lm = dynamic_cast<nn::CausalLm*>(&s.model());
-    TANDEM_CHECK(lm != nullptr, "--recompute full recomputes transformer blocks: it takes --model gpt or llama");
-    lm->set_recompute(true);
+    TANDEM_CHECK(lm != nullptr, "--recompute ", cfg_.recompute, " recomputes transformer blocks: it takes --model gpt "
+                 "or llama");
+    lm->set_recompute(nn::parse_recompute(cfg_.recompute));
   }
   if (init) {  // the weights, by name (the model built here is the one from_pretrained built)
     std::map<std::string, Tensor> from;

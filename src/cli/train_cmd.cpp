@@ -183,10 +183,11 @@ Runner add_train_command(CLI::App& app) {
   lm_opt(sub->add_flag("--untied", lm->untied, "llama: an output layer of its own instead of the token table"));
   lm_opt(sub->add_option("--recompute", lm->recompute,
                          "gpt, llama: activation recompute. none (the default) keeps every activation for backward; "
-                         "full keeps only each transformer block's input and runs the block again there (the same "
-                         "gradients, dropout's masks replayed, about a third more "
-                         "compute, one block's activations at a time)")
-             ->check(CLI::IsMember({"none", "full"})));
+                         "selective frees each transformer block's norm outputs (and llama's SwiGLU output) and makes "
+                         "them again in backward (a few elementwise passes); full keeps only each block's input and "
+                         "runs the block again there (about a third more compute, one block's activations at a time). "
+                         "The same gradients either way, dropout's masks replayed")
+             ->check(CLI::IsMember({"none", "selective", "full"})));
   lm_opt(sub->add_option("--dropout", lm->dropout, "gpt, llama: dropout in training (default: the configuration's)")
              ->check(finite_in(0.0, 0.999)));
   lm_opt(sub->add_option("--init", lm->init,

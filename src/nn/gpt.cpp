@@ -11,6 +11,38 @@
 
 namespace tandem::nn {
 
+RecomputePolicy parse_recompute(const std::string& name) {
+  if (name == "none") return RecomputePolicy::none;
+  if (name == "selective") return RecomputePolicy::selective;
+  if (name == "full") return RecomputePolicy::full;
+  throw Error(Error::Kind::Input, "activation recompute: '" + name + "' is not a policy (none, selective or full)");
+}
+
+const char* recompute_name(RecomputePolicy p) {
+  switch (p) {
+    case RecomputePolicy::selective: return "selective";
+    case RecomputePolicy::full: return "full";
+    default: return "none";
+  }
+}
+
+Tensor CausalLm::run_block(TransformerBlock& block, const Tensor& in) {
+  switch (recompute_) {
+    case RecomputePolicy::full: {
+      std::vector<Generator*> gens;
+      for (auto& [name, g] : block.named_generators()) gens.push_back(g);
+      TransformerBlock* b = &block;
+      return tandem::recompute([b](const Tensor& t) { return b->forward(t); }, in, block.parameters(), gens);
+    }
+    case RecomputePolicy::selective: {
+      RecomputeRegion region;  // the block marks what it can make again (its norms', its activation's outputs)
+      return region.close(block.forward(in));
+    }
+    default: return block.forward(in);
+  }
+}
+
+
 namespace {
 using Json = nlohmann::json;
 
@@ -203,12 +235,8 @@ Tensor GPT::hidden(const Tensor& tokens, GptCache* cache) {
   } else {
     for (size_t i = 0; i < h.size(); ++i)
       x = block_groups_[i].run(x, [&](const Tensor& in) {
-        if (!recompute_ || !is_training()) return h[i]->forward(in);
-        TransformerBlock* block = h[i].get();
-        std::vector<Generator*> gens;
-        for (auto& [name, g] : block->named_generators()) gens.push_back(g);
-        return tandem::recompute([block](const Tensor& t) { return block->forward(t); }, in, block->parameters(),
-                                 gens);
+        if (!is_training()) return h[i]->forward(in);
+        return run_block(*h[i], in);
       });
   }
   return x;

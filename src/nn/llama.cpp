@@ -259,12 +259,8 @@ Tensor Llama::hidden(const Tensor& tokens, GptCache* cache) {
   } else {
     for (size_t i = 0; i < h.size(); ++i)
       x = block_groups_[i].run(x, [&](const Tensor& in) {
-        if (!recompute_ || !is_training()) return h[i]->forward(in);
-        TransformerBlock* block = h[i].get();
-        std::vector<Generator*> gens;
-        for (auto& [name, g] : block->named_generators()) gens.push_back(g);
-        return tandem::recompute([block](const Tensor& t) { return block->forward(t); }, in, block->parameters(),
-                                 gens);
+        if (!is_training()) return h[i]->forward(in);
+        return run_block(*h[i], in);
       });
   }
   return x;

@@ -169,7 +169,9 @@ FeedForward::FeedForward(int64_t width, int64_t hidden, Generator& gen, bool bia
 }
 
 Tensor FeedForward::hidden_of(const Tensor& x) {
-  return swiglu(linear(x, c_fc->weight, c_fc->bias));  // the gate and the up projection from one product
+  Tensor gate_up = linear(x, c_fc->weight, c_fc->bias);  // the gate and the up projection from one product
+  // Under selective recompute the activation is made again from the product's output, which its op keeps.
+  return mark_for_recompute(swiglu(gate_up), [gate_up] { return swiglu(gate_up); });
 }
 
 Tensor FeedForward::forward(const Tensor& x) {
@@ -248,13 +250,17 @@ Tensor TransformerBlock::forward(const Tensor& x) {
     Tensor r = drop ? dropout(y, opt_.dropout, true, gen_) : y;
     return r.dtype() == x.dtype() ? r : cast(r, x.dtype());
   };
+  // Under selective recompute (an open RecomputeRegion) the norms' outputs are made again from their inputs,
+  // which the norms keep.
+  auto n1 = [&](const Tensor& in) { return mark_for_recompute(norm_1(in, true), [this, in] { return norm_1(in, true); }); };
+  auto n2 = [&](const Tensor& in) { return mark_for_recompute(norm_2(in, true), [this, in] { return norm_2(in, true); }); };
   if (drop) {
-    Tensor h = add(x, branch(attn->forward(norm_1(x, true))));
-    return add(h, branch(mlp->forward(norm_2(h, true))));
+    Tensor h = add(x, branch(attn->forward(n1(x))));
+    return add(h, branch(mlp->forward(n2(h))));
   }
   // Without dropout each branch's output projection adds the residual itself.
-  Tensor h = attn->forward_residual(norm_1(x, true), x);
-  return mlp->forward_residual(norm_2(h, true), h);
+  Tensor h = attn->forward_residual(n1(x), x);
+  return mlp->forward_residual(n2(h), h);
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, int64_t capacity) {

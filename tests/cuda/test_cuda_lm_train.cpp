@@ -349,10 +349,10 @@ TEST(CudaLmTrain, ShardStagesTakeTheUnshardedStepOnOneGpu) {
   fs::remove_all(dir);
 }
 
-// --recompute full on the GPU, recorded steps (the recompute is inside the graph) and eager: under --deterministic
+// --recompute full and selective on the GPU, recorded steps (the recompute is inside the graph) and eager: under --deterministic
 // the GPT (with dropout: the second run replays its masks) and the Llama take the steps of --recompute none bit
 // for bit.
-TEST(CudaLmTrain, RecomputeFullTakesTheStepsOfNone) {
+TEST(CudaLmTrain, RecomputeTakesTheStepsOfNone) {
   REQUIRE_GPU();
   const fs::path dir = temp_dir("recompute"), corpus = make_corpus(dir);
   for (const std::string model : {"gpt --gpt-config char --dropout 0.1", "llama --kv-heads 2"}) {
@@ -360,8 +360,10 @@ TEST(CudaLmTrain, RecomputeFullTakesTheStepsOfNone) {
       const std::string run = "train --model " + model + " --layers 2 --heads 4 --width 128 --context 128 --data " +
                               corpus.string() + " --vocab 256 --steps 60 --batch-size 8 --device cuda --seed 1 "
                               "--eval-every 0 --eval-steps 4 --deterministic" + graph + " --checkpoint ";
-      const std::string a_ck = (dir / "none.ck").string(), b_ck = (dir / "full.ck").string();
-      auto a = run_tandem(run + a_ck), b = run_tandem(run + b_ck + " --recompute full");
+      const std::string a_ck = (dir / "none.ck").string(), b_ck = (dir / "again.ck").string();
+      auto a = run_tandem(run + a_ck);
+      for (const std::string policy : {"full", "selective"}) {
+      auto b = run_tandem(run + b_ck + " --recompute " + policy);
       ASSERT_EQ(a.status, 0) << a.output;
       ASSERT_EQ(b.status, 0) << b.output;
       if (graph.empty()) {
@@ -378,8 +380,9 @@ TEST(CudaLmTrain, RecomputeFullTakesTheStepsOfNone) {
       ASSERT_EQ(pa.size(), pb.size());
       for (auto& [name, v] : pa)
         if (name.rfind("param/", 0) == 0) {
-          EXPECT_EQ(pb[name], v) << name << " " << model << graph;
+          EXPECT_EQ(pb[name], v) << name << " " << model << graph << " " << policy;
         }
+      }
     }
   }
   fs::remove_all(dir);

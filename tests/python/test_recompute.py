@@ -1,4 +1,4 @@
-"""Activation recompute from Python: compile(recompute="full") gives the steps of "none" (dropout's masks
+"""Activation recompute from Python: compile(recompute="full" or "selective") gives the steps of "none" (dropout's masks
 replayed) for the Python GPT (tandem.layer.TransformerBlock layers) and the C++ Llama, and a model without
 blocks is told so."""
 import numpy as np
@@ -29,26 +29,27 @@ def train(make, policy, dev, steps=6):
     lambda: models.Llama("llama-1b", layers=2, width=32, heads=4, kv_heads=2, mlp_hidden=48, vocab=16, context=8,
                          dropout=0.2),
 ], ids=["gpt", "llama"])
-def test_full_recompute_takes_the_steps_of_none(cpu, make, monkeypatch):
+@pytest.mark.parametrize("policy", ["full", "selective"])
+def test_recompute_takes_the_steps_of_none(cpu, make, policy, monkeypatch):
     plain, p_plain, _ = train(make, "none", cpu)
     calls = []
     real = layer._tandem.recompute_module
 
-    def counted(module, x):
-        calls.append(module)
-        return real(module, x)
+    def counted(module, x, how):
+        calls.append(how)
+        return real(module, x, how)
 
     monkeypatch.setattr(layer._tandem, "recompute_module", counted)
-    again, p_again, net = train(make, "full", cpu)
+    again, p_again, net = train(make, policy, cpu)
     if isinstance(net, models.GPT):
-        assert len(calls) == 2 * 6  # two blocks, six steps: every training call recomputes
+        assert calls == [policy] * (2 * 6)  # two blocks, six steps: every training call recomputes
     else:
-        assert net.net._cpp.recomputes
+        assert net.net._cpp.recompute == policy
     assert again == plain
     assert p_again.keys() == p_plain.keys()
     for k in p_plain:
         np.testing.assert_array_equal(p_again[k], p_plain[k], err_msg=k)
-    assert net.set_recompute("full") >= 1
+    assert net.set_recompute(policy) >= 1
 
 
 def test_recompute_policies_and_models_without_blocks(cpu):
@@ -67,5 +68,5 @@ def test_recompute_policies_and_models_without_blocks(cpu):
     with pytest.raises(ValueError, match="no transformer blocks"):
         net.set_recompute("full")
     assert net.set_recompute("none") == 0
-    with pytest.raises(ValueError, match="'none' or 'full'"):
-        net.set_recompute("selective")
+    with pytest.raises(ValueError, match="'none', 'selective' or 'full'"):
+        net.set_recompute("partial")

@@ -115,20 +115,32 @@ std::vector<int64_t> generate_tokens(Module& model, const std::function<Tensor(c
 
 /// A language model that takes its loss together with its output layer (GPT, Llama): trainers call loss()
 /// instead of computing the cross-entropy of forward's logits, which are then never kept whole.
+/// What a transformer block keeps for backward (CausalLm::set_recompute).
+enum class RecomputePolicy { none, selective, full };
+/// "none", "selective" or "full".
+RecomputePolicy parse_recompute(const std::string& name);
+const char* recompute_name(RecomputePolicy p);
+
 class CausalLm {
  public:
   virtual ~CausalLm() = default;
   /// The mean cross-entropy of targets [B, T] (the next tokens; ignore_index positions left out).
   virtual Tensor loss(const Tensor& tokens, const Tensor& targets, int64_t ignore_index = -100) = 0;
-  /// Activation recompute: each transformer block keeps only its input for backward and runs again there
-  /// (autograd's recompute), so that a step holds one block's activations at a time instead of every block's.
-  /// The same gradients (bit for bit on the CPU), dropout included (the second run replays the first's masks);
-  /// about a third more compute.
-  void set_recompute(bool on) { recompute_ = on; }
-  bool recomputes() const { return recompute_; }
+  /// Activation recompute. full: each transformer block keeps only its input for backward and runs again there
+  /// (autograd's recompute), so that a step holds one block's activations at a time instead of every block's;
+  /// about a third more compute. selective: each block keeps its products' outputs and frees its norms' (and
+  /// the SwiGLU activation's) outputs, made again in backward before they are read (autograd's RecomputeRegion):
+  /// a fraction of the memory for a few elementwise passes. The same gradients (bit for bit on the CPU),
+  /// dropout included (the second run replays the first's masks).
+  void set_recompute(RecomputePolicy policy) { recompute_ = policy; }
+  void set_recompute(bool on) { recompute_ = on ? RecomputePolicy::full : RecomputePolicy::none; }
+  RecomputePolicy recompute_policy() const { return recompute_; }
+  bool recomputes() const { return recompute_ != RecomputePolicy::none; }
 
  protected:
-  bool recompute_ = false;
+  /// A block's forward under the policy.
+  Tensor run_block(TransformerBlock& block, const Tensor& in);
+  RecomputePolicy recompute_ = RecomputePolicy::none;
 };
 
 /// GPT-2's language model. forward maps tokens [B, T] (i32 or i64, T <= context) to logits [B, T, vocab]:
