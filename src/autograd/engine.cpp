@@ -196,6 +196,7 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x
 
 struct RecomputeRegion::Mark {
   std::weak_ptr<Storage> storage;  // emptied by close(), filled again by the region's node in backward
+  int64_t offset = 0;              // where the marked tensor starts in it
   std::function<Tensor()> make;
   Allocator* allocator = nullptr;
   size_t nbytes = 0;
@@ -216,6 +217,7 @@ const Tensor& mark_for_recompute(const Tensor& t, std::function<Tensor()> make) 
   if (!t_region || !t_grad_enabled || !t.defined() || !t.impl()->storage) return t;
   auto m = std::make_shared<RecomputeRegion::Mark>();
   m->storage = t.impl()->storage;
+  m->offset = t.impl()->offset;
   m->make = std::move(make);
   t_region->push_back(std::move(m));
   return t;
@@ -244,11 +246,18 @@ Tensor RecomputeRegion::close(const Tensor& out) {
     for (const auto& m : freed) {
       std::shared_ptr<Storage> st = m->storage.lock();
       if (!st) continue;  // nothing kept it for backward
-      Tensor v = m->make();
-      const std::shared_ptr<Storage>& made = v.impl()->storage;
-      TANDEM_CHECK(made && made->nbytes == m->nbytes && made->allocator && made.use_count() == 1 &&
-                       v.impl()->offset == 0,
-                   "selective recompute: a marked tensor was made again in another layout (", v.str(), ")");
+      // Made as the forward made it (grad mode on: ops choose their layout by it, e.g. rows padded for a
+      // product's bias gradient); the graph of this run is dropped with it.
+      Tensor v;
+      {
+        EnableGradGuard as_in_forward;
+        v = m->make();
+      }
+      const std::shared_ptr<Storage> made = v.impl()->storage;
+      TANDEM_CHECK(made && made->nbytes == m->nbytes && made->allocator && v.impl()->offset == m->offset,
+                   "selective recompute: a marked tensor was made again in another layout (", v.str(), ", ",
+                   made ? made->nbytes : 0, " bytes at element ", v.impl()->offset, " against ", m->nbytes,
+                   " bytes at element ", m->offset, ")");
       st->ptr = made->ptr;
       st->allocator = made->allocator;
       st->padded_ld = made->padded_ld;

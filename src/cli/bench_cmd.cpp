@@ -48,6 +48,7 @@ void add_memory(nlohmann::json& j, Session& s) {
   j["state_bytes_per_rank"] = {{"parameters", m.parameters},
                                {"gradients", m.gradients},
                                {"optimizer_state", m.optimizer_state},
+                               {"host", m.host},
                                {"master_weights", m.master_weights},
                                {"total", m.total()}};
 }
@@ -148,7 +149,9 @@ int run_lm_train_bench(const TrainBenchConfig& cfg) {
   }
   const int64_t T = shape.context, B = cfg.batch_size;
   s.build_model(mc);
+  apply_recompute(s, cfg.lm.recompute);
   std::vector<dist::AgreementField> fields = s.agreement_fields();
+  fields.push_back({"--recompute", cfg.lm.recompute});
   fields.push_back({"--batch-size", std::to_string(B)});
   fields.push_back({"--steps", std::to_string(cfg.steps)});
   fields.push_back({"--warmup", std::to_string(cfg.warmup)});
@@ -202,6 +205,8 @@ int run_lm_train_bench(const TrainBenchConfig& cfg) {
                    {"dist_option", s.sync().method},
                    {"precision", precision_name(s.precision())},
                    {"optimizer", cfg.optimizer},
+                   {"recompute", cfg.lm.recompute},
+                   {"offload", s.opt().options().offload_optimizer ? "optimizer" : "none"},
                    {"steps", cfg.steps},
                    {"warmup", cfg.warmup},
                    {"parameters", s.model().num_parameters()},

@@ -40,6 +40,13 @@ bool glob_matches(const std::string& pattern) {
   return any;
 }
 
+void apply_recompute(Session& s, const std::string& policy) {
+  if (policy == "none" || policy.empty()) return;
+  auto* lm = dynamic_cast<nn::CausalLm*>(&s.model());
+  TANDEM_CHECK(lm != nullptr, "--recompute ", policy, " recomputes transformer blocks: it takes --model gpt or llama");
+  lm->set_recompute(nn::parse_recompute(policy));
+}
+
 // Where rank r's dropout counters start, beyond rank 0's: 2^48 apart, more than a run draws.
 uint64_t rank_counters(int rank) { return static_cast<uint64_t>(rank) << 48; }
 
@@ -378,12 +385,7 @@ bool LmTrainer::setup() {
                init ? " of --init '" + cfg_.init + "'" : std::string(), ": give data made for this vocabulary");
   accumulate_ = lm_accumulation(cfg_.total_batch_tokens, cfg_.batch_size, context_, s.world());
   s.build_model(mc);
-  if (cfg_.recompute != "none") {
-    auto* lm = dynamic_cast<nn::CausalLm*>(&s.model());
-    TANDEM_CHECK(lm != nullptr, "--recompute ", cfg_.recompute, " recomputes transformer blocks: it takes --model gpt "
-                 "or llama");
-    lm->set_recompute(nn::parse_recompute(cfg_.recompute));
-  }
+  apply_recompute(s, cfg_.recompute);
   if (init) {  // the weights, by name (the model built here is the one from_pretrained built)
     std::map<std::string, Tensor> from;
     for (auto& [name, t] : init->model->named_parameters()) from[name] = t;

@@ -41,7 +41,7 @@ struct LmTrainConfig : SessionConfig {
   int64_t kv_heads = 0, mlp_hidden = 0;      // llama: 0, the configuration's
   double rope_theta = 0.0;                   // llama: 0, the configuration's
   bool untied = false;                       // llama: an output layer of its own
-  std::string recompute = "none";            // gpt, llama: none, or full (each block recomputed in backward)
+  std::string recompute = "none";            // gpt, llama: none, selective or full (nn::RecomputePolicy)
   double dropout = -1.0;                     // < 0: the configuration's
   std::string init;  // --init: start from this Hugging Face directory or tandem checkpoint (its weights)
   int64_t context = 0;                       // 0: the model's (gpt: its configuration's; bigram: 256)
@@ -119,6 +119,8 @@ nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest_token, co
 /// "dropout", "bias"), and back.
 /// --model llama's shape: --llama-config with its overrides, context and vocabulary resolved as for a GPT.
 nn::LlamaConfig lm_llama_shape(const LmTrainConfig& cfg, int64_t largest, const LmDataSpecs& data);
+/// --recompute: the session's model (a GPT or a Llama) takes the policy; none does nothing.
+void apply_recompute(Session& s, const std::string& policy);
 nlohmann::json gpt_shape_json(const nn::GptConfig& g);
 nn::GptConfig gpt_shape_from_json(const nlohmann::json& j);
 

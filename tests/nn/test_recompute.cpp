@@ -14,6 +14,7 @@
 #include "tandem/nn/gpt.h"
 #include "tandem/nn/llama.h"
 #include "tandem/ops.h"
+#include "ops/padded_rows.h"
 
 using namespace tandem;
 
@@ -95,6 +96,33 @@ TEST(Recompute, LlamaAndGptBlocksGiveTheSameLossAndGradients) {
       else EXPECT_LT(peak_again, peak_selective) << "full keeps less than selective";
     }
   }
+}
+
+// The norms' outputs in rows padded for the products' bias gradients (the GPU's default layout): selective
+// recompute makes them again in that layout.
+TEST(Recompute, SelectiveRemakesRowsPaddedForTheBiasGradient) {
+  ops::set_bias_from_product(1);
+  struct Reset {
+    ~Reset() { ops::set_bias_from_product(-1); }
+  } reset;
+  nn::GptConfig gc;
+  gc.layers = 2, gc.width = 24, gc.heads = 4, gc.vocab = 30, gc.context = 16;
+  Generator gen(4);
+  Tensor tokens = Tensor::uniform({3, 16}, 0.0, 29.99, gen).to(DType::i64);
+  Tensor targets = Tensor::uniform({3, 16}, 0.0, 29.99, gen).to(DType::i64);
+  nn::GPT gpt(gc, 2);
+  gpt.train();
+  auto step = [&](nn::RecomputePolicy policy) {
+    gpt.set_recompute(policy);
+    for (Tensor& p : gpt.parameters()) p.set_grad(Tensor());
+    Tensor loss = gpt.loss(tokens, targets);
+    backward(loss);
+    return std::make_pair(loss.item<float>(), grads_of(gpt));
+  };
+  auto [loss_plain, grads_plain] = step(nn::RecomputePolicy::none);
+  auto [loss_again, grads_again] = step(nn::RecomputePolicy::selective);
+  EXPECT_EQ(loss_again, loss_plain);
+  for (auto& [name, g] : grads_plain) EXPECT_EQ(grads_again[name], g) << name;
 }
 
 TEST(Recompute, DropoutMasksAreReplayedInTheSecondRun) {
