@@ -375,10 +375,14 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Reduct
 /// positions at a time (0: as many as fill 1 GiB of logits), each chunk overwritten by the gradient of its
 /// positions' losses as the loss is taken and multiplied at once by the two operands into the gradients of x
 /// and weight, which the backward then scales by the reduction's weight (one chunk of logits in memory at a
-/// time, one pass over them fewer). Otherwise it is that composition.
+/// time, one pass over them fewer). Otherwise it is that composition. `classes` > 0 takes only the first
+/// `classes` rows of weight as classes (a token table padded to a multiple of 64 rows): the logits of the others
+/// are masked out of the softmax inside the loss kernel and their rows of the weight's gradient are zero, so
+/// that the loss and gradients are those of weight's first `classes` rows alone; targets must be below it.
+/// 0: every row.
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets,
                             Reduction reduction = Reduction::Mean, int64_t ignore_index = -100,
-                            int64_t chunk_rows = 0);
+                            int64_t chunk_rows = 0, int64_t classes = 0);
 /// Negative log-likelihood over the last axis of log-probabilities logp [..., C]: -logp[target] per position,
 /// with ignore_index and reductions as softmax_cross_entropy.
 Tensor nll_loss(const Tensor& logp, const Tensor& targets, Reduction reduction = Reduction::Mean,

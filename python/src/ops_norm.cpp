@@ -176,6 +176,9 @@ void bind_norm(nb::module_& m) {
       .def_rw("vocab", &nn::GptConfig::vocab)
       .def_rw("dropout", &nn::GptConfig::dropout)
       .def_rw("bias", &nn::GptConfig::bias)
+      .def_rw("logical_vocab", &nn::GptConfig::logical_vocab,
+              "The token ids in use when fewer than vocab (a padded table); 0: all of vocab.")
+      .def("used_vocab", &nn::GptConfig::used_vocab)
       .def("to_json", &nn::gpt_config_to_json)
       .def_static("from_json", &nn::gpt_config_from_json, nb::arg("json"));
   m.def("gpt_config", &nn::gpt_config, nb::arg("name"), "\"gpt2\", \"gpt2-medium\" or \"char\".");

@@ -497,9 +497,11 @@ class Backend {
                                   int64_t ignore_index, Tensor& dlogits) = 0;
   /// xent_rows_forward's loss and valid, then logits overwritten in place by the gradient of each row's loss at
   /// unit weight: softmax(logits_i) - onehot(t_i), 0 in ignored rows (a fused classifier's forward, whose logits
-  /// are needed only for that gradient). The default runs the forward, then the backward in place.
+  /// are needed only for that gradient). Only the first `classes` columns (classes <= c) are classes: the
+  /// others (a token table's padding rows) take no part in the softmax and their gradient is 0; a target must be
+  /// below classes. logits contiguous.
   virtual void xent_rows_forward_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss,
-                                      Tensor& valid);
+                                      Tensor& valid, int64_t classes) = 0;
   /// Negative log-likelihood of the rows of logp [n, c] (log-probabilities): loss[i] = -logp_i[t_i] (statistics'
   /// type), valid as for xent_rows_forward.
   virtual void nll_rows_forward(const Tensor& logp, const Tensor& targets, int64_t ignore_index, Tensor& loss,

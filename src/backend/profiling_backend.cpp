@@ -235,9 +235,9 @@ class ProfilingBackend final : public Backend {
     inner_.xent_rows_backward(logits, targets, lse, g, ignore_index, dlogits);
   }
   void xent_rows_forward_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss,
-                              Tensor& valid) override {
+                              Tensor& valid, int64_t classes) override {
     Timed timed(inner_, recordings_, device_, "xent_rows_forward_grad", profiler::detail::thread_phase());
-    inner_.xent_rows_forward_grad(logits, targets, ignore_index, loss, valid);
+    inner_.xent_rows_forward_grad(logits, targets, ignore_index, loss, valid, classes);
   }
   void nll_rows_forward(const Tensor& logp, const Tensor& targets, int64_t ignore_index, Tensor& loss,
                         Tensor& valid) override {

@@ -77,7 +77,7 @@ Decoder load_decoder(const std::string& path) {
   } else {
     d.gpt = dynamic_cast<nn::GPT&>(*d.model).config();
     d.context = d.gpt.context;
-    d.vocab = d.gpt.vocab;
+    d.vocab = d.gpt.used_vocab();
   }
   return d;
 }

@@ -378,7 +378,7 @@ bool LmTrainer::setup() {
     }
     if (init && cfg_.dropout >= 0.0) shape_.dropout = cfg_.dropout;
     context_ = init && cfg_.context > 0 ? cfg_.context : shape_.context;
-    vocab_ = shape_.vocab;
+    vocab_ = shape_.used_vocab();  // a Hugging Face GPT-2's own vocabulary, its table padded (GptConfig)
     mc.gpt = shape_;
   }
   TANDEM_CHECK(largest < vocab_, "the data's largest token is ", largest, ", beyond the vocabulary of ", vocab_,
@@ -526,9 +526,11 @@ bool LmTrainer::resume() {
                " and vocabulary ", vocab_, ": resume with the same --context and --vocab");
   if (meta.contains("gpt")) {
     const nn::GptConfig g = gpt_shape_from_json(meta["gpt"]);
+    const std::string from = meta.contains("init") && meta["init"].is_string() ? meta["init"].get<std::string>() : "";
     TANDEM_CHECK(gpt_shape_json(g) == gpt_shape_json(shape_), "checkpoint '", path, "' holds a GPT of shape ",
                  meta["gpt"].dump(), "; this run builds ", gpt_shape_json(shape_).dump(),
-                 ": resume with the same --gpt-config and overrides");
+                 from.empty() || !cfg_.init.empty() ? ": resume with the same --gpt-config and overrides"
+                                                    : ": resume with --init " + from + ", the directory it started from");
   }
   if (meta.contains("llama")) {
     const nlohmann::json now = nlohmann::json::parse(nn::llama_config_to_json(llama_));

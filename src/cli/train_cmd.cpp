@@ -193,8 +193,9 @@ Runner add_train_command(CLI::App& app) {
   lm_opt(sub->add_option("--init", lm->init,
                          "gpt, llama: start from the weights of a Hugging Face model directory (config.json and "
                          "model.safetensors: its config gives the shape, so --llama-config / --gpt-config and the "
-                         "shape flags are refused) or of a tandem checkpoint (the shape flags must build its model; "
-                         "its optimizer state and step are not taken: --resume continues a run)"));
+                         "shape flags are refused; with --resume the run in --checkpoint continues when there is "
+                         "one) or of a tandem checkpoint (the shape flags must build its model; its optimizer state "
+                         "and step are not taken: --resume continues a run)"));
   lm_opt(sub->add_option("--context", lm->context,
                          "Tokens per sequence, T (default: the model's: --gpt-config's, 256 for bigram; for --data "
                          "from `tandem data jsonl`, the data's, which another value may not differ from)")
@@ -322,7 +323,10 @@ Runner add_train_command(CLI::App& app) {
                                "--mlp-hidden", "--rope-theta", "--untied", "--vocab"})
         TANDEM_CHECK(!given(name), name, " would change the shape of the model --init '", c.init, "' holds (its ",
                      "config.json gives it): leave it out");
-    TANDEM_CHECK(c.init.empty() || !c.resume, "--init starts a new run from weights; --resume continues the run in ",
+    // A directory's config.json gives the shape (which the flags may not express: a padded GPT-2 table), so a run
+    // started from it resumes with it; a checkpoint's weights are the start of a new run only.
+    TANDEM_CHECK(c.init.empty() || !c.resume || std::filesystem::is_directory(c.init),
+                 "--init FILE starts a new run from a checkpoint's weights; --resume continues the run in ",
                  "--checkpoint: give one or the other");
     TANDEM_CHECK(c.warmup < c.steps, "--warmup ", c.warmup, " must be below --steps ", c.steps,
                  " (the cosine decay follows the warm-up)");

@@ -46,7 +46,7 @@ Tensor CausalLm::run_block(TransformerBlock& block, const Tensor& in) {
 namespace {
 using Json = nlohmann::json;
 
-constexpr const char* kKeys[] = {"layers", "heads", "width", "context", "vocab", "dropout", "bias"};
+constexpr const char* kKeys[] = {"layers", "heads", "width", "context", "vocab", "dropout", "bias", "logical_vocab"};
 
 [[noreturn]] void input_error(const std::string& msg) { throw Error(Error::Kind::Input, msg); }
 }  // namespace
@@ -66,11 +66,15 @@ void check_gpt_config(const GptConfig& c) {
     input_error(detail::cat("GPT configuration: width ", c.width, " must be a multiple of heads ", c.heads));
   if (!(c.dropout >= 0.0 && c.dropout < 1.0))
     input_error(detail::cat("GPT configuration: dropout ", c.dropout, " outside [0, 1)"));
+  if (c.logical_vocab < 0 || c.logical_vocab > c.vocab)
+    input_error(detail::cat("GPT configuration: logical_vocab ", c.logical_vocab, " must be in [1, vocab ", c.vocab,
+                            "] (0: all of vocab)"));
 }
 
 std::string gpt_config_to_json(const GptConfig& c) {
   Json j = {{"layers", c.layers},   {"heads", c.heads},     {"width", c.width}, {"context", c.context},
             {"vocab", c.vocab},     {"dropout", c.dropout}, {"bias", c.bias}};
+  if (c.used_vocab() < c.vocab) j["logical_vocab"] = c.logical_vocab;
   return j.dump();
 }
 
@@ -80,7 +84,8 @@ GptConfig config_from(const Json& j, const std::string& what) {
   for (const auto& [key, value] : j.items())
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
       input_error(what + ": unknown key '" + key +
-                  "' in the GPT configuration (it takes layers, heads, width, context, vocab, dropout, bias)");
+                  "' in the GPT configuration (it takes layers, heads, width, context, vocab, dropout, bias and "
+                  "optionally logical_vocab)");
   auto need = [&](const char* key) -> const Json& {
     if (!j.contains(key)) input_error(detail::cat(what, ": the GPT configuration has no '", key, "'"));
     return j[key];
@@ -103,6 +108,7 @@ GptConfig config_from(const Json& j, const std::string& what) {
   const Json& b = need("bias");
   if (!b.is_boolean()) input_error(what + ": the GPT configuration's 'bias' is " + b.dump() + ", not true or false");
   c.bias = b.get<bool>();
+  if (j.contains("logical_vocab")) c.logical_vocab = integer("logical_vocab");
   try {
     check_gpt_config(c);
   } catch (const Error& e) {
@@ -204,8 +210,8 @@ void GPT::check_tokens(const Tensor& tokens, int64_t start, const char* what) co
   const int64_t n = c.numel();
   for (int64_t k = 0; k < n; ++k) {
     const int64_t v = c.dtype() == DType::i32 ? c.data<int32_t>()[k] : c.data<int64_t>()[k];
-    TANDEM_CHECK(v >= 0 && v < cfg_.vocab, what, ": token ", v, " at [", k / t, ", ", k % t,
-                 "] is outside the vocabulary [0, ", cfg_.vocab, ")");
+    TANDEM_CHECK(v >= 0 && v < cfg_.used_vocab(), what, ": token ", v, " at [", k / t, ", ", k % t,
+                 "] is outside the vocabulary [0, ", cfg_.used_vocab(), ")");
   }
 }
 
@@ -242,24 +248,30 @@ Tensor GPT::hidden(const Tensor& tokens, GptCache* cache) {
   return x;
 }
 
+// The logits of the used vocabulary: the product with the table's first rows (a view), the padding's columns
+// never formed; their rows' gradient is zero.
+Tensor GPT::logits(const Tensor& x) {
+  return linear(ln_f->forward(x), slice(wte->weight, 0, 0, cfg_.used_vocab()), Tensor());
+}
+
 Tensor GPT::forward(const Tensor& tokens) {
   check_tokens(tokens, 0, "GPT");
-  return head_group_.run(hidden(tokens, nullptr),
-                         [&](const Tensor& x) { return linear(ln_f->forward(x), wte->weight, Tensor()); });
+  return head_group_.run(hidden(tokens, nullptr), [&](const Tensor& x) { return logits(x); });
 }
 
 Tensor GPT::loss(const Tensor& tokens, const Tensor& targets, int64_t ignore_index) {
   check_tokens(tokens, 0, "GPT");
+  // The whole table (its padded rows' product is the fast one), the padding's columns masked in the loss.
+  const int64_t classes = cfg_.used_vocab() < cfg_.vocab ? cfg_.used_vocab() : 0;
   return head_group_.run(hidden(tokens, nullptr), [&](const Tensor& x) {
-    return linear_cross_entropy(ln_f->forward(x), wte->weight, targets, Reduction::Mean, ignore_index);
+    return linear_cross_entropy(ln_f->forward(x), wte->weight, targets, Reduction::Mean, ignore_index, 0, classes);
   });
 }
 
 Tensor GPT::forward_cached(const Tensor& tokens, GptCache& cache) {
   check_tokens(tokens, cache.length, "GPT.forward_cached");
   NoGradGuard no_grad;
-  return head_group_.run(hidden(tokens, &cache),
-                         [&](const Tensor& x) { return linear(ln_f->forward(x), wte->weight, Tensor()); });
+  return head_group_.run(hidden(tokens, &cache), [&](const Tensor& x) { return logits(x); });
 }
 
 int64_t sample_logits(const std::vector<float>& logits, const SampleOptions& opt, Generator& gen) {
@@ -371,13 +383,15 @@ std::vector<int64_t> generate_tokens(Module& model, const std::function<Tensor(c
 std::vector<int64_t> GPT::generate(const std::vector<int64_t>& prompt, int64_t n, const SampleOptions& opt,
                                    const std::function<void(int64_t)>& on_token) {
   return generate_tokens(
-      *this, [this](const Tensor& t, GptCache& c) { return forward_cached(t, c); }, cfg_.context, cfg_.vocab,
+      *this, [this](const Tensor& t, GptCache& c) { return forward_cached(t, c); }, cfg_.context, cfg_.used_vocab(),
       wte->weight.device(), prompt, n, opt, on_token, "GPT");
 }
 
 std::string GPT::describe() const {
   return detail::cat("GPT(", cfg_.layers, " layers, ", cfg_.heads, " heads, width ", cfg_.width, ", context ",
-                     cfg_.context, ", vocabulary ", cfg_.vocab, cfg_.bias ? "" : ", no bias",
+                     cfg_.context, ", vocabulary ", cfg_.used_vocab(),
+                     cfg_.used_vocab() < cfg_.vocab ? detail::cat(" (a table of ", cfg_.vocab, " rows)") : std::string(),
+                     cfg_.bias ? "" : ", no bias",
                      cfg_.dropout > 0 ? detail::cat(", dropout ", cfg_.dropout) : std::string(), ")\n") +
          Module::describe();
 }

@@ -1,5 +1,6 @@
 // Hugging Face directories in and out. Each family's adapter lists how every tandem parameter is made of the
-// file's tensors (rows stacked, a Conv1D weight transposed); loading and saving walk that list both ways.
+// file's tensors (rows stacked, a Conv1D weight transposed, a token table padded with zero rows); loading and
+// saving walk that list both ways.
 #include "tandem/nn/pretrained.h"
 
 #include <filesystem>
@@ -34,7 +35,12 @@ struct Piece {
   std::vector<std::string> sources;
   std::vector<int64_t> rows;  // each source's rows in the parameter (one source: the whole)
   bool transpose = false;
+  int64_t file_rows = 0;      // one source of fewer rows than the parameter: the rest is padding, zero (0: none)
 };
+
+// GPT-2's token tables are built with their rows padded to a multiple of this (50257 -> 50304): the products
+// with the table then run at full speed on GPUs.
+constexpr int64_t kVocabMultiple = 64;
 
 struct Family {
   std::vector<Piece> pieces;
@@ -174,7 +180,7 @@ Json llama_to_hf(const LlamaConfig& c, Json j) {
 
 Family gpt2_family(const GptConfig& c, const std::string& p) {
   Family f;
-  f.pieces.push_back({"wte.weight", {p + "wte.weight"}, {}, false});
+  f.pieces.push_back({"wte.weight", {p + "wte.weight"}, {}, false, c.used_vocab() < c.vocab ? c.used_vocab() : 0});
   f.pieces.push_back({"wpe.weight", {p + "wpe.weight"}, {}, false});
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string l = p + "h." + std::to_string(i) + ".", h = "h." + std::to_string(i) + ".";
@@ -215,6 +221,10 @@ GptConfig gpt2_from_hf(const Json& j, const std::string& dir) {
   c.width = integer("n_embd", "hidden_size");
   c.context = integer("n_positions", "max_position_embeddings");
   c.vocab = integer("vocab_size", nullptr);
+  if (c.vocab > 0 && c.vocab % kVocabMultiple != 0) {  // the table padded; the model keeps the file's vocabulary
+    c.logical_vocab = c.vocab;
+    c.vocab = (c.vocab + kVocabMultiple - 1) / kVocabMultiple * kVocabMultiple;
+  }
   c.dropout = number_or(j, "resid_pdrop", 0.0);
   c.bias = true;
   try {
@@ -234,7 +244,7 @@ Json gpt2_to_hf(const GptConfig& c, Json j) {
   j["n_head"] = c.heads;
   j["n_positions"] = c.context;
   j["n_ctx"] = c.context;
-  j["vocab_size"] = c.vocab;
+  j["vocab_size"] = c.used_vocab();  // the table's padding cut off (save)
   j["activation_function"] = "gelu_new";
   j["layer_norm_epsilon"] = 1e-5;
   j["n_inner"] = nullptr;
@@ -284,10 +294,16 @@ void load(Module& model, const Family& f, const SafetensorsModel& files, const s
       }
       Shape want = dst.shape();
       if (pc.sources.size() > 1) want[0] = pc.rows[k];
+      if (pc.file_rows > 0) want[0] = pc.file_rows;
       if (t.shape() != want)
         refuse(dir, "'" + src + "' is " + shape_str(t.shape()) + " where the configuration makes it " + shape_str(want));
       parts.push_back(t);
       used.insert(src);
+    }
+    if (pc.file_rows > 0) {  // the padding rows: zero
+      Shape pad = dst.shape();
+      pad[0] -= pc.file_rows;
+      parts.push_back(Tensor::zeros(pad));
     }
     Tensor whole = parts.size() == 1 ? parts[0] : concat(parts, 0);
     assign.emplace_back(dst, whole);
@@ -308,6 +324,7 @@ void save(Module& model, const Family& f, const std::string& file, DType dtype) 
   std::vector<std::pair<std::string, Tensor>> out;
   for (const Piece& pc : f.pieces) {
     Tensor t = params.at(pc.param).detach().cpu();
+    if (pc.file_rows > 0) t = t.narrow(0, 0, pc.file_rows);  // the padding cut off
     int64_t row = 0;
     for (size_t k = 0; k < pc.sources.size(); ++k) {
       const int64_t n = pc.sources.size() > 1 ? pc.rows[k] : t.size(0);

@@ -157,7 +157,7 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Reduct
 }
 
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& targets, Reduction reduction,
-                            int64_t ignore_index, int64_t chunk_rows) {
+                            int64_t ignore_index, int64_t chunk_rows, int64_t classes) {
   const char* op = "linear_cross_entropy";
   check_floating(x, op, "input");
   check_dim(weight, 2, op, "weight");
@@ -167,13 +167,17 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
                weight.str(), "'s ", weight.size(1), " features");
   check_defined(targets, op, "targets");
   TANDEM_CHECK(chunk_rows >= 0, op, ": chunk_rows ", chunk_rows, " must not be negative (0: chosen by size)");
+  TANDEM_CHECK(classes >= 0 && classes <= weight.size(0), op, ": classes ", classes, " must be in [1, ",
+               weight.size(0), "], the weight ", weight.str(), "'s rows (0: all of them)");
+  const int64_t used = classes > 0 ? classes : weight.size(0);
   const Shape lead(x.shape().begin(), x.shape().end() - 1);
   TANDEM_CHECK(targets.shape() == lead, op, ": targets ", targets.str(), " do not fit the input ", x.str(),
                ": the targets' shape must be the input's without the last (feature) dimension, ", shape_str(lead));
   const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
   // Without a gradient to take, or with a loss per position, the logits are the classifier's output.
+  // (The padding rows left out of the weight: a view of its first rows.)
   if (reduction == Reduction::None || !grad_enabled() || !(need_x || need_w))
-    return softmax_cross_entropy(linear(x, weight, Tensor()), targets, reduction, ignore_index);
+    return softmax_cross_entropy(linear(x, slice(weight, 0, 0, used), Tensor()), targets, reduction, ignore_index);
   TANDEM_CHECK(targets.dtype() == DType::i32 || targets.dtype() == DType::i64, op,
                ": targets must be class indices (i32 or i64), got ", targets.str());
   check_same_device(x, targets, op);
@@ -213,7 +217,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     Tensor logits = buf.narrow(0, 0, m);
     gemm_raw(false, true, xs, wc, logits);
     Tensor per_s = per.narrow(0, r0, m), valid_s = valid.narrow(0, r0, m);
-    be(x).xent_rows_forward_grad(logits, tc.narrow(0, r0, m), ignore_index, per_s, valid_s);
+    be(x).xent_rows_forward_grad(logits, tc.narrow(0, r0, m), ignore_index, per_s, valid_s, used);
     if (dx.defined()) gemm_raw(false, false, logits, wc, dx.narrow(0, r0, m));
     if (dw.defined())
       be(x).gemm_fused(true, false, v, c, m, 1.0, logits, xs, r0 == 0 ? 0.0 : 1.0, dw, backend::GemmFusion{});

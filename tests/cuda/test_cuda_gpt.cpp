@@ -1,6 +1,6 @@
 // The GPT on a GPU against the CPU: logits, loss and every gradient in f32, the cached forward against the
 // full one (the key-value cache written on the device), greedy sampling's tokens, a bf16 run, and a token
-// out of range reported at the next synchronisation.
+// out of range reported at the next synchronisation, a padded token table.
 #include "cuda/cuda_test_util.h"
 #include "ops/padded_rows.h"
 #include "tandem/autograd.h"
@@ -44,6 +44,44 @@ TEST(CudaGpt, LossAndGradientsMatchTheCpu) {
   const auto pc = cpu_model.named_parameters(), pg = gpu_model.named_parameters();
   for (size_t i = 0; i < pc.size(); ++i)
     expect_norm_close(pc[i].second.grad(), pg[i].second.grad(), 1e-4, "gradient of " + pc[i].first);
+}
+
+// A GPT whose table is padded (97 tokens in 128 rows, the padding zero, as a Hugging Face GPT-2 is read): the
+// model's own loss (the fused head, its padding masked on the device) and every gradient are the CPU's, the
+// padding rows' gradient is zero, the logits have the 97 columns, and greedy tokens are the CPU's.
+TEST(CudaGpt, APaddedTableGivesTheCpusLossGradientsAndTokens) {
+  REQUIRE_GPU();
+  nn::GptConfig c = small();
+  c.vocab = 128, c.logical_vocab = 97;
+  nn::GPT cpu_model(c, 8), gpu_model(c, 8);
+  {
+    NoGradGuard ng;
+    cpu_model.wte->weight.narrow(0, 97, 31).zero_();
+  }
+  {
+    NoGradGuard ng;
+    auto a = cpu_model.parameters(), b = gpu_model.parameters();
+    for (size_t i = 0; i < a.size(); ++i) Tensor(b[i]).detach().copy_(a[i]);
+  }
+  gpu_model.to(gpu());
+  Tensor x = tokens(2, 32, 9, 97), y = tokens(2, 32, 10, 97);
+  Tensor lc = cpu_model.loss(x, y), lg = gpu_model.loss(x.to(gpu()), y.to(gpu()));
+  EXPECT_NEAR(lg.item<double>(), lc.item<double>(), 1e-5 * lc.item<double>());
+  backward(lc);
+  backward(lg);
+  const auto pc = cpu_model.named_parameters(), pg = gpu_model.named_parameters();
+  for (size_t i = 0; i < pc.size(); ++i)
+    expect_norm_close(pc[i].second.grad(), pg[i].second.grad(), 1e-4, "gradient of " + pc[i].first);
+  int64_t nonzero = 0;
+  for (double v : host_values(gpu_model.wte->weight.grad().narrow(0, 97, 31))) nonzero += v != 0.0;
+  EXPECT_EQ(nonzero, 0) << "the padding rows' gradient";
+  NoGradGuard ng;
+  Tensor logits = gpu_model.forward(x.to(gpu()));
+  EXPECT_EQ(logits.shape(), (Shape{2, 32, 97}));
+  expect_norm_close(cpu_model.forward(x), logits, 1e-5, "logits");
+  const nn::SampleOptions greedy{0.0, 0, 0};
+  const std::vector<int64_t> prompt = {5, 17, 42};
+  EXPECT_EQ(gpu_model.generate(prompt, 40, greedy), cpu_model.generate(prompt, 40, greedy));
 }
 
 TEST(CudaGpt, CachedStepsGiveTheFullForwardsLogits) {

@@ -291,6 +291,49 @@ TEST(CudaNorm, LinearCrossEntropyFusesTheHeadWithTheLoss) {
   }
 }
 
+// The fused classifier with its last rows masked (a token table padded to a multiple of 64: classes < rows)
+// against the CPU's masked one: the loss and both gradients; on the GPU the padding rows' gradient is exactly
+// zero and the rest is the composition on the first `classes` rows alone, in one chunk and in chunks of 4
+// positions. A warp per row (10 of 16), a block per row (3001 and 2990 of 3008: rows that end unaligned), long
+// rows (20000 of 20032; GPT-2's 50257 of 50304). The padding rows are random, so that a padding logit taken into
+// the softmax would show.
+TEST(CudaNorm, LinearCrossEntropyMasksThePaddingClasses) {
+  REQUIRE_GPU();
+  const std::pair<int64_t, int64_t> shapes[] = {{16, 10}, {3008, 3001}, {3008, 2990}, {20032, 20000}, {50304, 50257}};
+  for (auto [rows, classes] : shapes) {
+    Tensor x = rand_cpu({3, 5, 16}, 80 + rows, -1.0, 1.0), w = rand_cpu({rows, 16}, 90 + classes, -2.0, 2.0);
+    std::vector<int64_t> tv;
+    for (int64_t i = 0; i < 15; ++i) tv.push_back(i % 4 == 1 ? -100 : i == 2 ? classes - 1 : (i * 7919) % classes);
+    Tensor targets = Tensor::from_vector(tv, {3, 5});
+    const int64_t cl = classes;
+    for (DType t : kTypes)
+      for (Reduction r : {Reduction::Mean, Reduction::Sum}) {
+        const std::string tag = std::string(reduction_name(r)) + " " + std::to_string(classes) + " of " +
+                                std::to_string(rows) + " " + dtype_name(t);
+        for (int64_t chunk : {0, 4}) {
+          const Fn masked = [r, cl, chunk](const std::vector<Tensor>& v) {
+            return linear_cross_entropy(v[0], v[1], v[2], r, -100, chunk, cl);
+          };
+          const std::string what = tag + (chunk ? " in chunks" : "");
+          compare({x, w, targets}, {true, true, false}, t, masked, "masked linear_cross_entropy " + what);
+          const Fn plain = [r, cl](const std::vector<Tensor>& v) {
+            return softmax_cross_entropy(linear(v[0], slice(v[1], 0, 0, cl), Tensor()), v[2], r);
+          };
+          const Tensor dy = Tensor::full({}, 0.5);
+          auto a = run_on({x, w, targets}, {true, true, false}, t, gpu(), masked, dy);
+          auto b = run_on({x, w, targets}, {true, true, false}, t, gpu(), plain, dy);
+          const Tol tol = tol_for(t);
+          expect_close(b.y, a.y, tol.rtol, tol.atol, "masked vs the first rows' " + what + " loss");
+          expect_norm_close(b.grads[0], a.grads[0], tol.grad_rel, "masked vs the first rows' " + what + " d input");
+          expect_norm_close(b.grads[1], a.grads[1], tol.grad_rel, "masked vs the first rows' " + what + " d weight");
+          int64_t nonzero = 0;
+          for (double v : host_values(a.grads[1].narrow(0, classes, rows - classes))) nonzero += v != 0.0;
+          EXPECT_EQ(nonzero, 0) << "the padding rows' gradient " << what;
+        }
+      }
+  }
+}
+
 TEST(CudaNorm, ElementwiseLosses) {
   REQUIRE_GPU();
   Tensor x = rand_cpu({6, 7}, 50, -3.0, 3.0), t = rand_cpu({6, 7}, 51, 0.0, 1.0), p = rand_cpu({6, 7}, 52, 0.05, 0.95);

@@ -387,6 +387,22 @@ TEST(Gpt, ConfigurationJsonRoundTripAndErrors) {
   EXPECT_NE(error_of([&] { nn::gpt_config_from_meta("{\"model\":\"gpt\"}", "x"); }).find("no \"gpt\""),
             std::string::npos);
   EXPECT_NE(error_of([&] { nn::gpt_config_from_json("{"); }).find("not valid JSON"), std::string::npos);
+  // A padded table's logical vocabulary: written only when set below vocab, read back, checked.
+  EXPECT_FALSE(nlohmann::json::parse(nn::gpt_config_to_json(c)).contains("logical_vocab"));
+  EXPECT_EQ(back.logical_vocab, 0);
+  EXPECT_EQ(back.used_vocab(), 256);
+  nn::GptConfig padded = c;
+  padded.vocab = 128, padded.logical_vocab = 97;
+  const auto pj = nlohmann::json::parse(nn::gpt_checkpoint_meta(padded));
+  EXPECT_EQ(pj["gpt"]["logical_vocab"], 97);
+  const nn::GptConfig pb = nn::gpt_config_from_meta(pj.dump());
+  EXPECT_EQ(pb.vocab, 128);
+  EXPECT_EQ(pb.logical_vocab, 97);
+  EXPECT_EQ(pb.used_vocab(), 97);
+  j = nlohmann::json::parse(nn::gpt_config_to_json(padded));
+  j["logical_vocab"] = 129;
+  EXPECT_NE(error_of([&] { nn::gpt_config_from_json(j.dump()); }).find("logical_vocab 129 must be in [1, vocab 128]"),
+            std::string::npos);
 }
 
 TEST(Gpt, MakeModelBuildsAGpt) {

@@ -163,7 +163,111 @@ TEST(Pretrained, ExportThenImportIsBitExact) {
     }
     auto cfg = nlohmann::json::parse(std::ifstream(out / "config.json"));
     EXPECT_EQ(cfg.value("model_type", ""), std::string(name).rfind("llama", 0) == 0 ? "llama" : "gpt2");
+    // The file's vocabulary, whatever the table's rows inside tandem (gpt2_tiny's 97 are 128 there).
+    EXPECT_EQ(cfg["vocab_size"], nlohmann::json::parse(std::ifstream(dir / "config.json"))["vocab_size"]);
     fs::remove_all(out);
+  }
+}
+
+namespace {
+
+// Every element zero (either sign).
+bool all_zero(const Tensor& t) {
+  for (float v : t.detach().contiguous().cpu().to(DType::f32).to_vector<float>())
+    if (v != 0.0f) return false;
+  return true;
+}
+
+}  // namespace
+
+// GPT-2's vocabulary is padded inside tandem to a multiple of 64 (gpt2_tiny's 97 to 128; GPT-2's 50257 to 50304)
+// and the padding never counts: against a model of the file's 97 tokens with the same weights, the logits (97
+// columns), the loss and every gradient are the same, the padding rows' gradient is zero, one AdamW step with
+// weight decay leaves them zero and gives the same next logits, and greedy and sampled generation draw the same
+// tokens, none of them padding. Targets and tokens in the padding are refused.
+TEST(Pretrained, Gpt2TablePaddedToAMultipleOf64WhosePaddingNeverCounts) {
+  const fs::path dir = kFixtures / "gpt2_tiny";
+  nn::Pretrained p = nn::from_pretrained(dir.string());
+  auto& padded = dynamic_cast<nn::GPT&>(*p.model);
+  const nn::GptConfig pc = padded.config();
+  ASSERT_EQ(pc.vocab, 128);
+  ASSERT_EQ(pc.logical_vocab, 97);
+  ASSERT_EQ(padded.wte->weight.size(0), 128);
+  EXPECT_TRUE(all_zero(padded.wte->weight.narrow(0, 97, 31)));
+  EXPECT_FALSE(all_zero(padded.wte->weight.narrow(0, 96, 1)));
+  EXPECT_NE(padded.describe().find("vocabulary 97 (a table of 128 rows)"), std::string::npos) << padded.describe();
+  // The same weights in a model of the file's vocabulary.
+  nn::GptConfig uc = pc;
+  uc.vocab = 97, uc.logical_vocab = 0;
+  nn::GPT plain(uc, 5);
+  {
+    NoGradGuard no_grad;
+    auto a = padded.named_parameters(), b = plain.named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].first, b[i].first);
+      const Tensor from = a[i].first == "wte.weight" ? a[i].second.narrow(0, 0, 97) : a[i].second;
+      Tensor(b[i].second).detach().copy_(from);
+    }
+  }
+  SafetensorsFile ref((dir / "reference.safetensors").string());
+  const Tensor tokens = ref.tensor(*ref.find("tokens"), DType::i64), targets = ref.tensor(*ref.find("targets"), DType::i64);
+  // The logits handed out: the vocabulary's 97 columns.
+  padded.eval(), plain.eval();
+  const Tensor la = padded.forward(tokens), lb = plain.forward(tokens);
+  ASSERT_EQ(la.shape(), (Shape{2, 12, 97}));
+  EXPECT_LT(relative_difference(la, lb), 1e-6);
+  // The loss (the head over all 128 rows, the padding masked in the loss kernel) and every gradient.
+  padded.train(), plain.train();
+  const Tensor lpa = padded.loss(tokens, targets), lpb = plain.loss(tokens, targets);
+  EXPECT_NEAR(lpa.item<float>(), lpb.item<float>(), 1e-6 * std::fabs(lpb.item<float>()));
+  backward(lpa);
+  backward(lpb);
+  {
+    auto a = padded.named_parameters(), b = plain.named_parameters();
+    for (size_t i = 0; i < a.size(); ++i) {
+      Tensor ga = a[i].second.grad();
+      if (a[i].first == "wte.weight") {
+        EXPECT_TRUE(all_zero(ga.narrow(0, 97, 31))) << "the padding rows' gradient";
+        ga = ga.narrow(0, 0, 97);
+      }
+      EXPECT_LT(relative_difference(ga, b[i].second.grad()), 1e-5) << a[i].first;
+    }
+  }
+  // One AdamW step with weight decay: the padding stays zero, the next logits are the same.
+  optim::AdamOptions ao;
+  ao.lr = 1e-3, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8, ao.weight_decay = 0.1, ao.decoupled = true;
+  optim::Adam adam_a(padded.parameters(), ao), adam_b(plain.parameters(), ao);
+  adam_a.step();
+  adam_b.step();
+  EXPECT_TRUE(all_zero(padded.wte->weight.narrow(0, 97, 31)));
+  padded.eval(), plain.eval();
+  EXPECT_LT(relative_difference(padded.forward(tokens), plain.forward(tokens)), 1e-5);
+  // Generation: greedy, and drawn at a high temperature (where 31 padding columns would be drawn often).
+  const std::vector<int64_t> prompt = ints(ref.tensor(*ref.find("prompt"), DType::i64));
+  nn::SampleOptions greedy;
+  greedy.temperature = 0.0;
+  EXPECT_EQ(padded.generate(prompt, 32, greedy), plain.generate(prompt, 32, greedy));
+  nn::SampleOptions hot;
+  hot.temperature = 3.0, hot.seed = 11;
+  const std::vector<int64_t> drawn = padded.generate(prompt, 60, hot);
+  EXPECT_EQ(drawn, plain.generate(prompt, 60, hot));
+  for (int64_t t : drawn) EXPECT_LT(t, 97);
+  // The padding ids are no tokens: as inputs and as targets they are refused, naming the vocabulary.
+  Tensor bad = targets.clone();
+  bad.data<int64_t>()[3] = 100;
+  padded.train();
+  try {
+    padded.loss(tokens, bad);
+    ADD_FAILURE() << "a target in the padding was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 100 at position 3 is outside [0, 97)"), std::string::npos) << e.what();
+  }
+  try {
+    padded.forward(bad);
+    ADD_FAILURE() << "a token in the padding was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside the vocabulary [0, 97)"), std::string::npos) << e.what();
   }
 }
 

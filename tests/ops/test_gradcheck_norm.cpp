@@ -131,6 +131,61 @@ TEST(GradcheckNorm, LinearCrossEntropyIsTheComposition) {
   }
 }
 
+// A head of 300 classes padded with 20 rows (classes = 300; the padding rows random, as no model leaves them,
+// so that a padding logit taken into the softmax shows): the loss and gradients of the first 300 rows alone, the
+// padding rows' gradient zero, fused in one chunk and in chunks of 4 positions, per position (None, the
+// composition on the first rows) and without a gradient. A target in the padding is refused.
+TEST(GradcheckNorm, LinearCrossEntropyMasksPaddingClasses) {
+  Generator gen(11);
+  for (DType dt : {DType::f32, DType::f64}) {
+    const Tensor x0 = Tensor::uniform({6, 7}, -1.0, 1.0, gen, dt), w0 = Tensor::uniform({320, 7}, -3.0, 3.0, gen, dt);
+    const Tensor t = Tensor::from_vector<int32_t>({299, 0, 7, 7, 150, 1}, {6});
+    const double tol = dt == DType::f32 ? 1e-6 : 1e-12;
+    auto close = [&](const Tensor& a, const Tensor& b, const std::string& what) {
+      const std::vector<double> va = a.to(DType::f64).to_vector<double>(), vb = b.to(DType::f64).to_vector<double>();
+      ASSERT_EQ(va.size(), vb.size()) << what;
+      for (size_t i = 0; i < va.size(); ++i)
+        EXPECT_NEAR(va[i], vb[i], tol * (1.0 + std::abs(vb[i]))) << what << " [" << i << "] " << dtype_name(dt);
+    };
+    auto zero = [&](const Tensor& g, const std::string& what) {
+      for (double v : g.narrow(0, 300, 20).to(DType::f64).to_vector<double>()) ASSERT_EQ(v, 0.0) << what;
+    };
+    for (Reduction r : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+      const std::string tag = reduction_name(r);
+      Tensor xb = x0.clone(), wb = w0.narrow(0, 0, 300).clone();
+      for (Tensor* v : {&xb, &wb}) v->requires_grad_();
+      Tensor plain = softmax_cross_entropy(linear(xb, wb, Tensor()), t, r, 7);
+      backward(r == Reduction::None ? sum(plain) : plain);
+      for (int64_t chunk : {0, 4}) {
+        Tensor xa = x0.clone(), wa = w0.clone();
+        for (Tensor* v : {&xa, &wa}) v->requires_grad_();
+        Tensor fused = linear_cross_entropy(xa, wa, t, r, 7, chunk, 300);
+        backward(r == Reduction::None ? sum(fused) : fused);
+        const std::string what = tag + " chunks of " + std::to_string(chunk);
+        close(fused.detach(), plain.detach(), "loss " + what);
+        close(xa.grad(), xb.grad(), "d input " + what);
+        close(wa.grad().narrow(0, 0, 300), wb.grad(), "d weight " + what);
+        zero(wa.grad(), "the padding rows' gradient " + what);
+      }
+    }
+    NoGradGuard no_grad;
+    close(linear_cross_entropy(x0, w0, t, Reduction::Mean, -100, 0, 300),
+          softmax_cross_entropy(linear(x0, w0.narrow(0, 0, 300), Tensor()), t, Reduction::Mean), "without a gradient");
+  }
+  Generator g2(12);
+  Tensor x = leaf({6, 7}, g2), w = leaf({320, 7}, g2);
+  const Tensor in_padding = Tensor::from_vector<int64_t>({299, 0, 305, 7, 150, 1}, {6});
+  EXPECT_THROW(linear_cross_entropy(x, w, in_padding, Reduction::Mean, -100, 0, 300), Error);
+  EXPECT_THROW(linear_cross_entropy(x, w, in_padding, Reduction::None, -100, 0, 300), Error);
+  // The masked head is differentiable as it stands (finite differences over every row, the padding's included).
+  const Tensor tt = Tensor::from_vector<int64_t>({4, 0, -100, 2, 1, 3}, {6});
+  EXPECT_THROW(linear_cross_entropy(x, w, tt, Reduction::Mean, -100, 0, 321), Error);  // more classes than rows
+  Tensor ws = leaf({8, 7}, g2);
+  EXPECT_TRUE(gradcheck(
+      [&](const std::vector<Tensor>& in) { return linear_cross_entropy(in[0], in[1], tt, Reduction::Mean, -100, 0, 5); },
+      {x, ws}));
+}
+
 TEST(GradcheckNorm, ElementwiseLosses) {
   Generator gen(5);
   Tensor x = leaf({3, 4}, gen), target = leaf({3, 4}, gen);

@@ -19,9 +19,16 @@ struct GptConfig {
   int64_t heads = 12;
   int64_t width = 768;     // the embedding (residual stream) width; a multiple of heads
   int64_t context = 1024;  // the longest sequence (the position table's rows)
-  int64_t vocab = 50304;   // token ids below this; GPT-2's 50257, padded to a multiple of 128
+  int64_t vocab = 50304;   // the token table's rows; GPT-2's 50257, padded to a multiple of 128
   double dropout = 0.0;    // after the embeddings, on attention weights, after each residual branch
   bool bias = true;        // biases in the linear layers and LayerNorms
+  /// The token ids in use when fewer than vocab (0: all of vocab). A Hugging Face GPT-2 of 50257 tokens is built
+  /// with vocab 50304 and logical_vocab 50257: the table's rows from logical_vocab on are padding, zero from
+  /// import, never an input or a prediction (masked out of the loss, so their gradient is zero) and cut off
+  /// again on export.
+  int64_t logical_vocab = 0;
+  /// The vocabulary the model speaks: logical_vocab, or vocab when that is 0.
+  int64_t used_vocab() const { return logical_vocab > 0 ? logical_vocab : vocab; }
 };
 
 /// "gpt2" (124M: 12 layers, 12 heads, 768 wide, context 1024, vocabulary 50304), "gpt2-medium" (350M: 24, 16,
@@ -45,14 +52,16 @@ inline GptConfig gpt_config(const std::string& name) {
 inline std::vector<std::string> gpt_config_names() { return {"gpt2", "gpt2-medium", "char"}; }
 
 /// Throws tandem::Error (Input) naming the field when the configuration describes no model: layers, heads,
-/// context and vocab must be positive, width a positive multiple of heads, dropout in [0, 1).
+/// context and vocab must be positive, width a positive multiple of heads, dropout in [0, 1), logical_vocab
+/// 0 or in [1, vocab].
 void check_gpt_config(const GptConfig& cfg);
 
 /// The configuration as a JSON object: {"layers":12,"heads":12,"width":768,"context":1024,"vocab":50304,
-/// "dropout":0.0,"bias":true}.
+/// "dropout":0.0,"bias":true}, with "logical_vocab" after them when it is set below vocab.
 std::string gpt_config_to_json(const GptConfig& cfg);
-/// Reads such an object back; every key is required and no other is accepted. Throws tandem::Error (Input)
-/// naming the key that is missing, unknown or of the wrong type, or the field check_gpt_config refuses.
+/// Reads such an object back; every key but logical_vocab is required and no other is accepted. Throws
+/// tandem::Error (Input) naming the key that is missing, unknown or of the wrong type, or the field
+/// check_gpt_config refuses.
 GptConfig gpt_config_from_json(const std::string& json);
 /// A checkpoint's meta JSON for a GPT: {"model":"gpt","gpt":{...gpt_config_to_json...}}. tandem generate
 /// reads exactly these two keys; a writer may add others beside them.
@@ -143,7 +152,8 @@ class CausalLm {
   RecomputePolicy recompute_ = RecomputePolicy::none;
 };
 
-/// GPT-2's language model. forward maps tokens [B, T] (i32 or i64, T <= context) to logits [B, T, vocab]:
+/// GPT-2's language model. forward maps tokens [B, T] (i32 or i64, T <= context) to logits [B, T, V], V the
+/// used vocabulary (config().used_vocab(): the table's rows less any padding, whose logits are never formed):
 /// x = wte[tokens] + wpe[0..T) (then dropout), the blocks h.0 ... h.{layers-1} (TransformerBlock, causal),
 /// ln_f, and logits = ln_f(x) wte^T: the output layer is the token table itself (one parameter, whose
 /// gradient sums both uses). Parameters are named as GPT-2's: wte.weight, wpe.weight, h.0.ln_1.weight,
@@ -151,18 +161,19 @@ class CausalLm {
 /// Conv1D files). Initialisation (GPT-2's, from seed): weights and both tables from N(0, 0.02^2), the
 /// branches' output projections from N(0, (0.02 / sqrt(2 layers))^2), biases zero, LayerNorm weights one.
 ///
-/// Tokens outside [0, vocab) are an error: on the CPU forward checks them at once (naming the position);
-/// on a GPU the embedding checks them on the device without making the host wait, and the error is raised
-/// at the next synchronisation (the loss's item(), a copy to the host).
+/// Tokens outside [0, V) are an error: on the CPU forward checks them at once (naming the position);
+/// on a GPU the embedding checks them against the table's rows (vocab) on the device without making the host
+/// wait, and the error is raised at the next synchronisation (the loss's item(), a copy to the host).
 class GPT : public Module, public LayerGroups, public CausalLm {
  public:
   explicit GPT(const GptConfig& cfg, uint64_t seed = 0);
   Tensor forward(const Tensor& tokens) override;
   /// The mean cross-entropy of targets [B, T] (the next tokens; ignore_index positions left out) under the
-  /// logits forward(tokens) gives, the head taken with the loss (linear_cross_entropy): in training the
-  /// [B, T, vocab] logits are never kept beside their gradient.
+  /// logits forward(tokens) gives, the head taken with the loss (linear_cross_entropy over the whole table, its
+  /// padding columns masked inside the loss kernel): in training the [B, T, vocab] logits are never kept beside
+  /// their gradient. Targets must be below V.
   Tensor loss(const Tensor& tokens, const Tensor& targets, int64_t ignore_index = -100) override;
-  /// Logits [B, Tn, vocab] for the next Tn tokens [B, Tn] of sequences whose earlier tokens `cache` holds
+  /// Logits [B, Tn, V] for the next Tn tokens [B, Tn] of sequences whose earlier tokens `cache` holds
   /// (empty: Tn is the start of the sequences), their keys and values appended to it: the rows forward gives
   /// for those positions of the whole sequences, without recomputing the earlier ones. No dropout, no
   /// gradient recorded. Throws when the sequences would pass the context.
@@ -191,6 +202,7 @@ class GPT : public Module, public LayerGroups, public CausalLm {
  private:
   void check_tokens(const Tensor& tokens, int64_t start, const char* what) const;
   Tensor hidden(const Tensor& tokens, GptCache* cache);  // the last block's output [B, T, width]
+  Tensor logits(const Tensor& x);                       // [B, T, used_vocab()] of the last block's output
   GptConfig cfg_;
   LayerGroup embed_group_, head_group_;
   std::vector<LayerGroup> block_groups_;

@@ -128,6 +128,8 @@ class CpuBackend final : public Backend {
                          Tensor& valid) override;
   void xent_rows_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& g,
                           int64_t ignore_index, Tensor& dlogits) override;
+  void xent_rows_forward_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss,
+                              Tensor& valid, int64_t classes) override;
   void nll_rows_forward(const Tensor& logp, const Tensor& targets, int64_t ignore_index, Tensor& loss,
                         Tensor& valid) override;
   void nll_rows_backward(const Tensor& targets, const Tensor& g, int64_t ignore_index, Tensor& dlogp) override;

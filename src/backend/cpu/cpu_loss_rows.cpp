@@ -119,6 +119,61 @@ void CpuBackend::xent_rows_backward(const Tensor& logits, const Tensor& targets,
   });
 }
 
+// The fused classifier's forward: each row's loss as xent_rows_forward gives it, then the row overwritten by its
+// gradient at unit weight (the values xent_rows_backward gives with a weight of 1), while the row is in cache.
+// Columns from `classes` on are padding: left out of the log-sum-exp and given gradient 0.
+void CpuBackend::xent_rows_forward_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss,
+                                        Tensor& valid, int64_t classes) {
+  const int64_t n = logits.size(0), c = logits.size(1);
+  TANDEM_ASSERT(loss.numel() == n && valid.numel() == n && logits.is_contiguous() && classes >= 0 && classes <= c,
+                "xent_rows_forward_grad on ", logits.str(), " with ", classes, " classes");
+  if (n == 0) return;
+  with_targets(targets, n, classes, ignore_index, "softmax_cross_entropy", [&](const auto* tg) {
+    dispatch_float(logits.dtype(), "softmax_cross_entropy", [&](auto tag) {
+      using T = decltype(tag);
+      T* x = static_cast<T*>(logits.data_ptr());
+      T *pl = static_cast<T*>(loss.data_ptr()), *pv = static_cast<T*>(valid.data_ptr());
+      cpu::parallel_for(n, cpu::grain_for(c), [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          T* xr = x + i * c;
+          std::fill(xr + classes, xr + c, T(0));
+          const int64_t t = static_cast<int64_t>(tg[i]);
+          if (t == ignore_index) {
+            pl[i] = T(0);
+            pv[i] = T(0);
+            std::fill(xr, xr + classes, T(0));
+            continue;
+          }
+          // The log-sum-exp; the gradient takes it rounded to T, as xent_rows_backward takes the stored one.
+          double zd;
+          if constexpr (std::is_same_v<T, float>) {
+            float mn = -INFINITY, mx = -INFINITY;
+            cpu::min_max_f32(xr, classes, mn, mx);
+            if (std::isinf(mx) && mx < 0) mx = 0.0f;
+            zd = mx + std::log(cpu::exp_sum_f32<false>(xr, nullptr, classes, 1.0f, mx, mn));
+          } else {
+            double mx = -INFINITY;
+            for (int64_t j = 0; j < classes; ++j) mx = std::max(mx, static_cast<double>(xr[j]));
+            double s = 0.0;
+            for (int64_t j = 0; j < classes; ++j) s += std::exp(static_cast<double>(xr[j]) - mx);
+            zd = mx + std::log(s);
+          }
+          const T z = static_cast<T>(zd);
+          pv[i] = T(1);
+          pl[i] = static_cast<T>(zd - static_cast<double>(xr[t]));
+          if constexpr (std::is_same_v<T, float>) {
+            for (int64_t j = 0; j < classes; ++j) xr[j] = cpu::exp_f32(xr[j] - z);
+          } else {
+            const double zd = static_cast<double>(z);
+            for (int64_t j = 0; j < classes; ++j) xr[j] = static_cast<T>(std::exp(static_cast<double>(xr[j]) - zd));
+          }
+          xr[t] = static_cast<T>(static_cast<double>(xr[t]) - 1.0);
+        }
+      });
+    });
+  });
+}
+
 void CpuBackend::nll_rows_forward(const Tensor& logp, const Tensor& targets, int64_t ignore_index, Tensor& loss,
                                   Tensor& valid) {
   const int64_t n = logp.size(0), c = logp.size(1);

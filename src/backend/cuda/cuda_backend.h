@@ -230,7 +230,7 @@ class CudaBackend final : public Backend {
   void xent_rows_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& g,
                           int64_t ignore_index, Tensor& dlogits) override;
   void xent_rows_forward_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss,
-                              Tensor& valid) override;
+                              Tensor& valid, int64_t classes) override;
   void nll_rows_forward(const Tensor& logp, const Tensor& targets, int64_t ignore_index, Tensor& loss,
                         Tensor& valid) override;
   void nll_rows_backward(const Tensor& targets, const Tensor& g, int64_t ignore_index, Tensor& dlogp) override;

@@ -177,31 +177,34 @@ __global__ void xent_block_kernel(const T* __restrict__ x, const L* __restrict__
 // multiprocessor held more than L2 and the second read went to memory. The one-hot's 1 is subtracted by
 // one thread after the row is written, from the target's logit kept before. (Holding the row in registers
 // instead, one 512-thread block a row, measured 4x slower at GPT-2's vocabulary.) Blocks of 32 threads serve
-// short rows.
+// short rows. Only the first `classes` columns are classes: the others (a token table's padding) are left out of
+// the maximum and the sum and written 0, so that they add nothing to either gradient product.
 template <typename T, typename L, int VEC>
-__global__ void xent_forward_grad_kernel(T* x, const L* __restrict__ targets, int64_t n, int64_t c, int64_t ignore,
-                                         float* __restrict__ loss, float* __restrict__ valid, ErrorSink sink) {
+__global__ void xent_forward_grad_kernel(T* x, const L* __restrict__ targets, int64_t n, int64_t c, int64_t classes,
+                                         int64_t ignore, float* __restrict__ loss, float* __restrict__ valid,
+                                         ErrorSink sink) {
   __shared__ float sm[32], ss[32], z_row, xt_row;
+  const T zero = kern::from_float<T>(0.0f);
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     T* xr = x + r * c;
-    const rows::RowSplit sp = rows::split_row<VEC>(xr, c);
+    const rows::RowSplit sp = rows::split_row<VEC>(xr, classes);
     float m, s;
-    row_online<T, VEC>(xr, sp, c, m, s);
+    row_online<T, VEC>(xr, sp, classes, m, s);
     __syncthreads();  // the scratch (and z_row, xt_row) may still be read for the previous row
     block_merge(m, s, sm, ss);
     const int64_t t = static_cast<int64_t>(targets[r]);
-    const bool skip = t == ignore, has_target = !skip && t >= 0 && t < c;
+    const bool skip = t == ignore, has_target = !skip && t >= 0 && t < classes;
     if (threadIdx.x == 0) {
       z_row = m + __logf(s);
       if (has_target) xt_row = kern::to_float(xr[t]);
-      finish_row(xr, targets[r], ignore, r, c, z_row, loss, static_cast<float*>(nullptr), valid, sink);
+      finish_row(xr, targets[r], ignore, r, classes, z_row, loss, static_cast<float*>(nullptr), valid, sink);
     }
     __syncthreads();  // the target's logit is read before the row is overwritten
     if (skip) {
-      const T zero = kern::from_float<T>(0.0f);
       for (int64_t j = threadIdx.x; j < c; j += blockDim.x) xr[j] = zero;
       continue;
     }
+    for (int64_t j = classes + threadIdx.x; j < c; j += blockDim.x) xr[j] = zero;
     const float zl = z_row * kLog2e;
     for (int64_t j = threadIdx.x; j < sp.head; j += blockDim.x) xr[j] = kern::from_float<T>(exp_shifted(kern::to_float(xr[j]), zl));
     for (int64_t j0 = sp.head + int64_t(threadIdx.x) * VEC; j0 < sp.body_end; j0 += int64_t(blockDim.x) * VEC) {
@@ -211,7 +214,7 @@ __global__ void xent_forward_grad_kernel(T* x, const L* __restrict__ targets, in
       for (int u = 0; u < VEC; ++u) v[u] = exp_shifted(v[u], zl);
       rows::store_floats<VEC>(xr + j0, v);
     }
-    for (int64_t j = sp.body_end + threadIdx.x; j < c; j += blockDim.x)
+    for (int64_t j = sp.body_end + threadIdx.x; j < classes; j += blockDim.x)
       xr[j] = kern::from_float<T>(exp_shifted(kern::to_float(xr[j]), zl));
     if (has_target) {
       __syncthreads();  // every thread's writes of the row are done
@@ -391,12 +394,13 @@ void CudaBackend::xent_rows_backward(const Tensor& logits, const Tensor& targets
 }
 
 void CudaBackend::xent_rows_forward_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& loss,
-                                         Tensor& valid) {
+                                         Tensor& valid, int64_t classes) {
   const char* op = "softmax_cross_entropy";
   require_stats(op, {&loss, &valid});
   const int64_t n = logits.size(0), c = logits.size(1);
-  TANDEM_ASSERT(targets.numel() == n && loss.numel() == n && valid.numel() == n && logits.is_contiguous(), op,
-                " shapes");
+  TANDEM_ASSERT(targets.numel() == n && loss.numel() == n && valid.numel() == n && logits.is_contiguous() &&
+                    classes >= 0 && classes <= c,
+                op, " shapes");
   if (n == 0) return;
   DeviceState& st = state_for(loss);
   // Rows of a vocabulary's length in 1024-thread blocks (see the kernel): the second read stays in L2.
@@ -407,7 +411,7 @@ void CudaBackend::xent_rows_forward_grad(Tensor& logits, const Tensor& targets, 
     dispatch_targets(targets, op, [&](auto* tg) {
       using L = std::remove_const_t<std::remove_pointer_t<decltype(tg)>>;
       xent_forward_grad_kernel<T, L, rows::kVec<T>><<<grid_for_rows(n), threads, 0, st.stream>>>(
-          x, tg, n, c, ignore_index, loss.data<float>(), valid.data<float>(), st.errors);
+          x, tg, n, c, classes, ignore_index, loss.data<float>(), valid.data<float>(), st.errors);
       TANDEM_CUDA_LAUNCH_CHECK("fused cross-entropy kernel");
     });
   });
