@@ -25,6 +25,13 @@
 
 namespace tandem::cli {
 
+void apply_recompute(Session& s, const std::string& policy) {
+  if (policy == "none" || policy.empty()) return;
+  auto* lm = dynamic_cast<nn::CausalLm*>(&s.model());
+  TANDEM_CHECK(lm != nullptr, "--recompute ", policy, " recomputes transformer blocks: it takes --model gpt or llama");
+  lm->set_recompute(nn::parse_recompute(policy));
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -38,13 +45,6 @@ bool glob_matches(const std::string& pattern) {
   const bool any = rc == 0 && g.gl_pathc > 0;
   ::globfree(&g);
   return any;
-}
-
-void apply_recompute(Session& s, const std::string& policy) {
-  if (policy == "none" || policy.empty()) return;
-  auto* lm = dynamic_cast<nn::CausalLm*>(&s.model());
-  TANDEM_CHECK(lm != nullptr, "--recompute ", policy, " recomputes transformer blocks: it takes --model gpt or llama");
-  lm->set_recompute(nn::parse_recompute(policy));
 }
 
 // Where rank r's dropout counters start, beyond rank 0's: 2^48 apart, more than a run draws.
