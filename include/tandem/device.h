@@ -48,6 +48,15 @@ MemoryStats memory_stats(Device d);
 /// Starts a new peak measurement at the current use.
 void reset_peak_memory(Device d);
 
+/// Memory a device has for tensors, in bytes (0 where it cannot be told).
+struct DeviceMemory {
+  size_t free = 0;   // CUDA: the driver's free memory, plus the blocks tandem's allocator keeps cached for reuse;
+                     // the CPU: the host's available memory (MemAvailable, or the cgroup's limit less its use when
+                     // lower), plus the blocks cached
+  size_t total = 0;  // the device's (or the host's, or the cgroup's limit)
+};
+DeviceMemory device_memory(Device d);
+
 /// Marks the start (on) or end of the work an external GPU profiler records when told to wait for it
 /// (Nsight Compute's --profile-from-start off); does nothing on the CPU.
 void profile_range(Device d, bool on);

@@ -201,6 +201,8 @@ class Backend {
   virtual Allocator& allocator(int device) = 0;
   /// Page-locked host memory allocator, or null when the backend has none.
   virtual Allocator* pinned_allocator() { return nullptr; }
+  /// The device's free and total memory as its driver reports them (false where the backend cannot say).
+  virtual bool memory_info(int device, size_t& free, size_t& total) { return false; }
   /// dst (this backend's device) <- src bytes from host memory.
   virtual void copy_from_host(const void* src, void* dst, size_t nbytes, int device) = 0;
   /// Host memory dst <- src bytes on this backend's device; returns once the bytes are there.

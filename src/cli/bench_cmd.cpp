@@ -24,6 +24,7 @@ struct TrainBenchConfig : SessionConfig {
   int warmup = 20;
   int64_t channels = 1, height = 28, width = 28, classes = 10;
   bool profile = false;  // mark the timed steps for a profiler
+  bool plan_only = false;  // language models: print the memory plan and its RESULT, build nothing
   LmTrainConfig lm;      // language models: the shape (gpt_config, layers, heads, width, context, vocab)
 };
 
@@ -39,6 +40,29 @@ double param_checksum(nn::Module& m) {
   for (const Tensor& p : m.parameters())
     for (float v : p.to_vector<float>()) s += std::fabs(static_cast<double>(v));
   return s;
+}
+
+// The same of a session's model, whose parameters --shard parameters keeps in blocks between steps: gathered
+// whole for the sum (every rank takes part), and freed again.
+double param_checksum(Session& s) {
+  s.opt().gather_parameters();
+  const double sum = param_checksum(s.model());
+  s.opt().release_parameters(/*keep=*/false);
+  return sum;
+}
+
+// The planned figures beside the measured ones in a RESULT.
+nlohmann::json plan_json(const MemoryPlan& p) {
+  return {{"weights", p.weights},
+          {"weight_copies", p.weight_copies},
+          {"master_weights", p.master_weights},
+          {"gradients", p.gradients},
+          {"optimizer_state", p.optimizer_state},
+          {"between_steps", p.between_steps},
+          {"activations", p.activations},
+          {"workspace", p.workspace},
+          {"peak", p.peak},
+          {"peak_at", p.peak_at}};
 }
 
 // What DistOpt keeps per rank (its memory report) and the --shard it ran with.
@@ -148,6 +172,46 @@ int run_lm_train_bench(const TrainBenchConfig& cfg) {
     mc.gpt = shape;
   }
   const int64_t T = shape.context, B = cfg.batch_size;
+  // The memory plan, before anything of the model is allocated.
+  MemoryPlan plan;
+  const bool planned = llama || cfg.model == "gpt";
+  if (planned) {
+    MemoryPlanSettings ps = s.memory_plan_settings();
+    ps.model = cfg.model;
+    if (llama) ps.llama = lshape; else ps.gpt = shape;
+    ps.batch = B;
+    ps.context = T;
+    ps.recompute = parse_recompute_policy(cfg.lm.recompute);
+    if (cfg.plan_only) {
+      plan = s.plan_memory_or_refuse(ps, false, /*check=*/false);
+      const int64_t budget = s.memory_budget();
+      if (s.lead()) {
+        nlohmann::json j{{"system", "tandem"},
+                         {"model", cfg.model},
+                         {"device", s.device().str()},
+                         {"world", s.world()},
+                         {"batch_per_rank", B},
+                         {"context", T},
+                         {"precision", precision_name(s.precision())},
+                         {"recompute", cfg.lm.recompute},
+                         {"shard", cfg.shard},
+                         {"parameters", llama ? nn::llama_num_parameters(lshape) : nn::gpt_num_parameters(shape)},
+                         {"planned", plan_json(plan)},
+                         {"planned_peak_bytes", plan.peak},
+                         {"planned_peak_mib", std::round(static_cast<double>(plan.peak) / 1048576.0 * 10) / 10},
+                         {"available_bytes", budget},
+                         {"fits", budget == 0 || plan.peak <= budget}};
+        if (llama) j["llama"] = nlohmann::json::parse(nn::llama_config_to_json(lshape));
+        else j["gpt"] = gpt_shape_json(shape);
+        std::printf("RESULT %s\n", j.dump().c_str());
+        std::fflush(stdout);
+      }
+      return 0;
+    }
+    plan = s.plan_memory_or_refuse(ps, /*total_batch_tokens=*/false);
+  } else {
+    TANDEM_CHECK(!cfg.plan_only, "--plan-only plans --model gpt or llama");
+  }
   s.build_model(mc);
   apply_recompute(s, cfg.lm.recompute);
   std::vector<dist::AgreementField> fields = s.agreement_fields();
@@ -170,7 +234,7 @@ int run_lm_train_bench(const TrainBenchConfig& cfg) {
   };
   Tensor x = tokens(), y = tokens();
 
-  double before = param_checksum(s.model());
+  double before = param_checksum(s);
   StepResult r;
   for (int i = 0; i < cfg.warmup; ++i) r = s.train_step(x, y);
   synchronize(s.device());
@@ -184,8 +248,9 @@ int run_lm_train_bench(const TrainBenchConfig& cfg) {
   if (cfg.profile) profile_range(s.device(), false);
   s.comm().barrier();
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const MemoryStats measured = memory_stats(s.device());  // before the checksum gathers anything
   const double loss = r.loss.item<double>();
-  double after = param_checksum(s.model());
+  double after = param_checksum(s);
   TANDEM_RUNTIME_CHECK(std::isfinite(after) && after != before && std::isfinite(loss),
                        "benchmark steps did not change the parameters (or the loss is not finite): the measurement "
                        "would be meaningless");
@@ -223,9 +288,15 @@ int run_lm_train_bench(const TrainBenchConfig& cfg) {
   if (fpt > 0) j["tflops"] = tokens_per_s / s.world() * fpt / 1e12;  // achieved, per device
   if (const double m = mfu(tokens_per_s / s.world(), fpt, peak); m > 0) j["mfu"] = m;
   if (s.device().is_cpu()) j["threads"] = num_threads();
-  if (s.device().is_cuda()) {
-    const MemoryStats m = memory_stats(s.device());
-    j["peak_memory_mib"] = std::round(static_cast<double>(m.peak_in_use + m.graphs_peak_in_use) / 1048576.0);
+  // Tensors held at once over the timed steps (the recorded step's own counted), beside the plan's peak.
+  const int64_t peak_bytes = static_cast<int64_t>(measured.peak_in_use + measured.graphs_peak_in_use);
+  j["peak_memory_mib"] = std::round(static_cast<double>(peak_bytes) / 1048576.0);
+  j["peak_memory_bytes"] = peak_bytes;
+  if (planned) {
+    j["recompute"] = cfg.lm.recompute;
+    j["planned"] = plan_json(plan);
+    j["planned_peak_bytes"] = plan.peak;
+    j["planned_peak_mib"] = std::round(static_cast<double>(plan.peak) / 1048576.0 * 10) / 10;
   }
   std::printf("RESULT %s\n", j.dump().c_str());
   std::fflush(stdout);
@@ -274,6 +345,12 @@ Runner add_bench_command(CLI::App& app) {
       train->add_option("--recompute", tc->lm.recompute, "gpt, llama: activation recompute, none, selective (norm "
                         "and activation outputs made again in backward) or full (every transformer block run again)")
           ->check(CLI::IsMember({"none", "selective", "full"})),
+      train->add_flag("--no-memory-check", [tc](int64_t) { tc->memory_check = false; },
+                      "gpt, llama: run even when the memory plan printed at start says the step does not fit the "
+                      "device (TANDEM_MEMORY_LIMIT_MIB=N plans for N MiB instead of its free memory; docs/memory.md)"),
+      train->add_flag("--plan-only", tc->plan_only,
+                      "gpt, llama: print the memory plan and a RESULT of its figures (\"fits\": whether it fits the "
+                      "device) without building the model (bench/max_model.sh asks it)"),
       train->add_option("--layers", tc->lm.layers, "gpt: transformer blocks (default: the configuration's)")
           ->check(CLI::Range(int64_t{1}, int64_t{4096})),
       train->add_option("--heads", tc->lm.heads, "gpt: attention heads (default: the configuration's)")

@@ -320,6 +320,7 @@ int LmTrainer::run() {
     if (last < cfg_.steps) line += "; stopped at step " + std::to_string(last) + " of " + std::to_string(cfg_.steps);
     std::fprintf(stderr, "tandem: %s\n", line.c_str());
   }
+  report_memory();
   return 0;
 }
 
@@ -336,6 +337,17 @@ int LmTrainer::stop_after(int64_t step, int sig) {
                  static_cast<long long>(step), static_cast<long long>(cfg_.steps), saved.c_str());
   }
   return 128 + sig;
+}
+
+void LmTrainer::report_memory() {
+  Session& s = *session_;
+  if (!plan_ || !s.lead()) return;
+  // Tensors held at once over the run (a recorded step's own memory counted), beside the plan's peak.
+  const MemoryStats m = memory_stats(s.device());
+  const int64_t measured = static_cast<int64_t>(m.peak_in_use + m.graphs_peak_in_use);
+  std::fprintf(stderr, "tandem: memory: peak %s per rank measured, %s planned (%+.1f%%)\n", format_bytes(measured).c_str(),
+               format_bytes(plan_->peak).c_str(),
+               measured > 0 ? 100.0 * (static_cast<double>(plan_->peak) / static_cast<double>(measured) - 1.0) : 0.0);
 }
 
 bool LmTrainer::setup() {
@@ -384,6 +396,25 @@ bool LmTrainer::setup() {
   TANDEM_CHECK(largest < vocab_, "the data's largest token is ", largest, ", beyond the vocabulary of ", vocab_,
                init ? " of --init '" + cfg_.init + "'" : std::string(), ": give data made for this vocabulary");
   accumulate_ = lm_accumulation(cfg_.total_batch_tokens, cfg_.batch_size, context_, s.world());
+  // The memory plan, before anything of the model is allocated: printed, and a run that would not fit refused.
+  if (cfg_.model == "gpt" || cfg_.model == "llama") {
+    MemoryPlanSettings ps = s.memory_plan_settings();
+    ps.model = cfg_.model;
+    if (cfg_.model == "llama") ps.llama = llama_; else ps.gpt = shape_;
+    ps.batch = cfg_.batch_size;
+    ps.context = context_;
+    ps.accumulate = accumulate_;
+    ps.eval_batch = specs_.val.empty() || cfg_.eval_steps == 0 ? 0 : cfg_.batch_size;
+    ps.checkpoint = !cfg_.checkpoint.empty();
+    ps.recompute = parse_recompute_policy(cfg_.recompute);
+    // Each split's part of this rank, put on the device once (data::TokenBatches).
+    ps.data_bytes = token_data_bytes(train_stream_.size(), train_stream_.width(), train_stream_.masked(),
+                                     specs_.loss_mask ? specs_.frame : 0, s.rank(), s.world());
+    if (!specs_.val.empty())
+      ps.data_bytes += token_data_bytes(val_stream_.size(), val_stream_.width(), val_stream_.masked(),
+                                        specs_.loss_mask ? specs_.frame : 0, s.rank(), s.world());
+    plan_ = s.plan_memory_or_refuse(ps, /*total_batch_tokens=*/true);
+  }
   s.build_model(mc);
   apply_recompute(s, cfg_.recompute);
   if (init) {  // the weights, by name (the model built here is the one from_pretrained built)

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/memory_plan.h"
 #include "cli/run_report.h"
 #include "cli/session.h"
 #include "cli/tensorboard.h"
@@ -158,6 +159,8 @@ class LmTrainer {
   /// The ranks agreed to stop after `step` for signal `sig` (Ctrl-C, SIGTERM): saves the checkpoint there,
   /// says what was saved, and returns the exit status, 128 + sig.
   int stop_after(int64_t step, int sig);
+  /// Rank 0 prints the peak of tensors held at once over the run beside the memory plan's (gpt, llama).
+  void report_memory();
 
  private:
   LmTrainConfig cfg_;
@@ -179,6 +182,7 @@ class LmTrainer {
   int64_t first_step_ = 0;
   double last_val_loss_ = -1;
   std::string eager_because_;  // why steps on a GPU are not recorded, when the trainer decided it
+  std::optional<MemoryPlan> plan_;  // gpt, llama: the memory plan printed at start
   std::chrono::steady_clock::time_point start_;
 };
 

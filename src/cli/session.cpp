@@ -1,12 +1,16 @@
 // The session shared by `tandem train` and `tandem bench train`.
 #include "cli/session.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/backend.h"
 #include "cli/commands.h"
+#include "ops/padded_rows.h"
 #include "ops/param_copies.h"
 #include "tandem/distributed/loss_scaler.h"
 #include "tandem/distributed/sync_batch_norm.h"
@@ -381,6 +385,118 @@ std::string Session::memory_line() const {
   return std::string("model state per rank (--shard ") + dist::shard_name(opt_->options().shard) +
          "): parameters " + mb(m.parameters) + ", gradients " + mb(m.gradients) + ", optimizer state " +
          mb(m.optimizer_state) + ", master weights " + mb(m.master_weights) + "; " + mb(m.total()) + " in all";
+}
+
+namespace {
+bool env_off(const char* name) {
+  const char* e = std::getenv(name);
+  return e && e[0] == '0';
+}
+}  // namespace
+
+MemoryPlanSettings Session::memory_plan_settings() const {
+  MemoryPlanSettings p;
+  p.device = device_;
+  p.precision = precision_;
+  p.world = comm_->size();
+  p.local_ranks = std::max(env_.local_size, 1);
+  p.method = dist::parse_sync_method(cfg_.dist_option);
+  p.half_dtype = parse_dtype(cfg_.half_dtype);
+  p.spars = cfg_.spars;
+  p.low_rank = cfg_.low_rank > 0 ? cfg_.low_rank : dist::SyncOptions{}.rank;
+  p.error_feedback = cfg_.error_feedback;
+  p.shard = dist::parse_shard(cfg_.shard);
+  p.master_weights = cfg_.master_weights == "none" ? DType::f32 : parse_dtype(cfg_.master_weights);
+  p.optimizer = cfg_.optimizer;
+  p.momentum = cfg_.momentum;
+  p.param_copies = !env_off("TANDEM_PARAM_COPIES");
+  p.bias_from_product = ops::bias_from_product(device_);
+  p.column_sums = !env_off("TANDEM_LN_COLUMN_SUMS");
+  if (const char* e = std::getenv("TANDEM_LOGIT_CHUNK_MB"); e && std::atoll(e) > 0)
+    p.logit_chunk_bytes = static_cast<int64_t>(std::atoll(e)) << 20;
+  const dist::DistOptOptions o = dist_options(cfg_);
+  p.bucket_bytes = o.bucket_bytes;
+  p.first_bucket_bytes = o.first_bucket_bytes;
+  p.release_gradients = o.release_gradients;
+  return p;
+}
+
+int64_t Session::memory_budget() const { return usable_memory(device_, std::max(env_.local_size, 1)); }
+
+MemoryPlan Session::plan_memory_or_refuse(const MemoryPlanSettings& given, bool total_batch_tokens, bool check) {
+  MemoryPlanSettings ps = given;
+  // Attention takes the fused kernels where the backend takes this geometry (the CPU's f32 kernel, cuDNN's
+  // 16-bit flash attention), else the math with its probabilities.
+  {
+    const bool llama = ps.model == "llama";
+    const int64_t heads = llama ? ps.llama.heads : ps.gpt.heads, kv = llama ? ps.llama.kv_heads : heads;
+    const int64_t width = llama ? ps.llama.width : ps.gpt.width, d = width / heads, t = ps.context;
+    const DType cdt = device_.is_cuda() ? activation_dtype(precision_) : DType::f32;
+    const int64_t w = (heads + 2 * kv) * d;
+    backend::AttentionGeom g;
+    g.batch = ps.batch;
+    g.heads = heads;
+    g.kv_heads = kv;
+    g.tq = g.tk = t;
+    g.d = g.dv = d;
+    g.causal = true;
+    g.scale = 1.0 / std::sqrt(static_cast<double>(d));
+    g.q_strides = {t * w, d, w, 1};
+    g.k_strides = g.v_strides = g.q_strides;
+    g.grads_like_inputs = true;
+    g.dropout_p = llama ? ps.llama.dropout : ps.gpt.dropout;
+    const bool kind = device_.is_cuda() ? cdt != DType::f32 : cdt == DType::f32;
+    ps.fused_attention = kind && backend::backend_for(device_).fused_attention_supported(g, cdt, device_.index);
+  }
+  const MemoryPlan plan = plan_memory(ps);
+  const int64_t budget = memory_budget();
+  const bool fits = budget == 0 || plan.peak <= budget;
+  std::string where = device_.str();
+  if (device_.is_cpu() && env_.local_size > 1)
+    where += " (shared by " + std::to_string(env_.local_size) + " ranks on this host)";
+  if (lead()) {
+    std::string memory = device_.str();
+    if (device_.is_cpu())
+      memory += env_.local_size > 1 ? " (the host's memory, shared by " + std::to_string(env_.local_size) + " ranks)"
+                                    : " (the host's memory)";
+    std::fprintf(stderr, "%s\n", memory_table(plan, ps, budget, memory).c_str());
+    std::fflush(stderr);
+  }
+  if (!check) return plan;
+  // Every rank stops if any would not fit: one verdict for the job.
+  Tensor over = Tensor::full({1}, fits ? 0.0 : 1.0, DType::f32, device_);
+  comm_->all_reduce(over)->wait();
+  const bool some_rank_over = over.item<float>() > 0.0f;
+  if (!some_rank_over || !cfg_.memory_check) {
+    if (some_rank_over && lead())
+      std::fprintf(stderr, "tandem: the plan's peak is beyond what %s has available; --no-memory-check runs it all "
+                   "the same\n", where.c_str());
+    return plan;
+  }
+  if (fits) throw Error(Error::Kind::Input, "another rank's device cannot hold the planned peak (see rank 0's plan)");
+  const char* limit = std::getenv("TANDEM_MEMORY_LIMIT_MIB");
+  std::string msg = "the planned peak of " + format_bytes(plan.peak) + " per rank (at " + plan.peak_at +
+                    ") does not fit the " + format_bytes(budget) + " available on " + where +
+                    (limit && *limit ? " (TANDEM_MEMORY_LIMIT_MIB)" : "");
+  const std::vector<std::string> flags = fitting_flags(ps, budget, total_batch_tokens);
+  if (!flags.empty()) {
+    msg += "; planned to fit:";
+    for (size_t i = 0; i < flags.size(); ++i) msg += (i ? ", " : " ") + flags[i];
+  } else {
+    msg += "; no smaller batch, recompute or sharding the plan tries fits: a smaller model, or devices with more memory";
+    // Sharded over many ranks, what remains is what every rank holds while it builds the model whole.
+    MemoryPlanSettings many = ps;
+    many.shard = dist::Shard::parameters;
+    many.world = 1024;
+    many.recompute = RecomputePolicy::full;
+    many.gpt.dropout = many.llama.dropout = 0.0;
+    const MemoryPlan sharded = plan_memory(many);
+    if (sharded.peak_at.rfind("building the model", 0) == 0)
+      msg += " (each rank builds the model whole before --shard parameters cuts it: " + format_bytes(sharded.peak) +
+             " per rank however many ranks share it)";
+  }
+  msg += " (--no-memory-check runs it all the same; docs/memory.md)";
+  throw Error(Error::Kind::Input, msg);
 }
 
 std::string Session::where() const {

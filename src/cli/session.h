@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/memory_plan.h"
 #include "tandem/distributed/agreement.h"
 #include "tandem/distributed/bootstrap.h"
 #include "tandem/distributed/dist_opt.h"
@@ -56,6 +57,7 @@ struct SessionConfig {
   bool per_rank_optimizer_settings = false;  // --lr, --momentum, --weight-decay may differ between ranks
   bool cuda_graph = true;  // replay a recorded step where it applies (see Session::train_step)
   bool deterministic = false;  // GPU algorithms that give the same bits on every run
+  bool memory_check = true;    // language models: refuse a run whose memory plan does not fit the device
 };
 
 /// What a (micro-)batch produced, detached from autograd (for metrics).
@@ -156,6 +158,17 @@ class Session {
   /// "model state per rank (--shard none): parameters 1.7 MB, gradients 1.7 MB, ...": the start-up line
   /// of what DistOpt keeps (memory_report).
   std::string memory_line() const;
+  /// The memory plan's settings this session decides (device, precision, ranks, sharding, optimizer, the
+  /// kernels' choices); the command adds the model, its micro-batch and the recompute policy.
+  MemoryPlanSettings memory_plan_settings() const;
+  /// Plans a step (before the model is built), prints the plan's table (rank 0) and, when it does not fit the
+  /// device and config().memory_check is on, throws on every rank (an error naming the peak, what is
+  /// available and flags that would fit: fitting_flags); with it off, says so and goes on. Collective.
+  /// `total_batch_tokens`: the command takes --total-batch-tokens (train), so smaller batches are offered with
+  /// it. `check` false: the plan is only printed (bench train --plan-only).
+  MemoryPlan plan_memory_or_refuse(const MemoryPlanSettings& ps, bool total_batch_tokens, bool check = true);
+  /// What the plan is checked against on this rank (usable_memory; 0: unknown).
+  int64_t memory_budget() const;
 
  private:
   struct RecordedBatch;

@@ -188,6 +188,10 @@ Runner add_train_command(CLI::App& app) {
                          "runs the block again there (about a third more compute, one block's activations at a time). "
                          "The same gradients either way, dropout's masks replayed")
              ->check(CLI::IsMember({"none", "selective", "full"})));
+  lm_opt(sub->add_flag("--no-memory-check", [cfg](int64_t) { cfg->memory_check = false; },
+                       "gpt, llama: train even when the memory plan printed at start says a step does not fit the "
+                       "device (its free memory; the CPU: the host's available memory, shared by its ranks; "
+                       "TANDEM_MEMORY_LIMIT_MIB=N plans for N MiB instead); see docs/memory.md"));
   lm_opt(sub->add_option("--dropout", lm->dropout, "gpt, llama: dropout in training (default: the configuration's)")
              ->check(finite_in(0.0, 0.999)));
   lm_opt(sub->add_option("--init", lm->init,

@@ -3,6 +3,9 @@
 #include <omp.h>
 
 #include <charconv>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "backend/backend.h"
@@ -79,6 +82,59 @@ MemoryStats memory_stats(Device d) {
 
 void reset_peak_memory(Device d) {
   if (CachingAllocator* a = caching_allocator(d)) a->reset_peak();
+}
+
+namespace {
+// A number of bytes read from a file holding one ("max" or nothing: 0).
+size_t file_bytes(const char* path) {
+  std::ifstream f(path);
+  std::string v;
+  if (!(f >> v) || v == "max") return 0;
+  size_t n = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  return ec == std::errc() ? n : 0;
+}
+
+// /proc/meminfo's field (kB) in bytes, 0 when absent.
+size_t meminfo_bytes(const std::string& key) {
+  std::ifstream f("/proc/meminfo");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind(key + ":", 0) != 0) continue;
+    std::istringstream in(line.substr(key.size() + 1));
+    size_t kb = 0;
+    in >> kb;
+    return kb * 1024;
+  }
+  return 0;
+}
+}  // namespace
+
+DeviceMemory device_memory(Device d) {
+  DeviceMemory m;
+  const size_t cached = memory_stats(d).cached;
+  if (d.is_cuda()) {
+    size_t free = 0, total = 0;
+    if (backend::backend_for(d).memory_info(d.index, free, total)) {
+      m.free = free + cached;
+      m.total = total;
+    }
+    return m;
+  }
+  m.free = meminfo_bytes("MemAvailable");
+  m.total = meminfo_bytes("MemTotal");
+  // A container's limit (cgroup v2, then v1), where it is lower than the host's.
+  size_t limit = file_bytes("/sys/fs/cgroup/memory.max"), used = file_bytes("/sys/fs/cgroup/memory.current");
+  if (limit == 0) {
+    limit = file_bytes("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    used = file_bytes("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+  }
+  if (limit > 0 && (m.total == 0 || limit < m.total)) {
+    m.total = limit;
+    const size_t left = limit > used ? limit - used : 0;
+    if (m.free == 0 || left < m.free) m.free = left;
+  }
+  if (m.free > 0) m.free += cached;
+  return m;
 }
 
 void set_num_threads(int n) {

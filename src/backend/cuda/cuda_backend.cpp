@@ -166,6 +166,19 @@ std::string CudaBackend::device_name(int device) {
   return prop.name;
 }
 
+bool CudaBackend::memory_info(int device, size_t& free, size_t& total) {
+  if (device < 0 || device >= device_count_) return false;
+  int prev = cuda::cached_device();
+  cuda::set_device(device);
+  const cudaError_t err = cudaMemGetInfo(&free, &total);
+  if (prev >= 0) cuda::set_device(prev);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 void CudaBackend::profile_range(bool on) { TANDEM_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop()); }
 
 void CudaBackend::synchronize(int device) {

@@ -102,6 +102,7 @@ class CudaBackend final : public Backend {
   /// A block of nbytes' size class cached by the device's own allocator, handed over (or null).
   void* take_cached_block(int device, size_t nbytes);
   Allocator* pinned_allocator() override { return pinned_.get(); }
+  bool memory_info(int device, size_t& free, size_t& total) override;
   void copy_from_host(const void* src, void* dst, size_t nbytes, int device) override;
   void copy_to_host(const void* src, void* dst, size_t nbytes, int device) override;
   void copy_bytes(const void* src, void* dst, size_t nbytes, int device) override;

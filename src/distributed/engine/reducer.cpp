@@ -118,6 +118,13 @@ void Reducer::layout(const std::vector<int>& order) {
   if (old_residual.defined()) residual_arena_ = Tensor::zeros({offset}, DType::f32, device_);
   for (Slot& s : slots_) {
     const Shape& shape = s.param.shape();
+    // A residual moves to its parameter's new slot whether or not gradients are kept between steps (released
+    // gradients, too, carry their residuals: a rebuild must neither drop them nor keep the old arena).
+    if (residual_arena_.defined()) {
+      Tensor moved = residual_arena_.narrow(0, s.offset, s.numel).view(shape);
+      if (s.residual.defined()) moved.copy_(s.residual);
+      s.residual = moved;
+    }
     if (!whole_arena() || lazy_) {
       s.grad = Tensor();  // gradients pass through their bucket's staging only, or are made by each step
       continue;
@@ -127,11 +134,6 @@ void Reducer::layout(const std::vector<int>& order) {
     if (master_arena_.defined()) {
       s.master_grad = master_arena_.narrow(0, s.offset, s.numel).view(shape);
       s.master.set_grad(s.master_grad);
-    }
-    if (residual_arena_.defined()) {
-      Tensor moved = residual_arena_.narrow(0, s.offset, s.numel).view(shape);
-      if (s.residual.defined()) moved.copy_(s.residual);
-      s.residual = moved;
     }
   }
   owned_.clear();
