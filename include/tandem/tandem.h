@@ -12,6 +12,7 @@
 #include "tandem/distributed/sync_batch_norm.h"
 #include "tandem/dtype.h"
 #include "tandem/error.h"
+#include "tandem/fp8.h"
 #include "tandem/nn/layers.h"
 #include "tandem/nn/models.h"
 #include "tandem/nn/module.h"

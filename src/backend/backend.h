@@ -16,6 +16,7 @@
 
 #include "backend/elementwise.h"
 #include "core/allocator.h"
+#include "tandem/fp8.h"
 #include "tandem/tensor.h"
 
 namespace tandem {
@@ -401,6 +402,33 @@ class Backend {
                           const Tensor& verdict) = 0;
   /// counter (one i64 on the device) = (counter + 1) % modulo; with a verdict, only when it is finite.
   virtual void advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) = 0;
+
+  // ---- FP8 (tandem/fp8.h): codes stored as u8, encoded and decoded as core/fp8.h does (the same bytes on every
+  // backend). x: f32, bf16 or f16. scale, scale_inv, amax: one f32 value each on the device (read and written
+  // there, so that a step using them can be recorded). Every cast saturates and rounds to nearest even.
+  /// q (u8, x's element count) = the codes of x * scale[0] in fmt; with amax defined, amax[0] = max(amax[0],
+  /// max |x|) as fp8_amax computes it.
+  virtual void fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Format fmt, Tensor& q, Tensor& amax) = 0;
+  /// For x [rows, cols]: qt [cols, rows] = the codes of x^T * scale[0] (the transposed cast), and, when defined,
+  /// q [rows, cols] = fp8_quantize's codes, both from one pass over x; amax as fp8_quantize.
+  virtual void fp8_quantize_transposed(const Tensor& x, const Tensor& scale, Fp8Format fmt, int64_t rows,
+                                       int64_t cols, Tensor& q, Tensor& qt, Tensor& amax) = 0;
+  /// y (f32, bf16, f16; q's element count) = decode(q) * scale_inv[0], computed in f32.
+  virtual void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Fp8Format fmt, Tensor& y) = 0;
+  /// amax[0] = max(amax[0], max |x|), compared as the bits of |x| (core/fp8.h's abs_bits): a NaN in x (or in
+  /// amax) gives NaN, else an infinity +inf. The result does not depend on the order of the elements.
+  virtual void fp8_amax(const Tensor& x, Tensor& amax) = 0;
+  /// Fp8ScaleState::update's kernel: history f32 [rows, count], scale and scale_inv f32 [count]; fp8_max the
+  /// format's largest value, margin_factor = 2^margin, use_history_max: the amax is the history's maximum (else
+  /// row 0's entry). verdict, when defined (one f32), becomes NaN when a row-0 entry is not finite.
+  virtual void fp8_scale_update(Tensor& history, Tensor& scale, Tensor& scale_inv, float fp8_max, float margin_factor,
+                                bool use_history_max, Tensor& verdict) = 0;
+  /// c [m, n] (f32 or bf16) = (decode(a) * a_scale_inv[0]) (decode(b) * b_scale_inv[0])^T for a [m, k] and b [n, k]
+  /// (u8 codes, rows of k: the "TN" layout Hopper's FP8 products take), products and sums in f32. The default
+  /// decodes both operands to f32 and multiplies them with gemm (the CPU's emulation); CUDA takes cuBLASLt's
+  /// FP8 product where the device and the case allow (not e5m2 by e5m2), else the default.
+  virtual void fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_scale_inv, const Tensor& b, Fp8Format fb,
+                        const Tensor& b_scale_inv, int64_t m, int64_t n, int64_t k, Tensor& c);
 
   // ---- reductions along axes and indexing
   // Tensors are contiguous (but dst of copy_into_strided) and seen as [outer, n, inner], n the extent

@@ -428,6 +428,33 @@ class ProfilingBackend final : public Backend {
     Timed timed(inner_, recordings_, device_, "advance_counter", Phase::Distributed);
     inner_.advance_counter(counter, modulo, verdict);
   }
+  void fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Format fmt, Tensor& q, Tensor& amax) override {
+    Timed timed(inner_, recordings_, device_, "fp8_quantize", profiler::detail::thread_phase());
+    inner_.fp8_quantize(x, scale, fmt, q, amax);
+  }
+  void fp8_quantize_transposed(const Tensor& x, const Tensor& scale, Fp8Format fmt, int64_t rows, int64_t cols,
+                               Tensor& q, Tensor& qt, Tensor& amax) override {
+    Timed timed(inner_, recordings_, device_, "fp8_quantize_transposed", profiler::detail::thread_phase());
+    inner_.fp8_quantize_transposed(x, scale, fmt, rows, cols, q, qt, amax);
+  }
+  void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Fp8Format fmt, Tensor& y) override {
+    Timed timed(inner_, recordings_, device_, "fp8_dequantize", profiler::detail::thread_phase());
+    inner_.fp8_dequantize(q, scale_inv, fmt, y);
+  }
+  void fp8_amax(const Tensor& x, Tensor& amax) override {
+    Timed timed(inner_, recordings_, device_, "fp8_amax", profiler::detail::thread_phase());
+    inner_.fp8_amax(x, amax);
+  }
+  void fp8_scale_update(Tensor& history, Tensor& scale, Tensor& scale_inv, float fp8_max, float margin_factor,
+                        bool use_history_max, Tensor& verdict) override {
+    Timed timed(inner_, recordings_, device_, "fp8_scale_update", profiler::detail::thread_phase());
+    inner_.fp8_scale_update(history, scale, scale_inv, fp8_max, margin_factor, use_history_max, verdict);
+  }
+  void fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_scale_inv, const Tensor& b, Fp8Format fb,
+                const Tensor& b_scale_inv, int64_t m, int64_t n, int64_t k, Tensor& c) override {
+    Timed timed(inner_, recordings_, device_, "fp8_gemm", profiler::detail::thread_phase());
+    inner_.fp8_gemm(a, fa, a_scale_inv, b, fb, b_scale_inv, m, n, k, c);
+  }
   // ---- reductions along axes and indexing
   void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, double arg, Tensor& out) override {
     Timed timed(inner_, recordings_, device_, reduce_name(op), profiler::detail::thread_phase());

@@ -90,6 +90,14 @@ class CpuBackend final : public Backend {
                   const Tensor& verdict) override;
   void advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) override;
 
+  void fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Format fmt, Tensor& q, Tensor& amax) override;
+  void fp8_quantize_transposed(const Tensor& x, const Tensor& scale, Fp8Format fmt, int64_t rows, int64_t cols,
+                               Tensor& q, Tensor& qt, Tensor& amax) override;
+  void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Fp8Format fmt, Tensor& y) override;
+  void fp8_amax(const Tensor& x, Tensor& amax) override;
+  void fp8_scale_update(Tensor& history, Tensor& scale, Tensor& scale_inv, float fp8_max, float margin_factor,
+                        bool use_history_max, Tensor& verdict) override;
+
   // ---- reductions along axes and indexing
   void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, double arg, Tensor& out) override;
   void prod_backward(const Tensor& x, const Tensor& g, int64_t outer, int64_t n, int64_t inner, Tensor& dx) override;

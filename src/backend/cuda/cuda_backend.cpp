@@ -89,6 +89,10 @@ DeviceState& CudaBackend::state(int device) {
     s->device = device;
     s->stream = cuda::compute_stream(device);
     TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, device));
+    int major = 0, minor = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    s->compute_capability = major * 10 + minor;
     TANDEM_CUBLAS_CHECK(cublasCreate(&s->cublas));
     TANDEM_CUBLAS_CHECK(cublasSetStream(s->cublas, s->stream));
     // Default math: no TF32, so products agree with the CPU to f32 rounding.

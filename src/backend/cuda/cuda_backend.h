@@ -42,6 +42,7 @@ struct DeviceState {
   int device = 0;
   cudaStream_t stream = nullptr;
   int sm_count = 0;
+  int compute_capability = 0;  // major * 10 + minor: 90 for Hopper
   cublasHandle_t cublas = nullptr;
   std::mutex cublas_mu;  // a handle must not be used by two threads at once (cuBLAS's and cuBLASLt's)
   void* cublas_workspace = nullptr;  // shared by cuBLAS and cuBLASLt (their work is ordered on the stream)
@@ -190,6 +191,16 @@ class CudaBackend final : public Backend {
                   const Tensor& verdict) override;
   void advance_counter(Tensor& counter, int64_t modulo, const Tensor& verdict) override;
 
+  void fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Format fmt, Tensor& q, Tensor& amax) override;
+  void fp8_quantize_transposed(const Tensor& x, const Tensor& scale, Fp8Format fmt, int64_t rows, int64_t cols,
+                               Tensor& q, Tensor& qt, Tensor& amax) override;
+  void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Fp8Format fmt, Tensor& y) override;
+  void fp8_amax(const Tensor& x, Tensor& amax) override;
+  void fp8_scale_update(Tensor& history, Tensor& scale, Tensor& scale_inv, float fp8_max, float margin_factor,
+                        bool use_history_max, Tensor& verdict) override;
+  void fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_scale_inv, const Tensor& b, Fp8Format fb,
+                const Tensor& b_scale_inv, int64_t m, int64_t n, int64_t k, Tensor& c) override;
+
   // ---- reductions along axes and indexing
   void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, double arg, Tensor& out) override;
   void prod_backward(const Tensor& x, const Tensor& g, int64_t outer, int64_t n, int64_t inner, Tensor& dx) override;
@@ -290,6 +301,9 @@ class CudaBackend final : public Backend {
   /// The product through cuBLASLt (cuda_gemm_lt.cpp); false where cuBLASLt does not take the case.
   bool lt_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const Tensor& a,
                  const Tensor& b, double beta, Tensor& c, const GemmFusion& f);
+  /// The FP8 product through cuBLASLt (cuda_gemm_lt.cpp); false where cuBLASLt or the device does not take it.
+  bool lt_fp8_matmul(const Tensor& a, Fp8Format fa, const Tensor& a_scale_inv, const Tensor& b, Fp8Format fb,
+                     const Tensor& b_scale_inv, int64_t m, int64_t n, int64_t k, Tensor& c);
 
   int device_count_ = 0;
   std::vector<std::unique_ptr<CachingAllocator>> allocators_;

@@ -4,7 +4,9 @@
 // of the GELU's layer beside the GELU's gradient; weight gradients written in f32 from 16-bit operands. One
 // plan (descriptors and algorithm) is kept per shape, type, epilogue and operand alignment; cases cuBLASLt does
 // not take go to the composed default. The algorithm is the fastest of cuBLASLt's heuristic candidates, timed
-// once at the plan's first use outside a recording (TANDEM_GEMM_TUNE=0: the heuristic's first choice).
+// once at the plan's first use outside a recording (TANDEM_GEMM_TUNE=0: the heuristic's first choice). Also
+// the FP8 products (fp8_gemm): e4m3 / e5m2 operands with per-tensor scales read on the device, f32 sums, the
+// heuristic's first algorithm.
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -82,14 +84,19 @@ class LtCache {
   using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, bool, int64_t>;
   cublasLtHandle_t handle = nullptr;
   std::map<Key, Plan> plans;
+  // FP8 products: m, n, k, the operands' formats, C's type.
+  using Fp8Key = std::tuple<int64_t, int64_t, int64_t, int, int, int>;
+  std::map<Fp8Key, Plan> fp8_plans;
   LtCache() { TANDEM_CUBLAS_CHECK(cublasLtCreate(&handle)); }
+  static void destroy(Plan& p) {
+    if (p.desc) (void)cublasLtMatmulDescDestroy(p.desc);
+    for (cublasLtMatrixLayout_t l : {p.la, p.lb, p.lc})
+      if (l) (void)cublasLtMatrixLayoutDestroy(l);
+  }
   ~LtCache() {
     // At exit the runtime may be gone: errors are ignored.
-    for (auto& [key, p] : plans) {
-      if (p.desc) (void)cublasLtMatmulDescDestroy(p.desc);
-      for (cublasLtMatrixLayout_t l : {p.la, p.lb, p.lc})
-        if (l) (void)cublasLtMatrixLayoutDestroy(l);
-    }
+    for (auto& [key, p] : plans) destroy(p);
+    for (auto& [key, p] : fp8_plans) destroy(p);
     if (handle) (void)cublasLtDestroy(handle);
   }
 };
@@ -240,6 +247,72 @@ bool CudaBackend::lt_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
   TANDEM_CHECK(st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE,
                "cublasLtMatmul failed: ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ")");
   p.usable = false;  // refused at run time: composed from now on
+  return false;
+}
+
+bool CudaBackend::lt_fp8_matmul(const Tensor& a, Fp8Format fa, const Tensor& a_scale_inv, const Tensor& b,
+                                Fp8Format fb, const Tensor& b_scale_inv, int64_t m, int64_t n, int64_t k, Tensor& c) {
+  DeviceState& s = state_for(c);
+  // cuBLASLt's FP8 products: Ada and Hopper on (compute capability 8.9), not e5m2 by e5m2, both operands' rows of
+  // k codes 16-byte aligned, C's rows too (n a multiple of 16 covers f32 and bf16).
+  const bool e5_by_e5 = fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2;
+  if (s.compute_capability < 89 || e5_by_e5 || m == 0 || n == 0 || k == 0 || k % 16 != 0 || n % 16 != 0 ||
+      !(c.dtype() == DType::f32 || c.dtype() == DType::bf16) || a.dtype() != DType::u8 || b.dtype() != DType::u8 ||
+      !aligned16(a.data_ptr()) || !aligned16(b.data_ptr()) || !aligned16(c.data_ptr()))
+    return false;
+  for (const Tensor* t : {&a_scale_inv, &b_scale_inv})
+    TANDEM_CHECK(t->dtype() == DType::f32 && t->numel() == 1 && t->device() == c.device(),
+                 "fp8_gemm: a scale_inv is one f32 value on the product's device, got ", t->str());
+  const auto fp8_type = [](Fp8Format f) { return f == Fp8Format::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
+  const LtCache::Fp8Key key{m, n, k, static_cast<int>(fa), static_cast<int>(fb), static_cast<int>(c.dtype())};
+  std::unique_lock<std::mutex> lock(s.cublas_mu);
+  if (!s.lt) s.lt = std::make_shared<LtCache>();
+  LtCache& cache = *s.lt;
+  // cuBLASLt's operands as for lt_matmul (column-major C^T = B A^T): its A is our b [n, k] read transposed, its B
+  // our a [m, k] read as it is: the "TN" layout FP8 products need. Its A's scale is therefore b's.
+  auto point = [&](Plan& p) {
+    const void* sa = b_scale_inv.data_ptr();
+    const void* sb = a_scale_inv.data_ptr();
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+  };
+  auto it = cache.fp8_plans.find(key);
+  if (it == cache.fp8_plans.end()) {
+    Plan p;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    point(p);
+    const auto uk = static_cast<uint64_t>(k), un = static_cast<uint64_t>(n), um = static_cast<uint64_t>(m);
+    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, fp8_type(fb), uk, un, k));
+    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, fp8_type(fa), uk, um, k));
+    TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, lt_type(c.dtype()), un, um, n));
+    cublasLtMatmulPreference_t pref = nullptr;
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = s.cublas_workspace_bytes;
+    TANDEM_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(cache.handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    p.usable = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (p.usable) p.algo = result.algo;
+    it = cache.fp8_plans.emplace(key, p).first;
+  }
+  Plan& p = it->second;
+  if (!p.usable) return false;
+  point(p);
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t st = cublasLtMatmul(cache.handle, p.desc, &one, b.data_ptr(), p.la, a.data_ptr(), p.lb, &zero,
+                                           c.data_ptr(), p.lc, c.data_ptr(), p.lc, &p.algo, s.cublas_workspace,
+                                           s.cublas_workspace_bytes, s.stream);
+  if (st == CUBLAS_STATUS_SUCCESS) return true;
+  TANDEM_CHECK(st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE,
+               "cublasLtMatmul (FP8) failed: ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ")");
+  p.usable = false;  // refused at run time: emulated from now on
   return false;
 }
 
