@@ -907,10 +907,6 @@ std::vector<PlannedParam> planned_parameters(const MemoryPlanSettings& s) {
 MemoryPlan plan_memory(const MemoryPlanSettings& s) {
   TANDEM_CHECK(s.batch > 0 && s.context > 0 && s.world > 0 && s.accumulate > 0, "memory plan: batch ", s.batch,
                ", context ", s.context, ", ranks ", s.world, ", micro-batches ", s.accumulate, " must be positive");
-  const double dropout = s.model == "llama" ? s.llama.dropout : s.gpt.dropout;
-  TANDEM_CHECK(s.recompute != RecomputePolicy::full || dropout == 0.0, "activation recompute: the model has dropout ",
-               dropout, ", whose draws the second run of a block would not repeat; train with dropout 0 (--dropout 0) "
-               "or without recompute");
   const Model m = Builder(s).build();
   const Layout l = lay_out(m.params, s);
   const Dtypes d = dtypes_of(s);
