@@ -181,7 +181,7 @@ int run_lm_train_bench(const TrainBenchConfig& cfg) {
     if (llama) ps.llama = lshape; else ps.gpt = shape;
     ps.batch = B;
     ps.context = T;
-    ps.recompute = parse_recompute_policy(cfg.lm.recompute);
+    ps.recompute = nn::parse_recompute(cfg.lm.recompute);
     if (cfg.plan_only) {
       plan = s.plan_memory_or_refuse(ps, false, /*check=*/false);
       const int64_t budget = s.memory_budget();

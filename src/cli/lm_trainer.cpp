@@ -406,7 +406,7 @@ bool LmTrainer::setup() {
     ps.accumulate = accumulate_;
     ps.eval_batch = specs_.val.empty() || cfg_.eval_steps == 0 ? 0 : cfg_.batch_size;
     ps.checkpoint = !cfg_.checkpoint.empty();
-    ps.recompute = parse_recompute_policy(cfg_.recompute);
+    ps.recompute = nn::parse_recompute(cfg_.recompute);
     // Each split's part of this rank, put on the device once (data::TokenBatches).
     ps.data_bytes = token_data_bytes(train_stream_.size(), train_stream_.width(), train_stream_.masked(),
                                      specs_.loss_mask ? specs_.frame : 0, s.rank(), s.world());

@@ -19,16 +19,6 @@
 
 namespace tandem::cli {
 
-RecomputePolicy parse_recompute_policy(const std::string& name) {
-  if (name == "none") return RecomputePolicy::none;
-  if (name == "full") return RecomputePolicy::full;
-  // selective frees a block's norm and activation outputs: planned as none, an upper bound of its peak.
-  if (name == "selective") return RecomputePolicy::none;
-  TANDEM_CHECK(false, "unknown --recompute '", name, "' (use none, selective or full)");
-}
-
-const char* recompute_policy_name(RecomputePolicy p) { return p == RecomputePolicy::full ? "full" : "none"; }
-
 int64_t PlannedParam::numel() const { return shape_numel(shape); }
 
 namespace {
@@ -240,21 +230,33 @@ class Builder {
     return st;
   }
 
+  // Block i's stage (its layer group), taking the residual stream as its input.
+  Stage block_stage(int64_t i) const {
+    Stage st;
+    st.group = static_cast<int>(i) + 1;
+    st.block = true;
+    st.input = m_.stream;
+    return st;
+  }
+
+  // A block's first norm: it keeps its statistics (its input is the block's, kept as the stage's).
+  Op first_norm(const std::string& who, const std::string& pre, bool rms) const {
+    Op ln1;
+    ln1.what = who + "'s first norm";
+    ln1.saved = norm_stats(rms);
+    ln1.bwd_tmp = column_sums();
+    ln1.params = ps(pre + "ln_1.", {"weight", "bias"});  // an RMSNorm has no bias: ps leaves it out
+    return ln1;
+  }
+
   Stage gpt_block(int64_t i) const {
     const nn::GptConfig& g = s_.gpt;
     const std::string pre = "h." + std::to_string(i) + ".", who = "block " + std::to_string(i);
     const int64_t f = 4 * c_;
     const bool pad = s_.bias_from_product && g.bias;  // layer norms write padded rows for the biased products
     const int64_t ld = pad ? ops::padded_ld(c_) : c_;
-    Stage st;
-    st.group = static_cast<int>(i) + 1;
-    st.block = true;
-    st.input = m_.stream;
-    Op ln1;
-    ln1.what = who + "'s first norm";
-    ln1.saved = norm_stats(false);
-    ln1.bwd_tmp = column_sums();
-    ln1.params = ps(pre + "ln_1.", {"weight", "bias"});
+    Stage st = block_stage(i);
+    Op ln1 = first_norm(who, pre, /*rms=*/false);
     Op qkv;
     qkv.what = who + "'s query-key-value product";
     qkv.saved = {act(n_ * ld)};
@@ -300,15 +302,8 @@ class Builder {
     const nn::LlamaConfig& l = s_.llama;
     const std::string pre = "h." + std::to_string(i) + ".", who = "block " + std::to_string(i);
     const int64_t d = c_ / l.heads, qkv_w = c_ + 2 * l.kv_heads * d, f = l.mlp_hidden;
-    Stage st;
-    st.group = static_cast<int>(i) + 1;
-    st.block = true;
-    st.input = m_.stream;
-    Op ln1;
-    ln1.what = who + "'s first norm";
-    ln1.saved = norm_stats(true);
-    ln1.bwd_tmp = column_sums();
-    ln1.params = ps(pre + "ln_1.", {"weight"});
+    Stage st = block_stage(i);
+    Op ln1 = first_norm(who, pre, /*rms=*/true);
     Op qkv;
     qkv.what = who + "'s query-key-value product";
     qkv.saved = {act(n_ * c_)};
@@ -1079,7 +1074,7 @@ std::string memory_table(const MemoryPlan& plan, const MemoryPlanSettings& s, in
                                                std::to_string(s.accumulate) + " micro-batches a step)"
                                          : "held from backward to the update";
   std::string note = "tandem: activations of one micro-batch of " + std::to_string(s.batch) + " x " +
-                     std::to_string(s.context) + " tokens under --recompute " + recompute_policy_name(s.recompute) +
+                     std::to_string(s.context) + " tokens under --recompute " + nn::recompute_name(s.recompute) +
                      "; gradients " + grads + "; peak at " + plan.peak_at + "; " + where;
   if (plan.host > 0)
     note += "; host memory beside: " + format_bytes(plan.host) + (s.checkpoint ? " (the model built, a checkpoint saved)" : " (the model built)");

@@ -18,15 +18,12 @@
 
 namespace tandem::cli {
 
-/// How transformer blocks keep what their backward reads (--recompute). Each policy maps to what a micro-batch
-/// keeps through the forward pass (block_activations) and to what a block's backward holds again.
+/// How transformer blocks keep what their backward reads (--recompute, nn::RecomputePolicy). Each policy maps to
+/// what a micro-batch keeps through the forward pass (block_activations) and to what a block's backward holds again.
 ///  - none: every op keeps its tensors until its backward.
 ///  - full: a block keeps only its input; its backward runs the block again and holds one block's tensors.
-enum class RecomputePolicy { none, full };
-/// "none" or "full" ("selective" is planned as none: an upper bound of its peak); throws naming the valid ones
-/// otherwise.
-RecomputePolicy parse_recompute_policy(const std::string& name);
-const char* recompute_policy_name(RecomputePolicy p);
+///  - selective: planned as none (an upper bound of its peak).
+using nn::RecomputePolicy;
 
 /// What the plan is made from: the model, one rank's micro-batch, and how the run computes and shards.
 struct MemoryPlanSettings {

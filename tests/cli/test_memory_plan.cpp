@@ -133,10 +133,10 @@ TEST(MemoryPlan, StateBetweenStepsIsWhatDistOptKeeps) {
 }
 
 TEST(MemoryPlan, ARecomputePolicyMapsToTheActivationsItKeeps) {
-  EXPECT_EQ(parse_recompute_policy("none"), RecomputePolicy::none);
-  EXPECT_EQ(parse_recompute_policy("full"), RecomputePolicy::full);
-  EXPECT_STREQ(recompute_policy_name(RecomputePolicy::full), "full");
-  EXPECT_THROW(parse_recompute_policy("some"), Error);
+  EXPECT_EQ(nn::parse_recompute("none"), RecomputePolicy::none);
+  EXPECT_EQ(nn::parse_recompute("full"), RecomputePolicy::full);
+  EXPECT_STREQ(nn::recompute_name(RecomputePolicy::full), "full");
+  EXPECT_THROW(nn::parse_recompute("some"), Error);
   for (bool llama : {false, true}) {
     MemoryPlanSettings s = llama ? llama_settings(tiny_llama(), 4) : gpt_settings(tiny_gpt(), 4);
     const MemoryPlan none = plan_memory(s);

@@ -12,19 +12,8 @@
 #include "e2e/cli_util.h"
 #include "tandem/device.h"
 
+using tandem::test::result_of;
 using tandem::test::run_tandem;
-
-namespace {
-
-nlohmann::json result_of(const std::string& out) {
-  const size_t at = out.rfind("RESULT ");
-  if (at == std::string::npos) return nullptr;
-  const size_t end = out.find('\n', at);
-  return nlohmann::json::parse(out.substr(at + 7, end == std::string::npos ? std::string::npos : end - at - 7), nullptr,
-                               false);
-}
-
-}  // namespace
 
 TEST(CudaMemoryPlan, PlanMatchesTheAllocatorsPeakInBf16) {
   if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";

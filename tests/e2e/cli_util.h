@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace tandem::test {
 
 struct RunResult {
@@ -43,6 +45,15 @@ inline int count_lines_with(const std::string& text, const std::string& needle) 
     pos += needle.size();
   }
   return n;
+}
+
+/// The last "RESULT {...}" line of a bench command's output, parsed (null when there is none or it is not JSON).
+inline nlohmann::json result_of(const std::string& out) {
+  const size_t at = out.rfind("RESULT ");
+  if (at == std::string::npos) return nullptr;
+  const size_t end = out.find('\n', at);
+  return nlohmann::json::parse(out.substr(at + 7, end == std::string::npos ? std::string::npos : end - at - 7), nullptr,
+                               false);
 }
 
 }  // namespace tandem::test

@@ -27,14 +27,7 @@ namespace {
 
 const std::string kBin = TANDEM_BIN;
 
-// The bench's RESULT line, parsed (null when there is none).
-nlohmann::json result_of(const std::string& out) {
-  const size_t at = out.rfind("RESULT ");
-  if (at == std::string::npos) return nullptr;
-  const size_t end = out.find('\n', at);
-  return nlohmann::json::parse(out.substr(at + 7, end == std::string::npos ? std::string::npos : end - at - 7), nullptr,
-                               false);
-}
+using tandem::test::result_of;
 
 // Two timed steps after two untimed ones (the first creates the optimizer's state; on two ranks the second lays
 // the buckets out again in the order gradients arrived): the steady state's peak.

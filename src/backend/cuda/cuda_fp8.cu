@@ -15,23 +15,11 @@ namespace tandem::backend {
 
 namespace {
 using kern::blocks_for;
+using kern::from_float;
 using kern::kBlock;
 using kern::thread_count;
 using kern::thread_index;
-
-template <typename T>
-__device__ __forceinline__ float load_f(T v) {
-  if constexpr (std::is_same_v<T, __half>) return __half2float(v);
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
-  else return v;
-}
-
-template <typename T>
-__device__ __forceinline__ T store_f(float v) {
-  if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else return v;
-}
+using kern::to_float;
 
 // Merges a thread's maximum of abs_bits into amax (raw bits of a non-negative f32, or NaN): a warp's maximum,
 // then one atomic per warp. Every thread of the warp must call it.
@@ -45,7 +33,7 @@ __global__ void quantize_kernel(const S* x, const float* scale, uint8_t* q, int6
   const float s = *scale;
   unsigned m = 0;
   for (int64_t i = thread_index(); i < n; i += thread_count()) {
-    const float v = load_f(x[i]);
+    const float v = to_float(x[i]);
     q[i] = fp8::encode(v * s, e4m3, true);
     m = max(m, fp8::abs_bits(v));
   }
@@ -55,7 +43,7 @@ __global__ void quantize_kernel(const S* x, const float* scale, uint8_t* q, int6
 template <typename S>
 __global__ void amax_kernel(const S* x, int64_t n, float* amax) {
   unsigned m = 0;
-  for (int64_t i = thread_index(); i < n; i += thread_count()) m = max(m, fp8::abs_bits(load_f(x[i])));
+  for (int64_t i = thread_index(); i < n; i += thread_count()) m = max(m, fp8::abs_bits(to_float(x[i])));
   merge_amax(amax, m);
 }
 
@@ -74,7 +62,7 @@ __global__ void quantize_transposed_kernel(const S* x, const float* scale, int64
   for (int j = ty; j < kTile; j += kTileRows) {
     const int64_t r = r0 + j, c = c0 + tx;
     if (r < rows && c < cols) {
-      const float v = load_f(x[r * cols + c]);
+      const float v = to_float(x[r * cols + c]);
       const uint8_t code = fp8::encode(v * s, e4m3, true);
       if (q) q[r * cols + c] = code;
       tile[j][tx] = code;
@@ -92,7 +80,7 @@ __global__ void quantize_transposed_kernel(const S* x, const float* scale, int64
 template <typename D>
 __global__ void dequantize_kernel(const uint8_t* q, const float* scale_inv, D* y, int64_t n, bool e4m3) {
   const float si = *scale_inv;
-  for (int64_t i = thread_index(); i < n; i += thread_count()) y[i] = store_f<D>(fp8::decode(q[i], e4m3) * si);
+  for (int64_t i = thread_index(); i < n; i += thread_count()) y[i] = from_float<D>(fp8::decode(q[i], e4m3) * si);
 }
 
 __global__ void scale_update_kernel(float* history, int64_t rows, int64_t count, float* scale, float* scale_inv,

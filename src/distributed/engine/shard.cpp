@@ -111,8 +111,10 @@ void ShardedStep::write_back() {
     if (bucket_pieces_[k].empty()) continue;
     Tensor into = device_block(k);
     Tensor from = host_values_.narrow(0, block_at_[k], into.numel());
-    // Under master weights the parameters hold the masters' rounding (as the optimizer writes it).
-    into.copy_(param_dtype_ == DType::f32 ? from : from.to(param_dtype_));
+    into.copy_(from);
+    // Under master weights the parameters hold the masters' rounding (as the optimizer writes it), rounded where
+    // they are rather than in two passes over host memory.
+    if (param_dtype_ != DType::f32) into.copy_(into.to(param_dtype_));
   }
 }
 
