@@ -423,23 +423,29 @@ void add_into(Tensor& acc, const Tensor& x);
 /// the probabilities are dropped with that probability and the rest scaled by 1 / (1 - dropout_p). On CUDA,
 /// f16 and bf16 run cuDNN's fused flash attention where tandem was built with the cuDNN frontend and cuDNN
 /// takes the geometry; f32, the CPU and other cases compute softmax and products (scores in f32 or better).
+/// doc_positions (causal self-attention only; undefined: none), i32 [B, T]: several documents packed into each
+/// row, doc_positions[b, i] the position of token i in its document (0 at each document's first token): query
+/// i then sees keys i - doc_positions[b, i] .. i only, those of its own document, as if each document were
+/// alone in its row.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
-                                    double dropout_p = 0.0, double scale = 0.0, Generator* gen = nullptr);
+                                    double dropout_p = 0.0, double scale = 0.0, Generator* gen = nullptr,
+                                    const Tensor& doc_positions = Tensor());
 /// Multi-head self-attention over a packed projection: qkv [B, T, 3C] holds the query, key and value side by
 /// side along its last axis (as GPT-2's c_attn gives them), each C = heads x d; the result is [B, T, C], the
 /// heads side by side. The same as splitting qkv in three, viewing each part as [B, heads, T, d], calling
 /// scaled_dot_product_attention and merging the heads back, but where the fused path runs (CUDA, 16-bit)
 /// nothing is copied: cuDNN reads the heads from qkv in place, writes the output in [B, T, C] and the gradient
 /// of qkv as one tensor. Other cases compute exactly that composition.
+/// doc_positions as scaled_dot_product_attention's.
 Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool causal = true, double dropout_p = 0.0,
-                             double scale = 0.0, Generator* gen = nullptr);
+                             double scale = 0.0, Generator* gen = nullptr, const Tensor& doc_positions = Tensor());
 /// Grouped-query packed self-attention: qkv [B, T, (heads + 2 kv_heads) d] holds heads query heads, then kv_heads
 /// key heads, then kv_heads value heads (kv_heads dividing heads; query head h reads key-value head
 /// h / (heads / kv_heads)); the result is [B, T, heads d]. The same as splitting qkv in three, viewing the parts
 /// by head and calling scaled_dot_product_attention, with the fused paths reading the heads in place as above.
 /// kv_heads = heads is the overload above.
 Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal, double dropout_p = 0.0,
-                             double scale = 0.0, Generator* gen = nullptr);
+                             double scale = 0.0, Generator* gen = nullptr, const Tensor& doc_positions = Tensor());
 
 /// Rotary position embeddings' tables for heads of head_dim values (even) at positions 0 .. positions - 1: cos
 /// and sin [positions, head_dim], frequency i (of head_dim / 2) in columns i and i + head_dim / 2 (Hugging Face's
@@ -464,8 +470,10 @@ Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
 /// type (CPU f32, f64; CUDA f32, f16, bf16: arithmetic in f32, rounded once) one pass over qkv computes it and
 /// one its gradient, which keeps nothing but the tables; otherwise (and when the tables take a gradient) it is the
 /// composition: split, view by head, rotary_embedding, merge, concat.
+/// positions, where defined (i32 [B, T], each below P): row (b, t) takes table row positions[b, t] instead of
+/// start + t (packed documents, each counted from 0; start must be 0).
 Tensor rotary_packed(const Tensor& qkv, const Tensor& cos, const Tensor& sin, int64_t heads, int64_t kv_heads,
-                     int64_t start = 0);
+                     int64_t start = 0, const Tensor& positions = Tensor());
 
 // ---- embedding and recurrent networks
 /// The rows of weight [V, D] that indices (i32 or i64, any shape [...], values in [0, V)) pick:

@@ -77,13 +77,16 @@ void bind_norm(nb::module_& m) {
   m.def(
       "scaled_dot_product_attention",
       [](const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
-         const std::optional<double>& scale, Generator* gen) {
-        return scaled_dot_product_attention(q, k, v, causal, dropout_p, scale.value_or(0.0), gen);
+         const std::optional<double>& scale, Generator* gen, const std::optional<Tensor>& doc_positions) {
+        return scaled_dot_product_attention(q, k, v, causal, dropout_p, scale.value_or(0.0), gen,
+                                            doc_positions.value_or(Tensor()));
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal") = false, nb::arg("dropout_p") = 0.0,
-      nb::arg("scale").none() = nb::none(), nb::arg("generator").none() = nb::none(), release_gil(),
+      nb::arg("scale").none() = nb::none(), nb::arg("generator").none() = nb::none(),
+      nb::arg("doc_positions").none() = nb::none(), release_gil(),
       "softmax(scale q k^T) v for [B, H, T, d] tensors (scale None: 1/sqrt(d)); causal masks later keys; "
-      "dropout_p > 0 needs a generator. 16-bit on a GPU: cuDNN's fused flash attention.");
+      "dropout_p > 0 needs a generator; doc_positions (int32 [B, T], causal only): each token's position in its "
+      "document, keys of other documents masked. 16-bit on a GPU: cuDNN's fused flash attention.");
 
   nb::class_<nn::LayerNorm, nn::Module>(m, "LayerNorm")
       .def(nb::init<std::vector<int64_t>, double, bool, bool>(), nb::arg("normalized_shape"), nb::arg("eps") = 1e-5,
@@ -209,6 +212,10 @@ void bind_norm(nb::module_& m) {
           "set_recompute", [](nn::GPT& g, const std::string& policy) { g.set_recompute(nn::parse_recompute(policy)); },
           nb::arg("policy"), "Activation recompute of the blocks: none, selective or full.")
       .def_prop_ro("recompute", [](const nn::GPT& g) { return std::string(nn::recompute_name(g.recompute_policy())); })
+      .def(
+          "set_document_positions",
+          [](nn::GPT& g, const std::optional<Tensor>& p) { g.set_document_positions(p.value_or(Tensor())); },
+          nb::arg("positions").none(), "Packed documents (CausalLm::set_document_positions); None: none.")
       .def(
           "generate",
           [](nn::GPT& g, const std::vector<int64_t>& prompt, int64_t n, double temperature, int64_t top_k,

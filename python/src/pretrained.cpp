@@ -1,5 +1,6 @@
 // Llama models and Hugging Face directories in Python: nn::Llama with its configuration, from_pretrained and
 // save_pretrained (tandem.models.Llama and tandem.models.from_pretrained wrap them).
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -49,6 +50,10 @@ void bind_pretrained(nb::module_& m) {
           "set_recompute", [](nn::Llama& l, const std::string& policy) { l.set_recompute(nn::parse_recompute(policy)); },
           nb::arg("policy"), "Activation recompute of the blocks: none, selective or full.")
       .def_prop_ro("recompute", [](const nn::Llama& l) { return std::string(nn::recompute_name(l.recompute_policy())); })
+      .def(
+          "set_document_positions",
+          [](nn::Llama& l, const std::optional<Tensor>& p) { l.set_document_positions(p.value_or(Tensor())); },
+          nb::arg("positions").none(), "Packed documents (CausalLm::set_document_positions); None: none.")
       .def("forward_cached", &nn::Llama::forward_cached, nb::arg("tokens"), nb::arg("cache"), release_gil(),
            "Logits for the next tokens [B, Tn] of sequences whose earlier tokens cache holds.")
       .def(

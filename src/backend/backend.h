@@ -167,6 +167,10 @@ struct AttentionGeom {
   /// The input gradients in the inputs' own layout (the strides above) instead of [b, t, h, d]: the gradients
   /// of a packed projection's query, key and value written side by side into one gradient of that projection.
   bool grads_like_inputs = false;
+  /// Packed documents (self-attention, tq = tk, causal): i32 [batch, tq], contiguous on the operands' device,
+  /// query i's position in its document, p_i <= i; query i sees keys i - p_i .. i only (keys of the earlier
+  /// documents of its row are masked as the causal mask masks later keys). Undefined: one sequence per row.
+  Tensor doc_pos;
 };
 
 /// Rotary position embeddings on the heads of a packed projection: each of the batch x t rows holds
@@ -176,6 +180,9 @@ struct RotaryGeom {
   int64_t batch = 0, t = 0, rotated = 0, copied = 0, d = 0, start = 0;
   /// The rotation's transpose instead (the backward: the gradient of the rows from theirs).
   bool transpose = false;
+  /// Where defined, i32 [batch, t] (contiguous, on x's device): row r's position is positions[r] instead (each
+  /// below the tables' P): packed documents, each counted from 0.
+  Tensor positions;
   int64_t width() const { return (rotated + copied) * d; }
 };
 
@@ -252,8 +259,17 @@ class Backend {
   /// % F with random, j % F without, F = n / frame. mask, when defined: u8 [n], a byte per token, 1 where
   /// the token is a target the loss is taken on; y[b, t] is -100 (the losses' ignore_index) where
   /// mask[s_j + t + 1] is 0.
+  /// With pos defined (i32 [B, T], like x; mask defined): pos[b, t] = the position of x[b, t] in its document,
+  /// counted from the last token at or before it whose mask byte has bit 1 (2) set, or from the window's
+  /// first token (frames start at documents). mask's bit 0 is the loss mask.
   virtual void token_windows(const Tensor& tokens, const Tensor& mask, Tensor& cursor, uint64_t seed, bool random,
-                             int64_t frame, Tensor& x, Tensor& y) = 0;
+                             int64_t frame, Tensor& x, Tensor& y, Tensor& pos) = 0;
+  /// Without document positions.
+  void token_windows(const Tensor& tokens, const Tensor& mask, Tensor& cursor, uint64_t seed, bool random,
+                     int64_t frame, Tensor& x, Tensor& y) {
+    Tensor none;
+    token_windows(tokens, mask, cursor, seed, random, frame, x, y, none);
+  }
   /// Counter-based uniform [lo, hi) and Gaussian fills; element i uses counter offset + i.
   virtual void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
   virtual void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) = 0;
@@ -547,6 +563,10 @@ class Backend {
   /// masked out (exp(-inf) = 0). y may be s. Types as softmax_forward.
   virtual void attention_softmax(const Tensor& s, int64_t batch, int64_t tq, int64_t tk, double scale, bool causal,
                                  Tensor& y) = 0;
+  /// Packed documents on the composed path: s [batch heads, tq, tk] (f32 or f64, contiguous) gets -1e30 at
+  /// (b h, i, j) where j < i - doc_pos[b, i] (keys of earlier documents; doc_pos i32 [batch, tq] as
+  /// AttentionGeom's), so that attention_softmax gives them probability 0.
+  virtual void attention_mask_documents(Tensor& s, int64_t heads, const Tensor& doc_pos) = 0;
   /// Whether fused_attention_forward and _backward take this geometry in this type on the device (false: the op
   /// computes attention by matrix products). A backend may prepare its kernels for the geometry on the first call.
   virtual bool fused_attention_supported(const AttentionGeom& g, DType dtype, int device) { return false; }

@@ -128,10 +128,11 @@ class ProfilingBackend final : public Backend {
     Timed timed(inner_, recordings_, device_, "gather_samples", profiler::detail::thread_phase());
     inner_.gather_samples(images, labels, order, cursor, divisor, x, y);
   }
+  using Backend::token_windows;
   void token_windows(const Tensor& tokens, const Tensor& mask, Tensor& cursor, uint64_t seed, bool random,
-                     int64_t frame, Tensor& x, Tensor& y) override {
+                     int64_t frame, Tensor& x, Tensor& y, Tensor& pos) override {
     Timed timed(inner_, recordings_, device_, "token_windows", profiler::detail::thread_phase());
-    inner_.token_windows(tokens, mask, cursor, seed, random, frame, x, y);
+    inner_.token_windows(tokens, mask, cursor, seed, random, frame, x, y, pos);
   }
   void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) override {
     Timed timed(inner_, recordings_, device_, "random_uniform", profiler::detail::thread_phase());
@@ -261,6 +262,10 @@ class ProfilingBackend final : public Backend {
                     int64_t stride_c) override {
     Timed timed(inner_, recordings_, device_, "gemm_batched", profiler::detail::thread_phase());
     inner_.gemm_batched(trans_a, trans_b, batch, m, n, k, alpha, a, stride_a, b, stride_b, beta, c, stride_c);
+  }
+  void attention_mask_documents(Tensor& s, int64_t heads, const Tensor& doc_pos) override {
+    Timed timed(inner_, recordings_, device_, "attention_mask_documents", profiler::detail::thread_phase());
+    inner_.attention_mask_documents(s, heads, doc_pos);
   }
   void attention_softmax(const Tensor& s, int64_t batch, int64_t tq, int64_t tk, double scale, bool causal,
                          Tensor& y) override {

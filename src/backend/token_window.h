@@ -27,14 +27,22 @@ TANDEM_HD int64_t token_window_start(uint64_t seed, int64_t j, int64_t n, int64_
 }
 
 /// The target of a window's token at stream position p: the token, or ignore (-100, what the losses
-/// leave out) where a loss mask (one byte per token, null: none) holds 0.
+/// leave out) where a loss mask (one byte per token, null: none) has bit 0 clear. (Bit 1 marks a
+/// document's first token: Backend::token_windows' positions.)
 TANDEM_HD int32_t token_window_target(int32_t token, const uint8_t* mask, int64_t p) {
-  return mask && mask[p] == 0 ? int32_t{-100} : token;
+  return mask && (mask[p] & 1) == 0 ? int32_t{-100} : token;
 }
+
+/// The mask byte's bit marking the first token of a document (an example of packed instruction data).
+constexpr uint8_t kDocumentStart = 2;
 
 /// The checks of Backend::token_windows' arguments that need no device data (both backends make them).
 inline void check_token_windows(const Tensor& tokens, const Tensor& mask, const Tensor& cursor, int64_t frame,
-                                const Tensor& x, const Tensor& y) {
+                                const Tensor& x, const Tensor& y, const Tensor& pos = Tensor()) {
+  TANDEM_CHECK(!pos.defined() || (pos.dtype() == DType::i32 && pos.shape() == x.shape() && pos.is_contiguous() &&
+                                  pos.device() == x.device() && mask.defined()),
+               "token_windows: document positions must be i32 ", x.str(), " like x, and need the mask that marks ",
+               "the documents, got ", pos.str(), mask.defined() ? "" : " without a mask");
   TANDEM_CHECK(tokens.dtype() == DType::u8 && tokens.dim() == 2 && (tokens.size(1) == 2 || tokens.size(1) == 4) &&
                    tokens.is_contiguous(),
                "token_windows: tokens must be u8 [n, 2] or u8 [n, 4] (uint16 or uint32 tokens as bytes), got ",

@@ -261,8 +261,8 @@ Runner add_data_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   jsonl->add_flag("--pack,!--no-pack", jsonl_cfg->pack,
-                  "Pack several whole examples into each window (fewer padding tokens, but an example attends to the "
-                  "earlier examples of its window); default --no-pack: one example per window, padded (exact)");
+                  "Pack several whole examples into each window: fewer padding tokens, each example still attending to "
+                  "itself only; default --no-pack: one example per window, padded");
   jsonl->add_flag("--skip-long", jsonl_cfg->skip_long,
                   "Leave out examples longer than T + 1 tokens (counted and reported) instead of refusing them");
   auto* tmpl = jsonl->add_option(
@@ -305,8 +305,9 @@ Runner add_data_command(CLI::App& app) {
       "Windows: each window holds T + 1 = --context + 1 tokens and no example is cut in two. By default\n"
       "each window holds one example, padded with the eos (not trained on): exact, each example sees only\n"
       "itself. --pack puts as many whole examples as fit into each window, in order: fewer padding tokens,\n"
-      "but tandem's attention has no document boundaries, so an example attends to the earlier examples\n"
-      "of its window. An example longer than T + 1 tokens is refused (naming its file and line) unless\n"
+      "and the same result: `tandem train` reads the examples' bounds from NAME.examples, and each example\n"
+      "attends only to itself, its positions counted from its own first token, as if it had a window of\n"
+      "its own. An example longer than T + 1 tokens is refused (naming its file and line) unless\n"
       "--skip-long leaves it out; it is never truncated.\n"
       "\n"
       "Writes DIR/train_000000.bin ... and DIR/val_000000.bin ... (llm.c's format, as `tandem data text`:\n"

@@ -104,7 +104,8 @@ int64_t lm_data_context(const LmTrainConfig& cfg, const LmDataSpecs& data) {
 }
 
 data::TokenStream lm_token_stream(const std::string& spec, const LmDataSpecs& data) {
-  data::TokenStream stream(spec, 0, data.loss_mask);
+  // Packed examples: the stream marks each example's first token, so that none attends to another.
+  data::TokenStream stream(spec, 0, data.loss_mask, data.loss_mask && data.packing == "pack");
   if (!data.loss_mask) {
     // Instruction data read without its meta.json would train on every token of prompts and padding.
     std::error_code ec;

@@ -254,6 +254,12 @@ bool LmTrainer::setup() {
         val_stream_, lm_batch_options(cfg_, specs_, context_, s.rank(), s.world(), s.device(), true));
   x_ = Tensor::empty({cfg_.batch_size, context_}, DType::i32, s.device());
   y_ = Tensor::empty({cfg_.batch_size, context_}, DType::i32, s.device());
+  if (train_batches_->documented()) {
+    // Packed examples: the model reads each token's position in its example from this buffer, which every
+    // draw refills (recorded steps too), and attends within examples only.
+    pos_ = Tensor::zeros({cfg_.batch_size, context_}, DType::i32, s.device());
+    if (auto* lm = dynamic_cast<nn::CausalLm*>(&s.model())) lm->set_document_positions(pos_);
+  }
   step_loss_ = Tensor::zeros({1}, DType::f32, s.device());
 
   if (cfg_.resume && !resume()) return false;
@@ -283,7 +289,7 @@ bool LmTrainer::setup() {
                    n > 0 ? 100.0 * static_cast<double>(trained) / static_cast<double>(n) : 0.0,
                    with_commas(n / specs_.frame).c_str(), static_cast<long long>(specs_.frame),
                    specs_.packing == "pack"
-                       ? "whole examples packed; an example attends to the earlier ones of its window"
+                       ? "whole examples packed, each attending to itself only"
                        : "one example each, padded");
     }
     if (specs_.val.empty())
@@ -433,13 +439,13 @@ StepResult LmTrainer::train_step() {
   Session& s = *session_;
   if (accumulate_ == 1) {
     // A whole step: the session may record it, with the draw of its windows, and replay it.
-    return s.train_step(x_, y_, /*track=*/false, [this] { train_batches_->fill(x_, y_); });
+    return s.train_step(x_, y_, /*track=*/false, [this] { train_batches_->fill(x_, y_, pos_); });
   }
   // Micro-batches: each loss weighted by 1/N, so the step applies the mean gradient over all of them.
   step_loss_.zero_();
   const double weight = 1.0 / static_cast<double>(accumulate_);
   for (int64_t i = 0; i < accumulate_; ++i) {
-    train_batches_->fill(x_, y_);
+    train_batches_->fill(x_, y_, pos_);
     StepResult r = s.forward_backward(x_, y_, weight, i + 1 == accumulate_);
     add_into(step_loss_, r.loss.view({1}));
   }
@@ -463,14 +469,17 @@ double LmTrainer::evaluate() {
     data::TokenBatches& vb = *val_batches_;
     vb.seek(0);  // the same windows at every evaluation
     const int64_t want = std::min(cfg_.eval_steps * cfg_.batch_size, vb.windows());
-    Tensor x, y;
+    Tensor x, y, pos;
+    auto* lm = dynamic_cast<nn::CausalLm*>(&s.model());
     while (rows < want) {
       const int64_t n = std::min(cfg_.batch_size, want - rows);
       if (!x.defined() || x.size(0) != n) {
         x = Tensor::empty({n, context_}, DType::i32, s.device());
         y = Tensor::empty({n, context_}, DType::i32, s.device());
+        if (vb.documented()) pos = Tensor::zeros({n, context_}, DType::i32, s.device());
       }
-      vb.fill(x, y);
+      vb.fill(x, y, pos);
+      if (lm && vb.documented()) lm->set_document_positions(pos);
       if (specs_.loss_mask) {
         // The losses of the targets kept (those not -100) added up, and counted: the loss of every
         // trained-on token counts once, however they fall into batches.
@@ -484,6 +493,8 @@ double LmTrainer::evaluate() {
     }
   }
   s.model().train(true);
+  if (auto* lm = dynamic_cast<nn::CausalLm*>(&s.model()); lm && val_batches_->documented())
+    lm->set_document_positions(pos_);  // the training batch's again
   s.comm().all_reduce(loss_sum)->wait();
   if (specs_.loss_mask) {
     s.comm().all_reduce(kept_targets)->wait();

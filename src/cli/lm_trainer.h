@@ -176,6 +176,7 @@ class LmTrainer {
   int64_t context_ = 0, accumulate_ = 1;
   double flops_per_token_ = 0, peak_ = 0;
   Tensor x_, y_;                   // the training batch, drawn in place
+  Tensor pos_;                     // packed examples: each token's position in its example (else undefined)
   Tensor step_loss_;               // f32 [1]: the micro-batches' weighted losses of a step, added up
   std::optional<MetricsFile> metrics_;
   std::optional<TensorBoardWriter> board_;

@@ -178,6 +178,40 @@ std::string mask_path(const std::string& shard_path) {
   return shard_path + ".mask";
 }
 
+std::string examples_path(const std::string& shard_path) {
+  fs::path p(shard_path);
+  if (p.extension() == ".bin") return p.replace_extension(".examples").string();
+  return shard_path + ".examples";
+}
+
+std::vector<int64_t> read_example_starts(const std::string& path, int64_t tokens) {
+  uint64_t size = 0;
+  std::FILE* f = io::open_regular_file(path, "example index", size);
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{f};
+  TANDEM_CHECK(size % 16 == 0, "example index '", path, "' holds ", size, " bytes, not a whole number of 16-byte ",
+               "entries (two int64 per example: its first token and its length); make the data again with ",
+               "`tandem data jsonl`");
+  std::vector<int64_t> pairs(static_cast<size_t>(size / 8));
+  TANDEM_CHECK(pairs.empty() || std::fread(pairs.data(), 8, pairs.size(), f) == pairs.size(), "cannot read example ",
+               "index '", path, "'");
+  std::vector<int64_t> starts;
+  starts.reserve(pairs.size() / 2);
+  int64_t end = 0;
+  for (size_t e = 0; e < pairs.size() / 2; ++e) {
+    // Little-endian on disk, as the shards; the hosts tandem builds for are little-endian.
+    const int64_t at = pairs[2 * e], len = pairs[2 * e + 1];
+    TANDEM_CHECK(len > 0 && at >= end && at <= tokens - len, "example index '", path, "': example ", e, " at ", at,
+                 " of length ", len, " is empty, overlaps the one before it or passes the shard's ", tokens,
+                 " tokens; make the data again with `tandem data jsonl`");
+    starts.push_back(at);
+    end = at + len;
+  }
+  return starts;
+}
+
 bool holds_both_splits(const std::string& dir) {
   std::error_code ec;
   bool train = false, val = false;
@@ -233,8 +267,10 @@ std::vector<std::string> find_token_shards(const std::string& spec) {
   return files;
 }
 
-TokenStream::TokenStream(const std::vector<std::string>& specs, int64_t vocab, bool masks) {
+TokenStream::TokenStream(const std::vector<std::string>& specs, int64_t vocab, bool masks, bool documents)
+    : documented_(documents) {
   TANDEM_CHECK(!specs.empty(), "token stream: no shard files were given");
+  TANDEM_CHECK(!documents || masks, "token stream: documents are marked in the loss masks, which were not asked for");
   for (const std::string& spec : specs) {
     for (const std::string& path : find_token_shards(spec)) {
       auto shard = std::make_shared<const TokenShard>(path, vocab);
@@ -244,6 +280,13 @@ TokenStream::TokenStream(const std::vector<std::string>& specs, int64_t vocab, b
         TANDEM_CHECK(fs::exists(m, ec), "token shard '", path, "' has no loss mask beside it ('", m,
                      "' is missing); `tandem data jsonl` writes one per shard");
         masks_.push_back(std::make_shared<const MaskShard>(m, shard->size()));
+      }
+      if (documents) {
+        const std::string e = examples_path(path);
+        std::error_code ec;
+        TANDEM_CHECK(fs::exists(e, ec), "token shard '", path, "' has no example index beside it ('", e,
+                     "' is missing); `tandem data jsonl` writes one per shard");
+        for (int64_t at : read_example_starts(e, shard->size())) doc_starts_.push_back(size_ + at);
       }
       starts_.push_back(size_);
       size_ += shard->size();
@@ -326,11 +369,26 @@ Tensor TokenStream::upload_mask(int64_t begin, int64_t end, Device device) const
   Tensor t = Tensor::empty({end - begin}, DType::u8, device);
   backend::Backend& be = backend::backend_for(device);
   auto* dst = static_cast<uint8_t*>(t.data_ptr());
+  // With documents, a bounded piece at a time goes through a host buffer where the examples' first tokens
+  // are marked.
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  std::vector<uint8_t> piece;
+  auto doc = std::lower_bound(doc_starts_.begin(), doc_starts_.end(), begin);
   for (size_t s = 0; s < shards_.size(); ++s) {
     const int64_t lo = std::max(begin, starts_[s]), hi = std::min(end, starts_[s] + shards_[s]->size());
-    if (lo < hi)
-      be.copy_from_host(masks_[s]->bytes() + (lo - starts_[s]), dst + (lo - begin), static_cast<size_t>(hi - lo),
-                        device.index);
+    if (lo >= hi) continue;
+    const uint8_t* src = masks_[s]->bytes() + (lo - starts_[s]);
+    if (!documented_) {
+      be.copy_from_host(src, dst + (lo - begin), static_cast<size_t>(hi - lo), device.index);
+      continue;
+    }
+    for (int64_t p0 = lo; p0 < hi; p0 += kPiece) {
+      const int64_t n = std::min(kPiece, hi - p0);
+      piece.assign(src + (p0 - lo), src + (p0 - lo) + n);
+      for (; doc != doc_starts_.end() && *doc < p0 + n; ++doc)
+        if (*doc >= p0) piece[static_cast<size_t>(*doc - p0)] |= backend::kDocumentStart;
+      be.copy_from_host(piece.data(), dst + (p0 - begin), static_cast<size_t>(n), device.index);
+    }
   }
   return t;
 }
@@ -387,6 +445,7 @@ TokenBatches::TokenBatches(const TokenStream& stream, TokenBatchOptions opt) : o
   seed_ = window_seed(opt.seed, opt.rank);
   tokens_ = stream.upload(part_.begin, part_.end, opt.device);
   if (stream.masked()) mask_ = stream.upload_mask(part_.begin, part_.end, opt.device);
+  documented_ = stream.documented();
   cursor_ = Tensor::zeros({2}, DType::i64, opt.device);
 }
 
@@ -408,6 +467,18 @@ void TokenBatches::fill(Tensor& x, Tensor& y) {
                "token batches: x and y must be contiguous i32 [B, ", opt_.context, "] with B <= ", opt_.batch, " on ",
                opt_.device.str(), ", got ", x.defined() ? x.str() : "undefined");
   backend::backend_for(opt_.device).token_windows(tokens_, mask_, cursor_, seed_, !opt_.sequential, opt_.frame, x, y);
+}
+
+void TokenBatches::fill(Tensor& x, Tensor& y, Tensor& pos) {
+  if (!documented_) return fill(x, y);
+  TANDEM_CHECK(x.defined() && x.dim() == 2 && x.size(0) <= opt_.batch && x.size(1) == opt_.context &&
+                   x.device() == opt_.device && x.is_contiguous() && y.defined() && y.is_contiguous() &&
+                   pos.defined() && pos.shape() == x.shape() && pos.dtype() == DType::i32 && pos.is_contiguous(),
+               "token batches: x, y and the document positions must be contiguous i32 [B, ", opt_.context,
+               "] with B <= ", opt_.batch, " on ", opt_.device.str(), ", got ", x.defined() ? x.str() : "undefined",
+               " and ", pos.defined() ? pos.str() : "undefined");
+  backend::backend_for(opt_.device).token_windows(tokens_, mask_, cursor_, seed_, !opt_.sequential, opt_.frame, x, y,
+                                                  pos);
 }
 
 void TokenBatches::seek(int64_t k) {

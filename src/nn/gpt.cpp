@@ -26,6 +26,18 @@ const char* recompute_name(RecomputePolicy p) {
   }
 }
 
+Tensor CausalLm::documents_for(const Tensor& tokens, const std::vector<std::shared_ptr<TransformerBlock>>& blocks,
+                               const char* what) {
+  if (doc_pos_.defined()) {
+    TANDEM_CHECK(doc_pos_.dtype() == DType::i32 && doc_pos_.dim() == 2 && doc_pos_.size(0) == tokens.size(0) &&
+                     doc_pos_.size(1) == tokens.size(1) && doc_pos_.device() == tokens.device(),
+                 what, ": the document positions ", doc_pos_.str(), " do not match the tokens ", tokens.str(),
+                 " (i32, one per token, on their device); set them for this batch or clear them");
+  }
+  for (const auto& b : blocks) b->attn->set_document_positions(doc_pos_);
+  return doc_pos_;
+}
+
 Tensor CausalLm::run_block(TransformerBlock& block, const Tensor& in) {
   switch (recompute_) {
     case RecomputePolicy::full: {
@@ -218,8 +230,10 @@ void GPT::check_tokens(const Tensor& tokens, int64_t start, const char* what) co
 // Each part runs as its layer group (whole parameters for it alone under --shard parameters).
 Tensor GPT::hidden(const Tensor& tokens, GptCache* cache) {
   const int64_t start = cache ? cache->length : 0, t = tokens.size(1);
+  const Tensor docs = cache ? Tensor() : documents_for(tokens, h, "GPT");
   Tensor x = embed_group_.run(tokens, [&](const Tensor& in) {
-    Tensor e = add(embedding(wte->weight, in), slice(wpe->weight, 0, start, t));
+    // Packed documents: each token's row of the position table is its position in its document.
+    Tensor e = add(embedding(wte->weight, in), docs.defined() ? embedding(wpe->weight, docs) : slice(wpe->weight, 0, start, t));
     // The residual stream in the activation type of the precision mode (bf16 or f16 on a GPU under those
     // modes): the blocks' 16-bit products then add to it without conversions.
     if (e.device().is_cuda()) {

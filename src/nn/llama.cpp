@@ -237,6 +237,7 @@ void Llama::check_tokens(const Tensor& tokens, int64_t start, const char* what) 
 }
 
 Tensor Llama::hidden(const Tensor& tokens, GptCache* cache) {
+  if (!cache) documents_for(tokens, h, "Llama");  // the blocks' attention and rotation read them
   Tensor x = embed_group_.run(tokens, [&](const Tensor& in) {
     Tensor e = embedding(wte->weight, in);
     // The residual stream in the activation type of the precision mode, as GPT keeps it.

@@ -62,11 +62,12 @@ std::pair<Tensor, Tensor> RotaryCache::at(int64_t start, int64_t length, DType d
 Tensor SelfAttention::attend(const Tensor& qkv, int64_t start) {
   const double p = is_training() ? dropout_ : 0.0;
   Generator* gen = p > 0.0 ? &gen_ : nullptr;
-  if (!rotary_) return packed_self_attention(qkv, heads_, kv_heads_, causal_, p, 0.0, gen);
+  if (!rotary_) return packed_self_attention(qkv, heads_, kv_heads_, causal_, p, 0.0, gen, doc_pos_);
   // The query and key heads rotated in one pass over the packed product, which attention then reads in place.
+  // Packed documents: each token at its position in its document (below T, the tables' rows from start 0).
   auto [cos, sin] = rotary_->at(start, qkv.size(1), qkv.dtype(), qkv.device());
-  return packed_self_attention(rotary_packed(qkv, cos, sin, heads_, kv_heads_), heads_, kv_heads_, causal_, p, 0.0,
-                               gen);
+  return packed_self_attention(rotary_packed(qkv, cos, sin, heads_, kv_heads_, 0, doc_pos_), heads_, kv_heads_,
+                               causal_, p, 0.0, gen, doc_pos_);
 }
 
 void SelfAttention::check_input(const Tensor& x, const char* what) const {

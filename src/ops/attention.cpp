@@ -99,6 +99,7 @@ Tensor math_attention(const Tensor& q, const Tensor& k, const Tensor& v, const A
   if (o.numel() > 0) {
     backend::Backend& b = be(q);
     b.gemm_batched(false, true, bh, tq, tk, d, 1.0, qm, tq * d, km, tk * d, 0.0, p, tq * tk);
+    if (p.numel() && g.doc_pos.defined()) b.attention_mask_documents(p, g.heads, g.doc_pos);
     if (p.numel()) b.attention_softmax(p, bh, tq, tk, g.scale, g.causal, p);
     pd = p;
     if (g.dropout_p > 0.0 && p.numel()) {
@@ -139,6 +140,20 @@ Tensor math_attention(const Tensor& q, const Tensor& k, const Tensor& v, const A
   });
 }
 
+// Packed documents' positions (AttentionGeom::doc_pos) checked against the attention's batch b and t queries
+// and keys; undefined stays undefined.
+Tensor document_positions(const Tensor& pos, int64_t b, int64_t tq, int64_t tk, bool causal, const Tensor& like,
+                          const char* op) {
+  if (!pos.defined()) return pos;
+  TANDEM_CHECK(causal && tq == tk, op, ": document positions need causal self-attention (as many keys as queries), ",
+               "got ", tq, " queries and ", tk, " keys", causal ? "" : " without the causal mask");
+  TANDEM_CHECK(pos.dtype() == DType::i32 && pos.dim() == 2 && pos.size(0) == b && pos.size(1) == tq, op,
+               ": document positions must be i32 [", b, ", ", tq, "] (each token's position in its document), got ",
+               pos.str());
+  check_same_device(like, pos, op);
+  return pos.is_contiguous() ? pos.detach() : pos.contiguous().detach();
+}
+
 // The [b, h, t, d] view of the h heads that start `first` heads into each row of a packed [b, t, w] tensor.
 Tensor packed_part(const Tensor& qkv, int64_t h, int64_t first, int64_t d) {
   const int64_t b = qkv.size(0), t = qkv.size(1), w = qkv.size(2);
@@ -148,17 +163,17 @@ Tensor packed_part(const Tensor& qkv, int64_t h, int64_t first, int64_t d) {
 }  // namespace
 
 Tensor packed_self_attention(const Tensor& qkv, int64_t heads, bool causal, double dropout_p, double scale,
-                             Generator* gen) {
+                             Generator* gen, const Tensor& doc_positions) {
   const char* op = "packed_self_attention";
   check_dim(qkv, 3, op, "qkv");
   check_floating(qkv, op, "qkv");
   TANDEM_CHECK(heads > 0 && qkv.size(2) % (3 * heads) == 0, op, ": qkv ", qkv.str(), " must hold the query, key and ",
                "value of ", heads, " heads side by side along dimension 2 (its extent a multiple of 3 x ", heads, ")");
-  return packed_self_attention(qkv, heads, heads, causal, dropout_p, scale, gen);
+  return packed_self_attention(qkv, heads, heads, causal, dropout_p, scale, gen, doc_positions);
 }
 
 Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal, double dropout_p,
-                             double scale, Generator* gen) {
+                             double scale, Generator* gen, const Tensor& doc_positions) {
   const char* op = "packed_self_attention";
   check_dim(qkv, 3, op, "qkv");
   check_floating(qkv, op, "qkv");
@@ -169,11 +184,12 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads,
                " key and ", kv_heads, " value heads side by side along dimension 2 (its extent a multiple of ", parts,
                ")");
   const int64_t b = qkv.size(0), t = qkv.size(1), d = qkv.size(2) / parts, c = heads * d;
+  const Tensor doc_pos = document_positions(doc_positions, b, t, t, causal, qkv, op);
   auto composed = [&] {
     std::vector<Tensor> qkv_parts = split(qkv, {c, kv_heads * d, kv_heads * d}, 2);
     auto by_head = [&](const Tensor& y, int64_t h) { return permute(reshape(y, {b, t, h, d}), {0, 2, 1, 3}); };
     Tensor a = scaled_dot_product_attention(by_head(qkv_parts[0], heads), by_head(qkv_parts[1], kv_heads),
-                                            by_head(qkv_parts[2], kv_heads), causal, dropout_p, scale, gen);
+                                            by_head(qkv_parts[2], kv_heads), causal, dropout_p, scale, gen, doc_pos);
     return reshape(permute(a, {0, 2, 1, 3}), {b, t, c});
   };
   const DType cdt = compute_dtype(qkv.device(), current_precision(), qkv.dtype());
@@ -199,6 +215,7 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads,
   g.k_strides = strides_of(k);
   g.v_strides = strides_of(v);
   g.grads_like_inputs = true;
+  g.doc_pos = doc_pos;
   if (!be(qkv).fused_attention_supported(g, cdt, qkv.device().index)) return composed();
   uint64_t seed = 0, offset = 0;
   if (dropout_p > 0.0) {  // the draws scaled_dot_product_attention would take
@@ -224,7 +241,7 @@ Tensor packed_self_attention(const Tensor& qkv, int64_t heads, int64_t kv_heads,
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
-                                    double scale, Generator* gen) {
+                                    double scale, Generator* gen, const Tensor& doc_positions) {
   const char* op = "scaled_dot_product_attention";
   check_dim(q, 4, op, "query");
   check_dim(k, 4, op, "key");
@@ -256,6 +273,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   g.causal = causal;
   g.scale = scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(g.d, 1)));
   g.dropout_p = dropout_p;
+  g.doc_pos = document_positions(doc_positions, g.batch, g.tq, g.tk, causal, q, op);
   uint64_t seed = 0, offset = 0;
   if (dropout_p > 0.0) {
     seed = gen->seed();

@@ -76,7 +76,7 @@ Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 }
 
 Tensor rotary_packed(const Tensor& qkv, const Tensor& cos, const Tensor& sin, int64_t heads, int64_t kv_heads,
-                     int64_t start) {
+                     int64_t start, const Tensor& positions) {
   const char* op = "rotary_packed";
   check_dim(qkv, 3, op, "qkv");
   check_floating(qkv, op, "qkv");
@@ -97,12 +97,26 @@ Tensor rotary_packed(const Tensor& qkv, const Tensor& cos, const Tensor& sin, in
                sin.str(), " must be of qkv's dtype ", dtype_name(qkv.dtype()));
   check_same_device(qkv, cos, op);
   check_same_device(qkv, sin, op);
+  Tensor pos;
+  if (positions.defined()) {
+    TANDEM_CHECK(start == 0, op, ": positions and a start (", start, ") cannot be given together");
+    TANDEM_CHECK(positions.dtype() == DType::i32 && positions.dim() == 2 && positions.size(0) == b &&
+                     positions.size(1) == t,
+                 op, ": positions must be i32 [", b, ", ", t, "] for qkv ", qkv.str(), ", got ", positions.str());
+    check_same_device(qkv, positions, op);
+    pos = positions.contiguous().detach();
+  }
   // The composition it stands for: the query and key heads viewed as [B, heads, T, d], rotated, and put back.
   auto composed = [&] {
-    const Tensor c = slice(cos, 0, start, t), s = slice(sin, 0, start, t);  // recorded: the tables may take a gradient
+    // Recorded: the tables may take a gradient. With positions, each row's table rows [B, 1, T, d].
+    const Tensor c = pos.defined() ? unsqueeze(embedding(cos, pos), {1}) : slice(cos, 0, start, t),
+                 s = pos.defined() ? unsqueeze(embedding(sin, pos), {1}) : slice(sin, 0, start, t);
+    const int64_t half = d / 2;
     std::vector<Tensor> qkv_parts = split(qkv, {heads * d, kv_heads * d, kv_heads * d}, 2);
     auto rotate = [&](const Tensor& y, int64_t h) {
-      Tensor r = rotary_embedding(permute(reshape(y, {b, t, h, d}), {0, 2, 1, 3}), c, s);
+      Tensor x = permute(reshape(y, {b, t, h, d}), {0, 2, 1, 3});
+      Tensor r = pos.defined() ? add(mul(x, c), mul(concat({neg(slice(x, 3, half, half)), slice(x, 3, 0, half)}, 3), s))
+                               : rotary_embedding(x, c, s);
       return reshape(permute(r, {0, 2, 1, 3}), {b, t, h * d});
     };
     return concat({rotate(qkv_parts[0], heads), rotate(qkv_parts[1], kv_heads), qkv_parts[2]}, 2);
@@ -116,6 +130,7 @@ Tensor rotary_packed(const Tensor& qkv, const Tensor& cos, const Tensor& sin, in
   g.copied = kv_heads;
   g.d = d;
   g.start = start;
+  g.positions = pos;
   const Tensor x = to_dense(qkv, qkv.dtype(), false).detach(), c = cos.contiguous().detach(),
                s = sin.contiguous().detach();
   Tensor y = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());

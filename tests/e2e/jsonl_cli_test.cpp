@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "e2e/checkpoint_files.h"
@@ -50,7 +51,7 @@ TEST(DataJsonlCli, HelpSaysTheFormatTheMaskAndPacking) {
   auto r = run_tandem("data jsonl --help");
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* part : {"\"prompt\"", "\"response\"", "\"messages\"", "trained on", ".mask", "--pack",
-                           "padded", "attends to the earlier examples", "--template", "{role}", "{content}",
+                           "padded", "attending to itself only", "--template", "{role}", "{content}",
                            "chat_template", "--skip-long", "never truncated"})
     EXPECT_TRUE(has(r.output, part)) << part << " missing from:\n" << r.output;
 }
@@ -138,5 +139,36 @@ TEST(LmJsonlTrain, LlamaTrainsOnTheMaskedWindowsAndResumes) {
   auto la = step_losses(a.output), lr = step_losses(r.output);
   for (int step = 3; step <= 5; ++step) EXPECT_EQ(lr[step], la[step]) << "step " << step;
   tandem::test::expect_same_tensors(b, (dir / "a.ck").string(), "a resumed run on masked data");
+  fs::remove_all(dir);
+}
+
+// Packed windows give each example what a padded window gives it: the same validation loss over the same
+// examples (the model after one step of a negligible rate, the same in both runs), where attending across
+// examples or counting positions from the window's start would change it.
+TEST(LmJsonlTrain, PackedExamplesGiveThePaddedValidationLoss) {
+  const fs::path dir = temp_dir("pack");
+  const std::string examples = write_examples(dir).string();
+  for (const char* mode : {"pad", "pack"}) {
+    auto made = run_tandem("data jsonl " + examples + " --tokenizer " + kTokenizer + " -o " + (dir / mode).string() +
+                           " --context 48 --val 0.2" + (std::string(mode) == "pack" ? " --pack" : ""));
+    ASSERT_EQ(made.status, 0) << made.output;
+  }
+  std::map<std::string, std::string> val;
+  for (const char* model : {"llama --kv-heads 1 --mlp-hidden 64", "gpt"}) {
+    for (const char* mode : {"pad", "pack"}) {
+      auto r = run_tandem(std::string("train --model ") + model + " --layers 2 --width 32 --heads 2 --data " +
+                          (dir / mode).string() + " --steps 1 --batch-size 4 --lr 1e-9 --eval-steps 20 --threads 1 "
+                          "--seed 4");
+      ASSERT_EQ(r.status, 0) << r.output;
+      const size_t at = r.output.find("validation loss ");
+      ASSERT_NE(at, std::string::npos) << r.output;
+      val[mode] = r.output.substr(at, 22);
+      if (std::string(mode) == "pack")
+        EXPECT_TRUE(has(r.output, "whole examples packed, each attending to itself only")) << r.output;
+      else
+        EXPECT_TRUE(has(r.output, "one example each, padded")) << r.output;
+    }
+    EXPECT_EQ(val["pack"], val["pad"]) << model;
+  }
   fs::remove_all(dir);
 }

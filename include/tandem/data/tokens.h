@@ -102,6 +102,13 @@ class MaskShard {
 
 /// Where a shard's loss mask lies: its path with the extension .mask instead of .bin (or .mask added).
 std::string mask_path(const std::string& shard_path);
+/// Where a shard's example index lies (`tandem data jsonl`): its path with the extension .examples.
+std::string examples_path(const std::string& shard_path);
+/// The first token of each example an example index (FILE.examples: per example two little-endian int64,
+/// its first token's position and its length) gives, for a shard of `tokens` tokens. Throws tandem::Error
+/// (Input) naming the file when it is not a whole number of pairs, or an example is empty, out of the
+/// shard, or not after the one before it.
+std::vector<int64_t> read_example_starts(const std::string& path, int64_t tokens);
 
 /// The shard files a spec names: a file; a directory (its *.bin files, by name; one holding shards of
 /// both splits, *train*.bin and *val*.bin, is refused, since a split must be named); or a glob pattern
@@ -120,10 +127,13 @@ class TokenStream {
   TokenStream() = default;
   /// The shards of each spec (find_token_shards), in order; vocab as for TokenShard. With masks, each
   /// shard's loss mask (MaskShard at mask_path) is mapped beside it; a missing one is an error naming it.
-  explicit TokenStream(const std::vector<std::string>& specs, int64_t vocab = 0, bool masks = false);
+  /// With documents (and masks), each shard's example index (read_example_starts at examples_path) is read
+  /// too, and upload_mask marks each example's first token.
+  explicit TokenStream(const std::vector<std::string>& specs, int64_t vocab = 0, bool masks = false,
+                       bool documents = false);
   /// The shards of one spec.
-  explicit TokenStream(const std::string& spec, int64_t vocab = 0, bool masks = false)
-      : TokenStream(std::vector<std::string>{spec}, vocab, masks) {}
+  explicit TokenStream(const std::string& spec, int64_t vocab = 0, bool masks = false, bool documents = false)
+      : TokenStream(std::vector<std::string>{spec}, vocab, masks, documents) {}
 
   /// Tokens in all shards.
   int64_t size() const { return size_; }
@@ -148,15 +158,22 @@ class TokenStream {
   uint8_t mask_at(int64_t i) const;
   /// Tokens marked 1 in the masks.
   int64_t trained() const;
-  /// The mask bytes of tokens [begin, end) as u8 [end - begin] on a device (masked streams only).
+  /// The mask bytes of tokens [begin, end) as u8 [end - begin] on a device (masked streams only); with
+  /// documents, the first token of each example has bit 1 (backend::kDocumentStart, 2) set besides.
   Tensor upload_mask(int64_t begin, int64_t end, Device device) const;
+  /// Whether the stream knows its documents (constructed with documents).
+  bool documented() const { return documented_; }
+  /// The stream positions of the examples' first tokens, ascending (documented streams).
+  const std::vector<int64_t>& document_starts() const { return doc_starts_; }
 
  private:
   std::vector<std::shared_ptr<const TokenShard>> shards_;
   std::vector<std::shared_ptr<const MaskShard>> masks_;  // empty, or one per shard
   std::vector<int64_t> starts_;  // stream position of each shard's first token
+  std::vector<int64_t> doc_starts_;  // documented streams: each example's first token
   int64_t size_ = 0;
   int width_ = 2;
+  bool documented_ = false;
 };
 
 /// The contiguous part of a stream of n tokens that rank r of world w reads: [r n / w, (r + 1) n / w).
@@ -210,6 +227,12 @@ class TokenBatches {
   /// Draws the next batch into x and y (i32 [B', T] on the device, B' <= B for a last, short
   /// validation batch); may be recorded.
   void fill(Tensor& x, Tensor& y);
+  /// Whether the stream marks its documents (TokenStream::documented): then fill(x, y, pos) gives each
+  /// token's position in its document (packed examples that must not see each other).
+  bool documented() const { return documented_; }
+  /// fill, and for a documented stream pos (i32 like x, on the device) = each token's position in its
+  /// document (Backend::token_windows); pos is left alone otherwise.
+  void fill(Tensor& x, Tensor& y, Tensor& pos);
   /// Makes the next batch batch `k` (k batches of B windows drawn before it): resuming at a step.
   void seek(int64_t k);
 
@@ -231,6 +254,7 @@ class TokenBatches {
  private:
   TokenBatchOptions opt_;
   TokenRange part_;
+  bool documented_ = false;
   uint64_t seed_ = 0;
   Tensor tokens_, mask_, cursor_;
 };

@@ -145,11 +145,24 @@ class CausalLm {
   void set_recompute(bool on) { recompute_ = on ? RecomputePolicy::full : RecomputePolicy::none; }
   RecomputePolicy recompute_policy() const { return recompute_; }
   bool recomputes() const { return recompute_ != RecomputePolicy::none; }
+  /// Packed documents: positions i32 [B, T] on the model's device, each token's position in its document (0 at
+  /// each document's first token, counting up to the next). The forwards and losses of tokens [B, T] that
+  /// follow see each document alone: attention does not cross documents, and positions (GPT's table, Llama's
+  /// rotation) count from each document's start, as if each document had a row of its own. The tensor is read
+  /// when a forward runs (a buffer refilled before each step serves every step). Undefined (the default): one
+  /// sequence per row. Generation (forward_cached) ignores it.
+  void set_document_positions(const Tensor& positions) { doc_pos_ = positions; }
+  const Tensor& document_positions() const { return doc_pos_; }
 
  protected:
   /// A block's forward under the policy.
   Tensor run_block(TransformerBlock& block, const Tensor& in);
+  /// The document positions for tokens (checked against their shape and device; undefined when none are set),
+  /// handed to each block's attention.
+  Tensor documents_for(const Tensor& tokens, const std::vector<std::shared_ptr<TransformerBlock>>& blocks,
+                       const char* what);
   RecomputePolicy recompute_ = RecomputePolicy::none;
+  Tensor doc_pos_;
 };
 
 /// GPT-2's language model. forward maps tokens [B, T] (i32 or i64, T <= context) to logits [B, T, V], V the

@@ -313,6 +313,9 @@ class SelfAttention : public Module {
   int64_t num_heads() const { return heads_; }
   int64_t num_kv_heads() const { return kv_heads_; }
   bool causal() const { return causal_; }
+  /// Packed documents for the forwards that follow (not forward_cached): i32 [B, T], each token's position in
+  /// its document (scaled_dot_product_attention's doc_positions; the rotary rows too). Undefined: none.
+  void set_document_positions(const Tensor& positions) { doc_pos_ = positions; }
   std::shared_ptr<Linear> c_attn, c_proj;
 
  private:
@@ -324,6 +327,7 @@ class SelfAttention : public Module {
   double dropout_;
   std::shared_ptr<RotaryCache> rotary_;
   Generator gen_;
+  Tensor doc_pos_;
 };
 
 /// GPT-2's MLP: c_fc (width -> hidden), the tanh form of GELU, c_proj (hidden -> width). Weights drawn from

@@ -81,6 +81,13 @@ class Llama(Model):
     def forward(self, tokens):
         return self.net(tokens)
 
+    def set_document_positions(self, positions):
+        """Packed documents: ``positions`` (int32 [B, T], on the model's device) holds each token's position in its
+        document (0 at each document's first token). The forwards of tokens [B, T] that follow see each document
+        alone: no attention across documents, rotary positions counted from each document's start. ``None``: one
+        sequence per row. The tensor is read at each forward (refill it in place for the next batch)."""
+        self._model().set_document_positions(positions)
+
     def train_one_batch(self, tokens, targets):
         logits = self.forward(tokens)
         loss = _tandem.cross_entropy_loss(logits, targets)

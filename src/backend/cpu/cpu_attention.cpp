@@ -111,6 +111,13 @@ Scratch<T>& scratch() {
 // Keys query i of a causal (top-left) or full attention sees.
 inline int64_t visible(bool causal, int64_t i, int64_t tk) { return causal ? std::min<int64_t>(tk, i + 1) : tk; }
 
+// The first key query i of batch row b sees: 0, or with packed documents (doc_pos: [batch, tq]) its document's
+// first token, i - doc_pos[b, i] (clamped to [0, valid]).
+inline int64_t first_key(const int32_t* doc_pos, int64_t b, int64_t tq, int64_t i, int64_t valid) {
+  if (!doc_pos) return 0;
+  return std::min<int64_t>(valid, std::max<int64_t>(0, i - doc_pos[b * tq + i]));
+}
+
 // The dropout factor of probability (bh, i, j): the composed path's mask element.
 struct Dropout {
   bool on;
@@ -135,31 +142,34 @@ inline void exp_affine_f32(float* x, int64_t n, float scale, float shift) {
   for (; j < n; ++j) x[j] = cpu::exp_f32(scale * x[j] - shift);
 }
 
-// Row r of the scores s (kv long) into probabilities over its first `valid` entries (the rest 0), scaled by
+// Row r of the scores s (kv long) into probabilities over its entries [first, valid) (the rest 0), scaled by
 // `scale` first; returns the row's log-sum-exp of the scaled scores (-inf for an empty row).
 template <typename T>
-T softmax_row(T* s, int64_t kv, int64_t valid, T scale) {
-  if (valid <= 0) {
+T softmax_row(T* s, int64_t kv, int64_t first, int64_t valid, T scale) {
+  if (valid <= first) {
     for (int64_t j = 0; j < kv; ++j) s[j] = T(0);
     return -std::numeric_limits<T>::infinity();
   }
+  for (int64_t j = 0; j < first; ++j) s[j] = T(0);
+  T* sv = s + first;
+  const int64_t n = valid - first;
   T lse;
   if constexpr (std::is_same_v<T, float>) {
     float lo, mx;
-    cpu::min_max_f32(s, valid, lo, mx);
+    cpu::min_max_f32(sv, n, lo, mx);
     if (std::isinf(mx) && mx < 0) mx = 0.0f;
-    const double sum = cpu::exp_sum_f32<true>(s, s, valid, scale, mx, lo);
+    const double sum = cpu::exp_sum_f32<true>(sv, sv, n, scale, mx, lo);
     const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
+    for (int64_t j = 0; j < n; ++j) sv[j] *= inv;
     lse = static_cast<float>(scale * mx + std::log(sum));
   } else {
     double mx = -std::numeric_limits<double>::infinity();
-    for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, scale * s[j]);
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scale * sv[j]);
     if (std::isinf(mx) && mx < 0) mx = 0.0;
     double sum = 0.0;
-    for (int64_t j = 0; j < valid; ++j) sum += (s[j] = std::exp(scale * s[j] - mx));
+    for (int64_t j = 0; j < n; ++j) sum += (sv[j] = std::exp(scale * sv[j] - mx));
     const double inv = 1.0 / sum;
-    for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
+    for (int64_t j = 0; j < n; ++j) sv[j] *= inv;
     lse = static_cast<T>(mx + std::log(sum));
   }
   for (int64_t j = valid; j < kv; ++j) s[j] = T(0);
@@ -210,6 +220,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionG
   const T scale = static_cast<T>(g.scale);
   const int64_t kv_all = g.causal ? std::min(tk, tq) : tk;  // keys any query sees
   const int64_t group = group_of(g);  // query heads per key-value head
+  const int32_t* doc_pos = g.doc_pos.defined() ? g.doc_pos.data<int32_t>() : nullptr;
   cpu::parallel_tasks(g.batch * g.heads, cpu::max_threads(), [&](int64_t bh, int) {
     const int64_t b = bh / g.heads, h = bh % g.heads, kh = h / group;
     Scratch<T>& sc = scratch<T>();
@@ -225,11 +236,11 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionG
       const Tri upper = g.causal ? Tri::UpperC : Tri::None, lower = g.causal ? Tri::LowerA : Tri::None;
       product<T>(false, true, br, kv, d, T(1), qm.p, qm.ld, km.p, km.ld, T(0), s, kv, upper, q0);
       for (int64_t r = 0; r < br; ++r) {
-        const int64_t i = q0 + r, valid = visible(g.causal, i, tk);
+        const int64_t i = q0 + r, valid = visible(g.causal, i, tk), first = first_key(doc_pos, b, tq, i, valid);
         T* row = s + r * kv;
-        lse[bh * tq + i] = softmax_row<T>(row, kv, valid, scale);
+        lse[bh * tq + i] = softmax_row<T>(row, kv, first, valid, scale);
         if (drop.on)
-          for (int64_t j = 0; j < valid; ++j) row[j] *= drop.factor<T>(bh, i, j);
+          for (int64_t j = first; j < valid; ++j) row[j] *= drop.factor<T>(bh, i, j);
       }
       if (kv > 0) {
         product<T>(false, false, br, dv, kv, T(1), s, kv, vm.p, vm.ld, T(0), om.p, om.ld, lower, q0);
@@ -254,6 +265,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& d
   // One task per key-value head: it owns that head's key and value gradients, summed over the query heads
   // that read it (grouped-query attention: heads / kv_heads of them, one after the other).
   const int64_t kvh = kv_heads_of(g), group = group_of(g);
+  const int32_t* doc_pos = g.doc_pos.defined() ? g.doc_pos.data<int32_t>() : nullptr;
   cpu::parallel_tasks(g.batch * kvh, cpu::max_threads(), [&](int64_t bkh, int) {
     const int64_t b = bkh / kvh, kh = bkh % kvh;
     Scratch<T>& sc = scratch<T>();
@@ -287,13 +299,14 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& d
                 upper_a = g.causal ? Tri::UpperA : Tri::None;
       product<T>(false, true, br, kv, d, T(1), qm.p, qm.ld, km.p, km.ld, T(0), p, kv, upper_c, q0);
       for (int64_t r = 0; r < br; ++r) {
-        const int64_t i = q0 + r, valid = visible(g.causal, i, tk);
+        const int64_t i = q0 + r, valid = visible(g.causal, i, tk), first = first_key(doc_pos, b, tq, i, valid);
         const T l = lse[bh * tq + i];
         T* row = p + r * kv;
+        for (int64_t j = 0; j < first; ++j) row[j] = T(0);
         if constexpr (std::is_same_v<T, float>) {
-          exp_affine_f32(row, valid, scale, l);
+          exp_affine_f32(row + first, valid - first, scale, l);
         } else {
-          for (int64_t j = 0; j < valid; ++j) row[j] = std::exp(scale * row[j] - l);
+          for (int64_t j = first; j < valid; ++j) row[j] = std::exp(scale * row[j] - l);
         }
         for (int64_t j = valid; j < kv; ++j) row[j] = T(0);
       }
@@ -311,18 +324,19 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& d
       for (int64_t r = 0; r < br; ++r) {
         T* dr = ds + r * kv;
         const T* pr = p + r * kv;
-        const int64_t valid = visible(g.causal, q0 + r, tk);
+        const int64_t valid = visible(g.causal, q0 + r, tk), first = first_key(doc_pos, b, tq, q0 + r, valid);
         if (drop.on)
-          for (int64_t j = 0; j < valid; ++j) dr[j] *= drop.factor<T>(bh, q0 + r, j);
+          for (int64_t j = first; j < valid; ++j) dr[j] *= drop.factor<T>(bh, q0 + r, j);
         T dot;
         if constexpr (std::is_same_v<T, float>) {
-          dot = static_cast<float>(cpu::dot_f32(dr, pr, valid));
+          dot = static_cast<float>(cpu::dot_f32(dr + first, pr + first, valid - first));
         } else {
           double acc = 0.0;
-          for (int64_t j = 0; j < valid; ++j) acc += dr[j] * pr[j];
+          for (int64_t j = first; j < valid; ++j) acc += dr[j] * pr[j];
           dot = acc;
         }
-        for (int64_t j = 0; j < valid; ++j) dr[j] = pr[j] * (dr[j] - dot);
+        for (int64_t j = 0; j < first; ++j) dr[j] = T(0);
+        for (int64_t j = first; j < valid; ++j) dr[j] = pr[j] * (dr[j] - dot);
         for (int64_t j = valid; j < kv; ++j) dr[j] = T(0);
       }
       // dQ = scale dS K; dK += scale dS^T Q.

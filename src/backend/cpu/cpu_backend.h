@@ -18,8 +18,9 @@ class CpuBackend final : public Backend {
   void fill(Tensor& t, double value) override;
   void gather_samples(const Tensor& images, const Tensor& labels, const Tensor& order, Tensor& cursor, float divisor,
                       Tensor& x, Tensor& y) override;
+  using Backend::token_windows;
   void token_windows(const Tensor& tokens, const Tensor& mask, Tensor& cursor, uint64_t seed, bool random,
-                     int64_t frame, Tensor& x, Tensor& y) override;
+                     int64_t frame, Tensor& x, Tensor& y, Tensor& pos) override;
   void random_uniform(Tensor& t, uint64_t seed, uint64_t offset, double lo, double hi) override;
   void random_normal(Tensor& t, uint64_t seed, uint64_t offset, double mean, double std) override;
 
@@ -143,6 +144,7 @@ class CpuBackend final : public Backend {
   void nll_rows_backward(const Tensor& targets, const Tensor& g, int64_t ignore_index, Tensor& dlogp) override;
   void pointwise_loss_forward(PointLoss op, const Tensor& x, const Tensor& t, Tensor& loss) override;
   void pointwise_loss_backward(PointLoss op, const Tensor& x, const Tensor& t, const Tensor& g, Tensor& dx) override;
+  void attention_mask_documents(Tensor& s, int64_t heads, const Tensor& doc_pos) override;
   void attention_softmax(const Tensor& s, int64_t batch, int64_t tq, int64_t tk, double scale, bool causal,
                          Tensor& y) override;
   bool fused_attention_supported(const AttentionGeom& g, DType dtype, int device) override;

@@ -17,9 +17,10 @@ bool cpu_float(DType t) { return t == DType::f32 || t == DType::f64; }
 template <typename T>
 void rotary_rows(const T* x, const T* cos, const T* sin, const RotaryGeom& g, T* y) {
   const int64_t d = g.d, h = d / 2, width = g.width(), rot = g.rotated * d;
+  const int32_t* positions = g.positions.defined() ? g.positions.data<int32_t>() : nullptr;
   cpu::parallel_for(g.batch * g.t, cpu::grain_for(width), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
-      const int64_t p = g.start + r % g.t;
+      const int64_t p = positions ? positions[r] : g.start + r % g.t;
       const T *c = cos + p * d, *s = sin + p * d, *xr = x + r * width;
       T* yr = y + r * width;
       for (int64_t head = 0; head < g.rotated; ++head) {
@@ -78,6 +79,16 @@ bool CpuBackend::rotary_packed(const Tensor& x, const Tensor& cos, const Tensor&
                     y.dtype() == x.dtype() && cos.dtype() == x.dtype() && sin.dtype() == x.dtype() &&
                     cos.numel() == sin.numel() && cos.numel() >= (g.start + g.t) * g.d,
                 "rotary_packed: ", x.str(), " into ", y.str(), " with tables ", cos.str(), ", ", sin.str());
+  TANDEM_ASSERT(!g.positions.defined() || (g.positions.dtype() == DType::i32 && g.positions.is_contiguous() &&
+                                            g.positions.numel() == g.batch * g.t),
+                "rotary_packed: positions ", g.positions.str());
+  if (g.positions.defined()) {  // each a row of the tables
+    const int32_t* p = g.positions.data<int32_t>();
+    const int64_t rows = cos.numel() / g.d;
+    for (int64_t r = 0; r < g.batch * g.t; ++r)
+      TANDEM_CHECK(p[r] >= 0 && p[r] < rows, "rotary_packed: position ", p[r], " of row ", r, " is outside the ",
+                   rows, " rows of the tables");
+  }
   if (x.dtype() == DType::f32)
     rotary_rows(x.data<float>(), cos.data<float>(), sin.data<float>(), g, y.data<float>());
   else

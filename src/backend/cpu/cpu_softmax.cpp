@@ -154,4 +154,24 @@ void CpuBackend::attention_softmax(const Tensor& s, int64_t batch, int64_t tq, i
   });
 }
 
+void CpuBackend::attention_mask_documents(Tensor& s, int64_t heads, const Tensor& doc_pos) {
+  TANDEM_ASSERT(s.dim() == 3 && s.is_contiguous() && doc_pos.dtype() == DType::i32 && doc_pos.dim() == 2 &&
+                    doc_pos.is_contiguous() && heads > 0 && s.size(0) == doc_pos.size(0) * heads &&
+                    s.size(1) == doc_pos.size(1),
+                "attention_mask_documents: scores ", s.str(), ", positions ", doc_pos.str(), ", ", heads, " heads");
+  const int64_t bh = s.size(0), tq = s.size(1), tk = s.size(2);
+  const int32_t* pos = doc_pos.data<int32_t>();
+  dispatch_float(s.dtype(), "scaled_dot_product_attention", [&](auto tag) {
+    using T = decltype(tag);
+    T* ps = static_cast<T*>(s.data_ptr());
+    cpu::parallel_for(bh * tq, cpu::grain_for(tk), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t i = r % tq, b = r / tq / heads;
+        const int64_t first = std::min<int64_t>(tk, std::max<int64_t>(0, i - pos[b * tq + i]));
+        for (int64_t j = 0; j < first; ++j) ps[r * tk + j] = static_cast<T>(-1e30);
+      }
+    });
+  });
+}
+
 }  // namespace tandem::backend

@@ -7,8 +7,8 @@
 namespace tandem::backend {
 
 void CpuBackend::token_windows(const Tensor& tokens, const Tensor& mask, Tensor& cursor, uint64_t seed, bool random,
-                               int64_t frame, Tensor& x, Tensor& y) {
-  check_token_windows(tokens, mask, cursor, frame, x, y);
+                               int64_t frame, Tensor& x, Tensor& y, Tensor& pos) {
+  check_token_windows(tokens, mask, cursor, frame, x, y, pos);
   const int64_t B = x.size(0), T = x.size(1), n = tokens.size(0);
   int64_t& drawn = cursor.data<int64_t>()[0];
   const int64_t first = drawn;
@@ -19,6 +19,7 @@ void CpuBackend::token_windows(const Tensor& tokens, const Tensor& mask, Tensor&
   const int64_t width = tokens.size(1);
   int32_t* xs = x.data<int32_t>();
   int32_t* ys = y.data<int32_t>();
+  int32_t* ps = pos.defined() ? pos.data<int32_t>() : nullptr;
   // Token k of a window is its `width` bytes from k * width, least significant first: little-endian on
   // any host. uint32 tokens of a vocabulary below 2^31 fit an i32.
   auto token = [width](const uint8_t* p) -> int32_t {
@@ -35,6 +36,13 @@ void CpuBackend::token_windows(const Tensor& tokens, const Tensor& mask, Tensor&
         xs[b * T + t] = prev;
         ys[b * T + t] = token_window_target(next, keep, s + t + 1);
         prev = next;
+      }
+      if (ps) {  // each token's position in its document: counted from the last start at or before it
+        int32_t p = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          if (t > 0) p = (keep[s + t] & kDocumentStart) ? 0 : p + 1;
+          ps[b * T + t] = p;
+        }
       }
     }
   });

@@ -46,12 +46,13 @@ struct AttentionKey {
   int64_t b, h, tq, tk, d, dv;
   int64_t hk;  // the key's and value's heads (grouped-query attention: a divisor of h)
   bool causal, deterministic, grads_like_inputs;
+  bool documents;  // packed documents: an additive bias [b, 1, tq, tk] masks the keys of other documents
   float scale, dropout_p;
   std::array<int64_t, 4> qs, ks, vs;  // the inputs' strides as [b, h, t, d]
   bool operator==(const AttentionKey& o) const {
     return device == o.device && dtype == o.dtype && b == o.b && h == o.h && hk == o.hk && tq == o.tq && tk == o.tk && d == o.d &&
            dv == o.dv && causal == o.causal && deterministic == o.deterministic &&
-           grads_like_inputs == o.grads_like_inputs &&
+           grads_like_inputs == o.grads_like_inputs && documents == o.documents &&
            std::memcmp(&scale, &o.scale, sizeof(float)) == 0 && std::memcmp(&dropout_p, &o.dropout_p, sizeof(float)) == 0 &&
            qs == o.qs && ks == o.ks && vs == o.vs;
   }
@@ -69,7 +70,8 @@ struct AttentionKeyHash {
     std::memcpy(&pb, &k.dropout_p, 4);
     mix(sb);
     mix(pb);
-    mix((static_cast<uint64_t>(k.device) << 16) | (static_cast<uint64_t>(k.dtype) << 8) | (k.grads_like_inputs ? 4 : 0) |
+    mix((static_cast<uint64_t>(k.device) << 16) | (static_cast<uint64_t>(k.dtype) << 8) | (k.documents ? 8 : 0) |
+        (k.grads_like_inputs ? 4 : 0) |
         (k.causal ? 2 : 0) | (k.deterministic ? 1 : 0));
     return h;
   }
@@ -105,6 +107,7 @@ AttentionKey key_of(const AttentionGeom& g, DType t, int device) {
           g.causal,
           deterministic_algorithms(),
           g.grads_like_inputs,
+          g.doc_pos.defined(),
           static_cast<float>(g.scale),
           static_cast<float>(g.dropout_p),
           or_contiguous(g.q_strides, g.heads, g.tq, g.d),
@@ -115,7 +118,16 @@ AttentionKey key_of(const AttentionGeom& g, DType t, int device) {
 #if TANDEM_WITH_CUDNN_FRONTEND
 namespace fe = cudnn_frontend;
 
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kSeed, kOffset, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kSeed, kOffset, kDO, kDQ, kDK, kDV, kBias };
+
+// Packed documents' additive mask, [b, 1, tq, tk] in the inputs' type (launch_document_bias).
+std::shared_ptr<fe::graph::Tensor_attributes> bias_tensor(fe::graph::Graph& graph, const AttentionKey& k) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name("Bias")
+                          .set_uid(kBias)
+                          .set_dim({k.b, 1, k.tq, k.tk})
+                          .set_stride({k.tq * k.tk, k.tq * k.tk, k.tk, 1}));
+}
 
 std::vector<int64_t> vec(const std::array<int64_t, 4>& s) { return {s[0], s[1], s[2], s[3]}; }
 
@@ -151,6 +163,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionKey& k) {
   if (k.causal) opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
   if (k.dropout_p > 0.0f)
     opts.set_dropout(k.dropout_p, rng_tensor(*graph, "Seed", kSeed), rng_tensor(*graph, "Offset", kOffset));
+  if (k.documents) opts.set_bias(bias_tensor(*graph, k));
   auto [o, stats] = graph->sdpa(q, kk, v, opts);
   o->set_output(true).set_uid(kO).set_dim({k.b, k.h, k.tq, k.dv}).set_stride(vec(bthd(k.h, k.tq, k.dv)));
   stats->set_output(true)
@@ -181,6 +194,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionKey& k) {
   if (k.causal) opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
   if (k.dropout_p > 0.0f)
     opts.set_dropout(k.dropout_p, rng_tensor(*graph, "Seed", kSeed), rng_tensor(*graph, "Offset", kOffset));
+  if (k.documents) opts.set_bias(bias_tensor(*graph, k));  // no gradient of it is asked for
   auto [dq, dk, dv] = graph->sdpa_backward(q, kk, v, o, dout, stats, opts);
   dq->set_output(true).set_uid(kDQ).set_dim({k.b, k.h, k.tq, k.d}).set_stride(vec(grad_strides(k, k.qs, k.h, k.tq, k.d)));
   dk->set_output(true).set_uid(kDK).set_dim({k.b, k.hk, k.tk, k.d}).set_stride(
@@ -304,7 +318,8 @@ void tune(AttentionPlan& plan, const AttentionKey& k, cudnnHandle_t handle, Devi
        dout = scratch(span(k.b, k.h, k.tq, k.dv, out), 2), stats = scratch(k.b * k.h * k.tq, 4),
        dq = scratch(span(k.b, k.h, k.tq, k.d, grad_strides(k, k.qs, k.h, k.tq, k.d)), 2),
        dk = scratch(span(k.b, k.hk, k.tk, k.d, grad_strides(k, k.ks, k.hk, k.tk, k.d)), 2),
-       dv = scratch(span(k.b, k.hk, k.tk, k.dv, grad_strides(k, k.vs, k.hk, k.tk, k.dv)), 2), rng = scratch(2, 8);
+       dv = scratch(span(k.b, k.hk, k.tk, k.dv, grad_strides(k, k.vs, k.hk, k.tk, k.dv)), 2), rng = scratch(2, 8),
+       bias = scratch(k.documents ? k.b * k.tq * k.tk : 1, 2);
   TANDEM_CUDA_CHECK(cudaMemsetAsync(rng->as<void>(), 0, 16, dev.stream));
   Scratch ws(alloc, static_cast<size_t>(std::max(plan.fwd_ws, plan.bwd_ws)));
   std::unordered_map<int64_t, void*> pack = {{kQ, q->as<void>()}, {kK, kk->as<void>()}, {kV, v->as<void>()},
@@ -313,6 +328,7 @@ void tune(AttentionPlan& plan, const AttentionKey& k, cudnnHandle_t handle, Devi
     pack[kSeed] = rng->as<int64_t>();
     pack[kOffset] = rng->as<int64_t>() + 1;
   }
+  if (k.documents) pack[kBias] = bias->as<void>();
   auto pick = [&](fe::graph::Graph& graph, int64_t& index, int64_t& plan_ws, const char* what) {
     index = fastest_plan(graph, handle, pack, ws.as<void>(), dev.stream);
     TANDEM_CHECK(index >= 0, "scaled_dot_product_attention: no plan of cuDNN's fused attention ", what, " ran");
@@ -349,7 +365,8 @@ AttentionState& attention_state(int device) {
 std::string describe(const AttentionKey& k) {
   return detail::cat(dtype_name(k.dtype), " [", k.b, ", ", k.h, ", ", k.tq, ", ", k.d, "] x [", k.tk, ", ", k.dv, "]",
                      k.hk != k.h ? detail::cat(" (", k.hk, " key heads)") : std::string(),
-                     k.causal ? " causal" : "", k.dropout_p > 0 ? detail::cat(" dropout ", k.dropout_p) : std::string());
+                     k.causal ? " causal" : "", k.dropout_p > 0 ? detail::cat(" dropout ", k.dropout_p) : std::string(),
+                     k.documents ? " packed documents" : "");
 }
 
 // The plan of a geometry, built on first use. Call with st.mu held.
@@ -418,6 +435,13 @@ void require_attention_tensor(const Tensor& t, DType dtype, const Shape& shape, 
 bool CudaBackend::fused_attention_supported(const AttentionGeom& g, DType dtype, int device) {
 #if TANDEM_WITH_CUDNN_FRONTEND
   if (dtype != DType::f16 && dtype != DType::bf16) return false;
+  // Packed documents: the keys of other documents masked by an additive bias (TANDEM_DOCUMENT_ATTENTION=math: by
+  // the math path's masked scores instead).
+  static const bool documents_by_math = [] {
+    const char* v = std::getenv("TANDEM_DOCUMENT_ATTENTION");
+    return v && std::string(v) == "math";
+  }();
+  if (g.doc_pos.defined() && (documents_by_math || g.tq != g.tk)) return false;
   // TANDEM_ATTENTION_MATH=1 keeps every attention on the math path (for comparisons and benchmarks).
   static const bool math_only = [] {
     const char* v = std::getenv("TANDEM_ATTENTION_MATH");
@@ -474,6 +498,11 @@ void CudaBackend::fused_attention_forward(const Tensor& q, const Tensor& k, cons
     pack[kSeed] = rng.as<int64_t>();
     pack[kOffset] = rng.as<int64_t>() + 1;
   }
+  Scratch bias(allocator(dev.device), key.documents ? static_cast<size_t>(g.batch * g.tq * g.tk) * 2 : 0);
+  if (key.documents) {
+    launch_document_bias(g.doc_pos.data<int32_t>(), g.batch, g.tq, t == DType::bf16, bias.as<void>(), dev.stream);
+    pack[kBias] = bias.as<void>();
+  }
   execute(*plan.fwd, plan.fwd_index, st.handle, pack, ws.as<void>(), "forward");
 #else
   (void)dev;
@@ -514,6 +543,12 @@ void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, con
     launch_attention_rng_state(seed, offset, dev.replays, rng.as<int64_t>(), dev.stream);
     pack[kSeed] = rng.as<int64_t>();
     pack[kOffset] = rng.as<int64_t>() + 1;
+  }
+  // The forward's mask made again (a kernel over b t^2 elements) rather than kept from the forward to here.
+  Scratch bias(allocator(dev.device), key.documents ? static_cast<size_t>(g.batch * g.tq * g.tk) * 2 : 0);
+  if (key.documents) {
+    launch_document_bias(g.doc_pos.data<int32_t>(), g.batch, g.tq, t == DType::bf16, bias.as<void>(), dev.stream);
+    pack[kBias] = bias.as<void>();
   }
   execute(*plan.bwd, plan.bwd_index, st.handle, pack, ws.as<void>(), "backward");
 #else

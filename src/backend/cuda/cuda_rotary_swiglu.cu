@@ -51,8 +51,9 @@ __device__ __forceinline__ int64_t row_step() { return int64_t(gridDim.y) * bloc
 // [rot_items, per_row) copy V elements each of the rest (the value heads).
 template <typename T, int V, bool TRANSPOSE>
 __global__ void rotary_kernel(const T* __restrict__ x, const T* __restrict__ cos, const T* __restrict__ sin,
-                              T* __restrict__ y, int64_t rows, int64_t t, int64_t start, int d, int width, int rot,
-                              int rot_items, int hv, int per_row) {
+                              T* __restrict__ y, int64_t rows, int64_t t, int64_t start,
+                              const int32_t* __restrict__ positions, int d, int width, int rot, int rot_items, int hv,
+                              int per_row) {
   const int j = item_index();
   if (j >= per_row) return;
   const int h = d / 2;
@@ -70,7 +71,7 @@ __global__ void rotary_kernel(const T* __restrict__ x, const T* __restrict__ cos
   for (; r < rows; r += step) {
     const int64_t at = r * width + off;
     if (rotate) {
-      const int64_t tab = (start + p) * d + col;
+      const int64_t tab = (positions ? int64_t{positions[r]} : start + p) * d + col;
       const Pack<T, V> x1 = load_pack<V>(x, at), x2 = load_pack<V>(x, at + h);
       const Pack<T, V> c1 = load_pack<V>(cos, tab), c2 = load_pack<V>(cos, tab + h);
       const Pack<T, V> s1 = load_pack<V>(sin, tab), s2 = load_pack<V>(sin, tab + h);
@@ -153,6 +154,11 @@ bool CudaBackend::rotary_packed(const Tensor& x, const Tensor& cos, const Tensor
                     sin.dtype() == x.dtype() && cos.numel() == sin.numel() && cos.numel() >= (g.start + g.t) * g.d,
                 op, ": ", x.str(), " into ", y.str(), " with tables ", cos.str(), ", ", sin.str());
   check_int_extent(g.width(), op, "a row");
+  TANDEM_ASSERT(!g.positions.defined() || (g.positions.dtype() == DType::i32 && g.positions.is_contiguous() &&
+                                            g.positions.numel() == rows && g.positions.device() == x.device()),
+                op, ": positions ", g.positions.str());
+  // Positions below the tables' rows are the caller's contract (the windows' kernel makes them below the context).
+  const int32_t* positions = g.positions.defined() ? g.positions.data<int32_t>() : nullptr;
   DeviceState& st = state_for(x);
   kern::dispatch_float(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
@@ -166,7 +172,7 @@ bool CudaBackend::rotary_packed(const Tensor& x, const Tensor& cos, const Tensor
       const int per_row = rot_items + static_cast<int>(g.copied * g.d / V);
       const RowLaunch l = row_launch(rows, per_row);
       auto kernel = g.transpose ? rotary_kernel<T, V, true> : rotary_kernel<T, V, false>;
-      kernel<<<l.grid, l.block, 0, st.stream>>>(px, pc, ps, py, rows, g.t, g.start, static_cast<int>(g.d),
+      kernel<<<l.grid, l.block, 0, st.stream>>>(px, pc, ps, py, rows, g.t, g.start, positions, static_cast<int>(g.d),
                                                 static_cast<int>(g.width()), static_cast<int>(g.rotated * g.d),
                                                 rot_items, hv, per_row);
     };

@@ -325,7 +325,34 @@ void check_types(const char* op, std::initializer_list<const Tensor*> ts) {
     TANDEM_CHECK(x->dtype() == t, op, ": ", x->str(), " and ", (*ts.begin())->str(), " differ in dtype");
 }
 
+// Scores of keys before a query's document: -1e30 (attention_mask_documents), one thread per score.
+template <typename T>
+__global__ void mask_documents_kernel(T* s, const int32_t* __restrict__ pos, int64_t n, int64_t tq, int64_t tk,
+                                      int64_t heads) {
+  for (int64_t e = kern::thread_index(); e < n; e += kern::thread_count()) {
+    const int64_t r = e / tk, j = e % tk, i = r % tq, b = r / tq / heads;
+    if (j < i - pos[b * tq + i]) s[e] = static_cast<T>(-1e30f);
+  }
+}
 }  // namespace
+
+void CudaBackend::attention_mask_documents(Tensor& s, int64_t heads, const Tensor& doc_pos) {
+  TANDEM_ASSERT(s.dim() == 3 && s.is_contiguous() && (s.dtype() == DType::f32 || s.dtype() == DType::f64) &&
+                    doc_pos.dtype() == DType::i32 && doc_pos.dim() == 2 && doc_pos.is_contiguous() && heads > 0 &&
+                    s.size(0) == doc_pos.size(0) * heads && s.size(1) == doc_pos.size(1),
+                "attention_mask_documents: scores ", s.str(), ", positions ", doc_pos.str(), ", ", heads, " heads");
+  const int64_t n = s.numel();
+  if (n == 0) return;
+  DeviceState& st = state_for(s);
+  const int32_t* pos = doc_pos.data<int32_t>();
+  if (s.dtype() == DType::f32)
+    mask_documents_kernel<float><<<kern::blocks_for(n), kern::kBlock, 0, st.stream>>>(
+        s.data<float>(), pos, n, s.size(1), s.size(2), heads);
+  else
+    mask_documents_kernel<double><<<kern::blocks_for(n), kern::kBlock, 0, st.stream>>>(
+        s.data<double>(), pos, n, s.size(1), s.size(2), heads);
+  TANDEM_CUDA_LAUNCH_CHECK("mask_documents_kernel");
+}
 
 void CudaBackend::softmax_forward(const Tensor& x, int64_t outer, int64_t c, int64_t inner, bool log, Tensor& y) {
   const char* op = log ? "log_softmax" : "softmax";
@@ -392,6 +419,30 @@ void CudaBackend::attention_softmax(const Tensor& s, int64_t batch, int64_t tq, 
     launch_softmax_rows<T>(static_cast<const T*>(s.data_ptr()), static_cast<T*>(y.data_ptr()), batch * tq, tk,
                            static_cast<float>(scale), causal ? tq : 0, false, st.stream);
   });
+}
+
+namespace {
+template <typename T>
+__global__ void document_bias_kernel(const int32_t* __restrict__ pos, int64_t n, int64_t t, float masked,
+                                     T* __restrict__ bias) {
+  for (int64_t e = kern::thread_index(); e < n; e += kern::thread_count()) {
+    const int64_t r = e / t, j = e % t, i = r % t;
+    bias[e] = from_float<T>(j < i - pos[r] ? masked : 0.0f);
+  }
+}
+}  // namespace
+
+void launch_document_bias(const int32_t* pos, int64_t b, int64_t t, bool bf16, void* bias, cudaStream_t stream) {
+  const int64_t n = b * t * t;
+  if (n == 0) return;
+  // Far below any score, within each type's range: exp of it less the row's maximum is 0.
+  if (bf16)
+    document_bias_kernel<__nv_bfloat16><<<kern::blocks_for(n), kern::kBlock, 0, stream>>>(
+        pos, n, t, -1e30f, static_cast<__nv_bfloat16*>(bias));
+  else
+    document_bias_kernel<__half><<<kern::blocks_for(n), kern::kBlock, 0, stream>>>(pos, n, t, -60000.0f,
+                                                                                   static_cast<__half*>(bias));
+  TANDEM_CUDA_LAUNCH_CHECK("document_bias_kernel");
 }
 
 void launch_attention_rng_state(uint64_t seed, uint64_t offset, const unsigned long long* replays, int64_t* out,
