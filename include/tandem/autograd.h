@@ -90,6 +90,10 @@ class EnableGradGuard {
 /// gradient, it is fn(x).
 Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x, const std::vector<Tensor>& params,
                  const std::vector<Generator*>& generators = {});
+/// Whether this thread is running a recompute region the second time (in recompute's backward). Layers whose
+/// forward updates state of their own (batch normalisation's running statistics) leave it as the first run left
+/// it then, so that it moves once a step, as without recompute.
+bool recomputing();
 
 /// Selective recompute: while a region is open on this thread, mark_for_recompute(t, make) names a tensor of the
 /// region that is cheap to make again (a norm's or an activation's output: `make` runs the same op on inputs

@@ -48,6 +48,7 @@ thread_local const std::vector<Tensor>* t_add_targets = nullptr;
 thread_local const GradBufferProvider* t_grad_buffers = nullptr;  // GradBufferScope
 // recompute's backward: the leaves' gradients of its inner pass, kept here instead of in the leaves.
 thread_local std::unordered_map<TensorImpl*, Tensor>* t_captured = nullptr;
+thread_local bool t_recomputing = false;  // recompute's second run, in backward
 
 // Lets the provider in force give `leaf` a gradient buffer, where it has none.
 void provide_buffer(const std::shared_ptr<TensorImpl>& leaf_impl) {
@@ -159,6 +160,11 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x
         generators[i]->set_offset(begin[i]);
       }
       EnableGradGuard grad_on;
+      struct Recomputing {
+        bool prev = t_recomputing;
+        Recomputing() { t_recomputing = true; }
+        ~Recomputing() { t_recomputing = prev; }
+      } recomputing_now;
       yr = fn(xr);
       for (size_t i = 0; i < generators.size(); ++i)
         TANDEM_CHECK(generators[i]->offset() == end[i], "recompute: the second run of the region drew ",
@@ -191,6 +197,8 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x
     return grads;
   });
 }
+
+bool recomputing() { return t_recomputing; }
 
 // ---- selective recompute
 

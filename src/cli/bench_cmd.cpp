@@ -85,7 +85,9 @@ int run_train_bench(const TrainBenchConfig& cfg) {
   mc.width = cfg.width;
   mc.num_classes = cfg.classes;
   s.build_model(mc);
+  apply_recompute(s, cfg.lm.recompute);
   std::vector<dist::AgreementField> fields = s.agreement_fields();
+  fields.push_back({"--recompute", cfg.lm.recompute});
   fields.push_back({"--batch-size", std::to_string(cfg.batch_size)});
   fields.push_back({"--steps", std::to_string(cfg.steps)});
   fields.push_back({"--warmup", std::to_string(cfg.warmup)});
@@ -136,6 +138,7 @@ int run_train_bench(const TrainBenchConfig& cfg) {
                      {"bytes_sent_per_step", st.bytes_sent / std::max<int64_t>(st.steps, 1)},
                      {"comm_wait_s_per_step", st.wait_seconds / std::max<int64_t>(st.steps, 1)},
                      {"cuda_graph", s.replays() > 0},
+                     {"recompute", cfg.lm.recompute},
                      {"params_changed", true}};
     add_memory(j, s);
     if (s.device().is_cpu()) j["threads"] = num_threads();
@@ -330,6 +333,11 @@ Runner add_bench_command(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();
   const char* lmg = "Language models (--model bigram, gpt or llama)";
+  // Language models' and ResNets' alike.
+  train->add_option("--recompute", tc->lm.recompute, "gpt, llama, resnet*: activation recompute, none, selective (gpt, "
+                    "llama: norm and activation outputs made again in backward) or full (every transformer block, "
+                    "or a ResNet's residual block, run again)")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
   std::vector<CLI::Option*> lm_only = {
       train->add_option("--gpt-config", tc->lm.gpt_config, "gpt: gpt2 (124M), gpt2-medium (350M) or char")
           ->check(CLI::IsMember(nn::gpt_config_names()))
@@ -342,9 +350,6 @@ Runner add_bench_command(CLI::App& app) {
       train->add_option("--mlp-hidden", tc->lm.mlp_hidden, "llama: the MLP's hidden width (default: the configuration's)")
           ->check(CLI::Range(int64_t{1}, int64_t{1} << 22)),
       train->add_flag("--untied", tc->lm.untied, "llama: an output layer of its own"),
-      train->add_option("--recompute", tc->lm.recompute, "gpt, llama: activation recompute, none, selective (norm "
-                        "and activation outputs made again in backward) or full (every transformer block run again)")
-          ->check(CLI::IsMember({"none", "selective", "full"})),
       train->add_flag("--no-memory-check", [tc](int64_t) { tc->memory_check = false; },
                       "gpt, llama: run even when the memory plan printed at start says the step does not fit the "
                       "device (TANDEM_MEMORY_LIMIT_MIB=N plans for N MiB instead of its free memory; docs/memory.md)"),

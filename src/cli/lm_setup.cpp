@@ -27,13 +27,6 @@ constexpr int64_t kBigramContext = 256;
 
 }  // namespace
 
-void apply_recompute(Session& s, const std::string& policy) {
-  if (policy == "none" || policy.empty()) return;
-  auto* lm = dynamic_cast<nn::CausalLm*>(&s.model());
-  TANDEM_CHECK(lm != nullptr, "--recompute ", policy, " recomputes transformer blocks: it takes --model gpt or llama");
-  lm->set_recompute(nn::parse_recompute(policy));
-}
-
 LmDataSpecs lm_data_specs(const LmTrainConfig& cfg) {
   LmDataSpecs s;
   if (!cfg.data_dir.empty()) {

@@ -120,8 +120,6 @@ nn::GptConfig lm_model_shape(const LmTrainConfig& cfg, int64_t largest_token, co
 /// "dropout", "bias"), and back.
 /// --model llama's shape: --llama-config with its overrides, context and vocabulary resolved as for a GPT.
 nn::LlamaConfig lm_llama_shape(const LmTrainConfig& cfg, int64_t largest, const LmDataSpecs& data);
-/// --recompute: the session's model (a GPT or a Llama) takes the policy; none does nothing.
-void apply_recompute(Session& s, const std::string& policy);
 nlohmann::json gpt_shape_json(const nn::GptConfig& g);
 nn::GptConfig gpt_shape_from_json(const nlohmann::json& j);
 

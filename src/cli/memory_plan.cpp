@@ -311,6 +311,14 @@ class StepWalk {
     return most + m_.stream.bytes();
   }
 
+  // Under selective recompute: what a block frees at its close and makes again when its backward begins.
+  int64_t remade_bytes(const Stage& st) const {
+    if (!st.block || s_.recompute != RecomputePolicy::selective) return 0;
+    int64_t n = 0;
+    for (const Op& op : st.ops) n += bytes_of(op.remade);
+    return n;
+  }
+
   void forward() {
     const bool full = s_.recompute == RecomputePolicy::full;
     for (const Stage& st : m_.stages) {
@@ -328,6 +336,9 @@ class StepWalk {
           activations_ += kept;
           t_.mark("forward, " + op.what, bytes_of(op.fwd_tmp));
         }
+        // Selective: the marked outputs freed when the block closes.
+        t_.sub(kActivations, remade_bytes(st));
+        activations_ -= remade_bytes(st);
       }
       if (stage3_) release(st.group);
     }
@@ -407,6 +418,9 @@ class StepWalk {
         }
         pending_grads_.push_back(carried);
       } else {
+        // Selective: the block's backward begins by making its freed outputs again (op_backward frees them with
+        // the rest of each op's saved tensors).
+        t_.add(kActivations, remade_bytes(st));
         for (auto op = st.ops.rbegin(); op != st.ops.rend(); ++op) op_backward(*op, false);
       }
       if (st.block) t_.sub(kActivations, st.input.bytes());
@@ -471,7 +485,10 @@ int64_t token_data_bytes(int64_t tokens, int width, bool masked, int64_t frame, 
   return rounded(part * width, DType::u8) + (masked ? rounded(part, DType::u8) : 0) + rounded(2, DType::i64);
 }
 
-MemoryPlan plan_memory(const MemoryPlanSettings& s) {
+MemoryPlan plan_memory(const MemoryPlanSettings& given) {
+  // Offloaded, the optimizer's step is sharded (each rank its slices), whatever the --shard stage.
+  MemoryPlanSettings s = given;
+  if (s.offload_optimizer && s.shard == dist::Shard::none) s.shard = dist::Shard::optimizer;
   TANDEM_CHECK(s.batch > 0 && s.context > 0 && s.world > 0 && s.accumulate > 0, "memory plan: batch ", s.batch,
                ", context ", s.context, ", ranks ", s.world, ", micro-batches ", s.accumulate, " must be positive");
   const plan::Model m = plan::build_model(s);
@@ -512,8 +529,14 @@ MemoryPlan plan_memory(const MemoryPlanSettings& s) {
       stepped = std::max(stepped, mine);
     }
   }
-  plan.optimizer_state = state_copies(s) * stepped;
-  if (masters) plan.master_weights = stepped;
+  if (s.offload_optimizer) {
+    // On the host: the slices' values and gradients (f32, pinned) and the optimizer's state of them; the masters
+    // are the slices themselves.
+    plan.host_state = (2 + state_copies(s)) * stepped;
+  } else {
+    plan.optimizer_state = state_copies(s) * stepped;
+    if (masters) plan.master_weights = stepped;
+  }
   if (d.copies) plan.weight_copies = sharded && s.world > 1 ? rounded(l.total, d.act) : per_param_act;
   int64_t kept_gradients = 0;  // held between steps
   if (lazy) {
@@ -565,6 +588,8 @@ MemoryPlan plan_memory(const MemoryPlanSettings& s) {
   plan.data = s.data_bytes;
   plan.between_steps = plan.weights + plan.weight_copies + plan.master_weights + plan.optimizer_state +
                        kept_gradients + residual + small + plan.data;
+  // On the CPU backend the host is the device: the offloaded state is held beside the rest.
+  if (s.device.is_cpu()) plan.between_steps += plan.host_state;
 
   // ---- building the model: its parameters, then the optimizer's arena they are copied into (the parameter
   // averager's, or under --shard the sharded step's, cut a second time along the layer groups for stage 3)
@@ -615,6 +640,7 @@ MemoryPlan plan_memory(const MemoryPlanSettings& s) {
     if (s.checkpoint)
       plan.host = std::max(plan.host, per_param_f32 + state_copies(s) * per_param_f32 + (masters ? per_param_f32 : 0));
   }
+  if (s.device.is_cuda()) plan.host += plan.host_state;
   return plan;
 }
 
@@ -625,7 +651,7 @@ std::string memory_table(const MemoryPlan& plan, const MemoryPlanSettings& s, in
   if (plan.weight_copies > 0) cols.push_back({"16-bit copies", format_bytes(plan.weight_copies)});
   if (plan.master_weights > 0) cols.push_back({"masters", format_bytes(plan.master_weights)});
   cols.push_back({"gradients", format_bytes(plan.gradients)});
-  cols.push_back({"optimizer", format_bytes(plan.optimizer_state)});
+  cols.push_back({"optimizer", s.offload_optimizer ? "on the host" : format_bytes(plan.optimizer_state)});
   cols.push_back({"activations", format_bytes(plan.activations)});
   cols.push_back({"workspace", format_bytes(plan.workspace)});
   cols.push_back({"peak", format_bytes(plan.peak)});
@@ -640,7 +666,7 @@ std::string memory_table(const MemoryPlan& plan, const MemoryPlanSettings& s, in
   row.pop_back();
   while (!head.empty() && head.back() == ' ') head.pop_back();
   while (!row.empty() && row.back() == ' ') row.pop_back();
-  const bool released = s.release_gradients && s.shard == dist::Shard::none;
+  const bool released = s.release_gradients && s.shard == dist::Shard::none && !s.offload_optimizer;
   std::string grads = !released ? "kept between steps"
                       : s.accumulate > 1 ? "held from the first micro-batch's backward to the update (" +
                                                std::to_string(s.accumulate) + " micro-batches a step)"
@@ -649,7 +675,10 @@ std::string memory_table(const MemoryPlan& plan, const MemoryPlanSettings& s, in
                      std::to_string(s.context) + " tokens under --recompute " + nn::recompute_name(s.recompute) +
                      "; gradients " + grads + "; peak at " + plan.peak_at + "; " + where;
   if (plan.host > 0)
-    note += "; host memory beside: " + format_bytes(plan.host) + (s.checkpoint ? " (the model built, a checkpoint saved)" : " (the model built)");
+    note += "; host memory beside: " + format_bytes(plan.host) +
+            (plan.host_state > 0 ? " (" + format_bytes(plan.host_state) + " the offloaded optimizer's: its state, the slices and their gradients)"
+             : s.checkpoint     ? " (the model built, a checkpoint saved)"
+                                : " (the model built)");
   return head + "\n" + row + "\n" + note;
 }
 
@@ -706,11 +735,20 @@ std::vector<std::string> fitting_flags(const MemoryPlanSettings& s, int64_t budg
   if (std::string f = smaller_batch(s, ""); !f.empty()) out.push_back(f);
   if (out.empty() && s.recompute != RecomputePolicy::full)
     if (std::string f = smaller_batch(with_recompute(s), recompute); !f.empty()) out.push_back(f);
+  const bool shardable = s.method == "plain" || s.method == "half";
+  // The optimizer's state in host memory (a GPU's memory is what it frees; on the CPU it is the same memory).
+  if (shardable && !s.offload_optimizer && s.device.is_cuda() && out.size() < 3) {
+    MemoryPlanSettings c = s;
+    c.offload_optimizer = true;
+    if (fits(c))
+      out.push_back("--offload optimizer");
+    else if (s.recompute != RecomputePolicy::full && fits(with_recompute(c)))
+      out.push_back(recompute + " --offload optimizer");
+  }
   // Sharded state: on these ranks, or on more.
   const std::vector<std::pair<dist::Shard, const char*>> stages = {{dist::Shard::optimizer, "optimizer"},
                                                                    {dist::Shard::gradients, "gradients"},
                                                                    {dist::Shard::parameters, "parameters"}};
-  const bool shardable = s.method == "plain" || s.method == "half";
   if (shardable && s.world > 1)
     for (auto [stage, name] : stages) {
       if (static_cast<int>(stage) <= static_cast<int>(s.shard)) continue;

@@ -22,7 +22,8 @@ namespace tandem::cli {
 /// what a micro-batch keeps through the forward pass (block_activations) and to what a block's backward holds again.
 ///  - none: every op keeps its tensors until its backward.
 ///  - full: a block keeps only its input; its backward runs the block again and holds one block's tensors.
-///  - selective: planned as none (an upper bound of its peak).
+///  - selective: as none, less each block's norm outputs (and SwiGLU output) from the block's close until its
+///    backward begins, when they are made again.
 using nn::RecomputePolicy;
 
 /// What the plan is made from: the model, one rank's micro-batch, and how the run computes and shards.
@@ -56,6 +57,9 @@ struct MemoryPlanSettings {
   int64_t logit_chunk_bytes = int64_t(1024) << 20;  // the loss's logits per chunk (TANDEM_LOGIT_CHUNK_MB)
   size_t bucket_bytes = size_t(16) << 20, first_bucket_bytes = size_t(1) << 20;
   bool release_gradients = true;  // as the tandem program runs (DistOptOptions::release_gradients)
+  /// --offload optimizer: the optimizer's state and this rank's slices of the values and gradients in host memory
+  /// (shard none is planned as optimizer, as DistOpt runs it).
+  bool offload_optimizer = false;
 };
 
 /// One parameter as the planner sees the model: its name, size and the layer groups that use it (embeddings 0,
@@ -94,7 +98,9 @@ struct MemoryPlan {
   int64_t peak = 0;             // the most held at once in a step (or an evaluation, a checkpoint's save)
   std::string peak_at;          // the moment of the peak: "the loss (logits in chunks)", "backward, block 3's MLP"
   int64_t workspace = 0;        // what the peak holds beyond the parts above it counts (peak - the rest)
-  int64_t host = 0;             // host memory beside, for a GPU run (checkpoints staged on the host)
+  int64_t host = 0;             // host memory beside, for a GPU run (checkpoints staged on the host; the
+                                // offloaded state)
+  int64_t host_state = 0;       // --offload optimizer: the state, slices and their gradients in host memory
   std::vector<PlanMoment> moments;  // the largest moment of each phase, in order
 };
 

@@ -205,6 +205,7 @@ class Builder {
     Op qkv;
     qkv.what = who + "'s query-key-value product";
     qkv.saved = {act(n_ * ld)};
+    qkv.remade = {act(n_ * ld)};  // the first norm's output
     append(qkv.saved, weight_kept(3 * c_ * c_));
     qkv.fwd_tmp = bias_copy(3 * c_, g.bias);
     if (pad) qkv.bwd_tmp = {f32(3 * c_ * ld)};
@@ -228,6 +229,7 @@ class Builder {
     mlp.what = who + "'s MLP";
     // Its input, the GELU's input and output; each product's own weight copy where none is kept.
     mlp.saved = {act(n_ * ld), act(n_ * f), act(n_ * f)};
+    mlp.remade = {act(n_ * ld)};  // the second norm's output
     append(mlp.saved, weight_kept(f * c_));
     append(mlp.saved, weight_kept(c_ * f));
     append(mlp.fwd_tmp, bias_copy(f, g.bias));
@@ -252,6 +254,7 @@ class Builder {
     Op qkv;
     qkv.what = who + "'s query-key-value product";
     qkv.saved = {act(n_ * c_)};
+    qkv.remade = {act(n_ * c_)};  // the first norm's output
     append(qkv.saved, weight_kept(qkv_w * c_));
     qkv.fwd_tmp = bias_copy(qkv_w, l.attention_bias);
     qkv.bwd_out = {act(n_ * c_)};
@@ -276,6 +279,7 @@ class Builder {
     Op up;
     up.what = who + "'s gate and up product";
     up.saved = {act(n_ * c_)};
+    up.remade = {act(n_ * c_)};  // the second norm's output
     append(up.saved, weight_kept(2 * f * c_));
     up.fwd_tmp = bias_copy(2 * f, l.mlp_bias);
     up.bwd_out = {act(n_ * c_)};
@@ -287,6 +291,7 @@ class Builder {
     Op down;
     down.what = who + "'s MLP";
     down.saved = {act(n_ * f)};
+    down.remade = {act(n_ * f)};  // the SwiGLU's output
     append(down.saved, weight_kept(c_ * f));
     down.fwd_tmp = bias_copy(c_, l.mlp_bias);
     down.params = ps(pre + "mlp.c_proj.", {"weight", "bias"});

@@ -30,6 +30,8 @@ struct Op {
   std::vector<Buf> bwd_tmp;    // backward: scratch freed when it returns
   std::vector<Buf> bwd_out;    // backward: the gradients it hands on (held until the op before takes them)
   std::vector<Buf> bwd_keep;   // backward: held to the end of the pass (a tied token table's gradient)
+  std::vector<Buf> remade;     // of saved: what selective recompute frees at its block's close and makes again
+                               // when the block's backward begins (a norm's or SwiGLU's output)
   bool passes_grad = false;    // hands its incoming gradient on unchanged (a residual connection's)
   bool alias = false;          // an add: the incoming gradient goes to both inputs (the branch's is an alias)
   std::vector<int> params;     // the parameters whose gradients its backward makes

@@ -15,6 +15,7 @@
 #include "tandem/distributed/loss_scaler.h"
 #include "tandem/distributed/sync_batch_norm.h"
 #include "tandem/nn/gpt.h"
+#include "tandem/nn/models.h"
 #include "tandem/ops.h"
 #include "tandem/optim/optimizer.h"
 
@@ -418,6 +419,7 @@ MemoryPlanSettings Session::memory_plan_settings() const {
   p.bucket_bytes = o.bucket_bytes;
   p.first_bucket_bytes = o.first_bucket_bytes;
   p.release_gradients = o.release_gradients;
+  p.offload_optimizer = o.offload_optimizer;
   return p;
 }
 
@@ -508,6 +510,16 @@ std::string Session::where() const {
                                                      : std::string(", shard ") + dist::shard_name(opt_->options().shard)) +
          ")";
   return s;
+}
+
+void apply_recompute(Session& s, const std::string& policy) {
+  if (policy == "none" || policy.empty()) return;
+  const nn::RecomputePolicy p = nn::parse_recompute(policy);
+  if (auto* lm = dynamic_cast<nn::CausalLm*>(&s.model())) return lm->set_recompute(p);
+  auto* blocks = dynamic_cast<nn::BlockRecompute*>(&s.model());
+  TANDEM_CHECK(blocks != nullptr, "--recompute ", policy, " runs a model's blocks again in backward: it takes --model ",
+               "gpt, llama or a resnet");
+  blocks->set_recompute(p);
 }
 
 }  // namespace tandem::cli

@@ -202,4 +202,8 @@ class Session {
   int64_t eval_steady_ = 0;
 };
 
+/// --recompute: the session's model takes the policy (a GPT or a Llama: none, selective or full; a ResNet: none or
+/// full); none does nothing; another model is refused.
+void apply_recompute(Session& s, const std::string& policy);
+
 }  // namespace tandem::cli

@@ -181,13 +181,15 @@ Runner add_train_command(CLI::App& app) {
                          "configuration's)")
              ->check(finite_in(1.0, 1e12)));
   lm_opt(sub->add_flag("--untied", lm->untied, "llama: an output layer of its own instead of the token table"));
-  lm_opt(sub->add_option("--recompute", lm->recompute,
-                         "gpt, llama: activation recompute. none (the default) keeps every activation for backward; "
-                         "selective frees each transformer block's norm outputs (and llama's SwiGLU output) and makes "
-                         "them again in backward (a few elementwise passes); full keeps only each block's input and "
-                         "runs the block again there (about a third more compute, one block's activations at a time). "
-                         "The same gradients either way, dropout's masks replayed")
-             ->check(CLI::IsMember({"none", "selective", "full"})));
+  // Language models' and ResNets' alike: not in lm_only.
+  sub->add_option("--recompute", lm->recompute,
+                  "gpt, llama, resnet*: activation recompute. none (the default) keeps every activation for backward; "
+                  "selective (gpt, llama) frees each transformer block's norm outputs (and llama's SwiGLU output) and "
+                  "makes them again in backward (a few elementwise passes); full keeps only each block's input and "
+                  "runs the block again there (about a third more compute, one block's activations at a time; a "
+                  "ResNet's residual blocks, batch norm's running statistics moved once). The same gradients either "
+                  "way, dropout's masks replayed")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
   lm_opt(sub->add_flag("--no-memory-check", [cfg](int64_t) { cfg->memory_check = false; },
                        "gpt, llama: train even when the memory plan printed at start says a step does not fit the "
                        "device (its free memory; the CPU: the host's available memory, shared by its ranks; "
@@ -281,6 +283,7 @@ Runner add_train_command(CLI::App& app) {
         TANDEM_CHECK(o->count() == 0, o->get_name(), " is for language models (--model ", language_models(),
                      "); --model ", cfg->model, " trains on --dataset by epochs");
       check_flags_apply(*sub, cfg->model, cfg->optimizer, cfg->dist_option);
+      cfg->recompute = lm->recompute;
       return Trainer(*cfg).run();
     }
     for (const std::string& name : image_only) {

@@ -336,6 +336,7 @@ bool Trainer::setup() {
   mc.width = train_set_.images.size(3);
   mc.num_classes = train_set_.num_classes;
   s.build_model(mc);
+  apply_recompute(s, cfg_.recompute);
 
   check_ranks_agree();
   if (cfg_.resume && !resume()) return false;

@@ -27,6 +27,7 @@ struct TrainConfig : SessionConfig {
   /// The evaluation batch per rank: eval_batch_size, or kEvalBatchFactor x batch_size when it is 0.
   int64_t eval_batch() const { return eval_batch_size > 0 ? eval_batch_size : kEvalBatchFactor * batch_size; }
 
+  std::string recompute = "none";  // --recompute: none, or full (a ResNet's residual blocks run again in backward)
   std::string dataset = "fashion-mnist";
   std::string data_dir;  // empty: the data set's default directory
   int epochs = 10;

@@ -1,5 +1,7 @@
 #include "tandem/nn/layers.h"
 
+#include "tandem/autograd.h"
+
 #include <cmath>
 
 namespace tandem::nn {
@@ -72,12 +74,41 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double momentum, double eps) : moment
   running_var = register_buffer("running_var", Tensor::ones({channels}));
 }
 
+namespace {
+// Under recompute's second run a batch norm normalises with the batch's statistics again, and its running
+// statistics are put back where the first run left them: they move once a step.
+class KeepRunningStats {
+ public:
+  KeepRunningStats(BatchNorm2d& bn) : bn_(bn), on_(bn.is_training() && recomputing()) {  // NOLINT
+    if (!on_) return;
+    NoGradGuard no_grad;
+    mean_ = bn.running_mean.clone();
+    var_ = bn.running_var.clone();
+  }
+  ~KeepRunningStats() {
+    if (!on_) return;
+    NoGradGuard no_grad;
+    bn_.running_mean.copy_(mean_);
+    bn_.running_var.copy_(var_);
+  }
+  KeepRunningStats(const KeepRunningStats&) = delete;
+  KeepRunningStats& operator=(const KeepRunningStats&) = delete;
+
+ private:
+  BatchNorm2d& bn_;
+  bool on_;
+  Tensor mean_, var_;
+};
+}  // namespace
+
 Tensor BatchNorm2d::forward(const Tensor& x) {
+  KeepRunningStats keep(*this);
   if (is_training() && train_forward_) return train_forward_(*this, x);
   return batch_norm2d(x, gamma, beta, running_mean, running_var, is_training(), momentum_, eps_);
 }
 
 Tensor BatchNorm2d::forward_act(const Tensor& x, const Tensor& residual, bool relu) {
+  KeepRunningStats keep(*this);
   if (is_training() && train_forward_) {  // a replaced computation, then the residual and ReLU unfused
     Tensor y = train_forward_(*this, x);
     if (residual.defined()) y = add(y, residual);

@@ -3,6 +3,7 @@
 // stride 2, then 3x3 max-pooling); smaller ones (CIFAR, MNIST) a 3x3 convolution of stride 1.
 #include "nn/resnet.h"
 
+#include "tandem/autograd.h"
 #include "tandem/nn/layers.h"
 
 namespace tandem::nn {
@@ -65,7 +66,7 @@ class Bottleneck : public Module {
   std::shared_ptr<BatchNorm2d> bn1_, bn2_, bn3_, down_bn_;
 };
 
-class ResNet : public Module, public LayerGroups {
+class ResNet : public Module, public LayerGroups, public BlockRecompute {
  public:
   ResNet(const std::vector<int>& blocks, bool bottleneck, const ModelConfig& cfg) {
     Generator gen(cfg.seed);
@@ -109,15 +110,27 @@ class ResNet : public Module, public LayerGroups {
       Tensor out = bn_relu(*stem_bn_, stem_conv_->forward(in));
       return imagenet_stem_ ? max_pool2d(out, Pool2dOptions{{3, 3}, {2, 2}, {1, 1}}) : out;
     });
+    const bool again = recompute_ == RecomputePolicy::full && is_training();
     for (auto& s : stages_)
       for (const ModulePtr& block : s->layers())
-        h = groups_[g++].run(h, [&](const Tensor& in) { return block->forward(in); });
+        h = groups_[g++].run(h, [&](const Tensor& in) {
+          if (!again) return block->forward(in);
+          Module* b = block.get();  // kept alive by the model, which outlives the step
+          return recompute([b](const Tensor& t) { return b->forward(t); }, in, block->parameters());
+        });
     return groups_[g].run(h, [&](const Tensor& in) {
       int kh = static_cast<int>(in.size(2)), kw = static_cast<int>(in.size(3));
       Tensor pooled = avg_pool2d(in, Pool2dOptions{{kh, kw}, {kh, kw}, {0, 0}});  // global average
       return fc_->forward(flatten(pooled, 1));
     });
   }
+
+  void set_recompute(RecomputePolicy policy) override {
+    TANDEM_CHECK(policy != RecomputePolicy::selective, "--recompute selective frees transformer blocks' norm and ",
+                 "SwiGLU outputs; a ResNet takes none or full (each residual block run again in backward)");
+    recompute_ = policy;
+  }
+  RecomputePolicy recompute_policy() const override { return recompute_; }
 
   std::vector<LayerGroup*> layer_groups() override {
     std::vector<LayerGroup*> out;
@@ -132,6 +145,7 @@ class ResNet : public Module, public LayerGroups {
   std::vector<std::shared_ptr<Sequential>> stages_;
   std::shared_ptr<Linear> fc_;
   std::vector<LayerGroup> groups_;
+  RecomputePolicy recompute_ = RecomputePolicy::none;
 };
 
 }  // namespace

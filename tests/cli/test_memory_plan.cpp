@@ -135,6 +135,7 @@ TEST(MemoryPlan, StateBetweenStepsIsWhatDistOptKeeps) {
 TEST(MemoryPlan, ARecomputePolicyMapsToTheActivationsItKeeps) {
   EXPECT_EQ(nn::parse_recompute("none"), RecomputePolicy::none);
   EXPECT_EQ(nn::parse_recompute("full"), RecomputePolicy::full);
+  EXPECT_EQ(nn::parse_recompute("selective"), RecomputePolicy::selective);
   EXPECT_STREQ(nn::recompute_name(RecomputePolicy::full), "full");
   EXPECT_THROW(nn::parse_recompute("some"), Error);
   for (bool llama : {false, true}) {
@@ -151,6 +152,47 @@ TEST(MemoryPlan, ARecomputePolicyMapsToTheActivationsItKeeps) {
     EXPECT_GT(none.activations, 3 * full.activations) << (llama ? "llama" : "gpt");
     EXPECT_LT(full.peak, none.peak);
     EXPECT_EQ(full.between_steps, none.between_steps);
+    // Selective keeps none's tensors less each block's two norm outputs (f32 [B T, width] here) and, in a Llama,
+    // its SwiGLU output (f32 [B T, mlp_hidden]).
+    s.recompute = RecomputePolicy::selective;
+    const MemoryPlan selective = plan_memory(s);
+    const int64_t freed = 2 * stream + (llama ? n * 96 * 4 : 0);
+    EXPECT_EQ(selective.activations, none.activations - layers * freed) << (llama ? "llama" : "gpt");
+    EXPECT_LT(selective.peak, none.peak);
+    EXPECT_GT(selective.peak, full.peak);
+  }
+}
+
+// --offload optimizer: the step is sharded (each rank its slices, as --shard optimizer plans it) and the optimizer's
+// state leaves the device for the host, with the slices' values and gradients (f32 each): on a GPU the device's
+// figures drop by the state, the host's rise by the state and two slices; on the CPU (the host is the device) the
+// state stays in the count. The table says where the optimizer went.
+TEST(MemoryPlan, OffloadMovesTheOptimizersStateToTheHost) {
+  for (bool cuda : {false, true}) {
+    MemoryPlanSettings s = llama_settings(tiny_llama(), 4);
+    if (cuda) {
+      s.device = Device::cuda(0);
+      s.precision = Precision::bf16;
+    }
+    s.shard = dist::Shard::optimizer;
+    const MemoryPlan sharded = plan_memory(s);
+    s.shard = dist::Shard::none;
+    s.offload_optimizer = true;
+    const MemoryPlan off = plan_memory(s);
+    const std::string what = cuda ? "cuda" : "cpu";
+    ASSERT_GT(sharded.optimizer_state, 0) << what;
+    EXPECT_EQ(off.optimizer_state, 0) << what;
+    EXPECT_EQ(off.host_state, 2 * sharded.optimizer_state) << what << ": AdamW's two moments and two slices";
+    if (cuda) {
+      EXPECT_EQ(off.between_steps, sharded.between_steps - sharded.optimizer_state) << what;
+      EXPECT_GE(off.host, off.host_state) << what;
+      EXPECT_LT(off.peak, sharded.peak) << what;
+    } else {
+      EXPECT_EQ(off.between_steps, sharded.between_steps - sharded.optimizer_state + off.host_state) << what;
+    }
+    const std::string table = memory_table(off, s, 0, what);
+    EXPECT_NE(table.find("on the host"), std::string::npos) << table;
+    if (cuda) EXPECT_NE(table.find("the offloaded optimizer's"), std::string::npos) << table;
   }
 }
 

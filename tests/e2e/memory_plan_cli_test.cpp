@@ -1,7 +1,7 @@
 // The memory plan `tandem train` and `tandem bench train` print before the first step, against what the CPU
 // allocator measures: bench train's RESULT carries both (planned_peak_bytes, peak_memory_bytes over the timed
 // steps), train's last line both over the run. GPT and Llama at a few shapes, f32 on the CPU (the CPU computes
-// in f32 only), recompute none and full, one rank and two Gloo ranks under --shard parameters: each within 10%
+// in f32 only), recompute none, selective and full, one rank and two Gloo ranks under --shard parameters: each within 10%
 // of the allocator's peak. A run whose plan does not fit stops before the model is built, with the table and the
 // flags that would fit; --no-memory-check runs it all the same.
 #include <gtest/gtest.h>
@@ -69,13 +69,18 @@ fs::path temp_dir(const std::string& name) {
 
 TEST(MemoryPlanCli, BenchPlanMatchesTheAllocatorsPeakOnOneRank) {
   for (const char* shape : kShapes)
-    for (const char* recompute : {"none", "full"}) {
+    for (const char* recompute : {"none", "selective", "full"}) {
       const std::string flags = std::string(shape) + " --recompute " + recompute;
       planned_over_measured(run_tandem(bench(flags)), flags);
     }
   // Dropout: a mask per residual branch (and the GPT's embeddings), the branches added to the stream apart.
   for (const char* shape : {kShapes[0], kShapes[2]}) {
     const std::string flags = std::string(shape) + " --dropout 0.1";
+    planned_over_measured(run_tandem(bench(flags)), flags);
+  }
+  // The optimizer's state offloaded (on the CPU backend the host is the device: it stays in the count).
+  for (const char* shape : {kShapes[0], kShapes[2]}) {
+    const std::string flags = std::string(shape) + " --offload optimizer";
     planned_over_measured(run_tandem(bench(flags)), flags);
   }
   // Gradient buckets smaller than a block: allocated one by one as backward reaches them.

@@ -1,13 +1,17 @@
 // `tandem train`'s distributed-training flags end to end on two CPU ranks, and the version source.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "e2e/checkpoint_files.h"
 #include "e2e/cli_util.h"
 
 using tandem::test::run_tandem;
@@ -176,6 +180,39 @@ TEST(TrainFlags, SyncBatchNormOnAResNet) {
   auto cnn = run_tandem("train --model cnn --sync-bn --epochs 1 --limit-train 64 --limit-test 64");
   EXPECT_EQ(cnn.status, 2) << cnn.output;
   EXPECT_NE(cnn.output.find("--sync-bn"), std::string::npos) << cnn.output;
+}
+
+// --recompute full on a ResNet: each residual block runs again in backward, and the run ends in the same
+// parameters and batch-norm running statistics, bit for bit: on one rank, and on two with --sync-bn (whose
+// statistics are reduced again in the second run) under --shard parameters. Models without blocks, and
+// selective (the transformer blocks'), are refused.
+TEST(TrainFlags, RecomputeOnAResNetEndsWhereTheRunWithoutEnds) {
+  REQUIRE_TWO_CPU_RANKS();
+  const std::string dir = ::testing::TempDir() + "tandem_resnet_recompute_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string one = "train --model resnet18 --epochs 1 --limit-train 48 --limit-test 16 --batch-size 16 "
+                          "--threads 1 --progress off --checkpoint " + dir + "/";
+  for (const char* policy : {"none", "full"}) {
+    auto r = run_tandem(one + "one_" + policy + ".ck --recompute " + policy);
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  tandem::test::expect_same_tensors(dir + "/one_full.ck", dir + "/one_none.ck", "--recompute full, one rank");
+  const std::string two = "launch -n 2 -- " + std::string(TANDEM_BIN) +
+                          " train --model resnet18 --sync-bn --shard parameters --epochs 1 --limit-train 64 "
+                          "--limit-test 16 --batch-size 16 --threads 1 --progress off --checkpoint " + dir + "/";
+  for (const char* policy : {"none", "full"}) {
+    auto r = run_tandem(two + "two_" + policy + ".ck --recompute " + policy);
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  tandem::test::expect_same_tensors(dir + "/two_full.ck", dir + "/two_none.ck", "--recompute full, 2 ranks");
+  auto cnn = run_tandem("train --model cnn --recompute full --epochs 1 --limit-train 64 --limit-test 64");
+  EXPECT_EQ(cnn.status, 2) << cnn.output;
+  EXPECT_NE(cnn.output.find("it takes --model gpt, llama or a resnet"), std::string::npos) << cnn.output;
+  auto selective = run_tandem("train --model resnet18 --recompute selective --epochs 1 --limit-train 16 "
+                              "--limit-test 16");
+  EXPECT_EQ(selective.status, 2) << selective.output;
+  EXPECT_NE(selective.output.find("a ResNet takes none or full"), std::string::npos) << selective.output;
+  std::filesystem::remove_all(dir);
 }
 
 // -d powerSGD --rank R: a fraction of plain's bytes per step; --rank belongs to powerSGD only.

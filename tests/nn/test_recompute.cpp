@@ -13,6 +13,7 @@
 #include "tandem/device.h"
 #include "tandem/nn/gpt.h"
 #include "tandem/nn/llama.h"
+#include "tandem/nn/models.h"
 #include "tandem/ops.h"
 #include "ops/padded_rows.h"
 
@@ -191,5 +192,44 @@ TEST(Recompute, ARegionThatDrawsADifferentCountIsAnError) {
     ADD_FAILURE() << "a second run drawing fewer numbers was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("drew"), std::string::npos) << e.what();
+  }
+}
+
+// A ResNet's residual blocks recomputed: the same loss, gradients and batch-norm running statistics bit for bit
+// (the second run normalises with the batch's statistics again and leaves the running ones where the first run
+// left them), over two steps' worth of forwards; selective is refused, naming what a ResNet takes.
+TEST(Recompute, ResNetBlocksGiveTheSameLossGradientsAndRunningStatistics) {
+  nn::ModelConfig cfg;
+  cfg.in_channels = 3, cfg.height = 12, cfg.width = 12, cfg.num_classes = 5, cfg.seed = 3;
+  auto run = [&](nn::RecomputePolicy policy) {
+    nn::ModulePtr m = nn::make_model("resnet18", cfg);
+    auto* blocks = dynamic_cast<nn::BlockRecompute*>(m.get());
+    EXPECT_NE(blocks, nullptr);
+    blocks->set_recompute(policy);
+    m->train(true);
+    std::vector<float> losses;
+    for (uint64_t step = 0; step < 2; ++step) {
+      for (auto& [name, p] : m->named_parameters()) Tensor(p).set_grad(Tensor());
+      Generator gen(10 + step);
+      const Tensor x = Tensor::normal({4, 3, 12, 12}, 0.0, 1.0, gen);
+      const Tensor y = Tensor::from_vector(std::vector<int64_t>{0, 3, 1, 4}, {4});
+      Tensor loss = softmax_cross_entropy(m->forward(x), y);
+      backward(loss);
+      losses.push_back(loss.item<float>());
+    }
+    std::map<std::string, std::vector<float>> state = grads_of(*m);
+    for (auto& [name, t] : m->named_buffers()) state["buffer " + name] = t.to_vector<float>();
+    state["losses"] = losses;
+    return state;
+  };
+  const auto plain = run(nn::RecomputePolicy::none), again = run(nn::RecomputePolicy::full);
+  ASSERT_EQ(plain.size(), again.size());
+  for (const auto& [name, v] : plain) EXPECT_EQ(again.at(name), v) << name;
+  nn::ModulePtr m = nn::make_model("resnet18", cfg);
+  try {
+    dynamic_cast<nn::BlockRecompute&>(*m).set_recompute(nn::RecomputePolicy::selective);
+    FAIL() << "selective was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a ResNet takes none or full"), std::string::npos) << e.what();
   }
 }

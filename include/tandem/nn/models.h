@@ -21,6 +21,18 @@ struct ModelConfig {
   LlamaConfig llama;  // model "llama"
 };
 
+/// A model of residual blocks whose activations can be recomputed (activation checkpointing): the ResNets. Under
+/// full recompute each block (a layer group) keeps only its input for backward and runs again there (autograd's
+/// recompute); batch normalisation normalises with the batch's statistics both times and moves its running
+/// statistics once. The same gradients as without (bit for bit on the CPU). Selective recompute is the
+/// transformer blocks' (norm and SwiGLU outputs) and is refused here.
+class BlockRecompute {
+ public:
+  virtual ~BlockRecompute() = default;
+  virtual void set_recompute(RecomputePolicy policy) = 0;
+  virtual RecomputePolicy recompute_policy() const = 0;
+};
+
 /// Builds "cnn" (the guide's: conv 20 5x5, pool, conv 50 5x5, pool, linear 500, linear 10),
 /// "mlp" (flatten, hidden linear+relu layers, linear), or "resnet18" / "resnet34" / "resnet50" /
 /// "resnet101" / "resnet152" (ImageNet stem for inputs of 64 pixels and more, a 3x3 stem below), or a
