@@ -164,6 +164,14 @@ void bind_norm(nb::module_& m) {
       .def("forward_cached", &nn::TransformerBlock::forward_cached, nb::arg("x"), nb::arg("cache"),
            nb::arg("capacity"), release_gil(),
            "The block over the next positions x [B, Tn, width], the attention's earlier keys and values in cache.")
+      .def(
+          "set_document_positions",
+          [](nn::TransformerBlock& b, const std::optional<Tensor>& p) {
+            b.attn->set_document_positions(p.value_or(Tensor()));
+          },
+          nb::arg("positions").none(),
+          "Packed documents for the forwards that follow: int32 [B, T], each token's position in its document "
+          "(attention kept within documents); None: none.")
       .def_prop_ro("ln_1", [](const nn::TransformerBlock& b) { return b.ln_1; })
       .def_prop_ro("attn", [](const nn::TransformerBlock& b) { return b.attn; })
       .def_prop_ro("ln_2", [](const nn::TransformerBlock& b) { return b.ln_2; })

@@ -1082,8 +1082,18 @@ class TransformerBlock(Layer):
                                                self.residual_layers, self.eps), x.device)
 
     recompute = False  # Model.set_recompute's policy ("full" or "selective"), or False
+    doc_positions = None  # packed documents (set_document_positions), or None
+
+    def set_document_positions(self, positions):
+        """Packed documents: ``positions`` (int32 [B, T] on the block's device) holds each token's position in its
+        document; the forwards that follow keep attention within documents. ``None``: one sequence per row."""
+        self.doc_positions = positions
+        if self._cpp is not None:
+            self._cpp.set_document_positions(positions)
 
     def forward(self, x):
+        if self.doc_positions is not None:
+            self._cpp.set_document_positions(self.doc_positions)  # built after the positions were given
         if self.recompute and self.training and _tandem.grad_enabled():
             return _tandem.recompute_module(self._cpp, x, self.recompute)
         return self._cpp(x)

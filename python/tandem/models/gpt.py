@@ -76,8 +76,23 @@ class GPT(Model):
             raise ValueError(f"GPT: {t} tokens{f' after {start}' if start else ''} exceed the context of "
                              f"{self.config['context']}")
 
-    def _embed(self, tokens, start):
+    _doc_positions = None
+
+    def set_document_positions(self, positions):
+        """Packed documents: ``positions`` (int32 [B, T], on the model's device) holds each token's position in its
+        document (0 at each document's first token). The forwards of tokens [B, T] that follow see each document
+        alone: no attention across documents, and the position table's row of each token is its position in its
+        document. ``None``: one sequence per row (forward_cached ignores them)."""
+        self._doc_positions = positions
+        for block in self.h._layers.values():
+            block.set_document_positions(positions)
+
+    def _embed(self, tokens, start, documents=True):
         t = tokens.shape[1]
+        if self._doc_positions is not None and documents:
+            if tuple(self._doc_positions.shape) != tuple(tokens.shape):
+                raise ValueError(f"GPT: document positions {self._doc_positions} do not match the tokens {tokens}")
+            return _tandem.add(self.wte(tokens), _tandem.embedding(self.wpe.W, self._doc_positions))
         return _tandem.add(self.wte(tokens), _tandem.slice(self.wpe.W, 0, start, t))
 
     def forward(self, tokens):
@@ -99,7 +114,7 @@ class GPT(Model):
         ``_tandem.KVCache`` list ``caches`` holds (appended to); no gradient, no dropout."""
         self._check(tokens, start)
         with _tandem.no_grad():
-            x = self._embed(tokens, start)
+            x = self._embed(tokens, start, documents=False)
             for blk, cache in zip(self.h._layers.values(), caches):
                 x = blk.forward_cached(x, cache, self.config["context"])
             return _tandem.linear(self.ln_f(x), self.wte.W, None)
