@@ -127,9 +127,11 @@ void add_sync_options(CLI::App& app, SessionConfig& cfg, const std::string& grou
                  "optimizer: the optimizer's state and the f32 values it steps (the masters under --master-weights) live "
                  "in host memory and its step runs on the CPU; each step copies this rank's averaged gradients to the "
                  "host and the stepped values back (the state is cut across ranks as --shard optimizer cuts it; steps "
-                 "run eagerly). none: on the device")
+                 "run eagerly). parameters: that, and --shard parameters' slices of the parameters kept in host memory "
+                 "between uses too, each layer group's copied to the device as its gather starts (f32 parameters; "
+                 "--shard none becomes parameters). none: on the device")
       ->group(group)
-      ->check(CLI::IsMember({"none", "optimizer"}))
+      ->check(CLI::IsMember({"none", "optimizer", "parameters"}))
       ->capture_default_str();
   app.add_option("--master-weights", cfg.master_weights,
                  "Mixed-precision master weights: the parameters hold bf16 or f16 values and the optimizer steps f32 "

@@ -488,6 +488,10 @@ int64_t token_data_bytes(int64_t tokens, int width, bool masked, int64_t frame, 
 MemoryPlan plan_memory(const MemoryPlanSettings& given) {
   // Offloaded, the optimizer's step is sharded (each rank its slices), whatever the --shard stage.
   MemoryPlanSettings s = given;
+  if (s.offload_parameters) {
+    s.offload_optimizer = true;
+    s.shard = dist::Shard::parameters;
+  }
   if (s.offload_optimizer && s.shard == dist::Shard::none) s.shard = dist::Shard::optimizer;
   TANDEM_CHECK(s.batch > 0 && s.context > 0 && s.world > 0 && s.accumulate > 0, "memory plan: batch ", s.batch,
                ", context ", s.context, ", ranks ", s.world, ", micro-batches ", s.accumulate, " must be positive");
@@ -515,7 +519,7 @@ MemoryPlan plan_memory(const MemoryPlanSettings& given) {
     const int64_t chunks = (total + chunk - 1) / chunk;
     plan.weights = rounded(chunks * chunk, DType::f32) + (s.world > 1 && chunks > 1 ? rounded(chunk, DType::f32) : 0);
   } else if (s.shard == dist::Shard::parameters) {
-    plan.weights = rounded(l.blocks, DType::f32);
+    plan.weights = s.offload_parameters ? 0 : rounded(l.blocks, DType::f32);  // offloaded: the host's values
   } else {
     plan.weights = rounded(l.total, DType::f32);  // the parameters rebound into one arena
   }

@@ -60,6 +60,9 @@ struct MemoryPlanSettings {
   /// --offload optimizer: the optimizer's state and this rank's slices of the values and gradients in host memory
   /// (shard none is planned as optimizer, as DistOpt runs it).
   bool offload_optimizer = false;
+  /// --offload parameters: that, and stage 3's slices of the parameters on the host between uses (shard none
+  /// planned as parameters).
+  bool offload_parameters = false;
 };
 
 /// One parameter as the planner sees the model: its name, size and the layer groups that use it (embeddings 0,

@@ -36,7 +36,8 @@ dist::DistOptOptions dist_options(const SessionConfig& cfg) {
   o.shard = dist::parse_shard(cfg.shard);
   if (cfg.master_weights != "none") o.master_weights = parse_dtype(cfg.master_weights);
   o.release_gradients = true;  // nothing reads a gradient after its step: the peak holds none beside activations
-  o.offload_optimizer = cfg.offload == "optimizer";
+  o.offload_optimizer = cfg.offload == "optimizer" || cfg.offload == "parameters";
+  o.offload_parameters = cfg.offload == "parameters";
   return o;
 }
 
@@ -166,7 +167,9 @@ std::vector<dist::AgreementField> Session::agreement_fields() const {
       {"--half-dtype", dtype_name(s.half_dtype)},
       {"--shard", dist::shard_name(opt_->options().shard)},
       {"--master-weights", dtype_name(opt_->options().master_weights)},
-      {"--offload", opt_->options().offload_optimizer ? "optimizer" : "none"},
+      {"--offload", opt_->options().offload_parameters   ? "parameters"
+                    : opt_->options().offload_optimizer ? "optimizer"
+                                                        : "none"},
       {"--no-error-feedback", on_off(!s.error_feedback)},
       {"--sync-bn", on_off(cfg_.sync_bn)},
       {"--bucket-mb", num(cfg_.bucket_mb)},
@@ -420,6 +423,7 @@ MemoryPlanSettings Session::memory_plan_settings() const {
   p.first_bucket_bytes = o.first_bucket_bytes;
   p.release_gradients = o.release_gradients;
   p.offload_optimizer = o.offload_optimizer;
+  p.offload_parameters = o.offload_parameters;
   return p;
 }
 

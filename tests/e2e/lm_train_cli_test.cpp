@@ -586,3 +586,43 @@ TEST(LmTrainCli, OffloadedOptimizerTrainsAndResumesAsTheDevicesDoes) {
   EXPECT_TRUE(contains(help.output, "--offload")) << help.output;
   fs::remove_all(dir);
 }
+
+// --offload parameters: stage 3's slices kept on the host (the values the host's step writes), each layer group's
+// copied to the device as its gather starts: the run of --offload optimizer --shard parameters, bit for bit, on one
+// rank and on two Gloo ranks; stopped with it and resumed without offload, the uninterrupted run's checkpoint; other
+// stages and master weights refused, naming the flags.
+TEST(LmTrainCli, OffloadedParametersTrainAsStage3Does) {
+  const fs::path dir = temp_dir("offload_params"), corpus = make_corpus(dir);
+  const std::string run = "train --model llama --kv-heads 2 --layers 2 --heads 4 --width 32 --context 32 --data " +
+                          corpus.string() + " --steps 8 --batch-size 4 --device cpu --eval-every 0 --eval-steps 2 "
+                          "--log-every 2 --clip-norm 0.5 ";
+  auto stage3 = run_tandem(run + "--offload optimizer --shard parameters"), off = run_tandem(run + "--offload parameters");
+  ASSERT_EQ(stage3.status, 0) << stage3.output;
+  ASSERT_EQ(off.status, 0) << off.output;
+  ASSERT_EQ(step_losses(off.output).size(), 4u) << off.output;
+  EXPECT_EQ(step_losses(off.output), step_losses(stage3.output));
+  EXPECT_EQ(tandem::test::final_validation_loss(off.output), tandem::test::final_validation_loss(stage3.output));
+  if (TANDEM_TEST_WITH_GLOO) {
+    auto launch2 = [&](const std::string& args) { return run_tandem("launch -n 2 -- " + kBin + " " + args); };
+    const std::string whole = (dir / "whole.ck").string(), parted = (dir / "parted.ck").string();
+    auto a = launch2(run + "--shard parameters --checkpoint " + whole);
+    auto b = launch2(run + "--offload parameters --checkpoint " + (dir / "b.ck").string());
+    ASSERT_EQ(a.status, 0) << a.output;
+    ASSERT_EQ(b.status, 0) << b.output;
+    EXPECT_EQ(step_losses(b.output), step_losses(a.output));
+    tandem::test::expect_same_tensors(whole, (dir / "b.ck").string(), "--offload parameters on 2 ranks");
+    auto c1 = launch2(run + "--offload parameters --stop-at 4 --checkpoint " + parted);
+    ASSERT_EQ(c1.status, 0) << c1.output;
+    auto c2 = launch2(run + "--shard parameters --resume --checkpoint " + parted);
+    ASSERT_EQ(c2.status, 0) << c2.output;
+    EXPECT_FALSE(contains(c2.output, "start afresh")) << c2.output;
+    tandem::test::expect_same_tensors(whole, parted, "stopped with --offload parameters, resumed without");
+  }
+  auto stage1 = run_tandem(run + "--offload parameters --shard optimizer");
+  EXPECT_EQ(stage1.status, 2) << stage1.output;
+  EXPECT_TRUE(contains(stage1.output, "it takes --shard parameters")) << stage1.output;
+  auto masters = run_tandem(run + "--offload parameters --master-weights bf16");
+  EXPECT_NE(masters.status, 0) << masters.output;
+  EXPECT_TRUE(contains(masters.output, "master weights")) << masters.output;
+  fs::remove_all(dir);
+}

@@ -79,10 +79,11 @@ TEST(MemoryPlanCli, BenchPlanMatchesTheAllocatorsPeakOnOneRank) {
     planned_over_measured(run_tandem(bench(flags)), flags);
   }
   // The optimizer's state offloaded (on the CPU backend the host is the device: it stays in the count).
-  for (const char* shape : {kShapes[0], kShapes[2]}) {
-    const std::string flags = std::string(shape) + " --offload optimizer";
-    planned_over_measured(run_tandem(bench(flags)), flags);
-  }
+  for (const char* shape : {kShapes[0], kShapes[2]})
+    for (const char* what : {"optimizer", "parameters"}) {
+      const std::string flags = std::string(shape) + " --offload " + what;
+      planned_over_measured(run_tandem(bench(flags)), flags);
+    }
   // Gradient buckets smaller than a block: allocated one by one as backward reaches them.
   const std::string buckets = std::string(kShapes[2]) + " --bucket-mb 0.25 --first-bucket-mb 0.05";
   planned_over_measured(run_tandem(bench(buckets)), buckets);

@@ -116,6 +116,12 @@ struct DistOptOptions {
   /// Shard::none becomes); checkpoints are those of the same run without offload, and resume either way.
   /// Updates run eagerly (the host's step is not recorded).
   bool offload_optimizer = false;
+  /// The parameters' slices in host memory too (ZeRO-Infinity's CPU tier): under Shard::parameters each rank's
+  /// slices live between uses only as the host's f32 values the offloaded step writes, and each layer group's
+  /// slices are copied to the device as its all-gather starts, so that the device holds the groups in use and
+  /// no slice between uses. Implies offload_optimizer; Shard::none becomes Shard::parameters (other stages are
+  /// refused); f32 parameters only (no master_weights).
+  bool offload_parameters = false;
 };
 
 /// A rank's own state beside the model and the optimizer, for checkpoints: the bucket layout, the

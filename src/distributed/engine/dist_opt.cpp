@@ -88,6 +88,17 @@ DistOpt::DistOpt(std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<Communic
   TANDEM_CHECK(options.master_weights == DType::f32 || options.master_weights == DType::bf16 ||
                    options.master_weights == DType::f16,
                "master weights: bf16 or f16 parameters (f32: none), not ", dtype_name(options.master_weights));
+  // Offloaded parameters are stage 3's slices kept on the host, stepped there.
+  if (options.offload_parameters) {
+    TANDEM_CHECK(options.shard == Shard::none || options.shard == Shard::parameters, "--offload parameters keeps ",
+                 "--shard parameters' slices in host memory: it takes --shard parameters (or none, which it makes ",
+                 "parameters), not --shard ", shard_name(options.shard));
+    TANDEM_CHECK(options.master_weights == DType::f32 && opt_->master_weights() == DType::f32, "--offload parameters ",
+                 "keeps f32 parameters on the host (the values the host's step writes): it cannot be combined with ",
+                 "master weights; use --offload optimizer for those");
+    options.shard = Shard::parameters;
+    options.offload_optimizer = true;
+  }
   // Offload steps this rank's slices on the host: the state is cut as under --shard optimizer.
   if (options.offload_optimizer && options.shard == Shard::none) options.shard = Shard::optimizer;
   // An optimizer that keeps master weights already (Optimizer::keep_master_weights) keeps them under DistOpt.

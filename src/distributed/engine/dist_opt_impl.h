@@ -43,7 +43,8 @@ class DistOpt::Impl {
   void cut(const std::shared_ptr<Communicator>& comm, const std::vector<Tensor>& params, const optim::Optimizer& opt,
            bool shard_parameters = false) {
     sharded_ = std::make_shared<detail::ShardedStep>(params, reducer_, comm, stats_, opt, shard_parameters,
-                                                     options_.offload_optimizer);
+                                                     options_.offload_optimizer,
+                                                     options_.offload_parameters && shard_parameters);
     cut_for_ = opt.group_of();
   }
 

@@ -10,14 +10,18 @@
 namespace tandem::dist::detail {
 
 ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reducer, std::shared_ptr<Communicator> comm,
-                         CommStats& stats, const optim::Optimizer& opt, bool shard_parameters, bool offload)
+                         CommStats& stats, const optim::Optimizer& opt, bool shard_parameters, bool offload,
+                         bool offload_parameters)
     : comm_(std::move(comm)),
       stats_(stats),
       reducer_(reducer),
       params_(params),
       stage3_(shard_parameters),
       param_dtype_(opt.master_weights()),
-      offload_(offload) {
+      offload_(offload),
+      offload_params_(offload_parameters) {
+  TANDEM_CHECK(!offload_params_ || (stage3_ && offload_ && param_dtype_ == DType::f32), "offloaded parameters are ",
+               "sharded (stage 3) f32 parameters stepped on the host");
   const std::vector<Bucket>& buckets = reducer.buckets();
   const Device device = comm_->device();
   const int world = comm_->size(), rank = comm_->rank();
@@ -28,19 +32,20 @@ ShardedStep::ShardedStep(const std::vector<Tensor>& params, const Reducer& reduc
     blocks += b.span / world;
   }
   arena_ = Tensor::zeros({total}, DType::f32, device);
-  if (stage3_) {
-    blocks_ = Tensor::zeros({blocks}, DType::f32, device);
-    whole_.resize(buckets.size());
-    gathering_.resize(buckets.size());
-    held_.resize(buckets.size());
-    holders_.resize(buckets.size());
-    absent_ = Tensor::full({1}, std::nan(""), DType::f32, device);
-  }
   if (offload_) {
     // Pinned where the device can read it directly (the copies each step makes), plain on the CPU backend.
     const bool pin = device.is_cuda();
     host_values_ = pin ? Tensor::empty_pinned({blocks}) : Tensor::zeros({blocks});
     host_grads_ = pin ? Tensor::empty_pinned({blocks}) : Tensor::zeros({blocks});
+  }
+  if (stage3_) {
+    // Offloaded parameters: the kept blocks are the host's values (what the host's step writes).
+    blocks_ = offload_params_ ? host_values_ : Tensor::zeros({blocks}, DType::f32, device);
+    whole_.resize(buckets.size());
+    gathering_.resize(buckets.size());
+    held_.resize(buckets.size());
+    holders_.resize(buckets.size());
+    absent_ = Tensor::full({1}, std::nan(""), DType::f32, device);
   }
   std::vector<optim::ParamGroup> groups(opt.groups().size());
   std::vector<std::vector<ShardPiece>> group_pieces(groups.size());
@@ -96,6 +101,10 @@ Tensor ShardedStep::device_block(size_t k) {
 }
 
 void ShardedStep::refresh_host() {
+  if (offload_params_ && params_sharded_) {  // the kept blocks are the host's values
+    host_stale_ = false;
+    return;
+  }
   const std::vector<Bucket>& buckets = reducer_.buckets();
   for (size_t k = 0; k < buckets.size(); ++k) {
     if (bucket_pieces_[k].empty()) continue;
@@ -106,6 +115,7 @@ void ShardedStep::refresh_host() {
 }
 
 void ShardedStep::write_back() {
+  if (offload_params_ && params_sharded_) return;  // stepped in place: the kept blocks are the host's values
   const std::vector<Bucket>& buckets = reducer_.buckets();
   for (size_t k = 0; k < buckets.size(); ++k) {
     if (bucket_pieces_[k].empty()) continue;
@@ -167,7 +177,12 @@ void ShardedStep::launch(size_t k) {
   // them into the whole buffer.
   const DType sent = param_dtype_;
   Tensor from = blocks_.narrow(0, block_at_[k], block), into = whole_[k];
-  if (sent != DType::f32) {
+  if (offload_params_) {
+    // This rank's block from the host into its place in the whole buffer; the all-gather fills the rest.
+    Tensor mine = into.narrow(0, comm_->rank() * block, block);
+    mine.copy_(from);
+    from = mine;
+  } else if (sent != DType::f32) {
     if (whole16_.size() != whole_.size()) whole16_.resize(whole_.size());
     whole16_[k] = Tensor::empty({b.span}, sent, comm_->device());
     into = whole16_[k];

@@ -42,8 +42,12 @@ class ShardedStep final : public LayerGatherer {
   /// weights) with its state on the host: each step copies this rank's averaged gradient blocks to the host,
   /// steps there, and writes the blocks back into the parameters (rounded to their 16-bit precision under
   /// master weights) before the all-gather.
+  ///
+  /// offload_parameters (with shard_parameters and offload, f32 parameters): the kept blocks are the host's
+  /// values themselves; each gather copies this rank's block of a bucket to the device first.
   ShardedStep(const std::vector<Tensor>& params, const Reducer& reducer, std::shared_ptr<Communicator> comm,
-              CommStats& stats, const optim::Optimizer& opt, bool shard_parameters = false, bool offload = false);
+              CommStats& stats, const optim::Optimizer& opt, bool shard_parameters = false, bool offload = false,
+              bool offload_parameters = false);
   bool offloads() const { return offload_; }
   /// Offload: bytes this rank keeps on the host (its blocks' values and gradients, and the optimizer's state).
   int64_t host_bytes() const;
@@ -111,7 +115,8 @@ class ShardedStep final : public LayerGatherer {
   const std::vector<ShardPiece>& pieces() const { return pieces_; }
   /// Bytes of the parameters kept between steps: the whole buffer, or this rank's blocks.
   int64_t parameter_bytes() const {
-    return static_cast<int64_t>(stage3_ ? blocks_.nbytes() : arena_.nbytes());
+    if (stage3_ && offload_params_ && params_sharded_) return 0;  // on the host (host_bytes counts them)
+    return static_cast<int64_t>(stage3_ ? (params_sharded_ ? blocks_.nbytes() : arena_.nbytes()) : arena_.nbytes());
   }
   /// Elements this rank steps (the optimizer's state is this many per copy).
   int64_t stepped_elements() const { return stepped_; }
@@ -168,6 +173,7 @@ class ShardedStep final : public LayerGatherer {
   bool gathered_ = false;  // what the wrapped optimizer holds is gather_state's copy, not state to take
   DType param_dtype_ = DType::f32;  // the parameters' precision (bf16 or f16 under master weights)
   bool offload_ = false;
+  bool offload_params_ = false;  // the kept blocks are host_values_ (stage 3 under offload)
   Tensor host_values_, host_grads_;  // offload: this rank's blocks on the host, laid out as block_at_ says
   std::vector<Tensor> host_pieces_;  // offload: the stepped slices of host_values_, in pieces_ order
   std::vector<Tensor> host_masters_;  // offload under master weights: host_pieces_ once stepped (the "master" list)
