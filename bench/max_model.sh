@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The largest Llama that trains on this machine, by the memory plan (docs/memory.md), under each memory policy:
-# nothing (every activation kept), --recompute full, and --offload optimizer.
+# nothing (every activation kept), --recompute full, --offload optimizer --recompute full and --offload parameters
+# --recompute full.
 # For each policy it walks a ladder of Llama shapes (layers, width, heads, key-value heads and MLP width scaled
 # along Llama 3's 1B, 3B and 8B, below and beyond them) asking `tandem bench train --plan-only`, takes the largest
 # that fits, adds layers at its width while the plan still fits, and then confirms it: a few training steps of that
@@ -79,7 +80,7 @@ policy_available() {
 }
 
 summary=()
-for policy in "" "--recompute full" "--offload optimizer"; do
+for policy in "" "--recompute full" "--offload optimizer --recompute full" "--offload parameters --recompute full"; do
   label=${policy:-nothing}
   if ! policy_available "$policy"; then
     echo "$label: not built yet (tandem bench train has no ${policy%% *}): skipped"
