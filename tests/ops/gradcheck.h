@@ -7,6 +7,7 @@
 // central difference of sum(w * f) with the autograd gradient.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <sstream>
@@ -26,6 +27,15 @@ struct GradCheckOptions {
 };
 
 using GradFn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+/// The largest |a - b| over the elements (a and b of one shape, expected).
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  const std::vector<double> x = a.contiguous().to_vector<double>(), y = b.contiguous().to_vector<double>();
+  double m = 0.0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
 
 /// A fresh f64 leaf with uniform values in [lo, hi) that requires a gradient.
 inline Tensor leaf(const Shape& shape, Generator& gen, double lo = -1.0, double hi = 1.0) {

@@ -16,14 +16,6 @@
 namespace tandem::testing {
 namespace {
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  const std::vector<double> x = a.contiguous().to_vector<double>(), y = b.contiguous().to_vector<double>();
-  double m = 0.0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
-  return m;
-}
-
 // The documents of each row, by length (each row's lengths add up to T).
 using Layout = std::vector<std::vector<int64_t>>;
 
