@@ -115,6 +115,31 @@ TEST(ResumeCli, AShardedCheckpointOfThreeRanksResumesOnTwoAsATwoRankRunWould) {
   fs::remove_all(dir);
 }
 
+// The same across world sizes with the optimizer and the parameters on the host: a checkpoint of 3 ranks under
+// --offload parameters (stage 3's slices and the optimizer's state in host memory) resumes on 2 ranks under
+// --offload optimizer exactly as an unsharded 2-rank run resumes from it.
+TEST(ResumeCli, AnOffloadedCheckpointOfThreeRanksResumesOnTwoAsATwoRankRunWould) {
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
+  if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
+  fs::path dir = temp_dir("reshard_offload");
+  const std::string offloaded = (dir / "offloaded.ck").string(), plain = (dir / "plain.ck").string();
+  const std::string opts = " --optimizer adamw --lr 1e-3 --bucket-mb 0.05 --first-bucket-mb 0.01";
+  auto first = run_tandem("launch -n 3 -- " + kBin + kTrain + opts + " --offload parameters --epochs 1 --checkpoint " +
+                          offloaded);
+  ASSERT_EQ(first.status, 0) << first.output;
+  fs::copy_file(offloaded, plain);
+  for (int r = 0; r < 3; ++r)
+    fs::copy_file(offloaded + ".rank" + std::to_string(r), plain + ".rank" + std::to_string(r));
+  auto resumed = run_tandem(launch2(opts + " --offload optimizer --epochs 2 --resume --checkpoint " + offloaded));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "saved by 3 ranks, resuming on 2")) << resumed.output;
+  EXPECT_FALSE(contains(resumed.output, "start afresh")) << resumed.output;
+  auto unsharded = run_tandem(launch2(opts + " --shard none --epochs 2 --resume --checkpoint " + plain));
+  ASSERT_EQ(unsharded.status, 0) << unsharded.output;
+  expect_same_tensors(offloaded, plain, "the checkpoint after the resumed epoch");
+  fs::remove_all(dir);
+}
+
 // Master weights (--master-weights bf16) on 2 ranks under --shard optimizer: one epoch then a resumed second
 // end in the bits of two epochs in one go; the checkpoint holds the f32 masters beside the moments, and the
 // parameters hold bf16 values while the masters do not.
