@@ -147,9 +147,13 @@ void bind_dist(nb::module_& m) {
           [](dist::DistOpt* self, std::shared_ptr<optim::Optimizer> opt, std::shared_ptr<dist::Communicator> comm,
              size_t bucket_bytes, size_t first_bucket_bytes, const std::string& method, DType half_dtype,
              double clip, double spars, bool error_feedback, int rank, bool skip_nonfinite, const std::string& shard,
-             bool uneven_inputs, DType master_weights, bool release_gradients) {
+             bool uneven_inputs, DType master_weights, bool release_gradients, const std::string& offload) {
+            TANDEM_CHECK(offload == "none" || offload == "optimizer" || offload == "parameters", "DistOpt: offload ",
+                         "is 'none', 'optimizer' or 'parameters', not '", offload, "'");
             dist::DistOptOptions o;
             o.release_gradients = release_gradients;
+            o.offload_optimizer = offload != "none";
+            o.offload_parameters = offload == "parameters";
             o.shard = dist::parse_shard(shard);
             o.master_weights = master_weights;
             o.uneven_inputs = uneven_inputs;
@@ -165,12 +169,14 @@ void bind_dist(nb::module_& m) {
           nb::arg("half_dtype") = DType::f16, nb::arg("clip") = 0.0, nb::arg("spars") = 0.05,
           nb::arg("error_feedback") = true, nb::arg("rank") = 2, nb::arg("skip_nonfinite") = false,
           nb::arg("shard") = "none", nb::arg("uneven_inputs") = false, nb::arg("master_weights") = DType::f32,
-          nb::arg("release_gradients") = false,
+          nb::arg("release_gradients") = false, nb::arg("offload") = "none",
           "Wraps optimizer; every rank must pass the same parameters and options. method and the settings "
           "after it are what step() and backward_and_sync() do; shard (none, optimizer, gradients) what each "
           "rank keeps only its own share of (ZeRO); master_weights (bf16, f16) makes the parameters hold values of "
           "that type while the optimizer steps f32 masters (f32: none); release_gradients holds gradients only from "
-          "backward to update() (shard none without master weights), so that a step's peak memory holds none.")
+          "backward to update() (shard none without master weights), so that a step's peak memory holds none; "
+          "offload (optimizer, parameters) keeps the optimizer's state (and stage 3's slices) in host memory, as "
+          "tandem train --offload does.")
       .def("join", &dist::DistOpt::join, nb::arg("clip_norm") = 0.0, release_gil(),
            "With uneven_inputs: this rank has no data left; takes part in the others' steps until every rank has "
            "joined. Returns how many steps it took part in.")

@@ -583,12 +583,17 @@ class DistOpt(Optimizer):
     and no master weights; the tandem program always does): each bucket is allocated as backward reaches its
     parameters and released by the update, which leaves every parameter's ``grad`` None, so that a step's peak
     memory holds no gradient beside the activations. The steps are those of kept gradients, bit for bit.
+    ``offload="optimizer"`` keeps the optimizer's state and the f32 values it steps in host memory (each rank its
+    slices, as ``shard="optimizer"`` cuts them; the step runs on the CPU), ``offload="parameters"`` also keeps
+    ``shard="parameters"``' slices of the parameters there between uses (``shard="none"`` becomes
+    ``"parameters"``): ``tandem train --offload`` (docs/distributed.md). The steps are those without offload.
     """
 
     def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None, buffSize=4194304, *,
                  gpu_num=None, gpu_per_node=None, dist_option="plain", spars=0.05, clip=0.0, error_feedback=True,
                  powersgd_rank=2, half_dtype=float16, first_bucket_size=262144, skip_nonfinite=False,
-                 timeout=300.0, shard="none", uneven_inputs=False, master_weights=None, release_gradients=False):
+                 timeout=300.0, shard="none", uneven_inputs=False, master_weights=None, release_gradients=False,
+                 offload="none"):
         opt = opt if opt is not None else SGD()
         if not isinstance(opt, Optimizer) or isinstance(opt, DistOpt):
             raise TypeError("DistOpt wraps an optimizer (SGD, Adam, RMSProp, AdaGrad)")
@@ -617,6 +622,14 @@ class DistOpt(Optimizer):
             raise ValueError("buffSize and first_bucket_size are counts of gradients and must be positive")
         if dist_option not in _tandem.sync_method_names():
             raise ValueError(f"unknown dist_option {dist_option!r} (choose {', '.join(_tandem.sync_method_names())})")
+        if offload not in ("none", "optimizer", "parameters"):
+            raise ValueError(f"offload is 'none', 'optimizer' or 'parameters', not {offload!r}")
+        if offload == "parameters":
+            # Stage 3's slices on the host: the parameters are sharded (none becomes parameters, as in C++).
+            if str(shard).lower().replace("-", "").replace("_", "") not in ("none", "0", "parameters", "3"):
+                raise ValueError(f"offload='parameters' keeps shard='parameters' slices on the host: it takes "
+                                 f"shard='parameters' (or 'none'), not {shard!r}")
+            shard = "parameters"
         self._env = env
         self._options = dict(bucket_bytes=int(buffSize) * 4, first_bucket_bytes=int(first_bucket_size) * 4,
                              method=dist_option, half_dtype=half_dtype, clip=float(clip), spars=float(spars),
@@ -624,7 +637,7 @@ class DistOpt(Optimizer):
                              skip_nonfinite=bool(skip_nonfinite), shard=str(shard),
                              uneven_inputs=bool(uneven_inputs),
                              master_weights=float32 if master_weights is None else master_weights,
-                             release_gradients=bool(release_gradients))
+                             release_gradients=bool(release_gradients), offload=str(offload))
         self._timeout = float(timeout)
         # Sharded parameters (ZeRO stage 3): the model's layers become layer groups (see _declare_layer_groups).
         self._stage3 = str(shard).lower().replace("-", "").replace("_", "") in ("parameters", "3")

@@ -140,3 +140,37 @@ def test_distopt_release_gradients(cpu):
         np.testing.assert_array_equal(released[name], kept[name], err_msg=name)
     assert all(g is not None for g in kept_grads)
     assert all(g is None for g in grads), "update() left gradients behind"
+
+
+def test_distopt_offload_takes_the_steps_of_the_device(cpu):
+    # offload="optimizer" (the state and the stepped values on the host) and "parameters" (stage 3's slices there
+    # too) give the parameters of the same steps without offload, bit for bit (one rank, the CPU backend).
+    start = {}
+
+    def train(**kw):
+        net = Small()
+        d = opt.DistOpt(opt.Adam(lr=0.01), **kw)
+        x, y = batch(cpu)
+        net.set_optimizer(d)
+        net.compile([x])
+        if start:
+            net.set_params({k: tensor.from_numpy(v, cpu) for k, v in start.items()})
+        else:
+            start.update({k: tensor.to_numpy(v) for k, v in net.get_params().items()})
+        losses = []
+        for s in range(4):
+            x, y = batch(cpu, seed=s)
+            out, loss = net(x, y)
+            losses.append(loss.item())
+        return losses, {k: tensor.to_numpy(v) for k, v in net.get_params().items()}
+
+    base_losses, base = train()
+    for kw in (dict(offload="optimizer"), dict(shard="parameters"), dict(offload="parameters")):
+        losses, params = train(**kw)
+        assert losses == base_losses, kw
+        for name in base:
+            np.testing.assert_array_equal(params[name], base[name], err_msg=f"{kw}: {name}")
+    with pytest.raises(ValueError, match="offload"):
+        opt.DistOpt(opt.Adam(lr=0.01), offload="disk")
+    with pytest.raises(ValueError, match="shard='parameters'"):
+        opt.DistOpt(opt.Adam(lr=0.01), offload="parameters", shard="optimizer")
