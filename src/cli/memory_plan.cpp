@@ -741,14 +741,25 @@ std::vector<std::string> fitting_flags(const MemoryPlanSettings& s, int64_t budg
     if (std::string f = smaller_batch(with_recompute(s), recompute); !f.empty()) out.push_back(f);
   const bool shardable = s.method == "plain" || s.method == "half";
   // The optimizer's state in host memory (a GPU's memory is what it frees; on the CPU it is the same memory).
-  if (shardable && !s.offload_optimizer && s.device.is_cuda() && out.size() < 3) {
-    MemoryPlanSettings c = s;
-    c.offload_optimizer = true;
-    if (fits(c))
-      out.push_back("--offload optimizer");
-    else if (s.recompute != RecomputePolicy::full && fits(with_recompute(c)))
-      out.push_back(recompute + " --offload optimizer");
-  }
+  // Then the parameters' slices too (stage 3's, f32 parameters only), where the optimizer's alone do not do.
+  if (shardable && !s.offload_optimizer && s.device.is_cuda() && out.size() < 3)
+    for (const bool parameters : {false, true}) {
+      if (parameters && (s.master_weights != DType::f32 ||
+                         (s.shard != dist::Shard::none && s.shard != dist::Shard::parameters)))
+        break;
+      const std::string flag = parameters ? "--offload parameters" : "--offload optimizer";
+      MemoryPlanSettings c = s;
+      c.offload_optimizer = true;
+      c.offload_parameters = parameters;
+      if (fits(c)) {
+        out.push_back(flag);
+        break;
+      }
+      if (s.recompute != RecomputePolicy::full && fits(with_recompute(c))) {
+        out.push_back(recompute + " " + flag);
+        break;
+      }
+    }
   // Sharded state: on these ranks, or on more.
   const std::vector<std::pair<dist::Shard, const char*>> stages = {{dist::Shard::optimizer, "optimizer"},
                                                                    {dist::Shard::gradients, "gradients"},

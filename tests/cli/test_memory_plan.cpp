@@ -196,6 +196,37 @@ TEST(MemoryPlan, OffloadMovesTheOptimizersStateToTheHost) {
   }
 }
 
+// On a GPU, a run that fits only with its state on the host is offered the offload that fits: the optimizer's, or
+// where that is not enough the parameters' slices too (with full recompute when that is needed as well).
+TEST(MemoryPlan, OffloadIsOfferedWhereOnlyItFits) {
+  MemoryPlanSettings s = llama_settings(tiny_llama(), 4);
+  s.device = Device::cuda(0);
+  s.precision = Precision::bf16;
+  auto peak_with = [&](bool optimizer, bool parameters, bool full) {
+    MemoryPlanSettings c = s;
+    c.offload_optimizer = optimizer;
+    c.offload_parameters = parameters;
+    if (full) c.recompute = RecomputePolicy::full;
+    return plan_memory(c).peak;
+  };
+  const int64_t opt_full = peak_with(true, false, true), params_full = peak_with(true, true, true);
+  ASSERT_LT(params_full, opt_full);
+  // Between the two: only the parameters' offload (with recompute) fits.
+  const int64_t budget = (opt_full + params_full) / 2;
+  bool offered = false;
+  for (const std::string& f : fitting_flags(s, budget, true)) {
+    if (!tandem::test::contains(f, "--offload")) continue;
+    offered = true;
+    EXPECT_TRUE(tandem::test::contains(f, "--offload parameters")) << f;
+  }
+  EXPECT_TRUE(offered);
+  // Where the optimizer's offload fits, it is the one offered.
+  bool optimizer = false;
+  for (const std::string& f : fitting_flags(s, peak_with(true, false, false), true))
+    optimizer = optimizer || f == "--offload optimizer";
+  EXPECT_TRUE(optimizer);
+}
+
 TEST(MemoryPlan, TheTableIsAFewLinesWithThePeakAndWhereItIs) {
   MemoryPlanSettings s = gpt_settings(tiny_gpt(), 4);
   const MemoryPlan p = plan_memory(s);
