@@ -286,9 +286,7 @@ class StepWalk {
       t_.add(kGradients, bucket_bytes(k));
     }
     // A complete bucket's staging goes to its reduce-scatter, which holds it until the step's synchronisation waits
-    // for it at the end of backward: NCCL (a GPU's) keeps a collective's tensors until then; Gloo (the CPU's) lets
-    // them go as its thread completes each collective, which on a busy host is often not much earlier (the plan
-    // is then an upper bound).
+    // for it at the end of backward: NCCL (a GPU's) and Gloo (the CPU's) keep a collective's tensors until then.
     if (--pending_[k] == 0) pending_[k] = static_cast<int>(l_.buckets[k].params.size());
   }
   // The end of backward: every reduce-scatter waited for, the stagings freed.

@@ -76,10 +76,28 @@ std::string strip_location(const std::string& msg) {
 // Completion of one queued collective.
 class GlooWork final : public Work {
  public:
+  // The collective's tensors are held until the caller has waited for it (or dropped it), as NCCL's work holds
+  // them until the stream that used them is waited for: what a step holds then does not depend on when the
+  // worker thread got to the collective (the memory plan counts it so).
   void wait() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return finished_; });
-    if (error_) std::rethrow_exception(error_);
+    std::function<void()> release;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return finished_; });
+      release = std::move(held_);
+      held_ = nullptr;
+      if (error_) {
+        lock.unlock();
+        release = nullptr;
+        std::rethrow_exception(error_);
+      }
+    }
+    release = nullptr;  // the tensors go here, on the waiting thread
+  }
+  /// Keeps `tensors` (a callable holding them) until wait().
+  void hold(std::function<void()> tensors) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ = std::move(tensors);
   }
   bool done() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -99,6 +117,7 @@ class GlooWork final : public Work {
   std::condition_variable cv_;
   bool finished_ = false;
   std::exception_ptr error_;
+  std::function<void()> held_;
 };
 
 class GlooCommunicator final : public Communicator {
@@ -228,7 +247,9 @@ WorkPtr GlooCommunicator::enqueue(const char* name, Body body) {
     }
     try {
       body(tag, timeout);
-      body = nullptr;  // lets go of the collective's tensors before its caller learns that it is done
+      // The tensors the body captured stay with the work until its caller waits for it.
+      work->hold([kept = std::make_shared<Body>(std::move(body))] {});
+      body = nullptr;
       work->finish(nullptr);
     } catch (const gloo::Exception& e) {
       std::string what = strip_location(e.what());
