@@ -132,6 +132,10 @@ void Session::build_model(nn::ModelConfig mc) {
   o.skip_nonfinite = precision_ == Precision::f16;
   opt_ = std::make_unique<dist::DistOpt>(make_optimizer(cfg_, *model_), comm_, o);
   if (o.skip_nonfinite) scaler_ = std::make_unique<dist::LossScaler>(*opt_);
+  if (o.offload_optimizer && device_.is_cpu() && lead())
+    std::fprintf(stderr, "tandem: --offload %s on the CPU: the host is the device, so nothing leaves it (the offloaded "
+                         "copies come beside the rest); it pays on GPUs\n",
+                 o.offload_parameters ? "parameters" : "optimizer");
   // 16-bit products on a GPU read 16-bit copies of the weights that are written as the weights change (by
   // SGD and AdamW as they step, or once per sharded step after the gather on more than one rank), instead of
   // converting every weight at every step; DistOpt says where it cannot keep them (partialUpdate, sharded

@@ -601,6 +601,7 @@ TEST(LmTrainCli, OffloadedParametersTrainAsStage3Does) {
   ASSERT_EQ(off.status, 0) << off.output;
   ASSERT_EQ(step_losses(off.output).size(), 4u) << off.output;
   EXPECT_EQ(step_losses(off.output), step_losses(stage3.output));
+  EXPECT_TRUE(contains(off.output, "--offload parameters on the CPU: the host is the device")) << off.output;
   EXPECT_EQ(tandem::test::final_validation_loss(off.output), tandem::test::final_validation_loss(stage3.output));
   if (TANDEM_TEST_WITH_GLOO) {
     auto launch2 = [&](const std::string& args) { return run_tandem("launch -n 2 -- " + kBin + " " + args); };
