@@ -274,9 +274,7 @@ int run_lm_train_bench(const TrainBenchConfig& cfg) {
                    {"precision", precision_name(s.precision())},
                    {"optimizer", cfg.optimizer},
                    {"recompute", cfg.lm.recompute},
-                   {"offload", s.opt().options().offload_parameters   ? "parameters"
-                               : s.opt().options().offload_optimizer ? "optimizer"
-                                                                     : "none"},
+                   {"offload", dist::offload_name(s.opt().options())},
                    {"steps", cfg.steps},
                    {"warmup", cfg.warmup},
                    {"parameters", s.model().num_parameters()},

@@ -135,7 +135,7 @@ void Session::build_model(nn::ModelConfig mc) {
   if (o.offload_optimizer && device_.is_cpu() && lead())
     std::fprintf(stderr, "tandem: --offload %s on the CPU: the host is the device, so nothing leaves it (the offloaded "
                          "copies come beside the rest); it pays on GPUs\n",
-                 o.offload_parameters ? "parameters" : "optimizer");
+                 dist::offload_name(o));
   // 16-bit products on a GPU read 16-bit copies of the weights that are written as the weights change (by
   // SGD and AdamW as they step, or once per sharded step after the gather on more than one rank), instead of
   // converting every weight at every step; DistOpt says where it cannot keep them (partialUpdate, sharded
@@ -171,9 +171,7 @@ std::vector<dist::AgreementField> Session::agreement_fields() const {
       {"--half-dtype", dtype_name(s.half_dtype)},
       {"--shard", dist::shard_name(opt_->options().shard)},
       {"--master-weights", dtype_name(opt_->options().master_weights)},
-      {"--offload", opt_->options().offload_parameters   ? "parameters"
-                    : opt_->options().offload_optimizer ? "optimizer"
-                                                        : "none"},
+      {"--offload", dist::offload_name(opt_->options())},
       {"--no-error-feedback", on_off(!s.error_feedback)},
       {"--sync-bn", on_off(cfg_.sync_bn)},
       {"--bucket-mb", num(cfg_.bucket_mb)},

@@ -130,7 +130,6 @@ class ResNet : public Module, public LayerGroups, public BlockRecompute {
                  "SwiGLU outputs; a ResNet takes none or full (each residual block run again in backward)");
     recompute_ = policy;
   }
-  RecomputePolicy recompute_policy() const override { return recompute_; }
 
   std::vector<LayerGroup*> layer_groups() override {
     std::vector<LayerGroup*> out;

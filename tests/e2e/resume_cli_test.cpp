@@ -90,54 +90,44 @@ TEST(ResumeCli, StateThatCannotBeLoadedStartsAfreshAndIsNamed) {
   fs::remove_all(dir);
 }
 
+// A checkpoint of 3 ranks made with `first` flags, resumed on 2 ranks with `resumed` flags, ends exactly as an
+// unsharded 2-rank run resumed from a copy of it: the same model and optimizer state, bit for bit.
+namespace {
+void expect_three_rank_checkpoint_resumes_on_two(const std::string& name, const std::string& first,
+                                                 const std::string& resumed) {
+  fs::path dir = temp_dir(name);
+  const std::string saved = (dir / "saved.ck").string(), plain = (dir / "plain.ck").string();
+  const std::string opts = " --optimizer adamw --lr 1e-3 --bucket-mb 0.05 --first-bucket-mb 0.01";
+  auto one = run_tandem("launch -n 3 -- " + kBin + kTrain + opts + " " + first + " --epochs 1 --checkpoint " + saved);
+  ASSERT_EQ(one.status, 0) << one.output;
+  fs::copy_file(saved, plain);
+  for (int r = 0; r < 3; ++r) fs::copy_file(saved + ".rank" + std::to_string(r), plain + ".rank" + std::to_string(r));
+  auto again = run_tandem(launch2(opts + " " + resumed + " --epochs 2 --resume --checkpoint " + saved));
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_TRUE(contains(again.output, "saved by 3 ranks, resuming on 2")) << again.output;
+  EXPECT_FALSE(contains(again.output, "start afresh")) << again.output;
+  auto unsharded = run_tandem(launch2(opts + " --shard none --epochs 2 --resume --checkpoint " + plain));
+  ASSERT_EQ(unsharded.status, 0) << unsharded.output;
+  expect_same_tensors(saved, plain, "the checkpoint after the resumed epoch");
+  fs::remove_all(dir);
+}
+}  // namespace
+
 // A checkpoint of 3 ranks under --shard optimizer resumes on 2 ranks under --shard gradients exactly as
-// an unsharded 2-rank run resumes from the same checkpoint: the same model and optimizer state, bit for
-// bit, at the end (the optimizer's state is gathered whole for the checkpoint and cut again on load).
+// an unsharded 2-rank run resumes from the same checkpoint (the optimizer's state is gathered whole for the
+// checkpoint and cut again on load).
 TEST(ResumeCli, AShardedCheckpointOfThreeRanksResumesOnTwoAsATwoRankRunWould) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
   if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
-  fs::path dir = temp_dir("reshard");
-  const std::string sharded = (dir / "sharded.ck").string(), plain = (dir / "plain.ck").string();
-  const std::string opts = " --optimizer adamw --lr 1e-3 --bucket-mb 0.05 --first-bucket-mb 0.01";
-  auto first = run_tandem("launch -n 3 -- " + kBin + kTrain + opts + " --shard optimizer --epochs 1 --checkpoint " +
-                          sharded);
-  ASSERT_EQ(first.status, 0) << first.output;
-  fs::copy_file(sharded, plain);
-  for (int r = 0; r < 3; ++r)
-    fs::copy_file(sharded + ".rank" + std::to_string(r), plain + ".rank" + std::to_string(r));
-  auto resharded = run_tandem(launch2(opts + " --shard gradients --epochs 2 --resume --checkpoint " + sharded));
-  ASSERT_EQ(resharded.status, 0) << resharded.output;
-  EXPECT_TRUE(contains(resharded.output, "saved by 3 ranks, resuming on 2")) << resharded.output;
-  EXPECT_FALSE(contains(resharded.output, "start afresh")) << resharded.output;
-  auto unsharded = run_tandem(launch2(opts + " --shard none --epochs 2 --resume --checkpoint " + plain));
-  ASSERT_EQ(unsharded.status, 0) << unsharded.output;
-  expect_same_tensors(sharded, plain, "the checkpoint after the resumed epoch");
-  fs::remove_all(dir);
+  expect_three_rank_checkpoint_resumes_on_two("reshard", "--shard optimizer", "--shard gradients");
 }
 
-// The same across world sizes with the optimizer and the parameters on the host: a checkpoint of 3 ranks under
-// --offload parameters (stage 3's slices and the optimizer's state in host memory) resumes on 2 ranks under
-// --offload optimizer exactly as an unsharded 2-rank run resumes from it.
+// The same with the optimizer and the parameters on the host: a checkpoint of 3 ranks under --offload parameters
+// (stage 3's slices and the optimizer's state in host memory) resumes on 2 ranks under --offload optimizer.
 TEST(ResumeCli, AnOffloadedCheckpointOfThreeRanksResumesOnTwoAsATwoRankRunWould) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST is not installed (dataset-fashion-mnist)";
   if (!TANDEM_TEST_WITH_GLOO) GTEST_SKIP() << "tandem was built without Gloo";
-  fs::path dir = temp_dir("reshard_offload");
-  const std::string offloaded = (dir / "offloaded.ck").string(), plain = (dir / "plain.ck").string();
-  const std::string opts = " --optimizer adamw --lr 1e-3 --bucket-mb 0.05 --first-bucket-mb 0.01";
-  auto first = run_tandem("launch -n 3 -- " + kBin + kTrain + opts + " --offload parameters --epochs 1 --checkpoint " +
-                          offloaded);
-  ASSERT_EQ(first.status, 0) << first.output;
-  fs::copy_file(offloaded, plain);
-  for (int r = 0; r < 3; ++r)
-    fs::copy_file(offloaded + ".rank" + std::to_string(r), plain + ".rank" + std::to_string(r));
-  auto resumed = run_tandem(launch2(opts + " --offload optimizer --epochs 2 --resume --checkpoint " + offloaded));
-  ASSERT_EQ(resumed.status, 0) << resumed.output;
-  EXPECT_TRUE(contains(resumed.output, "saved by 3 ranks, resuming on 2")) << resumed.output;
-  EXPECT_FALSE(contains(resumed.output, "start afresh")) << resumed.output;
-  auto unsharded = run_tandem(launch2(opts + " --shard none --epochs 2 --resume --checkpoint " + plain));
-  ASSERT_EQ(unsharded.status, 0) << unsharded.output;
-  expect_same_tensors(offloaded, plain, "the checkpoint after the resumed epoch");
-  fs::remove_all(dir);
+  expect_three_rank_checkpoint_resumes_on_two("reshard_offload", "--offload parameters", "--offload optimizer");
 }
 
 // Master weights (--master-weights bf16) on 2 ranks under --shard optimizer: one epoch then a resumed second

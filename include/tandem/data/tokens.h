@@ -163,8 +163,6 @@ class TokenStream {
   Tensor upload_mask(int64_t begin, int64_t end, Device device) const;
   /// Whether the stream knows its documents (constructed with documents).
   bool documented() const { return documented_; }
-  /// The stream positions of the examples' first tokens, ascending (documented streams).
-  const std::vector<int64_t>& document_starts() const { return doc_starts_; }
 
  private:
   std::vector<std::shared_ptr<const TokenShard>> shards_;

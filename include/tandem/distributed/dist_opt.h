@@ -48,6 +48,9 @@ std::vector<std::string> sync_method_names();
 enum class Shard { none, optimizer, gradients, parameters };
 /// "none", "optimizer", "gradients", "parameters".
 const char* shard_name(Shard s);
+struct DistOptOptions;
+/// What an options' offload keeps on the host, as --offload names it: "none", "optimizer" or "parameters".
+const char* offload_name(const DistOptOptions& o);
 /// The stage a name (or its number: 0, 1, 2, 3) stands for; throws naming the valid ones otherwise.
 Shard parse_shard(const std::string& s);
 

@@ -152,7 +152,6 @@ class CausalLm {
   /// when a forward runs (a buffer refilled before each step serves every step). Undefined (the default): one
   /// sequence per row. Generation (forward_cached) ignores it.
   void set_document_positions(const Tensor& positions) { doc_pos_ = positions; }
-  const Tensor& document_positions() const { return doc_pos_; }
 
  protected:
   /// A block's forward under the policy.

@@ -30,7 +30,6 @@ class BlockRecompute {
  public:
   virtual ~BlockRecompute() = default;
   virtual void set_recompute(RecomputePolicy policy) = 0;
-  virtual RecomputePolicy recompute_policy() const = 0;
 };
 
 /// Builds "cnn" (the guide's: conv 20 5x5, pool, conv 50 5x5, pool, linear 500, linear 10),

@@ -418,6 +418,13 @@ void execute(fe::graph::Graph& graph, int64_t index, cudnnHandle_t handle, std::
   TANDEM_CHECK(st.is_good(), "scaled_dot_product_attention: cuDNN's fused attention ", what, " failed: ",
                st.get_message());
 }
+
+// Packed documents' additive mask [b, 1, tq, tk] of 16-bit values, made in `into` (document_bias_bytes of it).
+size_t document_bias_bytes(const AttentionGeom& g) { return static_cast<size_t>(g.batch * g.tq * g.tk) * 2; }
+void* document_bias(const AttentionGeom& g, DType t, Scratch& into, DeviceState& dev) {
+  launch_document_bias(g.doc_pos.data<int32_t>(), g.batch, g.tq, t == DType::bf16, into.as<void>(), dev.stream);
+  return into.as<void>();
+}
 #endif
 
 // t must be a dtype tensor of this shape with these strides.
@@ -498,11 +505,8 @@ void CudaBackend::fused_attention_forward(const Tensor& q, const Tensor& k, cons
     pack[kSeed] = rng.as<int64_t>();
     pack[kOffset] = rng.as<int64_t>() + 1;
   }
-  Scratch bias(allocator(dev.device), key.documents ? static_cast<size_t>(g.batch * g.tq * g.tk) * 2 : 0);
-  if (key.documents) {
-    launch_document_bias(g.doc_pos.data<int32_t>(), g.batch, g.tq, t == DType::bf16, bias.as<void>(), dev.stream);
-    pack[kBias] = bias.as<void>();
-  }
+  Scratch bias(allocator(dev.device), key.documents ? document_bias_bytes(g) : 0);
+  if (key.documents) pack[kBias] = document_bias(g, t, bias, dev);
   execute(*plan.fwd, plan.fwd_index, st.handle, pack, ws.as<void>(), "forward");
 #else
   (void)dev;
@@ -545,11 +549,8 @@ void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, con
     pack[kOffset] = rng.as<int64_t>() + 1;
   }
   // The forward's mask made again (a kernel over b t^2 elements) rather than kept from the forward to here.
-  Scratch bias(allocator(dev.device), key.documents ? static_cast<size_t>(g.batch * g.tq * g.tk) * 2 : 0);
-  if (key.documents) {
-    launch_document_bias(g.doc_pos.data<int32_t>(), g.batch, g.tq, t == DType::bf16, bias.as<void>(), dev.stream);
-    pack[kBias] = bias.as<void>();
-  }
+  Scratch bias(allocator(dev.device), key.documents ? document_bias_bytes(g) : 0);
+  if (key.documents) pack[kBias] = document_bias(g, t, bias, dev);
   execute(*plan.bwd, plan.bwd_index, st.handle, pack, ws.as<void>(), "backward");
 #else
   (void)dev;

@@ -29,6 +29,10 @@ std::string normalise(const std::string& s) {
 
 }  // namespace
 
+const char* offload_name(const DistOptOptions& o) {
+  return o.offload_parameters ? "parameters" : o.offload_optimizer ? "optimizer" : "none";
+}
+
 const char* shard_name(Shard s) {
   switch (s) {
     case Shard::none: return "none";
